@@ -1,0 +1,28 @@
+"""The ``data:`` section of a training config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from, how it is tokenized and packed.
+
+    ``tokenizer`` is ``byte``, ``bpe`` (trained on the training split and saved with the run) or the path of a local
+    Hugging Face tokenizer directory.
+    """
+
+    source: Literal["stdlib", "local", "hf"] = "stdlib"
+    paths: list[str] = field(default_factory=list)  # files or folders for source=local
+    hf_name: str | None = None  # dataset name for source=hf, e.g. HuggingFaceFW/fineweb-edu
+    hf_config: str | None = None
+    hf_split: str = "train"
+    text_field: str = "text"  # JSON/parquet/HF field holding the text
+    val_fraction: float = 0.05
+    max_bytes: int | None = None  # read at most this many characters of the corpus (deterministic prefix)
+    tokenizer: str = "byte"
+    bpe_vocab_size: int = 4096
+    seq_len: int = 256
+    val_tokens: int = 65536  # validation tokens scored by periodic validation (a fixed prefix of the split)

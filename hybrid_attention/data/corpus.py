@@ -1,0 +1,199 @@
+"""Text corpora as lists of documents, split deterministically into train and validation.
+
+Sources:
+  * ``stdlib``: the running interpreter's standard-library ``.py`` files (always present, offline). Files are visited
+    in sorted relative-path order; ``site-packages`` and caches are skipped; files that are not UTF-8 are skipped and
+    counted.
+  * local ``.txt`` / ``.jsonl`` / ``.parquet`` files, or folders of them (``.txt``: one document per file; ``.jsonl``:
+    one document per line, text in ``text_field``; ``.parquet``: one document per row, needs ``pyarrow``).
+
+The split is by hash: a document goes to validation when the first 8 hex digits of ``sha1(key)`` read as a fraction
+of 2**32 fall below ``val_fraction``; the key is the relative path (plus ``:line``/``:row`` for multi-document files).
+So adding or removing a file never moves another document between splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import DataError
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+_SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclass
+class Corpus:
+    """Documents of one source, already split. ``n_bytes`` counts UTF-8 bytes of both splits."""
+
+    source: str
+    train: list[str] = field(default_factory=list)
+    validation: list[str] = field(default_factory=list)
+    n_skipped: int = 0
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(len(t.encode("utf-8")) for t in self.train) + sum(len(t.encode("utf-8")) for t in self.validation)
+
+    def describe(self) -> str:
+        """One line: source, documents per split, size in MB (and skipped files, if any)."""
+        skipped = f", {self.n_skipped} undecodable files skipped" if self.n_skipped else ""
+        return (
+            f"corpus {self.source}: {len(self.train)} train / {len(self.validation)} validation documents, "
+            f"{self.n_bytes / 1e6:.1f} MB{skipped}"
+        )
+
+
+def is_validation(key: str, val_fraction: float) -> bool:
+    """Deterministic hash split: True when ``key`` belongs to the validation split."""
+    h = int(hashlib.sha1(key.encode("utf-8")).hexdigest()[:8], 16)
+    return h / 2**32 < val_fraction
+
+
+def _add(corpus: Corpus, key: str, text: str, val_fraction: float) -> None:
+    if not text:
+        return
+    (corpus.validation if is_validation(key, val_fraction) else corpus.train).append(text)
+
+
+def _check_nonempty(corpus: Corpus, what: str) -> Corpus:
+    if not corpus.train:
+        raise DataError(f"empty corpus: {what} has no training text (validation {len(corpus.validation)} documents)")
+    if not corpus.validation:
+        raise DataError(
+            f"empty validation split: {what} gave no validation document; raise data.val_fraction or add files"
+        )
+    return corpus
+
+
+def stdlib_root() -> Path:
+    """The standard-library directory of the running interpreter."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_corpus(val_fraction: float = 0.05, max_bytes: int | None = None) -> Corpus:
+    """The interpreter's standard-library Python sources as a corpus.
+
+    ``max_bytes`` (if set) stops adding files once that many bytes were read, in the same sorted order, so a capped
+    corpus is a deterministic prefix of the full one.
+    """
+    root = stdlib_root()
+    corpus = Corpus(source=f"stdlib:{root}")
+    total = 0
+    for rel in _sorted_files(root, (".py",)):
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            corpus.n_skipped += 1
+            continue
+        _add(corpus, rel, text, val_fraction)
+        total += len(text)
+        if max_bytes is not None and total >= max_bytes:
+            break
+    return _check_nonempty(corpus, f"the standard library at {root}")
+
+
+def _sorted_files(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+    """Relative POSIX paths of files under ``root`` with one of ``suffixes``, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIPPED_DIRS and not d.startswith(".")]
+        for name in filenames:
+            if name.endswith(suffixes):
+                out.append(Path(dirpath, name).relative_to(root).as_posix())
+    return sorted(out)
+
+
+def local_corpus(
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    val_fraction: float = 0.05,
+    text_field: str = "text",
+    max_bytes: int | None = None,
+) -> Corpus:
+    """A corpus from local files or folders (``.txt``, ``.jsonl``, ``.parquet``), read in sorted order."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files: list[tuple[str, Path]] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += [(f"{p.name}/{rel}", p / rel) for rel in _sorted_files(p, TEXT_SUFFIXES)]
+        elif p.is_file():
+            if not p.name.endswith(TEXT_SUFFIXES):
+                raise DataError(f"unsupported file type: {p} (supported: {', '.join(TEXT_SUFFIXES)})")
+            files.append((p.name, p))
+        else:
+            raise DataError(f"no such file or folder: {p}")
+    corpus = Corpus(source="local:" + ",".join(str(p) for p in paths))
+    total = 0
+    for key, path in files:
+        for sub, text in _read_documents(path, text_field):
+            _add(corpus, key + sub, text, val_fraction)
+            total += len(text)
+            if max_bytes is not None and total >= max_bytes:
+                return _check_nonempty(corpus, corpus.source)
+    return _check_nonempty(corpus, corpus.source)
+
+
+def _read_documents(path: Path, text_field: str) -> Iterator[tuple[str, str]]:
+    """Yield ``(key suffix, text)`` for every document in one file; raise DataError naming the file on failure."""
+    try:
+        if path.suffix == ".txt":
+            yield "", path.read_text(encoding="utf-8")
+        elif path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as f:
+                for i, line in enumerate(f):
+                    if line.strip():
+                        yield f":{i}", _field(json.loads(line), text_field, f"{path}:{i + 1}")
+        elif path.suffix == ".parquet":
+            yield from _read_parquet(path, text_field)
+    except DataError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+
+
+def _field(record: object, text_field: str, where: str) -> str:
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        raise DataError(f"{where}: expected a JSON object with a string field {text_field!r}")
+    return record[text_field]
+
+
+def _read_parquet(path: Path, text_field: str) -> Iterator[tuple[str, str]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise DataError(f"reading {path} needs pyarrow: pip install pyarrow") from e
+    table = pq.read_table(path, columns=[text_field])
+    for i, text in enumerate(table.column(text_field).to_pylist()):
+        if text:
+            yield f":{i}", text
+
+
+def hf_streaming_documents(
+    name: str,
+    split: str = "train",
+    config: str | None = None,
+    text_field: str = "text",
+    part: str | None = None,
+    val_fraction: float = 0.05,
+) -> Iterator[str]:
+    """Documents of a Hugging Face dataset, streamed (needs the ``data`` extra and network access).
+
+    ``part`` = "train" or "validation" keeps only that side of the hash split over the document index (the key is
+    ``f"{name}:{index}"``); ``None`` keeps everything.
+    """
+    try:
+        import datasets
+    except ImportError as e:
+        raise DataError("HF datasets streaming needs the optional extra: pip install 'hybrid_attention[data]'") from e
+    ds = datasets.load_dataset(name, config, split=split, streaming=True)
+    for i, row in enumerate(ds):
+        if part is not None and is_validation(f"{name}:{i}", val_fraction) != (part == "validation"):
+            continue
+        yield _field(row, text_field, f"{name}[{i}]")

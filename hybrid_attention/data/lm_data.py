@@ -1,0 +1,82 @@
+"""Assemble a language-modelling data pipeline from a :class:`DataConfig`: corpus -> tokenizer -> packed batches."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from .config import DataConfig
+from .corpus import Corpus, hf_streaming_documents, local_corpus, stdlib_corpus
+from .errors import DataError
+from .packing import PackedSequences, ShuffledBatches, StreamingBatches
+from .tokenizer import byte_tokenizer, encode_documents, load_tokenizer, train_bpe_tokenizer
+
+
+@dataclass
+class LMData:
+    """A tokenizer, a resumable stream of global training batches and a flat validation token array [n_val]."""
+
+    tokenizer: PreTrainedTokenizerBase
+    train: ShuffledBatches | StreamingBatches
+    val_tokens: np.ndarray
+    description: str
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """The in-memory corpus of ``cfg`` (sources ``stdlib`` and ``local``)."""
+    if cfg.source == "stdlib":
+        return stdlib_corpus(cfg.val_fraction, cfg.max_bytes)
+    if cfg.source == "local":
+        if not cfg.paths:
+            raise DataError("data.source=local needs data.paths (files or folders)")
+        return local_corpus(cfg.paths, cfg.val_fraction, cfg.text_field, cfg.max_bytes)
+    raise DataError(f"data.source={cfg.source} is not an in-memory corpus")
+
+
+def get_tokenizer(cfg: DataConfig, corpus: Corpus | None, save_dir: Path | None) -> PreTrainedTokenizerBase:
+    """The run's tokenizer. A tokenizer already saved in ``save_dir`` (a resumed run) wins; a new one is saved there."""
+    if save_dir is not None and (save_dir / "tokenizer_config.json").exists():
+        return load_tokenizer(save_dir)
+    if cfg.tokenizer == "byte":
+        tok = byte_tokenizer()
+    elif cfg.tokenizer == "bpe":
+        if corpus is None:
+            raise DataError("data.tokenizer=bpe needs an in-memory corpus (stdlib or local); use a tokenizer directory")
+        tok = train_bpe_tokenizer(corpus.train, cfg.bpe_vocab_size)
+    else:
+        tok = load_tokenizer(cfg.tokenizer)
+    if save_dir is not None:
+        tok.save_pretrained(str(save_dir))
+    return tok
+
+
+def build_lm_data(cfg: DataConfig, global_batch: int, seed: int, tokenizer_dir: Path | None = None) -> LMData:
+    """Everything the trainer needs from the data side."""
+    if cfg.source == "hf":
+        if not cfg.hf_name:
+            raise DataError("data.source=hf needs data.hf_name (e.g. HuggingFaceFW/fineweb-edu)")
+        tok = get_tokenizer(cfg, None, tokenizer_dir)
+
+        def docs(part: str):
+            return lambda: hf_streaming_documents(
+                cfg.hf_name, cfg.hf_split, cfg.hf_config, cfg.text_field, part, cfg.val_fraction
+            )
+
+        val_docs = itertools.islice(docs("validation")(), max(1, cfg.val_tokens // 64))
+        val = encode_documents(tok, list(val_docs))[: cfg.val_tokens]
+        train = StreamingBatches(docs("train"), tok, cfg.seq_len, global_batch)
+        desc = f"corpus hf:{cfg.hf_name} (streaming), validation {len(val)} tokens"
+        return LMData(tok, train, val, desc)
+    corpus = load_corpus(cfg)
+    tok = get_tokenizer(cfg, corpus, tokenizer_dir)
+    train_tokens = encode_documents(tok, corpus.train)
+    val = encode_documents(tok, corpus.validation)
+    if len(val) < cfg.seq_len:
+        raise DataError(f"validation split has {len(val)} tokens, fewer than seq_len={cfg.seq_len}")
+    train = ShuffledBatches(PackedSequences(train_tokens, cfg.seq_len), global_batch, seed)
+    desc = f"{corpus.describe()}; {len(train_tokens):,} train / {len(val):,} validation tokens (vocab {len(tok)})"
+    return LMData(tok, train, val, desc)

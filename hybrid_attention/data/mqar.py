@@ -1,0 +1,78 @@
+"""Multi-query associative recall (MQAR), re-implemented from zoology's description (Arora et al., 2023).
+
+An example of length ``T`` with ``K`` key-value pairs:
+
+  * positions ``0 .. 2K-1``: ``k1 v1 k2 v2 ...``; keys drawn from ``[1, vocab/2)``, values from ``[vocab/2, vocab)``,
+    each without replacement, so every key occurs once in the context;
+  * the query region (``T - 2K`` positions): every key reappears once, at an even offset ``2*gap`` where the ``K``
+    distinct gaps are drawn from a power law ``p(i) ∝ a * i**(a-1)`` (``a = power_a``, i = 1..(T-2K)/2), so most
+    queries come early; the other positions are 0 (or random tokens with ``random_non_queries``, which, as in
+    zoology, may collide with keys).
+
+Labels follow zoology: ``labels[t]`` is the target *at* position ``t`` (no shift): the value of the key that stands at a
+query position, -100 everywhere else. Score with :func:`recall_accuracy` on logits of the same positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MQARConfig:
+    """Generator parameters, zoology's names and defaults (``random_non_queries`` as in the paper's Figure 2)."""
+
+    vocab_size: int = 8192
+    input_seq_len: int = 64
+    num_kv_pairs: int = 8
+    power_a: float = 0.01
+    random_non_queries: bool = False
+
+
+def _distinct(weights: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+    """k distinct indices per row drawn without replacement ∝ weights [N, M] (Gumbel top-k), shape [N, k]."""
+    u = torch.rand(weights.shape, generator=g, dtype=torch.float64).clamp_min(1e-300)
+    return torch.topk(weights.log() - torch.log(-torch.log(u)), k, dim=-1).indices
+
+
+def multiquery_ar(cfg: MQARConfig, num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``num_examples`` MQAR examples: ``(inputs, labels)``, both int64 of shape [num_examples, input_seq_len]."""
+    T, K, V = cfg.input_seq_len, cfg.num_kv_pairs, cfg.vocab_size
+    if T % 2:
+        raise ValueError(f"input_seq_len must be even, got {T}")
+    if V <= T:
+        raise ValueError(f"vocab_size ({V}) must exceed input_seq_len ({T})")
+    if 4 * K > T:
+        raise ValueError(f"4 * num_kv_pairs ({4 * K}) must not exceed input_seq_len ({T})")
+    if K > V // 2 - 1:
+        raise ValueError(f"num_kv_pairs ({K}) exceeds the key vocabulary ({V // 2 - 1})")
+    g = torch.Generator().manual_seed(seed)
+    N, half = num_examples, V // 2
+    keys = 1 + _distinct(torch.ones(N, half - 1, dtype=torch.float64), K, g)
+    values = half + _distinct(torch.ones(N, V - half, dtype=torch.float64), K, g)
+    context = 2 * K
+    space = (T - context) // 2
+    i = torch.arange(1, space + 1, dtype=torch.float64)
+    p = cfg.power_a * i ** (cfg.power_a - 1)
+    gaps = _distinct((p / p.sum()).expand(N, space), K, g)
+    inputs = torch.zeros(N, T, dtype=torch.long)
+    inputs[:, 0:context:2], inputs[:, 1:context:2] = keys, values
+    qpos = context + 2 * gaps
+    inputs.scatter_(1, qpos, keys)
+    labels = torch.full((N, T), -100, dtype=torch.long)
+    labels.scatter_(1, qpos, values)
+    if cfg.random_non_queries:
+        noise = torch.randint(V, (N, T), generator=g)
+        fill = inputs == 0
+        fill[:, :context] = False
+        inputs[fill] = noise[fill]
+    return inputs, labels
+
+
+def recall_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-example accuracy on labelled positions only: logits [N, T, V], labels [N, T] (-100 = ignore) -> [N]."""
+    mask = labels != -100
+    correct = (logits.argmax(-1) == labels) & mask
+    return correct.sum(-1).float() / mask.sum(-1).clamp_min(1).float()
