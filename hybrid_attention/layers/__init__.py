@@ -1,0 +1,7 @@
+"""Token mixers, all following the contract in `layers/base.py`."""
+
+from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.layers.interdomain import InterdomainAttention, InterdomainState, S4DMixer
+from hybrid_attention.layers.softmax import KVState, SoftmaxAttention
+
+__all__ = ["InterdomainAttention", "InterdomainState", "KVState", "S4DMixer", "SoftmaxAttention", "TokenMixer"]

@@ -1,0 +1,183 @@
+"""Interdomain Attention (arXiv 2605.24330, §2.2) and its ablations, including the S4D-only control.
+
+Data flow per token (the full layer, all flags at their defaults):
+
+    q = W_Q x, k = W_K x, v = W_V x                                 (no biases)
+    q, k <- ShortConv_4(q), ShortConv_4(k)                          (causal depthwise, before the head split)
+    ξ(q) = ℓ2(SiLU(RoPE(q))), ξ(k) = ℓ2(SiLU(RoPE(k)))              (per head, over R = d_h)
+    k̃ = RMSNorm_h(ξ(k)) + b^k_h,  ṽ = RMSNorm_h(v) + b^v_h          (per-head gains and biases, "B-side" norm)
+    X_t = Λ ⊙ X_{t-1} + B̄ [k̃_t; ṽ_t]ᵀ,  U = C X[:, :R], Γ = C X[:, R:]   (one complex S4D per head, S4DCore)
+    o_t = Re(ξ(q_t)ᵀ U_tᵀ Γ_t)                                      (no η denominator, no output norm)
+    y = W_O concat_h(o)                                             (optionally gated: σ(W_g x) ⊙ o)
+
+Ablation flags (the paper's 125M mechanism cube, Table 4):
+- query_readout=False: no W_Q; the coefficients are read by a learned linear contraction instead of the query
+  (`ops.s4d`: Re(diag(UᵀΓ)) per head, then C_out ∈ R^{d×d}, the same size as the W_Q it replaces).
+- dual_input=False: generic inputs [a; b] = [W_a x; W_b x], each with its ShortConv and its N+b norm, no ξ on a.
+- rope: RoPE on q and on the key half (k, or a with generic inputs).
+- denominator=True: the ideal Nadaraya–Watson readout divided by ξ(q)ᵀUᵀη (needs query_readout).
+`S4DMixer` is the S4D-only control: dual_input=False, query_readout=False, rope=False, at the same state size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.modules import HeadRMSNorm, RotaryEmbedding, S4DCore, ShortConvolution, l2_normalize
+from hybrid_attention.ops.interdomain import interdomain
+from hybrid_attention.ops.s4d import s4d
+
+# ε of the ℓ2 norm inside ξ (the paper does not give it; fla's l2norm uses the same value).
+FEATURE_EPS = 1e-6
+
+
+@dataclass
+class InterdomainState:
+    """Decode state of one Interdomain / S4D layer.
+
+    ssm: [B, H, M, R+D(+1)] complex raw S4D state X (before C); conv: last K-1 inputs of each ShortConv, by branch
+    name ("q", "k", "a", "b"), [B, channels, K-1]; offset: tokens seen so far (the RoPE position of the next token).
+    """
+
+    ssm: torch.Tensor
+    conv: dict[str, torch.Tensor] = field(default_factory=dict)
+    offset: int = 0
+
+
+class InterdomainAttention(TokenMixer):
+    """Interdomain Attention token mixer. x [B, T, hidden] -> y [B, T, hidden].
+
+    State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        state_size: int = 64,
+        conv_size: int = 4,
+        rope: bool = True,
+        rope_theta: float = 10000.0,
+        query_readout: bool = True,
+        dual_input: bool = True,
+        denominator: bool = False,
+        output_gate: bool = False,
+        chunk_size: int = 64,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        norm_eps: float = 1e-6,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if denominator and not query_readout:
+            raise ValueError("denominator=True needs query_readout=True (η is read through the query)")
+        head_dim = head_dim or hidden_size // num_heads
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
+        self.feature_dim = head_dim  # R = d_h: ξ acts elementwise
+        self.state_dim = state_size  # M
+        self.query_readout, self.dual_input = query_readout, dual_input
+        self.denominator, self.output_gate = denominator, output_gate
+        self.chunk_size, self.backend = chunk_size, backend
+        inner = num_heads * head_dim
+        key, val = ("k", "v") if dual_input else ("a", "b")
+        self.key_name, self.val_name = key, val
+
+        self.proj = nn.ModuleDict()
+        self.convs = nn.ModuleDict()
+        if query_readout:
+            self.proj["q"] = nn.Linear(hidden_size, inner, bias=False)
+            self.convs["q"] = ShortConvolution(inner, conv_size)
+        self.proj[key] = nn.Linear(hidden_size, inner, bias=False)
+        self.proj[val] = nn.Linear(hidden_size, inner, bias=False)
+        self.convs[key] = ShortConvolution(inner, conv_size)
+        if not dual_input:  # generic inputs: both halves are convolved (Fig. 3c/d); v is not in the full layer
+            self.convs[val] = ShortConvolution(inner, conv_size)
+        self.key_norm = HeadRMSNorm(num_heads, head_dim, eps=norm_eps, bias=True)
+        self.value_norm = HeadRMSNorm(num_heads, head_dim, eps=norm_eps, bias=True)
+        self.ssm = S4DCore(num_heads, state_size, dt_min=dt_min, dt_max=dt_max)
+        self.c_out = None if query_readout else nn.Linear(inner, inner, bias=False)
+        self.g_proj = nn.Linear(hidden_size, inner, bias=False) if output_gate else None
+        self.o_proj = nn.Linear(inner, hidden_size, bias=False)
+        self.rotary = RotaryEmbedding(head_dim, rope_theta) if rope else None
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def _channels(self) -> int:
+        return self.feature_dim + self.head_dim + (1 if self.denominator else 0)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> InterdomainState:
+        dtype = dtype or self.o_proj.weight.dtype
+        cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        ssm = torch.zeros(batch_size, self.num_heads, self.state_dim, self._channels(), device=device, dtype=cdtype)
+        conv = {name: c.init_state(batch_size, device=device, dtype=dtype) for name, c in self.convs.items()}
+        return InterdomainState(ssm=ssm, conv=conv, offset=0)
+
+    def state_size(self, seq_len: int) -> int:
+        """2·H·M·(R+d_h) real numbers (complex state counted as 2 reals; conv buffers of K-1 tokens excluded)."""
+        return 2 * self.num_heads * self.state_dim * (self.feature_dim + self.head_dim)
+
+    def _branch(self, name: str, x: torch.Tensor, state: InterdomainState | None, new_conv: dict, keep: bool):
+        """Projection (+ ShortConv if the branch has one), split into heads: [B, T, H, d_h]."""
+        z = self.proj[name](x)
+        if name in self.convs:
+            z, new_conv[name] = self.convs[name](z, state.conv.get(name) if state else None, output_final_state=keep)
+        return z.view(*x.shape[:2], self.num_heads, self.head_dim)
+
+    def _rope(self, z: torch.Tensor, offset: int) -> torch.Tensor:
+        return self.rotary(z, offset) if self.rotary is not None else z
+
+    @staticmethod
+    def _feature_map(z: torch.Tensor) -> torch.Tensor:
+        """ξ = SiLU then ℓ2 per head (Eq. 10: ℓ2 norm, not squared)."""
+        return l2_normalize(F.silu(z), FEATURE_EPS)
+
+    def forward(self, x: torch.Tensor, state: InterdomainState | None = None, *, output_state: bool | None = None):
+        check_hidden(x, self.hidden_size)
+        keep = output_state if output_state is not None else state is not None
+        offset = state.offset if state is not None else 0
+        new_conv: dict[str, torch.Tensor] = {}
+
+        key = self._rope(self._branch(self.key_name, x, state, new_conv, keep), offset)
+        if self.dual_input:
+            key = self._feature_map(key)
+        key = self.key_norm(key)
+        val = self.value_norm(self._branch(self.val_name, x, state, new_conv, keep))
+        log_lam, b_bar, c = self.ssm()
+        init = state.ssm if state is not None else None
+        if self.query_readout:
+            q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep), offset))
+            o, ssm = interdomain(
+                q, key, val, log_lam, b_bar, c, denominator=self.denominator, initial_state=init,
+                output_final_state=keep, chunk_size=self.chunk_size, backend=self.backend,
+            )
+        else:
+            o, ssm = s4d(
+                key, val, log_lam, b_bar, c, initial_state=init, output_final_state=keep,
+                chunk_size=self.chunk_size, backend=self.backend,
+            )
+        o = o.reshape(*x.shape[:2], -1)
+        if self.c_out is not None:
+            o = self.c_out(o)
+        if self.g_proj is not None:
+            o = torch.sigmoid(self.g_proj(x)) * o  # σ gate as written in the paper's equation (off by default)
+        y = self.o_proj(o)
+        new_state = InterdomainState(ssm=ssm, conv=new_conv, offset=offset + x.shape[1]) if keep else None
+        return y, new_state
+
+
+class S4DMixer(InterdomainAttention):
+    """The S4D-only control (§3): generic inputs [a; b], learned contraction C_out instead of the query, no RoPE by
+    default; the same S4D core and therefore the same state size as InterdomainAttention."""
+
+    def __init__(self, hidden_size: int, num_heads: int, **kwargs) -> None:
+        kwargs.setdefault("rope", False)
+        for flag in ("query_readout", "dual_input", "denominator"):
+            if kwargs.get(flag):
+                raise ValueError(f"S4DMixer has no query and generic inputs; {flag}=True is not allowed")
+            kwargs.pop(flag, None)
+        super().__init__(hidden_size, num_heads, query_readout=False, dual_input=False, **kwargs)

@@ -1,0 +1,134 @@
+"""HybridConfig: one decoder configuration for every mixer, plus named presets."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from hybrid_attention.modules.mlp import swiglu_hidden_size
+
+
+def _interdomain_family(hidden: int, layers: int, heads: int, head_dim: int, mixer: str) -> dict[str, Any]:
+    """Interdomain paper shapes (spec §4.1): Llama-2 vocab, SwiGLU (2/3)·4d rounded up to 128, M = 64, R = d_h."""
+    return dict(
+        vocab_size=32000, hidden_size=hidden, num_hidden_layers=layers, num_heads=heads, head_dim=head_dim,
+        state_size=64, layers=mixer, max_position_embeddings=4096,
+    )
+
+
+_PAPER_SCALES = {"125m": (768, 12, 12, 64), "350m": (1024, 24, 16, 64), "760m": (1536, 24, 16, 96),
+                 "1.3b": (2048, 24, 32, 64)}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CI: a few thousand parameters per layer, byte vocabulary (256 bytes + 3 specials).
+    "tiny": dict(vocab_size=259, hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=32, state_size=16,
+                 chunk_size=16, layers="interdomain", max_position_embeddings=1024),
+    # ~20M parameters with a byte vocabulary: CPU demos and small GPU experiments.
+    "small": dict(vocab_size=259, hidden_size=512, num_hidden_layers=6, num_heads=8, head_dim=64, state_size=64,
+                  layers="interdomain", max_position_embeddings=2048),
+}
+for _scale, (_d, _l, _h, _dh) in _PAPER_SCALES.items():
+    for _mixer in ("interdomain", "softmax", "s4d"):
+        PRESETS[f"{_mixer}-{_scale}"] = _interdomain_family(_d, _l, _h, _dh, _mixer)
+
+
+class HybridConfig(PretrainedConfig):
+    """Configuration of `HybridForCausalLM`.
+
+    `layers` is one mixer name for every layer or a list with one name per layer (then it sets num_hidden_layers);
+    names: see `hybrid_attention.models.mixers.MIXER_BUILDERS`. `mixer_options[name]` holds extra constructor
+    arguments of that mixer (e.g. {"interdomain": {"rope": False}}). `state_size` is the S4D basis size M and
+    `chunk_size` the chunk length of the chunked ops.
+    """
+
+    model_type = "hybrid_attention"
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_heads: int = 12,
+        head_dim: int | None = None,
+        intermediate_size: int | None = None,
+        layers: str | list[str] = "interdomain",
+        mixer_options: dict[str, dict[str, Any]] | None = None,
+        state_size: int = 64,
+        chunk_size: int = 64,
+        rope_theta: float = 10000.0,
+        norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        rescale_residual: bool = True,
+        max_position_embeddings: int = 4096,
+        tie_word_embeddings: bool = False,
+        use_cache: bool = True,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(layers, (list, tuple)):
+            layers = list(layers)
+            num_hidden_layers = len(layers)  # a per-layer list defines the depth
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_heads = num_heads
+        self.head_dim = head_dim or (hidden_size // num_heads if num_heads else None)
+        self.intermediate_size = intermediate_size or swiglu_hidden_size(hidden_size)
+        self.layers = layers
+        self.mixer_options = copy.deepcopy(mixer_options) if mixer_options else {}
+        self.state_size = state_size
+        self.chunk_size = chunk_size
+        self.rope_theta = rope_theta
+        self.norm_eps = norm_eps
+        self.initializer_range = initializer_range
+        self.rescale_residual = rescale_residual
+        self.max_position_embeddings = max_position_embeddings
+        self.use_cache = use_cache
+        super().__init__(
+            tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, **kwargs,
+        )
+        self.validate_fields()
+
+    @property
+    def mixer_types(self) -> list[str]:
+        """One mixer name per layer."""
+        if isinstance(self.layers, str):
+            return [self.layers] * self.num_hidden_layers
+        return list(self.layers)
+
+    def validate_fields(self) -> None:
+        """Raise ValueError naming the offending field and the allowed values."""
+        from hybrid_attention.models.mixers import MIXER_BUILDERS
+
+        allowed = sorted(MIXER_BUILDERS)
+        for i, name in enumerate(self.mixer_types):
+            if name not in allowed:
+                raise ValueError(f"layers[{i}] = {name!r} is not a mixer; allowed values: {allowed}")
+        for key in self.mixer_options:
+            if key not in allowed:
+                raise ValueError(f"mixer_options has key {key!r}; allowed keys: {allowed}")
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "intermediate_size",
+                    "state_size", "chunk_size")
+        for field in positive:
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{field} must be a positive integer, got {v!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        for field in ("norm_eps", "initializer_range", "rope_theta"):
+            v = getattr(self, field)
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise ValueError(f"{field} must be a positive number, got {v!r}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> HybridConfig:
+        """A named preset with overrides, e.g. `from_preset("tiny", layers="softmax")` or `layers=[...]`."""
+        if name not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+        return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})

@@ -1,0 +1,221 @@
+"""Decoder-only language model over any mix of token mixers, with HuggingFace integration.
+
+Block (pre-norm, Llama style):  h = h + Mixer(RMSNorm(h));  h = h + SwiGLU(RMSNorm(h)).
+Untied input/output embeddings by default; N(0, initializer_range) init; GPT-2 rule for the residual-path outputs
+(mixer o_proj and SwiGLU down_proj get std initializer_range / sqrt(2·L)) when `rescale_residual`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.models.cache import HybridCache
+from hybrid_attention.models.configuration import HybridConfig
+from hybrid_attention.models.mixers import build_mixer
+from hybrid_attention.modules import HeadRMSNorm, RMSNorm, S4DCore, ShortConvolution, SwiGLU
+
+
+# transformers renamed the cache from `past_key_values` to `cache` (5.2x): newer ModelOutput classes carry a
+# `past_key_values` property aliasing `.cache` and refuse both names in the constructor; older ones read the cache that
+# generate() feeds back only from a `past_key_values` key. The output class below exposes the cache under both names.
+_CACHE_IS_RENAMED = isinstance(getattr(ModelOutput, "past_key_values", None), property)
+
+
+@dataclass
+class HybridCausalLMOutput(ModelOutput):
+    """loss: scalar; logits: [B, T', vocab]; cache (also readable as past_key_values): HybridCache or None;
+    hidden_states: optional tuple of [B, T, d] (embeddings and each block's output)."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    cache: HybridCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    if not _CACHE_IS_RENAMED:
+        past_key_values: HybridCache | None = None
+
+
+def _causal_lm_output(**fields) -> HybridCausalLMOutput:
+    if not _CACHE_IS_RENAMED:
+        fields["past_key_values"] = fields["cache"]
+    return HybridCausalLMOutput(**fields)
+
+
+class HybridBlock(nn.Module):
+    def __init__(self, config: HybridConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.mixer_type = config.mixer_types[layer_idx]
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mixer: TokenMixer = build_mixer(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        # Residual-path output projections, rescaled at init by the GPT-2 rule.
+        self.mixer.o_proj._is_residual_out = True
+        self.mlp.down_proj._is_residual_out = True
+
+    def forward(self, h: torch.Tensor, state=None, output_state: bool = False):
+        y, state = self.mixer(self.attn_norm(h), state, output_state=output_state)
+        h = h + y
+        h = h + self.mlp(self.mlp_norm(h))
+        return h, state
+
+
+class HybridPreTrainedModel(PreTrainedModel):
+    config_class = HybridConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["HybridBlock"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:  # safe to call twice (transformers 5 may re-run it)
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            if getattr(module, "_is_residual_out", False) and self.config.rescale_residual:
+                std = std / math.sqrt(2 * self.config.num_hidden_layers)
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, std)
+        elif isinstance(module, (S4DCore, ShortConvolution)):
+            module.reset_parameters()
+        elif isinstance(module, (RMSNorm, HeadRMSNorm)):
+            if module.weight is not None:
+                module.weight.fill_(1.0)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+
+
+class HybridModel(HybridPreTrainedModel):
+    """Embeddings, blocks and the final norm. forward(input_ids [B, T]) -> hidden [B, T, d], cache."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(HybridBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings = value
+
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> HybridCache:
+        device = device or self.embeddings.weight.device
+        dtype = dtype or self.embeddings.weight.dtype
+        return HybridCache([blk.mixer.init_state(batch_size, device=device, dtype=dtype) for blk in self.layers])
+
+    def forward(self, input_ids=None, inputs_embeds=None, cache: HybridCache | None = None, use_cache: bool = False,
+                output_hidden_states: bool = False):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if use_cache and cache is None:
+            cache = self.init_cache(h.shape[0], device=h.device)
+        hidden = [h] if output_hidden_states else None
+        new_states = []
+        for i, blk in enumerate(self.layers):
+            h, st = blk(h, cache.states[i] if cache is not None else None, output_state=use_cache)
+            new_states.append(st)
+            if hidden is not None:
+                hidden.append(h)
+        h = self.norm(h)
+        new_cache = HybridCache(new_states, cache.seen_tokens + h.shape[1]) if use_cache else None
+        return h, new_cache, (tuple(hidden) if hidden is not None else None)
+
+
+class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
+    """Causal LM. forward(input_ids [B, T], labels=None, cache|past_key_values=None, use_cache=None)
+    -> HybridCausalLMOutput(loss, logits [B, T, vocab], cache)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__(config)
+        self.model = HybridModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    # transformers' generate() must not build its own DynamicCache: the model creates a HybridCache itself.
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> HybridCache:
+        return self.model.init_cache(batch_size, device=device, dtype=dtype)
+
+    def state_size(self, seq_len: int) -> int:
+        """Real numbers of mixer state kept per sequence after seq_len tokens, summed over layers."""
+        return sum(blk.mixer.state_size(seq_len) for blk in self.model.layers)
+
+    def routing_fractions(self) -> dict[int, torch.Tensor]:
+        """NAtS-L layers only: {layer index: softmax fraction per decision head} of the last forward pass."""
+        out = {}
+        for i, blk in enumerate(self.model.layers):
+            frac = getattr(blk.mixer, "routing_fraction", None)
+            if frac is not None:
+                out[i] = frac
+        return out
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        cache: HybridCache | None = None,
+        past_key_values: HybridCache | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HybridCausalLMOutput:
+        # transformers <= 5.2x passes past_key_values=, newer releases pass cache=: accept both, refuse a conflict.
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("got different objects for cache= and past_key_values=; pass one of them")
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, HybridCache):
+            raise ValueError(f"cache must be a HybridCache (from model.init_cache or a previous output), got "
+                             f"{type(cache).__name__}")
+        if attention_mask is not None and not bool((attention_mask != 0).all()):
+            raise ValueError("padding (zeros in attention_mask) is not supported: batch sequences of equal length")
+        if use_cache is None:
+            use_cache = cache is not None or (self.config.use_cache and not self.training)
+        h, new_cache, hidden = self.model(input_ids, inputs_embeds, cache=cache, use_cache=use_cache,
+                                          output_hidden_states=bool(output_hidden_states))
+        h = h[:, -logits_to_keep:] if logits_to_keep else h
+        logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
+            shift_labels = labels[:, 1:].reshape(-1).to(logits.device)
+            if num_items_in_batch is not None:
+                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+                loss = loss / num_items_in_batch
+            else:
+                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+        return _causal_lm_output(loss=loss, logits=logits, cache=new_cache, hidden_states=hidden)

@@ -1,0 +1,37 @@
+"""Rotary position embedding (RoPE), rotate-half convention (Llama / HF)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to [B, T, H, D] tensors at absolute positions offset .. offset+T-1.
+
+    The angle table is computed on the fly in float32 (no length limit, so length-extrapolation sweeps work).
+    """
+
+    def __init__(self, dim: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"RoPE dim must be even, got {dim}")
+        self.dim, self.theta = dim, theta
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        t = x.shape[1]
+        pos = torch.arange(offset, offset + t, device=x.device, dtype=torch.float64)
+        # No cached buffer: a non-persistent buffer would be left uninitialised by meta-device loading in
+        # `from_pretrained`, and the table is cheap to recompute.
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.dim, 2, device=x.device, dtype=torch.float64) / self.dim))
+        ang = torch.outer(pos, inv_freq)  # [T, D/2], float64 for exact positions
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(cdt)[None, :, None, :]
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(cdt)[None, :, None, :]
+        xf = x.to(cdt)
+        x1, x2 = xf.chunk(2, dim=-1)
+        rot = torch.cat([-x2, x1], dim=-1)
+        return (xf * cos + rot * sin).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, theta={self.theta}"

@@ -1,0 +1,82 @@
+"""Parameters of the complex diagonal S4D core shared by Interdomain Attention and the S4D-only control.
+
+Per head h: Λ_h = exp(Δ_h A_h) ∈ C^M, an input vector B_h ∈ C^M and a full complex readout C_h ∈ C^{M×M}.
+The ops in `hybrid_attention.ops.interdomain` / `.s4d` take the *discretised* quantities (log Λ, B̄, C) returned by
+`S4DCore.forward()`, so all parameterisation choices live in this one file.
+
+Decisions where the Interdomain paper (arXiv 2605.24330, §2.2 and §6.2) is silent:
+- Δ granularity: one Δ per head (the paper's parameter counts fit exactly one scalar per head), stored as log Δ and
+  initialised log-uniformly in [dt_min, dt_max] = [1e-3, 1e-1].
+- A: S4D-Inv. Re A = -exp(A_log_re) with A_log_re initialised to log(1/2); Im A_n = (M/π)(M/(2n+1) - 1); both trainable.
+- B: one learned complex vector per head, B_h ∈ C^M, shared by all R+d_h input channels (each channel is an
+  independent SISO S4D), initialised to 1 + 0i. Discretisation is ZOH, B̄ = (exp(ΔA) - 1)/A · B, as in S4D: it makes
+  the state's scale independent of Δ (a raw B with Δ = 1e-3 would let slow modes grow to ~1/(1-|λ|) ≈ 2000× the input),
+  which matters because the layer has no output normalisation.
+- C: one full complex M×M matrix per head, shared by the key and value halves (a single shared basis), initialised
+  complex Gaussian with E|C_ij|² = 1/M so that C preserves the state's scale.
+Complex parameters are stored as real tensors with a trailing (real, imag) axis so that optimisers, safetensors and
+autocast see only real tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SSM_PARAM_NAMES = ("log_dt", "A_log_re", "A_im", "B", "C")
+
+
+def s4d_inv_imag(state_size: int) -> torch.Tensor:
+    """S4D-Inv imaginary parts: (M/π)(M/(2n+1) - 1), n = 0..M-1. Returns [M] float64."""
+    n = torch.arange(state_size, dtype=torch.float64)
+    return (state_size / math.pi) * (state_size / (2 * n + 1) - 1)
+
+
+class S4DCore(nn.Module):
+    """Per-head complex diagonal SSM parameters.
+
+    forward() -> (log_lam [H, M] complex, B_bar [H, M] complex, C [H, M, M] complex), complex64 for float32
+    parameters and complex128 for float64 parameters.
+    """
+
+    def __init__(self, num_heads: int, state_size: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1) -> None:
+        super().__init__()
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+        self.num_heads, self.state_size = num_heads, state_size
+        self.dt_min, self.dt_max = dt_min, dt_max
+        h, m = num_heads, state_size
+        self.log_dt = nn.Parameter(torch.empty(h))
+        self.A_log_re = nn.Parameter(torch.empty(h, m))
+        self.A_im = nn.Parameter(torch.empty(h, m))
+        self.B = nn.Parameter(torch.empty(h, m, 2))
+        self.C = nn.Parameter(torch.empty(h, m, m, 2))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
+        self.log_dt.copy_(torch.rand(self.num_heads, dtype=torch.float64) * (hi - lo) + lo)
+        self.A_log_re.fill_(math.log(0.5))
+        self.A_im.copy_(s4d_inv_imag(self.state_size).expand(self.num_heads, -1))
+        self.B.zero_()
+        self.B[..., 0] = 1.0
+        self.C.normal_(0.0, (0.5 / self.state_size) ** 0.5)
+
+    def A(self) -> torch.Tensor:
+        """Continuous-time A: [H, M] complex (Re < 0)."""
+        return torch.complex(-torch.exp(self.A_log_re), self.A_im)
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = self.A()
+        dt = torch.exp(self.log_dt)[:, None]
+        log_lam = a * dt  # log Λ = Δ A
+        b = torch.view_as_complex(self.B.contiguous())
+        b_bar = torch.expm1(log_lam) / a * b  # ZOH
+        c = torch.view_as_complex(self.C.contiguous())
+        return log_lam, b_bar, c
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, M={self.state_size}, dt=[{self.dt_min}, {self.dt_max}]"
