@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean test-hf-oldest
 install:
 	@scripts/bootstrap.sh
 
@@ -21,3 +21,11 @@ lint:
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The model/generation tests again on the oldest supported transformers (5.17), overlaid on the same venv.
+HF_OLDEST := 5.17.0
+test-hf-oldest:
+	@scripts/bootstrap.sh test
+	$(PY) -m pip install -q --target .venv/transformers-$(HF_OLDEST) "transformers==$(HF_OLDEST)"
+	PYTHONPATH=.venv/transformers-$(HF_OLDEST) $(PY) -c "import transformers; print('transformers', transformers.__version__)"
+	PYTHONPATH=.venv/transformers-$(HF_OLDEST) $(PY) -m pytest -q tests/models $(PYTEST_ARGS)

@@ -174,10 +174,10 @@ class S4DMixer(InterdomainAttention):
     """The S4D-only control (§3): generic inputs [a; b], learned contraction C_out instead of the query, no RoPE by
     default; the same S4D core and therefore the same state size as InterdomainAttention."""
 
-    def __init__(self, hidden_size: int, num_heads: int, **kwargs) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int | None = None, **kwargs) -> None:
         kwargs.setdefault("rope", False)
         for flag in ("query_readout", "dual_input", "denominator"):
             if kwargs.get(flag):
                 raise ValueError(f"S4DMixer has no query and generic inputs; {flag}=True is not allowed")
             kwargs.pop(flag, None)
-        super().__init__(hidden_size, num_heads, query_readout=False, dual_input=False, **kwargs)
+        super().__init__(hidden_size, num_heads, head_dim, query_readout=False, dual_input=False, **kwargs)

@@ -1,0 +1,31 @@
+"""The token mixers every contract test runs on: name -> factory(hidden_size) in float64.
+
+Tests of other mixers (GDN, NAtS-L) add their factories here so that the contract tests cover them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from hybrid_attention.layers import InterdomainAttention, S4DMixer, SoftmaxAttention
+
+HIDDEN = 32
+
+
+def _interdomain(**kw) -> Callable[[], nn.Module]:
+    return lambda: InterdomainAttention(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5, **kw)
+
+
+MIXER_CASES: dict[str, Callable[[], nn.Module]] = {
+    "softmax": lambda: SoftmaxAttention(HIDDEN, num_heads=2, head_dim=16),
+    "interdomain": _interdomain(),
+    "interdomain-norope": _interdomain(rope=False),
+    "interdomain-denominator": _interdomain(denominator=True),
+    "interdomain-gate": _interdomain(output_gate=True),
+    "interdomain-single-input": _interdomain(dual_input=False),
+    "interdomain-no-q": _interdomain(query_readout=False),
+    "s4d": lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5),
+    "s4d-rope": lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5, rope=True),
+}

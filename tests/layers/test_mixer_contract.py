@@ -1,0 +1,88 @@
+"""The layer contract (layers/base.py) for every mixer: decode == prefill, pieces == whole, causality, batch rows
+independent, init_state == no state. float64 on CPU, so agreement is to rounding."""
+
+import pytest
+import torch
+from mixer_cases import HIDDEN, MIXER_CASES
+
+T = 23  # not a multiple of any chunk size used
+
+
+def _make(name):
+    torch.manual_seed(1)
+    layer = MIXER_CASES[name]().double().eval()
+    # Make SSM decays diverse and not all slow, so the tests see state actually flowing across chunks.
+    ssm = getattr(layer, "ssm", None)
+    if ssm is not None:
+        with torch.no_grad():
+            ssm.log_dt.uniform_(-3.0, 0.0)
+            ssm.B.normal_()
+    return layer
+
+
+def _x(b=2, t=T):
+    return torch.randn(b, t, HIDDEN, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+def test_prefill_then_decode_matches_full(name):
+    layer, x = _make(name), _x()
+    full, _ = layer(x)
+    y, st = layer(x[:, :9], layer.init_state(2, dtype=torch.float64))
+    outs = [y]
+    for t in range(9, T):
+        y, st = layer(x[:, t : t + 1], st)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+@pytest.mark.parametrize("cuts", [(1,), (5, 6), (3, 10, 17), (22,)])
+def test_pieces_match_full(name, cuts):
+    layer, x = _make(name), _x()
+    full, _ = layer(x)
+    st, outs, prev = None, [], 0
+    for c in (*cuts, T):
+        y, st = layer(x[:, prev:c], st, output_state=True)
+        outs.append(y)
+        prev = c
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+def test_init_state_equals_no_state(name):
+    layer, x = _make(name), _x()
+    a, _ = layer(x)
+    b, st = layer(x, layer.init_state(2, dtype=torch.float64))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert st is not None
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+def test_causal(name):
+    layer, x = _make(name), _x()
+    y1, _ = layer(x)
+    x2 = x.clone()
+    x2[:, 11:] = torch.randn_like(x2[:, 11:])
+    y2, _ = layer(x2)
+    torch.testing.assert_close(y1[:, :11], y2[:, :11], rtol=0, atol=1e-12)
+    assert (y1[:, 11:] - y2[:, 11:]).abs().max() > 1e-6  # the future does change the future
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+def test_batch_rows_independent(name):
+    layer, x = _make(name), _x(b=3)
+    y, _ = layer(x)
+    for i in range(3):
+        yi, _ = layer(x[i : i + 1])
+        torch.testing.assert_close(yi, y[i : i + 1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+def test_float32_runs_and_is_close(name):
+    layer = _make(name)
+    x = _x()
+    ref, _ = layer(x)
+    y, _ = layer.float()(x.float())
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref, rtol=1e-3, atol=1e-4)

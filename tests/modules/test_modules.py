@@ -1,0 +1,58 @@
+"""Building blocks: ShortConvolution state carry, RoPE relative-position property, norms, SwiGLU sizes."""
+
+import pytest
+import torch
+
+from hybrid_attention.modules import HeadRMSNorm, RMSNorm, RotaryEmbedding, ShortConvolution, swiglu_hidden_size
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_short_conv_pieces_equal_whole(activation):
+    conv = ShortConvolution(6, 4, activation).double()
+    x = torch.randn(2, 11, 6, dtype=torch.float64)
+    full, _ = conv(x)
+    st, outs = None, []
+    for a, b in [(0, 1), (1, 2), (2, 7), (7, 11)]:
+        y, st = conv(x[:, a:b], st, output_final_state=True)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1), full)
+    # causal and exactly depthwise with kernel 4: y_t = sum_j w[c, j] x_{t-3+j}
+    xp = torch.cat([x.new_zeros(2, 3, 6), x], 1)
+    manual = sum(conv.weight[:, 0, j] * xp[:, j : j + 11] for j in range(4))
+    if activation == "silu":
+        manual = torch.nn.functional.silu(manual)
+    torch.testing.assert_close(full, manual)
+
+
+def test_short_conv_rejects_bad_args():
+    with pytest.raises(ValueError, match="activation"):
+        ShortConvolution(4, 4, "relu")
+    with pytest.raises(ValueError, match="channels"):
+        ShortConvolution(4)(torch.randn(1, 3, 5))
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(8)
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    s1 = (rope(q, 10) * rope(k, 3)).sum()
+    s2 = (rope(q, 107) * rope(k, 100)).sum()
+    torch.testing.assert_close(s1, s2)
+    x = torch.randn(2, 9, 3, 8, dtype=torch.float64)
+    torch.testing.assert_close(rope(x, 0)[:, 4:], rope(x[:, 4:], 4))  # offsets compose
+    torch.testing.assert_close(rope(x).norm(dim=-1), x.norm(dim=-1))  # a rotation
+
+
+def test_norms():
+    x = torch.randn(2, 5, 3, 4, dtype=torch.float64)
+    n = HeadRMSNorm(3, 4, bias=True).double()
+    with torch.no_grad():
+        n.bias.normal_()
+    y = n(x)
+    manual = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + n.bias
+    torch.testing.assert_close(y, manual)
+    r = RMSNorm(4).bfloat16()
+    assert r(torch.randn(3, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_swiglu_sizes_match_the_paper():
+    assert [swiglu_hidden_size(d) for d in (768, 1024, 1536, 2048)] == [2048, 2816, 4096, 5504]
