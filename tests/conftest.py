@@ -1,4 +1,4 @@
-"""Shared test settings: deterministic seeds, float64 oracles, single-threaded torch (CI has 2 cores, xdist 2 workers)."""
+"""Shared test settings: deterministic seeds and single-threaded torch (CI: 2 cores, 2 xdist workers)."""
 
 import pytest
 import torch

@@ -22,7 +22,6 @@ from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.mixers import build_mixer
 from hybrid_attention.modules import HeadRMSNorm, RMSNorm, S4DCore, ShortConvolution, SwiGLU
 
-
 # transformers renamed the cache from `past_key_values` to `cache` (5.2x): newer ModelOutput classes carry a
 # `past_key_values` property aliasing `.cache` and refuse both names in the constructor; older ones read the cache that
 # generate() feeds back only from a `past_key_values` key. The output class below exposes the cache under both names.
