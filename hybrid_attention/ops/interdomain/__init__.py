@@ -1,0 +1,67 @@
+"""Interdomain Attention core op: o_t = Re(q_tᵀ U_tᵀ Γ_t) over a complex diagonal S4D state (see naive.py).
+
+Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form) and "auto".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunk import chunk_interdomain, validate_chunk_size
+from .naive import naive_interdomain
+
+__all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "BACKENDS"]
+
+BACKENDS = ("auto", "reference", "naive")
+
+
+def interdomain(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    denominator: bool = False,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Interdomain Attention core, dispatched to a backend.
+
+    Shapes: q, k ``[B, T, H, R]`` real; v ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex (discretised);
+    C ``[H, M, M]`` complex; initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``) complex.
+    Returns ``(o [B, T, H, D] in q.dtype, final_state or None)``. See ``naive_interdomain`` for the definition.
+
+    ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "auto" currently also
+    runs the chunk-parallel PyTorch form, on every device, because it is the only chunked implementation that exists.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', got {backend!r}")
+    validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
+    if backend == "naive":
+        return naive_interdomain(
+            q,
+            k,
+            v,
+            log_lam,
+            B,
+            C,
+            denominator=denominator,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+        )
+    return chunk_interdomain(
+        q,
+        k,
+        v,
+        log_lam,
+        B,
+        C,
+        denominator=denominator,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+    )

@@ -1,0 +1,183 @@
+"""Token-by-token reference of the Interdomain Attention core (arXiv 2605.24330, §1.5, §2.2, Eq. 9 and 11-13).
+
+This file is the readable definition and the float64 test oracle; ``chunk.py`` must agree with it to rounding.
+Shared helpers (input validation, dtype policy, the safe denominator) live here so that the naive and chunk forms of
+both this op and the S4D-only op (``hybrid_attention.ops.s4d``) use exactly the same conventions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "DEN_EPS",
+    "naive_interdomain",
+    "compute_dtypes",
+    "validate_ssm_inputs",
+    "validate_interdomain_inputs",
+    "prepare_ssm_params",
+    "safe_divide",
+]
+
+# Smallest |denominator| of the ideal (Nadaraya-Watson) readout: o = num / (sign(den) * max(|den|, DEN_EPS)).
+# Only guards against division by (numerically) zero; it does not change the value when |den| >= 1e-6. The sign is
+# kept (sign(0) := +1) because with complex bases the denominator Re(qᵀUᵀη) can legitimately be negative.
+DEN_EPS = 1e-6
+
+
+def compute_dtypes(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(real, complex) internal precision: (float64, complex128) when any input is float64, else (float32, complex64).
+
+    Decision (DESIGN.md: complex state in float32/complex64 at least): bf16/fp16 activations are upcast, the state is
+    never kept in low precision, and float64 inputs stay float64 end to end so that naive/chunk agree to ~1e-12.
+    The SSM parameters and the initial state are cast to this precision, whatever their own dtype.
+    """
+    if any(t.dtype == torch.float64 for t in tensors):
+        return torch.float64, torch.complex128
+    return torch.float32, torch.complex64
+
+
+def validate_ssm_inputs(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    *,
+    key_name: str = "k",
+    value_name: str = "v",
+    extra_channels: int = 0,
+) -> None:
+    """Raise ``ValueError`` naming the offending argument and its expected shape.
+
+    key ``[B, T, H, R]`` and value ``[B, T, H, D]`` real; log_lam, B ``[H, M]``; C ``[H, M, M]``;
+    initial_state ``[B, H, M, R + D + extra_channels]``.
+    """
+    for name, x in ((key_name, key), (value_name, value)):
+        if x.dim() != 4:
+            dims = "R" if name == key_name else "D"
+            raise ValueError(f"{name} must be a 4-d tensor [B, T, H, {dims}], got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a real floating-point tensor, got dtype {x.dtype}")
+    Bsz, T, H, R = key.shape
+    if tuple(value.shape[:3]) != (Bsz, T, H):
+        raise ValueError(
+            f"{value_name} must be [B, T, H, D] with [B, T, H] = {(Bsz, T, H)} like {key_name}, "
+            f"got {tuple(value.shape)}"
+        )
+    D = value.shape[-1]
+    if log_lam.dim() != 2 or log_lam.shape[0] != H:
+        raise ValueError(f"log_lam must be [H, M] with H = {H}, got {tuple(log_lam.shape)}")
+    M = log_lam.shape[1]
+    if tuple(B.shape) != (H, M):
+        raise ValueError(f"B must be [H, M] = {(H, M)} like log_lam, got {tuple(B.shape)}")
+    if tuple(C.shape) != (H, M, M):
+        raise ValueError(f"C must be [H, M, M] = {(H, M, M)}, got {tuple(C.shape)}")
+    if initial_state is not None:
+        n_ch = R + D + extra_channels
+        if tuple(initial_state.shape) != (Bsz, H, M, n_ch):
+            what = "R + D + 1 (denominator channel)" if extra_channels else "R + D"
+            raise ValueError(
+                f"initial_state must be [B, H, M, {what}] = {(Bsz, H, M, n_ch)}, got {tuple(initial_state.shape)}"
+            )
+
+
+def validate_interdomain_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    denominator: bool,
+) -> None:
+    """``validate_ssm_inputs`` preceded by the query checks: q ``[B, T, H, R]`` real, k of the same shape as q."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be a 4-d tensor [B, T, H, R], got shape {tuple(q.shape)}")
+    if not q.is_floating_point():
+        raise ValueError(f"q must be a real floating-point tensor, got dtype {q.dtype}")
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"k must be [B, T, H, R] = {tuple(q.shape)} like q, got {tuple(k.shape)}")
+    validate_ssm_inputs(k, v, log_lam, B, C, initial_state, extra_channels=1 if denominator else 0)
+
+
+def prepare_ssm_params(
+    log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cdtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cast (log_lam, B, C) to the complex compute dtype (a real tensor becomes complex with zero imaginary part)."""
+    return log_lam.to(cdtype), B.to(cdtype), C.to(cdtype)
+
+
+def safe_divide(num: torch.Tensor, den: torch.Tensor, eps: float = DEN_EPS) -> torch.Tensor:
+    """``num / (sign(den) * max(|den|, eps))`` with sign(0) := +1; den broadcasts against num."""
+    den_safe = torch.where(den >= 0, den.clamp(min=eps), den.clamp(max=-eps))
+    return num / den_safe
+
+
+def naive_interdomain(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    denominator: bool = False,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Interdomain Attention core, one token at a time (the definition).
+
+    Shapes: q, k ``[B, T, H, R]`` real (q is already ξ(q), k the normalised SSM key input); v ``[B, T, H, D]`` real;
+    log_lam ``[H, M]`` complex with Re < 0 (λ = exp(log_lam), already discretised); B ``[H, M]`` complex (already
+    discretised input vector, broadcast over channels); C ``[H, M, M]`` complex (full readout, shared by both halves);
+    initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``) complex, the raw state X before C.
+
+    Returns ``o [B, T, H, D]`` in ``q.dtype`` and the final state X_T (same shape as initial_state; complex128 for
+    float64 inputs, complex64 otherwise) or ``None`` unless ``output_final_state``.
+
+    Definition, per batch b and head h (every input channel c is an independent single-input S4D)::
+
+        z_t = [k_t ; v_t]                     ∈ R^{R+D}      ([k_t ; v_t ; 1] ∈ R^{R+D+1} with denominator)
+        X_t = λ ⊙ X_{t-1} + B z_tᵀ            ∈ C^{M×(R+D)}  (X_{-1} = initial_state, or 0)
+        Y_t = C X_t;  U_t = Y_t[:, :R] ∈ C^{M×R};  Γ_t = Y_t[:, R:R+D] ∈ C^{M×D};  η_t = Y_t[:, R+D] ∈ C^M
+        o_t = Re(q_tᵀ U_tᵀ Γ_t)                                          ∈ R^D   (denominator=False, Eq. 13)
+        o_t = Re(q_tᵀ U_tᵀ Γ_t) / safe(Re(q_tᵀ U_tᵀ η_t))                ∈ R^D   (denominator=True, Eq. 9)
+
+    with safe(x) = sign(x) max(|x|, DEN_EPS), sign(0) := +1. T = 0 is allowed (empty output, state passed through).
+    """
+    # DECISION (spec §6.2 item 1, complex-to-real readout): o = Re(qᵀ Uᵀ Γ), the real part of the plain-transpose
+    # (bilinear, NOT Hermitian/conjugated) product. It keeps the bilinear structure of Eq. 9 -- with a real basis it
+    # reduces exactly to the paper's F_q Uᵀ Γ -- and it is linear in both U and Γ, which is what makes the chunked
+    # factorisation through K = Cᵀ C possible. The training forms (chunk.py, future kernels) and the one-token decode
+    # step (this loop with T = 1) use this same formula; the denominator uses the same bilinear product with η.
+    validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
+    Bsz, T, H, R = q.shape
+    D = v.shape[-1]
+    M = log_lam.shape[1]
+    out_dtype = q.dtype
+    rdtype, cdtype = compute_dtypes(q, k, v)
+    log_lam, B, C = prepare_ssm_params(log_lam, B, C, cdtype)
+    q, k, v = q.to(rdtype), k.to(rdtype), v.to(rdtype)
+
+    z = torch.cat([k, v] + ([torch.ones_like(v[..., :1])] if denominator else []), dim=-1)  # [B, T, H, R+D(+1)]
+    z = z.to(cdtype)
+    lam = torch.exp(log_lam)[None, :, :, None]  # [1, H, M, 1]
+    b_in = B[None, :, :, None]  # [1, H, M, 1]
+    X = z.new_zeros(Bsz, H, M, z.shape[-1]) if initial_state is None else initial_state.to(cdtype)
+
+    outputs = []
+    for t in range(T):
+        X = lam * X + b_in * z[:, t, :, None, :]  # [B, H, M, R+D(+1)]
+        Y = torch.einsum("hmn,bhnc->bhmc", C, X)
+        U, G = Y[..., :R], Y[..., R : R + D]
+        a = torch.einsum("bhmr,bhr->bhm", U, q[:, t].to(cdtype))  # (q_tᵀ U_tᵀ)ᵀ = U_t q_t, no conjugation
+        o_t = torch.einsum("bhm,bhmd->bhd", a, G).real  # [B, H, D]
+        if denominator:
+            den = torch.einsum("bhm,bhm->bh", a, Y[..., R + D]).real  # Re(q_tᵀ U_tᵀ η_t)
+            o_t = safe_divide(o_t, den[..., None])
+        outputs.append(o_t)
+    o = torch.stack(outputs, dim=1) if T > 0 else v.new_zeros(Bsz, 0, H, D)
+    return o.to(out_dtype), (X if output_final_state else None)

@@ -1,0 +1,70 @@
+"""Chunk-parallel PyTorch form of the S4D-only core (exact, differentiable by autograd).
+
+Same contract as ``naive_s4d`` (see naive.py for the definition). For a chunk [t0, t0 + L) entered with state X0,
+with local indices t, s in [0, L), the per-token states of the chunk are
+
+    X_t = Σ_{s<=t} Ldec[t, s] ⊙ B z_sᵀ + Din[t] ⊙ X0                    [B, H, L, M, 2R]
+
+with Ldec[t, s, m] = exp(log_lam[m] (t - s)) (s <= t, else 0) and Din[t, m] = exp(log_lam[m] (t + 1)), the decay
+tables of ``hybrid_attention.ops.interdomain.chunk.chunk_decays``. Then Y_t = C X_t and o_t = Re(diag(U_tᵀ Γ_t)).
+The last state X_{L-1} is carried to the next chunk.
+
+Unlike Interdomain, the diagonal readout has no query to contract the key half with, so the chunk-local states are
+materialised (O(L·M·2R) per head, one chunk at a time, never the whole sequence). Every power of λ has a
+non-negative exponent, |λ^n| <= 1, so fast-decaying modes underflow to 0 instead of overflowing (see the
+Interdomain chunk module docstring).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..interdomain.chunk import chunk_decays, validate_chunk_size
+from ..interdomain.naive import compute_dtypes, prepare_ssm_params
+from .naive import validate_s4d_inputs
+
+__all__ = ["chunk_s4d"]
+
+
+def chunk_s4d(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """S4D-only core, chunk-parallel (equal to ``naive_s4d`` to rounding).
+
+    Shapes: a, b ``[B, T, H, R]`` real (R == D required); log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex;
+    initial_state ``[B, H, M, 2R]`` complex. Any T >= 0 and chunk_size >= 1. Returns ``o [B, T, H, R]`` in
+    ``a.dtype`` and the final raw state (complex128 for float64 inputs, else complex64) or ``None``.
+    """
+    validate_s4d_inputs(a, b, log_lam, B, C, initial_state)
+    validate_chunk_size(chunk_size)
+    Bsz, T, H, R = a.shape
+    M = log_lam.shape[1]
+    out_dtype = a.dtype
+    rdtype, cdtype = compute_dtypes(a, b)
+    log_lam, B, C = prepare_ssm_params(log_lam, B, C, cdtype)
+
+    z = torch.cat([a, b], dim=-1).to(rdtype).transpose(1, 2).to(cdtype)  # [B, H, T, 2R]
+    X = z.new_zeros(Bsz, H, M, 2 * R) if initial_state is None else initial_state.to(cdtype)
+    Ldec_full, Din_full = chunk_decays(log_lam, min(chunk_size, T)) if T > 0 else (None, None)
+
+    outputs = []
+    for t0 in range(0, T, chunk_size):
+        L = min(chunk_size, T - t0)
+        LdecB = Ldec_full[:, :L, :L] * B[:, None, None, :]  # [H, L, L, M]
+        Din = Din_full[:, :L]  # [H, L, M]
+        Xs = torch.einsum("htsm,bhsc->bhtmc", LdecB, z[:, :, t0 : t0 + L])
+        Xs = Xs + Din[None, :, :, :, None] * X[:, :, None]  # chunk-local per-token states [B, H, L, M, 2R]
+        Y = torch.einsum("hmn,bhtnc->bhtmc", C, Xs)
+        outputs.append((Y[..., :R] * Y[..., R:]).sum(dim=-2).real)  # [B, H, L, R]
+        X = Xs[:, :, L - 1]
+
+    o = torch.cat(outputs, dim=2) if T > 0 else a.new_zeros(Bsz, H, 0, R, dtype=rdtype)
+    return o.transpose(1, 2).to(out_dtype), (X if output_final_state else None)
