@@ -1,0 +1,1 @@
+"""Functional token-mixing ops: pure math on tensors, no nn.Module, no parameters."""

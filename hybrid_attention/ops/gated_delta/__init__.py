@@ -1,0 +1,65 @@
+"""Gated delta rule (Gated DeltaNet) with the NAtS-L per-chunk commit mask.
+
+Public op: ``gated_delta(q, k, v, g, beta, *, commit=None, chunk_size=64, ...)``; see ``naive.naive_gated_delta``
+for the definition. Argument order ``(q, k, v, g, beta)`` is the same in every form (fla's naive functions swap g and
+beta; we do not).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunk import chunk_gated_delta
+from .naive import naive_gated_delta
+
+__all__ = ["gated_delta", "chunk_gated_delta", "naive_gated_delta", "BACKENDS"]
+
+BACKENDS = ("auto", "reference", "naive")
+
+
+def gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    commit: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = True,
+    decay_uncommitted: bool = True,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated delta rule with optional per-chunk commit mask.
+
+    Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g (log-decay <= 0), beta ``[B, T, H]``;
+    commit ``[B, ceil(T / chunk_size), H]`` (chunks aligned to position 0 of this call; None = plain GDN);
+    initial_state ``[B, H, K, V]``. Returns ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] or None)``.
+
+    backend: ``"auto"`` / ``"reference"`` -> the chunk-parallel PyTorch form; ``"naive"`` -> the token loop.
+    (A Triton backend will be picked by ``"auto"`` once it exists.)
+    """
+    if backend in ("auto", "reference"):
+        fn = chunk_gated_delta
+    elif backend == "naive":
+        fn = naive_gated_delta
+    else:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    # both forms validate their inputs (ValueError naming the argument and the expected shape)
+    return fn(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        commit=commit,
+        chunk_size=chunk_size,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        use_qk_l2norm=use_qk_l2norm,
+        decay_uncommitted=decay_uncommitted,
+    )
