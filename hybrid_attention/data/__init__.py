@@ -3,7 +3,7 @@
 from .config import DataConfig
 from .corpus import Corpus, is_validation, local_corpus, stdlib_corpus
 from .errors import DataError
-from .lm_data import LMData, build_lm_data, get_tokenizer, load_corpus
+from .lm_data import LMData, build_lm_data, get_tokenizer, load_corpus, validation_tokens
 from .mqar import MQARConfig, multiquery_ar, recall_accuracy
 from .packing import PackedSequences, ShuffledBatches, StreamingBatches, local_slice
 from .passkey import passkey_prompt, passkey_tokens
@@ -44,4 +44,5 @@ __all__ = [
     "stdlib_corpus",
     "token_byte_lengths",
     "train_bpe_tokenizer",
+    "validation_tokens",
 ]

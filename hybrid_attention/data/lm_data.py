@@ -54,27 +54,35 @@ def get_tokenizer(cfg: DataConfig, corpus: Corpus | None, save_dir: Path | None)
     return tok
 
 
-def build_lm_data(cfg: DataConfig, global_batch: int, seed: int, tokenizer_dir: Path | None = None) -> LMData:
-    """Everything the trainer needs from the data side."""
+def _hf_docs(cfg: DataConfig, part: str):
+    """A restartable stream of one side of an HF dataset's hash split."""
+    args = (cfg.hf_name, cfg.hf_split, cfg.hf_config, cfg.text_field, part, cfg.val_fraction)
+    return lambda: hf_streaming_documents(*args)
+
+
+def validation_tokens(cfg: DataConfig, tok: PreTrainedTokenizerBase, corpus: Corpus | None = None) -> np.ndarray:
+    """The validation split as one flat token array [n] (streamed sources: the first ``cfg.val_tokens`` tokens)."""
     if cfg.source == "hf":
         if not cfg.hf_name:
             raise DataError("data.source=hf needs data.hf_name (e.g. HuggingFaceFW/fineweb-edu)")
+        docs = itertools.islice(_hf_docs(cfg, "validation")(), max(1, cfg.val_tokens // 64))
+        return encode_documents(tok, list(docs))[: cfg.val_tokens]
+    corpus = corpus if corpus is not None else load_corpus(cfg)
+    return encode_documents(tok, corpus.validation)
+
+
+def build_lm_data(cfg: DataConfig, global_batch: int, seed: int, tokenizer_dir: Path | None = None) -> LMData:
+    """Everything the trainer needs from the data side."""
+    if cfg.source == "hf":
         tok = get_tokenizer(cfg, None, tokenizer_dir)
-
-        def docs(part: str):
-            return lambda: hf_streaming_documents(
-                cfg.hf_name, cfg.hf_split, cfg.hf_config, cfg.text_field, part, cfg.val_fraction
-            )
-
-        val_docs = itertools.islice(docs("validation")(), max(1, cfg.val_tokens // 64))
-        val = encode_documents(tok, list(val_docs))[: cfg.val_tokens]
-        train = StreamingBatches(docs("train"), tok, cfg.seq_len, global_batch)
+        val = validation_tokens(cfg, tok)
+        train = StreamingBatches(_hf_docs(cfg, "train"), tok, cfg.seq_len, global_batch)
         desc = f"corpus hf:{cfg.hf_name} (streaming), validation {len(val)} tokens"
         return LMData(tok, train, val, desc)
     corpus = load_corpus(cfg)
     tok = get_tokenizer(cfg, corpus, tokenizer_dir)
     train_tokens = encode_documents(tok, corpus.train)
-    val = encode_documents(tok, corpus.validation)
+    val = validation_tokens(cfg, tok, corpus)
     if len(val) < cfg.seq_len:
         raise DataError(f"validation split has {len(val)} tokens, fewer than seq_len={cfg.seq_len}")
     train = ShuffledBatches(PackedSequences(train_tokens, cfg.seq_len), global_batch, seed)

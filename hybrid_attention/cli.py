@@ -1,0 +1,256 @@
+"""The ``hybrid-attention`` command: demo, train, eval, generate, info, bench.
+
+    hybrid-attention demo [--minutes 10] [--device auto|cpu|cuda] [--out runs/demo]
+    hybrid-attention train CONFIG.yaml [key=value ...] [--resume]
+    hybrid-attention eval {ppl,length,mqar,passkey,lm-eval} ...
+    hybrid-attention generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] ...
+    hybrid-attention info DIR
+    hybrid-attention bench ...
+
+User errors (bad config, missing data, diverged training) print one ``error: ...`` line and exit with status 2
+(configuration/data) or 1 (training stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from hybrid_attention.training.demo import DemoOptions, run_demo
+
+    opts = DemoOptions(minutes=a.minutes, device=a.device, out=a.out, mixers=tuple(a.mixers) if a.mixers else None,
+                       seq_len=a.seq_len, batch_size=a.batch_size, preset=a.preset)
+    res = run_demo(opts)
+    print()
+    print(f"demo: {res['steps']} steps, {res['tokens']:,} training tokens per model")
+    print(res["table"])
+    print(f"\nplots and runs in {a.out}/ (length_sweep.png, train_loss.png, <mixer>/loss.png ...)")
+    print(f"\nsample from the best model ({res['best']}):\n{'-' * 60}\n{res['sample']}\n{'-' * 60}")
+    print(f"demo wall time: {res['seconds']:.0f} s")
+    return 0
+
+
+def _cmd_train(a: argparse.Namespace) -> int:
+    from hybrid_attention.training.config import load_config
+    from hybrid_attention.training.trainer import train
+
+    cfg = load_config(a.config, a.overrides)
+    res = train(cfg, resume=a.resume)
+    v = res.val
+    if v is not None and res.out_dir is not None:
+        bpb = f", {v.bpb:.4f} bits/byte" if v.bpb is not None else ""
+        print(f"done: {res.steps} steps, validation loss {v.loss:.4f}, ppl {v.ppl:.3f}{bpb}; run in {res.out_dir}")
+    return 0
+
+
+def _val_tokens(loaded, tokens: int | None):
+    from hybrid_attention.data.config import DataConfig
+    from hybrid_attention.data.lm_data import validation_tokens
+
+    data_cfg = loaded.run_config.data if loaded.run_config is not None else DataConfig()
+    if tokens:
+        data_cfg.val_tokens = tokens
+    return validation_tokens(data_cfg, loaded.tokenizer), data_cfg
+
+
+def _cmd_eval(a: argparse.Namespace) -> int:
+    from hybrid_attention.training.distributed import resolve_device
+
+    if a.task == "mqar" or (a.task == "passkey" and a.synthetic):
+        return _eval_recall(a)
+    from hybrid_attention.data.tokenizer import token_byte_lengths
+    from hybrid_attention.evaluation.loading import load_model
+
+    device = resolve_device(a.device)
+    loaded = load_model(a.checkpoint, device)
+    if a.task == "ppl":
+        from hybrid_attention.evaluation.perplexity import evaluate_lm
+
+        tokens, data_cfg = _val_tokens(loaded, a.tokens)
+        s = evaluate_lm(loaded.model, tokens, a.seq_len or data_cfg.seq_len, device=device,
+                        byte_lengths=token_byte_lengths(loaded.tokenizer), max_tokens=a.tokens or data_cfg.val_tokens)
+        print(json.dumps(s.as_dict()) if a.json else
+              f"validation loss {s.loss:.4f}, ppl {s.ppl:.3f}, bits/byte {s.bpb:.4f} ({s.tokens:,} tokens, "
+              f"windows of {s.seq_len})")
+    elif a.task == "length":
+        from hybrid_attention.evaluation.length_sweep import length_sweep, length_table, plot_length_sweep
+
+        tokens, data_cfg = _val_tokens(loaded, None)
+        base = a.seq_len or data_cfg.seq_len
+        rows = length_sweep(loaded.model, tokens, base, a.multipliers, max_tokens=a.tokens, device=device,
+                            byte_lengths=token_byte_lengths(loaded.tokenizer))
+        print(length_table(rows))
+        png = Path(a.out or loaded.source) / "length_sweep.png"
+        plot_length_sweep({str(Path(a.checkpoint).name): rows}, png)
+        print(f"plot: {png}")
+    elif a.task == "passkey":
+        from hybrid_attention.evaluation.passkey import passkey_accuracy, passkey_table
+
+        rows = passkey_accuracy(loaded.model, loaded.tokenizer, a.lengths, a.depths, a.trials, device)
+        print(passkey_table(rows))
+    elif a.task == "lm-eval":
+        from hybrid_attention.evaluation.lm_eval_adapter import run_lm_eval
+
+        res = run_lm_eval(loaded.model, loaded.tokenizer, a.tasks, a.include_path, a.batch_size, a.limit, str(device))
+        print(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+def _eval_recall(a: argparse.Namespace) -> int:
+    import yaml
+
+    from hybrid_attention.evaluation.recall import RecallConfig, recall_sweep, recall_table
+    from hybrid_attention.training.config_schema import from_dict, merge, parse_overrides
+
+    data = yaml.safe_load(Path(a.config).read_text()) if a.config else {}
+    data = merge(data or {}, parse_overrides(a.overrides))
+    if a.task == "passkey":
+        data["task"] = "passkey"
+    cfg = from_dict(RecallConfig, data)
+    rows = recall_sweep(cfg, log=print)
+    print(recall_table(rows))
+    print(f"results and plot in {cfg.out_dir}/")
+    return 0
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from hybrid_attention.evaluation.generation import generate_text
+    from hybrid_attention.evaluation.loading import load_model
+    from hybrid_attention.training.distributed import resolve_device
+
+    device = resolve_device(a.device)
+    loaded = load_model(a.checkpoint, device)
+    text = generate_text(loaded.model, loaded.tokenizer, a.prompt, a.max_new_tokens, not a.greedy, a.temperature,
+                         a.top_k, a.top_p, a.seed, device)
+    print(a.prompt + text)
+    return 0
+
+
+def _cmd_info(a: argparse.Namespace) -> int:
+    from hybrid_attention.data.corpus import stdlib_root
+    from hybrid_attention.evaluation.info import format_info, model_info
+    from hybrid_attention.evaluation.loading import load_model
+
+    loaded = load_model(a.dir, "cpu")
+    sample = (stdlib_root() / "functools.py").read_text(encoding="utf-8")
+    info = model_info(loaded.model, loaded.tokenizer, a.seq_lens, sample_text=sample)
+    print(json.dumps(info) if a.json else f"{loaded.source}\n{format_info(info)}")
+    return 0
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    print("GPU benchmarks live in benchmarks/ (see benchmarks/NOTES.md); `hybrid-attention bench` will run them "
+          "once that issue lands. Nothing was run.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hybrid-attention", description="Train and evaluate long-context token mixers.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="small models of every mixer on the embedded corpus, sized to a time budget")
+    d.add_argument("--minutes", type=float, default=10.0, help="total time budget (default 10)")
+    d.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    d.add_argument("--out", default="runs/demo", help="output directory (its per-mixer runs are replaced)")
+    d.add_argument("--mixers", nargs="+", help="subset of mixers (default: all available)")
+    d.add_argument("--preset", help="model preset (default tiny on CPU, small on CUDA)")
+    d.add_argument("--seq-len", type=int, help="training length (default 256 on CPU, 1024 on CUDA)")
+    d.add_argument("--batch-size", type=int, help="sequences per step (default 8 on CPU, 32 on CUDA)")
+    d.set_defaults(func=_cmd_demo)
+
+    t = sub.add_parser("train", help="train from a YAML config")
+    t.add_argument("config", help="YAML config (see configs/)")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=100 model.layers=softmax")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in train.out_dir")
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint or run a recall sweep")
+    es = e.add_subparsers(dest="task", required=True)
+
+    def with_ckpt(q: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        q.add_argument("--checkpoint", required=True, help="run directory, checkpoint directory or HF model directory")
+        q.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+        return q
+
+    q = with_ckpt(es.add_parser("ppl", help="validation perplexity and bits per byte"))
+    q.add_argument("--seq-len", type=int, help="window length (default: the run's training length)")
+    q.add_argument("--tokens", type=int, help="validation tokens to score (default: the run's data.val_tokens)")
+    q.add_argument("--json", action="store_true")
+    q = with_ckpt(es.add_parser("length", help="perplexity at multiples of the training length: table + PNG"))
+    q.add_argument("--seq-len", type=int, help="training length (default: the run's)")
+    q.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8])
+    q.add_argument("--tokens", type=int, default=65536, help="tokens scored at every length")
+    q.add_argument("--out", help="directory for length_sweep.png (default: next to the model)")
+    for name, helptext in (("mqar", "train-and-evaluate MQAR over mixers (zoology-style)"),
+                           ("passkey", "passkey retrieval of a checkpoint (or --synthetic train-and-evaluate)")):
+        q = es.add_parser(name, help=helptext)
+        q.add_argument("--config", help="YAML sweep config (e.g. configs/mqar_cpu.yaml)")
+        q.add_argument("overrides", nargs="*", help="key=value overrides, e.g. mixers=[softmax,s4d] seq_len=128")
+        if name == "passkey":
+            q.add_argument("--synthetic", action="store_true", help="train-and-evaluate on synthetic passkey tokens")
+            q.add_argument("--checkpoint", help="run directory or HF model directory")
+            q.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+            q.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024])
+            q.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+            q.add_argument("--trials", type=int, default=4)
+    q = with_ckpt(es.add_parser("lm-eval", help="lm-evaluation-harness tasks (needs the eval extra)"))
+    q.add_argument("--tasks", nargs="+", default=["hybrid_toy_mc"], help="default: the bundled offline toy task")
+    q.add_argument("--include-path", help="directory of extra task YAMLs")
+    q.add_argument("--batch-size", type=int, default=8)
+    q.add_argument("--limit", type=int)
+    e.set_defaults(func=_cmd_eval)
+
+    g = with_ckpt(sub.add_parser("generate", help="sample text from a checkpoint"))
+    g.add_argument("--prompt", default="", help="text to continue")
+    g.add_argument("--max-new-tokens", type=int, default=200)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=50)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=_cmd_generate)
+
+    i = sub.add_parser("info", help="parameters, state size, NAtS-L softmax fractions")
+    i.add_argument("dir", help="run directory, checkpoint directory or HF model directory")
+    i.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096, 16384])
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_info)
+
+    b = sub.add_parser("bench", help="GPU benchmarks (see benchmarks/)")
+    b.add_argument("rest", nargs="*")
+    b.set_defaults(func=_cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``hybrid-attention`` script; returns the exit status."""
+    from hybrid_attention.data.errors import DataError
+    from hybrid_attention.training.config_schema import ConfigError
+
+    args = build_parser().parse_args(argv)
+    if args.command == "eval" and args.task == "passkey" and not args.synthetic and not args.checkpoint:
+        print("error: eval passkey needs --checkpoint DIR (or --synthetic for train-and-evaluate)", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        if type(e).__name__ == "LMEvalMissing":
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+    except RuntimeError as e:
+        if type(e).__name__ == "TrainingDiverged":
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""lm-evaluation-harness on our checkpoints (optional ``eval`` extra: ``pip install 'hybrid_attention[eval]'``).
+
+Two routes, both registering the ``hybrid_attention`` model type first (``import hybrid_attention``):
+
+  * :func:`run_lm_eval`: Python API with a loaded model and its tokenizer wrapped in lm-eval's ``HFLM``.
+  * ``python -m hybrid_attention.evaluation.lm_eval_adapter --model hf --model_args pretrained=<run>/final ...``:
+    lm-eval's own command line (``cli_evaluate``) after the registration, as fla does.
+
+A small offline multiple-choice task (``hybrid_toy_mc``, Python-flavoured completions) ships with the package; its
+task YAML is written at run time so that it points at the bundled JSONL file by absolute path.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+TOY_TASK = "hybrid_toy_mc"
+_TASK_DIR = Path(__file__).parent / "lm_eval_tasks"
+
+_TOY_YAML = """task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: question
+doc_to_choice: choices
+doc_to_target: answer
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+class LMEvalMissing(ImportError):
+    """lm-eval (with its ``hf`` extra) is not installed."""
+
+
+def _import_lm_eval():
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError as e:
+        raise LMEvalMissing(f"lm-eval is not installed ({e}); pip install 'hybrid_attention[eval]'") from e
+    return lm_eval, HFLM, TaskManager
+
+
+def toy_task_dir(where: Path | None = None) -> Path:
+    """A directory holding the toy task's YAML (pointing at the bundled JSONL); pass it as ``include_path``."""
+    where = Path(where or tempfile.mkdtemp(prefix="hybrid_lm_eval_"))
+    where.mkdir(parents=True, exist_ok=True)
+    data = (_TASK_DIR / "toy_mc.jsonl").resolve()
+    (where / f"{TOY_TASK}.yaml").write_text(_TOY_YAML.format(task=TOY_TASK, data=data))
+    return where
+
+
+def run_lm_eval(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: Sequence[str] = (TOY_TASK,),
+    include_path: str | Path | None = None,
+    batch_size: int = 8,
+    limit: int | None = None,
+    device: str = "cpu",
+) -> dict:
+    """``lm_eval.simple_evaluate`` on a loaded model; returns lm-eval's ``results`` dict (metrics per task)."""
+    import hybrid_attention  # noqa: F401  (registers the model type)
+
+    lm_eval, HFLM, TaskManager = _import_lm_eval()
+    paths = [str(toy_task_dir())]
+    if include_path:
+        paths.append(str(include_path))
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
+    manager = TaskManager(include_path=paths)
+    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager)
+    return out["results"]
+
+
+def main() -> None:
+    """lm-eval's command line, with our model type registered and the toy task on the include path."""
+    import sys
+
+    import hybrid_attention  # noqa: F401
+
+    _import_lm_eval()
+    from lm_eval.__main__ import cli_evaluate
+
+    if "--include_path" not in sys.argv:
+        sys.argv += ["--include_path", str(toy_task_dir())]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Train-and-evaluate on synthetic recall (MQAR, zoology-style; or synthetic passkey), one command for a sweep.
+
+For each (mixer, d_model, lr) a fresh ``num_layers``-layer model is trained on ``train_examples`` generated examples
+with cross-entropy on the labelled positions only (labels are targets *at* their position, no shift), evaluated after
+every epoch on ``test_examples`` held-out examples, and stopped early once test accuracy exceeds ``early_stop``
+(zoology: 0.99). Accuracy counts labelled (query) positions only. The best lr per (mixer, d_model) is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, recall_accuracy
+from hybrid_attention.data.passkey import passkey_tokens
+
+from .tables import format_table
+
+
+@dataclass
+class RecallConfig:
+    """One sweep. The defaults are the CPU-sized MQAR smoke config (vocab 256, T 64, 4 pairs, d 64, 2 layers)."""
+
+    task: Literal["mqar", "passkey"] = "mqar"
+    mixers: list[str] = field(default_factory=lambda: ["softmax", "interdomain", "s4d"])
+    d_models: list[int] = field(default_factory=lambda: [64])
+    lrs: list[float] = field(default_factory=lambda: [3e-3])
+    vocab_size: int = 256
+    seq_len: int = 64
+    num_kv_pairs: int = 4  # mqar
+    power_a: float = 0.01  # mqar
+    passkey_digits: int = 4  # passkey
+    num_layers: int = 2
+    num_heads: int = 2
+    model_options: dict = field(default_factory=dict)  # further HybridConfig fields (state_size, chunk_size, ...)
+    train_examples: int = 4000
+    test_examples: int = 500
+    batch_size: int = 32
+    epochs: int = 6
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.1
+    early_stop: float = 0.99
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    out_dir: str = "runs/recall"
+
+
+def make_examples(cfg: RecallConfig, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, labels)`` [n, seq_len] of the configured task."""
+    if cfg.task == "mqar":
+        mq = MQARConfig(vocab_size=cfg.vocab_size, input_seq_len=cfg.seq_len, num_kv_pairs=cfg.num_kv_pairs,
+                        power_a=cfg.power_a)
+        return multiquery_ar(mq, n, seed)
+    return passkey_tokens(n, cfg.seq_len, cfg.vocab_size, n_digits=cfg.passkey_digits, seed=seed)
+
+
+def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int):
+    from hybrid_attention.models import HybridConfig, HybridForCausalLM
+
+    head_dim = d_model // cfg.num_heads
+    mc = HybridConfig.from_preset(
+        "tiny", **{"layers": [mixer] * cfg.num_layers, "vocab_size": cfg.vocab_size, "hidden_size": d_model,
+                   "num_heads": cfg.num_heads, "head_dim": head_dim, "max_position_embeddings": cfg.seq_len,
+                   **cfg.model_options})
+    return HybridForCausalLM(mc)
+
+
+@torch.no_grad()
+def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> float:
+    model.eval()
+    accs = []
+    for i in range(0, len(x), batch):
+        logits = model(input_ids=x[i : i + batch].to(device), use_cache=False).logits
+        accs.append(recall_accuracy(logits.float().cpu(), y[i : i + batch]))
+    model.train()
+    return torch.cat(accs).mean().item()
+
+
+def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None) -> dict:
+    """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds}."""
+    from hybrid_attention.models.optim import ssm_param_groups
+
+    torch.manual_seed(cfg.seed)
+    model = build_recall_model(cfg, mixer, d_model).to(device)
+    x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed)
+    x_te, y_te = make_examples(cfg, cfg.test_examples, cfg.seed + 10_000)
+    opt = torch.optim.AdamW(ssm_param_groups(model, lr, cfg.weight_decay), lr=lr)
+    steps_per_epoch = math.ceil(cfg.train_examples / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warmup = max(1, int(cfg.warmup_fraction * total))
+
+    def factor(s: int) -> float:
+        return (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    g = torch.Generator().manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    acc, epoch = 0.0, 0
+    for epoch in range(1, cfg.epochs + 1):
+        perm = torch.randperm(cfg.train_examples, generator=g)
+        for i in range(0, cfg.train_examples, cfg.batch_size):
+            idx = perm[i : i + cfg.batch_size]
+            logits = model(input_ids=x_tr[idx].to(device), use_cache=False).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y_tr[idx].to(device).flatten(), ignore_index=-100)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+        acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
+        if log:
+            log(f"  {mixer} d={d_model} lr={lr:g} epoch {epoch}: loss {loss.item():.3f}, test accuracy {acc:.3f}")
+        if acc > cfg.early_stop:
+            break
+    return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
+            "state_size": model.state_size(cfg.seq_len), "accuracy": acc, "epochs": epoch,
+            "seconds": time.perf_counter() - t0}
+
+
+RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "best lr", "g"),
+                  ("params", "params", ","), ("state_size", "state", ","), ("accuracy", "accuracy", ".3f"),
+                  ("epochs", "epochs", "d"), ("seconds", "seconds", ".0f")]
+
+
+def recall_sweep(cfg: RecallConfig, log=print) -> list[dict]:
+    """Run the whole sweep; writes ``results.jsonl``, ``accuracy_vs_state.png`` and returns the best row per
+    (mixer, d_model)."""
+    from hybrid_attention.training.distributed import resolve_device
+    from hybrid_attention.training.plots import plot_series
+
+    device = resolve_device(cfg.device)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    best: dict[tuple[str, int], dict] = {}
+    with (out / "results.jsonl").open("w") as f:
+        for mixer in cfg.mixers:
+            for d in cfg.d_models:
+                for lr in cfg.lrs:
+                    row = train_and_eval(cfg, mixer, d, lr, device, log)
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+                    if (mixer, d) not in best or row["accuracy"] > best[(mixer, d)]["accuracy"]:
+                        best[(mixer, d)] = row
+    rows = list(best.values())
+    series = {m: sorted((r["state_size"], r["accuracy"]) for r in rows if r["mixer"] == m) for m in cfg.mixers}
+    plot_series(series, out / "accuracy_vs_state.png", "state size (numbers per sequence)", "test accuracy",
+                f"{cfg.task}: T={cfg.seq_len}" + (f", {cfg.num_kv_pairs} pairs" if cfg.task == "mqar" else ""),
+                logx=True)
+    return rows
+
+
+def recall_table(rows: list[dict]) -> str:
+    return format_table(rows, RECALL_COLUMNS)

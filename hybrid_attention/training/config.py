@@ -1,0 +1,154 @@
+"""The training run's configuration: four sections, validated up front, saved resolved as ``config.yaml``.
+
+```yaml
+model: {preset: tiny, layers: interdomain, options: {hidden_size: 128}}   # options: any HybridConfig field
+data:  {source: stdlib, tokenizer: byte, seq_len: 256}                    # see hybrid_attention.data.DataConfig
+optim: {lr: 3.0e-3, warmup_steps: 100, weight_decay: 0.1, grad_clip: 1.0}
+train: {out_dir: runs/tiny, steps: 1000, batch_size: 16, grad_accum: 1}
+```
+Overrides on the command line: ``train.steps=200 model.layers=[softmax,s4d]`` (values are YAML).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from hybrid_attention.data.config import DataConfig
+
+from .config_schema import ConfigError, from_dict, merge, parse_overrides, to_dict
+
+
+@dataclass
+class ModelSection:
+    """A HybridConfig preset, its mixers and further HybridConfig fields. ``vocab_size`` follows the tokenizer unless
+    it is set in ``options``."""
+
+    preset: str = "tiny"
+    layers: str | list[str] = "interdomain"
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class OptimSection:
+    """AdamW (with the SSM parameter group) and the warmup + cosine schedule."""
+
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
+
+
+@dataclass
+class TrainSection:
+    """The loop: batch sizes, devices, logging, checkpoints."""
+
+    out_dir: str = "runs/default"
+    steps: int = 1000
+    batch_size: int = 16  # global: sequences per optimizer step over all processes and accumulation steps
+    grad_accum: int = 1
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False
+    parallel: Literal["ddp", "fsdp2"] = "ddp"  # used when launched with torchrun (WORLD_SIZE > 1)
+    eval_every: int = 200  # 0: only at the end
+    log_every: int = 10
+    checkpoint_every: int = 200  # 0: only at the end
+    keep_checkpoints: int = 3
+    max_nonfinite: int = 5  # stop after this many consecutive steps with a NaN/Inf loss or gradient
+    progress: bool = True
+    save_final: bool = True  # HF-format model + tokenizer in out_dir/final
+    plots: bool = True
+
+
+@dataclass
+class RunConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+
+_POSITIVE = ("data.seq_len", "data.bpe_vocab_size", "data.val_tokens", "train.steps", "train.batch_size",
+             "train.grad_accum", "train.keep_checkpoints", "train.max_nonfinite", "train.log_every",
+             "optim.lr")
+_NON_NEGATIVE = ("optim.warmup_steps", "optim.weight_decay", "optim.grad_clip", "train.eval_every",
+                 "train.checkpoint_every", "optim.min_lr_ratio", "optim.eps")
+
+
+def _get(cfg: RunConfig, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def check(cfg: RunConfig) -> RunConfig:
+    """Value checks that types cannot express; raises ConfigError naming the key."""
+    for key in _POSITIVE:
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"config error: {key} = {_get(cfg, key)!r} must be > 0")
+    for key in _NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"config error: {key} = {_get(cfg, key)!r} must be >= 0")
+    if not 0 < cfg.data.val_fraction < 1:
+        raise ConfigError(f"config error: data.val_fraction = {cfg.data.val_fraction!r} must be in (0, 1)")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg.optim, key) < 1:
+            raise ConfigError(f"config error: optim.{key} = {getattr(cfg.optim, key)!r} must be in [0, 1)")
+    if cfg.optim.min_lr_ratio > 1:
+        raise ConfigError(f"config error: optim.min_lr_ratio = {cfg.optim.min_lr_ratio!r} must be in [0, 1]")
+    if cfg.data.tokenizer not in ("byte", "bpe") and not Path(cfg.data.tokenizer).is_dir():
+        raise ConfigError(f"config error: data.tokenizer = {cfg.data.tokenizer!r} is not allowed; allowed values: "
+                          "byte, bpe, or an existing tokenizer directory")
+    if cfg.train.batch_size % cfg.train.grad_accum:
+        raise ConfigError(f"config error: train.batch_size = {cfg.train.batch_size} is not divisible by "
+                          f"train.grad_accum = {cfg.train.grad_accum}")
+    check_model(cfg.model)
+    return cfg
+
+
+def model_config(section: ModelSection, vocab_size: int | None = None):
+    """The HybridConfig of a model section (``vocab_size`` from the tokenizer unless set in options)."""
+    from hybrid_attention.models import PRESETS, HybridConfig
+
+    if section.preset not in PRESETS:
+        raise ConfigError(f"config error: model.preset = {section.preset!r} is not allowed; allowed values: "
+                          + ", ".join(sorted(PRESETS)))
+    kwargs = dict(section.options)
+    if vocab_size is not None:
+        kwargs.setdefault("vocab_size", vocab_size)
+    try:
+        return HybridConfig.from_preset(section.preset, layers=section.layers, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config error: model: {e}") from e
+
+
+def check_model(section: ModelSection) -> None:
+    model_config(section)
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
+    """Read a YAML file (or start from defaults when ``path`` is None), apply overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"config error: cannot read {path}: {e.strerror}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config error: {path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    data = merge(data, parse_overrides(list(overrides)))
+    return check(from_dict(RunConfig, data))
+
+
+def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
+    """The resolved configuration as YAML (loadable by :func:`load_config`)."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

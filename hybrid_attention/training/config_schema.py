@@ -1,0 +1,142 @@
+"""Typed, validated configuration from YAML and ``key=value`` overrides, built on dataclasses.
+
+Every error is one line naming the key, what was given and what is allowed, e.g.
+``config error: train.device = 'gpu' is not allowed; allowed values: auto, cpu, cuda``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a one-line message naming the key."""
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if origin in (list, dict):
+        return f"a {origin.__name__}"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    names = {int: "an integer", float: "a number", bool: "true/false", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` converted to the annotation ``tp`` or ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"config error: {key} = {value!r} is not {_type_name(tp)}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"config error: {key} = {value!r} is not allowed; allowed values: "
+                              + ", ".join(map(str, allowed)))
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise ConfigError(f"config error: {key} = {value!r} is not null")
+        return None
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            raise ConfigError(f"config error: {key} = {value!r} is not a list")
+        return [_coerce(v, item, f"{key}[{i}]") if item is not Any else v for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config error: {key} = {value!r} is not a mapping")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config error: {key} = {value!r} is not true/false")
+        return value
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config error: {key} = {value!r} is not an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config error: {key} = {value!r} is not a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config error: {key} = {value!r} is not a string")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """An instance of dataclass ``cls`` from a mapping; unknown keys and wrong types raise ConfigError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error: {prefix.rstrip('.') or 'the config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            where = f"in '{prefix.rstrip('.')}'" if prefix else "at the top level"
+            raise ConfigError(f"config error: unknown key '{prefix}{key}'; allowed keys {where}: "
+                              + ", ".join(fields))
+    return cls(**{k: _coerce(v, hints[k], prefix + k) for k, v in data.items()})
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["train.steps=10", "model.layers=[softmax, s4d]"]`` -> nested dict (values parsed as YAML)."""
+    out: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"config error: override {item!r} is not key=value (e.g. train.steps=100)")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config error: override {item!r} conflicts with an earlier one")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """Recursive dict merge; ``extra`` wins (mappings merge, other values replace)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def to_dict(obj: Any) -> dict:
+    """A dataclass as plain dicts and lists (for YAML/JSON)."""
+    return dataclasses.asdict(obj)

@@ -1,0 +1,170 @@
+"""``hybrid-attention demo``: the main job in one command, sized to a time budget.
+
+Trains one small model per available mixer (softmax, interdomain, s4d, and gdn / natsl once they exist) on the
+embedded corpus (the interpreter's standard library, byte-level) with the *same token budget*, then prints one
+table: parameters, state size, validation perplexity at the training length and at 2x / 4x of it, training tokens/s.
+Writes each run to ``<out>/<mixer>/`` (metrics, plots, final model), the comparison plots to ``<out>/``, and prints a
+sample from the model with the lowest validation perplexity.
+
+The budget: after loading the corpus, every model is timed for a few steps; the common number of steps is what fits
+the remaining time (minus a reserve for evaluation), at least ``min_steps``.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybrid_attention.data.config import DataConfig
+from hybrid_attention.data.lm_data import LMData, build_lm_data
+from hybrid_attention.data.tokenizer import token_byte_lengths
+
+from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, model_config
+from .metrics import read_metrics
+from .plots import plot_series
+
+DEMO_MIXERS = ("softmax", "interdomain", "s4d", "gdn", "natsl")
+
+
+@dataclass
+class DemoOptions:
+    minutes: float = 10.0
+    device: str = "auto"
+    out: str = "runs/demo"
+    mixers: tuple[str, ...] | None = None  # default: every available mixer of DEMO_MIXERS
+    preset: str | None = None  # default: tiny on CPU, small on CUDA
+    seq_len: int | None = None  # default: 256 on CPU, 1024 on CUDA
+    batch_size: int | None = None  # default: 8 on CPU, 32 on CUDA
+    lr: float = 3e-3
+    min_steps: int = 5
+    sample_tokens: int = 300
+    seed: int = 0
+
+
+def available_mixers() -> list[str]:
+    from hybrid_attention.models.mixers import MIXER_BUILDERS
+
+    return [m for m in DEMO_MIXERS if m in MIXER_BUILDERS]
+
+
+def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, n: int = 2) -> float:
+    """Seconds per optimizer step of this model (one warmup step, then ``n`` timed), without side effects on data."""
+    from hybrid_attention.models import HybridForCausalLM
+
+    from .optimizer import build_optimizer
+
+    torch.manual_seed(cfg.train.seed)
+    model = HybridForCausalLM(model_config(cfg.model, vocab_size=len(data.tokenizer))).to(device)
+    opt = build_optimizer(model, cfg.optim)
+    x = torch.randint(0, 256, (cfg.train.batch_size, cfg.data.seq_len), device=device)
+    amp = torch.bfloat16 if device.type == "cuda" else None
+
+    def step():
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            model(input_ids=x, labels=x, use_cache=False).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n
+
+
+def run_demo(opts: DemoOptions, log=print) -> dict:
+    """Run the demo; returns {"rows": [...], "table": str, "sample": str, "best": mixer, "seconds": float}."""
+    from hybrid_attention.evaluation.generation import generate_text
+    from hybrid_attention.evaluation.length_sweep import length_sweep
+    from hybrid_attention.evaluation.tables import format_table
+
+    from .distributed import resolve_device
+    from .trainer import train
+
+    t_start = time.perf_counter()
+    budget = opts.minutes * 60
+    device = resolve_device(opts.device)
+    cuda = device.type == "cuda"
+    preset = opts.preset or ("small" if cuda else "tiny")
+    seq_len = opts.seq_len or (1024 if cuda else 256)
+    batch = opts.batch_size or (32 if cuda else 8)
+    mixers = list(opts.mixers or available_mixers())
+    missing = [m for m in mixers if m not in available_mixers()]
+    if missing:
+        raise ValueError(f"mixers {missing} are not available; available: {available_mixers()}")
+    small_budget = budget < 180
+    eval_tokens = 4 * seq_len * (4 if small_budget else 16)  # the same tokens at 1x, 2x and 4x
+    out = Path(opts.out)
+    base = RunConfig(
+        model=ModelSection(preset=preset),
+        data=DataConfig(source="stdlib", tokenizer="byte", seq_len=seq_len, val_tokens=eval_tokens,
+                        max_bytes=4_000_000 if small_budget else None),
+        optim=OptimSection(lr=opts.lr, warmup_steps=10),
+        train=TrainSection(batch_size=batch, seed=opts.seed, device="cuda" if cuda else "cpu", eval_every=0,
+                           checkpoint_every=0, keep_checkpoints=1, log_every=5, progress=True),
+    )
+    check(base)
+    data = build_lm_data(base.data, batch, opts.seed)
+    log(data.description)
+    cfgs = {}
+    for m in mixers:
+        c = copy.deepcopy(base)
+        c.model.layers = m
+        c.train.out_dir = str(out / m)
+        cfgs[m] = c
+    per_step = {m: _time_steps(c, data, device) for m, c in cfgs.items()}
+    elapsed = time.perf_counter() - t_start
+    reserve = 0.15 * budget + 2.0 * len(mixers) + 5.0  # evaluation, plots, sample
+    steps = max(opts.min_steps, int((budget - elapsed - reserve) / sum(per_step.values())))
+    warmup = max(1, min(100, steps // 10))
+    tokens = steps * batch * seq_len
+    log(f"demo: {len(mixers)} models x {steps} steps x {batch} x {seq_len} tokens = {tokens:,} tokens each "
+        f"(budget {opts.minutes:g} min on {device})")
+    rows, sweeps = [], {}
+    byte_lengths = token_byte_lengths(data.tokenizer)
+    models = {}
+    for m, c in cfgs.items():
+        c.train.steps, c.optim.warmup_steps = steps, warmup
+        c.train.log_every = max(1, min(c.train.log_every, steps // 20 or 1))
+        if (Path(c.train.out_dir) / "config.yaml").exists():
+            shutil.rmtree(c.train.out_dir)  # a previous demo run of this mixer
+        run_data = LMData(data.tokenizer, type(data.train)(data.train.sequences, batch, opts.seed), data.val_tokens,
+                          data.description)
+        log(f"training {m} ...")
+        res = train(c, data=run_data, quiet=True)
+        sweep = length_sweep(res.model, data.val_tokens, seq_len, (2, 4), max_tokens=eval_tokens, device=device,
+                             byte_lengths=byte_lengths, batch_tokens=batch * seq_len)
+        sweeps[m] = [{"seq_len": seq_len, "ppl": res.val.ppl}] + sweep
+        models[m] = res.model
+        rows.append({"model": m, "params": res.model.num_parameters(), "state": res.model.state_size(seq_len),
+                     "ppl": res.val.ppl, "bpb": res.val.bpb, "ppl2": sweep[0]["ppl"], "ppl4": sweep[1]["ppl"],
+                     "tok_s": res.tokens_per_second})
+    columns = [("model", "model", ""), ("params", "params", ","), ("state", f"state@{seq_len}", ","),
+               ("ppl", "val ppl", ".3f"), ("bpb", "bits/byte", ".3f"), ("ppl2", f"ppl@{2 * seq_len}", ".3f"),
+               ("ppl4", f"ppl@{4 * seq_len}", ".3f"), ("tok_s", "train tok/s", ",.0f")]
+    table = format_table(rows, columns)
+    from hybrid_attention.evaluation.length_sweep import plot_length_sweep
+
+    plot_length_sweep(sweeps, out / "length_sweep.png", "demo: validation perplexity vs context length")
+    curves = {}
+    for m in cfgs:
+        recs = read_metrics(out / m / "metrics.jsonl")
+        curves[m] = [(r["tokens"], r["loss"]) for r in recs if r.get("loss") is not None]
+    plot_series(curves, out / "train_loss.png", "training tokens", "training loss (nats/token)",
+                "demo: training loss", logy=True)
+    best = min(rows, key=lambda r: r["ppl"])["model"]
+    sample = generate_text(models[best], data.tokenizer, "def ", max_new_tokens=opts.sample_tokens,
+                           temperature=0.8, top_k=40, top_p=0.95, seed=opts.seed, device=device)
+    seconds = time.perf_counter() - t_start
+    (out / "table.txt").write_text(table + "\n")
+    return {"rows": rows, "table": table, "sample": "def " + sample, "best": best, "seconds": seconds,
+            "steps": steps, "tokens": tokens}
