@@ -1,7 +1,20 @@
 """Token mixers, all following the contract in `layers/base.py`."""
 
 from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.layers.gated_deltanet import GatedDeltaNet, GDNState
 from hybrid_attention.layers.interdomain import InterdomainAttention, InterdomainState, S4DMixer
+from hybrid_attention.layers.natsl import NatsLAttention, NatsLState
 from hybrid_attention.layers.softmax import KVState, SoftmaxAttention
 
-__all__ = ["InterdomainAttention", "InterdomainState", "KVState", "S4DMixer", "SoftmaxAttention", "TokenMixer"]
+__all__ = [
+    "GDNState",
+    "GatedDeltaNet",
+    "InterdomainAttention",
+    "InterdomainState",
+    "KVState",
+    "NatsLAttention",
+    "NatsLState",
+    "S4DMixer",
+    "SoftmaxAttention",
+    "TokenMixer",
+]

@@ -34,6 +34,39 @@ for _scale, (_d, _l, _h, _dh) in _PAPER_SCALES.items():
         PRESETS[f"{_mixer}-{_scale}"] = _interdomain_family(_d, _l, _h, _dh, _mixer)
 
 
+# NAtS-L paper family (spec natsl.md §3–4): 21 layers, GDN heads 6 × d_k (d_v = 2 d_k), 64-token chunks, Llama-2
+# vocabulary, SwiGLU 256·ceil(8d/3 / 256), eps 1e-6, N(0, 0.02) init without residual rescaling (the official code).
+_NATSL_HYBRID_LAYERS = ["gdn", "gdn", "gdn", "natsl"] * 5 + ["natsl"]  # NAtS-L at layers 3, 7, 11, 15, 19, 20
+
+
+def _natsl_family(hidden: int, head_dim: int, attn_heads: int, intermediate: int, layers, **opts) -> dict[str, Any]:
+    return dict(
+        vocab_size=32000, hidden_size=hidden, num_hidden_layers=21, num_heads=6, head_dim=head_dim,
+        intermediate_size=intermediate, chunk_size=64, layers=layers, rescale_residual=False,
+        max_position_embeddings=4096, mixer_options={"natsl": {"num_attn_heads": attn_heads, **opts}},
+    )
+
+
+PRESETS.update({
+    "natsl-hybrid-340m": _natsl_family(1024, 128, 12, 2816, _NATSL_HYBRID_LAYERS),
+    "natsl-hybrid-760m": _natsl_family(1536, 192, 18, 4096, _NATSL_HYBRID_LAYERS),
+    # The paper's all-layers "NAtS-L" uses RoPE on the softmax branch; the Hybrid does not.
+    "natsl-340m": _natsl_family(1024, 128, 12, 2816, "natsl", rope=True),
+    # Decision: the GDN baseline uses the GDN layer of the NAtS-L Hybrid (6 × 128/256), so the three 340M models
+    # differ only in the mixer of six layers (flame's GDN 340M config uses 6 × 256/512 instead).
+    "gdn-340m": _natsl_family(1024, 128, 12, 2816, "gdn"),
+    # GDN Hybrid (3:1): softmax attention (16 × 64, RoPE) where the NAtS-L Hybrid has NAtS-L layers.
+    "gdn-hybrid-340m": {
+        **_natsl_family(1024, 128, 12, 2816, [("softmax" if n == "natsl" else n) for n in _NATSL_HYBRID_LAYERS]),
+        "mixer_options": {"softmax": {"num_heads": 16, "head_dim": 64}},
+    },
+    # Transformer++ 340M (flame's reference config): 24 layers, 16 heads × 64, RoPE, SwiGLU, untied.
+    "transformer-340m": dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=24, num_heads=16, head_dim=64,
+                             intermediate_size=2816, layers="softmax", rescale_residual=False,
+                             max_position_embeddings=8192),
+})
+
+
 class HybridConfig(PretrainedConfig):
     """Configuration of `HybridForCausalLM`.
 

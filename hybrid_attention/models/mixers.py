@@ -1,43 +1,49 @@
-"""Mixer name -> layer constructor. The one place where config fields become layer arguments."""
+"""Mixer name -> layer constructor. The one place where config fields become layer arguments.
+
+Each builder starts from defaults taken from the config (hidden size, heads, head dim, state size, chunk size, eps,
+RoPE θ) and lets `config.mixer_options[name]` override any of them, e.g. the softmax layers of a GDN hybrid use
+{"softmax": {"num_heads": 16, "head_dim": 64}} while the GDN layers use the config's 6 × 128.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.layers.gated_deltanet import GatedDeltaNet
 from hybrid_attention.layers.interdomain import InterdomainAttention, S4DMixer
+from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.layers.softmax import SoftmaxAttention
 
 if TYPE_CHECKING:
     from hybrid_attention.models.configuration import HybridConfig
 
 
-def _softmax(cfg: HybridConfig, opts: dict) -> TokenMixer:
-    return SoftmaxAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, rope_theta=cfg.rope_theta, **opts)
+def _heads(cfg: HybridConfig) -> dict[str, Any]:
+    return {"num_heads": cfg.num_heads, "head_dim": cfg.head_dim}
 
 
-def _interdomain(cfg: HybridConfig, opts: dict) -> TokenMixer:
-    opts = {"state_size": cfg.state_size, "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps, **opts}
-    return InterdomainAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim, rope_theta=cfg.rope_theta, **opts)
+def _ssm(cfg: HybridConfig) -> dict[str, Any]:
+    return {**_heads(cfg), "state_size": cfg.state_size, "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta}
 
 
-def _s4d(cfg: HybridConfig, opts: dict) -> TokenMixer:
-    opts = {"state_size": cfg.state_size, "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps, **opts}
-    return S4DMixer(cfg.hidden_size, cfg.num_heads, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, **opts)
-
-
-MIXER_BUILDERS: dict[str, Callable[[HybridConfig, dict], TokenMixer]] = {
-    "softmax": _softmax,
-    "interdomain": _interdomain,
-    "s4d": _s4d,
+MIXER_BUILDERS: dict[str, tuple[type[TokenMixer], Callable[[HybridConfig], dict[str, Any]]]] = {
+    "softmax": (SoftmaxAttention, lambda cfg: {**_heads(cfg), "rope_theta": cfg.rope_theta}),
+    "interdomain": (InterdomainAttention, _ssm),
+    "s4d": (S4DMixer, _ssm),
+    "gdn": (GatedDeltaNet, lambda cfg: {**_heads(cfg), "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps}),
+    "natsl": (NatsLAttention, lambda cfg: {**_heads(cfg), "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps,
+                                           "rope_theta": cfg.rope_theta}),
 }
 
 
 def build_mixer(cfg: HybridConfig, layer_idx: int) -> TokenMixer:
     name = cfg.mixer_types[layer_idx]
-    opts = dict(cfg.mixer_options.get(name, {}))
+    cls, defaults = MIXER_BUILDERS[name]
+    kwargs = {**defaults(cfg), **cfg.mixer_options.get(name, {})}
     try:
-        return MIXER_BUILDERS[name](cfg, opts)
+        return cls(cfg.hidden_size, **kwargs)
     except TypeError as e:  # unknown option name for this mixer
         raise ValueError(f"mixer_options[{name!r}] has an invalid option: {e}") from e

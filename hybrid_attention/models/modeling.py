@@ -86,6 +86,8 @@ class HybridPreTrainedModel(PreTrainedModel):
             module.weight.normal_(0.0, std)
         elif isinstance(module, (S4DCore, ShortConvolution)):
             module.reset_parameters()
+        elif isinstance(module, TokenMixer) and hasattr(module, "reset_parameters"):
+            module.reset_parameters()  # a mixer's own direct parameters (e.g. the GDN decay A_log, dt_bias)
         elif isinstance(module, (RMSNorm, HeadRMSNorm)):
             if module.weight is not None:
                 module.weight.fill_(1.0)

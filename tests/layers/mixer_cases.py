@@ -29,3 +29,24 @@ MIXER_CASES: dict[str, Callable[[], nn.Module]] = {
     "s4d": lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5),
     "s4d-rope": lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5, rope=True),
 }
+
+
+def _natsl(**kw) -> Callable[[], nn.Module]:
+    from hybrid_attention.layers import NatsLAttention
+
+    return lambda: NatsLAttention(HIDDEN, num_heads=2, head_dim=8, expand_v=2, num_attn_heads=4, chunk_size=4, **kw)
+
+
+def _gdn() -> nn.Module:
+    from hybrid_attention.layers import GatedDeltaNet
+
+    return GatedDeltaNet(HIDDEN, num_heads=2, head_dim=8, expand_v=2, chunk_size=4)
+
+
+MIXER_CASES.update({
+    "gdn": _gdn,
+    "natsl": _natsl(),
+    "natsl-rope": _natsl(rope=True),
+    "natsl-x-weights-single-norm": _natsl(weights_from="x", separate_norms=False),
+    "natsl-no-decay": _natsl(decay_uncommitted=False),
+})

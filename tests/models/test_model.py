@@ -10,11 +10,14 @@ import hybrid_attention  # noqa: F401  (registers the Auto classes)
 from hybrid_attention.models import HybridCache, HybridConfig, HybridForCausalLM
 from hybrid_attention.models.optim import SSM_LR_CAP, ssm_param_groups
 
-MIXERS = ["softmax", "interdomain", "s4d"]
+MIXERS = ["softmax", "interdomain", "s4d", "gdn", "natsl"]
+HYBRID = ["gdn", "natsl", "softmax", "natsl"]
 
 
 def _tiny(layers, **kw) -> HybridForCausalLM:
     torch.manual_seed(0)
+    # NAtS-L: 4 softmax heads carved from the 2 GDN heads; chunk 16 so prompts cross chunk boundaries.
+    kw.setdefault("mixer_options", {"natsl": {"num_attn_heads": 4}})
     return HybridForCausalLM(HybridConfig.from_preset("tiny", layers=layers, **kw)).eval()
 
 
@@ -25,12 +28,12 @@ def _greedy_uncached(model, ids, n):
     return ids
 
 
-@pytest.mark.parametrize("layers", [*MIXERS, ["softmax", "interdomain"], ["s4d", "softmax"]])
+@pytest.mark.parametrize("layers", [*MIXERS, ["softmax", "interdomain"], ["s4d", "softmax"], HYBRID])
 def test_generate_equals_uncached_greedy(layers):
     model = _tiny(layers)
     prompt = torch.randint(0, 256, (2, 19))  # no pad id (258) inside; crosses a chunk boundary (tiny chunk_size = 16)
-    out = model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=258)
-    assert torch.equal(out, _greedy_uncached(model, prompt, 12))
+    out = model.generate(prompt, max_new_tokens=16, do_sample=False, pad_token_id=258)  # decode completes a chunk
+    assert torch.equal(out, _greedy_uncached(model, prompt, 16))
 
 
 @pytest.mark.parametrize("layers", MIXERS)
@@ -92,6 +95,36 @@ def test_residual_init_and_state_size():
     assert abs(model.model.layers[0].mixer.proj["q"].weight.std().item() - 0.02) < 1e-3
     per_layer = 2 * cfg.num_heads * cfg.state_size * 2 * cfg.head_dim
     assert model.state_size(10) == model.state_size(10**5) == cfg.num_hidden_layers * per_layer
+
+
+NATSL_PRESETS = {  # spec natsl.md §4.1: ≈380.1M / ≈793.1M counted from the released configs
+    "natsl-hybrid-340m": 380.1e6, "natsl-hybrid-760m": 793.1e6, "natsl-340m": None, "gdn-340m": None,
+    "gdn-hybrid-340m": None, "transformer-340m": 373_867_520,
+}
+
+
+def test_natsl_family_presets():
+    rows = []
+    for name, expected in NATSL_PRESETS.items():
+        with torch.device("meta"):
+            model = HybridForCausalLM(HybridConfig.from_preset(name))
+        n = sum(p.numel() for p in model.parameters())
+        rows.append(f"{name}: {n:,}" + (f" (expected ≈{expected:,.0f})" if expected else ""))
+        if expected:
+            assert abs(n / expected - 1) < 0.001, rows[-1]
+    print("\n" + "\n".join(rows))
+    cfg = HybridConfig.from_preset("natsl-hybrid-340m")
+    assert [i for i, m in enumerate(cfg.mixer_types) if m == "natsl"] == [3, 7, 11, 15, 19, 20]
+    gh = HybridConfig.from_preset("gdn-hybrid-340m")
+    assert [i for i, m in enumerate(gh.mixer_types) if m == "softmax"] == [3, 7, 11, 15, 19, 20]
+
+
+def test_routing_fractions_exposed():
+    model = _tiny(HYBRID)
+    assert model.routing_fractions() == {}
+    model(torch.randint(0, 259, (2, 40)))
+    fr = model.routing_fractions()
+    assert sorted(fr) == [1, 3] and all(f.shape == (2,) and ((f >= 0) & (f <= 1)).all() for f in fr.values())
 
 
 # Table 3 of the Interdomain paper (spec §4.1).

@@ -1,0 +1,124 @@
+"""Gated DeltaNet layer, equivalent to fla's `GatedDeltaNet` (the NAtS-L baseline and its hybrid partner layers).
+
+    q, k, v = SiLU(ShortConv_4(W_q x)), SiLU(ShortConv_4(W_k x)), SiLU(ShortConv_4(W_v x))
+    β = σ(W_b x),  g = -exp(A_log) · softplus(W_a x + dt_bias)          (log-decay, float32)
+    o = gated_delta(q, k, v, g, β)                                      (q, k ℓ2-normalised inside, scale d_k^-1/2)
+    y = W_o( RMSNorm_head(o) ⊙ swish(W_g x) )
+Heads: num_heads × head_dim for q/k and num_heads × head_dim·expand_v for v. A_log ~ log U(0, 16); dt_bias = softplus⁻¹
+of dt log-uniform in [1e-3, 1e-1] floored at 1e-4 (Mamba's recipe); both carry `_no_weight_decay`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.modules import RMSNorm, ShortConvolution
+from hybrid_attention.ops.gated_delta import gated_delta
+
+
+def init_decay_params(a_log: torch.Tensor, dt_bias: torch.Tensor, dt_min=1e-3, dt_max=1e-1, dt_floor=1e-4) -> None:
+    """Mamba/fla initialisation of the GDN decay: A ~ U(0, 16) stored as log; dt_bias = softplus⁻¹(dt)."""
+    with torch.no_grad():
+        a_log.copy_(torch.log(torch.empty_like(a_log).uniform_(0, 16)))
+        dt = torch.exp(torch.rand_like(dt_bias) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_floor)
+        dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+    a_log._no_weight_decay = True
+    dt_bias._no_weight_decay = True
+
+
+def gdn_decay(a_x: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """g = -exp(A_log) · softplus(a_x + dt_bias), in float32 (float64 for float64 inputs). a_x: [B, T, H]."""
+    dt = torch.float64 if a_x.dtype == torch.float64 else torch.float32
+    return -torch.exp(a_log.to(dt)) * F.softplus(a_x.to(dt) + dt_bias.to(dt))
+
+
+@dataclass
+class GDNState:
+    """S: [B, H, d_k, d_v] recurrent state (float32, or float64 for float64 models); conv: ShortConv states by name."""
+
+    S: torch.Tensor
+    conv: dict[str, torch.Tensor] = field(default_factory=dict)
+    offset: int = 0
+
+
+class GatedDeltaNet(TokenMixer):
+    """fla-equivalent Gated DeltaNet. x [B, T, hidden] -> y [B, T, hidden]; state H·d_k·d_v reals, flat in T."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int = 6,
+        head_dim: int = 128,
+        expand_v: float = 2.0,
+        conv_size: int = 4,
+        use_gate: bool = True,
+        norm_eps: float = 1e-6,
+        chunk_size: int = 64,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        head_v_dim = head_dim * expand_v
+        if head_v_dim != int(head_v_dim):
+            raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
+        self.head_v_dim = int(head_v_dim)
+        self.chunk_size, self.backend = chunk_size, backend
+        key_dim, value_dim = num_heads * head_dim, num_heads * self.head_v_dim
+        self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.g_proj = nn.Linear(hidden_size, value_dim, bias=False) if use_gate else None
+        self.convs = nn.ModuleDict({
+            "q": ShortConvolution(key_dim, conv_size, "silu"),
+            "k": ShortConvolution(key_dim, conv_size, "silu"),
+            "v": ShortConvolution(value_dim, conv_size, "silu"),
+        })
+        self.A_log = nn.Parameter(torch.empty(num_heads))
+        self.dt_bias = nn.Parameter(torch.empty(num_heads))
+        self.reset_parameters()
+        self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        init_decay_params(self.A_log, self.dt_bias)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> GDNState:
+        dtype = dtype or self.o_proj.weight.dtype
+        sdt = torch.float64 if dtype == torch.float64 else torch.float32
+        S = torch.zeros(batch_size, self.num_heads, self.head_dim, self.head_v_dim, device=device, dtype=sdt)
+        conv = {n: c.init_state(batch_size, device=device, dtype=dtype) for n, c in self.convs.items()}
+        return GDNState(S=S, conv=conv)
+
+    def state_size(self, seq_len: int) -> int:
+        return self.num_heads * self.head_dim * self.head_v_dim
+
+    def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None):
+        check_hidden(x, self.hidden_size)
+        keep = output_state if output_state is not None else state is not None
+        b, t, _ = x.shape
+        new_conv = {}
+        qkv = {}
+        for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
+            z, new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep)
+            qkv[name] = z
+        q = qkv["q"].view(b, t, self.num_heads, self.head_dim)
+        k = qkv["k"].view(b, t, self.num_heads, self.head_dim)
+        v = qkv["v"].view(b, t, self.num_heads, self.head_v_dim)
+        beta = torch.sigmoid(self.b_proj(x).float() if x.dtype != torch.float64 else self.b_proj(x))
+        g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
+        o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
+                           output_final_state=keep, backend=self.backend)
+        o = self.o_norm(o)
+        if self.g_proj is not None:
+            o = o * F.silu(self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim))
+        y = self.o_proj(o.reshape(b, t, -1))
+        return y, (GDNState(S=S, conv=new_conv, offset=(state.offset if state else 0) + t) if keep else None)

@@ -1,0 +1,401 @@
+"""NAtS-L: chunk-level routing between softmax attention and Gated DeltaNet inside one layer (arXiv 2602.03681).
+
+Per layer (spec natsl.md §1; shapes of the released 340M config in brackets):
+    q, k, v  = SiLU(ShortConv_4(W_q x)), ... shared by both branches          [Dk = 768, Dk, Dv = 1536]
+    β, g     = σ(W_b x), -exp(A_log)·softplus(W_a x + dt_bias)                 (GDN, per GDN head)
+    route    : chunk n of C tokens gets, per decision head h (= GDN head), the type
+               argmax(W_s mean_{t∈n} x_t) ∈ {0: softmax, 1: GDN}, with a straight-through softmax gradient
+    softmax  : heads H_s = G·H_l carved from the GDN heads' channels [12 heads, 64/128], QK-RMSNorm, no RoPE by
+               default; a query sees its own chunk causally + every earlier chunk typed softmax for its group
+    GDN      : gated delta rule; every chunk is "pseudo-updated" for its own tokens, and at its end the chunk's
+               writes are kept if typed GDN, else rolled back (the start state still decays, `decay_uncommitted`)
+    fusion   : per token and 128-channel slot i: y = (ω₀ RMSN(o_gdn)γ₁ + ω₁ RMSN(o_sa)γ₂) ⊙ swish(W_g x),
+               ω = softmax(W_ω q) over the 2 branches; out = W_o y
+
+Decisions and deviations from the official code (each named once, here):
+- Last chunk: the official code forces the last chunk to "both ops" (bookkeeping for its kernels; it inflates the
+  logged softmax fraction). We never force: a complete chunk is typed as soon as it has C tokens (also at the end of a
+  call), and a partial chunk gets no type until it completes (during decoding it is typed when its C-th token
+  arrives). Outputs are identical; the reported fraction counts complete chunks only.
+- Gradient to the router: only the selected op's mask derivative (official default). `counterfactual_grad=True` also
+  gives the unselected op its exact derivative at the current hard mask: for GDN autograd through the commit mask;
+  for softmax a dense pass that includes unselected earlier chunks with weight m = 0 (the official flags for this are
+  broken: misspelt / mis-wired config keys).
+- Decode never uses side streams (the official decode launches SDPA and GDN on unsynchronised new CUDA streams).
+- Continued prefill from any non-empty state, split anywhere (mid-chunk included), reproduces the full forward (the
+  official cache cannot do this); batched decode with different routings per row is supported.
+- Ablations as flags: `weights_from` ("q" | "x"), `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
+  scale), `decay_uncommitted` (False: a skipped chunk restores the start state undecayed), `rope` (softmax branch; the paper's
+  all-layers "NAtS-L" uses it, the Hybrid does not), `sample` ("argmax" | "gumbel").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
+from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
+from hybrid_attention.ops.chunk_attention import chunk_attention
+from hybrid_attention.ops.gated_delta import gated_delta
+
+SOFTMAX, GDN = 0, 1  # op indices of the routing logits (the fusion weights ω use the opposite order: ω₀ = GDN)
+
+
+@dataclass
+class NatsLState:
+    """Decode state of one NAtS-L layer (all tensors per batch row b).
+
+    conv           ShortConv states of q, k, v (last K-1 inputs)
+    x_buf          [B, L, D]       layer inputs of the current partial chunk (L = offset mod C): its type needs all C
+    k_buf, v_buf   [B, L, Hs, d]   softmax K (normed, roped) / V of the partial chunk (visible to its own later tokens)
+    S, S_start     [B, Hl, dk, dv] GDN state after the last token (pseudo-updated) and at the start of the chunk
+    g_sum          [B, Hl]         Σ g over the partial chunk (the decay a rolled-back chunk still applies)
+    k_cache, v_cache [B, Hs, Sc, d] K/V of softmax-typed chunks only, compacted per decision head (slot j of head h
+                   holds that head's j-th kept chunk); valid [B, Hn, Sc/C] marks filled slots; n_kept [B, Hn]
+    offset         tokens seen
+    """
+
+    conv: dict[str, torch.Tensor]
+    x_buf: torch.Tensor
+    k_buf: torch.Tensor
+    v_buf: torch.Tensor
+    S: torch.Tensor
+    S_start: torch.Tensor
+    g_sum: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    valid: torch.Tensor
+    n_kept: torch.Tensor
+    offset: int = 0
+    history: list = field(default_factory=list)  # per completed chunk: softmax types [B, Hn] (analysis only)
+
+    def num_reals(self) -> int:
+        """Real numbers held per sequence (compacted KV up to the largest kept count of any row; conv excluded)."""
+        c = self.k_cache.shape[2] // self.valid.shape[-1] if self.valid.shape[-1] else 0
+        kv_per_token = self.k_cache.shape[1] * (self.k_cache.shape[-1] + self.v_cache.shape[-1])
+        bufs = self.x_buf[0].numel() + self.k_buf[0].numel() + self.v_buf[0].numel()
+        return int(self.n_kept.max()) * c * kv_per_token + bufs + 2 * self.S[0].numel() + self.g_sum[0].numel()
+
+
+class NatsLAttention(TokenMixer):
+    """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int = 6,
+        head_dim: int = 128,
+        expand_v: float = 2.0,
+        num_attn_heads: int = 12,
+        chunk_size: int = 64,
+        conv_size: int = 4,
+        norm_eps: float = 1e-6,
+        rope: bool = False,
+        rope_theta: float = 10000.0,
+        weights_from: str = "q",
+        separate_norms: bool = True,
+        decay_uncommitted: bool = True,
+        sample: str = "argmax",
+        counterfactual_grad: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if weights_from not in ("q", "x"):
+            raise ValueError(f"weights_from must be one of 'q', 'x', got {weights_from!r}")
+        if sample not in ("argmax", "gumbel"):
+            raise ValueError(f"sample must be one of 'argmax', 'gumbel', got {sample!r}")
+        if num_attn_heads % num_heads:
+            raise ValueError(f"num_attn_heads ({num_attn_heads}) must be a multiple of num_heads ({num_heads})")
+        head_v_dim = head_dim * expand_v
+        if head_v_dim != int(head_v_dim):
+            raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
+        self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, num_heads, head_dim, int(
+            head_v_dim)
+        self.num_attn_heads = num_attn_heads
+        self.group = num_attn_heads // num_heads  # G softmax heads per GDN head (= per decision head)
+        key_dim, value_dim = num_heads * head_dim, num_heads * self.head_v_dim
+        if key_dim % num_attn_heads or value_dim % num_attn_heads:
+            raise ValueError("num_heads * head_dim (and * expand_v) must be divisible by num_attn_heads")
+        self.attn_head_dim, self.attn_head_v_dim = key_dim // num_attn_heads, value_dim // num_attn_heads
+        self.chunk_size, self.norm_eps = chunk_size, norm_eps
+        self.weights_from, self.separate_norms = weights_from, separate_norms
+        self.decay_uncommitted, self.sample = decay_uncommitted, sample
+        self.counterfactual_grad, self.backend = counterfactual_grad, backend
+        self.force_routing: str | None = None  # None | "softmax" | "gdn": analysis and tests
+        self.routing_fraction: torch.Tensor | None = None  # [Hn] softmax fraction of the last forward's chunks
+        self.last_routing: torch.Tensor | None = None  # [B, N, Hn] bool, softmax-typed complete chunks
+
+        self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.convs = nn.ModuleDict({
+            "q": ShortConvolution(key_dim, conv_size, "silu"),
+            "k": ShortConvolution(key_dim, conv_size, "silu"),
+            "v": ShortConvolution(value_dim, conv_size, "silu"),
+        })
+        self.A_log = nn.Parameter(torch.empty(num_heads))
+        self.dt_bias = nn.Parameter(torch.empty(num_heads))
+        self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
+        self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
+        self.q_norm = RMSNorm(self.attn_head_dim, eps=norm_eps)
+        self.k_norm = RMSNorm(self.attn_head_dim, eps=norm_eps)
+        self.gdn_scale = nn.Parameter(torch.ones(self.attn_head_v_dim))
+        self.attn_scale = nn.Parameter(torch.ones(self.attn_head_v_dim)) if separate_norms else None
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
+        self.rotary = RotaryEmbedding(self.attn_head_dim, rope_theta) if rope else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init_decay_params(self.A_log, self.dt_bias)
+
+    # ---------------------------------------------------------------------------------------------------- helpers
+    def _project(self, x, state, keep):
+        """Shared projections. Returns q, k, v (post conv), β, g, z, and new conv states."""
+        b, t, _ = x.shape
+        new_conv = {}
+        out = {}
+        for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
+            out[name], new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep)
+        fdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        beta = torch.sigmoid(self.b_proj(x).to(fdt))
+        g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
+        return out["q"], out["k"], out["v"], beta, g, new_conv
+
+    def _attn_qk(self, q, k, offset):
+        """Softmax-branch heads: the same channels split finely, QK-RMSNorm, optional RoPE. [B, T, Hs, d_ks]."""
+        b, t, _ = q.shape
+        qs = self.q_norm(q.view(b, t, self.num_attn_heads, self.attn_head_dim))
+        ks = self.k_norm(k.view(b, t, self.num_attn_heads, self.attn_head_dim))
+        if self.rotary is not None:
+            qs, ks = self.rotary(qs, offset), self.rotary(ks, offset)
+        return qs, ks
+
+    def _route(self, x_chunks: torch.Tensor):
+        """x_chunks [B, N, C, D] complete chunks -> (hard [B, N, Hn, 2] one-hot, p [B, N, Hn, 2] probabilities)."""
+        logits = self.score_proj(x_chunks.mean(2)).view(*x_chunks.shape[:2], self.num_heads, 2)
+        logits = logits.double() if logits.dtype == torch.float64 else logits.float()
+        if self.sample == "gumbel" and self.training:
+            p = F.gumbel_softmax(logits, tau=1.0, hard=False)
+        else:
+            p = logits.softmax(-1)
+        hard = F.one_hot(p.argmax(-1), 2).to(p.dtype)
+        if self.force_routing is not None:
+            if self.force_routing not in ("softmax", "gdn"):
+                raise ValueError(f"force_routing must be None, 'softmax' or 'gdn', got {self.force_routing!r}")
+            hard = torch.zeros_like(hard)
+            hard[..., SOFTMAX if self.force_routing == "softmax" else GDN] = 1
+        return hard, p
+
+    def _fuse(self, x, q, o_gdn, o_sa):
+        """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]."""
+        b, t = x.shape[:2]
+        w = self.omega_proj(q if self.weights_from == "q" else x).view(b, t, self.num_attn_heads, 2)
+        w = w.float().softmax(-1).to(o_gdn.dtype) if w.dtype != torch.float64 else w.softmax(-1)
+        if self.separate_norms:
+            y = (w[..., 0:1] * rms_norm(o_gdn, self.norm_eps) * self.gdn_scale
+                 + w[..., 1:2] * rms_norm(o_sa, self.norm_eps) * self.attn_scale)
+        else:
+            y = rms_norm(w[..., 0:1] * o_gdn + w[..., 1:2] * o_sa, self.norm_eps) * self.gdn_scale
+        z = self.g_proj(x).view(b, t, self.num_attn_heads, self.attn_head_v_dim)
+        return self.o_proj((y * F.silu(z)).reshape(b, t, -1))
+
+    def _heads(self, z, h, d):
+        return z.view(*z.shape[:2], h, d)
+
+    # ---------------------------------------------------------------------------------------------------- state
+    def init_state(self, batch_size: int, device=None, dtype=None) -> NatsLState:
+        dtype = dtype or self.o_proj.weight.dtype
+        sdt = torch.float64 if dtype == torch.float64 else torch.float32
+        hs, dks, dvs = self.num_attn_heads, self.attn_head_dim, self.attn_head_v_dim
+        z = lambda *s, dt=dtype: torch.zeros(*s, device=device, dtype=dt)  # noqa: E731
+        S = z(batch_size, self.num_heads, self.head_dim, self.head_v_dim, dt=sdt)
+        return NatsLState(
+            conv={n: c.init_state(batch_size, device=device, dtype=dtype) for n, c in self.convs.items()},
+            x_buf=z(batch_size, 0, self.hidden_size), k_buf=z(batch_size, 0, hs, dks), v_buf=z(batch_size, 0, hs, dvs),
+            S=S, S_start=S.clone(), g_sum=z(batch_size, self.num_heads, dt=sdt),
+            k_cache=z(batch_size, hs, 0, dks), v_cache=z(batch_size, hs, 0, dvs),
+            valid=torch.zeros(batch_size, self.num_heads, 0, dtype=torch.bool, device=device),
+            n_kept=torch.zeros(batch_size, self.num_heads, dtype=torch.long, device=device),
+        )
+
+    def state_size(self, seq_len: int, softmax_fraction: float | None = None) -> int:
+        """Reals kept after seq_len tokens: (softmax fraction)·(complete chunks)·C·Hs·(d_ks+d_vs) for the compacted
+        KV, plus 2·Hl·dk·dv (state and chunk-start copy), the partial chunk's buffers and Σg. The fraction defaults
+        to the last forward pass's measured fraction (0.5, the initial expectation, before any pass)."""
+        if softmax_fraction is None:
+            softmax_fraction = float(self.routing_fraction.mean()) if self.routing_fraction is not None else 0.5
+        c = self.chunk_size
+        full, part = divmod(seq_len, c)
+        kv = self.num_attn_heads * (self.attn_head_dim + self.attn_head_v_dim)
+        kept_tokens = round(softmax_fraction * full) * c
+        return (kept_tokens * kv + part * (self.hidden_size + kv) + 2 * self.num_heads * self.head_dim
+                * self.head_v_dim + self.num_heads)
+
+    def _append_chunks(self, st: NatsLState, k_chunk, v_chunk, sel) -> None:
+        """Write one completed chunk's softmax K/V ([B, C, Hs, d]) into the compacted cache of every (row, decision
+        head) whose type is softmax (sel [B, Hn] bool). Mutates `st` (a private copy made by forward)."""
+        c, g = self.chunk_size, self.group
+        need = int((st.n_kept + sel.long()).max())
+        have = st.valid.shape[-1]
+        if need > have:
+            grow = need - have
+            b, hs = st.k_cache.shape[:2]
+            st.k_cache = torch.cat([st.k_cache, st.k_cache.new_zeros(b, hs, grow * c, st.k_cache.shape[-1])], 2)
+            st.v_cache = torch.cat([st.v_cache, st.v_cache.new_zeros(b, hs, grow * c, st.v_cache.shape[-1])], 2)
+            st.valid = torch.cat([st.valid, st.valid.new_zeros(b, self.num_heads, grow)], 2)
+        for bi, hi in sel.nonzero().tolist():
+            slot = int(st.n_kept[bi, hi])
+            heads = slice(hi * g, (hi + 1) * g)
+            st.k_cache[bi, heads, slot * c:(slot + 1) * c] = k_chunk[bi, :, heads].transpose(0, 1)
+            st.v_cache[bi, heads, slot * c:(slot + 1) * c] = v_chunk[bi, :, heads].transpose(0, 1)
+            st.valid[bi, hi, slot] = True
+            st.n_kept[bi, hi] += 1
+
+    # ---------------------------------------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor, state: NatsLState | None = None, *, output_state: bool | None = None):
+        check_hidden(x, self.hidden_size)
+        keep = output_state if output_state is not None else state is not None
+        if state is not None and state.offset > 0:
+            return self._forward_continue(x, state)
+        return self._forward_parallel(x, state, keep)
+
+    def _forward_parallel(self, x, state, keep):
+        """From an empty state: whole-sequence chunk ops (training path). Builds the decode state if `keep`."""
+        b, t, _ = x.shape
+        c, hl, hs = self.chunk_size, self.num_heads, self.num_attn_heads
+        q, k, v, beta, g, new_conv = self._project(x, state, keep)
+        n_full, n_all = t // c, -(-t // c)
+        hard, p = self._route(x[:, : n_full * c].reshape(b, n_full, c, self.hidden_size))
+        self.last_routing = hard[..., SOFTMAX].detach().bool()
+        if n_full:
+            self.routing_fraction = hard[..., SOFTMAX].detach().float().mean((0, 1))
+        # Straight-through masks: value = the hard choice; gradient = d/dp of the op's mask derivative, kept only
+        # for the selected op unless counterfactual_grad.
+        st_grad = p - p.detach()
+        if not self.counterfactual_grad:
+            st_grad = st_grad * hard
+        m = hard + st_grad  # [B, N_full, Hn, 2]
+        pad = n_all - n_full  # the partial last chunk: no type (no later query); commit 1 / routing 0 are inert
+        commit = F.pad(m[..., GDN], (0, 0, 0, pad), value=1.0)
+        route_sa = F.pad(hard[..., SOFTMAX], (0, 0, 0, pad), value=0.0)
+        bias = F.pad(m[..., SOFTMAX] - m[..., SOFTMAX].detach(), (0, 0, 0, pad), value=0.0)
+
+        qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
+        vg = self._heads(v, hl, self.head_v_dim)
+        gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend)
+        if keep:  # state at the start of the partial chunk = final state of the complete chunks
+            nc = n_full * c
+            o1, S_full = gated_delta(qg[:, :nc], kg[:, :nc], vg[:, :nc], g[:, :nc], beta[:, :nc],
+                                     commit=commit[:, :n_full], output_final_state=True, **gdn_kw)
+            o2, S = gated_delta(qg[:, nc:], kg[:, nc:], vg[:, nc:], g[:, nc:], beta[:, nc:], initial_state=S_full,
+                                output_final_state=True, **gdn_kw)
+            o_gdn = torch.cat([o1, o2], 1)
+        else:
+            o_gdn, _ = gated_delta(qg, kg, vg, g, beta, commit=commit, **gdn_kw)
+
+        qs, ks = self._attn_qk(q, k, 0)
+        vs = self._heads(v, hs, self.attn_head_v_dim)
+        if self.counterfactual_grad and self.training:
+            o_sa = self._dense_counterfactual_attention(qs, ks, vs, m[..., SOFTMAX], n_all)
+        else:
+            o_sa = chunk_attention(qs, ks, vs, route_sa, chunk_size=c, group_size=self.group, routing_bias=bias,
+                                   backend=self.backend)
+        y = self._fuse(x, q, o_gdn.reshape(b, t, hs, self.attn_head_v_dim), o_sa)
+        if not keep:
+            return y, None
+        st = self.init_state(b, device=x.device, dtype=x.dtype)
+        nc = n_full * c
+        st.conv, st.offset = new_conv, t
+        st.x_buf, st.k_buf, st.v_buf = x[:, nc:], ks[:, nc:], vs[:, nc:]
+        st.S, st.S_start, st.g_sum = S, S_full, g[:, nc:].sum(1)
+        for n in range(n_full):
+            sel = hard[:, n, :, SOFTMAX].bool()
+            st.history.append(sel)
+            self._append_chunks(st, ks[:, n * c:(n + 1) * c], vs[:, n * c:(n + 1) * c], sel)
+        return y, st
+
+    def _dense_counterfactual_attention(self, qs, ks, vs, m_sa, n_all):
+        """Dense softmax with multiplicative key weights: 1 inside the query's own chunk (causal), m ∈ {0, 1} (with
+        its straight-through gradient) for keys of earlier chunks. Forward-identical to chunk_attention; the gradient
+        reaches every earlier chunk, unselected ones included (their would-be Σ dS). O(T²) memory: analysis only."""
+        t, d, c = qs.shape[1], qs.shape[-1], self.chunk_size
+        pos = torch.arange(t, device=qs.device)
+        chunk = pos // c
+        same = (chunk[:, None] == chunk[None, :]) & (pos[:, None] >= pos[None, :])  # [T, T]
+        earlier = chunk[:, None] > chunk[None, :]
+        m_chunk = F.pad(m_sa, (0, 0, 0, n_all - m_sa.shape[1]), value=0.0)  # [B, N, Hn]
+        m_key = m_chunk[:, chunk].repeat_interleave(self.group, dim=-1).permute(0, 2, 1)  # [B, Hs, T]
+        weight = same.to(qs.dtype) + earlier.to(qs.dtype) * m_key[:, :, None, :]  # [B, Hs, T, T]
+        s = torch.einsum("bthd,bshd->bhts", qs, ks) * d**-0.5
+        s = s.masked_fill(~(same | earlier), float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True)) * weight
+        return torch.einsum("bhts,bshd->bthd", e / e.sum(-1, keepdim=True), vs)
+
+    def _forward_continue(self, x, state: NatsLState):
+        """From a non-empty state: chunk-aligned segments (decode, continued prefill at any split)."""
+        b, t, _ = x.shape
+        c, hl, hs = self.chunk_size, self.num_heads, self.num_attn_heads
+        st = NatsLState(**{**state.__dict__})  # shallow copy; tensors below are replaced, never written in place
+        st.k_cache, st.v_cache, st.valid, st.n_kept = (state.k_cache.clone(), state.v_cache.clone(),
+                                                       state.valid.clone(), state.n_kept.clone())
+        st.history = list(state.history)
+        q, k, v, beta, g, st.conv = self._project(x, state, True)
+        qs_all, ks_all = self._attn_qk(q, k, state.offset)
+        vs_all = self._heads(v, hs, self.attn_head_v_dim)
+        qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
+        vg = self._heads(v, hl, self.head_v_dim)
+        o_gdn, o_sa = [], []
+        i = 0
+        while i < t:
+            filled = st.offset % c
+            n = min(c - filled, t - i)
+            sl = slice(i, i + n)
+            og, st.S = gated_delta(qg[:, sl], kg[:, sl], vg[:, sl], g[:, sl], beta[:, sl], chunk_size=c,
+                                   initial_state=st.S, output_final_state=True, backend=self.backend)
+            o_gdn.append(og)
+            st.g_sum = st.g_sum + g[:, sl].sum(1)
+            o_sa.append(self._attend_cached(st, qs_all[:, sl], ks_all[:, sl], vs_all[:, sl]))
+            st.x_buf = torch.cat([st.x_buf, x[:, sl]], 1)
+            st.k_buf = torch.cat([st.k_buf, ks_all[:, sl]], 1)
+            st.v_buf = torch.cat([st.v_buf, vs_all[:, sl]], 1)
+            st.offset += n
+            i += n
+            if filled + n == c:  # the chunk is complete: type it, commit or roll back, keep or free its KV
+                hard, _ = self._route(st.x_buf[:, None])
+                hard = hard[:, 0]  # [B, Hn, 2]
+                is_gdn = hard[..., GDN].bool()[:, :, None, None]
+                decay = torch.exp(st.g_sum)[:, :, None, None] if self.decay_uncommitted else 1.0
+                st.S = torch.where(is_gdn, st.S, decay * st.S_start)
+                st.S_start, st.g_sum = st.S, torch.zeros_like(st.g_sum)
+                sel = hard[..., SOFTMAX].bool()
+                st.history.append(sel)
+                self._append_chunks(st, st.k_buf, st.v_buf, sel)
+                st.x_buf, st.k_buf, st.v_buf = st.x_buf[:, :0], st.k_buf[:, :0], st.v_buf[:, :0]
+        o_gdn = torch.cat(o_gdn, 1).reshape(b, t, hs, self.attn_head_v_dim)
+        y = self._fuse(x, q, o_gdn, torch.cat(o_sa, 1))
+        return y, st
+
+    def _attend_cached(self, st: NatsLState, qs, ks, vs):
+        """Queries of one chunk segment [B, n, Hs, d] over: the compacted softmax KV (valid slots of the query's
+        decision head), the chunk's earlier tokens (k_buf) and the segment itself causally."""
+        b, n, hs, d = qs.shape
+        c = self.chunk_size
+        keys = torch.cat([st.k_cache.transpose(1, 2), st.k_buf, ks], 1)  # [B, Sc+L+n, Hs, d]
+        vals = torch.cat([st.v_cache.transpose(1, 2), st.v_buf, vs], 1)
+        sc, lb = st.k_cache.shape[2], st.k_buf.shape[1]
+        cache_ok = st.valid.repeat_interleave(self.group, 1).repeat_interleave(c, 2)  # [B, Hs, Sc]
+        cache_ok = cache_ok[:, :, None, :].expand(b, hs, n, sc)
+        buf_ok = torch.ones(b, hs, n, lb, dtype=torch.bool, device=qs.device)
+        seg_ok = torch.ones(n, n, dtype=torch.bool, device=qs.device).tril().expand(b, hs, n, n)
+        mask = torch.cat([cache_ok, buf_ok, seg_ok], -1)
+        o = F.scaled_dot_product_attention(qs.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2),
+                                           attn_mask=mask, scale=d**-0.5)
+        return o.transpose(1, 2)

@@ -1,0 +1,268 @@
+"""NatsLAttention against a slow per-token transcription of the spec semantics (natsl.md §1.3–1.6), plus routing
+controls, state memory and the gradient paths of the router."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
+
+D, HL, DK, HS, C = 24, 2, 8, 4, 4
+G, DKS, DVS = HS // HL, HL * DK // HS, 2 * HL * DK // HS
+
+
+def _layer(**kw) -> NatsLAttention:
+    torch.manual_seed(5)
+    layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, **kw).double()
+    with torch.no_grad():
+        layer.score_proj.weight.normal_(0, 1.0)  # decisive, diverse routing
+        layer.q_norm.weight.uniform_(0.5, 1.5)
+        layer.gdn_scale.uniform_(0.5, 1.5)
+        layer.dt_bias.uniform_(-2, 1)
+    return layer
+
+
+def _conv_silu(x, w):
+    k = w.shape[-1]
+    xp = torch.cat([x.new_zeros(k - 1, x.shape[1]), x])
+    return F.silu(torch.stack([(xp[t : t + k].T * w[:, 0]).sum(-1) for t in range(x.shape[0])]))
+
+
+def _rms(x, eps=1e-6):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def reference(layer: NatsLAttention, x: torch.Tensor, rollback_decay: bool = True):
+    """x [T, D] -> (y [T, D], softmax type per complete chunk [N, Hl]), token by token."""
+    t = x.shape[0]
+    q = _conv_silu(x @ layer.q_proj.weight.T, layer.convs["q"].weight)
+    k = _conv_silu(x @ layer.k_proj.weight.T, layer.convs["k"].weight)
+    v = _conv_silu(x @ layer.v_proj.weight.T, layer.convs["v"].weight)
+    beta = torch.sigmoid(x @ layer.b_proj.weight.T)
+    g = -torch.exp(layer.A_log) * F.softplus(x @ layer.a_proj.weight.T + layer.dt_bias)
+    z = x @ layer.g_proj.weight.T
+    n_full = t // C
+    is_sa = torch.zeros(n_full, HL, dtype=torch.bool)
+    for n in range(n_full):
+        logits = (x[n * C : (n + 1) * C].mean(0) @ layer.score_proj.weight.T).view(HL, 2)
+        is_sa[n] = logits[:, 0] > logits[:, 1]
+    # softmax branch
+    o_sa = torch.zeros(t, HS, DVS, dtype=torch.float64)
+    for i in range(HS):
+        h = i // G
+        qi = _rms(q[:, i * DKS : (i + 1) * DKS]) * layer.q_norm.weight
+        ki = _rms(k[:, i * DKS : (i + 1) * DKS]) * layer.k_norm.weight
+        vi = v[:, i * DVS : (i + 1) * DVS]
+        for tq in range(t):
+            cq = tq // C
+            keys = [s for s in range(t) if (s // C == cq and s <= tq) or (s // C < cq and is_sa[s // C, h])]
+            w = torch.softmax(torch.stack([qi[tq] @ ki[s] for s in keys]) / DKS**0.5, 0)
+            o_sa[tq, i] = sum(w[j] * vi[s] for j, s in enumerate(keys))
+    # GDN branch, §1.5 loop
+    o_gdn = torch.zeros(t, HL, 2 * DK, dtype=torch.float64)
+    for h in range(HL):
+        S = torch.zeros(DK, 2 * DK, dtype=torch.float64)
+        for n in range(-(-t // C)):
+            S_start, gsum = S.clone(), 0.0
+            for tt in range(n * C, min((n + 1) * C, t)):
+                qn = F.normalize(q[tt, h * DK : (h + 1) * DK], dim=0, eps=0) * 1.0
+                kn = k[tt, h * DK : (h + 1) * DK]
+                qn = q[tt, h * DK : (h + 1) * DK] / torch.sqrt((q[tt, h * DK : (h + 1) * DK] ** 2).sum() + 1e-6)
+                kn = kn / torch.sqrt((kn**2).sum() + 1e-6)
+                S = torch.exp(g[tt, h]) * S
+                u = beta[tt, h] * (v[tt, h * 2 * DK : (h + 1) * 2 * DK] - S.T @ kn)
+                S = S + torch.outer(kn, u)
+                o_gdn[tt, h] = S.T @ qn / DK**0.5
+                gsum = gsum + g[tt, h]
+            if n < n_full and is_sa[n, h]:
+                S = (torch.exp(gsum) if rollback_decay else 1.0) * S_start
+    # fusion
+    og = o_gdn.reshape(t, HS, DVS)
+    src = q if layer.weights_from == "q" else x
+    w = torch.softmax((src @ layer.omega_proj.weight.T).view(t, HS, 2), -1)
+    if layer.separate_norms:
+        y = w[..., :1] * _rms(og) * layer.gdn_scale + w[..., 1:] * _rms(o_sa) * layer.attn_scale
+    else:
+        y = _rms(w[..., :1] * og + w[..., 1:] * o_sa) * layer.gdn_scale
+    y = y * F.silu(z.view(t, HS, DVS))
+    return y.reshape(t, -1) @ layer.o_proj.weight.T, is_sa
+
+
+@pytest.mark.parametrize("t", [3, 12, 13, 19])
+@pytest.mark.parametrize("kw", [{}, {"weights_from": "x", "separate_norms": False}, {"decay_uncommitted": False}],
+                         ids=["default", "x-weights-one-norm", "no-rollback-decay"])
+def test_matches_spec_reference(t, kw):
+    layer = _layer(**kw)
+    x = torch.randn(1, t, D, dtype=torch.float64)
+    y, _ = layer(x)
+    ref, is_sa = reference(layer, x[0], rollback_decay=kw.get("decay_uncommitted", True))
+    torch.testing.assert_close(y[0], ref, rtol=1e-9, atol=1e-10)
+    if t // C:
+        assert torch.equal(layer.last_routing[0], is_sa)
+    if t == 19:  # the reference test exercises both chunk types
+        assert is_sa.any() and (~is_sa).any()
+
+
+def test_forced_routing():
+    layer = _layer()
+    x = torch.randn(2, 17, D, dtype=torch.float64)
+    layer.force_routing = "gdn"
+    y_gdn, _ = layer(x)
+    assert layer.routing_fraction.eq(0).all()
+    layer.force_routing = "softmax"
+    y_sa, _ = layer(x)
+    assert layer.routing_fraction.eq(1).all()
+    assert (y_gdn - y_sa).abs().max() > 1e-6
+    layer.force_routing = "bogus"
+    with pytest.raises(ValueError, match="force_routing"):
+        layer(x)
+
+
+def test_all_gdn_softmax_branch_is_intra_chunk_and_gdn_branch_is_plain_gdn():
+    """All-GDN routing: the softmax branch sees only its own chunk; all-softmax: the GDN state never commits."""
+    from hybrid_attention.ops.chunk_attention import naive_chunk_attention
+    from hybrid_attention.ops.gated_delta import naive_gated_delta
+
+    layer = _layer()
+    x = torch.randn(1, 14, D, dtype=torch.float64)
+    captured = {}
+    import hybrid_attention.layers.natsl as natsl_mod
+
+    orig_attn, orig_gdn = natsl_mod.chunk_attention, natsl_mod.gated_delta
+
+    def spy_attn(qs, ks, vs, routing, **kw):
+        captured["attn"] = (qs, ks, vs, routing)
+        return orig_attn(qs, ks, vs, routing, **kw)
+
+    def spy_gdn(*a, **kw):
+        captured["gdn"] = (a, kw)
+        return orig_gdn(*a, **kw)
+
+    natsl_mod.chunk_attention, natsl_mod.gated_delta = spy_attn, spy_gdn
+    try:
+        layer.force_routing = "gdn"
+        layer(x)
+        qs, ks, vs, routing = captured["attn"]
+        assert not routing.bool().any()
+        block_diag = naive_chunk_attention(qs, ks, vs, torch.zeros_like(routing), chunk_size=C, group_size=G)
+        torch.testing.assert_close(orig_attn(qs, ks, vs, routing, chunk_size=C, group_size=G), block_diag)
+        a, kw = captured["gdn"]
+        plain, _ = naive_gated_delta(*a, chunk_size=C)
+        torch.testing.assert_close(orig_gdn(*a, **kw)[0], plain)  # commit all ones = plain GDN
+    finally:
+        natsl_mod.chunk_attention, natsl_mod.gated_delta = orig_attn, orig_gdn
+
+
+def test_state_memory_grows_only_with_softmax_chunks():
+    x = torch.randn(1, 4 * C * 5 + 3, D, dtype=torch.float64)
+    sizes = {}
+    for mode in ("gdn", "softmax"):
+        layer = _layer()
+        layer.force_routing = mode
+        _, st = layer(x, layer.init_state(1, dtype=torch.float64))
+        sizes[mode] = st.num_reals()
+        assert st.num_reals() == layer.state_size(x.shape[1], softmax_fraction=1.0 if mode == "softmax" else 0.0)
+    kv_per_token = HS * (DKS + DVS)
+    assert sizes["softmax"] - sizes["gdn"] == 20 * C * kv_per_token
+
+
+def test_router_gets_gradient_only_through_selected_op_unless_counterfactual():
+    x = torch.randn(2, 16, D, dtype=torch.float64)
+    grads = {}
+    for cf in (False, True):
+        layer = _layer(counterfactual_grad=cf).train()
+        y, _ = layer(x)
+        y.pow(2).sum().backward()
+        grads[cf] = layer.score_proj.weight.grad.clone()
+        assert grads[cf].abs().sum() > 0
+    assert not torch.allclose(grads[False], grads[True])
+    # counterfactual mode leaves the forward unchanged
+    a = _layer(counterfactual_grad=True).train()(x)[0]
+    b = _layer().train()(x)[0]
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_router_gradient_matches_finite_differences_of_relaxed_mask(monkeypatch):
+    """The straight-through gradient reaching the router probabilities p equals, for the selected op of each
+    (chunk, head), the derivative of the loss w.r.t. that op's mask: the GDN commit value (finite differences of a
+    relaxed commit 1 -> 1-ε) and, for softmax, the per-chunk logit bias (finite differences of ±δ)."""
+    import hybrid_attention.layers.natsl as natsl_mod
+
+    layer = _layer().train()
+    x = torch.randn(1, 13, D, dtype=torch.float64)
+    w_out = torch.randn(1, 13, D, dtype=torch.float64)
+    route = NatsLAttention._route
+    hard0, _ = route(layer, x[:, :12].reshape(1, 3, C, D))
+    override = {}
+
+    def fake_route(self, x_chunks):  # p is a leaf we can read; "relax" edits the mask value the ops see
+        hard = hard0.clone()
+        for key, val in override.get("relax", {}).items():
+            hard[key] = val
+        p = hard.clone().requires_grad_(True)
+        override["p"] = p
+        return hard, p
+
+    orig_attn = natsl_mod.chunk_attention
+
+    def biased_attn(qs, ks, vs, routing, routing_bias=None, **kw):
+        extra = torch.zeros_like(routing_bias)
+        for key, val in override.get("bias", {}).items():
+            extra[key] = val
+        return orig_attn(qs, ks, vs, routing, routing_bias=routing_bias + extra, **kw)
+
+    monkeypatch.setattr(NatsLAttention, "_route", fake_route)
+    monkeypatch.setattr(natsl_mod, "chunk_attention", biased_attn)
+
+    def loss():
+        return (layer(x)[0] * w_out).sum()
+
+    loss().backward()
+    grad_p = override["p"].grad.clone()
+    checked = {"gdn": 0, "softmax": 0}
+    with torch.no_grad():
+        for n in range(2):  # the last complete chunk has no later query: its gradient is 0 either way
+            for h in range(HL):
+                if hard0[0, n, h, 1] == 1:  # GDN-typed: derivative w.r.t. the commit value
+                    eps = 1e-6
+                    override["relax"] = {(0, n, h, 1): 1 - eps}
+                    relaxed = loss()
+                    override.pop("relax")
+                    fd = (loss() - relaxed) / eps
+                    torch.testing.assert_close(grad_p[0, n, h, 1], fd, rtol=1e-4, atol=1e-7)
+                    assert grad_p[0, n, h, 0] == 0  # unselected op: no gradient
+                    checked["gdn"] += 1
+                else:  # softmax-typed: derivative w.r.t. the chunk's logit bias (Σ dS)
+                    d = 1e-5
+                    override["bias"] = {(0, n, h): d}
+                    lp = loss()
+                    override["bias"] = {(0, n, h): -d}
+                    lm = loss()
+                    override.pop("bias")
+                    torch.testing.assert_close(grad_p[0, n, h, 0], (lp - lm) / (2 * d), rtol=1e-4, atol=1e-7)
+                    assert grad_p[0, n, h, 1] == 0
+                    checked["softmax"] += 1
+    assert checked["gdn"] and checked["softmax"]
+
+
+def test_decode_with_different_routings_per_row():
+    layer = _layer().eval()
+    x = torch.randn(3, 4 * C + 2, D, dtype=torch.float64)
+    full, _ = layer(x)
+    st = layer.init_state(3, dtype=torch.float64)
+    outs = []
+    for t in range(x.shape[1]):
+        y, st = layer(x[:, t : t + 1], st)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=0, atol=1e-10)
+    types = torch.stack(st.history, 1)  # [B, N, Hn]
+    assert not (types == types[:1]).all(), "rows should route differently in this test"
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="weights_from"):
+        NatsLAttention(D, HL, DK, num_attn_heads=HS, weights_from="k")
+    with pytest.raises(ValueError, match="num_attn_heads"):
+        NatsLAttention(D, HL, DK, num_attn_heads=3)
+    with pytest.raises(ValueError, match="expand_v"):
+        GatedDeltaNet(D, 2, 5, expand_v=0.3)
