@@ -24,9 +24,9 @@ Decisions and deviations from the official code (each named once, here):
 - Decode never uses side streams (the official decode launches SDPA and GDN on unsynchronised new CUDA streams).
 - Continued prefill from any non-empty state, split anywhere (mid-chunk included), reproduces the full forward (the
   official cache cannot do this); batched decode with different routings per row is supported.
-- Ablations as flags: `weights_from` ("q" | "x"), `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
-  scale), `decay_uncommitted` (False: a skipped chunk restores the start state undecayed), `rope` (softmax branch; the paper's
-  all-layers "NAtS-L" uses it, the Hybrid does not), `sample` ("argmax" | "gumbel").
+- Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
+  scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
+  the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel").
 """
 
 from __future__ import annotations
