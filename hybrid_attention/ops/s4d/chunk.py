@@ -6,8 +6,9 @@ with local indices t, s in [0, L), the per-token states of the chunk are
     X_t = Σ_{s<=t} Ldec[t, s] ⊙ B z_sᵀ + Din[t] ⊙ X0                    [B, H, L, M, 2R]
 
 with Ldec[t, s, m] = exp(log_lam[m] (t - s)) (s <= t, else 0) and Din[t, m] = exp(log_lam[m] (t + 1)), the decay
-tables of ``hybrid_attention.ops.interdomain.chunk.chunk_decays``. Then Y_t = C X_t and o_t = Re(diag(U_tᵀ Γ_t)).
-The last state X_{L-1} is carried to the next chunk.
+tables of ``hybrid_attention.ops.interdomain.chunk.chunk_decays``. Then o_t = Re(diag(U_tᵀ Γ_t)) with U = C X^a,
+Γ = C X^b, computed as o_t[j] = Re(Σ_m X^a_t[m, j] (K X^b_t)[m, j]) with K = CᵀC (plain transpose): one M×M product
+per token instead of two. The last state X_{L-1} is carried to the next chunk.
 
 Unlike Interdomain, the diagonal readout has no query to contract the key half with, so the chunk-local states are
 materialised (O(L·M·2R) per head, one chunk at a time, never the whole sequence). Every power of λ has a
@@ -55,6 +56,7 @@ def chunk_s4d(
     X = z.new_zeros(Bsz, H, M, 2 * R) if initial_state is None else initial_state.to(cdtype)
     Ldec_full, Din_full = chunk_decays(log_lam, min(chunk_size, T)) if T > 0 else (None, None)
 
+    K = C.transpose(-1, -2) @ C  # [H, M, M], complex symmetric: (C x)ᵀ(C y) = xᵀ K y
     outputs = []
     for t0 in range(0, T, chunk_size):
         L = min(chunk_size, T - t0)
@@ -62,8 +64,8 @@ def chunk_s4d(
         Din = Din_full[:, :L]  # [H, L, M]
         Xs = torch.einsum("htsm,bhsc->bhtmc", LdecB, z[:, :, t0 : t0 + L])
         Xs = Xs + Din[None, :, :, :, None] * X[:, :, None]  # chunk-local per-token states [B, H, L, M, 2R]
-        Y = torch.einsum("hmn,bhtnc->bhtmc", C, Xs)
-        outputs.append((Y[..., :R] * Y[..., R:]).sum(dim=-2).real)  # [B, H, L, R]
+        KXb = torch.einsum("hmn,bhtnc->bhtmc", K, Xs[..., R:])
+        outputs.append((Xs[..., :R] * KXb).sum(dim=-2).real)  # [B, H, L, R]
         X = Xs[:, :, L - 1]
 
     o = torch.cat(outputs, dim=2) if T > 0 else a.new_zeros(Bsz, H, 0, R, dtype=rdtype)
