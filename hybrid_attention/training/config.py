@@ -132,7 +132,17 @@ def model_config(section: ModelSection, vocab_size: int | None = None):
 
 
 def check_model(section: ModelSection) -> None:
-    model_config(section)
+    """Build the model on the meta device (no memory, no compute) so that layer-level errors surface up front."""
+    import torch
+
+    from hybrid_attention.models import HybridForCausalLM
+
+    cfg = model_config(section)
+    try:
+        with torch.device("meta"):
+            HybridForCausalLM(cfg)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise ConfigError(f"config error: model: {e}") from e
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:

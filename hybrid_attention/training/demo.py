@@ -97,8 +97,8 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     preset = opts.preset or ("small" if cuda else "tiny")
     seq_len = opts.seq_len or (1024 if cuda else 256)
     batch = opts.batch_size or (32 if cuda else 8)
-    mixers = list(opts.mixers or available_mixers())
-    missing = [m for m in mixers if m not in available_mixers()]
+    requested = list(opts.mixers or available_mixers())
+    missing = [m for m in requested if m not in available_mixers()]
     if missing:
         raise ValueError(f"mixers {missing} are not available; available: {available_mixers()}")
     small_budget = budget < 180
@@ -116,11 +116,19 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     data = build_lm_data(base.data, batch, opts.seed)
     log(data.description)
     cfgs = {}
-    for m in mixers:
+    for m in requested:
         c = copy.deepcopy(base)
         c.model.layers = m
         c.train.out_dir = str(out / m)
+        try:
+            check(c)
+        except ValueError as e:  # a mixer that cannot be built at this preset
+            if opts.mixers:
+                raise
+            log(f"skipping {m}: {e}")
+            continue
         cfgs[m] = c
+    mixers = list(cfgs)
     per_step = {m: _time_steps(c, data, device) for m, c in cfgs.items()}
     elapsed = time.perf_counter() - t_start
     reserve = 0.15 * budget + 2.0 * len(mixers) + 5.0  # evaluation, plots, sample

@@ -93,6 +93,20 @@ def _config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict | None = None) -> None:
+    """HF-format model (safetensors) and tokenizer in one directory, without transformers' progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(path), state_dict=state_dict)
+        tok.save_pretrained(str(path))
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _say(ctx: DistContext, msg: str) -> None:
     if ctx.is_main:
         tqdm.write(msg)
@@ -268,9 +282,7 @@ def _train(cfg: RunConfig, tc, ctx: DistContext, resume: bool, data: LMData | No
     if tc.save_final:
         full = get_model_state_dict(unwrap(model), options=_FULL)
         if ctx.is_main:
-            final = out_dir / "final"
-            user_model.save_pretrained(str(final), state_dict=full)
-            tok.save_pretrained(str(final))
+            save_final_model(user_model, tok, out_dir / "final", full)
     if tc.plots and ctx.is_main:
         plot_training_curves(read_metrics(out_dir / "metrics.jsonl"), out_dir, title=str(cfg.model.layers))
     tps = state["tokens"] / max(state["train_seconds"], 1e-9)
