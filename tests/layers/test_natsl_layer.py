@@ -266,3 +266,21 @@ def test_bad_options():
         NatsLAttention(D, HL, DK, num_attn_heads=3)
     with pytest.raises(ValueError, match="expand_v"):
         GatedDeltaNet(D, 2, 5, expand_v=0.3)
+
+
+def test_gumbel_sampling_is_stochastic_in_training_and_argmax_in_eval():
+    layer = _layer(sample="gumbel")
+    with torch.no_grad():
+        layer.score_proj.weight.mul_(0.01)  # near-uniform probabilities: Gumbel noise decides
+    x = torch.randn(2, 8 * C, D, dtype=torch.float64)
+    layer.train()
+    routes = set()
+    for _ in range(4):
+        layer(x)
+        routes.add(tuple(layer.last_routing.flatten().tolist()))
+    assert len(routes) > 1
+    layer.eval()
+    layer(x)
+    r1 = layer.last_routing.clone()
+    layer(x)
+    assert torch.equal(r1, layer.last_routing)
