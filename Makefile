@@ -12,12 +12,12 @@ demo:
 
 test:
 	@scripts/bootstrap.sh test
-	$(VENV)/bin/ruff check hybrid_attention tests benchmarks
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 lint:
 	@scripts/bootstrap.sh test
-	$(VENV)/bin/ruff check hybrid_attention tests benchmarks
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info
