@@ -167,6 +167,19 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     def init_cache(self, batch_size: int, device=None, dtype=None) -> HybridCache:
         return self.model.init_cache(batch_size, device=device, dtype=dtype)
 
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.LongTensor, chunk_size: int = 2048, cache: HybridCache | None = None):
+        """Chunked prefill: feed the prompt in pieces of `chunk_size` tokens with the cache carried between pieces, so
+        activation memory is bounded by one piece (for fixed-state mixers the cache itself is constant-size).
+        Returns (logits of the last token [B, vocab], cache). Equal to one full forward pass (layer contract)."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        cache = cache if cache is not None else self.init_cache(input_ids.shape[0])
+        for start in range(0, input_ids.shape[1], chunk_size):
+            out = self(input_ids[:, start : start + chunk_size], cache=cache, use_cache=True, logits_to_keep=1)
+            cache = out.cache
+        return out.logits[:, -1], cache
+
     def state_size(self, seq_len: int) -> int:
         """Real numbers of mixer state kept per sequence after seq_len tokens, summed over layers."""
         return sum(blk.mixer.state_size(seq_len) for blk in self.model.layers)

@@ -51,6 +51,15 @@ def test_cache_and_past_key_values_are_the_same_kwarg(layers):
         model(ids[:, 7:], cache=c1, past_key_values=c2)
 
 
+@pytest.mark.parametrize("layers", [*MIXERS, HYBRID])
+def test_chunked_prefill_equals_full_forward(layers):
+    model = _tiny(layers)
+    ids = torch.randint(0, 259, (2, 45))
+    last, cache = model.prefill(ids, chunk_size=13)
+    torch.testing.assert_close(last, model(ids, use_cache=False).logits[:, -1], rtol=1e-4, atol=1e-5)
+    assert cache.get_seq_length() == 45
+
+
 def test_cache_counts_tokens_and_is_fed_back():
     model = _tiny("interdomain")
     out = model(torch.randint(0, 259, (1, 5)), use_cache=True)
