@@ -55,7 +55,7 @@ def passkey_prompt(n_filler: int, depth: float, seed: int, filler: str = _FILLER
     """A prompt with ``n_filler`` repetitions of ``filler`` and the key at ``depth``; returns (prompt, key)."""
     key = str(random.Random(seed).randint(10000, 99999))
     before = int(round(depth * n_filler))
-    head = "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n"
-    needle = f"The pass key is {key}. Remember it. {key} is the pass key.\n"
+    head = "Find the pass key hidden in this text.\n"
+    needle = f"The pass key is {key}. Remember it.\n"
     prompt = head + filler * before + needle + filler * (n_filler - before) + "What is the pass key? The pass key is"
     return prompt, " " + key

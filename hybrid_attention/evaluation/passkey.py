@@ -40,7 +40,10 @@ def passkey_accuracy(
     """Rows {length, depth, accuracy, trials, prompt_tokens}, one per (length, depth)."""
     model.eval()
     rows = []
+    shortest = len(_ids(tok, passkey_prompt(0, 0.5, 0)[0])) + 8
     for length in lengths:
+        if length < shortest:
+            raise ValueError(f"passkey length {length} is shorter than the bare prompt ({shortest} tokens)")
         n_filler = _n_filler_for(tok, length)
         for depth in depths:
             correct, n_tokens = 0, 0
