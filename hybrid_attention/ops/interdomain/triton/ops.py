@@ -1,0 +1,439 @@
+"""Host side of the Triton Interdomain core: launches, the autograd rule and the ``torch.library`` registration.
+
+Public entry: ``triton_interdomain`` (same contract as ``chunk_interdomain``). Internally every complex tensor crosses
+the op boundary as a *planar* float32 tensor (a leading re/im axis of size 2), so the registered custom ops only see
+real tensors; the conversion to and from complex is done with differentiable torch ops around them.
+
+Registered ops (opaque to ``torch.compile``, with fake implementations for tracing):
+  ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final) -> (o, final)``
+  ``hybrid_attention::interdomain_bwd(...) -> (dq, dk, dv, dll, dbb, dkk, dinit)``
+with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K = Cᵀ C [H, 2, M, M], init [B, H, 2, M, R+D] (planar).
+
+Memory: the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D] float32 buffer,
+freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk states. No per-token
+state is ever materialised.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from ..chunk import validate_chunk_size
+from ..naive import safe_divide, validate_interdomain_inputs
+from . import kernels as K
+
+__all__ = ["triton_interdomain", "interdomain_fwd_planar", "kernel_config", "set_kernel_config"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Fixed launch configuration (no autotuning: the interpreter needs one config, and the GPU benchmark compares the
+# variants explicitly). ``set_kernel_config`` lets the benchmark script try alternatives.
+_CFG = {
+    "BC": 16,  # sub-chunk rows (>= 16: tl.dot minimum)
+    "BMS": 32,  # mode block of the sequential state kernels
+    "BCH": 32,  # channel block of the sequential state kernels
+    "BCH_DZ": 64,  # channel block of the dz kernel
+    "warps_chunk_fwd": 4,
+    "warps_chunk_bwd": 8,
+    "warps_state": 4,
+    "stages": 1,
+    "dot_prec": "tf32",
+}
+
+
+def kernel_config() -> dict:
+    return dict(_CFG)
+
+
+def set_kernel_config(**kw) -> None:
+    for key, val in kw.items():
+        if key not in _CFG:
+            raise KeyError(f"unknown kernel config key {key!r}")
+        _CFG[key] = val
+
+
+def _np2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def _kernel_chunk(chunk_size: int) -> int:
+    """Chunk length used by the kernels: chunk_size if it is a power of two in [16, 128], else 64 (the result does not
+    depend on the chunk size; only speed and the boundary-state memory do)."""
+    return chunk_size if chunk_size in (16, 32, 64, 128) else 64
+
+
+def _power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
+    """P[h, :, n, m] = (re, im) of λ^n = exp(n log λ), n = 0..BT, computed in float64 then rounded: [H, 2, BT+1, M]."""
+    lam = torch.complex(ll[:, 0].double(), ll[:, 1].double())  # [H, M]
+    n = torch.arange(BT + 1, device=ll.device, dtype=torch.float64)
+    P = torch.exp(lam[:, None, :] * n[None, :, None])
+    return torch.stack([P.real, P.imag], dim=1).float().contiguous()
+
+
+def _prec() -> str:
+    return "ieee" if _INTERPRET else _CFG["dot_prec"]
+
+
+def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool):
+    Bsz, T, H, R = k.shape
+    D = v.shape[-1]
+    M = bb.shape[-1]
+    NC = R + D
+    NT = triton.cdiv(T, BT)
+    dev = k.device
+    states = torch.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=torch.float32) if store_states else k.new_empty(1)
+    final = torch.empty(Bsz * H, 2, M, NC, device=dev, dtype=torch.float32) if store_final else k.new_empty(1)
+    BMS = min(_CFG["BMS"], _np2(M))
+    BCH = min(_CFG["BCH"], _np2(NC))
+    grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), Bsz * H)
+    K._state_fwd[grid](
+        k,
+        v,
+        P,
+        bb,
+        init if init is not None else k,
+        states,
+        final,
+        T,
+        H,
+        M,
+        R,
+        D,
+        NT,
+        HAS_INIT=init is not None,
+        STORE_STATES=store_states,
+        STORE_FINAL=store_final,
+        USE_WHILE=_INTERPRET,
+        BT=BT,
+        BMS=BMS,
+        BCH=BCH,
+        DOT_PREC=_prec(),
+        num_warps=_CFG["warps_state"],
+        num_stages=_CFG["stages"],
+    )
+    return states, final
+
+
+def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool):
+    Bsz, T, H, R = q.shape
+    D = v.shape[-1]
+    M = ll.shape[-1]
+    BT = _kernel_chunk(chunk_size)
+    out_dtype = torch.float32 if out_fp32 else q.dtype
+    o = torch.empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
+    if T == 0:
+        fin = init.clone() if init is not None else q.new_zeros(Bsz, H, 2, M, R + D, dtype=torch.float32)
+        return o, (fin if need_final else q.new_empty(0, dtype=torch.float32))
+    P = _power_table(ll, BT)
+    states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final)
+    NT = triton.cdiv(T, BT)
+    BC = min(_CFG["BC"], BT)
+    K._chunk_fwd[(NT, Bsz * H)](
+        q,
+        k,
+        v,
+        o,
+        P,
+        bb,
+        kk,
+        states,
+        T,
+        H,
+        M,
+        R,
+        D,
+        NT,
+        BT=BT,
+        BC=BC,
+        BR=_np2(R),
+        BD=_np2(D),
+        BM=_np2(M),
+        DOT_PREC=_prec(),
+        num_warps=_CFG["warps_chunk_fwd"],
+        num_stages=_CFG["stages"],
+    )
+    fin = final.view(Bsz, H, 2, M, R + D) if need_final else q.new_empty(0, dtype=torch.float32)
+    return o, fin
+
+
+def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
+    Bsz, T, H, R = q.shape
+    D = v.shape[-1]
+    M = ll.shape[-1]
+    NC = R + D
+    BT = _kernel_chunk(chunk_size)
+    dev = q.device
+    f32 = torch.float32
+    if T == 0:
+        dinit = dfinal.clone() if (init is not None and dfinal is not None) else None
+        if init is not None and dinit is None:
+            dinit = torch.zeros_like(init)
+        return (
+            torch.zeros_like(q),
+            torch.zeros_like(k),
+            torch.zeros_like(v),
+            torch.zeros_like(ll),
+            torch.zeros_like(bb),
+            torch.zeros_like(kk),
+            dinit if dinit is not None else q.new_empty(0, dtype=f32),
+        )
+    NT = triton.cdiv(T, BT)
+    P = _power_table(ll, BT)
+    states, _ = _states_fwd(k, v, P, bb, init, BT, True, False)
+    dq = torch.empty(Bsz, T, H, R, device=dev, dtype=f32)
+    dk = torch.empty(Bsz, T, H, R, device=dev, dtype=f32)
+    dv = torch.empty(Bsz, T, H, D, device=dev, dtype=f32)
+    dx = torch.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=f32)
+    gk_part = torch.empty(Bsz * H, NT, 2, M, M, device=dev, dtype=f32)
+    gb_part = torch.empty(Bsz * H, NT, 2, M, device=dev, dtype=f32)
+    gl_part = torch.empty(Bsz * H, NT, 2, M, device=dev, dtype=f32)
+    BC = min(_CFG["BC"], BT)
+    do = do.contiguous()
+    K._chunk_bwd[(NT, Bsz * H)](
+        q,
+        k,
+        v,
+        do,
+        dq,
+        dk,
+        dv,
+        P,
+        bb,
+        kk,
+        states,
+        dx,
+        gk_part,
+        gb_part,
+        gl_part,
+        T,
+        H,
+        M,
+        R,
+        D,
+        NT,
+        BT=BT,
+        BC=BC,
+        BR=_np2(R),
+        BD=_np2(D),
+        BM=_np2(M),
+        DOT_PREC=_prec(),
+        num_warps=_CFG["warps_chunk_bwd"],
+        num_stages=_CFG["stages"],
+    )
+    BMS = min(_CFG["BMS"], _np2(M))
+    BCH = min(_CFG["BCH"], _np2(NC))
+    n_cb = triton.cdiv(NC, BCH)
+    gl_part2 = torch.zeros(Bsz * H, n_cb, 2, M, device=dev, dtype=f32)
+    dinit = torch.empty(Bsz * H, 2, M, NC, device=dev, dtype=f32) if init is not None else q.new_empty(1, dtype=f32)
+    has_df = dfinal is not None
+    K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
+        P,
+        states,
+        dx,
+        dfinal.contiguous() if has_df else dx,
+        dinit,
+        gl_part2,
+        T,
+        H,
+        M,
+        R,
+        D,
+        NT,
+        HAS_DFINAL=has_df,
+        STORE_DINIT=init is not None,
+        USE_WHILE=_INTERPRET,
+        BT=BT,
+        BMS=BMS,
+        BCH=BCH,
+        num_warps=_CFG["warps_state"],
+        num_stages=_CFG["stages"],
+    )
+    del states
+    BCHZ = min(_CFG["BCH_DZ"], _np2(NC))
+    n_cbz = triton.cdiv(NC, BCHZ)
+    gb_part3 = torch.empty(Bsz * H, NT, n_cbz, 2, M, device=dev, dtype=f32)
+    gl_part3 = torch.empty(Bsz * H, NT, n_cbz, 2, M, device=dev, dtype=f32)
+    K._chunk_dz[(NT, Bsz * H, n_cbz)](
+        k,
+        v,
+        dk,
+        dv,
+        P,
+        bb,
+        dx,
+        gb_part3,
+        gl_part3,
+        T,
+        H,
+        M,
+        R,
+        D,
+        NT,
+        BT=BT,
+        BM=_np2(M),
+        BCH=BCHZ,
+        DOT_PREC=_prec(),
+        num_warps=_CFG["warps_state"],
+        num_stages=_CFG["stages"],
+    )
+    dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
+    dbb = gb_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+    dll = (
+        gl_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
+        + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
+        + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+    )
+    dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dll, dbb, dkk, dinit_out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# torch.library registration
+
+
+@torch.library.custom_op("hybrid_attention::interdomain_fwd", mutates_args=())
+def interdomain_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ll: torch.Tensor,
+    bb: torch.Tensor,
+    kk: torch.Tensor,
+    init: torch.Tensor | None,
+    chunk_size: int,
+    out_fp32: bool,
+    need_final: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final)
+
+
+@interdomain_fwd_op.register_fake
+def _(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final):
+    Bsz, T, H, R = q.shape
+    D = v.shape[-1]
+    M = ll.shape[-1]
+    o = q.new_empty(Bsz, T, H, D, dtype=torch.float32 if out_fp32 else q.dtype)
+    fin = q.new_empty(Bsz, H, 2, M, R + D, dtype=torch.float32) if need_final else q.new_empty(0, dtype=torch.float32)
+    return o, fin
+
+
+@torch.library.custom_op("hybrid_attention::interdomain_bwd", mutates_args=())
+def interdomain_bwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ll: torch.Tensor,
+    bb: torch.Tensor,
+    kk: torch.Tensor,
+    init: torch.Tensor | None,
+    do: torch.Tensor,
+    dfinal: torch.Tensor | None,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size)
+
+
+@interdomain_bwd_op.register_fake
+def _(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size):
+    dinit = torch.empty_like(init) if init is not None else q.new_empty(0, dtype=torch.float32)
+    return (
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        torch.empty_like(ll),
+        torch.empty_like(bb),
+        torch.empty_like(kk),
+        dinit,
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final = inputs
+    ctx.save_for_backward(q, k, v, ll, bb, kk, init)
+    ctx.chunk_size = chunk_size
+    ctx.need_final = need_final
+    ctx.has_init = init is not None
+
+
+def _backward(ctx, do, dfinal):
+    q, k, v, ll, bb, kk, init = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(q.shape[:3] + (v.shape[-1],), device=q.device, dtype=q.dtype)
+    if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
+        dfinal = None
+    dq, dk, dv, dll, dbb, dkk, dinit = interdomain_bwd_op(
+        q, k, v, ll, bb, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size
+    )
+    return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None
+
+
+interdomain_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# public function
+
+
+def _planar(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """complex -> real with a new re/im axis at ``dim`` (differentiable); real input gets a zero imaginary plane."""
+    if x.is_complex():
+        return torch.stack([x.real, x.imag], dim=dim).float()
+    x = x.float()
+    return torch.stack([x, torch.zeros_like(x)], dim=dim)
+
+
+def interdomain_fwd_planar(q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool):
+    """Differentiable call of the registered op from complex (log_lam, B, C, initial_state); returns (o, final
+    complex64 or None)."""
+    ll = _planar(log_lam, 1).contiguous()
+    bb = _planar(B, 1).contiguous()
+    Cc = C.to(torch.complex64) if C.is_complex() else C.float().to(torch.complex64)
+    Kc = torch.einsum("hnm,hnk->hmk", Cc, Cc)  # K = Cᵀ C (plain transpose), autograd carries dK to dC
+    kk = _planar(Kc, 1).contiguous()
+    init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
+    o, fin = interdomain_fwd_op(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final)
+    final = torch.complex(fin[:, :, 0], fin[:, :, 1]) if need_final else None
+    return o, final
+
+
+def triton_interdomain(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    denominator: bool = False,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Interdomain Attention core on Triton kernels (same contract as ``chunk_interdomain``).
+
+    Float32 state and decay math whatever the activation dtype (bf16 / fp16 / fp32); float64 inputs are refused
+    (use the reference backend for float64). ``chunk_size`` selects the kernel chunk length when it is a power of two
+    in [16, 128] (else 64); the result does not depend on it beyond rounding.
+
+    ``denominator=True`` appends the constant-1 value channel (v' = [v ; 1]) and runs the same kernels with D + 1
+    value channels in float32, then divides num / safe(den) exactly like the reference (see chunk.py).
+    """
+    validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
+    validate_chunk_size(chunk_size)
+    if any(t.dtype == torch.float64 for t in (q, k, v)):
+        raise ValueError("the triton backend computes in float32; use backend='reference' for float64 inputs")
+    D = v.shape[-1]
+    dt = q.dtype
+    q = q.contiguous()
+    k = k.to(dt).contiguous()
+    v = v.to(dt).contiguous()
+    if denominator:
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
+        o, final = interdomain_fwd_planar(q, k, v1, log_lam, B, C, initial_state, chunk_size, True, output_final_state)
+        o = safe_divide(o[..., :D], o[..., D:])
+        return o.to(dt), final
+    o, final = interdomain_fwd_planar(q, k, v, log_lam, B, C, initial_state, chunk_size, False, output_final_state)
+    return o, final
