@@ -11,10 +11,11 @@ import torch
 
 from .chunk import chunk_gated_delta
 from .naive import naive_gated_delta
+from .triton import TRITON_AVAILABLE, triton_gated_delta, triton_supported
 
-__all__ = ["gated_delta", "chunk_gated_delta", "naive_gated_delta", "BACKENDS"]
+__all__ = ["gated_delta", "chunk_gated_delta", "naive_gated_delta", "triton_gated_delta", "BACKENDS"]
 
-BACKENDS = ("auto", "reference", "naive")
+BACKENDS = ("auto", "reference", "naive", "triton")
 
 
 def gated_delta(
@@ -39,10 +40,17 @@ def gated_delta(
     commit ``[B, ceil(T / chunk_size), H]`` (chunks aligned to position 0 of this call; None = plain GDN);
     initial_state ``[B, H, K, V]``. Returns ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] or None)``.
 
-    backend: ``"auto"`` / ``"reference"`` -> the chunk-parallel PyTorch form; ``"naive"`` -> the token loop.
-    (A Triton backend will be picked by ``"auto"`` once it exists.)
+    backend: ``"reference"`` -> the chunk-parallel PyTorch form; ``"naive"`` -> the token loop; ``"triton"`` -> the
+    Triton kernels (forward + backward; CUDA, or CPU under ``TRITON_INTERPRET=1``); ``"auto"`` -> Triton for CUDA
+    inputs it supports (not float64, chunk_size in {16, 32, 64, 128}, K <= 256) when Triton is installed, else the
+    reference form.
     """
-    if backend in ("auto", "reference"):
+    if backend == "auto":
+        use_triton = TRITON_AVAILABLE and q.is_cuda and triton_supported(q, v, chunk_size)
+        fn = triton_gated_delta if use_triton else chunk_gated_delta
+    elif backend == "triton":
+        fn = triton_gated_delta
+    elif backend == "reference":
         fn = chunk_gated_delta
     elif backend == "naive":
         fn = naive_gated_delta

@@ -1,0 +1,226 @@
+"""Launch wrappers and the autograd Function of the Triton gated delta rule (see ``kernels.py`` for the math)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from ..naive import validate_gated_delta_inputs
+from . import kernels as _k
+
+__all__ = ["triton_gated_delta", "triton_supported"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _p2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+def triton_supported(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
+    """Whether the Triton path handles these inputs (else callers fall back to the PyTorch chunk form).
+
+    Requirements: CUDA tensors (or the interpreter), not float64, chunk size a power of two in [16, 128], K <= 256.
+    """
+    if q.dtype == torch.float64 or v.dtype == torch.float64:
+        return False
+    if not (q.is_cuda or _interpreting()):
+        return False
+    if chunk_size not in (16, 32, 64, 128):
+        return False
+    return q.shape[-1] <= 256
+
+
+class _Cfg:
+    """Tile sizes and launch options (one fixed configuration; no autotuning so the interpreter runs it as is)."""
+
+    def __init__(self, K: int, V: int, C: int) -> None:
+        self.BK = max(16, min(64, _p2(K)))  # K tile of the parallel kernels
+        self.BKF = max(16, _p2(K))  # full K extent of the state kernels
+        self.BV = max(16, min(64 if self.BKF <= 128 else 32, _p2(V)))  # V tile
+        self.NKT = triton.cdiv(K, self.BK)
+        interp = self.interp = _interpreting()
+        self.prec = "ieee" if interp else "tf32"
+        self.w_state = 4 if self.BKF * self.BV <= 128 * 64 else 8
+        self.w_par = 4
+
+
+def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    Tp = N * C
+    cfg = _Cfg(K, V, C)
+    dev, f32 = q.device, torch.float32
+    G = torch.empty(B, H, Tp, device=dev, dtype=f32)
+    rq = torch.empty_like(G)
+    rk = torch.empty_like(G)
+    X = torch.empty(B, H, N, C, C, device=dev, dtype=f32)
+    w = torch.empty(B, H, Tp, K, device=dev, dtype=f32)
+    u = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
+    _k._prep_kernel[(N, B * H)](
+        q, k, v, g, beta, G, rq, rk, X, w, u, T, H, N, Tp,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, num_warps=cfg.w_par,
+    )
+    states = torch.empty(B, H, N, K, V, device=dev, dtype=f32)
+    vn = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
+    Sfin = torch.empty(B, H, K, V, device=dev, dtype=f32) if need_final else states
+    _k._state_fwd_kernel[(triton.cdiv(V, cfg.BV), B * H)](
+        k, w, u, G, rk, commit if commit is not None else G, S0 if S0 is not None else G, states, vn, Sfin,
+        T, H, N, Tp,
+        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BV, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
+        STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
+        num_warps=cfg.w_state,
+    )
+    o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
+    _k._output_kernel[(triton.cdiv(V, cfg.BV), N, B * H)](
+        q, k, G, rq, rk, states, vn, o, scale, T, H, N, Tp,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.w_par,
+    )
+    saved = (G, rq, rk, X, w, states, vn)
+    return o, (Sfin if need_final else None), saved
+
+
+def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_uncommitted, C):
+    G, rq, rk, X, w, states, vn = saved
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    Tp = N * C
+    cfg = _Cfg(K, V, C)
+    dev, f32 = q.device, torch.float32
+    BH = B * H
+    has_commit = commit is not None
+    m_arg = commit if has_commit else G
+
+    dvl = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
+    dPD = torch.empty(B, H, N, C, C, device=dev, dtype=f32)
+    dGloc = torch.empty(B, H, Tp, device=dev, dtype=f32)
+    _k._bwd_local_kernel[(N, BH)](
+        q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, scale, T, H, N, Tp,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.w_par,
+    )
+    dh = torch.empty(B, H, N, K, V, device=dev, dtype=f32)
+    dvn = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
+    dS0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
+    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BV), BH)](
+        q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0,
+        scale, T, H, N, Tp,
+        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BV, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
+        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
+        num_warps=cfg.w_state,
+    )
+    del dvl
+    NKT = cfg.NKT
+    dqh = torch.empty(B, H, Tp, K, device=dev, dtype=f32)
+    dkh = torch.empty_like(dqh)
+    dGp = torch.empty(NKT, BH, Tp, device=dev, dtype=f32)
+    dbp = torch.empty_like(dGp)
+    dXp = torch.empty(NKT, BH, N, C, C, device=dev, dtype=f32)
+    scp = torch.empty(NKT, BH, N, 2, device=dev, dtype=f32)
+    _k._bwd_k_kernel[(NKT, N, BH)](
+        q, k, do, beta, G, rq, rk, m_arg, X, states, dh, vn, dvn, dPD,
+        dqh, dkh, dGp, dbp, dXp, scp,
+        scale, T, H, N, Tp, BH,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, HAS_COMMIT=has_commit, PREC=cfg.prec, num_warps=cfg.w_par,
+    )
+    del dh, dPD
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dg = torch.empty(B, T, H, device=dev, dtype=f32)
+    dbeta = torch.empty(B, T, H, device=dev, dtype=f32)
+    dm = torch.empty(B, N, H, device=dev, dtype=f32) if has_commit else None
+    _k._bwd_finish_kernel[(N, BH)](
+        q, k, v, beta, G, rq, rk, m_arg, X, dvn,
+        dqh, dkh, dGloc, dGp, dbp, dXp, scp,
+        dq, dk, dv, dg, dbeta, dm if dm is not None else dg,
+        T, H, N, Tp, BH,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, NKT=NKT, HAS_COMMIT=has_commit,
+        DECAY_UNCOMMITTED=decay_uncommitted, USE_L2=use_l2, PREC=cfg.prec, num_warps=cfg.w_par,
+    )
+    return dq, dk, dv, dg, dbeta, dm, dS0
+
+
+class _TritonGatedDelta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final):
+        commit_f = commit.float().contiguous() if commit is not None else None
+        o, Sfin, saved = _launch_fwd(q, k, v, g, beta, commit_f, S0, scale, use_l2, decay_uncommitted, C, need_final)
+        ctx.save_for_backward(q, k, v, beta, commit_f, *saved)
+        ctx.cfg = (scale, use_l2, decay_uncommitted, C)
+        ctx.dtypes = (g.dtype, beta.dtype, commit.dtype if commit is not None else None,
+                      S0.dtype if S0 is not None else None)
+        if Sfin is None:
+            return o
+        return o, Sfin
+
+    @staticmethod
+    def backward(ctx, do, dSfin=None):
+        q, k, v, beta, commit_f, *saved = ctx.saved_tensors
+        scale, use_l2, decay_uncommitted, C = ctx.cfg
+        g_dt, b_dt, m_dt, s_dt = ctx.dtypes
+        dq, dk, dv, dg, dbeta, dm, dS0 = _launch_bwd(
+            q, k, v, beta, commit_f, tuple(saved), do.contiguous(),
+            dSfin.contiguous() if dSfin is not None else None, scale, use_l2, decay_uncommitted, C,
+        )
+        return (dq, dk, dv, dg.to(g_dt), dbeta.to(b_dt), dm.to(m_dt) if m_dt is not None else None,
+                dS0.to(s_dt) if s_dt is not None else None, None, None, None, None, None)
+
+
+def triton_gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    commit: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = True,
+    decay_uncommitted: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton gated delta rule with per-chunk commit mask; same contract as ``naive_gated_delta``.
+
+    Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; commit ``[B, ceil(T/C), H]``;
+    initial_state ``[B, H, K, V]``. Returns ``(o [B, T, H, V] in v.dtype, final_state float32 or None)``.
+    Activations may be bf16/fp16/fp32; all state and gate math runs in fp32. Differentiable in every input,
+    including ``commit`` (dm_n = ⟨dS_end(n), ΔS_n⟩, plus (Γ_n - 1)⟨dS_end(n), S_start(n)⟩ when not
+    ``decay_uncommitted``) and ``initial_state``.
+    """
+    validate_gated_delta_inputs(q, k, v, g, beta, commit, chunk_size, initial_state)
+    if not triton_supported(q, v, chunk_size):
+        raise ValueError("triton_gated_delta: unsupported inputs (need CUDA or TRITON_INTERPRET=1, not float64, "
+                         "chunk_size in {16, 32, 64, 128}, K <= 256)")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else float(scale)
+    if T == 0:
+        o = v.new_zeros(B, 0, H, V)
+        if not output_final_state:
+            return o, None
+        S = (initial_state.float().clone() if initial_state is not None
+             else torch.zeros(B, H, K, V, device=q.device, dtype=torch.float32))
+        return o, S
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    S0 = initial_state.contiguous() if initial_state is not None else None
+    args = (q, k, v, g, beta, commit, S0)
+    need_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
+    if need_grad:
+        out = _TritonGatedDelta.apply(q, k, v, g, beta, commit, S0, scale, use_qk_l2norm, decay_uncommitted,
+                                      chunk_size, output_final_state)
+        if output_final_state:
+            return out[0], out[1]
+        return out, None
+    commit_f = commit.float().contiguous() if commit is not None else None
+    o, Sfin, _ = _launch_fwd(q, k, v, g, beta, commit_f, S0, scale, use_qk_l2norm, decay_uncommitted, chunk_size,
+                             output_final_state)
+    return o, Sfin
+

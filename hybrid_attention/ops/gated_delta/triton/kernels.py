@@ -1,0 +1,561 @@
+"""Triton kernels of the chunked gated delta rule with the NAtS-L per-chunk commit mask.
+
+Our own formulation (the same WY algebra as ``chunk.py``; no fla code). Per (batch b, head h) and chunk n of C tokens,
+with k̂ = r_k·k, q̂ = r_q·q (l2 norm factors r), chunk-local inclusive log-gate cumsum G, Γ = e^{G_last}:
+
+    A_ts = β_t (k̂_t·k̂_s) e^{G_t-G_s}  (s < t),   X = (I + A)^{-1}            (forward substitution, fp32)
+    w    = X diag(β e^G) k̂,   u = X diag(β) v
+    vn   = u - w S_n                                                         (S_n: state at the start of chunk n)
+    o    = scale (e^G q̂ S_n + ((q̂ k̂ᵀ) ⊙ D) vn),   D_ts = e^{G_t-G_s} (s <= t)
+    S_{n+1} = a_n S_n + m_n K̃ᵀ vn,   K̃ = e^{G_last-G} k̂,   a_n = Γ (decay_uncommitted) or m_n Γ + 1 - m_n
+
+Forward: ``prep`` (parallel over chunks: G, r, X, w, u) -> ``state_fwd`` (sequential over chunks per V tile: S_n,
+vn) -> ``output`` (parallel). Backward: ``bwd_local`` (parallel: dvn_local = scale (P⊙D)ᵀ dO and dP⊙D) ->
+``state_bwd`` (reverse sequential: dS at every chunk end, total dvn, d initial state) -> ``bwd_k`` (parallel over
+chunks × K tiles: dq̂, dk̂ slices, dw and the partial sums) -> ``bwd_finish`` (parallel over chunks: WY backward,
+dβ, dG -> dg, dv, dm, l2-norm backward). All state math is fp32; dots take fp32 operands (tf32 on the GPU).
+
+Interpreter-compatible (TRITON_INTERPRET=1): plain pointer arithmetic with masks, no block pointers, loop indices are
+never cast. Internal buffers use a padded token axis Tp = N·C (rows past T hold the zero padding of ``chunk.py``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _inverse_unit_lower(A, C: tl.constexpr):
+    """(I + A)^{-1} for strictly lower-triangular A [C, C] by row-wise forward substitution (exact in fp32)."""
+    rows = tl.arange(0, C)[:, None]
+    cols = tl.arange(0, C)[None, :]
+    X = tl.where(rows == cols, 1.0, 0.0)
+    for i in range(1, C):
+        a_i = tl.sum(tl.where(rows == i, A, 0.0), 0)  # row i of A, indexed by column j
+        x_i = -tl.sum(a_i[:, None] * X, 0)  # -Σ_j A_ij X_j (rows j >= i of X are still e_j, and A_ij = 0 there)
+        X = tl.where(rows == i, x_i[None, :] + tl.where(cols == i, 1.0, 0.0), X)
+    return X
+
+
+@triton.jit
+def _prep_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+    G_ptr, rq_ptr, rk_ptr, X_ptr, w_ptr, u_ptr,
+    T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+):
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    ti = tl.arange(0, C)
+    t = n * C + ti
+    tm = t < T
+    g_t = tl.load(g_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    beta_t = tl.load(beta_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    G = tl.cumsum(g_t, axis=0)
+    tl.store(G_ptr + bh * Tp + t, G)
+
+    qk_base = b * T * H * K + h * K
+    kk = tl.zeros([C, C], dtype=tl.float32)
+    ssk = tl.zeros([C], dtype=tl.float32)
+    ssq = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kc = k0 + tl.arange(0, BK)
+        msk = tm[:, None] & (kc < K)[None, :]
+        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+        kk += tl.dot(kt, tl.trans(kt), input_precision=PREC)
+        if USE_L2:
+            qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+            ssk += tl.sum(kt * kt, 1)
+            ssq += tl.sum(qt * qt, 1)
+    if USE_L2:
+        rk = 1.0 / tl.sqrt(ssk + EPS)
+        rq = 1.0 / tl.sqrt(ssq + EPS)
+    else:
+        rk = tl.full([C], 1.0, tl.float32)
+        rq = tl.full([C], 1.0, tl.float32)
+    tl.store(rk_ptr + bh * Tp + t, rk)
+    tl.store(rq_ptr + bh * Tp + t, rq)
+
+    strict = ti[:, None] > ti[None, :]
+    E = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+    A = (beta_t * rk)[:, None] * kk * rk[None, :] * E
+    X = _inverse_unit_lower(A, C)
+    tl.store(X_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :], X)
+
+    coef = beta_t * tl.exp(G) * rk
+    for k0 in range(0, K, BK):
+        kc = k0 + tl.arange(0, BK)
+        km = (kc < K)[None, :]
+        kt = tl.load(k_ptr + qk_base + t[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & km, other=0.0)
+        wt = tl.dot(X, kt.to(tl.float32) * coef[:, None], input_precision=PREC)
+        tl.store(w_ptr + bh * Tp * K + t[:, None] * K + kc[None, :], wt, mask=km)
+    v_base = b * T * H * V + h * V
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        vm = (vc < V)[None, :]
+        vt = tl.load(v_ptr + v_base + t[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
+        ut = tl.dot(X, vt.to(tl.float32) * beta_t[:, None], input_precision=PREC)
+        tl.store(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], ut, mask=vm)
+
+
+@triton.jit
+def _state_fwd_step(
+    n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr,
+    bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
+):
+    tl.store(states_ptr + (bh * N + n) * K * V + kv_offs, S, mask=kv_mask)
+    t = n * C + tl.arange(0, C)
+    tm = t < T
+    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
+    un = tl.load(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+    vn = un - tl.dot(wn, S, input_precision=PREC)
+    tl.store(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], vn, mask=vm[None, :])
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
+    rkt = tl.load(rk_ptr + bh * Tp + t)
+    kt = tl.load(k_ptr + b * T * H * K + h * K + t[:, None] * (H * K) + kr[None, :], mask=tm[:, None] & km[None, :],
+                 other=0.0)
+    kd = kt.to(tl.float32) * (rkt * tl.exp(Gl - Gt))[:, None]
+    dS = tl.dot(tl.trans(kd), vn, input_precision=PREC)
+    gam = tl.exp(Gl)
+    if HAS_COMMIT:
+        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+        if DECAY_UNCOMMITTED:
+            S = gam * S + m * dS
+        else:
+            S = (m * gam + 1.0 - m) * S + m * dS
+    else:
+        S = gam * S + dS
+    return S
+
+
+@triton.jit
+def _state_fwd_kernel(
+    k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, S0_ptr,
+    states_ptr, vn_ptr, Sfin_ptr,
+    T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, HAS_S0: tl.constexpr, STORE_FINAL: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr,
+    PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
+):
+    """Sequential chunk recurrence for one V tile: stores S_n (chunk start states), vn, and the final state.
+
+    WHILE_LOOP (interpreter only): a runtime-bounded ``for`` needs ``int()`` of a 1-element array there, which
+    NumPy >= 2.4 refuses; the compiled kernel uses the ``for`` loop (software-pipelined loads)."""
+    pv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    kr = tl.arange(0, BKF)
+    km = kr < K
+    vc = pv * BV + tl.arange(0, BV)
+    vm = vc < V
+    kv_offs = kr[:, None] * V + vc[None, :]
+    kv_mask = km[:, None] & vm[None, :]
+    if HAS_S0:
+        S = tl.load(S0_ptr + bh * K * V + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BKF, BV], dtype=tl.float32)
+    if WHILE_LOOP:
+        n = 0
+        while n < N:
+            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr,
+                                bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+            n += 1
+    else:
+        for n in range(N):
+            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr,
+                                bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+    if STORE_FINAL:
+        tl.store(Sfin_ptr + bh * K * V + kv_offs, S, mask=kv_mask)
+
+
+@triton.jit
+def _output_kernel(
+    q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, states_ptr, vn_ptr, o_ptr,
+    scale, T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    pv = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    ti = tl.arange(0, C)
+    t = n * C + ti
+    tm = t < T
+    vc = pv * BV + tl.arange(0, BV)
+    vm = vc < V
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    qk_base = b * T * H * K + h * K
+    acc = tl.zeros([C, BV], dtype=tl.float32)
+    P = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kc = k0 + tl.arange(0, BK)
+        km = kc < K
+        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        msk = tm[:, None] & km[None, :]
+        qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
+        kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
+        P += tl.dot(qt, tl.trans(kt), input_precision=PREC)
+        Sk = tl.load(states_ptr + (bh * N + n) * K * V + kc[:, None] * V + vc[None, :],
+                     mask=km[:, None] & vm[None, :], other=0.0)
+        acc += tl.dot(qt * tl.exp(Gt)[:, None], Sk, input_precision=PREC)
+    incl = ti[:, None] >= ti[None, :]
+    D = tl.exp(tl.where(incl, Gt[:, None] - Gt[None, :], float("-inf")))
+    vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+    acc += tl.dot(P * D, vn, input_precision=PREC)
+    o = acc * scale
+    tl.store(o_ptr + b * T * H * V + h * V + t[:, None] * (H * V) + vc[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=tm[:, None] & vm[None, :])
+
+
+@triton.jit
+def _bwd_local_kernel(
+    q_ptr, k_ptr, do_ptr, G_ptr, rq_ptr, rk_ptr, vn_ptr,
+    dvl_ptr, dPD_ptr, dG_ptr,
+    scale, T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    """dvn_local = scale (P⊙D)ᵀ dO;  dPD = scale (dO vnᵀ) ⊙ D;  dG from D: rowsum(M) - colsum(M), M = dPD ⊙ P."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    ti = tl.arange(0, C)
+    t = n * C + ti
+    tm = t < T
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    qk_base = b * T * H * K + h * K
+    P = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kc = k0 + tl.arange(0, BK)
+        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        msk = tm[:, None] & (kc < K)[None, :]
+        qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
+        kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
+        P += tl.dot(qt, tl.trans(kt), input_precision=PREC)
+    incl = ti[:, None] >= ti[None, :]
+    D = tl.exp(tl.where(incl, Gt[:, None] - Gt[None, :], float("-inf")))
+    PD = P * D
+    dP = tl.zeros([C, C], dtype=tl.float32)
+    do_base = b * T * H * V + h * V
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        vm = (vc < V)[None, :]
+        dO = tl.load(do_ptr + do_base + t[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
+        dO = dO.to(tl.float32)
+        vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm, other=0.0)
+        dvl = tl.dot(tl.trans(PD), dO, input_precision=PREC) * scale
+        tl.store(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvl, mask=vm)
+        dP += tl.dot(dO, tl.trans(vn), input_precision=PREC)
+    dPD = dP * D * scale
+    tl.store(dPD_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :], dPD)
+    M = dPD * P
+    dG = tl.sum(M, 1) - tl.sum(M, 0)
+    tl.store(dG_ptr + bh * Tp + t, dG)
+
+
+@triton.jit
+def _state_bwd_step(
+    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr,
+    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
+):
+    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
+    t = n * C + tl.arange(0, C)
+    tm = t < T
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    offs = b * T * H * K + h * K + t[:, None] * (H * K) + kr[None, :]
+    msk = tm[:, None] & km[None, :]
+    kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
+    qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
+    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
+    dO = tl.load(do_ptr + b * T * H * V + h * V + t[:, None] * (H * V) + vc[None, :],
+                 mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
+    dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+    gam = tl.exp(Gl)
+    if HAS_COMMIT:
+        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+        if DECAY_UNCOMMITTED:
+            a = gam
+        else:
+            a = m * gam + 1.0 - m
+        dvn = dvl + m * tl.dot(kd, dS, input_precision=PREC)
+    else:
+        a = gam
+        dvn = dvl + tl.dot(kd, dS, input_precision=PREC)
+    tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
+    dS = (a * dS + scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
+          - tl.dot(tl.trans(wn), dvn, input_precision=PREC))
+    return dS
+
+
+@triton.jit
+def _state_bwd_kernel(
+    q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dSfin_ptr,
+    dh_ptr, dvn_ptr, dS0_ptr,
+    scale, T, H, N, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
+    WHILE_LOOP: tl.constexpr,
+):
+    """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
+    dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0."""
+    pv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    kr = tl.arange(0, BKF)
+    km = kr < K
+    vc = pv * BV + tl.arange(0, BV)
+    vm = vc < V
+    kv_offs = kr[:, None] * V + vc[None, :]
+    kv_mask = km[:, None] & vm[None, :]
+    if HAS_DSFIN:
+        dS = tl.load(dSfin_ptr + bh * K * V + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
+    else:
+        dS = tl.zeros([BKF, BV], dtype=tl.float32)
+    if WHILE_LOOP:
+        i = 0
+        while i < N:
+            dS = _state_bwd_step(N - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
+                                 dh_ptr, dvn_ptr, scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+                                 K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+            i += 1
+    else:
+        for i in range(N):
+            dS = _state_bwd_step(N - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
+                                 dh_ptr, dvn_ptr, scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+                                 K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+    tl.store(dS0_ptr + bh * K * V + kv_offs, dS, mask=kv_mask)
+
+
+@triton.jit
+def _bwd_k_kernel(
+    q_ptr, k_ptr, do_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, states_ptr, dh_ptr, vn_ptr, dvn_ptr,
+    dPD_ptr,
+    dqh_ptr, dkh_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr,
+    scale, T, H, N, Tp, NB,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, PREC: tl.constexpr,
+):
+    """One K slice of one chunk: dq̂, dk̂ (all but the A-term), and partial sums for dG, dβ, dX_w, ⟨dh, S⟩, dm."""
+    pk = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    ti = tl.arange(0, C)
+    t = n * C + ti
+    tm = t < T
+    kc = pk * BK + tl.arange(0, BK)
+    km = kc < K
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    beta = tl.load(beta_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    if HAS_COMMIT:
+        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+    else:
+        m = 1.0
+    offs = b * T * H * K + h * K + t[:, None] * (H * K) + kc[None, :]
+    msk = tm[:, None] & km[None, :]
+    Qk = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
+    Kk = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
+
+    dQt = tl.zeros([C, BK], dtype=tl.float32)
+    dw = tl.zeros([C, BK], dtype=tl.float32)
+    dKt = tl.zeros([C, BK], dtype=tl.float32)
+    sig = tl.zeros([BK], dtype=tl.float32)
+    do_base = b * T * H * V + h * V
+    st_base = (bh * N + n) * K * V
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        vm = vc < V
+        dO = tl.load(do_ptr + do_base + t[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :], other=0.0)
+        dO = dO.to(tl.float32)
+        rows = bh * Tp * V + t[:, None] * V + vc[None, :]
+        vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0)
+        dvn = tl.load(dvn_ptr + rows, mask=vm[None, :], other=0.0)
+        kv = st_base + kc[:, None] * V + vc[None, :]
+        kvm = km[:, None] & vm[None, :]
+        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0)
+        dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)
+        dQt += tl.dot(dO, tl.trans(Sk), input_precision=PREC)
+        dw -= tl.dot(dvn, tl.trans(Sk), input_precision=PREC)
+        dKt += tl.dot(vn, tl.trans(dhk), input_precision=PREC)
+        sig += tl.sum(Sk * dhk, 1)
+
+    dPD = tl.load(dPD_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :])
+    eG = tl.exp(Gt)
+    eL = tl.exp(Gl - Gt)
+    dQt = dQt * scale
+    dqh = eG[:, None] * dQt + tl.dot(dPD, Kk, input_precision=PREC)
+    dG = tl.sum(Qk * dQt, 1) * eG
+    dkh = tl.dot(tl.trans(dPD), Qk, input_precision=PREC)
+    kap = tl.sum(Kk * dKt, 1) * eL  # e^{G_last - G_t} k̂_t · (dS_end vn_t), this slice
+    dkh += (m * eL)[:, None] * dKt
+    dG -= m * kap
+    X = tl.load(X_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :])
+    dBw = tl.dot(tl.trans(X), dw, input_precision=PREC)
+    coef = beta * eG
+    dkh += coef[:, None] * dBw
+    t1 = tl.sum(Kk * dBw, 1) * eG
+    dG += beta * t1
+    dXw = tl.dot(dw, tl.trans(Kk * coef[:, None]), input_precision=PREC)
+
+    kq_rows = bh * Tp * K + t[:, None] * K + kc[None, :]
+    tl.store(dqh_ptr + kq_rows, dqh, mask=km[None, :])
+    tl.store(dkh_ptr + kq_rows, dkh, mask=km[None, :])
+    p_base = pk * NB + bh  # partial buffers are [n_k_tiles, B*H, ...]
+    tl.store(dGp_ptr + p_base * Tp + t, dG)
+    tl.store(dbp_ptr + p_base * Tp + t, t1)
+    tl.store(dXp_ptr + (p_base * N + n) * C * C + ti[:, None] * C + ti[None, :], dXw)
+    # scalars: [⟨dh, S⟩, Σ kap]
+    tl.store(scp_ptr + (p_base * N + n) * 2, tl.sum(sig, 0))
+    tl.store(scp_ptr + (p_base * N + n) * 2 + 1, tl.sum(kap, 0))
+
+
+@triton.jit
+def _bwd_finish_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, dvn_ptr,
+    dqh_ptr, dkh_ptr, dGloc_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dm_ptr,
+    T, H, N, Tp, NB,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKT: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, USE_L2: tl.constexpr, PREC: tl.constexpr,
+):
+    n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    ti = tl.arange(0, C)
+    t = n * C + ti
+    tm = t < T
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    beta = tl.load(beta_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    if HAS_COMMIT:
+        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+    else:
+        m = 1.0
+    cc = ti[:, None] * C + ti[None, :]
+
+    # partial sums of the K slices
+    dG = tl.load(dGloc_ptr + bh * Tp + t)
+    db_w = tl.zeros([C], dtype=tl.float32)
+    dX = tl.zeros([C, C], dtype=tl.float32)
+    two = tl.arange(0, 2)
+    sc = tl.zeros([2], dtype=tl.float32)
+    for pk in range(NKT):
+        p_base = pk * NB + bh
+        dG += tl.load(dGp_ptr + p_base * Tp + t)
+        db_w += tl.load(dbp_ptr + p_base * Tp + t)
+        dX += tl.load(dXp_ptr + (p_base * N + n) * C * C + cc)
+        sc += tl.load(scp_ptr + (p_base * N + n) * 2 + two)
+    sig = tl.sum(tl.where(two == 0, sc, 0.0), 0)  # ⟨dS_end, S_start⟩
+    kap = tl.sum(tl.where(two == 1, sc, 0.0), 0)  # ⟨dS_end, ΔS⟩
+    dbeta = db_w
+
+    X = tl.load(X_ptr + (bh * N + n) * C * C + cc)
+    v_base = b * T * H * V + h * V
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        vm = vc < V
+        io = v_base + t[:, None] * (H * V) + vc[None, :]
+        iom = tm[:, None] & vm[None, :]
+        vt = tl.load(v_ptr + io, mask=iom, other=0.0).to(tl.float32)
+        dvn = tl.load(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+        dX += tl.dot(dvn, tl.trans(vt * beta[:, None]), input_precision=PREC)
+        dBu = tl.dot(tl.trans(X), dvn, input_precision=PREC)
+        tl.store(dv_ptr + io, (dBu * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=iom)
+        dbeta += tl.sum(vt * dBu, 1)
+
+    strict = ti[:, None] > ti[None, :]
+    dA = -tl.dot(tl.dot(tl.trans(X), dX, input_precision=PREC), tl.trans(X), input_precision=PREC)
+    E = tl.exp(tl.where(strict, Gt[:, None] - Gt[None, :], float("-inf")))
+    dAE = tl.where(strict, dA, 0.0) * E
+
+    qk_base = b * T * H * K + h * K
+    KK = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kc = k0 + tl.arange(0, BK)
+        kt = tl.load(k_ptr + qk_base + t[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & (kc < K)[None, :],
+                     other=0.0).to(tl.float32) * rk[:, None]
+        KK += tl.dot(kt, tl.trans(kt), input_precision=PREC)
+    dbeta += tl.sum(dAE * KK, 1)
+    R = dAE * KK * beta[:, None]
+    dG += tl.sum(R, 1) - tl.sum(R, 0)
+    dKK = dAE * beta[:, None]
+
+    gam = tl.exp(Gl)
+    dGlast = m * kap
+    if HAS_COMMIT:
+        if DECAY_UNCOMMITTED:
+            dGlast += gam * sig
+            dm = kap
+        else:
+            dGlast += m * gam * sig
+            dm = kap + (gam - 1.0) * sig
+        tl.store(dm_ptr + (b * N + n) * H + h, dm)
+    else:
+        dGlast += gam * sig
+    dG += tl.where(ti == C - 1, dGlast, 0.0)
+    dg = tl.cumsum(dG, axis=0, reverse=True)
+    tl.store(dg_ptr + (b * T + t) * H + h, dg, mask=tm)
+    tl.store(dbeta_ptr + (b * T + t) * H + h, dbeta, mask=tm)
+
+    # dk̂ += (dKK + dKKᵀ) k̂, then the l2-norm backward: dk = r (dk̂ - k̂ (k̂·dk̂)); the same for q.
+    kdot = tl.zeros([C], dtype=tl.float32)
+    qdot = tl.zeros([C], dtype=tl.float32)
+    if USE_L2:
+        for k0 in range(0, K, BK):
+            kc = k0 + tl.arange(0, BK)
+            km = kc < K
+            offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+            msk = tm[:, None] & km[None, :]
+            kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
+            qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
+            rows = bh * Tp * K + t[:, None] * K + kc[None, :]
+            dkh = tl.load(dkh_ptr + rows, mask=km[None, :], other=0.0)
+            dkh += tl.dot(dKK, kt, input_precision=PREC) + tl.dot(tl.trans(dKK), kt, input_precision=PREC)
+            dqh = tl.load(dqh_ptr + rows, mask=km[None, :], other=0.0)
+            kdot += tl.sum(kt * dkh, 1)
+            qdot += tl.sum(qt * dqh, 1)
+    for k0 in range(0, K, BK):
+        kc = k0 + tl.arange(0, BK)
+        km = kc < K
+        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        msk = tm[:, None] & km[None, :]
+        kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
+        qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
+        rows = bh * Tp * K + t[:, None] * K + kc[None, :]
+        dkh = tl.load(dkh_ptr + rows, mask=km[None, :], other=0.0)
+        dkh += tl.dot(dKK, kt, input_precision=PREC) + tl.dot(tl.trans(dKK), kt, input_precision=PREC)
+        dqh = tl.load(dqh_ptr + rows, mask=km[None, :], other=0.0)
+        if USE_L2:
+            dkh = rk[:, None] * (dkh - kt * kdot[:, None])
+            dqh = rq[:, None] * (dqh - qt * qdot[:, None])
+        tl.store(dk_ptr + offs, dkh.to(dk_ptr.dtype.element_ty), mask=msk)
+        tl.store(dq_ptr + offs, dqh.to(dq_ptr.dtype.element_ty), mask=msk)
