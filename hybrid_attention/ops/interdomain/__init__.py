@@ -1,6 +1,7 @@
 """Interdomain Attention core op: o_t = Re(q_tᵀ U_tᵀ Γ_t) over a complex diagonal S4D state (see naive.py).
 
-Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form) and "auto".
+Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form), "triton" (chunked Triton
+kernels, ``hybrid_attention.ops.interdomain.triton``) and "auto".
 """
 
 from __future__ import annotations
@@ -9,10 +10,16 @@ import torch
 
 from .chunk import chunk_interdomain, validate_chunk_size
 from .naive import naive_interdomain
+from .triton import HAS_TRITON, triton_interdomain
 
-__all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "BACKENDS"]
+__all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "triton_interdomain", "BACKENDS"]
 
-BACKENDS = ("auto", "reference", "naive")
+BACKENDS = ("auto", "reference", "naive", "triton")
+
+
+def _auto_uses_triton(*tensors: torch.Tensor) -> bool:
+    """Whether backend "auto" runs the Triton kernels: CUDA tensors, triton importable, no float64 input."""
+    return HAS_TRITON and all(t.is_cuda for t in tensors) and not any(t.dtype == torch.float64 for t in tensors)
 
 
 def interdomain(
@@ -35,11 +42,12 @@ def interdomain(
     C ``[H, M, M]`` complex; initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``) complex.
     Returns ``(o [B, T, H, D] in q.dtype, final_state or None)``. See ``naive_interdomain`` for the definition.
 
-    ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "auto" currently also
-    runs the chunk-parallel PyTorch form, on every device, because it is the only chunked implementation that exists.
+    ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
+    kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
+    when triton imports and no input is float64, else "reference".
     """
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', got {backend!r}")
+        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', 'triton', got {backend!r}")
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if backend == "naive":
         return naive_interdomain(
@@ -52,6 +60,19 @@ def interdomain(
             denominator=denominator,
             initial_state=initial_state,
             output_final_state=output_final_state,
+        )
+    if backend == "triton" or (backend == "auto" and _auto_uses_triton(q, k, v)):
+        return triton_interdomain(
+            q,
+            k,
+            v,
+            log_lam,
+            B,
+            C,
+            denominator=denominator,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            chunk_size=chunk_size,
         )
     return chunk_interdomain(
         q,

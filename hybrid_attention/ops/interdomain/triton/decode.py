@@ -1,0 +1,166 @@
+"""Fused single-token decode step of the Interdomain core (state update + readout), one Triton launch.
+
+Per (b, h), with K = Cᵀ C precomputed once (``decode_params``)::
+
+    X^k ← λ ⊙ X^k + B k_tᵀ,   X^v ← λ ⊙ X^v + B v_tᵀ        (the recurrence of naive.py)
+    p = X^k q_t ∈ C^M,   r = K p ∈ C^M,   o_t = Re(rᵀ X^v) ∈ R^D   (= Re(q_tᵀ U_tᵀ Γ_t), see chunk.py)
+
+Cost O(M(R+D) + M²) per head instead of the O(M²(R+D)) of forming U and Γ. The state is updated IN PLACE (complex64
+buffer [B, H, M, R+D(+1)]), and the output can be written into a caller-provided buffer, so the step captures into a
+CUDA graph with static buffers; its cost does not depend on the context length. Inference only (no autograd).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..naive import safe_divide
+
+__all__ = ["decode_params", "interdomain_decode_step"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _decode_kernel(
+    q,
+    k,
+    v,
+    o,
+    lam,
+    Bp,
+    Kp,
+    X,
+    H,
+    M,
+    R,
+    D,
+    BR: tl.constexpr,
+    BD: tl.constexpr,
+    BM: tl.constexpr,
+):
+    i_bh = tl.program_id(0).to(tl.int64)
+    h = i_bh % H
+    NC = R + D
+    offs_m = tl.arange(0, BM)
+    offs_r = tl.arange(0, BR)
+    offs_d = tl.arange(0, BD)
+    mask_m = offs_m < M
+    mask_r = offs_r < R
+    mask_d = offs_d < D
+    # λ, B: interleaved complex64 [H, M, 2]; K: planar [H, 2, M, M]; X: interleaved complex64 [B*H, M, NC, 2]
+    l_re = tl.load(lam + (h * M + offs_m) * 2, mask=mask_m, other=0.0)
+    l_im = tl.load(lam + (h * M + offs_m) * 2 + 1, mask=mask_m, other=0.0)
+    b_re = tl.load(Bp + (h * M + offs_m) * 2, mask=mask_m, other=0.0)
+    b_im = tl.load(Bp + (h * M + offs_m) * 2 + 1, mask=mask_m, other=0.0)
+    qv = tl.load(q + i_bh * R + offs_r, mask=mask_r, other=0.0).to(tl.float32)
+    kv = tl.load(k + i_bh * R + offs_r, mask=mask_r, other=0.0).to(tl.float32)
+    vv = tl.load(v + i_bh * D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    xb = X + i_bh * M * NC * 2
+    # key half
+    km = mask_m[:, None] & mask_r[None, :]
+    kofs = (offs_m[:, None] * NC + offs_r[None, :]) * 2
+    xk_re = tl.load(xb + kofs, mask=km, other=0.0)
+    xk_im = tl.load(xb + kofs + 1, mask=km, other=0.0)
+    nk_re = l_re[:, None] * xk_re - l_im[:, None] * xk_im + b_re[:, None] * kv[None, :]
+    nk_im = l_re[:, None] * xk_im + l_im[:, None] * xk_re + b_im[:, None] * kv[None, :]
+    tl.store(xb + kofs, nk_re, mask=km)
+    tl.store(xb + kofs + 1, nk_im, mask=km)
+    p_re = tl.sum(nk_re * qv[None, :], axis=1)
+    p_im = tl.sum(nk_im * qv[None, :], axis=1)
+    # r = K p  (K[m, n] rows m, columns n)
+    mm = mask_m[:, None] & mask_m[None, :]
+    kk_off = h * 2 * M * M + offs_m[:, None] * M + offs_m[None, :]
+    kk_re = tl.load(Kp + kk_off, mask=mm, other=0.0)
+    kk_im = tl.load(Kp + kk_off + M * M, mask=mm, other=0.0)
+    r_re = tl.sum(kk_re * p_re[None, :] - kk_im * p_im[None, :], axis=1)
+    r_im = tl.sum(kk_re * p_im[None, :] + kk_im * p_re[None, :], axis=1)
+    # value half
+    vm = mask_m[:, None] & mask_d[None, :]
+    vofs = (offs_m[:, None] * NC + R + offs_d[None, :]) * 2
+    xv_re = tl.load(xb + vofs, mask=vm, other=0.0)
+    xv_im = tl.load(xb + vofs + 1, mask=vm, other=0.0)
+    nv_re = l_re[:, None] * xv_re - l_im[:, None] * xv_im + b_re[:, None] * vv[None, :]
+    nv_im = l_re[:, None] * xv_im + l_im[:, None] * xv_re + b_im[:, None] * vv[None, :]
+    tl.store(xb + vofs, nv_re, mask=vm)
+    tl.store(xb + vofs + 1, nv_im, mask=vm)
+    out = tl.sum(r_re[:, None] * nv_re - r_im[:, None] * nv_im, axis=0)
+    tl.store(o + i_bh * D + offs_d, out.to(o.dtype.element_ty), mask=mask_d)
+
+
+def decode_params(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(λ, B, K) in the decode kernel's layouts: λ = exp(log λ) and B as complex64 [H, M] (interleaved), K = Cᵀ C as a
+    planar float32 [H, 2, M, M]. Compute once per model/layer and pass as ``params`` to every step."""
+    lam = torch.exp(log_lam.to(torch.complex128)).to(torch.complex64).contiguous()
+    Bc = B.to(torch.complex64).contiguous()
+    Cc = C.to(torch.complex64)
+    Kc = torch.einsum("hnm,hnk->hmk", Cc, Cc)
+    kk = torch.stack([Kc.real, Kc.imag], dim=1).contiguous()
+    return lam, Bc, kk
+
+
+@torch.no_grad()
+def interdomain_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_lam: torch.Tensor | None,
+    B: torch.Tensor | None,
+    C: torch.Tensor | None,
+    state: torch.Tensor,
+    *,
+    denominator: bool = False,
+    params: tuple[torch.Tensor, ...] | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: q, k ``[B, H, R]``, v ``[B, H, D]``; state ``[B, H, M, R + D (+1)]`` complex64, updated in place and
+    returned. Returns ``(o [B, H, D] in q.dtype (or ``out``), state)``. Equals ``naive_interdomain`` with T = 1 and
+    ``initial_state=state``. ``params`` = ``decode_params(log_lam, B, C)`` skips recomputing λ and K = Cᵀ C (then
+    log_lam, B, C may be None)."""
+    if state.dtype != torch.complex64 or not state.is_contiguous():
+        raise ValueError("state must be a contiguous complex64 tensor [B, H, M, R + D (+1)] (it is updated in place)")
+    if params is None:
+        params = decode_params(log_lam, B, C)
+    lam, Bc, kk = params
+    Bsz, H, R = q.shape
+    D = v.shape[-1]
+    M = lam.shape[-1]
+    if denominator:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    Dv = v.shape[-1]
+    if tuple(state.shape) != (Bsz, H, M, R + Dv):
+        raise ValueError(f"state must be [B, H, M, R + D{' + 1' if denominator else ''}], got {tuple(state.shape)}")
+    o = (
+        out
+        if (out is not None and not denominator)
+        else torch.empty(Bsz, H, Dv, device=q.device, dtype=torch.float32 if denominator else q.dtype)
+    )
+    _decode_kernel[(Bsz * H,)](
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        o,
+        torch.view_as_real(lam),
+        torch.view_as_real(Bc),
+        kk,
+        torch.view_as_real(state),
+        H,
+        M,
+        R,
+        Dv,
+        BR=max(16, triton.next_power_of_2(R)),
+        BD=max(16, triton.next_power_of_2(Dv)),
+        BM=max(16, triton.next_power_of_2(M)),
+        num_warps=4,
+    )
+    if denominator:
+        res = safe_divide(o[..., :D], o[..., D:]).to(q.dtype)
+        if out is not None:
+            out.copy_(res)
+            res = out
+        return res, state
+    return o, state

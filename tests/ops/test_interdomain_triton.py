@@ -1,0 +1,215 @@
+"""Triton backend of the Interdomain core vs the float64 reference (chunk form), forward and every gradient.
+
+Runs the kernels through the Triton interpreter on CPU (TRITON_INTERPRET=1 is set here when no GPU is present, before
+the kernels are imported), in float32 at tiny shapes; on a CUDA machine the same tests run compiled. Skipped when
+triton does not import.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hybrid_attention.ops.interdomain import chunk_interdomain, interdomain  # noqa: E402
+from hybrid_attention.ops.interdomain.triton import HAS_TRITON  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
+
+if HAS_TRITON:
+    from hybrid_attention.ops.interdomain.triton import triton_interdomain
+    from hybrid_attention.ops.interdomain.triton.decode import interdomain_decode_step
+
+F64, C128 = torch.float64, torch.complex128
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 1e-4  # relative L2 error, float32 kernels vs float64 reference (tf32 matmuls on a GPU: see GPU_TOL)
+GPU_TOL = 2e-3
+
+
+def _tol() -> float:
+    return GPU_TOL if DEV == "cuda" else TOL
+
+
+def make_params(H, M, g, *, re_min=-5.0, im_max=50.0, dominant=False):
+    log_re = torch.empty(H, M, dtype=F64).uniform_(math.log(1e-3), math.log(-re_min), generator=g)
+    re = -torch.exp(log_re)
+    im = torch.empty(H, M, dtype=F64).uniform_(-im_max, im_max, generator=g)
+    if M >= 2:
+        re[:, 0], re[:, 1] = re_min, -1e-3
+    log_lam = torch.complex(re, im)
+    B = 0.3 * torch.randn(H, M, dtype=C128, generator=g)
+    C = torch.randn(H, M, M, dtype=C128, generator=g) / math.sqrt(M)
+    if dominant:
+        log_lam[:, 0], B[:, 0], C[:, 0, 0] = -1e-3, 1.0, 3.0
+    return log_lam, B, C
+
+
+def make_inputs(Bsz, T, H, R, D, g, *, positive=False):
+    q = torch.randn(Bsz, T, H, R, dtype=F64, generator=g)
+    k = torch.randn(Bsz, T, H, R, dtype=F64, generator=g)
+    v = torch.randn(Bsz, T, H, D, dtype=F64, generator=g)
+    if positive:
+        q, k = q.abs(), k.abs()
+    q = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-6)
+    return q, k, v
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.detach().cpu().to(b.dtype)
+    b = b.detach().cpu()
+    if b.numel() == 0:
+        return 0.0
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=True, denominator=False, **pkw):
+    """Returns {name: (triton value, float64 reference)} for o, the final state and all 7 gradients."""
+    g = torch.Generator().manual_seed(seed)
+    log_lam, B, C = make_params(H, M, g, **pkw)
+    q, k, v = make_inputs(Bsz, T, H, R, D, g, positive=denominator)
+    n_ch = R + D + (1 if denominator else 0)
+    X0 = torch.randn(Bsz, H, M, n_ch, dtype=C128, generator=g) if with_state else None
+    do = torch.randn(Bsz, T, H, D, dtype=F64, generator=g)
+    dfin = torch.randn(Bsz, H, M, n_ch, dtype=C128, generator=g)
+    names = ["q", "k", "v", "log_lam", "B", "C"] + (["X0"] if with_state else [])
+    base = [q, k, v, log_lam, B, C] + ([X0] if with_state else [])
+
+    def run(fn, tensors):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        init = leaves[6] if with_state else None
+        o, fin = fn(*leaves[:6], denominator=denominator, initial_state=init, output_final_state=with_final)
+        loss = (o.to(do.dtype) * do.to(o.device, o.dtype).to(do.dtype)).sum()
+        if with_final:
+            loss = loss + (fin.conj() * dfin.to(fin.device, fin.dtype)).real.sum()
+        grads = torch.autograd.grad(loss, leaves)
+        return o, fin, grads
+
+    o_ref, fin_ref, g_ref = run(lambda *a, **kw: chunk_interdomain(*a, chunk_size=8, **kw), base)
+    f32 = [t.to(DEV, torch.complex64 if t.is_complex() else torch.float32) for t in base]
+    o, fin, gr = run(lambda *a, **kw: triton_interdomain(*a, chunk_size=chunk, **kw), f32)
+    out = {"o": (o, o_ref)}
+    if with_final:
+        out["final"] = (fin, fin_ref)
+    for n, a, b in zip(names, gr, g_ref):
+        out["d" + n] = (a, b)
+    return out
+
+
+@pytest.mark.parametrize(
+    "Bsz,T,H,R,D,M,chunk",
+    [
+        (1, 1, 2, 16, 16, 16, 16),
+        (2, 7, 1, 16, 16, 16, 16),
+        (1, 33, 2, 16, 16, 16, 16),
+        (1, 33, 1, 16, 16, 16, 32),  # two sub-chunks: exercises the factorised cross-sub-chunk matmuls
+        (2, 70, 2, 12, 20, 10, 32),  # non-power-of-two R, D, M; partial last chunk
+    ],
+)
+def test_matches_float64_reference(Bsz, T, H, R, D, M, chunk):
+    res = run_both(Bsz, T, H, R, D, M, chunk, seed=1000 + T * 7 + chunk)
+    for name, (a, b) in res.items():
+        assert a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_no_state_no_final():
+    res = run_both(1, 40, 1, 16, 16, 16, 32, seed=7, with_state=False, with_final=False)
+    assert set(res) == {"o", "dq", "dk", "dv", "dlog_lam", "dB", "dC"}
+    for name, (a, b) in res.items():
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_fast_and_oscillating_modes_stay_finite():
+    """Re log λ down to -80 (λ^{-s} would overflow float32 after one token) and |Im log λ| up to 1000."""
+    res = run_both(1, 40, 1, 16, 16, 16, 32, seed=11, re_min=-80.0, im_max=1000.0)
+    for name, (a, b) in res.items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < 10 * _tol(), (name, rel(a, b))
+
+
+def test_denominator():
+    res = run_both(1, 20, 1, 16, 16, 16, 16, seed=5, denominator=True, dominant=True)
+    for name, (a, b) in res.items():
+        assert rel(a, b) < 10 * _tol(), (name, rel(a, b))
+
+
+def test_chunk_size_invariance_and_dispatch():
+    g = torch.Generator().manual_seed(3)
+    log_lam, B, C = make_params(2, 16, g)
+    q, k, v = make_inputs(1, 37, 2, 16, 16, g)
+    args = [t.to(DEV, torch.complex64 if t.is_complex() else torch.float32) for t in (q, k, v, log_lam, B, C)]
+    o16, f16 = triton_interdomain(*args, chunk_size=16, output_final_state=True)
+    o32, f32 = interdomain(*args, chunk_size=32, output_final_state=True, backend="triton")
+    o_odd = triton_interdomain(*args, chunk_size=20)[0]  # not a power of two: the kernels use 64
+    assert rel(o16, o32) < _tol() and rel(f16, f32) < _tol() and rel(o_odd, o32) < _tol()
+    with pytest.raises(ValueError, match="float64"):
+        interdomain(q, k, v, log_lam, B, C, backend="triton")
+    auto = interdomain(q, k, v, log_lam, B, C, backend="auto")[0]  # float64: auto keeps the reference
+    assert torch.equal(auto, chunk_interdomain(q, k, v, log_lam, B, C)[0])
+
+
+def test_low_precision_activations():
+    """fp16 activations: output in fp16, state math in float32 (bf16 runs on the GPU benchmark)."""
+    g = torch.Generator().manual_seed(9)
+    log_lam, B, C = make_params(1, 16, g)
+    q, k, v = make_inputs(1, 24, 1, 16, 16, g)
+    q16, k16, v16 = (t.to(DEV, torch.float16) for t in (q, k, v))
+    o, fin = triton_interdomain(q16, k16, v16, log_lam, B.to(DEV), C.to(DEV), output_final_state=True)
+    o_ref, fin_ref = chunk_interdomain(
+        q16.double().cpu(), k16.double().cpu(), v16.double().cpu(), log_lam, B, C, output_final_state=True
+    )
+    assert o.dtype == torch.float16 and fin.dtype == torch.complex64
+    assert rel(o.float(), o_ref) < 2e-3 and rel(fin, fin_ref) < 1e-4
+
+
+def test_empty_sequence():
+    g = torch.Generator().manual_seed(2)
+    log_lam, B, C = make_params(1, 16, g)
+    X0 = torch.randn(1, 1, 16, 32, dtype=torch.complex64, generator=g).to(DEV)
+    q = torch.zeros(1, 0, 1, 16, device=DEV)
+    o, fin = triton_interdomain(
+        q, q, q, log_lam.to(DEV), B.to(DEV), C.to(DEV), initial_state=X0, output_final_state=True
+    )
+    assert o.shape == (1, 0, 1, 16) and torch.equal(fin, X0)
+
+
+def test_decode_step_matches_reference():
+    """One-token decode steps (state update + readout) continue a prefilled state exactly like the sequence op."""
+    g = torch.Generator().manual_seed(21)
+    H, R, D, M = 2, 16, 16, 16
+    log_lam, B, C = make_params(H, M, g)
+    q, k, v = make_inputs(2, 12, H, R, D, g)
+    o_ref, fin_ref = chunk_interdomain(q, k, v, log_lam, B, C, output_final_state=True)
+    to32 = [t.to(DEV, torch.complex64 if t.is_complex() else torch.float32) for t in (q, k, v, log_lam, B, C)]
+    q32, k32, v32, ll32, B32, C32 = to32
+    _, state = triton_interdomain(q32[:, :5], k32[:, :5], v32[:, :5], ll32, B32, C32, output_final_state=True)
+    outs = []
+    for t in range(5, 12):
+        o_t, state = interdomain_decode_step(q32[:, t], k32[:, t], v32[:, t], ll32, B32, C32, state)
+        outs.append(o_t)
+    assert rel(torch.stack(outs, dim=1), o_ref[:, 5:]) < _tol()
+    assert rel(state, fin_ref) < _tol()
+
+
+def test_custom_op_opcheck():
+    """Schema, fake (meta) implementation and autograd registration of the registered forward op."""
+    from hybrid_attention.ops.interdomain.triton.ops import interdomain_fwd_op
+
+    g = torch.Generator().manual_seed(4)
+    H, M, R, D = 1, 16, 16, 16
+    q, k, v = (torch.randn(1, 9, H, n, generator=g).to(DEV).requires_grad_() for n in (R, R, D))
+    ll = torch.stack([-torch.rand(H, M, generator=g), torch.randn(H, M, generator=g)], 1).to(DEV).requires_grad_()
+    bb = torch.randn(H, 2, M, generator=g).to(DEV).requires_grad_()
+    kk = (0.2 * torch.randn(H, 2, M, M, generator=g)).to(DEV).requires_grad_()
+    init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
+    torch.library.opcheck(
+        interdomain_fwd_op,
+        (q, k, v, ll, bb, kk, init, 16, False, True),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
