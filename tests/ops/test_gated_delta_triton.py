@@ -139,3 +139,46 @@ def test_bf16_inputs_run_and_stay_close():
                                      chunk_size=16, initial_state=S0.double().cpu(), output_final_state=True)
     assert o.dtype == torch.bfloat16
     assert rel(o.cpu(), ref_o) < 1e-2 and rel(s.cpu(), ref_s) < 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# chunk attention (the NAtS-L softmax branch): block-sparse Triton kernels vs the dense float64 oracle
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    """Relative error norm; absolute when the reference norm is below 1 (e.g. dq of a single token is exactly 0)."""
+    den = max(b.double().norm().item(), 1.0)
+    return (a.double().cpu() - b.double()).norm().item() / den < tol
+
+
+@pytest.mark.parametrize(
+    "B,T,Hs,G,C,frac,bias",
+    [
+        (2, 33, 4, 2, 16, 0.5, True),
+        (1, 70, 2, 1, 16, 1.0, True),
+        (1, 70, 2, 2, 16, 0.0, True),
+        (1, 1, 2, 2, 16, 0.5, True),
+        (2, 100, 4, 2, 16, 0.3, True),
+        (1, 100, 2, 2, 32, 0.6, False),
+    ],
+)
+def test_chunk_attention_triton_matches_dense(B, T, Hs, G, C, frac, bias):
+    from hybrid_attention.ops.chunk_attention import chunk_attention
+
+    gen = torch.Generator().manual_seed(T + 17 * Hs)
+    q, k = torch.randn(B, T, Hs, 16, generator=gen), torch.randn(B, T, Hs, 16, generator=gen)
+    v = torch.randn(B, T, Hs, 32, generator=gen)
+    N = math.ceil(T / C)
+    routing = torch.rand(B, N, Hs // G, generator=gen) < frac
+    rb = 0.3 * torch.randn(B, N, Hs // G, generator=gen) if bias else None  # nonzero bias: forward effect too
+    do = torch.randn(B, T, Hs, 32, generator=gen)
+    res = []
+    for backend, dtype, dev in (("triton", torch.float32, DEVICE), ("naive", torch.float64, "cpu")):
+        xs = [x.detach().to(dev, dtype).clone().requires_grad_() for x in (q, k, v)]
+        b_ = rb.detach().to(dev, dtype).clone().requires_grad_() if bias else None
+        o = chunk_attention(*xs, routing.to(dev), chunk_size=C, group_size=G, routing_bias=b_, backend=backend)
+        (o * do.to(dev, dtype)).sum().backward()
+        res.append([o] + [x.grad for x in xs] + ([b_.grad] if bias else []))
+    for name, a, b in zip(["o", "dq", "dk", "dv", "d_routing_bias"], *res):
+        assert torch.isfinite(a).all(), name
+        assert _close(a, b, TOL), name

@@ -11,6 +11,7 @@ import torch
 
 from .chunk import chunk_chunk_attention
 from .flex import FLEX_AVAILABLE, build_chunk_block_mask, flex_chunk_attention
+from .gpu import TRITON_AVAILABLE, triton_chunk_attention, triton_chunk_attention_supported
 from .naive import naive_chunk_attention
 
 __all__ = [
@@ -18,12 +19,13 @@ __all__ = [
     "chunk_chunk_attention",
     "naive_chunk_attention",
     "flex_chunk_attention",
+    "triton_chunk_attention",
     "build_chunk_block_mask",
     "FLEX_AVAILABLE",
     "BACKENDS",
 ]
 
-BACKENDS = ("auto", "reference", "naive", "flex")
+BACKENDS = ("auto", "reference", "naive", "flex", "triton")
 
 
 def chunk_attention(
@@ -40,14 +42,20 @@ def chunk_attention(
 ) -> torch.Tensor:
     """Chunk attention. q, k ``[B, T, Hs, Dk]``, v ``[B, T, Hs, Dv]``, routing / routing_bias ``[B, N, Hs // G]``.
 
-    Returns ``o [B, T, Hs, Dv]``. backend: ``"auto"`` / ``"reference"`` -> the memory-lean chunk loop (exact,
-    differentiable everywhere); ``"naive"`` -> dense T×T oracle; ``"flex"`` -> FlexAttention (inference on GPU;
-    its backward does not run on CPU).
+    Returns ``o [B, T, Hs, Dv]``. backend: ``"reference"`` -> the memory-lean chunk loop (exact, differentiable
+    everywhere); ``"naive"`` -> dense T×T oracle; ``"flex"`` -> FlexAttention (GPU; its backward does not run on
+    CPU); ``"triton"`` -> the block-sparse Triton kernels of ``gpu.py`` (forward + backward incl. the routing-bias
+    gradient; CUDA, or CPU under ``TRITON_INTERPRET=1``).
 
-    Decision: ``"auto"`` stays on the reference form for now; it is the only form whose backward runs on every
-    device. A GPU kernel will be selected here once it exists.
+    Decision: ``"auto"`` picks the Triton kernels for CUDA inputs they support (not float64, chunk_size in
+    {16, 32, 64, 128}, head dims <= 256) and the reference form otherwise.
     """
-    if backend in ("auto", "reference"):
+    if backend == "auto":
+        use_triton = TRITON_AVAILABLE and q.is_cuda and triton_chunk_attention_supported(q, v, chunk_size)
+        fn = triton_chunk_attention if use_triton else chunk_chunk_attention
+    elif backend == "triton":
+        fn = triton_chunk_attention
+    elif backend == "reference":
         fn = chunk_chunk_attention
     elif backend == "naive":
         fn = naive_chunk_attention
