@@ -9,7 +9,7 @@ Overflow-free factorisation (sub-chunking). A chunk is split into sub-chunks of 
 (first row b_i) and a column s < b_i (an earlier sub-chunk), λ^{t-s} = λ^{t-b_i} · λ^{b_i-s} with BOTH exponents
 >= 0, so both factors have modulus <= 1 and the cross terms are two tensor-core matmuls
 (``S[:, :b_i] @ G_i`` with G_i[s] = λ^{b_i-s}, then a row scaling by A[t] = λ^{t-b_i}). The diagonal block (s and t
-in the same sub-chunk) uses the pairwise decay table directly: a static loop over the offset d = t - s in [0, BC)
+in the same sub-chunk) uses the pairwise decay table directly: a loop over the offset d = t - s in [0, BC)
 that adds S[t, t-d] · λ^d. No negative power of λ is ever formed, so fast modes (Re log λ << 0) underflow to 0, their
 exact limit, instead of overflowing. All decay/state arithmetic is float32 (complex as real pairs); matmuls with
 float32 operands use ``DOT_PREC`` (tf32 on the GPU by default).
@@ -236,6 +236,7 @@ def _chunk_fwd(
     BD: tl.constexpr,
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    LP_DOT: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -268,7 +269,7 @@ def _chunk_fwd(
     a_re = tl.load(ptab + offs_tc[:, None] * M + offs_m[None, :], mask=am, other=0.0)
     a_im = tl.load(ptab + LP * M + offs_tc[:, None] * M + offs_m[None, :], mask=am, other=0.0)
 
-    for i in tl.static_range(BT // BC):
+    for i in range(BT // BC):
         bi = i * BC
         t_abs = bi + offs_tc
         row_ok = t_abs < Lj
@@ -279,7 +280,11 @@ def _chunk_fwd(
             q_base + t_abs[:, None] * (H * R) + offs_r[None, :], mask=row_ok[:, None] & mask_r[None, :], other=0.0
         )
         causal = (offs_s[None, :] <= t_abs[:, None]) & row_ok[:, None] & col_ok[None, :]
-        S = tl.where(causal, tl.dot(qi, tl.trans(kc)), 0.0)
+        if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
+            S = tl.dot(qi, tl.trans(kc))
+        else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
+            S = tl.dot(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
+        S = tl.where(causal, S, 0.0)
         cross = offs_s < bi
         Sx = tl.where(cross[None, :], S, 0.0)
         gm = cross[:, None] & am
@@ -289,7 +294,7 @@ def _chunk_fwd(
         y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
         y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
         pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
-        for d in tl.static_range(BC):
+        for d in range(BC):
             sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
             sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
             pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
@@ -319,7 +324,7 @@ def _chunk_fwd(
         W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
             ra_im, tl.trans(g_im), input_precision=DOT_PREC
         )
-        for d in tl.static_range(BC):
+        for d in range(BC):
             sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
             pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
             pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
@@ -371,6 +376,7 @@ def _chunk_bwd(
     BD: tl.constexpr,
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    LP_DOT: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -415,7 +421,7 @@ def _chunk_bwd(
     gl_re = tl.zeros([BM], dtype=tl.float32)
     gl_im = tl.zeros([BM], dtype=tl.float32)
 
-    for i in tl.static_range(BT // BC):
+    for i in range(BT // BC):
         bi = i * BC
         t_abs = bi + offs_tc
         row_ok = t_abs < Lj
@@ -426,7 +432,11 @@ def _chunk_bwd(
         )
         qi = tl.load(q + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], mask=rmask_r, other=0.0)
         causal = (offs_s[None, :] <= t_abs[:, None]) & row_ok[:, None] & col_ok[None, :]
-        S = tl.where(causal, tl.dot(qi, tl.trans(kc)), 0.0)
+        if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
+            S = tl.dot(qi, tl.trans(kc))
+        else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
+            S = tl.dot(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
+        S = tl.where(causal, S, 0.0)
         cross = offs_s < bi
         Sx = tl.where(cross[None, :], S, 0.0)
         gm = cross[:, None] & am
@@ -442,7 +452,7 @@ def _chunk_bwd(
         ptd_re, ptd_im = _cmul(a_re, a_im, yd_re, yd_im)
         ptd_re += tcf * pt_re
         ptd_im += tcf * pt_im
-        for d in tl.static_range(BC):
+        for d in range(BC):
             sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
             sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
             pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
@@ -473,7 +483,7 @@ def _chunk_bwd(
         W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
             ra_im, tl.trans(g_im), input_precision=DOT_PREC
         )
-        for d in tl.static_range(BC):
+        for d in range(BC):
             sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
             pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
             pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
@@ -499,7 +509,7 @@ def _chunk_bwd(
         fwd_re, fwd_im = _cmul(a_re, a_im, fyd_re, fyd_im)
         fwd_re += tcf * fw_re
         fwd_im += tcf * fw_im
-        for d in tl.static_range(BC):
+        for d in range(BC):
             sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
             sd = tl.sum(tl.where(sel, dW, 0.0), axis=1)
             pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
@@ -537,7 +547,7 @@ def _chunk_bwd(
         gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
             ca_im, tl.trans(g_im), input_precision=DOT_PREC
         )
-        for d in tl.static_range(BC):
+        for d in range(BC):
             sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
             pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
             pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)

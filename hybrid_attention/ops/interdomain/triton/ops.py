@@ -39,9 +39,14 @@ _CFG = {
     "warps_chunk_fwd": 4,
     "warps_chunk_bwd": 8,
     "warps_state": 4,
-    "stages": 1,
-    "dot_prec": "tf32",
+    "stages": 1,  # software pipelining depth of the parallel chunk kernels
+    "stages_state": 2,  # ... and of the sequential state scans (their loads do not depend on the carried state)
+    "dot_prec": "tf32",  # input precision of float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
+    "poison": False,  # fill every kernel-written buffer with NaN before the launch (tests / benchmark check)
 }
+
+# Compiled kernel handles of the last launches (GPU only): registers / spills / shared memory for the notes.
+LAST_KERNELS: dict = {}
 
 
 def kernel_config() -> dict:
@@ -53,6 +58,18 @@ def set_kernel_config(**kw) -> None:
         if key not in _CFG:
             raise KeyError(f"unknown kernel config key {key!r}")
         _CFG[key] = val
+
+
+def _empty(*shape, device, dtype=torch.float32) -> torch.Tensor:
+    t = torch.empty(*shape, device=device, dtype=dtype)
+    if _CFG["poison"]:
+        t.fill_(float("nan"))
+    return t
+
+
+def _record(name: str, handle) -> None:
+    if not _INTERPRET and handle is not None:
+        LAST_KERNELS[name] = handle
 
 
 def _np2(x: int) -> int:
@@ -77,6 +94,14 @@ def _prec() -> str:
     return "ieee" if _INTERPRET else _CFG["dot_prec"]
 
 
+def _lp_dot(x: torch.Tensor) -> bool:
+    """q·k products on the native bf16/fp16 tensor-core path (not for float32, nor for bf16 under the interpreter,
+    whose bf16 dot is broken in triton 3.6)."""
+    if x.dtype == torch.float16:
+        return True
+    return x.dtype == torch.bfloat16 and not _INTERPRET
+
+
 def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool):
     Bsz, T, H, R = k.shape
     D = v.shape[-1]
@@ -84,12 +109,12 @@ def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool):
     NC = R + D
     NT = triton.cdiv(T, BT)
     dev = k.device
-    states = torch.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=torch.float32) if store_states else k.new_empty(1)
-    final = torch.empty(Bsz * H, 2, M, NC, device=dev, dtype=torch.float32) if store_final else k.new_empty(1)
+    states = _empty(Bsz * H, NT, 2, M, NC, device=dev) if store_states else k.new_empty(1)
+    final = _empty(Bsz * H, 2, M, NC, device=dev) if store_final else k.new_empty(1)
     BMS = min(_CFG["BMS"], _np2(M))
     BCH = min(_CFG["BCH"], _np2(NC))
     grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), Bsz * H)
-    K._state_fwd[grid](
+    h = K._state_fwd[grid](
         k,
         v,
         P,
@@ -112,8 +137,9 @@ def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool):
         BCH=BCH,
         DOT_PREC=_prec(),
         num_warps=_CFG["warps_state"],
-        num_stages=_CFG["stages"],
+        num_stages=_CFG["stages_state"],
     )
+    _record("state_fwd", h)
     return states, final
 
 
@@ -123,7 +149,7 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
     M = ll.shape[-1]
     BT = _kernel_chunk(chunk_size)
     out_dtype = torch.float32 if out_fp32 else q.dtype
-    o = torch.empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
+    o = _empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
     if T == 0:
         fin = init.clone() if init is not None else q.new_zeros(Bsz, H, 2, M, R + D, dtype=torch.float32)
         return o, (fin if need_final else q.new_empty(0, dtype=torch.float32))
@@ -131,7 +157,7 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
     states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final)
     NT = triton.cdiv(T, BT)
     BC = min(_CFG["BC"], BT)
-    K._chunk_fwd[(NT, Bsz * H)](
+    h = K._chunk_fwd[(NT, Bsz * H)](
         q,
         k,
         v,
@@ -152,9 +178,11 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
         BD=_np2(D),
         BM=_np2(M),
         DOT_PREC=_prec(),
+        LP_DOT=_lp_dot(q),
         num_warps=_CFG["warps_chunk_fwd"],
         num_stages=_CFG["stages"],
     )
+    _record("chunk_fwd", h)
     fin = final.view(Bsz, H, 2, M, R + D) if need_final else q.new_empty(0, dtype=torch.float32)
     return o, fin
 
@@ -183,16 +211,16 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     NT = triton.cdiv(T, BT)
     P = _power_table(ll, BT)
     states, _ = _states_fwd(k, v, P, bb, init, BT, True, False)
-    dq = torch.empty(Bsz, T, H, R, device=dev, dtype=f32)
-    dk = torch.empty(Bsz, T, H, R, device=dev, dtype=f32)
-    dv = torch.empty(Bsz, T, H, D, device=dev, dtype=f32)
-    dx = torch.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=f32)
-    gk_part = torch.empty(Bsz * H, NT, 2, M, M, device=dev, dtype=f32)
-    gb_part = torch.empty(Bsz * H, NT, 2, M, device=dev, dtype=f32)
-    gl_part = torch.empty(Bsz * H, NT, 2, M, device=dev, dtype=f32)
+    dq = _empty(Bsz, T, H, R, device=dev)
+    dk = _empty(Bsz, T, H, R, device=dev)
+    dv = _empty(Bsz, T, H, D, device=dev)
+    dx = _empty(Bsz * H, NT, 2, M, NC, device=dev)
+    gk_part = _empty(Bsz * H, NT, 2, M, M, device=dev)
+    gb_part = _empty(Bsz * H, NT, 2, M, device=dev)
+    gl_part = _empty(Bsz * H, NT, 2, M, device=dev)
     BC = min(_CFG["BC"], BT)
     do = do.contiguous()
-    K._chunk_bwd[(NT, Bsz * H)](
+    h = K._chunk_bwd[(NT, Bsz * H)](
         q,
         k,
         v,
@@ -220,16 +248,18 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
         BD=_np2(D),
         BM=_np2(M),
         DOT_PREC=_prec(),
+        LP_DOT=_lp_dot(q),
         num_warps=_CFG["warps_chunk_bwd"],
         num_stages=_CFG["stages"],
     )
+    _record("chunk_bwd", h)
     BMS = min(_CFG["BMS"], _np2(M))
     BCH = min(_CFG["BCH"], _np2(NC))
     n_cb = triton.cdiv(NC, BCH)
-    gl_part2 = torch.zeros(Bsz * H, n_cb, 2, M, device=dev, dtype=f32)
-    dinit = torch.empty(Bsz * H, 2, M, NC, device=dev, dtype=f32) if init is not None else q.new_empty(1, dtype=f32)
+    gl_part2 = _empty(Bsz * H, n_cb, 2, M, device=dev)
+    dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
     has_df = dfinal is not None
-    K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
+    h = K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
         P,
         states,
         dx,
@@ -249,14 +279,15 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
         BMS=BMS,
         BCH=BCH,
         num_warps=_CFG["warps_state"],
-        num_stages=_CFG["stages"],
+        num_stages=_CFG["stages_state"],
     )
+    _record("state_bwd", h)
     del states
     BCHZ = min(_CFG["BCH_DZ"], _np2(NC))
     n_cbz = triton.cdiv(NC, BCHZ)
-    gb_part3 = torch.empty(Bsz * H, NT, n_cbz, 2, M, device=dev, dtype=f32)
-    gl_part3 = torch.empty(Bsz * H, NT, n_cbz, 2, M, device=dev, dtype=f32)
-    K._chunk_dz[(NT, Bsz * H, n_cbz)](
+    gb_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
+    gl_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
+    h = K._chunk_dz[(NT, Bsz * H, n_cbz)](
         k,
         v,
         dk,
@@ -279,6 +310,7 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
         num_warps=_CFG["warps_state"],
         num_stages=_CFG["stages"],
     )
+    _record("chunk_dz", h)
     dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
     dbb = gb_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
     dll = (

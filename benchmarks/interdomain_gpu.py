@@ -1,0 +1,517 @@
+#!/usr/bin/env python
+"""Interdomain Attention on the GPU: correctness of the Triton kernels vs the float64 reference, and timings vs
+causal SDPA, in ONE invocation (< 8 minutes on an H200). Run from the repo root:
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python benchmarks/interdomain_gpu.py [--quick]
+
+Sections (each guarded, so a failure in one still leaves the others' numbers):
+  1. ceilings: device-to-device copy bandwidth and a bf16 matmul rate, measured here;
+  2. correctness: bf16 inputs, T in {63, 1000, 4096, 16384} (B=1, H=4, R=D=M=64; H=2 at 16384), every kernel-written
+     buffer poisoned with NaN first; relative RMS error vs chunk_interdomain in float64 for o, the final state and the
+     gradients of q, k, v, log λ, B, C and the initial state (limits 5e-3 outputs/states, 1e-2 gradients);
+  3. timings (triton.testing.do_bench, median): B=1, H=16, d_h=R=64, M=64, bf16, T in {4K, 16K, 32K, 64K, 128K}:
+     forward, forward+backward (all 7 gradients), peak memory; causal SDPA with the same H, d_h; achieved TFLOP/s of
+     the kernels against the counted FLOP model ``flop_model``;
+  4. decode: fused step captured in a CUDA graph (B in {1, 8}) vs graphed SDPA decode over a KV cache of 1K..128K;
+  5. compiled kernel resources (registers, spills, shared memory) and a small launch-config sweep if time is left.
+Writes ``$OUT/interdomain_gpu.json`` (or ./interdomain_gpu.json) and prints one short table at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from hybrid_attention.ops.interdomain import chunk_interdomain  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DRYRUN = os.environ.get("BENCH_DRYRUN") == "1"  # CPU + TRITON_INTERPRET=1 smoke test of this script (tiny shapes)
+T_START = time.time()
+BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
+RESULTS: dict = {"errors": []}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def elapsed() -> float:
+    return time.time() - T_START
+
+
+def guarded(name):
+    def deco(fn):
+        def run(*a, **kw):
+            t0 = time.time()
+            try:
+                return fn(*a, **kw)
+            except Exception as exc:  # keep going: one broken section must not hide the others
+                log(f"[{name}] FAILED: {exc!r}")
+                traceback.print_exc()
+                RESULTS["errors"].append(f"{name}: {exc!r}")
+                return None
+            finally:
+                log(f"[{name}] {time.time() - t0:.1f} s (total {elapsed():.0f} s)")
+
+        return run
+
+    return deco
+
+
+def make_params(H: int, M: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """S4D-Inv-like discretised log λ (Δ log-uniform in [1e-3, 1e-1], A = -1/2 + i (M/π)(M/(2n+1) - 1)) with a
+    quarter of the modes made fast (Re log λ in [-3, -0.1], as training can produce); complex Gaussian B, C."""
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.exp(torch.empty(H, 1, dtype=torch.float64).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
+    n = torch.arange(M, dtype=torch.float64)
+    a_im = (M / math.pi) * (M / (2 * n + 1) - 1)
+    re = (-0.5 * dt).expand(H, M).clone()
+    fast = torch.rand(H, M, generator=g) < 0.25
+    re[fast] = -torch.exp(torch.empty(int(fast.sum()), dtype=torch.float64).uniform_(math.log(0.1), math.log(3.0)))
+    log_lam = torch.complex(re, dt * a_im[None, :])
+    B = torch.randn(H, M, dtype=torch.complex128, generator=g) * 0.5
+    C = torch.randn(H, M, M, dtype=torch.complex128, generator=g) / math.sqrt(M)
+    return log_lam.to(device), B.to(device), C.to(device)
+
+
+def make_inputs(Bsz, T, H, R, D, seed, device, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(Bsz, T, H, R, generator=g)
+    q = F.silu(q)
+    q = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-6)  # like ξ(q) = SiLU / ℓ2
+    k = torch.randn(Bsz, T, H, R, generator=g)
+    v = torch.randn(Bsz, T, H, D, generator=g)
+    return q.to(device, dtype), k.to(device, dtype), v.to(device, dtype)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.detach().to(b.dtype)
+    return ((a - b).norm() / b.norm().clamp(min=1e-300)).item()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# FLOP model (what the kernels compute, masked tile work included) and byte model
+
+
+def flop_model(T: int, H: int, R: int, D: int, M: int, BT: int = 64, BC: int = 16, Bsz: int = 1) -> dict:
+    NT = math.ceil(T / BT)
+    NC = R + D
+    nsub = BT // BC
+    c, L = BC, BT
+    fwd_sub = c * L * R + 2 * c * L * M + 2 * c * R * M + 4 * c * M * M + 2 * c * M * L + c * L * D + 2 * c * M * D
+    state = 2 * M * L * NC
+    bwd_sub = (
+        c * L * R
+        + 4 * c * L * M
+        + 2 * c * R * M
+        + 4 * c * M * M
+        + 2 * c * M * L  # recompute (with the n·λ^n term)
+        + 2 * c * L * D
+        + 4 * c * L * M
+        + 2 * c * D * M
+        + 8 * c * M * M
+        + 2 * c * M * L  # dW, dV, F1(dW), g_a, gp, gK, gS
+        + c * L * R
+        + 2 * c * M * R
+        + c * L * R
+        + 2 * c * M * R
+        + 2 * c * M * D  # dq, dk, dX0k, dX0v
+    )
+    dz = 4 * L * M * NC
+    per_chunk_fwd = nsub * fwd_sub + state
+    per_chunk_bwd = state + nsub * bwd_sub + dz
+    n = Bsz * H * NT
+    return {
+        "fwd": 2 * n * per_chunk_fwd,
+        "bwd": 2 * n * per_chunk_bwd,
+        "fwdbwd": 2 * n * (per_chunk_fwd + per_chunk_bwd),
+    }
+
+
+def sdpa_flops(T: int, H: int, d: int, Bsz: int = 1) -> dict:
+    f = 4 * Bsz * H * T * T * d / 2  # causal: QKᵀ and PV, half the square
+    return {"fwd": f, "fwdbwd": 3.5 * f}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@guarded("ceilings")
+def ceilings():
+    from triton.testing import do_bench
+
+    x = torch.empty(2 * 1024**3 // 4, device=DEV, dtype=torch.float32).normal_()
+    y = torch.empty_like(x)
+    t = do_bench(lambda x=x, y=y: y.copy_(x), warmup=10, rep=50, return_mode="median")
+    bw = 2 * x.numel() * 4 / (t * 1e-3) / 1e12
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    t2 = do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
+    tf = 2 * 8192**3 / (t2 * 1e-3) / 1e12
+    a32, b32 = a.float(), b.float()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    t3 = do_bench(lambda: a32 @ b32, warmup=10, rep=100, return_mode="median")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    tf32 = 2 * 8192**3 / (t3 * 1e-3) / 1e12
+    RESULTS["ceilings"] = {"copy_TBps": bw, "bf16_TFLOPs": tf, "tf32_TFLOPs": tf32}
+    log(f"ceilings: copy {bw:.2f} TB/s (read+write), bf16 matmul {tf:.0f} TFLOP/s, tf32 matmul {tf32:.0f} TFLOP/s")
+
+
+@guarded("smoke")
+def smoke():
+    """Tiny run of every kernel (compiles them) with the resource report."""
+    from hybrid_attention.ops.interdomain.triton.ops import LAST_KERNELS, triton_interdomain
+
+    log_lam, B, C = make_params(2, 64, 1, DEV)
+    q, k, v = make_inputs(1, 200, 2, 64, 64, 2, DEV)
+    leaves = [
+        t.clone().requires_grad_()
+        for t in (q, k, v, log_lam.to(torch.complex64), B.to(torch.complex64), C.to(torch.complex64))
+    ]
+    t0 = time.time()
+    o, _ = triton_interdomain(*leaves)
+    sync()
+    log(f"smoke forward (compile) {time.time() - t0:.1f} s")
+    t0 = time.time()
+    o.float().square().sum().backward()
+    sync()
+    log(f"smoke backward (compile) {time.time() - t0:.1f} s")
+    res = {}
+    for name, h in LAST_KERNELS.items():
+        try:
+            res[name] = {"regs": h.n_regs, "spills": h.n_spills, "shared": h.metadata.shared}
+        except Exception as exc:
+            res[name] = repr(exc)
+    RESULTS["kernels"] = res
+    log("kernel resources:", json.dumps(res))
+
+
+@guarded("correctness")
+def correctness(quick: bool = False):
+    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config, triton_interdomain
+
+    R = D = M = 16 if DRYRUN else 64
+    rows = []
+    cases = [(63, 1, 4), (1000, 1, 4), (4096, 1, 4), (16384, 1, 2)]
+    if DRYRUN:
+        cases = [(40, 1, 1), (100, 1, 1)]
+    if quick:
+        cases = cases[:2]
+    for idx, (T, Bsz, H) in enumerate(cases):
+        if elapsed() > BUDGET_S * 0.45:
+            log(f"correctness: skipping T={T} (time)")
+            continue
+        seed = 100 + idx
+        log_lam, Bp, C = make_params(H, M, seed, DEV)
+        q, k, v = make_inputs(Bsz, T, H, R, D, seed + 1, DEV)
+        g = torch.Generator().manual_seed(seed + 2)
+        X0 = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, generator=g) * 0.5).to(DEV)
+        do = torch.randn(Bsz, T, H, D, generator=g).to(DEV).to(torch.bfloat16)
+        dfin = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, generator=g) * 1e-2).to(DEV)
+        # float64 reference on the same (bf16-rounded) inputs
+        ref_leaves = [
+            t.detach().to(torch.float64 if not t.is_complex() else torch.complex128).requires_grad_()
+            for t in (q, k, v, log_lam, Bp, C, X0)
+        ]
+        t0 = time.time()
+        o_ref, fin_ref = chunk_interdomain(
+            *ref_leaves[:6], initial_state=ref_leaves[6], output_final_state=True, chunk_size=64
+        )
+        loss = (o_ref * do.double()).sum() + (fin_ref.conj() * dfin).real.sum()
+        g_ref = torch.autograd.grad(loss, ref_leaves)
+        t_ref = time.time() - t0
+        for prec in ("tf32", "tf32x3") if not quick else ("tf32",):
+            old = kernel_config()
+            set_kernel_config(poison=True, dot_prec=prec)
+            try:
+                leaves = [
+                    q.clone().requires_grad_(),
+                    k.clone().requires_grad_(),
+                    v.clone().requires_grad_(),
+                    log_lam.to(torch.complex64).requires_grad_(),
+                    Bp.to(torch.complex64).requires_grad_(),
+                    C.to(torch.complex64).requires_grad_(),
+                    X0.to(torch.complex64).requires_grad_(),
+                ]
+                o, fin = triton_interdomain(*leaves[:6], initial_state=leaves[6], output_final_state=True)
+                loss2 = (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum()
+                grads = torch.autograd.grad(loss2, leaves)
+                sync()
+            finally:
+                set_kernel_config(poison=old["poison"], dot_prec=old["dot_prec"])
+            errs = {"o": rel_rms(o, o_ref), "final": rel_rms(fin, fin_ref)}
+            for name, a, b in zip(["dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"], grads, g_ref):
+                errs[name] = rel_rms(a, b)
+            nan = any(not torch.isfinite(t).all().item() for t in (o, fin, *grads))
+            ok = (
+                not nan
+                and errs["o"] <= 5e-3
+                and errs["final"] <= 5e-3
+                and all(errs[n] <= 1e-2 for n in errs if n.startswith("d"))
+            )
+            row = {"T": T, "B": Bsz, "H": H, "prec": prec, "nan": nan, "pass": ok, "ref_s": t_ref, **errs}
+            rows.append(row)
+            log(
+                "correctness",
+                json.dumps({k2: (f"{v2:.2e}" if isinstance(v2, float) else v2) for k2, v2 in row.items()}),
+            )
+            if ok and prec == "tf32":
+                break  # tf32x3 only when the default precision misses a limit
+        del ref_leaves, o_ref, fin_ref, g_ref
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    RESULTS["correctness"] = rows
+
+
+def _peak(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+@guarded("timing")
+def timing(Ts):
+    from triton.testing import do_bench
+
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
+
+    H, R, D, M = 16, 64, 64, 64
+    rows = []
+    log_lam, Bp, C = make_params(H, M, 7, DEV)
+    p_leaves = [
+        log_lam.to(torch.complex64).requires_grad_(),
+        Bp.to(torch.complex64).requires_grad_(),
+        C.to(torch.complex64).requires_grad_(),
+    ]
+    for T in Ts:
+        if elapsed() > BUDGET_S * 0.8:
+            log(f"timing: skipping T={T} (time)")
+            continue
+        row = {"T": T}
+        q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, T, DEV))
+        do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
+        gnone = [q, k, v, *p_leaves]
+
+        def fwd(q=q, k=k, v=v):
+            with torch.no_grad():
+                return triton_interdomain(q, k, v, *p_leaves)[0]
+
+        def fwdbwd(q=q, k=k, v=v, do=do):
+            o, _ = triton_interdomain(q, k, v, *p_leaves)
+            o.backward(do)
+
+        fwdbwd()
+        row["id_fwd_ms"] = do_bench(fwd, warmup=5, rep=40, return_mode="median")
+        row["id_fb_ms"] = do_bench(fwdbwd, warmup=5, rep=60, grad_to_none=gnone, return_mode="median")
+        for t in gnone:
+            t.grad = None
+        row["id_fwd_MB"] = _peak(fwd)
+        row["id_fb_MB"] = _peak(fwdbwd)
+        fl = flop_model(T, H, R, D, M)
+        row["id_fwd_TFLOPs"] = fl["fwd"] / (row["id_fwd_ms"] * 1e-3) / 1e12
+        row["id_fb_TFLOPs"] = fl["fwdbwd"] / (row["id_fb_ms"] * 1e-3) / 1e12
+        # causal SDPA, same H and head dim
+        qs, ks, vs = (torch.randn(1, H, T, R, device=DEV, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+        dos = torch.randn(1, H, T, R, device=DEV, dtype=torch.bfloat16)
+
+        def sfwd(qs=qs, ks=ks, vs=vs):
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+
+        def sfb(qs=qs, ks=ks, vs=vs, dos=dos):
+            F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(dos)
+
+        sfb()
+        row["sdpa_fwd_ms"] = do_bench(sfwd, warmup=3, rep=40, return_mode="median")
+        row["sdpa_fb_ms"] = do_bench(sfb, warmup=3, rep=60, grad_to_none=[qs, ks, vs], return_mode="median")
+        row["sdpa_fwd_MB"] = _peak(sfwd)
+        row["sdpa_fb_MB"] = _peak(sfb)
+        row["sdpa_fb_TFLOPs"] = sdpa_flops(T, H, R)["fwdbwd"] / (row["sdpa_fb_ms"] * 1e-3) / 1e12
+        del qs, ks, vs, dos, do, q, k, v, fwd, fwdbwd, sfwd, sfb, gnone
+        torch.cuda.empty_cache()
+        row["speedup_fwd"] = row["sdpa_fwd_ms"] / row["id_fwd_ms"]
+        row["speedup_fb"] = row["sdpa_fb_ms"] / row["id_fb_ms"]
+        rows.append(row)
+        log("timing", json.dumps({k2: round(v2, 4) if isinstance(v2, float) else v2 for k2, v2 in row.items()}))
+    RESULTS["timing"] = rows
+
+
+@guarded("decode")
+def decode():
+    from triton.testing import do_bench
+
+    from hybrid_attention.ops.interdomain.triton.decode import decode_params, interdomain_decode_step
+
+    H, R, D, M = 16, 64, 64, 64
+    log_lam, Bp, C = make_params(H, M, 3, DEV)
+    params = decode_params(log_lam, Bp, C)
+    rows = []
+    for Bsz in (1, 8):
+        q, k, v = (t[:, 0].contiguous() for t in make_inputs(Bsz, 1, H, R, D, Bsz, DEV))
+        state = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex64, device=DEV) * 0.1).contiguous()
+        out = torch.empty(Bsz, H, D, device=DEV, dtype=torch.bfloat16)
+        for _ in range(3):
+            interdomain_decode_step(q, k, v, None, None, None, state, params=params, out=out)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            interdomain_decode_step(q, k, v, None, None, None, state, params=params, out=out)
+        t_id = do_bench(g.replay, warmup=20, rep=100, return_mode="median")
+        for L in (1024, 4096, 16384, 65536, 131072):
+            kc = torch.randn(Bsz, H, L, R, device=DEV, dtype=torch.bfloat16)
+            vc = torch.randn(Bsz, H, L, D, device=DEV, dtype=torch.bfloat16)
+            qd = torch.randn(Bsz, H, 1, R, device=DEV, dtype=torch.bfloat16)
+            so = torch.empty(Bsz, H, 1, D, device=DEV, dtype=torch.bfloat16)
+
+            def step(qd=qd, kc=kc, vc=vc, so=so):
+                so.copy_(F.scaled_dot_product_attention(qd, kc, vc))
+
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            gs = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gs):
+                step()
+            t_s = do_bench(gs.replay, warmup=20, rep=100, return_mode="median")
+            rows.append({"B": Bsz, "ctx": L, "id_ms": t_id, "sdpa_ms": t_s})
+            log("decode", json.dumps(rows[-1]))
+            del kc, vc, gs
+        torch.cuda.empty_cache()
+    RESULTS["decode"] = rows
+
+
+@guarded("sweep")
+def sweep(T: int = 32768):
+    """A few launch configurations of forward+backward at one T (each costs a recompile)."""
+    from triton.testing import do_bench
+
+    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config, triton_interdomain
+
+    H, R, D, M = 16, 64, 64, 64
+    log_lam, Bp, C = make_params(H, M, 7, DEV)
+    p_leaves = [
+        log_lam.to(torch.complex64).requires_grad_(),
+        Bp.to(torch.complex64).requires_grad_(),
+        C.to(torch.complex64).requires_grad_(),
+    ]
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, 5, DEV))
+    do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
+    base = kernel_config()
+    variants = [
+        ("default", {}, 64),
+        ("BC32", {"BC": 32}, 64),
+        ("chunk128_BC32", {"BC": 32}, 128),
+        ("bwd_warps4", {"warps_chunk_bwd": 4}, 64),
+        ("fwd_warps8", {"warps_chunk_fwd": 8}, 64),
+        ("stages2", {"stages": 2}, 64),
+    ]
+    rows = []
+    for name, cfg, cs in variants:
+        if elapsed() > BUDGET_S:
+            log(f"sweep: stop before {name} (time)")
+            break
+        set_kernel_config(**cfg)
+        try:
+
+            def fwd(cs=cs):
+                with torch.no_grad():
+                    return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0]
+
+            def fwdbwd(cs=cs):
+                triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0].backward(do)
+
+            fwdbwd()
+            tf = do_bench(fwd, warmup=3, rep=30, return_mode="median")
+            tfb = do_bench(fwdbwd, warmup=3, rep=40, grad_to_none=[q, k, v, *p_leaves], return_mode="median")
+            rows.append({"variant": name, "T": T, "fwd_ms": tf, "fb_ms": tfb})
+            log("sweep", json.dumps(rows[-1]))
+        except Exception as exc:
+            log(f"sweep {name} failed: {exc!r}")
+        finally:
+            set_kernel_config(**{kk: base[kk] for kk in cfg})
+    RESULTS["sweep"] = rows
+
+
+def summary():
+    log("\n================ Interdomain (Triton) vs causal SDPA, H200, bf16, B=1, H=16, d_h=R=M=64 ================")
+    if "ceilings" in RESULTS:
+        c = RESULTS["ceilings"]
+        log(
+            f"ceilings: copy {c['copy_TBps']:.2f} TB/s, bf16 mm {c['bf16_TFLOPs']:.0f} TF/s, "
+            f"tf32 mm {c['tf32_TFLOPs']:.0f} TF/s"
+        )
+    for r in RESULTS.get("correctness", []):
+        errs = " ".join(f"{n}={r[n]:.1e}" for n in ("o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"))
+        log(f"check T={r['T']:>5} H={r['H']} {r['prec']:<6} {'PASS' if r['pass'] else 'FAIL'} nan={r['nan']} {errs}")
+    if RESULTS.get("timing"):
+        log(
+            f"{'T':>6} | {'ID fwd':>8} {'ID f+b':>8} | {'SDPA fwd':>8} {'SDPA f+b':>9} | {'x fwd':>6} {'x f+b':>6} | "
+            f"{'ID MB':>7} {'SDPA MB':>7} | {'ID TF/s f, f+b':>14}"
+        )
+        for r in RESULTS["timing"]:
+            log(
+                f"{r['T']:>6} | {r['id_fwd_ms']:8.3f} {r['id_fb_ms']:8.3f} | "
+                f"{r['sdpa_fwd_ms']:8.3f} {r['sdpa_fb_ms']:9.3f} | "
+                f"{r['speedup_fwd']:6.2f} {r['speedup_fb']:6.2f} | {r['id_fb_MB']:7.0f} {r['sdpa_fb_MB']:7.0f} | "
+                f"{r['id_fwd_TFLOPs']:6.1f} {r['id_fb_TFLOPs']:6.1f}"
+            )
+    if RESULTS.get("decode"):
+        line = " ".join(
+            f"B{r['B']}@{r['ctx'] // 1024}K: {r['id_ms'] * 1e3:.1f}/{r['sdpa_ms'] * 1e3:.1f}" for r in RESULTS["decode"]
+        )
+        log(f"decode us/token (interdomain graph / SDPA graph): {line}")
+    if RESULTS.get("sweep"):
+        log(
+            "sweep T=32K: " + " ".join(f"{r['variant']}={r['fwd_ms']:.2f}/{r['fb_ms']:.2f}ms" for r in RESULTS["sweep"])
+        )
+    if RESULTS.get("kernels"):
+        log("kernels: " + json.dumps(RESULTS["kernels"]))
+    if RESULTS["errors"]:
+        log("ERRORS: " + " | ".join(RESULTS["errors"]))
+    log(f"total {elapsed():.0f} s")
+
+
+def main():
+    quick = "--quick" in sys.argv
+    import triton
+
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter dry run)"
+    log(f"torch {torch.__version__}, triton {triton.__version__}, {name}")
+    RESULTS["env"] = {"torch": torch.__version__, "triton": triton.__version__, "device": name}
+    if DRYRUN:
+        smoke_small = correctness  # noqa: F841
+        correctness(quick=True)
+        summary()
+        return
+    ceilings()
+    smoke()
+    correctness(quick)
+    timing([4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
+    decode()
+    if not quick:
+        sweep()
+    out_dir = os.environ.get("OUT", ".")
+    with open(os.path.join(out_dir, "interdomain_gpu.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    summary()
+
+
+if __name__ == "__main__":
+    main()
