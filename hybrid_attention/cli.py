@@ -73,9 +73,9 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         tokens, data_cfg = _val_tokens(loaded, a.tokens)
         s = evaluate_lm(loaded.model, tokens, a.seq_len or data_cfg.seq_len, device=device,
                         byte_lengths=token_byte_lengths(loaded.tokenizer), max_tokens=a.tokens or data_cfg.val_tokens)
+        bpb = f", bits/byte {s.bpb:.4f}" if s.bpb is not None else ""
         print(json.dumps(s.as_dict()) if a.json else
-              f"validation loss {s.loss:.4f}, ppl {s.ppl:.3f}, bits/byte {s.bpb:.4f} ({s.tokens:,} tokens, "
-              f"windows of {s.seq_len})")
+              f"validation loss {s.loss:.4f}, ppl {s.ppl:.3f}{bpb} ({s.tokens:,} tokens, windows of {s.seq_len})")
     elif a.task == "length":
         from hybrid_attention.evaluation.length_sweep import length_sweep, length_table, plot_length_sweep
 

@@ -52,6 +52,21 @@ def available_mixers() -> list[str]:
     return [m for m in DEMO_MIXERS if m in MIXER_BUILDERS]
 
 
+def _fit_mixer(cfg: RunConfig, mixer: str) -> RunConfig:
+    """NAtS-L's softmax heads must divide the GDN key/value widths: when the preset's default does not fit, use two
+    softmax heads per GDN head (recorded in the run's config)."""
+    if mixer != "natsl":
+        return cfg
+    try:
+        return check(cfg)
+    except ValueError:
+        from hybrid_attention.models import PRESETS
+
+        heads = cfg.model.options.get("num_heads", PRESETS[cfg.model.preset]["num_heads"])
+        cfg.model.options = {**cfg.model.options, "mixer_options": {"natsl": {"num_attn_heads": 2 * heads}}}
+        return cfg
+
+
 def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, n: int = 2) -> float:
     """Seconds per optimizer step of this model (one warmup step, then ``n`` timed), without side effects on data."""
     from hybrid_attention.models import HybridForCausalLM
@@ -121,7 +136,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         c.model.layers = m
         c.train.out_dir = str(out / m)
         try:
-            check(c)
+            check(_fit_mixer(c, m))
         except ValueError as e:  # a mixer that cannot be built at this preset
             if opts.mixers:
                 raise

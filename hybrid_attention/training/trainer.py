@@ -107,6 +107,17 @@ def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict |
             hf_logging.enable_progress_bar()
 
 
+def describe_layers(mixers: list[str]) -> str:
+    """``["gdn", "gdn", "natsl"]`` -> ``"gdn x2, natsl x1"`` (runs of equal mixers, in order)."""
+    runs: list[list] = []
+    for m in mixers:
+        if runs and runs[-1][0] == m:
+            runs[-1][1] += 1
+        else:
+            runs.append([m, 1])
+    return ", ".join(f"{m} x{n}" for m, n in runs)
+
+
 def _say(ctx: DistContext, msg: str) -> None:
     if ctx.is_main:
         tqdm.write(msg)
@@ -115,7 +126,8 @@ def _say(ctx: DistContext, msg: str) -> None:
 def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quiet: bool = False) -> TrainResult:
     """Train ``cfg`` to ``cfg.train.steps`` optimizer steps; ``resume`` continues from the newest checkpoint.
 
-    ``data`` (optional) is a pre-built pipeline (the demo shares one corpus between runs). Raises ConfigError /
+    ``data`` (optional) is a pre-built pipeline (the demo shares one corpus between runs); ``quiet`` drops the
+    status lines (the progress bar follows ``train.progress``). Raises ConfigError /
     DataError for bad input and TrainingDiverged after ``train.max_nonfinite`` non-finite steps in a row.
     """
     tc = cfg.train
@@ -195,9 +207,10 @@ def _train(cfg: RunConfig, tc, ctx: DistContext, resume: bool, data: LMData | No
     if not quiet:
         _say(ctx, f"{data.description}")
         state_numbers = user_model.state_size(seq_len)
-        _say(ctx, f"model: {mcfg.mixer_types} {n_params / 1e6:.2f}M parameters, state {state_numbers:,} "
-                  f"numbers/sequence at {seq_len} tokens; device {ctx.device} x{ctx.world_size}, "
-                  f"{'bf16 autocast' if amp else 'fp32'}; {tc.steps} steps of {tokens_per_step:,} tokens")
+        _say(ctx, f"model: {describe_layers(mcfg.mixer_types)}, {n_params / 1e6:.2f}M parameters, "
+                  f"state {state_numbers:,} numbers/sequence at {seq_len} tokens")
+        _say(ctx, f"device {ctx.device} x{ctx.world_size}, {'bf16 autocast' if amp else 'fp32'}; "
+                  f"{tc.steps} steps of {tokens_per_step:,} tokens")
 
     def validate(step: int) -> LMScore:
         score = evaluate_lm(unwrap(model) if tc.parallel == "ddp" else model, data.val_tokens, seq_len,
@@ -215,8 +228,9 @@ def _train(cfg: RunConfig, tc, ctx: DistContext, resume: bool, data: LMData | No
         extra = {"scheduler": scheduler_state(scheduler), "data": data.train.state_dict(), **state}
         save_checkpoint(ckpt_root, step, unwrap(model), optimizer, extra, tc.keep_checkpoints, ctx.rank, ctx.barrier)
 
-    show = tc.progress and ctx.is_main and not quiet
-    bar = tqdm(total=tc.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
+    show = tc.progress and ctx.is_main
+    bar = tqdm(total=tc.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True,
+               desc=describe_layers(mcfg.mixer_types))
     streak, interval_loss, interval_steps, interval_tokens, interval_time = 0, 0.0, 0, 0, 0.0
     val: LMScore | None = None
     model.train()
