@@ -182,3 +182,26 @@ def test_chunk_attention_triton_matches_dense(B, T, Hs, G, C, frac, bias):
     for name, a, b in zip(["o", "dq", "dk", "dv", "d_routing_bias"], *res):
         assert torch.isfinite(a).all(), name
         assert _close(a, b, TOL), name
+
+
+def test_poisoned_buffers_are_fully_written(monkeypatch):
+    """Every kernel-written buffer starts as NaN: any element a kernel forgets to write would surface."""
+    from hybrid_attention.ops.chunk_attention import chunk_attention
+    from hybrid_attention.ops.chunk_attention import gpu as attn_gpu
+    from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
+
+    monkeypatch.setattr(gdn_fn, "POISON", True)
+    monkeypatch.setattr(attn_gpu, "POISON", True)
+    inputs, do, dS = make_case(1, 37, 2, 16, 16, 16, "random", True, seed=21)
+    tri, ref = run_both(inputs, do, dS, 16, True)
+    for name, a, b in zip(NAMES, tri, ref):
+        assert torch.isfinite(a).all() and rel(a.cpu(), b) < TOL, name
+    q = torch.randn(1, 37, 2, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 37, 2, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(1, 37, 2, 16, device=DEVICE, requires_grad=True)
+    rb = torch.zeros(1, 3, 1, device=DEVICE, requires_grad=True)
+    routing = torch.tensor([[[True], [False], [True]]], device=DEVICE)
+    o = chunk_attention(q, k, v, routing, chunk_size=16, group_size=2, routing_bias=rb, backend="triton")
+    o.square().sum().backward()
+    for t in (o, q.grad, k.grad, v.grad, rb.grad):
+        assert torch.isfinite(t).all()

@@ -32,7 +32,7 @@ try:  # guarded: CPU-only installs need not have Triton
 except Exception:  # pragma: no cover - ImportError or a broken install
     TRITON_AVAILABLE = False
 
-__all__ = ["TRITON_AVAILABLE", "triton_chunk_attention", "triton_chunk_attention_supported", "LAUNCH"]
+__all__ = ["TRITON_AVAILABLE", "triton_chunk_attention", "triton_chunk_attention_supported", "LAUNCH", "POISON"]
 
 LOG2E = 1.4426950408889634
 
@@ -40,6 +40,15 @@ LOG2E = 1.4426950408889634
 # step of the dk/dv kernel. The benchmark may override these to compare variants.
 LAUNCH = {"fwd_qc": 2, "fwd_warps": 8, "fwd_stages": 3, "dq_qc": 2, "dq_warps": 8, "dq_stages": 2,
           "dkv_qb": 64, "dkv_warps": 4, "dkv_stages": 2}
+
+
+POISON = False  # tests / benchmarks: fill every kernel-written buffer with NaN first (unwritten elements show up)
+
+
+def _empty(*shape, device, dtype) -> torch.Tensor:
+    if POISON:
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(*shape, device=device, dtype=dtype)
 
 
 def _interpreting() -> bool:
@@ -60,7 +69,7 @@ if TRITON_AVAILABLE:
     @triton.jit
     def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
                    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                   DIAG: tl.constexpr, HAS_BIAS: tl.constexpr):
+                   DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
         cols = kc * C + tl.arange(0, C)
         dk_r = tl.arange(0, BDK)
         dv_r = tl.arange(0, BDV)
@@ -69,6 +78,9 @@ if TRITON_AVAILABLE:
                     mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
         v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
                     mask=cm[:, None] & (dv_r < DV)[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if DIAG:
             qc = rows // C
@@ -90,10 +102,11 @@ if TRITON_AVAILABLE:
         return acc, m_new, l_i
 
     @triton.jit
-    def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
+    def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
                     qk_scale, T, N, HS, G,
                     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                    QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr):
+                    QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                    UPCAST: tl.constexpr, STORE_O32: tl.constexpr):
         BM: tl.constexpr = QC * C
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles (most routed chunks) first
         bh = tl.program_id(1).to(tl.int64)
@@ -107,6 +120,8 @@ if TRITON_AVAILABLE:
         q_base = b * T * HS * DK + hs * DK
         q = tl.load(q_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], mask=rm[:, None] & (dk_r < DK)[None, :],
                     other=0.0)
+        if UPCAST:  # the interpreter's bf16 dot is wrong (NumPy has no bf16): compute in fp32 there
+            q = q.to(tl.float32)
         acc = tl.zeros([BM, BDV], dtype=tl.float32)
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
@@ -119,31 +134,33 @@ if TRITON_AVAILABLE:
                 kc = tl.load(idx_ptr + rbase + j)
                 bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
                 acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale,
-                                           T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS)
+                                           T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
                 j += 1
         else:
             for j in range(n_full):
                 kc = tl.load(idx_ptr + rbase + j)
                 bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
                 acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale,
-                                           T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS)
+                                           T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
         for d in tl.static_range(QC):
             kc = c0 + d
             r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
             bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
             acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, r_kc, bias_kc, qk_scale,
-                                       T, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS)
+                                       T, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_safe[:, None]
         o_base = b * T * HS * DV + hs * DV
-        tl.store(o_ptr + o_base + rows[:, None] * (HS * DV) + dv_r[None, :], o.to(o_ptr.dtype.element_ty),
-                 mask=rm[:, None] & (dv_r < DV)[None, :])
+        o_offs = o_base + rows[:, None] * (HS * DV) + dv_r[None, :]
+        tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=rm[:, None] & (dv_r < DV)[None, :])
+        if STORE_O32:  # fp32 copy for the backward's Δ = rowsum(o ⊙ dO) (a bf16 o costs ~2e-3 in the routing grad)
+            tl.store(o32_ptr + o_offs, o, mask=rm[:, None] & (dv_r < DV)[None, :])
         tl.store(lse_ptr + bh * T + rows, m_i + tl.log2(l_safe), mask=rm)
 
     @triton.jit
     def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
                   DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                  DIAG: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
         cols = kc * C + tl.arange(0, C)
         dk_r = tl.arange(0, BDK)
         dv_r = tl.arange(0, BDV)
@@ -152,6 +169,9 @@ if TRITON_AVAILABLE:
                     mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
         v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
                     mask=cm[:, None] & (dv_r < DV)[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if DIAG:
             qc = rows // C
@@ -174,7 +194,8 @@ if TRITON_AVAILABLE:
     def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
                    scale, qk_scale, T, N, HS, G,
                    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                   QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr):
+                   QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                   UPCAST: tl.constexpr):
         BM: tl.constexpr = QC * C
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -193,6 +214,9 @@ if TRITON_AVAILABLE:
                      mask=rm[:, None] & (dv_r < DV)[None, :], other=0.0)
         lse = tl.load(lse_ptr + bh * T + rows, mask=rm, other=0.0)
         delta = tl.load(delta_ptr + bh * T + rows, mask=rm, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
         dq = tl.zeros([BM, BDK], dtype=tl.float32)
         c0 = pid_m * QC
         rbase = (b * (HS // G) + hn) * N
@@ -203,27 +227,27 @@ if TRITON_AVAILABLE:
                 kc = tl.load(idx_ptr + rbase + j)
                 bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
                 dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale, T, HS,
-                               DK, DV, BDK, BDV, C, False, HAS_BIAS)
+                               DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
                 j += 1
         else:
             for j in range(n_full):
                 kc = tl.load(idx_ptr + rbase + j)
                 bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
                 dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale, T, HS,
-                               DK, DV, BDK, BDV, C, False, HAS_BIAS)
+                               DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
         for d in tl.static_range(QC):
             kc = c0 + d
             r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
             bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
             dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
-                           DK, DV, BDK, BDV, C, True, HAS_BIAS)
+                           DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
         tl.store(dq_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
                  mask=rm[:, None] & (dk_r < DK)[None, :])
 
     @triton.jit
     def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows, cols, bias_kc,
                    qk_scale, T, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-                   DIAG: tl.constexpr, HAS_BIAS: tl.constexpr):
+                   DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
         dk_r = tl.arange(0, BDK)
         dv_r = tl.arange(0, BDV)
         rm = rows < T
@@ -231,6 +255,9 @@ if TRITON_AVAILABLE:
                     other=0.0)
         do = tl.load(do_ptr + o_base + rows[:, None] * (HS * DV) + dv_r[None, :],
                      mask=rm[:, None] & (dv_r < DV)[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
         lse = tl.load(lse_ptr + bh * T + rows, mask=rm, other=0.0)
         delta = tl.load(delta_ptr + bh * T + rows, mask=rm, other=0.0)
         sT = tl.dot(k, tl.trans(q)) * qk_scale  # [keys, queries]
@@ -253,7 +280,8 @@ if TRITON_AVAILABLE:
     def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
                     scale, qk_scale, T, N, HS, G,
                     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                    QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr):
+                    QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                    UPCAST: tl.constexpr):
         kc = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         b = bh // HS
@@ -269,6 +297,9 @@ if TRITON_AVAILABLE:
                     other=0.0)
         v = tl.load(v_ptr + o_base + cols[:, None] * (HS * DV) + dv_r[None, :], mask=cm[:, None] & (dv_r < DV)[None, :],
                     other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         dk = tl.zeros([C, BDK], dtype=tl.float32)
         dv = tl.zeros([C, BDV], dtype=tl.float32)
         dsum = tl.zeros([C], dtype=tl.float32)
@@ -277,7 +308,7 @@ if TRITON_AVAILABLE:
         for d in tl.static_range(C // QB):  # own chunk, causal
             rows = kc * C + d * QB + tl.arange(0, QB)
             dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows,
-                                      cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS)
+                                      cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST)
         r_kc = tl.load(r_ptr + rbase + kc)
         start = (kc + 1) * C
         n_tiles = tl.where(r_kc > 0, tl.cdiv(T - start, QB), 0)
@@ -286,13 +317,15 @@ if TRITON_AVAILABLE:
             while i < n_tiles:
                 rows = start + i * QB + tl.arange(0, QB)
                 dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                          rows, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS)
+                                          rows, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                          UPCAST)
                 i += 1
         else:
             for i in range(n_tiles):
                 rows = start + i * QB + tl.arange(0, QB)
                 dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                          rows, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS)
+                                          rows, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                          UPCAST)
         tl.store(dk_ptr + q_base + cols[:, None] * (HS * DK) + dk_r[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
                  mask=cm[:, None] & (dk_r < DK)[None, :])
         tl.store(dv_ptr + o_base + cols[:, None] * (HS * DV) + dv_r[None, :], dv.to(dv_ptr.dtype.element_ty),
@@ -317,21 +350,22 @@ def _qc(C: int, key: str) -> int:
     return max(1, min(LAUNCH[key], 128 // C)) if C <= 64 else 1
 
 
-def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G):
+def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, store_o32=False):
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
     N = math.ceil(T / C)
     QC = _qc(C, "fwd_qc")
-    o = torch.empty(B, T, HS, DV, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, HS, T, device=q.device, dtype=torch.float32)
+    o = _empty(B, T, HS, DV, device=q.device, dtype=q.dtype)
+    lse = _empty(B, HS, T, device=q.device, dtype=torch.float32)
+    o32 = _empty(B, T, HS, DV, device=q.device, dtype=torch.float32) if store_o32 else lse
     interp = _interpreting()
     _fwd_kernel[(triton.cdiv(T, QC * C), B * HS)](
-        q, k, v, o, lse, idx, cnt, r, bias if bias is not None else lse,
+        q, k, v, o, o32, lse, idx, cnt, r, bias if bias is not None else lse,
         scale * LOG2E, T, N, HS, G,
-        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp,
-        num_warps=LAUNCH["fwd_warps"], num_stages=LAUNCH["fwd_stages"],
+        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
+        STORE_O32=store_o32, num_warps=LAUNCH["fwd_warps"], num_stages=LAUNCH["fwd_stages"],
     )
-    return o, lse
+    return o, (o32 if store_o32 else o), lse
 
 
 def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G):
@@ -339,22 +373,22 @@ def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G):
     DV = v.shape[-1]
     N = math.ceil(T / C)
     interp = _interpreting()
-    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()  # [B, HS, T]
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    dbias = torch.empty(B, HS, N, device=q.device, dtype=torch.float32)
+    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()  # [B, HS, T]; o is the fp32 copy
+    dq = _empty(*q.shape, device=q.device, dtype=q.dtype)
+    dk = _empty(*k.shape, device=k.device, dtype=k.dtype)
+    dv = _empty(*v.shape, device=v.device, dtype=v.dtype)
+    dbias = _empty(B, HS, N, device=q.device, dtype=torch.float32)
     bias_arg = bias if bias is not None else lse
     QC = _qc(C, "dq_qc")
     _dq_kernel[(triton.cdiv(T, QC * C), B * HS)](
         q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, scale, scale * LOG2E, T, N, HS, G,
-        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp,
+        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
         num_warps=LAUNCH["dq_warps"], num_stages=LAUNCH["dq_stages"],
     )
     QB = min(LAUNCH["dkv_qb"], C)
     _dkv_kernel[(N, B * HS)](
         q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, scale, scale * LOG2E, T, N, HS, G,
-        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QB=QB, HAS_BIAS=bias is not None, WHILE_LOOP=interp,
+        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QB=QB, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
         num_warps=LAUNCH["dkv_warps"], num_stages=LAUNCH["dkv_stages"],
     )
     return dq, dk, dv, dbias
@@ -364,8 +398,8 @@ class _TritonChunkAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, routing, bias, scale, C, G):
         r, idx, cnt = _routing_lists(routing)
-        o, lse = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G)
-        ctx.save_for_backward(q, k, v, o, lse, r, idx, cnt, bias)
+        o, o32, lse = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, store_o32=True)
+        ctx.save_for_backward(q, k, v, o32, lse, r, idx, cnt, bias)
         ctx.cfg = (scale, C, G, bias.dtype if bias is not None else None)
         return o
 
@@ -413,5 +447,5 @@ def triton_chunk_attention(
         o = _TritonChunkAttention.apply(q, k, v, routing, bias, scale, chunk_size, group_size)
     else:
         r, idx, cnt = _routing_lists(routing)
-        o, _ = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, chunk_size, group_size)
+        o, _, _ = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, chunk_size, group_size)
     return o.to(v.dtype) if o.dtype != v.dtype else o

@@ -10,7 +10,20 @@ import triton
 from ..naive import validate_gated_delta_inputs
 from . import kernels as _k
 
-__all__ = ["triton_gated_delta", "triton_supported"]
+__all__ = ["triton_gated_delta", "triton_supported", "LAUNCH", "POISON"]
+
+
+POISON = False  # tests / benchmarks: fill every kernel-written buffer with NaN first (unwritten elements show up)
+
+
+def _empty(*shape, device, dtype) -> torch.Tensor:
+    if POISON:
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(*shape, device=device, dtype=dtype)
+
+
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    return _empty(*x.shape, device=x.device, dtype=x.dtype)
 
 
 def _interpreting() -> bool:
@@ -35,18 +48,37 @@ def triton_supported(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
     return q.shape[-1] <= 256
 
 
+# Launch configuration on the GPU (tile sizes are capped by the head dims). Chosen from sm_90 compiles on the CPU
+# machine (ptxas -v: no or small spills at 8 warps); the benchmark may override entries to compare variants.
+LAUNCH = {
+    "par_bk": 64, "par_bv": 64, "par_warps": 8, "par_stages": 1,  # prep, output, bwd_local
+    "seq_bv": 32, "seq_warps": 8, "seq_stages": 1,  # state_fwd, state_bwd (grid: V / seq_bv x B*H)
+    "bwdk_bk": 64, "bwdk_bv": 32, "bwdk_warps": 8, "bwdk_stages": 1,
+    "fin_bk": 32, "fin_bv": 32, "fin_warps": 8, "fin_stages": 1,
+}
+
+
 class _Cfg:
     """Tile sizes and launch options (one fixed configuration; no autotuning so the interpreter runs it as is)."""
 
     def __init__(self, K: int, V: int, C: int) -> None:
-        self.BK = max(16, min(64, _p2(K)))  # K tile of the parallel kernels
-        self.BKF = max(16, _p2(K))  # full K extent of the state kernels
-        self.BV = max(16, min(64 if self.BKF <= 128 else 32, _p2(V)))  # V tile
-        self.NKT = triton.cdiv(K, self.BK)
+        L = LAUNCH
+        kp, vp = max(16, _p2(K)), max(16, _p2(V))
+        self.BK = min(L["par_bk"], kp)
+        self.BV = min(L["par_bv"], vp)
+        self.BKF = kp  # full K extent of the state kernels
+        self.BVS = min(L["seq_bv"], vp)
+        self.BK2 = min(L["bwdk_bk"], kp)
+        self.BV2 = min(L["bwdk_bv"], vp)
+        self.BK3 = min(L["fin_bk"], kp)
+        self.BV3 = min(L["fin_bv"], vp)
+        self.NKT = triton.cdiv(K, self.BK2)
         interp = self.interp = _interpreting()
         self.prec = "ieee" if interp else "tf32"
-        self.w_state = 4 if self.BKF * self.BV <= 128 * 64 else 8
-        self.w_par = 4
+        self.par = dict(num_warps=L["par_warps"], num_stages=L["par_stages"])
+        self.seq = dict(num_warps=L["seq_warps"], num_stages=L["seq_stages"])
+        self.bwdk = dict(num_warps=L["bwdk_warps"], num_stages=L["bwdk_stages"])
+        self.fin = dict(num_warps=L["fin_warps"], num_stages=L["fin_stages"])
 
 
 def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final):
@@ -56,30 +88,29 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     Tp = N * C
     cfg = _Cfg(K, V, C)
     dev, f32 = q.device, torch.float32
-    G = torch.empty(B, H, Tp, device=dev, dtype=f32)
-    rq = torch.empty_like(G)
-    rk = torch.empty_like(G)
-    X = torch.empty(B, H, N, C, C, device=dev, dtype=f32)
-    w = torch.empty(B, H, Tp, K, device=dev, dtype=f32)
-    u = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
+    G = _empty(B, H, Tp, device=dev, dtype=f32)
+    rq = _empty_like(G)
+    rk = _empty_like(G)
+    X = _empty(B, H, N, C, C, device=dev, dtype=f32)
+    w = _empty(B, H, Tp, K, device=dev, dtype=f32)
+    u = _empty(B, H, Tp, V, device=dev, dtype=f32)
     _k._prep_kernel[(N, B * H)](
         q, k, v, g, beta, G, rq, rk, X, w, u, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, num_warps=cfg.w_par,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, **cfg.par,
     )
-    states = torch.empty(B, H, N, K, V, device=dev, dtype=f32)
-    vn = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
-    Sfin = torch.empty(B, H, K, V, device=dev, dtype=f32) if need_final else states
-    _k._state_fwd_kernel[(triton.cdiv(V, cfg.BV), B * H)](
+    states = _empty(B, H, N, K, V, device=dev, dtype=f32)
+    vn = _empty(B, H, Tp, V, device=dev, dtype=f32)
+    Sfin = _empty(B, H, K, V, device=dev, dtype=f32) if need_final else states
+    _k._state_fwd_kernel[(triton.cdiv(V, cfg.BVS), B * H)](
         k, w, u, G, rk, commit if commit is not None else G, S0 if S0 is not None else G, states, vn, Sfin,
         T, H, N, Tp,
-        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BV, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
-        STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
-        num_warps=cfg.w_state,
+        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
+        STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, **cfg.seq,
     )
-    o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
+    o = _empty(B, T, H, V, device=dev, dtype=v.dtype)
     _k._output_kernel[(triton.cdiv(V, cfg.BV), N, B * H)](
         q, k, G, rq, rk, states, vn, o, scale, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.w_par,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, **cfg.par,
     )
     saved = (G, rq, rk, X, w, states, vn)
     return o, (Sfin if need_final else None), saved
@@ -97,51 +128,50 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     has_commit = commit is not None
     m_arg = commit if has_commit else G
 
-    dvl = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
-    dPD = torch.empty(B, H, N, C, C, device=dev, dtype=f32)
-    dGloc = torch.empty(B, H, Tp, device=dev, dtype=f32)
+    dvl = _empty(B, H, Tp, V, device=dev, dtype=f32)
+    dPD = _empty(B, H, N, C, C, device=dev, dtype=f32)
+    dGloc = _empty(B, H, Tp, device=dev, dtype=f32)
     _k._bwd_local_kernel[(N, BH)](
         q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, scale, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.w_par,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, **cfg.par,
     )
-    dh = torch.empty(B, H, N, K, V, device=dev, dtype=f32)
-    dvn = torch.empty(B, H, Tp, V, device=dev, dtype=f32)
-    dS0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
-    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BV), BH)](
+    dh = _empty(B, H, N, K, V, device=dev, dtype=f32)
+    dvn = _empty(B, H, Tp, V, device=dev, dtype=f32)
+    dS0 = _empty(B, H, K, V, device=dev, dtype=f32)
+    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVS), BH)](
         q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0,
         scale, T, H, N, Tp,
-        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BV, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
-        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
-        num_warps=cfg.w_state,
+        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
+        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, **cfg.seq,
     )
     del dvl
     NKT = cfg.NKT
-    dqh = torch.empty(B, H, Tp, K, device=dev, dtype=f32)
-    dkh = torch.empty_like(dqh)
-    dGp = torch.empty(NKT, BH, Tp, device=dev, dtype=f32)
-    dbp = torch.empty_like(dGp)
-    dXp = torch.empty(NKT, BH, N, C, C, device=dev, dtype=f32)
-    scp = torch.empty(NKT, BH, N, 2, device=dev, dtype=f32)
+    dqh = _empty(B, H, Tp, K, device=dev, dtype=f32)
+    dkh = _empty_like(dqh)
+    dGp = _empty(NKT, BH, Tp, device=dev, dtype=f32)
+    dbp = _empty_like(dGp)
+    dXp = _empty(NKT, BH, N, C, C, device=dev, dtype=f32)
+    scp = _empty(NKT, BH, N, 2, device=dev, dtype=f32)
     _k._bwd_k_kernel[(NKT, N, BH)](
         q, k, do, beta, G, rq, rk, m_arg, X, states, dh, vn, dvn, dPD,
         dqh, dkh, dGp, dbp, dXp, scp,
         scale, T, H, N, Tp, BH,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, HAS_COMMIT=has_commit, PREC=cfg.prec, num_warps=cfg.w_par,
+        K=K, V=V, C=C, BK=cfg.BK2, BV=cfg.BV2, HAS_COMMIT=has_commit, PREC=cfg.prec, **cfg.bwdk,
     )
     del dh, dPD
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    dg = torch.empty(B, T, H, device=dev, dtype=f32)
-    dbeta = torch.empty(B, T, H, device=dev, dtype=f32)
-    dm = torch.empty(B, N, H, device=dev, dtype=f32) if has_commit else None
+    dq = _empty_like(q)
+    dk = _empty_like(k)
+    dv = _empty_like(v)
+    dg = _empty(B, T, H, device=dev, dtype=f32)
+    dbeta = _empty(B, T, H, device=dev, dtype=f32)
+    dm = _empty(B, N, H, device=dev, dtype=f32) if has_commit else None
     _k._bwd_finish_kernel[(N, BH)](
         q, k, v, beta, G, rq, rk, m_arg, X, dvn,
         dqh, dkh, dGloc, dGp, dbp, dXp, scp,
         dq, dk, dv, dg, dbeta, dm if dm is not None else dg,
         T, H, N, Tp, BH,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, NKT=NKT, HAS_COMMIT=has_commit,
-        DECAY_UNCOMMITTED=decay_uncommitted, USE_L2=use_l2, PREC=cfg.prec, num_warps=cfg.w_par,
+        K=K, V=V, C=C, BK=cfg.BK3, BV=cfg.BV3, NKT=NKT, HAS_COMMIT=has_commit,
+        DECAY_UNCOMMITTED=decay_uncommitted, USE_L2=use_l2, PREC=cfg.prec, **cfg.fin,
     )
     return dq, dk, dv, dg, dbeta, dm, dS0
 
