@@ -38,6 +38,7 @@ DRYRUN = os.environ.get("BENCH_DRYRUN") == "1"  # CPU + TRITON_INTERPRET=1 smoke
 T_START = time.time()
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
 RESULTS: dict = {"errors": []}
+CHUNK = {"size": 64}  # kernel chunk length used by the correctness / timing sections (set by the sweep)
 
 
 def log(*a):
@@ -247,7 +248,9 @@ def correctness(quick: bool = False):
                     C.to(torch.complex64).requires_grad_(),
                     X0.to(torch.complex64).requires_grad_(),
                 ]
-                o, fin = triton_interdomain(*leaves[:6], initial_state=leaves[6], output_final_state=True)
+                o, fin = triton_interdomain(
+                    *leaves[:6], initial_state=leaves[6], output_final_state=True, chunk_size=CHUNK["size"]
+                )
                 loss2 = (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum()
                 grads = torch.autograd.grad(loss2, leaves)
                 sync()
@@ -290,7 +293,7 @@ def _peak(fn) -> float:
 def timing(Ts):
     from triton.testing import do_bench
 
-    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
+    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, triton_interdomain
 
     H, R, D, M = 16, 64, 64, 64
     rows = []
@@ -309,12 +312,14 @@ def timing(Ts):
         do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
         gnone = [q, k, v, *p_leaves]
 
-        def fwd(q=q, k=k, v=v):
-            with torch.no_grad():
-                return triton_interdomain(q, k, v, *p_leaves)[0]
+        cs = CHUNK["size"]
 
-        def fwdbwd(q=q, k=k, v=v, do=do):
-            o, _ = triton_interdomain(q, k, v, *p_leaves)
+        def fwd(q=q, k=k, v=v, cs=cs):
+            with torch.no_grad():
+                return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0]
+
+        def fwdbwd(q=q, k=k, v=v, do=do, cs=cs):
+            o, _ = triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)
             o.backward(do)
 
         fwdbwd()
@@ -324,7 +329,7 @@ def timing(Ts):
             t.grad = None
         row["id_fwd_MB"] = _peak(fwd)
         row["id_fb_MB"] = _peak(fwdbwd)
-        fl = flop_model(T, H, R, D, M)
+        fl = flop_model(T, H, R, D, M, BT=cs, BC=min(cs, kernel_config()["BC"]))
         row["id_fwd_TFLOPs"] = fl["fwd"] / (row["id_fwd_ms"] * 1e-3) / 1e12
         row["id_fb_TFLOPs"] = fl["fwdbwd"] / (row["id_fb_ms"] * 1e-3) / 1e12
         # causal SDPA, same H and head dim
@@ -399,10 +404,18 @@ def decode():
 
 @guarded("sweep")
 def sweep(T: int = 32768):
-    """A few launch configurations of forward+backward at one T (each costs a recompile)."""
+    """Launch configurations of forward+backward at one T, each with a per-stage breakdown (CUDA events around every
+    launch); the fastest forward+backward becomes the configuration of the later sections."""
     from triton.testing import do_bench
 
-    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config, triton_interdomain
+    from hybrid_attention.ops.interdomain.triton.ops import (
+        LAST_KERNELS,
+        kernel_config,
+        profile_summary,
+        profiling,
+        set_kernel_config,
+        triton_interdomain,
+    )
 
     H, R, D, M = 16, 64, 64, 64
     log_lam, Bp, C = make_params(H, M, 7, DEV)
@@ -414,17 +427,18 @@ def sweep(T: int = 32768):
     q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, 5, DEV))
     do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
     base = kernel_config()
-    variants = [
-        ("default", {}, 64),
-        ("BC32", {"BC": 32}, 64),
-        ("chunk128_BC32", {"BC": 32}, 128),
-        ("bwd_warps4", {"warps_chunk_bwd": 4}, 64),
-        ("fwd_warps8", {"warps_chunk_fwd": 8}, 64),
-        ("stages2", {"stages": 2}, 64),
+    variants = [  # (name, kernel config, chunk length L); BC = sub-chunk rows (BC == L: band matmuls only)
+        ("L64_BC64", {"BC": 64}, 64),
+        ("L64_BC64_w4", {"BC": 64, "warps_chunk_bwd": 4}, 64),
+        ("L64_BC64_w8", {"BC": 64, "warps_chunk_fwd": 8}, 64),
+        ("L64_BC32", {"BC": 32}, 64),
+        ("L64_BC16", {"BC": 16}, 64),
+        ("L128_BC64", {"BC": 64}, 128),
+        ("L32_BC32", {"BC": 32}, 32),
     ]
     rows = []
     for name, cfg, cs in variants:
-        if elapsed() > BUDGET_S:
+        if elapsed() > BUDGET_S * 0.45:
             log(f"sweep: stop before {name} (time)")
             break
         set_kernel_config(**cfg)
@@ -437,16 +451,40 @@ def sweep(T: int = 32768):
             def fwdbwd(cs=cs):
                 triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0].backward(do)
 
+            t0 = time.time()
             fwdbwd()
+            sync()
+            t_first = time.time() - t0
             tf = do_bench(fwd, warmup=3, rep=30, return_mode="median")
             tfb = do_bench(fwdbwd, warmup=3, rep=40, grad_to_none=[q, k, v, *p_leaves], return_mode="median")
-            rows.append({"variant": name, "T": T, "fwd_ms": tf, "fb_ms": tfb})
+            profiling(True)
+            for _ in range(3):
+                fwdbwd()
+            stages = {kk: round(vv / 3, 3) for kk, vv in profile_summary().items()}
+            profiling(False)
+            res = {}
+            for kname, h in LAST_KERNELS.items():
+                try:
+                    res[kname] = (h.n_regs, h.n_spills, h.metadata.shared)
+                except Exception:
+                    pass
+            rows.append({"variant": name, "cfg": cfg, "chunk": cs, "T": T, "fwd_ms": tf, "fb_ms": tfb,
+                         "first_call_s": round(t_first, 1), "stages_ms": stages, "kernels": res})  # fmt: skip
             log("sweep", json.dumps(rows[-1]))
         except Exception as exc:
             log(f"sweep {name} failed: {exc!r}")
+            traceback.print_exc()
         finally:
             set_kernel_config(**{kk: base[kk] for kk in cfg})
+        for t in (q, k, v, *p_leaves):
+            t.grad = None
     RESULTS["sweep"] = rows
+    if rows:
+        best = min(rows, key=lambda r: r["fb_ms"])
+        set_kernel_config(**best["cfg"])
+        CHUNK["size"] = best["chunk"]
+        RESULTS["chosen"] = {"variant": best["variant"], "cfg": best["cfg"], "chunk": best["chunk"]}
+        log(f"sweep: using {best['variant']} for the following sections")
 
 
 def summary():
@@ -477,10 +515,11 @@ def summary():
             f"B{r['B']}@{r['ctx'] // 1024}K: {r['id_ms'] * 1e3:.1f}/{r['sdpa_ms'] * 1e3:.1f}" for r in RESULTS["decode"]
         )
         log(f"decode us/token (interdomain graph / SDPA graph): {line}")
-    if RESULTS.get("sweep"):
-        log(
-            "sweep T=32K: " + " ".join(f"{r['variant']}={r['fwd_ms']:.2f}/{r['fb_ms']:.2f}ms" for r in RESULTS["sweep"])
-        )
+    for r in RESULTS.get("sweep", []):
+        st = " ".join(f"{k2}={v2:.2f}" for k2, v2 in r["stages_ms"].items())
+        log(f"sweep T=32K {r['variant']:<18} fwd {r['fwd_ms']:.2f} ms, f+b {r['fb_ms']:.2f} ms | f+b stages: {st}")
+    if RESULTS.get("chosen"):
+        log(f"chosen: {RESULTS['chosen']}")
     if RESULTS.get("kernels"):
         log("kernels: " + json.dumps(RESULTS["kernels"]))
     if RESULTS["errors"]:
@@ -502,11 +541,11 @@ def main():
         return
     ceilings()
     smoke()
+    if not quick:
+        sweep()
     correctness(quick)
     timing([4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
     decode()
-    if not quick:
-        sweep()
     out_dir = os.environ.get("OUT", ".")
     with open(os.path.join(out_dir, "interdomain_gpu.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)

@@ -133,6 +133,21 @@ def test_every_output_element_is_written():
         assert rel(a, b) < _tol(), (name, rel(a, b))
 
 
+@pytest.mark.parametrize("bc,chunk", [(32, 32), (32, 64)])
+def test_sub_chunk_sizes(bc, chunk):
+    """BC == L (one sub-chunk: every decay from the band matmuls) and BC = L/2."""
+    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config
+
+    old = kernel_config()["BC"]
+    set_kernel_config(BC=bc)
+    try:
+        res = run_both(1, 70, 1, 16, 16, 16, chunk, seed=31 + bc + chunk)
+    finally:
+        set_kernel_config(BC=old)
+    for name, (a, b) in res.items():
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
 def test_no_state_no_final():
     res = run_both(1, 40, 1, 16, 16, 16, 32, seed=7, with_state=False, with_final=False)
     assert set(res) == {"o", "dq", "dk", "dv", "dlog_lam", "dB", "dC"}

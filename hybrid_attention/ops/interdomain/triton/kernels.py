@@ -32,27 +32,42 @@ import triton.language as tl
 
 
 @triton.jit
+def _state_in(ptab, b_re, b_im, Lj, offs_m, offs_s, mask_m, M, BT: tl.constexpr):
+    """Input matrix of a chunk of Lj tokens, E[m, s] = B_m λ_m^{Lj-1-s} (zero for s >= Lj), and λ^{Lj}."""
+    LP = BT + 1
+    ms = offs_s < Lj
+    n = tl.where(ms, Lj - 1 - offs_s, 0)
+    pm = mask_m[:, None] & ms[None, :]
+    p_re = tl.load(ptab + n[None, :] * M + offs_m[:, None], mask=pm, other=0.0)
+    p_im = tl.load(ptab + LP * M + n[None, :] * M + offs_m[:, None], mask=pm, other=0.0)
+    e_re = b_re[:, None] * p_re - b_im[:, None] * p_im
+    e_im = b_re[:, None] * p_im + b_im[:, None] * p_re
+    l_re = tl.load(ptab + Lj * M + offs_m, mask=mask_m, other=0.0)
+    l_im = tl.load(ptab + LP * M + Lj * M + offs_m, mask=mask_m, other=0.0)
+    return e_re, e_im, l_re, l_im
+
+
+@triton.jit
 def _state_fwd_step(
     j,
+    Lj,
     x_re,
     x_im,
+    e_re,
+    e_im,
+    l_re,
+    l_im,
     k_base,
     v_base,
-    ptab,
-    b_re,
-    b_im,
     states,
     i_bh,
-    T,
     H,
     M,
     R,
     D,
     NT,
-    offs_m,
     offs_c,
     offs_s,
-    mask_m,
     is_k,
     is_v,
     st_off,
@@ -61,29 +76,19 @@ def _state_fwd_step(
     BT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
+    """Store X_j, then X_{j+1} = λ^{Lj} ⊙ X_j + E z_j (z_j the chunk's [k | v] channels of this block)."""
     NC = R + D
-    LP = BT + 1
     if STORE_STATES:
         s_base = states + (i_bh * NT + j) * 2 * M * NC
         tl.store(s_base + st_off, x_re, mask=st_mask)
         tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
-    t0 = j * BT
-    Lj = tl.minimum(BT, T - t0)
+    rows = j * BT + offs_s
     ms = offs_s < Lj
-    n = tl.where(ms, Lj - 1 - offs_s, 0)
-    pm = mask_m[:, None] & ms[None, :]
-    p_re = tl.load(ptab + n[None, :] * M + offs_m[:, None], mask=pm, other=0.0)
-    p_im = tl.load(ptab + LP * M + n[None, :] * M + offs_m[:, None], mask=pm, other=0.0)
-    e_re = b_re[:, None] * p_re - b_im[:, None] * p_im
-    e_im = b_re[:, None] * p_im + b_im[:, None] * p_re
-    rows = t0 + offs_s
     zk = tl.load(k_base + rows[:, None] * (H * R) + offs_c[None, :], mask=ms[:, None] & is_k[None, :], other=0.0)
     zv = tl.load(v_base + rows[:, None] * (H * D) + (offs_c - R)[None, :], mask=ms[:, None] & is_v[None, :], other=0.0)
     z = zk.to(tl.float32) + zv.to(tl.float32)
     dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
     dx_im = tl.dot(e_im, z, input_precision=DOT_PREC)
-    l_re = tl.load(ptab + Lj * M + offs_m, mask=mask_m, other=0.0)
-    l_im = tl.load(ptab + LP * M + Lj * M + offs_m, mask=mask_m, other=0.0)
     nx_re = l_re[:, None] * x_re - l_im[:, None] * x_im + dx_re
     nx_im = l_re[:, None] * x_im + l_im[:, None] * x_re + dx_im
     return nx_re, nx_im
@@ -140,73 +145,49 @@ def _state_fwd(
     else:
         x_re = tl.zeros([BMS, BCH], dtype=tl.float32)
         x_im = tl.zeros([BMS, BCH], dtype=tl.float32)
+    # every full chunk has the same input matrix E and carry λ^BT: computed once, outside the loop
+    e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, BT, offs_m, offs_s, mask_m, M, BT)
+    n_full = T // BT
     if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
         j = 0
-        while j < NT:
+        while j < n_full:
             x_re, x_im = _state_fwd_step(
-                j,
-                x_re,
-                x_im,
-                k_base,
-                v_base,
-                ptab,
-                b_re,
-                b_im,
-                states,
-                i_bh,
-                T,
-                H,
-                M,
-                R,
-                D,
-                NT,
-                offs_m,
-                offs_c,
-                offs_s,
-                mask_m,
-                is_k,
-                is_v,
-                st_off,
-                st_mask,
-                STORE_STATES,
-                BT,
-                DOT_PREC,
-            )
+                j, BT, x_re, x_im, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+                offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
+            )  # fmt: skip
             j += 1
     else:
-        for j in range(NT):
+        for j in range(n_full):
             x_re, x_im = _state_fwd_step(
-                j,
-                x_re,
-                x_im,
-                k_base,
-                v_base,
-                ptab,
-                b_re,
-                b_im,
-                states,
-                i_bh,
-                T,
-                H,
-                M,
-                R,
-                D,
-                NT,
-                offs_m,
-                offs_c,
-                offs_s,
-                mask_m,
-                is_k,
-                is_v,
-                st_off,
-                st_mask,
-                STORE_STATES,
-                BT,
-                DOT_PREC,
-            )
+                j, BT, x_re, x_im, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+                offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
+            )  # fmt: skip
+    if n_full < NT:  # partial last chunk
+        L_last = T - n_full * BT
+        e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, L_last, offs_m, offs_s, mask_m, M, BT)
+        x_re, x_im = _state_fwd_step(
+            n_full, L_last, x_re, x_im, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+            offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
+        )  # fmt: skip
     if STORE_FINAL:
         tl.store(final + i_bh * 2 * M * NC + st_off, x_re, mask=st_mask)
         tl.store(final + i_bh * 2 * M * NC + M * NC + st_off, x_im, mask=st_mask)
+
+
+@triton.jit
+def _band(X, t_abs, offs_tc):
+    """[BC, BT] tile X (rows t of one sub-chunk) -> band [BC, BC] with band[t, d] = X[t, t - d] for d <= t - b_i."""
+    idx = tl.maximum(t_abs[:, None] - offs_tc[None, :], 0)
+    ok = offs_tc[None, :] <= offs_tc[:, None]
+    return tl.where(ok, tl.gather(X, idx, axis=1), 0.0)
+
+
+@triton.jit
+def _unband(Wb, t_abs, offs_tc, offs_s, BC: tl.constexpr):
+    """band [BC, BC] (Wb[t, d]) -> dense [BC, BT] tile with W[t, s] = Wb[t, t - s] inside the diagonal block."""
+    dd = t_abs[:, None] - offs_s[None, :]
+    ok = (dd >= 0) & (dd <= offs_tc[:, None])
+    return tl.where(ok, tl.gather(Wb, tl.minimum(tl.maximum(dd, 0), BC - 1), axis=1), 0.0)
 
 
 @triton.jit
@@ -237,6 +218,7 @@ def _chunk_fwd(
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
+    DIAG_GATHER: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -244,6 +226,7 @@ def _chunk_fwd(
     h = i_bh % H
     NC = R + D
     LP = BT + 1
+    HAS_CROSS: tl.constexpr = BT > BC  # BC == BT: one sub-chunk, every decay comes from the band matmuls
     t0 = i_t * BT
     Lj = tl.minimum(BT, T - t0)
     offs_s = tl.arange(0, BT)
@@ -285,22 +268,31 @@ def _chunk_fwd(
         else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
             S = tl.dot(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
         S = tl.where(causal, S, 0.0)
-        cross = offs_s < bi
-        Sx = tl.where(cross[None, :], S, 0.0)
-        gm = cross[:, None] & am
-        gidx = tl.where(cross, bi - offs_s, 0)
-        g_re = tl.load(ptab + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
-        g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
-        y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
-        y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
-        pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
-        for d in range(BC):
-            sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-            sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
-            pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-            pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-            pt_re += sd[:, None] * pd_re[None, :]
-            pt_im += sd[:, None] * pd_im[None, :]
+        if HAS_CROSS:  # columns of earlier sub-chunks: λ^{t-s} = λ^{t-b_i} λ^{b_i-s}, both exponents >= 0
+            cross = offs_s < bi
+            Sx = tl.where(cross[None, :], S, 0.0)
+            gm = cross[:, None] & am
+            gidx = tl.where(cross, bi - offs_s, 0)
+            g_re = tl.load(ptab + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
+            g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
+            y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
+            y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
+            pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
+        else:
+            pt_re = tl.zeros([BC, BM], dtype=tl.float32)
+            pt_im = tl.zeros([BC, BM], dtype=tl.float32)
+        if DIAG_GATHER:  # diagonal block as a band matmul: Σ_d S[t, t-d] λ^d = (band(S) @ P[0:BC])[t]
+            Sb = _band(S, t_abs, offs_tc)
+            pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
+            pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
+        else:
+            for d in range(BC):
+                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
+                sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
+                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
+                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
+                pt_re += sd[:, None] * pd_re[None, :]
+                pt_im += sd[:, None] * pd_im[None, :]
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         xm = mask_m[:, None] & mask_r[None, :]
@@ -320,16 +312,25 @@ def _chunk_fwd(
         r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
         r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
         rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
-        ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
-        W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-            ra_im, tl.trans(g_im), input_precision=DOT_PREC
-        )
-        for d in range(BC):
-            sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-            pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-            pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-            wd = tl.sum(rp_re * pd_re[None, :] - rp_im * pd_im[None, :], axis=1)
-            W += tl.where(sel, wd[:, None], 0.0)
+        if HAS_CROSS:
+            ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
+            W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
+                ra_im, tl.trans(g_im), input_precision=DOT_PREC
+            )
+        else:
+            W = tl.zeros([BC, BT], dtype=tl.float32)
+        if DIAG_GATHER:  # W[t, t-d] = Re Σ_m rp[t, m] λ_m^d = (Re(rp @ P[0:BC]ᵀ))[t, d], scattered back to [t, s]
+            wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
+                rp_im, tl.trans(a_im), input_precision=DOT_PREC
+            )
+            W += _unband(wb, t_abs, offs_tc, offs_s, BC)
+        else:
+            for d in range(BC):
+                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
+                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
+                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
+                wd = tl.sum(rp_re * pd_re[None, :] - rp_im * pd_im[None, :], axis=1)
+                W += tl.where(sel, wd[:, None], 0.0)
         W = tl.where(causal, W, 0.0)
         vm = mask_m[:, None] & mask_d[None, :]
         xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
@@ -377,6 +378,7 @@ def _chunk_bwd(
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
+    DIAG_GATHER: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -384,6 +386,7 @@ def _chunk_bwd(
     h = i_bh % H
     NC = R + D
     LP = BT + 1
+    HAS_CROSS: tl.constexpr = BT > BC  # BC == BT: one sub-chunk, every decay comes from the band matmuls
     t0 = i_t * BT
     Lj = tl.minimum(BT, T - t0)
     offs_s = tl.arange(0, BT)
@@ -407,6 +410,7 @@ def _chunk_bwd(
     a_re = tl.load(ptab + offs_tc[:, None] * M + offs_m[None, :], mask=am, other=0.0)
     a_im = tl.load(ptab + LP * M + offs_tc[:, None] * M + offs_m[None, :], mask=am, other=0.0)
     tcf = offs_tc.to(tl.float32)[:, None]
+    dcol = offs_tc.to(tl.float32)[None, :]  # the offset d of a band column
 
     dk_acc = tl.zeros([BT, BR], dtype=tl.float32)
     dv_acc = tl.zeros([BT, BD], dtype=tl.float32)
@@ -437,30 +441,44 @@ def _chunk_bwd(
         else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
             S = tl.dot(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
         S = tl.where(causal, S, 0.0)
-        cross = offs_s < bi
-        Sx = tl.where(cross[None, :], S, 0.0)
-        gm = cross[:, None] & am
-        gidx = tl.where(cross, bi - offs_s, 0)
-        g_re = tl.load(ptab + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
-        g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
-        gidf = gidx.to(tl.float32)[:, None]
-        y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
-        y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
-        yd_re = tl.dot(Sx, gidf * g_re, input_precision=DOT_PREC)
-        yd_im = tl.dot(Sx, gidf * g_im, input_precision=DOT_PREC)
-        pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
-        ptd_re, ptd_im = _cmul(a_re, a_im, yd_re, yd_im)
-        ptd_re += tcf * pt_re
-        ptd_im += tcf * pt_im
-        for d in range(BC):
-            sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-            sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
-            pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-            pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-            pt_re += sd[:, None] * pd_re[None, :]
-            pt_im += sd[:, None] * pd_im[None, :]
-            ptd_re += (sd * d)[:, None] * pd_re[None, :]
-            ptd_im += (sd * d)[:, None] * pd_im[None, :]
+        if HAS_CROSS:
+            cross = offs_s < bi
+            Sx = tl.where(cross[None, :], S, 0.0)
+            gm = cross[:, None] & am
+            gidx = tl.where(cross, bi - offs_s, 0)
+            g_re = tl.load(ptab + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
+            g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
+            gidf = gidx.to(tl.float32)[:, None]
+            y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
+            y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
+            yd_re = tl.dot(Sx, gidf * g_re, input_precision=DOT_PREC)
+            yd_im = tl.dot(Sx, gidf * g_im, input_precision=DOT_PREC)
+            pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
+            ptd_re, ptd_im = _cmul(a_re, a_im, yd_re, yd_im)
+            ptd_re += tcf * pt_re
+            ptd_im += tcf * pt_im
+        else:
+            pt_re = tl.zeros([BC, BM], dtype=tl.float32)
+            pt_im = tl.zeros([BC, BM], dtype=tl.float32)
+            ptd_re = tl.zeros([BC, BM], dtype=tl.float32)
+            ptd_im = tl.zeros([BC, BM], dtype=tl.float32)
+        if DIAG_GATHER:
+            Sb = _band(S, t_abs, offs_tc)
+            Sbd = Sb * dcol
+            pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
+            pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
+            ptd_re += tl.dot(Sbd, a_re, input_precision=DOT_PREC)
+            ptd_im += tl.dot(Sbd, a_im, input_precision=DOT_PREC)
+        else:
+            for d in range(BC):
+                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
+                sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
+                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
+                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
+                pt_re += sd[:, None] * pd_re[None, :]
+                pt_im += sd[:, None] * pd_im[None, :]
+                ptd_re += (sd * d)[:, None] * pd_re[None, :]
+                ptd_im += (sd * d)[:, None] * pd_im[None, :]
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         xm = mask_m[:, None] & mask_r[None, :]
@@ -479,16 +497,25 @@ def _chunk_bwd(
         r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
         r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
         rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
-        ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
-        W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-            ra_im, tl.trans(g_im), input_precision=DOT_PREC
-        )
-        for d in range(BC):
-            sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-            pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-            pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-            wd = tl.sum(rp_re * pd_re[None, :] - rp_im * pd_im[None, :], axis=1)
-            W += tl.where(sel, wd[:, None], 0.0)
+        if HAS_CROSS:
+            ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
+            W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
+                ra_im, tl.trans(g_im), input_precision=DOT_PREC
+            )
+        else:
+            W = tl.zeros([BC, BT], dtype=tl.float32)
+        if DIAG_GATHER:  # W[t, t-d] = Re Σ_m rp[t, m] λ_m^d = (Re(rp @ P[0:BC]ᵀ))[t, d], scattered back to [t, s]
+            wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
+                rp_im, tl.trans(a_im), input_precision=DOT_PREC
+            )
+            W += _unband(wb, t_abs, offs_tc, offs_s, BC)
+        else:
+            for d in range(BC):
+                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
+                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
+                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
+                wd = tl.sum(rp_re * pd_re[None, :] - rp_im * pd_im[None, :], axis=1)
+                W += tl.where(sel, wd[:, None], 0.0)
         W = tl.where(causal, W, 0.0)
         ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
 
@@ -500,24 +527,38 @@ def _chunk_bwd(
         doi = tl.load(do + tok_d + t_abs[:, None] * (H * D) + offs_d[None, :], mask=rmask_d, other=0.0).to(tl.float32)
         dW = tl.where(causal, tl.dot(doi, tl.trans(vcf), input_precision=DOT_PREC), 0.0)
         dv_acc += tl.dot(tl.trans(W), doi, input_precision=DOT_PREC)
-        dWx = tl.where(cross[None, :], dW, 0.0)
-        fy_re = tl.dot(dWx, g_re, input_precision=DOT_PREC)
-        fy_im = tl.dot(dWx, g_im, input_precision=DOT_PREC)
-        fyd_re = tl.dot(dWx, gidf * g_re, input_precision=DOT_PREC)
-        fyd_im = tl.dot(dWx, gidf * g_im, input_precision=DOT_PREC)
-        fw_re, fw_im = _cmul(a_re, a_im, fy_re, fy_im)
-        fwd_re, fwd_im = _cmul(a_re, a_im, fyd_re, fyd_im)
-        fwd_re += tcf * fw_re
-        fwd_im += tcf * fw_im
-        for d in range(BC):
-            sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-            sd = tl.sum(tl.where(sel, dW, 0.0), axis=1)
-            pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-            pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-            fw_re += sd[:, None] * pd_re[None, :]
-            fw_im += sd[:, None] * pd_im[None, :]
-            fwd_re += (sd * d)[:, None] * pd_re[None, :]
-            fwd_im += (sd * d)[:, None] * pd_im[None, :]
+        if HAS_CROSS:
+            dWx = tl.where(cross[None, :], dW, 0.0)
+            fy_re = tl.dot(dWx, g_re, input_precision=DOT_PREC)
+            fy_im = tl.dot(dWx, g_im, input_precision=DOT_PREC)
+            fyd_re = tl.dot(dWx, gidf * g_re, input_precision=DOT_PREC)
+            fyd_im = tl.dot(dWx, gidf * g_im, input_precision=DOT_PREC)
+            fw_re, fw_im = _cmul(a_re, a_im, fy_re, fy_im)
+            fwd_re, fwd_im = _cmul(a_re, a_im, fyd_re, fyd_im)
+            fwd_re += tcf * fw_re
+            fwd_im += tcf * fw_im
+        else:
+            fw_re = tl.zeros([BC, BM], dtype=tl.float32)
+            fw_im = tl.zeros([BC, BM], dtype=tl.float32)
+            fwd_re = tl.zeros([BC, BM], dtype=tl.float32)
+            fwd_im = tl.zeros([BC, BM], dtype=tl.float32)
+        if DIAG_GATHER:
+            dWb = _band(dW, t_abs, offs_tc)
+            dWbd = dWb * dcol
+            fw_re += tl.dot(dWb, a_re, input_precision=DOT_PREC)
+            fw_im += tl.dot(dWb, a_im, input_precision=DOT_PREC)
+            fwd_re += tl.dot(dWbd, a_re, input_precision=DOT_PREC)
+            fwd_im += tl.dot(dWbd, a_im, input_precision=DOT_PREC)
+        else:
+            for d in range(BC):
+                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
+                sd = tl.sum(tl.where(sel, dW, 0.0), axis=1)
+                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
+                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
+                fw_re += sd[:, None] * pd_re[None, :]
+                fw_im += sd[:, None] * pd_im[None, :]
+                fwd_re += (sd * d)[:, None] * pd_re[None, :]
+                fwd_im += (sd * d)[:, None] * pd_im[None, :]
         vm = mask_m[:, None] & mask_d[None, :]
         xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
         xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
@@ -543,16 +584,25 @@ def _chunk_bwd(
         # gS = F2(conj(gp) * B)
         cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
         cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
-        ca_re, ca_im = _cmul(cg_re, cg_im, a_re, a_im)
-        gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-            ca_im, tl.trans(g_im), input_precision=DOT_PREC
-        )
-        for d in range(BC):
-            sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-            pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-            pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-            wd = tl.sum(cg_re * pd_re[None, :] - cg_im * pd_im[None, :], axis=1)
-            gS += tl.where(sel, wd[:, None], 0.0)
+        if HAS_CROSS:
+            ca_re, ca_im = _cmul(cg_re, cg_im, a_re, a_im)
+            gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
+                ca_im, tl.trans(g_im), input_precision=DOT_PREC
+            )
+        else:
+            gS = tl.zeros([BC, BT], dtype=tl.float32)
+        if DIAG_GATHER:
+            gb_band = tl.dot(cg_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
+                cg_im, tl.trans(a_im), input_precision=DOT_PREC
+            )
+            gS += _unband(gb_band, t_abs, offs_tc, offs_s, BC)
+        else:
+            for d in range(BC):
+                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
+                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
+                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
+                wd = tl.sum(cg_re * pd_re[None, :] - cg_im * pd_im[None, :], axis=1)
+                gS += tl.where(sel, wd[:, None], 0.0)
         gS = tl.where(causal, gS, 0.0)
         # g_b = gp * conj(Din)
         gbv_re = gp_re * din_re + gp_im * din_im
@@ -607,35 +657,23 @@ def _chunk_bwd(
 
 @triton.jit
 def _state_bwd_step(
-    j,
-    e_re,
-    e_im,
-    acc_re,
-    acc_im,
-    dx,
-    states,
-    ptab,
-    i_bh,
-    T,
-    M,
-    NC,
-    NT,
-    offs_m,
-    mask_m,
-    st_off,
-    st_mask,
-    BT: tl.constexpr,
-):
+    j, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, i_bh, T, M, NC, NT, offs_m, mask_m,
+    st_off, st_mask, BT: tl.constexpr,
+):  # fmt: skip
+    """One reverse step on chunk j (its local adjoint loc and state x were prefetched one step earlier); prefetches
+    chunk j-1's and returns them."""
     LP = BT + 1
-    t0 = j * BT
-    Lj = tl.minimum(BT, T - t0)
+    has_prev = j > 0
+    pbase = (i_bh * NT + tl.maximum(j - 1, 0)) * 2 * M * NC
+    pmask = st_mask & has_prev
+    nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
+    nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
+    nx_im = tl.load(states + pbase + M * NC + st_off, mask=pmask, other=0.0)
     base = (i_bh * NT + j) * 2 * M * NC
-    loc_re = tl.load(dx + base + st_off, mask=st_mask, other=0.0)
-    loc_im = tl.load(dx + base + M * NC + st_off, mask=st_mask, other=0.0)
     tl.store(dx + base + st_off, e_re, mask=st_mask)
     tl.store(dx + base + M * NC + st_off, e_im, mask=st_mask)
-    x_re = tl.load(states + base + st_off, mask=st_mask, other=0.0)
-    x_im = tl.load(states + base + M * NC + st_off, mask=st_mask, other=0.0)
+    Lj = tl.minimum(BT, T - j * BT)
     l_re = tl.load(ptab + Lj * M + offs_m, mask=mask_m, other=0.0)
     l_im = tl.load(ptab + LP * M + Lj * M + offs_m, mask=mask_m, other=0.0)
     # s = Σ_c conj(X_j) dXe_j ; acc += Lj conj(λ^Lj) s
@@ -646,7 +684,7 @@ def _state_bwd_step(
     acc_im += lf * (l_re * s_im - l_im * s_re)
     ne_re = l_re[:, None] * e_re + l_im[:, None] * e_im + loc_re
     ne_im = l_re[:, None] * e_im - l_im[:, None] * e_re + loc_im
-    return ne_re, ne_im, acc_re, acc_im
+    return ne_re, ne_im, acc_re, acc_im, nloc_re, nloc_im, nx_re, nx_im
 
 
 @triton.jit
@@ -671,7 +709,8 @@ def _state_bwd(
     BCH: tl.constexpr,
 ):
     """Reverse adjoint scan. On entry dx[j] holds chunk j's local adjoint of X_j; on exit dx[j] holds dXe_j, the
-    total adjoint of the state after chunk j (= X_{j+1}), which ``_chunk_dz`` turns into dk/dv."""
+    total adjoint of the state after chunk j (= X_{j+1}), which ``_chunk_dz`` turns into dk/dv. Loads are
+    software-prefetched one chunk ahead (the loop has no matmul for the compiler to pipeline around)."""
     i_c = tl.program_id(0)
     i_m = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -694,52 +733,25 @@ def _state_bwd(
         e_im = tl.zeros([BMS, BCH], dtype=tl.float32)
     acc_re = tl.zeros([BMS], dtype=tl.float32)
     acc_im = tl.zeros([BMS], dtype=tl.float32)
+    last = (i_bh * NT + NT - 1) * 2 * M * NC
+    loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
+    loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
+    x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
+    x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
     if USE_WHILE:
         jj = 0
         while jj < NT:
-            e_re, e_im, acc_re, acc_im = _state_bwd_step(
-                NT - 1 - jj,
-                e_re,
-                e_im,
-                acc_re,
-                acc_im,
-                dx,
-                states,
-                ptab,
-                i_bh,
-                T,
-                M,
-                NC,
-                NT,
-                offs_m,
-                mask_m,
-                st_off,
-                st_mask,
-                BT,
-            )
+            e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im = _state_bwd_step(
+                NT - 1 - jj, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, i_bh, T, M,
+                NC, NT, offs_m, mask_m, st_off, st_mask, BT,
+            )  # fmt: skip
             jj += 1
     else:
         for jj in range(NT):
-            e_re, e_im, acc_re, acc_im = _state_bwd_step(
-                NT - 1 - jj,
-                e_re,
-                e_im,
-                acc_re,
-                acc_im,
-                dx,
-                states,
-                ptab,
-                i_bh,
-                T,
-                M,
-                NC,
-                NT,
-                offs_m,
-                mask_m,
-                st_off,
-                st_mask,
-                BT,
-            )
+            e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im = _state_bwd_step(
+                NT - 1 - jj, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, i_bh, T, M,
+                NC, NT, offs_m, mask_m, st_off, st_mask, BT,
+            )  # fmt: skip
     if STORE_DINIT:
         tl.store(dinit + i_bh * 2 * M * NC + st_off, e_re, mask=st_mask)
         tl.store(dinit + i_bh * 2 * M * NC + M * NC + st_off, e_im, mask=st_mask)

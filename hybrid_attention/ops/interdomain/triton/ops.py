@@ -17,6 +17,7 @@ state is ever materialised.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import triton
@@ -42,11 +43,40 @@ _CFG = {
     "stages": 1,  # software pipelining depth of the parallel chunk kernels
     "stages_state": 2,  # ... and of the sequential state scans (their loads do not depend on the carried state)
     "dot_prec": "tf32",  # input precision of float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
+    "diag_gather": True,  # diagonal sub-chunk blocks as band matmuls (tl.gather); False: per-offset loop (v1)
+    "warps_dz": 8,
     "poison": False,  # fill every kernel-written buffer with NaN before the launch (tests / benchmark check)
 }
 
 # Compiled kernel handles of the last launches (GPU only): registers / spills / shared memory for the notes.
 LAST_KERNELS: dict = {}
+# Per-stage CUDA-event timings, collected only while ``profiling(True)`` (benchmark breakdown).
+_PROFILE: dict = {"on": False, "events": {}}
+
+
+def profiling(on: bool) -> None:
+    """Start (clearing earlier records) or stop recording per-stage CUDA events."""
+    _PROFILE["on"] = bool(on) and torch.cuda.is_available()
+    if on:
+        _PROFILE["events"] = {}
+
+
+def profile_summary() -> dict:
+    """{stage: total milliseconds} over the recorded launches (synchronises)."""
+    torch.cuda.synchronize()
+    return {k: sum(s.elapsed_time(e) for s, e in v) for k, v in _PROFILE["events"].items()}
+
+
+@contextmanager
+def _stage(name: str):
+    if not _PROFILE["on"]:
+        yield
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    yield
+    end.record()
+    _PROFILE["events"].setdefault(name, []).append((start, end))
 
 
 def kernel_config() -> dict:
@@ -114,7 +144,18 @@ def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool):
     BMS = min(_CFG["BMS"], _np2(M))
     BCH = min(_CFG["BCH"], _np2(NC))
     grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), Bsz * H)
-    h = K._state_fwd[grid](
+    with _stage("state_fwd"):
+        h = _launch_state_fwd(
+            grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH
+        )
+    _record("state_fwd", h)
+    return states, final
+
+
+def _launch_state_fwd(
+    grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH
+):
+    return K._state_fwd[grid](
         k,
         v,
         P,
@@ -139,8 +180,6 @@ def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool):
         num_warps=_CFG["warps_state"],
         num_stages=_CFG["stages_state"],
     )
-    _record("state_fwd", h)
-    return states, final
 
 
 def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool):
@@ -153,35 +192,38 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
     if T == 0:
         fin = init.clone() if init is not None else q.new_zeros(Bsz, H, 2, M, R + D, dtype=torch.float32)
         return o, (fin if need_final else q.new_empty(0, dtype=torch.float32))
-    P = _power_table(ll, BT)
+    with _stage("host_prep"):
+        P = _power_table(ll, BT)
     states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final)
     NT = triton.cdiv(T, BT)
     BC = min(_CFG["BC"], BT)
-    h = K._chunk_fwd[(NT, Bsz * H)](
-        q,
-        k,
-        v,
-        o,
-        P,
-        bb,
-        kk,
-        states,
-        T,
-        H,
-        M,
-        R,
-        D,
-        NT,
-        BT=BT,
-        BC=BC,
-        BR=_np2(R),
-        BD=_np2(D),
-        BM=_np2(M),
-        DOT_PREC=_prec(),
-        LP_DOT=_lp_dot(q),
-        num_warps=_CFG["warps_chunk_fwd"],
-        num_stages=_CFG["stages"],
-    )
+    with _stage("chunk_fwd"):
+        h = K._chunk_fwd[(NT, Bsz * H)](
+            q,
+            k,
+            v,
+            o,
+            P,
+            bb,
+            kk,
+            states,
+            T,
+            H,
+            M,
+            R,
+            D,
+            NT,
+            BT=BT,
+            BC=BC,
+            BR=_np2(R),
+            BD=_np2(D),
+            BM=_np2(M),
+            DOT_PREC=_prec(),
+            LP_DOT=_lp_dot(q),
+            DIAG_GATHER=_CFG["diag_gather"],
+            num_warps=_CFG["warps_chunk_fwd"],
+            num_stages=_CFG["stages"],
+        )
     _record("chunk_fwd", h)
     fin = final.view(Bsz, H, 2, M, R + D) if need_final else q.new_empty(0, dtype=torch.float32)
     return o, fin
@@ -209,7 +251,8 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
             dinit if dinit is not None else q.new_empty(0, dtype=f32),
         )
     NT = triton.cdiv(T, BT)
-    P = _power_table(ll, BT)
+    with _stage("host_prep"):
+        P = _power_table(ll, BT)
     states, _ = _states_fwd(k, v, P, bb, init, BT, True, False)
     dq = _empty(Bsz, T, H, R, device=dev)
     dk = _empty(Bsz, T, H, R, device=dev)
@@ -220,38 +263,40 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     gl_part = _empty(Bsz * H, NT, 2, M, device=dev)
     BC = min(_CFG["BC"], BT)
     do = do.contiguous()
-    h = K._chunk_bwd[(NT, Bsz * H)](
-        q,
-        k,
-        v,
-        do,
-        dq,
-        dk,
-        dv,
-        P,
-        bb,
-        kk,
-        states,
-        dx,
-        gk_part,
-        gb_part,
-        gl_part,
-        T,
-        H,
-        M,
-        R,
-        D,
-        NT,
-        BT=BT,
-        BC=BC,
-        BR=_np2(R),
-        BD=_np2(D),
-        BM=_np2(M),
-        DOT_PREC=_prec(),
-        LP_DOT=_lp_dot(q),
-        num_warps=_CFG["warps_chunk_bwd"],
-        num_stages=_CFG["stages"],
-    )
+    with _stage("chunk_bwd"):
+        h = K._chunk_bwd[(NT, Bsz * H)](
+            q,
+            k,
+            v,
+            do,
+            dq,
+            dk,
+            dv,
+            P,
+            bb,
+            kk,
+            states,
+            dx,
+            gk_part,
+            gb_part,
+            gl_part,
+            T,
+            H,
+            M,
+            R,
+            D,
+            NT,
+            BT=BT,
+            BC=BC,
+            BR=_np2(R),
+            BD=_np2(D),
+            BM=_np2(M),
+            DOT_PREC=_prec(),
+            LP_DOT=_lp_dot(q),
+            DIAG_GATHER=_CFG["diag_gather"],
+            num_warps=_CFG["warps_chunk_bwd"],
+            num_stages=_CFG["stages"],
+        )
     _record("chunk_bwd", h)
     BMS = min(_CFG["BMS"], _np2(M))
     BCH = min(_CFG["BCH"], _np2(NC))
@@ -259,65 +304,68 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     gl_part2 = _empty(Bsz * H, n_cb, 2, M, device=dev)
     dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
     has_df = dfinal is not None
-    h = K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
-        P,
-        states,
-        dx,
-        dfinal.contiguous() if has_df else dx,
-        dinit,
-        gl_part2,
-        T,
-        H,
-        M,
-        R,
-        D,
-        NT,
-        HAS_DFINAL=has_df,
-        STORE_DINIT=init is not None,
-        USE_WHILE=_INTERPRET,
-        BT=BT,
-        BMS=BMS,
-        BCH=BCH,
-        num_warps=_CFG["warps_state"],
-        num_stages=_CFG["stages_state"],
-    )
+    with _stage("state_bwd"):
+        h = K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
+            P,
+            states,
+            dx,
+            dfinal.contiguous() if has_df else dx,
+            dinit,
+            gl_part2,
+            T,
+            H,
+            M,
+            R,
+            D,
+            NT,
+            HAS_DFINAL=has_df,
+            STORE_DINIT=init is not None,
+            USE_WHILE=_INTERPRET,
+            BT=BT,
+            BMS=BMS,
+            BCH=BCH,
+            num_warps=_CFG["warps_state"],
+            num_stages=_CFG["stages_state"],
+        )
     _record("state_bwd", h)
     del states
     BCHZ = min(_CFG["BCH_DZ"], _np2(NC))
     n_cbz = triton.cdiv(NC, BCHZ)
     gb_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
     gl_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
-    h = K._chunk_dz[(NT, Bsz * H, n_cbz)](
-        k,
-        v,
-        dk,
-        dv,
-        P,
-        bb,
-        dx,
-        gb_part3,
-        gl_part3,
-        T,
-        H,
-        M,
-        R,
-        D,
-        NT,
-        BT=BT,
-        BM=_np2(M),
-        BCH=BCHZ,
-        DOT_PREC=_prec(),
-        num_warps=_CFG["warps_state"],
-        num_stages=_CFG["stages"],
-    )
+    with _stage("chunk_dz"):
+        h = K._chunk_dz[(NT, Bsz * H, n_cbz)](
+            k,
+            v,
+            dk,
+            dv,
+            P,
+            bb,
+            dx,
+            gb_part3,
+            gl_part3,
+            T,
+            H,
+            M,
+            R,
+            D,
+            NT,
+            BT=BT,
+            BM=_np2(M),
+            BCH=BCHZ,
+            DOT_PREC=_prec(),
+            num_warps=_CFG["warps_dz"],
+            num_stages=_CFG["stages"],
+        )
     _record("chunk_dz", h)
-    dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
-    dbb = gb_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-    dll = (
-        gl_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
-        + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
-        + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-    )
+    with _stage("host_reduce"):
+        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
+        dbb = gb_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+        dll = (
+            gl_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
+            + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
+            + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+        )
     dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dll, dbb, dkk, dinit_out
 
