@@ -98,6 +98,15 @@ def test_tiled_dims_and_no_l2():
             assert rel(a.cpu(), b) < TOL, (use_l2, name, rel(a.cpu(), b))
 
 
+@pytest.mark.parametrize("C", [64, 128])
+def test_large_chunks_blocked_inverse(C):
+    # C = 64 / 128: 4 / 8 diagonal 16x16 blocks in the blocked (I + A)^{-1}
+    inputs, do, dS = make_case(1, 2 * C + 22, 1, 16, 16, C, "relaxed", True, seed=C)
+    tri, ref = run_both(inputs, do, dS, C, C == 64)
+    for name, a, b in zip(NAMES, tri, ref):
+        assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+
+
 def test_forward_only_and_dispatch():
     inputs, _, _ = make_case(1, 20, 2, 16, 16, 16, "random", True, seed=3)
     q, k, v, g, beta, commit, S0 = (x.to(DEVICE) for x in inputs)

@@ -38,7 +38,9 @@ LOG2E = 1.4426950408889634
 
 # Launch configuration (C = 64 on the GPU). QC: chunks per query tile of the forward / dq kernels; QB: query rows per
 # step of the dk/dv kernel. The benchmark may override these to compare variants.
-LAUNCH = {"fwd_qc": 2, "fwd_warps": 8, "fwd_stages": 3, "dq_qc": 2, "dq_warps": 8, "dq_stages": 2,
+# H200 run 1 (T = 16K / 64K, 30% routed): fwd QC=1/4 warps/3 stages 0.62 / 7.85 ms vs QC=2/8/3 0.88 / 10.8 ms;
+# dq QC=1/4/2 saved 0.25 / 2.8 ms of forward+backward vs QC=2/8/2; dk/dv QB=64/4 warps/2 stages was the best tried.
+LAUNCH = {"fwd_qc": 1, "fwd_warps": 4, "fwd_stages": 3, "dq_qc": 1, "dq_warps": 4, "dq_stages": 2,
           "dkv_qb": 64, "dkv_warps": 4, "dkv_stages": 2}
 
 

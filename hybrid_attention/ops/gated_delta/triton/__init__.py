@@ -14,6 +14,7 @@ except Exception:  # pragma: no cover - ImportError, or a broken triton install
 
 if TRITON_AVAILABLE:
     from .function import triton_gated_delta, triton_supported
+    from .mixed import natsl_mixed
 else:  # pragma: no cover
 
     def triton_supported(*args, **kwargs) -> bool:  # type: ignore[misc]
@@ -22,5 +23,8 @@ else:  # pragma: no cover
     def triton_gated_delta(*args, **kwargs):  # type: ignore[misc]
         raise RuntimeError("triton is not installed; use backend='reference'")
 
+    def natsl_mixed(*args, **kwargs):  # type: ignore[misc]
+        raise RuntimeError("triton is not installed")
 
-__all__ = ["TRITON_AVAILABLE", "triton_gated_delta", "triton_supported"]
+
+__all__ = ["TRITON_AVAILABLE", "triton_gated_delta", "triton_supported", "natsl_mixed"]

@@ -52,7 +52,8 @@ def triton_supported(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
 # machine (ptxas -v: no or small spills at 8 warps); the benchmark may override entries to compare variants.
 LAUNCH = {
     "par_bk": 64, "par_bv": 64, "par_warps": 8, "par_stages": 1,  # prep, output, bwd_local
-    "seq_bv": 32, "seq_warps": 8, "seq_stages": 1,  # state_fwd, state_bwd (grid: V / seq_bv x B*H)
+    "seqf_bv": 16, "seqf_warps": 4, "seqf_stages": 1,  # state_fwd (grid: V / seqf_bv x B*H)
+    "seqb_bv": 16, "seqb_warps": 8, "seqb_stages": 1,  # state_bwd
     "bwdk_bk": 64, "bwdk_bv": 32, "bwdk_warps": 8, "bwdk_stages": 1,
     "fin_bk": 32, "fin_bv": 32, "fin_warps": 8, "fin_stages": 1,
 }
@@ -67,7 +68,8 @@ class _Cfg:
         self.BK = min(L["par_bk"], kp)
         self.BV = min(L["par_bv"], vp)
         self.BKF = kp  # full K extent of the state kernels
-        self.BVS = min(L["seq_bv"], vp)
+        self.BVS = min(L["seqf_bv"], vp)
+        self.BVB = min(L["seqb_bv"], vp)
         self.BK2 = min(L["bwdk_bk"], kp)
         self.BV2 = min(L["bwdk_bv"], vp)
         self.BK3 = min(L["fin_bk"], kp)
@@ -76,7 +78,8 @@ class _Cfg:
         interp = self.interp = _interpreting()
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=L["par_warps"], num_stages=L["par_stages"])
-        self.seq = dict(num_warps=L["seq_warps"], num_stages=L["seq_stages"])
+        self.seqf = dict(num_warps=L["seqf_warps"], num_stages=L["seqf_stages"])
+        self.seqb = dict(num_warps=L["seqb_warps"], num_stages=L["seqb_stages"])
         self.bwdk = dict(num_warps=L["bwdk_warps"], num_stages=L["bwdk_stages"])
         self.fin = dict(num_warps=L["fin_warps"], num_stages=L["fin_stages"])
 
@@ -94,10 +97,12 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     X = _empty(B, H, N, C, C, device=dev, dtype=f32)
     w = _empty(B, H, Tp, K, device=dev, dtype=f32)
     u = _empty(B, H, Tp, V, device=dev, dtype=f32)
+    A_scratch = _empty(B, H, N, C, C, device=dev, dtype=f32)
     _k._prep_kernel[(N, B * H)](
-        q, k, v, g, beta, G, rq, rk, X, w, u, T, H, N, Tp,
+        q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, T, H, N, Tp,
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, **cfg.par,
     )
+    del A_scratch
     states = _empty(B, H, N, K, V, device=dev, dtype=f32)
     vn = _empty(B, H, Tp, V, device=dev, dtype=f32)
     Sfin = _empty(B, H, K, V, device=dev, dtype=f32) if need_final else states
@@ -105,7 +110,8 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
         k, w, u, G, rk, commit if commit is not None else G, S0 if S0 is not None else G, states, vn, Sfin,
         T, H, N, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
-        STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, **cfg.seq,
+        STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
+        **cfg.seqf,
     )
     o = _empty(B, T, H, V, device=dev, dtype=v.dtype)
     _k._output_kernel[(triton.cdiv(V, cfg.BV), N, B * H)](
@@ -138,11 +144,11 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     dh = _empty(B, H, N, K, V, device=dev, dtype=f32)
     dvn = _empty(B, H, Tp, V, device=dev, dtype=f32)
     dS0 = _empty(B, H, K, V, device=dev, dtype=f32)
-    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVS), BH)](
+    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVB), BH)](
         q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0,
         scale, T, H, N, Tp,
-        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
-        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, **cfg.seq,
+        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVB, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
+        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, **cfg.seqb,
     )
     del dvl
     NKT = cfg.NKT

@@ -26,22 +26,50 @@ import triton.language as tl
 
 
 @triton.jit
-def _inverse_unit_lower(A, C: tl.constexpr):
-    """(I + A)^{-1} for strictly lower-triangular A [C, C] by row-wise forward substitution (exact in fp32)."""
-    rows = tl.arange(0, C)[:, None]
-    cols = tl.arange(0, C)[None, :]
-    X = tl.where(rows == cols, 1.0, 0.0)
-    for i in range(1, C):
-        a_i = tl.sum(tl.where(rows == i, A, 0.0), 0)  # row i of A, indexed by column j
-        x_i = -tl.sum(a_i[:, None] * X, 0)  # -Σ_j A_ij X_j (rows j >= i of X are still e_j, and A_ij = 0 there)
-        X = tl.where(rows == i, x_i[None, :] + tl.where(cols == i, 1.0, 0.0), X)
-    return X
+def _inverse_unit_lower(A_scr, X_out, A, C: tl.constexpr):
+    """X = (I + A)^{-1} for strictly lower-triangular A [C, C] (C a multiple of 16), exact in fp32.
+
+    Blocked: the C/16 diagonal 16x16 blocks are inverted together by row-wise forward substitution (15 steps on a
+    [C/16, 16, 16] tile), then the off-diagonal blocks follow block row by block row,
+    X_ij = -X_ii Σ_{k=j}^{i-1} A_ik X_kj, with fp32 (ieee) 16x16 dots. The blocks go through this chunk's [C, C]
+    scratch (A_scr) and output (X_out) rows in global memory; barriers order the writes and reads of the program."""
+    NB: tl.constexpr = C // 16
+    ti = tl.arange(0, C)
+    cc = ti[:, None] * C + ti[None, :]
+    tl.store(A_scr + cc, A)
+    tl.store(X_out + cc, tl.zeros([C, C], dtype=tl.float32))
+    b3 = tl.arange(0, NB)[:, None, None]
+    r3 = tl.arange(0, 16)[None, :, None]
+    c3 = tl.arange(0, 16)[None, None, :]
+    d3 = (16 * b3 + r3) * C + 16 * b3 + c3  # offsets of the diagonal blocks, [NB, 16, 16]
+    tl.debug_barrier()
+    Ad = tl.load(A_scr + d3)
+    Xd = tl.where(r3 == c3, 1.0, 0.0) + tl.zeros([NB, 16, 16], dtype=tl.float32)
+    for i in range(1, 16):
+        a_i = tl.sum(tl.where(r3 == i, Ad, 0.0), 1)  # [NB, 16]: row i of each diagonal block
+        x_i = -tl.sum(a_i[:, :, None] * Xd, 1)  # -Σ_j A_b[i, j] X_b[j, :] (rows j >= i are still e_j, A_b[i, j] = 0)
+        Xd = tl.where(r3 == i, x_i[:, None, :] + tl.where(c3 == i, 1.0, 0.0), Xd)
+    tl.store(X_out + d3, Xd)
+    tl.debug_barrier()
+    r = tl.arange(0, 16)
+    blk = r[:, None] * C + r[None, :]
+    for i in tl.static_range(1, NB):
+        Xii = tl.load(X_out + 16 * i * C + 16 * i + blk)
+        for j in tl.static_range(0, i):
+            acc = tl.zeros([16, 16], dtype=tl.float32)
+            for k in tl.static_range(j, i):
+                Aik = tl.load(A_scr + 16 * i * C + 16 * k + blk)
+                Xkj = tl.load(X_out + 16 * k * C + 16 * j + blk)
+                acc += tl.dot(Aik, Xkj, input_precision="ieee")
+            tl.store(X_out + 16 * i * C + 16 * j + blk, -tl.dot(Xii, acc, input_precision="ieee"))
+        tl.debug_barrier()
+    return tl.load(X_out + cc)
 
 
 @triton.jit
 def _prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-    G_ptr, rq_ptr, rk_ptr, X_ptr, w_ptr, u_ptr,
+    G_ptr, rq_ptr, rk_ptr, X_ptr, A_ptr, w_ptr, u_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
@@ -84,8 +112,7 @@ def _prep_kernel(
     strict = ti[:, None] > ti[None, :]
     E = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
     A = (beta_t * rk)[:, None] * kk * rk[None, :] * E
-    X = _inverse_unit_lower(A, C)
-    tl.store(X_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :], X)
+    X = _inverse_unit_lower(A_ptr + (bh * N + n) * C * C, X_ptr + (bh * N + n) * C * C, A, C)
 
     coef = beta_t * tl.exp(G) * rk
     for k0 in range(0, K, BK):
