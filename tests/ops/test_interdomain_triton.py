@@ -133,17 +133,24 @@ def test_every_output_element_is_written():
         assert rel(a, b) < _tol(), (name, rel(a, b))
 
 
-@pytest.mark.parametrize("bc,chunk", [(32, 32), (32, 64)])
-def test_sub_chunk_sizes(bc, chunk):
-    """BC == L (one sub-chunk: every decay from the band matmuls) and BC = L/2."""
+@pytest.mark.parametrize(
+    "cfg,chunk",
+    [
+        ({"BC": 32, "max_chunk": 32}, 32),  # one block per chunk: every decay from the band matmuls
+        ({"BC": 16, "max_chunk": 64}, 64),  # four sub-chunks: factorised cross-sub-chunk matmuls
+        ({"BC": 32, "max_chunk": 64, "bwd_split": False}, 64),  # fused backward kernel (one launch)
+        ({"BC": 16, "max_chunk": 32, "bwd_split": False}, 32),
+    ],
+)
+def test_kernel_configurations(cfg, chunk):
     from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config
 
-    old = kernel_config()["BC"]
-    set_kernel_config(BC=bc)
+    old = kernel_config()
+    set_kernel_config(**cfg)
     try:
-        res = run_both(1, 70, 1, 16, 16, 16, chunk, seed=31 + bc + chunk)
+        res = run_both(1, 70, 1, 16, 16, 16, chunk, seed=31 + chunk + cfg["BC"])
     finally:
-        set_kernel_config(BC=old)
+        set_kernel_config(**{key: old[key] for key in cfg})
     for name, (a, b) in res.items():
         assert rel(a, b) < _tol(), (name, rel(a, b))
 

@@ -48,50 +48,33 @@ def _state_in(ptab, b_re, b_im, Lj, offs_m, offs_s, mask_m, M, BT: tl.constexpr)
 
 
 @triton.jit
-def _state_fwd_step(
-    j,
-    Lj,
-    x_re,
-    x_im,
-    e_re,
-    e_im,
-    l_re,
-    l_im,
-    k_base,
-    v_base,
-    states,
-    i_bh,
-    H,
-    M,
-    R,
-    D,
-    NT,
-    offs_c,
-    offs_s,
-    is_k,
-    is_v,
-    st_off,
-    st_mask,
-    STORE_STATES: tl.constexpr,
-    BT: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """Store X_j, then X_{j+1} = λ^{Lj} ⊙ X_j + E z_j (z_j the chunk's [k | v] channels of this block)."""
-    NC = R + D
-    if STORE_STATES:
-        s_base = states + (i_bh * NT + j) * 2 * M * NC
-        tl.store(s_base + st_off, x_re, mask=st_mask)
-        tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
+def _load_z(k_base, v_base, j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.constexpr):
+    """The chunk's [k | v] channels of this channel block as float32 [BT, BCH] (rows >= Lj zero)."""
     rows = j * BT + offs_s
     ms = offs_s < Lj
     zk = tl.load(k_base + rows[:, None] * (H * R) + offs_c[None, :], mask=ms[:, None] & is_k[None, :], other=0.0)
     zv = tl.load(v_base + rows[:, None] * (H * D) + (offs_c - R)[None, :], mask=ms[:, None] & is_v[None, :], other=0.0)
-    z = zk.to(tl.float32) + zv.to(tl.float32)
+    return zk.to(tl.float32) + zv.to(tl.float32)
+
+
+@triton.jit
+def _state_fwd_step(
+    j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT, offs_c, offs_s,
+    is_k, is_v, st_off, st_mask, STORE_STATES: tl.constexpr, BT: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Full chunk j: store X_j, X_{j+1} = λ^BT ⊙ X_j + E z_j; z_{j+1} is loaded here, one step ahead (the loop
+    carries it), so the load latency overlaps this step's matmul and stores."""
+    NC = R + D
+    z_next = _load_z(k_base, v_base, j + 1, tl.where(j + 1 < n_full, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT)
+    if STORE_STATES:
+        s_base = states + (i_bh * NT + j) * 2 * M * NC
+        tl.store(s_base + st_off, x_re, mask=st_mask)
+        tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
     dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
     dx_im = tl.dot(e_im, z, input_precision=DOT_PREC)
     nx_re = l_re[:, None] * x_re - l_im[:, None] * x_im + dx_re
     nx_im = l_re[:, None] * x_im + l_im[:, None] * x_re + dx_im
-    return nx_re, nx_im
+    return nx_re, nx_im, z_next
 
 
 @triton.jit
@@ -148,27 +131,35 @@ def _state_fwd(
     # every full chunk has the same input matrix E and carry λ^BT: computed once, outside the loop
     e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, BT, offs_m, offs_s, mask_m, M, BT)
     n_full = T // BT
+    z = _load_z(k_base, v_base, 0, tl.where(n_full > 0, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT)
     if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
         j = 0
         while j < n_full:
-            x_re, x_im = _state_fwd_step(
-                j, BT, x_re, x_im, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+            x_re, x_im, z = _state_fwd_step(
+                j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
                 offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
             )  # fmt: skip
             j += 1
     else:
         for j in range(n_full):
-            x_re, x_im = _state_fwd_step(
-                j, BT, x_re, x_im, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+            x_re, x_im, z = _state_fwd_step(
+                j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
                 offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
             )  # fmt: skip
     if n_full < NT:  # partial last chunk
         L_last = T - n_full * BT
         e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, L_last, offs_m, offs_s, mask_m, M, BT)
-        x_re, x_im = _state_fwd_step(
-            n_full, L_last, x_re, x_im, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
-            offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
-        )  # fmt: skip
+        z = _load_z(k_base, v_base, n_full, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
+        if STORE_STATES:
+            s_base = states + (i_bh * NT + n_full) * 2 * M * NC
+            tl.store(s_base + st_off, x_re, mask=st_mask)
+            tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
+        dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
+        dx_im = tl.dot(e_im, z, input_precision=DOT_PREC)
+        nx_re = l_re[:, None] * x_re - l_im[:, None] * x_im + dx_re
+        nx_im = l_re[:, None] * x_im + l_im[:, None] * x_re + dx_im
+        x_re = nx_re
+        x_im = nx_im
     if STORE_FINAL:
         tl.store(final + i_bh * 2 * M * NC + st_off, x_re, mask=st_mask)
         tl.store(final + i_bh * 2 * M * NC + M * NC + st_off, x_im, mask=st_mask)
@@ -218,7 +209,6 @@ def _chunk_fwd(
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
-    DIAG_GATHER: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -281,18 +271,10 @@ def _chunk_fwd(
         else:
             pt_re = tl.zeros([BC, BM], dtype=tl.float32)
             pt_im = tl.zeros([BC, BM], dtype=tl.float32)
-        if DIAG_GATHER:  # diagonal block as a band matmul: Σ_d S[t, t-d] λ^d = (band(S) @ P[0:BC])[t]
-            Sb = _band(S, t_abs, offs_tc)
-            pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
-            pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
-        else:
-            for d in range(BC):
-                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-                sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
-                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-                pt_re += sd[:, None] * pd_re[None, :]
-                pt_im += sd[:, None] * pd_im[None, :]
+        # diagonal block as a band matmul: Σ_d S[t, t-d] λ^d = (band(S) @ P[0:BC])[t]
+        Sb = _band(S, t_abs, offs_tc)
+        pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
+        pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         xm = mask_m[:, None] & mask_r[None, :]
@@ -319,18 +301,11 @@ def _chunk_fwd(
             )
         else:
             W = tl.zeros([BC, BT], dtype=tl.float32)
-        if DIAG_GATHER:  # W[t, t-d] = Re Σ_m rp[t, m] λ_m^d = (Re(rp @ P[0:BC]ᵀ))[t, d], scattered back to [t, s]
-            wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
-                rp_im, tl.trans(a_im), input_precision=DOT_PREC
-            )
-            W += _unband(wb, t_abs, offs_tc, offs_s, BC)
-        else:
-            for d in range(BC):
-                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-                wd = tl.sum(rp_re * pd_re[None, :] - rp_im * pd_im[None, :], axis=1)
-                W += tl.where(sel, wd[:, None], 0.0)
+        # W[t, t-d] = Re Σ_m rp[t, m] λ_m^d = (Re(rp @ P[0:BC]ᵀ))[t, d], gathered back to [t, s]
+        wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
+            rp_im, tl.trans(a_im), input_precision=DOT_PREC
+        )
+        W += _unband(wb, t_abs, offs_tc, offs_s, BC)
         W = tl.where(causal, W, 0.0)
         vm = mask_m[:, None] & mask_d[None, :]
         xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
@@ -371,6 +346,7 @@ def _chunk_bwd(
     R,
     D,
     NT,
+    PART: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     BR: tl.constexpr,
@@ -378,8 +354,12 @@ def _chunk_bwd(
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
-    DIAG_GATHER: tl.constexpr,
 ):
+    """Backward of one chunk. PART 0 computes everything; PART 1 the value side (dv, the X0v columns of the local
+    adjoint, dK, and the W / inter-chunk-readout terms of dB, d log λ); PART 2 the key side (dq, dk, the X0k columns,
+    the p terms of dB, d log λ). The split halves the live registers (two launches instead of one spilling one)."""
+    VAL: tl.constexpr = PART != 2
+    KEY: tl.constexpr = PART != 1
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
@@ -399,6 +379,9 @@ def _chunk_bwd(
     mask_m = offs_m < M
     col_ok = offs_s < Lj
     am = mask_m[None, :]
+    km = mask_m[:, None] & am
+    xm = mask_m[:, None] & mask_r[None, :]
+    vm = mask_m[:, None] & mask_d[None, :]
     ptab = P + h * 2 * LP * M
     tok_r = b * T * H * R + h * R + t0 * H * R
     tok_d = b * T * H * D + h * D + t0 * H * D
@@ -412,14 +395,16 @@ def _chunk_bwd(
     tcf = offs_tc.to(tl.float32)[:, None]
     dcol = offs_tc.to(tl.float32)[None, :]  # the offset d of a band column
 
-    dk_acc = tl.zeros([BT, BR], dtype=tl.float32)
-    dv_acc = tl.zeros([BT, BD], dtype=tl.float32)
-    gk_re = tl.zeros([BM, BM], dtype=tl.float32)
-    gk_im = tl.zeros([BM, BM], dtype=tl.float32)
-    dxk_re = tl.zeros([BM, BR], dtype=tl.float32)
-    dxk_im = tl.zeros([BM, BR], dtype=tl.float32)
-    dxv_re = tl.zeros([BM, BD], dtype=tl.float32)
-    dxv_im = tl.zeros([BM, BD], dtype=tl.float32)
+    if VAL:
+        dv_acc = tl.zeros([BT, BD], dtype=tl.float32)
+        gk_re = tl.zeros([BM, BM], dtype=tl.float32)
+        gk_im = tl.zeros([BM, BM], dtype=tl.float32)
+        dxv_re = tl.zeros([BM, BD], dtype=tl.float32)
+        dxv_im = tl.zeros([BM, BD], dtype=tl.float32)
+    if KEY:
+        dk_acc = tl.zeros([BT, BR], dtype=tl.float32)
+        dxk_re = tl.zeros([BM, BR], dtype=tl.float32)
+        dxk_im = tl.zeros([BM, BR], dtype=tl.float32)
     gb_re = tl.zeros([BM], dtype=tl.float32)
     gb_im = tl.zeros([BM], dtype=tl.float32)
     gl_re = tl.zeros([BM], dtype=tl.float32)
@@ -431,16 +416,19 @@ def _chunk_bwd(
         row_ok = t_abs < Lj
         rmask_r = row_ok[:, None] & mask_r[None, :]
         rmask_d = row_ok[:, None] & mask_d[None, :]
+        tw = (t_abs + 1).to(tl.float32)[:, None]
         kc = tl.load(
             k + tok_r + offs_s[:, None] * (H * R) + offs_r[None, :], mask=col_ok[:, None] & mask_r[None, :], other=0.0
         )
         qi = tl.load(q + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], mask=rmask_r, other=0.0)
+        qf = qi.to(tl.float32)
         causal = (offs_s[None, :] <= t_abs[:, None]) & row_ok[:, None] & col_ok[None, :]
         if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
             S = tl.dot(qi, tl.trans(kc))
         else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
-            S = tl.dot(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
+            S = tl.dot(qf, tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
         S = tl.where(causal, S, 0.0)
+        # ---- forward recompute: pt = Σ_s S λ^{t-s} (and ptd = Σ_s S (t-s) λ^{t-s} for the key side) ----
         if HAS_CROSS:
             cross = offs_s < bi
             Sx = tl.where(cross[None, :], S, 0.0)
@@ -451,203 +439,170 @@ def _chunk_bwd(
             gidf = gidx.to(tl.float32)[:, None]
             y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
             y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
-            yd_re = tl.dot(Sx, gidf * g_re, input_precision=DOT_PREC)
-            yd_im = tl.dot(Sx, gidf * g_im, input_precision=DOT_PREC)
             pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
-            ptd_re, ptd_im = _cmul(a_re, a_im, yd_re, yd_im)
-            ptd_re += tcf * pt_re
-            ptd_im += tcf * pt_im
+            if KEY:
+                yd_re = tl.dot(Sx, gidf * g_re, input_precision=DOT_PREC)
+                yd_im = tl.dot(Sx, gidf * g_im, input_precision=DOT_PREC)
+                ptd_re, ptd_im = _cmul(a_re, a_im, yd_re, yd_im)
+                ptd_re += tcf * pt_re
+                ptd_im += tcf * pt_im
         else:
             pt_re = tl.zeros([BC, BM], dtype=tl.float32)
             pt_im = tl.zeros([BC, BM], dtype=tl.float32)
-            ptd_re = tl.zeros([BC, BM], dtype=tl.float32)
-            ptd_im = tl.zeros([BC, BM], dtype=tl.float32)
-        if DIAG_GATHER:
-            Sb = _band(S, t_abs, offs_tc)
+            if KEY:
+                ptd_re = tl.zeros([BC, BM], dtype=tl.float32)
+                ptd_im = tl.zeros([BC, BM], dtype=tl.float32)
+        Sb = _band(S, t_abs, offs_tc)
+        pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
+        pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
+        if KEY:
             Sbd = Sb * dcol
-            pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
-            pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
             ptd_re += tl.dot(Sbd, a_re, input_precision=DOT_PREC)
             ptd_im += tl.dot(Sbd, a_im, input_precision=DOT_PREC)
-        else:
-            for d in range(BC):
-                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-                sd = tl.sum(tl.where(sel, S, 0.0), axis=1)
-                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-                pt_re += sd[:, None] * pd_re[None, :]
-                pt_im += sd[:, None] * pd_im[None, :]
-                ptd_re += (sd * d)[:, None] * pd_re[None, :]
-                ptd_im += (sd * d)[:, None] * pd_im[None, :]
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
-        xm = mask_m[:, None] & mask_r[None, :]
         xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
         xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
-        qf = qi.to(tl.float32)
         u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
         u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
-        p_re, p_im = _cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
-        du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
-        p_re += du_re
-        p_im += du_im
-        km = mask_m[:, None] & am
-        kt_re = tl.load(k_base_p + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-        kt_im = tl.load(k_base_p + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-        r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
-        r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
-        rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
-        if HAS_CROSS:
-            ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
-            W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-                ra_im, tl.trans(g_im), input_precision=DOT_PREC
-            )
-        else:
-            W = tl.zeros([BC, BT], dtype=tl.float32)
-        if DIAG_GATHER:  # W[t, t-d] = Re Σ_m rp[t, m] λ_m^d = (Re(rp @ P[0:BC]ᵀ))[t, d], scattered back to [t, s]
+        if VAL:
+            p_re, p_im = _cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
+            du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
+            p_re += du_re
+            p_im += du_im
+            kt_re = tl.load(k_base_p + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
+            kt_im = tl.load(k_base_p + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
+            r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
+            r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
+            rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
+            if HAS_CROSS:
+                ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
+                W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
+                    ra_im, tl.trans(g_im), input_precision=DOT_PREC
+                )
+            else:
+                W = tl.zeros([BC, BT], dtype=tl.float32)
             wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
                 rp_im, tl.trans(a_im), input_precision=DOT_PREC
             )
             W += _unband(wb, t_abs, offs_tc, offs_s, BC)
-        else:
-            for d in range(BC):
-                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-                wd = tl.sum(rp_re * pd_re[None, :] - rp_im * pd_im[None, :], axis=1)
-                W += tl.where(sel, wd[:, None], 0.0)
-        W = tl.where(causal, W, 0.0)
-        ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
+            W = tl.where(causal, W, 0.0)
+            ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
 
         # ---- backward of the chunk ----
         vc = tl.load(
             v + tok_d + offs_s[:, None] * (H * D) + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0
         )
-        vcf = vc.to(tl.float32)
         doi = tl.load(do + tok_d + t_abs[:, None] * (H * D) + offs_d[None, :], mask=rmask_d, other=0.0).to(tl.float32)
-        dW = tl.where(causal, tl.dot(doi, tl.trans(vcf), input_precision=DOT_PREC), 0.0)
-        dv_acc += tl.dot(tl.trans(W), doi, input_precision=DOT_PREC)
+        dW = tl.where(causal, tl.dot(doi, tl.trans(vc.to(tl.float32)), input_precision=DOT_PREC), 0.0)
+        if VAL:
+            dv_acc += tl.dot(tl.trans(W), doi, input_precision=DOT_PREC)
+        # Fw = Σ_s dW λ^{t-s} (and FwD = Σ_s dW (t-s) λ^{t-s} for the value side)
         if HAS_CROSS:
             dWx = tl.where(cross[None, :], dW, 0.0)
             fy_re = tl.dot(dWx, g_re, input_precision=DOT_PREC)
             fy_im = tl.dot(dWx, g_im, input_precision=DOT_PREC)
-            fyd_re = tl.dot(dWx, gidf * g_re, input_precision=DOT_PREC)
-            fyd_im = tl.dot(dWx, gidf * g_im, input_precision=DOT_PREC)
             fw_re, fw_im = _cmul(a_re, a_im, fy_re, fy_im)
-            fwd_re, fwd_im = _cmul(a_re, a_im, fyd_re, fyd_im)
-            fwd_re += tcf * fw_re
-            fwd_im += tcf * fw_im
+            if VAL:
+                fyd_re = tl.dot(dWx, gidf * g_re, input_precision=DOT_PREC)
+                fyd_im = tl.dot(dWx, gidf * g_im, input_precision=DOT_PREC)
+                fwd_re, fwd_im = _cmul(a_re, a_im, fyd_re, fyd_im)
+                fwd_re += tcf * fw_re
+                fwd_im += tcf * fw_im
         else:
             fw_re = tl.zeros([BC, BM], dtype=tl.float32)
             fw_im = tl.zeros([BC, BM], dtype=tl.float32)
-            fwd_re = tl.zeros([BC, BM], dtype=tl.float32)
-            fwd_im = tl.zeros([BC, BM], dtype=tl.float32)
-        if DIAG_GATHER:
-            dWb = _band(dW, t_abs, offs_tc)
+            if VAL:
+                fwd_re = tl.zeros([BC, BM], dtype=tl.float32)
+                fwd_im = tl.zeros([BC, BM], dtype=tl.float32)
+        dWb = _band(dW, t_abs, offs_tc)
+        fw_re += tl.dot(dWb, a_re, input_precision=DOT_PREC)
+        fw_im += tl.dot(dWb, a_im, input_precision=DOT_PREC)
+        if VAL:
             dWbd = dWb * dcol
-            fw_re += tl.dot(dWb, a_re, input_precision=DOT_PREC)
-            fw_im += tl.dot(dWb, a_im, input_precision=DOT_PREC)
             fwd_re += tl.dot(dWbd, a_re, input_precision=DOT_PREC)
             fwd_im += tl.dot(dWbd, a_im, input_precision=DOT_PREC)
-        else:
-            for d in range(BC):
-                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-                sd = tl.sum(tl.where(sel, dW, 0.0), axis=1)
-                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-                fw_re += sd[:, None] * pd_re[None, :]
-                fw_im += sd[:, None] * pd_im[None, :]
-                fwd_re += (sd * d)[:, None] * pd_re[None, :]
-                fwd_im += (sd * d)[:, None] * pd_im[None, :]
-        vm = mask_m[:, None] & mask_d[None, :]
         xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
         xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
-        # g_a = dO conj(X0v)^T
+        # g_a = dO conj(X0v)^T ; gr = conj(Fw * B) + g_a * conj(Din)
         ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
         ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)
-        # gr = conj(Fw * B) + g_a * conj(Din)
         fb_re, fb_im = _cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
         gr_re = fb_re + ga_re * din_re + ga_im * din_im
         gr_im = -fb_im + ga_im * din_re - ga_re * din_im
-        # gp = gr @ conj(K)
-        kk_re = tl.load(k_base_p + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
-        kk_im = tl.load(k_base_p + M * M + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
-        gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(gr_im, kk_im, input_precision=DOT_PREC)
-        gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(gr_re, kk_im, input_precision=DOT_PREC)
-        # grad K += gr^T conj(p)
-        gk_re += tl.dot(tl.trans(gr_re), p_re, input_precision=DOT_PREC) + tl.dot(
-            tl.trans(gr_im), p_im, input_precision=DOT_PREC
-        )
-        gk_im += tl.dot(tl.trans(gr_im), p_re, input_precision=DOT_PREC) - tl.dot(
-            tl.trans(gr_re), p_im, input_precision=DOT_PREC
-        )
-        # gS = F2(conj(gp) * B)
-        cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
-        cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
-        if HAS_CROSS:
-            ca_re, ca_im = _cmul(cg_re, cg_im, a_re, a_im)
-            gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-                ca_im, tl.trans(g_im), input_precision=DOT_PREC
+        if VAL:
+            # grad K += gr^T conj(p) ; local adjoint of X0v += conj(a)^T dO
+            gk_re += tl.dot(tl.trans(gr_re), p_re, input_precision=DOT_PREC) + tl.dot(
+                tl.trans(gr_im), p_im, input_precision=DOT_PREC
             )
-        else:
-            gS = tl.zeros([BC, BT], dtype=tl.float32)
-        if DIAG_GATHER:
-            gb_band = tl.dot(cg_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
+            gk_im += tl.dot(tl.trans(gr_im), p_re, input_precision=DOT_PREC) - tl.dot(
+                tl.trans(gr_re), p_im, input_precision=DOT_PREC
+            )
+            dxv_re += tl.dot(tl.trans(ai_re), doi, input_precision=DOT_PREC)
+            dxv_im -= tl.dot(tl.trans(ai_im), doi, input_precision=DOT_PREC)
+            # gB += conj(Σ_t Fw r) ; g log λ += conj(Σ_t rp FwD) + Σ_t (t+1) conj(a) g_a
+            fr_re, fr_im = _cmul(fw_re, fw_im, r_re, r_im)
+            gb_re += tl.sum(fr_re, axis=0)
+            gb_im -= tl.sum(fr_im, axis=0)
+            rf_re, rf_im = _cmul(rp_re, rp_im, fwd_re, fwd_im)
+            gl_re += tl.sum(rf_re, axis=0)
+            gl_im -= tl.sum(rf_im, axis=0)
+            gl_re += tl.sum(tw * (ai_re * ga_re + ai_im * ga_im), axis=0)
+            gl_im += tl.sum(tw * (ai_re * ga_im - ai_im * ga_re), axis=0)
+        if KEY:
+            # gp = gr @ conj(K) ; gS = F2(conj(gp) * B) ; g_b = gp * conj(Din)
+            kk_re = tl.load(k_base_p + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
+            kk_im = tl.load(k_base_p + M * M + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
+            gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(gr_im, kk_im, input_precision=DOT_PREC)
+            gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(gr_re, kk_im, input_precision=DOT_PREC)
+            cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
+            cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
+            if HAS_CROSS:
+                ca_re, ca_im = _cmul(cg_re, cg_im, a_re, a_im)
+                gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
+                    ca_im, tl.trans(g_im), input_precision=DOT_PREC
+                )
+            else:
+                gS = tl.zeros([BC, BT], dtype=tl.float32)
+            gs_band = tl.dot(cg_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
                 cg_im, tl.trans(a_im), input_precision=DOT_PREC
             )
-            gS += _unband(gb_band, t_abs, offs_tc, offs_s, BC)
-        else:
-            for d in range(BC):
-                sel = (offs_s[None, :] == (t_abs - d)[:, None]) & (offs_tc >= d)[:, None]
-                pd_re = tl.load(ptab + d * M + offs_m, mask=mask_m, other=0.0)
-                pd_im = tl.load(ptab + LP * M + d * M + offs_m, mask=mask_m, other=0.0)
-                wd = tl.sum(cg_re * pd_re[None, :] - cg_im * pd_im[None, :], axis=1)
-                gS += tl.where(sel, wd[:, None], 0.0)
-        gS = tl.where(causal, gS, 0.0)
-        # g_b = gp * conj(Din)
-        gbv_re = gp_re * din_re + gp_im * din_im
-        gbv_im = gp_im * din_re - gp_re * din_im
-        dqi = tl.dot(gS, kc.to(tl.float32), input_precision=DOT_PREC)
-        dqi += tl.dot(gbv_re, xk_re, input_precision=DOT_PREC) + tl.dot(gbv_im, xk_im, input_precision=DOT_PREC)
-        tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)
-        dk_acc += tl.dot(tl.trans(gS), qf, input_precision=DOT_PREC)
-        dxk_re += tl.dot(tl.trans(gbv_re), qf, input_precision=DOT_PREC)
-        dxk_im += tl.dot(tl.trans(gbv_im), qf, input_precision=DOT_PREC)
-        dxv_re += tl.dot(tl.trans(ai_re), doi, input_precision=DOT_PREC)
-        dxv_im -= tl.dot(tl.trans(ai_im), doi, input_precision=DOT_PREC)
-        # parameter partials: gB += Σ_t gp conj(pt) + conj(Σ_t Fw r)
-        gb_re += tl.sum(gp_re * pt_re + gp_im * pt_im, axis=0)
-        gb_im += tl.sum(gp_im * pt_re - gp_re * pt_im, axis=0)
-        fr_re, fr_im = _cmul(fw_re, fw_im, r_re, r_im)
-        gb_re += tl.sum(fr_re, axis=0)
-        gb_im -= tl.sum(fr_im, axis=0)
-        # g log λ += conj(B) Σ_t gp conj(ptD) + conj(Σ_t rp FwD) + Σ_t (t+1) (g_b conj(u) + conj(a) g_a)
-        h_re = tl.sum(gp_re * ptd_re + gp_im * ptd_im, axis=0)
-        h_im = tl.sum(gp_im * ptd_re - gp_re * ptd_im, axis=0)
-        gl_re += b_re * h_re + b_im * h_im
-        gl_im += b_re * h_im - b_im * h_re
-        rf_re, rf_im = _cmul(rp_re, rp_im, fwd_re, fwd_im)
-        gl_re += tl.sum(rf_re, axis=0)
-        gl_im -= tl.sum(rf_im, axis=0)
-        tw = (t_abs + 1).to(tl.float32)[:, None]
-        e_re = gbv_re * u_re + gbv_im * u_im + ai_re * ga_re + ai_im * ga_im
-        e_im = gbv_im * u_re - gbv_re * u_im + ai_re * ga_im - ai_im * ga_re
-        gl_re += tl.sum(tw * e_re, axis=0)
-        gl_im += tl.sum(tw * e_im, axis=0)
+            gS += _unband(gs_band, t_abs, offs_tc, offs_s, BC)
+            gS = tl.where(causal, gS, 0.0)
+            gbv_re = gp_re * din_re + gp_im * din_im
+            gbv_im = gp_im * din_re - gp_re * din_im
+            dqi = tl.dot(gS, kc.to(tl.float32), input_precision=DOT_PREC)
+            dqi += tl.dot(gbv_re, xk_re, input_precision=DOT_PREC) + tl.dot(gbv_im, xk_im, input_precision=DOT_PREC)
+            tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)
+            dk_acc += tl.dot(tl.trans(gS), qf, input_precision=DOT_PREC)
+            dxk_re += tl.dot(tl.trans(gbv_re), qf, input_precision=DOT_PREC)
+            dxk_im += tl.dot(tl.trans(gbv_im), qf, input_precision=DOT_PREC)
+            # gB += Σ_t gp conj(pt) ; g log λ += conj(B) Σ_t gp conj(ptD) + Σ_t (t+1) g_b conj(u)
+            gb_re += tl.sum(gp_re * pt_re + gp_im * pt_im, axis=0)
+            gb_im += tl.sum(gp_im * pt_re - gp_re * pt_im, axis=0)
+            h_re = tl.sum(gp_re * ptd_re + gp_im * ptd_im, axis=0)
+            h_im = tl.sum(gp_im * ptd_re - gp_re * ptd_im, axis=0)
+            gl_re += b_re * h_re + b_im * h_im
+            gl_im += b_re * h_im - b_im * h_re
+            gl_re += tl.sum(tw * (gbv_re * u_re + gbv_im * u_im), axis=0)
+            gl_im += tl.sum(tw * (gbv_im * u_re - gbv_re * u_im), axis=0)
 
-    tl.store(dk + tok_r + offs_s[:, None] * (H * R) + offs_r[None, :], dk_acc, mask=col_ok[:, None] & mask_r[None, :])
-    tl.store(dv + tok_d + offs_s[:, None] * (H * D) + offs_d[None, :], dv_acc, mask=col_ok[:, None] & mask_d[None, :])
     dxb = dxloc + (i_bh * NT + i_t) * 2 * M * NC
-    xm = mask_m[:, None] & mask_r[None, :]
-    tl.store(dxb + offs_m[:, None] * NC + offs_r[None, :], dxk_re, mask=xm)
-    tl.store(dxb + M * NC + offs_m[:, None] * NC + offs_r[None, :], dxk_im, mask=xm)
-    vm = mask_m[:, None] & mask_d[None, :]
-    tl.store(dxb + offs_m[:, None] * NC + R + offs_d[None, :], dxv_re, mask=vm)
-    tl.store(dxb + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], dxv_im, mask=vm)
-    gkb = gk_part + (i_bh * NT + i_t) * 2 * M * M
-    km = mask_m[:, None] & am
-    tl.store(gkb + offs_m[:, None] * M + offs_m[None, :], gk_re, mask=km)
-    tl.store(gkb + M * M + offs_m[:, None] * M + offs_m[None, :], gk_im, mask=km)
+    if KEY:
+        tl.store(
+            dk + tok_r + offs_s[:, None] * (H * R) + offs_r[None, :], dk_acc, mask=col_ok[:, None] & mask_r[None, :]
+        )
+        tl.store(dxb + offs_m[:, None] * NC + offs_r[None, :], dxk_re, mask=xm)
+        tl.store(dxb + M * NC + offs_m[:, None] * NC + offs_r[None, :], dxk_im, mask=xm)
+    if VAL:
+        tl.store(
+            dv + tok_d + offs_s[:, None] * (H * D) + offs_d[None, :], dv_acc, mask=col_ok[:, None] & mask_d[None, :]
+        )
+        tl.store(dxb + offs_m[:, None] * NC + R + offs_d[None, :], dxv_re, mask=vm)
+        tl.store(dxb + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], dxv_im, mask=vm)
+        gkb = gk_part + (i_bh * NT + i_t) * 2 * M * M
+        tl.store(gkb + offs_m[:, None] * M + offs_m[None, :], gk_re, mask=km)
+        tl.store(gkb + M * M + offs_m[:, None] * M + offs_m[None, :], gk_im, mask=km)
     pb = (i_bh * NT + i_t) * 2 * M
     tl.store(gb_part + pb + offs_m, gb_re, mask=mask_m)
     tl.store(gb_part + pb + M + offs_m, gb_im, mask=mask_m)

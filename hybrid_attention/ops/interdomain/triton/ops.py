@@ -33,7 +33,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Fixed launch configuration (no autotuning: the interpreter needs one config, and the GPU benchmark compares the
 # variants explicitly). ``set_kernel_config`` lets the benchmark script try alternatives.
 _CFG = {
-    "BC": 16,  # sub-chunk rows (>= 16: tl.dot minimum)
+    "BC": 32,  # sub-chunk rows (>= 16: tl.dot minimum); BC >= L means one band-matmul block per chunk
     "BMS": 32,  # mode block of the sequential state kernels
     "BCH": 32,  # channel block of the sequential state kernels
     "BCH_DZ": 64,  # channel block of the dz kernel
@@ -43,7 +43,8 @@ _CFG = {
     "stages": 1,  # software pipelining depth of the parallel chunk kernels
     "stages_state": 2,  # ... and of the sequential state scans (their loads do not depend on the carried state)
     "dot_prec": "tf32",  # input precision of float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
-    "diag_gather": True,  # diagonal sub-chunk blocks as band matmuls (tl.gather); False: per-offset loop (v1)
+    "max_chunk": 32,  # kernel chunk length cap (run 2 on the H200: L=32 beat L=64, see benchmarks/NOTES.md)
+    "bwd_split": True,  # backward chunk kernel as two launches (value side, key side) with half the live registers
     "warps_dz": 8,
     "poison": False,  # fill every kernel-written buffer with NaN before the launch (tests / benchmark check)
 }
@@ -107,9 +108,9 @@ def _np2(x: int) -> int:
 
 
 def _kernel_chunk(chunk_size: int) -> int:
-    """Chunk length used by the kernels: chunk_size if it is a power of two in [16, 128], else 64 (the result does not
-    depend on the chunk size; only speed and the boundary-state memory do)."""
-    return chunk_size if chunk_size in (16, 32, 64, 128) else 64
+    """Chunk length used by the kernels: chunk_size if it is a power of two in [16, 128], else 64, capped at
+    ``max_chunk`` (the result does not depend on the chunk size; only speed and the boundary-state memory do)."""
+    return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, _CFG["max_chunk"])
 
 
 def _power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
@@ -220,7 +221,6 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
             BM=_np2(M),
             DOT_PREC=_prec(),
             LP_DOT=_lp_dot(q),
-            DIAG_GATHER=_CFG["diag_gather"],
             num_warps=_CFG["warps_chunk_fwd"],
             num_stages=_CFG["stages"],
         )
@@ -263,41 +263,46 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     gl_part = _empty(Bsz * H, NT, 2, M, device=dev)
     BC = min(_CFG["BC"], BT)
     do = do.contiguous()
-    with _stage("chunk_bwd"):
-        h = K._chunk_bwd[(NT, Bsz * H)](
-            q,
-            k,
-            v,
-            do,
-            dq,
-            dk,
-            dv,
-            P,
-            bb,
-            kk,
-            states,
-            dx,
-            gk_part,
-            gb_part,
-            gl_part,
-            T,
-            H,
-            M,
-            R,
-            D,
-            NT,
-            BT=BT,
-            BC=BC,
-            BR=_np2(R),
-            BD=_np2(D),
-            BM=_np2(M),
-            DOT_PREC=_prec(),
-            LP_DOT=_lp_dot(q),
-            DIAG_GATHER=_CFG["diag_gather"],
-            num_warps=_CFG["warps_chunk_bwd"],
-            num_stages=_CFG["stages"],
-        )
-    _record("chunk_bwd", h)
+    parts = (1, 2) if _CFG["bwd_split"] else (0,)
+    gbl = {part: (gb_part, gl_part) for part in parts}
+    for part in parts:
+        if part == 1:  # the value side writes its own dB / d log λ partials
+            gbl[part] = (_empty(Bsz * H, NT, 2, M, device=dev), _empty(Bsz * H, NT, 2, M, device=dev))
+        with _stage("chunk_bwd"):
+            h = K._chunk_bwd[(NT, Bsz * H)](
+                q,
+                k,
+                v,
+                do,
+                dq,
+                dk,
+                dv,
+                P,
+                bb,
+                kk,
+                states,
+                dx,
+                gk_part,
+                gbl[part][0],
+                gbl[part][1],
+                T,
+                H,
+                M,
+                R,
+                D,
+                NT,
+                PART=part,
+                BT=BT,
+                BC=BC,
+                BR=_np2(R),
+                BD=_np2(D),
+                BM=_np2(M),
+                DOT_PREC=_prec(),
+                LP_DOT=_lp_dot(q),
+                num_warps=_CFG["warps_chunk_bwd"],
+                num_stages=_CFG["stages"],
+            )
+        _record(f"chunk_bwd{part}", h)
     BMS = min(_CFG["BMS"], _np2(M))
     BCH = min(_CFG["BCH"], _np2(NC))
     n_cb = triton.cdiv(NC, BCH)
@@ -360,9 +365,10 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     _record("chunk_dz", h)
     with _stage("host_reduce"):
         dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
-        dbb = gb_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+        dbb = sum(g[0].view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) for g in gbl.values())
+        dbb = dbb + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
         dll = (
-            gl_part.view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
+            sum(g[1].view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) for g in gbl.values())
             + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
             + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
         )
