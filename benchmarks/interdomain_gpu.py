@@ -432,7 +432,6 @@ def sweep(T: int = 32768):
         ("L32_BC32_fused", {"BC": 32, "max_chunk": 32, "bwd_split": False}, 32),
         ("L64_BC32_split", {"BC": 32, "max_chunk": 64, "bwd_split": True}, 64),
         ("L32_split_dz32w4", {"BC": 32, "max_chunk": 32, "BCH_DZ": 32, "warps_dz": 4}, 32),
-        ("L32_split_BMS16", {"BC": 32, "max_chunk": 32, "BMS": 16}, 32),
     ]
     rows = []
     for name, cfg, cs in variants:
