@@ -138,8 +138,8 @@ def test_every_output_element_is_written():
     [
         ({"BC": 32, "max_chunk": 32}, 32),  # one block per chunk: every decay from the band matmuls
         ({"BC": 16, "max_chunk": 64}, 64),  # four sub-chunks: factorised cross-sub-chunk matmuls
-        ({"BC": 32, "max_chunk": 64, "bwd_split": False}, 64),  # fused backward kernel (one launch)
-        ({"BC": 16, "max_chunk": 32, "bwd_split": False}, 32),
+        ({"BC": 32, "max_chunk": 64, "bwd_split": True}, 64),  # backward as two launches (value / key side)
+        ({"BC": 16, "max_chunk": 32, "bwd_split": True}, 32),
     ],
 )
 def test_kernel_configurations(cfg, chunk):

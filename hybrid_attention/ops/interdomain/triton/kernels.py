@@ -5,14 +5,16 @@ the state is X = [X^k | X^v] in C^{M x (R+D)}; a chunk of BT tokens is entered w
 P[n] = λ^n (n = 0..BT, complex, overflow-free since |λ^n| <= 1) is the per-head power table, stored planar
 (re plane, im plane) in float32 and computed on the host in float64.
 
-Overflow-free factorisation (sub-chunking). A chunk is split into sub-chunks of BC rows. For a row t of sub-chunk i
-(first row b_i) and a column s < b_i (an earlier sub-chunk), λ^{t-s} = λ^{t-b_i} · λ^{b_i-s} with BOTH exponents
->= 0, so both factors have modulus <= 1 and the cross terms are two tensor-core matmuls
-(``S[:, :b_i] @ G_i`` with G_i[s] = λ^{b_i-s}, then a row scaling by A[t] = λ^{t-b_i}). The diagonal block (s and t
-in the same sub-chunk) uses the pairwise decay table directly: a loop over the offset d = t - s in [0, BC)
-that adds S[t, t-d] · λ^d. No negative power of λ is ever formed, so fast modes (Re log λ << 0) underflow to 0, their
-exact limit, instead of overflowing. All decay/state arithmetic is float32 (complex as real pairs); matmuls with
-float32 operands use ``DOT_PREC`` (tf32 on the GPU by default).
+Overflow-free decays. Every power of λ used is λ^n with n >= 0 (|λ^n| <= 1), read from P, so fast modes
+(Re log λ << 0) underflow to 0, their exact limit, and nothing overflows; λ^{-s} is never formed.
+  * Diagonal (band) part, t and s in the same block of BC rows: Σ_s S[t, s] λ^{t-s} = Σ_d S[t, t-d] λ^d, i.e. the
+    "band" of S (band[t, d] = S[t, t-d], built with ``tl.gather``) times the table rows P[0:BC]: one tensor-core
+    matmul. The transposed form W[t, s] = Re Σ_m r_t[m] λ_m^{t-s} is ``r @ P[0:BC]ᵀ`` gathered back to [t, s].
+  * Cross part (only when BC < BT), s in an earlier block of first row b_i: λ^{t-s} = λ^{t-b_i} · λ^{b_i-s}, both
+    exponents >= 0: ``S[:, :b_i] @ G_i`` (G_i[s] = λ^{b_i-s}) then a row scaling by A[t] = λ^{t-b_i}.
+  The measured default is BC = BT = 32 (one band block per chunk, no cross part; benchmarks/NOTES.md).
+All decay/state arithmetic is float32 (complex as real pairs); matmuls with float32 operands use ``DOT_PREC`` (tf32
+on the GPU by default).
 
 Kernels:
   _state_fwd   sequential over chunks, parallel over (channel block, mode block, b·h): stores every chunk-entering

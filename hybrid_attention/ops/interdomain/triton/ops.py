@@ -44,7 +44,7 @@ _CFG = {
     "stages_state": 2,  # ... and of the sequential state scans (their loads do not depend on the carried state)
     "dot_prec": "tf32",  # input precision of float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
     "max_chunk": 32,  # kernel chunk length cap (run 2 on the H200: L=32 beat L=64, see benchmarks/NOTES.md)
-    "bwd_split": True,  # backward chunk kernel as two launches (value side, key side) with half the live registers
+    "bwd_split": False,  # backward chunk kernel as two launches (value side, key side): measured slower (run 3)
     "warps_dz": 8,
     "poison": False,  # fill every kernel-written buffer with NaN before the launch (tests / benchmark check)
 }
