@@ -375,8 +375,8 @@ def test_backends_dispatch():
     for backend in ("auto", "reference"):
         out = interdomain(q, k, v, log_lam, B, C, denominator=True, chunk_size=4, backend=backend)[0]
         assert torch.equal(out, o_chunk)
-    with pytest.raises(ValueError, match="backend must be one of 'auto', 'reference', 'naive', got 'triton'"):
-        interdomain(q, k, v, log_lam, B, C, backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'reference', 'naive', 'triton', got 'fft'"):
+        interdomain(q, k, v, log_lam, B, C, backend="fft")
 
 
 def _bad_cases():
