@@ -2,7 +2,7 @@
 """NAtS-L op on the GPU (Triton gated delta rule with commit mask + block-sparse chunk attention): correctness vs
 the float64 reference and timings vs the official NAtS-L numbers, in ONE invocation (< 8 minutes on an H200):
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=. python benchmarks/natsl_gpu.py [--no-sweep]
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python benchmarks/natsl_gpu.py [--sweep]
 
 Sections (each guarded: a failure in one still leaves the others' numbers):
   1. correctness: bf16 activations, T in {63, 1000, 4096, 16384}, routings with softmax fraction 0, 0.3, 1 (B=1,
@@ -14,7 +14,8 @@ Sections (each guarded: a failure in one still leaves the others' numbers):
   2. timings (triton.testing.do_bench, median, bf16, B=1): the natsl-hybrid-340m layer shape (6 GDN heads 128/256,
      12 softmax heads 64/128, chunk 64, 30% softmax chunks) at 4K/16K/64K: forward and forward+backward of the op
      (GDN + softmax branch), each branch alone, causal SDPA (16 heads x 64); the official numbers beside ours.
-  3. a small launch-config sweep of the kernels (if time is left).
+  3. decode: the fused single-token GDN step (CUDA graph) vs a length-1 chunk call;
+  4. with --sweep, a small launch-config sweep of the kernels (if time is left).
 Writes ``$OUT/natsl_gpu.json`` (or ./natsl_gpu.json) and prints one table at the end.
 ``BENCH_DRYRUN=1 TRITON_INTERPRET=1`` runs the whole script on the CPU at tiny shapes (a smoke test of the script).
 """
@@ -319,6 +320,41 @@ def timings():
         log("  " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
 
+@guarded("decode")
+def decode():
+    """One GDN decoding step at the layer shape (B=1, 6 heads, 128/256): fused Triton step captured in a CUDA graph
+    (state updated in place) vs gated_delta on a length-1 chunk (Triton chunk kernels, eager) and its check."""
+    from hybrid_attention.ops.gated_delta.triton import triton_gated_delta_step
+
+    H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    q, k = (torch.randn(1, H, K, device=DEV, generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(1, H, V, device=DEV, generator=gen).bfloat16()
+    g = -torch.rand(1, H, device=DEV, generator=gen)
+    beta = torch.rand(1, H, device=DEV, generator=gen)
+    S0 = torch.randn(1, H, K, V, device=DEV, generator=gen)
+    S = S0.clone()
+    o, _ = triton_gated_delta_step(q, k, v, g, beta, S)
+    o_ref, S_ref = gated_delta(*(x[:, None].double() for x in (q, k, v, g, beta)), initial_state=S0.double(),
+                               output_final_state=True, backend="reference")
+    err = max(rel_rms(o, o_ref[:, 0]), rel_rms(S, S_ref))
+    out = torch.empty_like(o)
+    row = dict(err=err)
+    if DEV == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        for _ in range(3):
+            triton_gated_delta_step(q, k, v, g, beta, S, out=out)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            triton_gated_delta_step(q, k, v, g, beta, S, out=out)
+        row["fused_graph_ms"] = bench(graph.replay, warmup=20, rep=100)
+        row["fused_eager_ms"] = bench(lambda: triton_gated_delta_step(q, k, v, g, beta, S, out=out), rep=100)
+    row["chunk_T1_ms"] = bench(lambda: gated_delta(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                                   initial_state=S0, output_final_state=True, backend="triton"))
+    RESULTS["decode"] = row
+    log("  decode step (B=1, 6 heads 128/256): " + " ".join(f"{k_}={v_:.4g}" for k_, v_ in row.items()))
+
+
 @guarded("sweep")
 def sweep():
     """Launch-config variants of the softmax and GDN kernels (forward+backward of each branch alone)."""
@@ -421,6 +457,8 @@ def summary():
             f"gradients {worst_grad:.2e} <= 1e-2; NaN-poisoned buffers)")
     if "layer" in RESULTS:
         log(f"layer auto vs reference (fp32): {RESULTS['layer']}")
+    if "decode" in RESULTS:
+        log(f"decode step: {RESULTS['decode']}")
     if "fla_fwd_rel" in RESULTS:
         log(f"GDN forward vs fla: {RESULTS['fla_fwd_rel']:.2e}")
     if RESULTS["errors"]:
@@ -433,7 +471,8 @@ def main():
     layer_check()
     fla_check()
     timings()
-    if "--no-sweep" not in sys.argv:
+    decode()
+    if "--sweep" in sys.argv:
         sweep()
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "natsl_gpu.json"), "w") as f:

@@ -214,3 +214,22 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
     o.square().sum().backward()
     for t in (o, q.grad, k.grad, v.grad, rb.grad):
         assert torch.isfinite(t).all()
+
+
+def test_decode_step_matches_token_loop():
+    """Fused single-token step (state in place) over several tokens == the reference on the whole sequence."""
+    from hybrid_attention.ops.gated_delta import naive_gated_delta
+    from hybrid_attention.ops.gated_delta.triton import triton_gated_delta_step
+
+    inputs, _, _ = make_case(2, 5, 2, 40, 24, 16, "none", True, seed=31)
+    q, k, v, g, beta, _, S0 = inputs
+    ref_o, ref_S = naive_gated_delta(*(x.double() for x in (q, k, v, g, beta)), initial_state=S0.double(),
+                                     output_final_state=True)
+    S = S0.to(DEVICE).contiguous().clone()
+    outs = []
+    for t in range(5):
+        o, S2 = triton_gated_delta_step(*(x[:, t].to(DEVICE) for x in (q, k, v, g, beta)), S)
+        assert S2 is S  # in place
+        outs.append(o)
+    assert rel(torch.stack(outs, 1).cpu(), ref_o) < TOL
+    assert rel(S.cpu(), ref_S) < TOL

@@ -13,6 +13,7 @@ except Exception:  # pragma: no cover - ImportError, or a broken triton install
     TRITON_AVAILABLE = False
 
 if TRITON_AVAILABLE:
+    from .decode import triton_gated_delta_step
     from .function import triton_gated_delta, triton_supported
     from .mixed import natsl_mixed
 else:  # pragma: no cover
@@ -26,5 +27,8 @@ else:  # pragma: no cover
     def natsl_mixed(*args, **kwargs):  # type: ignore[misc]
         raise RuntimeError("triton is not installed")
 
+    def triton_gated_delta_step(*args, **kwargs):  # type: ignore[misc]
+        raise RuntimeError("triton is not installed")
 
-__all__ = ["TRITON_AVAILABLE", "triton_gated_delta", "triton_supported", "natsl_mixed"]
+
+__all__ = ["TRITON_AVAILABLE", "triton_gated_delta", "triton_supported", "natsl_mixed", "triton_gated_delta_step"]

@@ -68,6 +68,12 @@ def natsl_mixed(
     main = torch.cuda.current_stream(q.device)
     side = _side_stream(q.device)
     side.wait_stream(main)
+    # Inputs made on the caller's stream are read on the side stream, in the forward and (saved for backward) in the
+    # backward: recording that use keeps the caching allocator from handing their memory to the caller's stream
+    # before the side stream's queued work is done, even if the caller drops its last reference early.
+    for t in (q, k, v, g, beta, commit, initial_state):
+        if t is not None:
+            t.record_stream(side)
     with torch.cuda.stream(side):
         o_g, S = gdn()
     o_a = attn()
