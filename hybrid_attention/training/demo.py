@@ -7,7 +7,9 @@ Writes each run to ``<out>/<mixer>/`` (metrics, plots, final model), the compari
 sample from the model with the lowest validation perplexity.
 
 The budget: after loading the corpus, every model is timed for a few steps; the common number of steps is what fits
-the remaining time (minus a reserve for evaluation), at least ``min_steps``.
+the remaining time (minus a reserve for evaluation), at least ``min_steps``. The models then train round robin, one
+step each per round, so that a slower machine than timed (other load) only ends every model at the same earlier step:
+the token budgets stay equal and the wall time stays within the budget.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.data.lm_data import LMData, build_lm_data
+from hybrid_attention.data.packing import ShuffledBatches
 from hybrid_attention.data.tokenizer import token_byte_lengths
 
 from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, model_config
@@ -67,8 +71,9 @@ def _fit_mixer(cfg: RunConfig, mixer: str) -> RunConfig:
         return cfg
 
 
-def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, n: int = 2) -> float:
-    """Seconds per optimizer step of this model (one warmup step, then ``n`` timed), without side effects on data."""
+def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int = 2, n: int = 5) -> float:
+    """Median seconds per optimizer step of this model on random tokens (after ``warmup`` steps); the median keeps
+    a spike of load on a shared machine from skewing the plan."""
     from hybrid_attention.models import HybridForCausalLM
 
     from .optimizer import build_optimizer
@@ -78,22 +83,20 @@ def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, n: int = 2) 
     opt = build_optimizer(model, cfg.optim)
     x = torch.randint(0, 256, (cfg.train.batch_size, cfg.data.seq_len), device=device)
     amp = torch.bfloat16 if device.type == "cuda" else None
-
-    def step():
+    times = []
+    for i in range(warmup + n):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             model(input_ids=x, labels=x, use_cache=False).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
 
 
 def run_demo(opts: DemoOptions, log=print) -> dict:
@@ -102,8 +105,8 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     from hybrid_attention.evaluation.length_sweep import length_sweep
     from hybrid_attention.evaluation.tables import format_table
 
-    from .distributed import resolve_device
-    from .trainer import train
+    from .distributed import DistContext, resolve_device
+    from .trainer import Trainer
 
     t_start = time.perf_counter()
     budget = opts.minutes * 60
@@ -145,25 +148,59 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         cfgs[m] = c
     mixers = list(cfgs)
     per_step = {m: _time_steps(c, data, device) for m, c in cfgs.items()}
+    log("seconds per step: " + ", ".join(f"{m} {t:.3f}" for m, t in per_step.items()))
     elapsed = time.perf_counter() - t_start
-    reserve = 0.15 * budget + 2.0 * len(mixers) + 5.0  # evaluation, plots, sample
+    # Reserve for evaluation (validation at 1x, 2x, 4x: about 8 steps' worth of forwards per model), the final
+    # models, plots and the sample. If the machine turns out slower than timed, the deadline stops every model at the
+    # same step, so the token budgets stay equal.
+    reserve = 0.05 * budget + 10.0 + 8 * sum(per_step.values())
     steps = max(opts.min_steps, int((budget - elapsed - reserve) / sum(per_step.values())))
+    deadline = t_start + budget - reserve
     warmup = max(1, min(100, steps // 10))
-    tokens = steps * batch * seq_len
-    log(f"demo: {len(mixers)} models x {steps} steps x {batch} x {seq_len} tokens = {tokens:,} tokens each "
-        f"(budget {opts.minutes:g} min on {device})")
-    rows, sweeps = [], {}
-    byte_lengths = token_byte_lengths(data.tokenizer)
-    models = {}
+    log(f"demo: {len(mixers)} models x {steps} steps x {batch} x {seq_len} tokens = {steps * batch * seq_len:,} "
+        f"tokens each (budget {opts.minutes:g} min on {device})")
+    trainers: dict[str, Trainer] = {}
+    ctx = DistContext(device=device)
     for m, c in cfgs.items():
         c.train.steps, c.optim.warmup_steps = steps, warmup
         c.train.log_every = max(1, min(c.train.log_every, steps // 20 or 1))
+        c.train.progress = False
         if (Path(c.train.out_dir) / "config.yaml").exists():
             shutil.rmtree(c.train.out_dir)  # a previous demo run of this mixer
-        run_data = LMData(data.tokenizer, type(data.train)(data.train.sequences, batch, opts.seed), data.val_tokens,
-                          data.description)
-        log(f"training {m} ...")
-        res = train(c, data=run_data, quiet=True)
+        run_data = LMData(data.tokenizer, ShuffledBatches(data.train.sequences, batch, opts.seed), data.val_tokens,
+                          data.description)  # the same batches for every model
+        trainers[m] = Trainer(c, ctx, data=run_data, quiet=True)
+    # Round robin: one step of every model per round, so all models always hold the same number of tokens.
+    bar = tqdm(total=steps, unit="round", desc="training " + ", ".join(mixers), dynamic_ncols=True)
+    replan_at = max(3, min(warmup, 20))  # re-plan once, from real rounds, before the cosine phase starts
+    round_times: list[float] = []
+    done = 0
+    while done < steps:
+        t0 = time.perf_counter()
+        for tr in trainers.values():
+            tr.train_step()
+        done += 1
+        round_times.append(time.perf_counter() - t0)
+        bar.update(1)
+        bar.set_postfix_str(" ".join(f"{m}={tr.last_loss:.3f}" for m, tr in trainers.items()))
+        if done == replan_at <= warmup and done < steps:
+            per_round = sorted(round_times[1:])[len(round_times[1:]) // 2]  # median, first round excluded
+            new_steps = max(opts.min_steps, done + int((deadline - time.perf_counter()) / per_round))
+            if abs(new_steps - steps) > 0.05 * steps:
+                bar.write(f"re-planned from the measured {per_round:.2f} s/round: {steps} -> {new_steps} steps")
+                steps = new_steps
+                for tr in trainers.values():
+                    tr.set_total_steps(steps)
+                bar.total = steps
+        if time.perf_counter() > deadline and done < steps:
+            bar.write(f"time budget reached: every model stops at step {done} of {steps}")
+            break
+    bar.close()
+    tokens = done * batch * seq_len
+    rows, sweeps, models = [], {}, {}
+    byte_lengths = token_byte_lengths(data.tokenizer)
+    for m, tr in trainers.items():
+        res = tr.finish()
         sweep = length_sweep(res.model, data.val_tokens, seq_len, (2, 4), max_tokens=eval_tokens, device=device,
                              byte_lengths=byte_lengths, batch_tokens=batch * seq_len)
         sweeps[m] = [{"seq_len": seq_len, "ppl": res.val.ppl}] + sweep
@@ -190,4 +227,4 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     seconds = time.perf_counter() - t_start
     (out / "table.txt").write_text(table + "\n")
     return {"rows": rows, "table": table, "sample": "def " + sample, "best": best, "seconds": seconds,
-            "steps": steps, "tokens": tokens}
+            "steps": done, "tokens": tokens}

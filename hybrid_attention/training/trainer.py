@@ -127,178 +127,231 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
     """Train ``cfg`` to ``cfg.train.steps`` optimizer steps; ``resume`` continues from the newest checkpoint.
 
     ``data`` (optional) is a pre-built pipeline (the demo shares one corpus between runs); ``quiet`` drops the
-    status lines (the progress bar follows ``train.progress``). Raises ConfigError /
-    DataError for bad input and TrainingDiverged after ``train.max_nonfinite`` non-finite steps in a row.
+    status lines (the progress bar follows ``train.progress``). Raises ConfigError / DataError for bad input and
+    TrainingDiverged after ``train.max_nonfinite`` non-finite steps in a row.
     """
-    tc = cfg.train
-    ctx = init_distributed(tc.device)
+    ctx = init_distributed(cfg.train.device)
     try:
-        return _train(cfg, tc, ctx, resume, data, quiet)
+        return Trainer(cfg, ctx, resume, data, quiet).run()
     finally:
         shutdown_distributed(ctx)
 
 
-def _train(cfg: RunConfig, tc, ctx: DistContext, resume: bool, data: LMData | None, quiet: bool) -> TrainResult:
-    from hybrid_attention.models import HybridForCausalLM
+class Trainer:
+    """One run, step by step: ``Trainer(...)`` sets everything up (and resumes), ``train_step()`` does one optimizer
+    step with its logging, validation and checkpoint, ``finish()`` writes the final model and plots.
 
-    out_dir = Path(tc.out_dir)
-    ckpt_root = out_dir / "checkpoints"
-    latest = latest_checkpoint(ckpt_root)
-    if latest is not None and not resume:
-        raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} already has checkpoints; pass --resume to "
-                          "continue that run or choose another train.out_dir")
-    if tc.batch_size % (tc.grad_accum * ctx.world_size):
-        raise ConfigError(f"config error: train.batch_size = {tc.batch_size} is not divisible by grad_accum * "
-                          f"world_size = {tc.grad_accum * ctx.world_size}")
-    _seed_everything(tc.seed)
-    if ctx.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = out_dir / "config.yaml"
-        if resume and cfg_path.exists():
-            import yaml
+    ``run()`` is the plain loop; the demo interleaves the steps of several trainers and may ``finish`` early.
+    """
 
-            diff = _config_diff(yaml.safe_load(cfg_path.read_text()) or {}, to_dict(cfg))
-            if diff:
-                _say(ctx, "note: resuming with a changed config: " + "; ".join(diff))
-        save_config(cfg, cfg_path)
-    # Rank 0 builds (and for BPE trains) the tokenizer first; the other ranks then load the saved one.
-    if data is None:
-        tok_dir = out_dir / "tokenizer"
+    def __init__(self, cfg: RunConfig, ctx: DistContext, resume: bool = False, data: LMData | None = None,
+                 quiet: bool = False):
+        from hybrid_attention.models import HybridForCausalLM
+
+        self.cfg, self.tc, self.ctx, self.quiet = cfg, cfg.train, ctx, quiet
+        tc = self.tc
+        self.out_dir = out_dir = Path(tc.out_dir)
+        self.ckpt_root = out_dir / "checkpoints"
+        latest = latest_checkpoint(self.ckpt_root)
+        if latest is not None and not resume:
+            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} already has checkpoints; pass "
+                              "--resume to continue that run or choose another train.out_dir")
+        if tc.batch_size % (tc.grad_accum * ctx.world_size):
+            raise ConfigError(f"config error: train.batch_size = {tc.batch_size} is not divisible by grad_accum * "
+                              f"world_size = {tc.grad_accum * ctx.world_size}")
+        _seed_everything(tc.seed)
         if ctx.is_main:
-            data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir)
-        ctx.barrier()
-        if not ctx.is_main:
-            data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir)
-    elif ctx.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        data.tokenizer.save_pretrained(str(out_dir / "tokenizer"))
-    tok = data.tokenizer
-    mcfg = model_config(cfg.model, vocab_size=len(tok))
-    check_vocab(tok, mcfg.vocab_size)
-    mcfg.bos_token_id, mcfg.eos_token_id, mcfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
-    if len(data.val_tokens) < cfg.data.seq_len * ctx.world_size:
-        raise DataError(f"validation split has {len(data.val_tokens)} tokens, too few for seq_len={cfg.data.seq_len}")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            cfg_path = out_dir / "config.yaml"
+            if resume and cfg_path.exists():
+                import yaml
 
-    _seed_everything(tc.seed)  # identical initial weights on every rank and for every data source
-    model = HybridForCausalLM(mcfg).to(ctx.device)
-    user_model = model
-    n_params = sum(p.numel() for p in model.parameters())
-    model = wrap_model(model, ctx, tc.parallel)
-    optimizer = build_optimizer(unwrap(model), cfg.optim)
-    scheduler = warmup_cosine_scheduler(optimizer, cfg.optim.warmup_steps, tc.steps, cfg.optim.min_lr_ratio)
-    state: dict[str, Any] = {"tokens": 0, "skipped": 0, "train_seconds": 0.0}
-    start = 0
-    if resume and latest is not None:
-        doc = load_checkpoint(latest, unwrap(model), optimizer, ctx.rank)
-        load_scheduler_state(scheduler, doc["scheduler"])
-        data.train.load_state_dict(doc["data"])
-        state.update({k: doc[k] for k in state})
-        start = doc["step"]
-        _say(ctx, f"resumed from {latest} at step {start}")
-    elif resume:
-        _say(ctx, f"no checkpoint in {ckpt_root}: starting from scratch")
-    if tc.compile:
-        model.compile()
-    amp = _autocast_dtype(tc.precision, ctx.device)
-    byte_lengths = token_byte_lengths(tok)
-    log = MetricsLog(out_dir / "metrics.jsonl", resume_step=start if resume else None, enabled=ctx.is_main)
-    seq_len, accum = cfg.data.seq_len, tc.grad_accum
-    tokens_per_step = tc.batch_size * seq_len
-    if not quiet:
-        _say(ctx, f"{data.description}")
-        state_numbers = user_model.state_size(seq_len)
-        _say(ctx, f"model: {describe_layers(mcfg.mixer_types)}, {n_params / 1e6:.2f}M parameters, "
-                  f"state {state_numbers:,} numbers/sequence at {seq_len} tokens")
-        _say(ctx, f"device {ctx.device} x{ctx.world_size}, {'bf16 autocast' if amp else 'fp32'}; "
-                  f"{tc.steps} steps of {tokens_per_step:,} tokens")
+                diff = _config_diff(yaml.safe_load(cfg_path.read_text()) or {}, to_dict(cfg))
+                if diff:
+                    _say(ctx, "note: resuming with a changed config: " + "; ".join(diff))
+            save_config(cfg, cfg_path)
+        # Rank 0 builds (and for BPE trains) the tokenizer first; the other ranks then load the saved one.
+        if data is None:
+            tok_dir = out_dir / "tokenizer"
+            if ctx.is_main:
+                data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir)
+            ctx.barrier()
+            if not ctx.is_main:
+                data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir)
+        elif ctx.is_main:
+            data.tokenizer.save_pretrained(str(out_dir / "tokenizer"))
+        self.data = data
+        tok = data.tokenizer
+        mcfg = model_config(cfg.model, vocab_size=len(tok))
+        check_vocab(tok, mcfg.vocab_size)
+        mcfg.bos_token_id, mcfg.eos_token_id, mcfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+        if len(data.val_tokens) < cfg.data.seq_len * ctx.world_size:
+            raise DataError(f"validation split has {len(data.val_tokens)} tokens, too few for "
+                            f"seq_len={cfg.data.seq_len}")
 
-    def validate(step: int) -> LMScore:
-        score = evaluate_lm(unwrap(model) if tc.parallel == "ddp" else model, data.val_tokens, seq_len,
-                            batch_size=max(1, tc.batch_size // (accum * ctx.world_size)), device=ctx.device,
-                            byte_lengths=byte_lengths, max_tokens=cfg.data.val_tokens, autocast_dtype=amp,
-                            rank=ctx.rank, world_size=ctx.world_size, all_reduce_sum=ctx.all_reduce_sum)
-        record = {"step": step, "val_loss": score.loss, "val_ppl": score.ppl, "val_bpb": score.bpb}
-        fractions = user_model.routing_fractions()
+        _seed_everything(tc.seed)  # identical initial weights on every rank and for every data source
+        self.user_model = HybridForCausalLM(mcfg).to(ctx.device)
+        n_params = sum(p.numel() for p in self.user_model.parameters())
+        self.model = wrap_model(self.user_model, ctx, tc.parallel)
+        self.optimizer = build_optimizer(unwrap(self.model), cfg.optim)
+        self.scheduler = warmup_cosine_scheduler(self.optimizer, cfg.optim.warmup_steps, tc.steps,
+                                                 cfg.optim.min_lr_ratio)
+        self.state: dict[str, Any] = {"tokens": 0, "skipped": 0, "train_seconds": 0.0}
+        self.step = 0
+        if resume and latest is not None:
+            doc = load_checkpoint(latest, unwrap(self.model), self.optimizer, ctx.rank)
+            load_scheduler_state(self.scheduler, doc["scheduler"])
+            data.train.load_state_dict(doc["data"])
+            self.state.update({k: doc[k] for k in self.state})
+            self.step = doc["step"]
+            _say(ctx, f"resumed from {latest} at step {self.step}")
+        elif resume:
+            _say(ctx, f"no checkpoint in {self.ckpt_root}: starting from scratch")
+        if tc.compile:
+            self.model.compile()
+        self.amp = _autocast_dtype(tc.precision, ctx.device)
+        self.byte_lengths = token_byte_lengths(tok)
+        self.log = MetricsLog(out_dir / "metrics.jsonl", resume_step=self.step if resume else None,
+                              enabled=ctx.is_main)
+        self.seq_len, self.accum = cfg.data.seq_len, tc.grad_accum
+        self.tokens_per_step = tc.batch_size * self.seq_len
+        self.layers = describe_layers(mcfg.mixer_types)
+        if not quiet:
+            _say(ctx, f"{data.description}")
+            _say(ctx, f"model: {self.layers}, {n_params / 1e6:.2f}M parameters, "
+                      f"state {self.user_model.state_size(self.seq_len):,} numbers/sequence at {self.seq_len} tokens")
+            _say(ctx, f"device {ctx.device} x{ctx.world_size}, {'bf16 autocast' if self.amp else 'fp32'}; "
+                      f"{tc.steps} steps of {self.tokens_per_step:,} tokens")
+        self.bar = tqdm(total=tc.steps, initial=self.step, disable=not (tc.progress and ctx.is_main), unit="step",
+                        dynamic_ncols=True, desc=self.layers)
+        self.streak = 0
+        self._interval = [0.0, 0, 0, 0.0]  # loss sum, finite steps, tokens, seconds
+        self.val: LMScore | None = None
+        self.val_step = -1
+        self.last_loss = float("nan")
+        self.model.train()
+
+    def set_total_steps(self, steps: int) -> None:
+        """Change the run's length before the cosine phase starts (the demo re-plans after timing real steps); the
+        schedule stays an exact warmup + cosine over the new length."""
+        if self.step > self.cfg.optim.warmup_steps:
+            raise ValueError(f"cannot change the run length after warmup (step {self.step})")
+        self.tc.steps = steps
+        for f in self.scheduler.lr_lambdas:
+            f.total_steps = steps
+        self.bar.total = steps
+        if self.ctx.is_main:
+            save_config(self.cfg, self.out_dir / "config.yaml")
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.tc.steps
+
+    def validate(self) -> LMScore:
+        """Validation loss/ppl/bpb at the current step (logged, with NAtS-L routing fractions when present)."""
+        tc, ctx = self.tc, self.ctx
+        model = unwrap(self.model) if tc.parallel == "ddp" else self.model
+        score = evaluate_lm(model, self.data.val_tokens, self.seq_len,
+                            batch_size=max(1, tc.batch_size // (self.accum * ctx.world_size)), device=ctx.device,
+                            byte_lengths=self.byte_lengths, max_tokens=self.cfg.data.val_tokens,
+                            autocast_dtype=self.amp, rank=ctx.rank, world_size=ctx.world_size,
+                            all_reduce_sum=ctx.all_reduce_sum)
+        record = {"step": self.step, "val_loss": score.loss, "val_ppl": score.ppl, "val_bpb": score.bpb}
+        fractions = self.user_model.routing_fractions()
         if fractions:
             record["routing"] = {str(i): f.detach().float().cpu().tolist() for i, f in fractions.items()}
-        log.log(record)
+        self.log.log(record)
+        self.val, self.val_step = score, self.step
+        if not self.quiet:
+            bpb = f", {score.bpb:.3f} bits/byte" if score.bpb is not None else ""
+            _say(ctx, f"step {self.step}: validation loss {score.loss:.4f}, ppl {score.ppl:.3f}{bpb}")
         return score
 
-    def checkpoint(step: int) -> None:
-        extra = {"scheduler": scheduler_state(scheduler), "data": data.train.state_dict(), **state}
-        save_checkpoint(ckpt_root, step, unwrap(model), optimizer, extra, tc.keep_checkpoints, ctx.rank, ctx.barrier)
+    def checkpoint(self) -> None:
+        extra = {"scheduler": scheduler_state(self.scheduler), "data": self.data.train.state_dict(), **self.state}
+        save_checkpoint(self.ckpt_root, self.step, unwrap(self.model), self.optimizer, extra,
+                        self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier)
 
-    show = tc.progress and ctx.is_main
-    bar = tqdm(total=tc.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True,
-               desc=describe_layers(mcfg.mixer_types))
-    streak, interval_loss, interval_steps, interval_tokens, interval_time = 0, 0.0, 0, 0, 0.0
-    val: LMScore | None = None
-    model.train()
-    for step in range(start, tc.steps):
+    def train_step(self) -> float:
+        """One optimizer step (skipped when the loss or gradient is not finite); returns the step's mean loss."""
+        tc, ctx, cfg, model = self.tc, self.ctx, self.cfg, self.model
         t0 = time.perf_counter()
-        micro = local_slice(data.train.next_batch(), accum, ctx.rank, ctx.world_size)
+        micro = local_slice(self.data.train.next_batch(), self.accum, ctx.rank, ctx.world_size)
         loss_sum = torch.zeros((), device=ctx.device)
-        for a in range(accum):
+        for a in range(self.accum):
             x = micro[a].to(ctx.device, non_blocking=True)
-            with _no_sync(model, a == accum - 1):
-                with torch.autocast(ctx.device.type, dtype=amp) if amp else contextlib.nullcontext():
+            with _no_sync(model, a == self.accum - 1):
+                with torch.autocast(ctx.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext():
                     loss = model(input_ids=x, labels=x, use_cache=False).loss
-                (loss / accum).backward()
+                (loss / self.accum).backward()
             loss_sum += loss.detach().float()
-        step_loss = ctx.all_reduce_mean(loss_sum / accum)
+        step_loss = ctx.all_reduce_mean(loss_sum / self.accum)
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         finite = bool(torch.isfinite(step_loss)) and bool(torch.isfinite(grad_norm))
+        self.step += 1
         if finite:
-            optimizer.step()
-            streak = 0
+            self.optimizer.step()
+            self.streak = 0
         else:
-            streak += 1
-            state["skipped"] += 1
-            _say(ctx, f"step {step + 1}: non-finite loss/gradient ({step_loss.item()}, grad norm {grad_norm.item()}); "
-                      f"step skipped ({streak} in a row, {state['skipped']} total)")
-            if streak >= tc.max_nonfinite:
+            self.streak += 1
+            self.state["skipped"] += 1
+            _say(ctx, f"step {self.step}: non-finite loss/gradient ({step_loss.item()}, grad norm "
+                      f"{grad_norm.item()}); step skipped ({self.streak} in a row, {self.state['skipped']} total)")
+            if self.streak >= tc.max_nonfinite:
                 raise TrainingDiverged(
-                    f"stopping at step {step + 1}: {streak} consecutive steps with a non-finite loss or gradient "
-                    f"(train.max_nonfinite={tc.max_nonfinite}); lower optim.lr, raise optim.warmup_steps or use "
-                    "train.precision=fp32"
+                    f"stopping at step {self.step}: {self.streak} consecutive steps with a non-finite loss or "
+                    f"gradient (train.max_nonfinite={tc.max_nonfinite}); lower optim.lr, raise optim.warmup_steps "
+                    "or use train.precision=fp32"
                 )
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
         dt = time.perf_counter() - t0
-        state["tokens"] += tokens_per_step
-        state["train_seconds"] += dt
-        done = step + 1
+        self.state["tokens"] += self.tokens_per_step
+        self.state["train_seconds"] += dt
+        iv = self._interval
         if finite:
-            interval_loss += step_loss.item()
-            interval_steps += 1
-        interval_tokens += tokens_per_step
-        interval_time += dt
-        lr = optimizer.param_groups[-1]["lr"]
-        bar.update(1)
-        if done % tc.log_every == 0 or done == tc.steps:
-            mean_loss = interval_loss / interval_steps if interval_steps else float("nan")
-            tps = interval_tokens / max(interval_time, 1e-9)
-            log.log({"step": done, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                     "tokens": state["tokens"], "tok_per_s": tps, "skipped": state["skipped"]})
-            bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tps:,.0f}", lr=f"{lr:.2e}")
-            interval_loss, interval_steps, interval_tokens, interval_time = 0.0, 0, 0, 0.0
-        if done == tc.steps or (tc.eval_every and done % tc.eval_every == 0):
-            val = validate(done)
-            if not quiet:
-                bpb = f", {val.bpb:.3f} bits/byte" if val.bpb is not None else ""
-                _say(ctx, f"step {done}: validation loss {val.loss:.4f}, ppl {val.ppl:.3f}{bpb}")
-        if done == tc.steps or (tc.checkpoint_every and done % tc.checkpoint_every == 0):
-            checkpoint(done)
-    bar.close()
-    if val is None:  # resumed a finished run
-        val = validate(tc.steps)
-    if tc.save_final:
-        full = get_model_state_dict(unwrap(model), options=_FULL)
-        if ctx.is_main:
-            save_final_model(user_model, tok, out_dir / "final", full)
-    if tc.plots and ctx.is_main:
-        plot_training_curves(read_metrics(out_dir / "metrics.jsonl"), out_dir, title=str(cfg.model.layers))
-    tps = state["tokens"] / max(state["train_seconds"], 1e-9)
-    return TrainResult(user_model, data, tc.steps, state["tokens"], state["train_seconds"], tps, val,
-                       state["skipped"], out_dir)
+            iv[0] += step_loss.item()
+            iv[1] += 1
+        iv[2] += self.tokens_per_step
+        iv[3] += dt
+        self.bar.update(1)
+        if self.step % tc.log_every == 0 or self.done:
+            mean_loss = iv[0] / iv[1] if iv[1] else float("nan")
+            tps = iv[2] / max(iv[3], 1e-9)
+            lr = self.optimizer.param_groups[-1]["lr"]
+            self.log.log({"step": self.step, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
+                          "tokens": self.state["tokens"], "tok_per_s": tps, "skipped": self.state["skipped"]})
+            self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tps:,.0f}", lr=f"{lr:.2e}")
+            self._interval = [0.0, 0, 0, 0.0]
+        if self.done or (tc.eval_every and self.step % tc.eval_every == 0):
+            self.validate()
+        if self.done or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0):
+            self.checkpoint()
+        self.last_loss = step_loss.item()
+        return self.last_loss
+
+    def finish(self) -> TrainResult:
+        """Validate and checkpoint the current step if not yet done (a finished or stopped run), then write the
+        final model (HF format + tokenizer) and the plots."""
+        ctx = self.ctx
+        self.bar.close()
+        if self.val_step != self.step:
+            self.validate()
+        if not (self.ckpt_root / f"step-{self.step:08d}").exists():
+            self.checkpoint()
+        if self.tc.save_final:
+            full = get_model_state_dict(unwrap(self.model), options=_FULL)
+            if ctx.is_main:
+                save_final_model(self.user_model, self.data.tokenizer, self.out_dir / "final", full)
+        if self.tc.plots and ctx.is_main:
+            plot_training_curves(read_metrics(self.out_dir / "metrics.jsonl"), self.out_dir,
+                                 title=str(self.cfg.model.layers))
+        tps = self.state["tokens"] / max(self.state["train_seconds"], 1e-9)
+        return TrainResult(self.user_model, self.data, self.step, self.state["tokens"], self.state["train_seconds"],
+                           tps, self.val, self.state["skipped"], self.out_dir)
+
+    def run(self) -> TrainResult:
+        while not self.done:
+            self.train_step()
+        return self.finish()
