@@ -1,0 +1,74 @@
+"""``hybrid-attention experiment SUITE.yaml [key=value ...]`` and ``python -m hybrid_attention.experiments``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Define the ``experiment`` subcommand on an ``add_subparsers()`` object (sets ``func``)."""
+    p = subparsers.add_parser("experiment", help="run an experiment suite (cells x seeds), resumable; writes a "
+                              "markdown table, JSON and PNG plots")
+    _arguments(p)
+    p.set_defaults(func=_cmd_experiment)
+    return p
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suite", help="suite YAML (configs/experiments/*.yaml)")
+    p.add_argument("overrides", nargs="*", help="suite overrides key=value, e.g. seeds=[0] base.train.steps=20")
+    p.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (the report covers all)")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from finished cells; train nothing")
+    p.add_argument("--list", action="store_true", help="print the cells and their state, run nothing")
+
+
+def _cmd_experiment(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import collect, write_report
+    from .runner import run_suite
+    from .suite import load_suite
+
+    suite = load_suite(a.suite, a.overrides)
+    command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
+    if a.list:
+        for c in suite.cells:
+            done = [s for s in suite.cell_seeds(c)
+                    if (Path(suite.out_dir) / "cells" / c.name / f"seed{s}" / "result.json").exists()]
+            print(f"{c.name}: seeds {suite.cell_seeds(c)}, finished {done}")
+        return 0
+    if a.report_only:
+        doc = collect(suite, command=command)
+    else:
+        if a.only:
+            unknown = [n for n in a.only if n not in [c.name for c in suite.cells]]
+            if unknown:
+                print(f"error: unknown cells {unknown}; cells: {[c.name for c in suite.cells]}", file=sys.stderr)
+                return 2
+            full = list(suite.cells)
+            suite.cells = [c for c in full if c.name in a.only]
+            run_suite(suite, command=command)
+            suite.cells = full
+            doc = collect(suite, command=command)
+        else:
+            doc = run_suite(suite, command=command)
+    if a.report_only or a.only:
+        write_report(suite, doc)
+    print((Path(suite.out_dir) / "results.md").read_text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hybrid_attention.data.errors import DataError
+    from hybrid_attention.training.config_schema import ConfigError
+
+    p = argparse.ArgumentParser(prog="python -m hybrid_attention.experiments", description=__doc__)
+    _arguments(p)
+    a = p.parse_args(argv)
+    try:
+        return _cmd_experiment(a)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

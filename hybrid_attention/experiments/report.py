@@ -1,0 +1,240 @@
+"""Collect the per-(cell, seed) results of a suite and write ``results.json``, ``results.md`` and PNG plots.
+
+Per cell: mean ± sample standard deviation over seeds (n shown); with one seed the spread is blank. The "vs ref"
+column is the relative difference of mean validation perplexity to the suite's reference cell.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .suite import Suite  # noqa: E402
+
+
+def _stats(values: list) -> dict | None:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v:
+        return None
+    return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else None, "min": min(v),
+            "max": max(v), "n": len(v), "values": v}
+
+
+def _fmt(st: dict | None, fmt: str = ".3f", with_n: bool = True) -> str:
+    if st is None:
+        return "–"
+    s = format(st["mean"], fmt)
+    if st["std"] is not None:
+        s += f" ± {format(st['std'], fmt)}"
+    return s + (f" (n={st['n']})" if with_n else "")
+
+
+def collect(suite: Suite, command: str | None = None, session_wall_s: float | None = None) -> dict:
+    """The results document: every finished (cell, seed) and per-cell summaries."""
+    out = Path(suite.out_dir)
+    runs, summary = [], {}
+    for cell in suite.cells:
+        rs = []
+        for seed in suite.cell_seeds(cell):
+            p = out / "cells" / cell.name / f"seed{seed}" / "result.json"
+            if p.exists():
+                rs.append(json.loads(p.read_text()))
+        runs += rs
+        s: dict = {"label": cell.label, "seeds": [r["seed"] for r in rs], "wall_s": sum(r["wall_s"] for r in rs)}
+        lms = [r["lm"] for r in rs if "lm" in r]
+        if lms:
+            s["layers"] = lms[0]["layers"]
+            s["params"] = lms[0]["params"]
+            s["state"] = lms[0]["state"]
+            s["tokens"] = lms[0]["tokens"]
+            s["seq_len"] = lms[0]["seq_len"]
+            s["val_ppl"] = _stats([m["val_ppl"] for m in lms])
+            s["val_loss"] = _stats([m["val_loss"] for m in lms])
+            s["val_bpb"] = _stats([m["val_bpb"] for m in lms])
+            s["tokens_per_second"] = _stats([m["tokens_per_second"] for m in lms])
+            s["length"] = [{"multiplier": row["multiplier"], "seq_len": row["seq_len"],
+                            "ppl": _stats([m["length"][j]["ppl"] for m in lms])}
+                           for j, row in enumerate(lms[0]["length"])]
+            if any(m["routing"] for m in lms):
+                layers = sorted({k for m in lms for k in m["routing"]}, key=int)
+                s["routing"] = {k: [statistics.fmean(vals) for vals in zip(*[m["routing"][k] for m in lms
+                                                                             if k in m["routing"]])]
+                                for k in layers}
+        recs = [r["recall"] for r in rs if "recall" in r]
+        if recs:
+            s["recall"] = {t: _stats([rc[t]["accuracy"] for rc in recs if t in rc]) for t in suite.recall_tasks}
+        summary[cell.name] = s
+    ref = summary.get(suite.reference or "", {}).get("val_ppl")
+    for s in summary.values():
+        if ref and s.get("val_ppl"):
+            s["vs_ref_pct"] = 100.0 * (s["val_ppl"]["mean"] / ref["mean"] - 1.0)
+    machines = sorted({r.get("machine", "") for r in runs})
+    errors = sorted(str(p.parent.relative_to(out)) for p in out.glob("cells/*/seed*/error.txt"))
+    return {"suite": suite.name, "description": suite.description, "claims": suite.claims, "seeds": suite.seeds,
+            "reference": suite.reference, "command": command, "machines": machines,
+            "session_wall_s": session_wall_s, "total_run_wall_s": sum(r["wall_s"] for r in runs),
+            "summary": summary, "runs": runs, "failed": errors}
+
+
+def _plot_ppl_bars(doc: dict, path: Path) -> Path | None:
+    cells = [(n, s) for n, s in doc["summary"].items() if s.get("val_ppl")]
+    if not cells:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(cells) + 2), 4))
+    xs = range(len(cells))
+    means = [s["val_ppl"]["mean"] for _, s in cells]
+    errs = [s["val_ppl"]["std"] or 0.0 for _, s in cells]
+    ax.bar(xs, means, yerr=errs, capsize=4, color="tab:blue", alpha=0.7)
+    for x, (_, s) in zip(xs, cells):
+        ax.plot([x] * len(s["val_ppl"]["values"]), s["val_ppl"]["values"], "k.", ms=6)
+    ax.set_xticks(list(xs), [n for n, _ in cells], rotation=30, ha="right")
+    lo = min(min(s["val_ppl"]["values"]) for _, s in cells)
+    ax.set_ylim(bottom=max(0.0, 0.9 * lo))
+    ax.set(ylabel="validation perplexity (mean, ± std, dots = seeds)", title=doc["suite"])
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _plot_length(doc: dict, path: Path) -> Path | None:
+    cells = [(n, s) for n, s in doc["summary"].items() if s.get("length") and len(s["length"]) > 1]
+    if not cells:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n, s in cells:
+        pts = [(r["multiplier"], r["ppl"]["mean"], r["ppl"]["std"] or 0.0) for r in s["length"] if r["ppl"]]
+        if pts:
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                        label=n)
+    ax.set_yscale("log")
+    ax.set(xlabel="evaluation length / training length", ylabel="validation perplexity",
+           title=f"{doc['suite']}: length extrapolation")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _plot_routing(name: str, routing: dict, path: Path, title: str) -> Path:
+    layers = list(routing)
+    heads = max(len(v) for v in routing.values())
+    grid = [[routing[k][h] if h < len(routing[k]) else float("nan") for h in range(heads)] for k in layers]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * heads, 1.2 + 0.5 * len(layers)))
+    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            if math.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+    ax.set_xticks(range(heads), [str(h) for h in range(heads)])
+    ax.set_yticks(range(len(layers)), layers)
+    ax.set(xlabel="decision head", ylabel="layer", title=title)
+    fig.colorbar(im, ax=ax, label="softmax fraction")
+    return _save(fig, path)
+
+
+def _plot_recall(doc: dict, path: Path) -> Path | None:
+    tasks = sorted({t for s in doc["summary"].values() for t in (s.get("recall") or {})})
+    cells = [(n, s) for n, s in doc["summary"].items() if s.get("recall")]
+    if not tasks or not cells:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(cells) + 2), 4))
+    w = 0.8 / len(tasks)
+    for j, t in enumerate(tasks):
+        xs = [i + (j - (len(tasks) - 1) / 2) * w for i in range(len(cells))]
+        st = [s["recall"].get(t) for _, s in cells]
+        ax.bar(xs, [x["mean"] if x else 0 for x in st], w, yerr=[(x["std"] or 0) if x else 0 for x in st],
+               capsize=3, label=t)
+    ax.set_xticks(range(len(cells)), [n for n, _ in cells], rotation=30, ha="right")
+    ax.set(ylabel="test accuracy (mean ± std over seeds)", ylim=(0, 1.05), title=f"{doc['suite']}: recall")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def markdown(doc: dict, plots: list[str]) -> str:
+    """The suite's results as markdown (tables + plot links)."""
+    lines = [f"## {doc['suite']}", ""]
+    if doc["description"]:
+        lines += [doc["description"].strip(), ""]
+    for c in doc["claims"]:
+        lines.append(f"- claim: {c}")
+    lines += ["", f"Machine(s): {'; '.join(doc['machines'])}. Seeds: {doc['seeds']}. "
+                  f"Sum of run wall times: {doc['total_run_wall_s']:.0f} s.", ""]
+    if doc.get("command"):
+        lines += [f"Command: `{doc['command']}`", ""]
+    summ = doc["summary"]
+    lm = [(n, s) for n, s in summ.items() if s.get("val_ppl")]
+    if lm:
+        mults = [r["multiplier"] for r in lm[0][1]["length"]]
+        L = lm[0][1]["seq_len"]
+        head = ["cell", "layers", "params", f"state@{L}", "tokens", "val ppl", "bits/byte"]
+        if doc["reference"]:
+            head.append(f"vs {doc['reference']}")
+        head += [f"ppl@{m:g}x" for m in mults] + ["train tok/s"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for n, s in lm:
+            row = [n + (f" ({s['label']})" if s["label"] else ""), _layers(s["layers"]), f"{s['params']:,}",
+                   f"{s['state']:,}", f"{s['tokens']:,}", _fmt(s["val_ppl"]), _fmt(s["val_bpb"])]
+            if doc["reference"]:
+                row.append(f"{s['vs_ref_pct']:+.1f}%" if "vs_ref_pct" in s else "–")
+            row += [_fmt(r["ppl"], ".2f", with_n=False) for r in s["length"]]
+            row.append(f"{s['tokens_per_second']['mean']:,.0f}")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    rec = [(n, s) for n, s in summ.items() if s.get("recall")]
+    if rec:
+        tasks = list(rec[0][1]["recall"])
+        lines += ["| cell | " + " | ".join(f"{t} accuracy" for t in tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for n, s in rec:
+            lines.append(f"| {n} | " + " | ".join(_fmt(s["recall"][t]) for t in tasks) + " |")
+        lines.append("")
+    for n, s in summ.items():
+        if s.get("routing"):
+            lines += [f"NAtS-L softmax fraction per layer and decision head, cell `{n}` (mean over seeds and "
+                      "validation windows):", ""]
+            heads = max(len(v) for v in s["routing"].values())
+            lines += ["| layer | " + " | ".join(f"head {h}" for h in range(heads)) + " | mean |",
+                      "|---|" + "---|" * (heads + 1)]
+            for k, v in s["routing"].items():
+                lines.append(f"| {k} | " + " | ".join(f"{x:.3f}" for x in v) + f" | {statistics.fmean(v):.3f} |")
+            lines.append("")
+    if doc.get("failed"):
+        lines += ["Failed (error.txt in these run directories): " + ", ".join(doc["failed"]), ""]
+    if plots:
+        lines += ["Plots: " + ", ".join(f"`{p}`" for p in plots), ""]
+    return "\n".join(lines)
+
+
+def _layers(layers: list[str]) -> str:
+    from hybrid_attention.training.trainer import describe_layers
+
+    return describe_layers(layers)
+
+
+def write_report(suite: Suite, doc: dict) -> list[Path]:
+    """``results.json``, ``results.md`` and the PNGs in ``suite.out_dir``; returns the paths written."""
+    out = Path(suite.out_dir)
+    plots = [p for p in (_plot_ppl_bars(doc, out / "ppl_bars.png"), _plot_length(doc, out / "length.png"),
+                         _plot_recall(doc, out / "recall.png")) if p is not None]
+    for n, s in doc["summary"].items():
+        if s.get("routing"):
+            plots.append(_plot_routing(n, s["routing"], out / f"routing_{n}.png",
+                                       f"{doc['suite']} / {n}: softmax fraction"))
+    doc["plots"] = [p.name for p in plots]
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    md = out / "results.md"
+    md.write_text(markdown(doc, doc["plots"]) + "\n")
+    return [out / "results.json", md, *plots]

@@ -1,0 +1,206 @@
+"""Run a suite cell by cell, resumable: a (cell, seed) with ``result.json`` is skipped, an unfinished training run
+resumes from its newest checkpoint, finished recall tasks (``recall_<task>.json``) are not re-run.
+
+Layout under ``out_dir``: ``cells/<cell>/seed<k>/`` (the training run: config, metrics, checkpoints; then
+``result.json``), and the report files of :func:`hybrid_attention.experiments.report.write_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .suite import CellSpec, Suite
+
+
+def machine_description() -> str:
+    """``'<cpu count> CPU cores, torch X'`` plus the GPU name where CUDA is available."""
+    s = (f"{platform.machine()}, {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads, "
+         f"torch {torch.__version__}")
+    if torch.cuda.is_available():
+        s += f", {torch.cuda.get_device_name(0)}"
+    return s
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)  # atomic: a killed run never leaves a half-written result
+
+
+def _cached_data(cfg, cache: dict):
+    """One corpus + tokenizer per data config (the stdlib corpus takes seconds to read); every run gets its own
+    shuffled batch stream with its own seed, as a fresh ``build_lm_data`` would."""
+    from hybrid_attention.data.lm_data import LMData, build_lm_data
+    from hybrid_attention.data.packing import ShuffledBatches
+
+    key = json.dumps({"data": vars(cfg.data), "batch": cfg.train.batch_size}, sort_keys=True, default=str)
+    if cfg.data.source != "stdlib" and cfg.data.source != "local":
+        return None  # streaming sources: let the trainer build its own
+    if key not in cache:
+        cache[key] = build_lm_data(cfg.data, cfg.train.batch_size, cfg.train.seed)
+    base = cache[key]
+    if not isinstance(base.train, ShuffledBatches):
+        return None
+    return LMData(base.tokenizer, ShuffledBatches(base.train.sequences, cfg.train.batch_size, cfg.train.seed),
+                  base.val_tokens, base.description)
+
+
+def length_eval(model, tokens: np.ndarray, train_len: int, multipliers, max_tokens: int, device, amp,
+                byte_lengths, batch_tokens: int) -> list[dict]:
+    """Perplexity at ``round(m * train_len)`` for each multiplier on the same token prefix (windows start fresh)."""
+    import contextlib
+
+    from hybrid_attention.evaluation.perplexity import evaluate_lm
+
+    lengths = [int(round(m * train_len)) for m in multipliers]
+    budget = max(max_tokens, max(lengths))
+    rows = []
+    for m, L in zip(multipliers, lengths):
+        if len(tokens) < L:
+            rows.append({"multiplier": m, "seq_len": L, "loss": None, "ppl": None, "bpb": None, "tokens": 0})
+            continue
+        ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        with ctx:
+            s = evaluate_lm(model, tokens, L, batch_size=max(1, batch_tokens // L), device=device,
+                            byte_lengths=byte_lengths, max_tokens=budget)
+        rows.append({"multiplier": m, "seq_len": L, "loss": s.loss, "ppl": s.ppl, "bpb": s.bpb, "tokens": s.tokens})
+    return rows
+
+
+@torch.no_grad()
+def routing_eval(model, tokens: np.ndarray, seq_len: int, windows: int, device, amp) -> dict[str, list[float]]:
+    """{layer: softmax fraction per decision head}, averaged over ``windows`` validation windows (eval mode)."""
+    import contextlib
+
+    n = min(windows, len(tokens) // seq_len)
+    if n == 0 or not any(hasattr(b.mixer, "routing_fraction") for b in model.model.layers):
+        return {}
+    x = torch.from_numpy(np.asarray(tokens[: n * seq_len], dtype=np.int64).reshape(n, seq_len))
+    acc: dict[int, list[torch.Tensor]] = {}
+    was = model.training
+    model.eval()
+    try:
+        for i in range(n):
+            ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+            with ctx:
+                model(input_ids=x[i : i + 1].to(device), use_cache=False)
+            for layer, f in model.routing_fractions().items():
+                acc.setdefault(layer, []).append(f.detach().float().cpu())
+    finally:
+        model.train(was)
+    return {str(k): torch.stack(v).mean(0).tolist() for k, v in sorted(acc.items())}
+
+
+def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dict, log) -> dict:
+    from hybrid_attention.data.tokenizer import token_byte_lengths
+    from hybrid_attention.training.trainer import train
+
+    cfg = suite.run_config(cell, seed, run_dir)
+    data = _cached_data(cfg, cache)
+    resumed = (run_dir / "checkpoints").exists()
+    t0 = time.perf_counter()
+    res = train(cfg, resume=True, data=data, quiet=True)
+    train_wall = time.perf_counter() - t0
+    model, device = res.model, next(res.model.parameters()).device
+    amp = torch.bfloat16 if (cfg.train.precision == "bf16" or (cfg.train.precision == "auto"
+                                                               and device.type == "cuda")) else None
+    byte_lengths = token_byte_lengths(res.data.tokenizer)
+    L = cfg.data.seq_len
+    t1 = time.perf_counter()
+    lengths = length_eval(model, res.data.val_tokens, L, suite.eval.length_multipliers, suite.eval.length_tokens,
+                          device, amp, byte_lengths, batch_tokens=cfg.train.batch_size * L)
+    routing = routing_eval(model, res.data.val_tokens, L, suite.eval.routing_windows, device, amp) \
+        if suite.eval.routing else {}
+    eval_wall = time.perf_counter() - t1
+    val = res.val
+    out = {
+        "layers": list(model.config.mixer_types), "params": model.num_parameters(), "state": model.state_size(L),
+        "seq_len": L, "steps": res.steps, "tokens": res.tokens, "train_seconds": res.train_seconds,
+        "tokens_per_second": res.tokens_per_second, "skipped_steps": res.skipped_steps,
+        "val_loss": val.loss if val else None, "val_ppl": val.ppl if val else None, "val_bpb": val.bpb if val else None,
+        "length": lengths, "routing": routing, "train_wall_s": train_wall, "eval_wall_s": eval_wall,
+        "resumed": resumed, "data": res.data.description,
+    }
+    log(f"  {cell.name} seed {seed}: val ppl {out['val_ppl']:.3f}, "
+        + ", ".join(f"{r['multiplier']:g}x {r['ppl']:.3f}" for r in lengths if r["ppl"] is not None)
+        + f" ({train_wall:.0f} s train, {eval_wall:.0f} s eval)")
+    return out
+
+
+def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict:
+    from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
+    from hybrid_attention.training.config_schema import from_dict
+    from hybrid_attention.training.distributed import resolve_device
+
+    out = {}
+    for task, d in suite.recall_configs(cell, seed).items():
+        path = run_dir / f"recall_{task}.json"
+        if path.exists():
+            out[task] = json.loads(path.read_text())
+            continue
+        rc = from_dict(RecallConfig, d)
+        device = resolve_device(rc.device)
+        best = None
+        for mixer in rc.mixers:
+            for dm in rc.d_models:
+                for lr in rc.lrs:
+                    row = train_and_eval(rc, mixer, dm, lr, device)
+                    if best is None or row["accuracy"] > best["accuracy"]:
+                        best = row
+        _write_json(path, best)
+        log(f"  {cell.name} seed {seed} {task}: accuracy {best['accuracy']:.3f} ({best['seconds']:.0f} s)")
+        out[task] = best
+    return out
+
+
+def run_suite(suite: Suite, log=print, command: str | None = None) -> dict:
+    """Run every unfinished (cell, seed), then write the report; returns the results document."""
+    from .report import collect, write_report
+
+    out = Path(suite.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache: dict = {}
+    t_start = time.perf_counter()
+    # seed-major: every cell's first seed before any second seed, so a cut-off run still compares all cells
+    seeds = list(dict.fromkeys([*suite.seeds, *(s for c in suite.cells for s in suite.cell_seeds(c))]))
+    todo = [(c, s) for s in seeds for c in suite.cells if s in suite.cell_seeds(c)]
+    failed = 0
+    ran = 0
+    for i, (cell, seed) in enumerate(todo, 1):
+        run_dir = out / "cells" / cell.name / f"seed{seed}"
+        result_path = run_dir / "result.json"
+        if result_path.exists():
+            log(f"[{i}/{len(todo)}] {cell.name} seed {seed}: finished earlier, skipped")
+            continue
+        log(f"[{i}/{len(todo)}] {cell.name} seed {seed}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        result = {"cell": cell.name, "seed": seed, "machine": machine_description()}
+        try:
+            if suite.uses_lm(cell):
+                result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
+            if suite.recall_tasks:
+                result["recall"] = _recall(suite, cell, seed, run_dir, log)
+        except Exception as e:  # noqa: BLE001  (one broken cell must not stop the suite; it is retried next time)
+            import traceback
+
+            (run_dir / "error.txt").write_text(traceback.format_exc())
+            log(f"  {cell.name} seed {seed}: FAILED ({type(e).__name__}: {e}); see {run_dir / 'error.txt'}")
+            failed += 1
+            continue
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        result["wall_s"] = time.perf_counter() - t0
+        _write_json(result_path, result)
+        ran += 1
+    wall = time.perf_counter() - t_start
+    log(f"{ran} run(s) in {wall:.0f} s; {failed} failed; {len(todo) - ran - failed} skipped")
+    doc = collect(suite, command=command, session_wall_s=wall)
+    write_report(suite, doc)
+    return doc

@@ -1,0 +1,133 @@
+"""The suite schema: a base run config, cells (config overrides) x seeds, the evaluations to run after training.
+
+```yaml
+name: interdomain_vs_s4d_cpu
+description: what the suite tests
+claims: ["interdomain §5.1: Interdomain 13-16% below S4D-only"]
+out_dir: runs/experiments/interdomain_vs_s4d_cpu
+seeds: [0, 1]
+reference: softmax              # cell the "vs ref" column compares with (optional)
+base: {model: {...}, data: {...}, optim: {...}, train: {...}}    # a RunConfig (hybrid_attention.training.config)
+cells:
+  - {name: softmax, overrides: {model: {layers: softmax}}}
+  - {name: interdomain, overrides: {model: {layers: interdomain}}}
+eval: {length_multipliers: [1, 2, 3.5], length_tokens: 16384, routing: true}
+recall_tasks:                   # optional train-and-eval recall tasks (hybrid_attention.evaluation.recall.RecallConfig)
+  mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
+```
+A cell's ``recall`` mapping is merged into every recall task (``mixers: [m]`` or ``model_options``); ``lm: false``
+in the suite (or the cell) skips language-model training. Overrides on the command line address the suite:
+``seeds=[0] base.train.steps=10 out_dir=/tmp/x``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from hybrid_attention.training.config import RunConfig, check
+from hybrid_attention.training.config_schema import ConfigError, from_dict, merge, parse_overrides
+
+
+@dataclass
+class CellSpec:
+    name: str
+    label: str = ""  # longer description for the table
+    overrides: dict = field(default_factory=dict)  # nested RunConfig overrides
+    recall: dict = field(default_factory=dict)  # merged into every recall task of the suite
+    lm: bool | None = None  # None: the suite's setting
+    seeds: list[int] | None = None  # None: the suite's seeds (fewer seeds for cheap side ablations)
+
+
+@dataclass
+class EvalSpec:
+    length_multipliers: list[float] = field(default_factory=lambda: [1.0])
+    length_tokens: int = 16384  # the same token prefix of the validation split is scored at every length
+    routing: bool = True  # NAtS-L softmax fraction per layer and head (mean over routing_windows windows)
+    routing_windows: int = 16
+
+
+@dataclass
+class Suite:
+    name: str
+    out_dir: str
+    cells: list[CellSpec]
+    description: str = ""
+    claims: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    reference: str | None = None
+    lm: bool = True
+    base: dict = field(default_factory=dict)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    recall_tasks: dict = field(default_factory=dict)
+
+    def cell(self, name: str) -> CellSpec:
+        for c in self.cells:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def run_config(self, cell: CellSpec, seed: int, run_dir: Path) -> RunConfig:
+        """The validated RunConfig of one (cell, seed)."""
+        data = merge(copy.deepcopy(self.base), copy.deepcopy(cell.overrides))
+        data = merge(data, {"train": {"seed": seed, "out_dir": str(run_dir)}})
+        return check(from_dict(RunConfig, data))
+
+    def recall_configs(self, cell: CellSpec, seed: int) -> dict[str, dict]:
+        """{task name: RecallConfig fields} of one (cell, seed)."""
+        out = {}
+        for task, spec in self.recall_tasks.items():
+            d = merge(copy.deepcopy(spec), copy.deepcopy(cell.recall))
+            d["seed"] = seed
+            out[task] = d
+        return out
+
+    def cell_seeds(self, cell: CellSpec) -> list[int]:
+        return self.seeds if cell.seeds is None else cell.seeds
+
+    def uses_lm(self, cell: CellSpec) -> bool:
+        return self.lm if cell.lm is None else cell.lm
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def load_suite(path: str | os.PathLike, overrides: list[str] = ()) -> Suite:
+    """Read and validate a suite YAML (every cell's run config is checked up front)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"config error: cannot read {path}: {e.strerror}") from e
+    data = merge(data, parse_overrides(list(overrides)))
+    suite = from_dict(Suite, data)
+    suite.cells = [from_dict(CellSpec, c, f"cells[{i}].") if isinstance(c, dict) else c
+                   for i, c in enumerate(suite.cells)]
+    if not suite.cells:
+        raise ConfigError("config error: cells must list at least one cell")
+    if not suite.seeds:
+        raise ConfigError("config error: seeds must list at least one seed")
+    names = [c.name for c in suite.cells]
+    for n in names:
+        if not _NAME.match(n):
+            raise ConfigError(f"config error: cell name {n!r} may hold letters, digits and _ . + - only")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"config error: cell names must be unique, got {names}")
+    if suite.reference is not None and suite.reference not in names:
+        raise ConfigError(f"config error: reference = {suite.reference!r} is not a cell; cells: {', '.join(names)}")
+    if any(m <= 0 for m in suite.eval.length_multipliers):
+        raise ConfigError("config error: eval.length_multipliers must be > 0")
+    for c in suite.cells:
+        if suite.uses_lm(c):
+            suite.run_config(c, suite.seeds[0], Path(suite.out_dir) / "check")
+    if suite.recall_tasks:
+        from hybrid_attention.evaluation.recall import RecallConfig
+
+        for c in suite.cells:
+            for task, d in suite.recall_configs(c, 0).items():
+                from_dict(RecallConfig, d, f"recall_tasks.{task}.")
+    return suite
