@@ -1,7 +1,9 @@
-"""DDP with 2 gloo processes follows the same loss trajectory as 1 process with the same global batch."""
+"""torch.distributed on CPU (gloo, 2 processes) follows the same loss trajectory as 1 process with the same global
+batch: DDP (with and without gradient accumulation) and FSDP2 (including a checkpoint/resume of the sharded run)."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,13 +16,16 @@ from hybrid_attention.training.trainer import train
 STEPS = 4
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, extra: tuple[str, ...]) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, extra: tuple[str, ...], resume: bool) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pathlib import Path
+    train(tiny_config(Path(out_dir), *extra), resume=resume, quiet=True)
 
-    train(tiny_config(Path(out_dir), *extra), quiet=True)
+
+def _launch(out_dir: Path, extra: tuple[str, ...], resume: bool = False) -> None:
+    mp.start_processes(_worker, args=(2, free_port(), str(out_dir), extra, resume), nprocs=2, join=True,
+                       start_method="spawn")
 
 
 def _losses(run_dir):
@@ -29,17 +34,24 @@ def _losses(run_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_accum", [1, 2])
-def test_ddp_gloo_two_processes_match_one(tmp_path, grad_accum):
-    extra = (f"train.steps={STEPS}", "train.batch_size=8", f"train.grad_accum={grad_accum}", "train.device=cpu")
-    train(tiny_config(tmp_path / "single", *extra), quiet=True)
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path / "ddp"), extra), nprocs=2, join=True,
-                       start_method="spawn")
-    (loss1, val1), (loss2, val2) = _losses(tmp_path / "single"), _losses(tmp_path / "ddp")
+@pytest.mark.parametrize("parallel,grad_accum", [("ddp", 1), ("ddp", 2), ("fsdp2", 1)])
+def test_two_gloo_processes_match_one(tmp_path, parallel, grad_accum):
+    # min_lr_ratio=1: a constant lr after warmup, so a run stopped at step 2 and resumed to STEPS follows the same
+    # schedule as a run planned for STEPS from the start.
+    extra = ("train.batch_size=8", f"train.grad_accum={grad_accum}", "train.device=cpu", f"train.parallel={parallel}",
+             "optim.min_lr_ratio=1.0", "train.checkpoint_every=2")
+    train(tiny_config(tmp_path / "single", f"train.steps={STEPS}", *extra), quiet=True)
+    if parallel == "fsdp2":  # sharded checkpoint round trip: stop at step 2, resume to STEPS
+        _launch(tmp_path / "dist", ("train.steps=2", *extra))
+        _launch(tmp_path / "dist", (f"train.steps={STEPS}", *extra), resume=True)
+    else:
+        _launch(tmp_path / "dist", (f"train.steps={STEPS}", *extra))
+    (loss1, val1), (loss2, val2) = _losses(tmp_path / "single"), _losses(tmp_path / "dist")
     assert len(loss1) == len(loss2) == STEPS
     assert max(abs(a - b) for a, b in zip(loss1, loss2)) < 1e-5, (loss1, loss2)
     assert abs(val1[-1] - val2[-1]) < 1e-5
     w1 = load_file(str(tmp_path / "single" / "final" / "model.safetensors"))
-    w2 = load_file(str(tmp_path / "ddp" / "final" / "model.safetensors"))
+    w2 = load_file(str(tmp_path / "dist" / "final" / "model.safetensors"))
+    assert w1.keys() == w2.keys()
     assert all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
-    assert (tmp_path / "ddp" / "checkpoints" / f"step-{STEPS:08d}" / "rng-rank1.safetensors").exists()
+    assert (tmp_path / "dist" / "checkpoints" / f"step-{STEPS:08d}" / "rng-rank1.safetensors").exists()
