@@ -1,0 +1,131 @@
+"""CI smoke of the experiment runner: the smallest CPU suite end to end (shrunk by overrides), resume, report files."""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hybrid_attention.experiments import load_suite, run_suite
+from hybrid_attention.experiments import runner as runner_mod
+from hybrid_attention.experiments.cli import add_parser, main
+from hybrid_attention.training.config_schema import ConfigError
+
+SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
+SMALL = ["base.train.steps=3", "base.train.checkpoint_every=3", "base.data.seq_len=32", "base.data.val_tokens=512",
+         "base.data.max_bytes=1000000", "base.train.batch_size=4", "eval.length_tokens=512",
+         "eval.length_multipliers=[1, 2, 3.5]", "seeds=[0, 1]"]
+
+
+def _lines():
+    out = []
+    return out, out.append
+
+
+def test_every_suite_loads_and_has_a_cpu_variant():
+    names = sorted(p.stem for p in SUITES.glob("*.yaml"))
+    gpu = [n for n in names if not n.endswith("_cpu")]
+    assert {"interdomain_vs_s4d", "interdomain_cube", "interdomain_length", "recall", "natsl_vs_baselines"} <= set(gpu)
+    for n in gpu:
+        assert f"{n}_cpu" in names
+    for n in names:
+        suite = load_suite(SUITES / f"{n}.yaml")
+        assert suite.name == n and suite.cells
+
+
+def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
+    t0 = time.perf_counter()
+    out = tmp_path / "suite"
+    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*SMALL, f"out_dir={out}"])
+    lines, log = _lines()
+    doc = run_suite(suite, log=log)
+    names = [c.name for c in suite.cells]
+    assert doc["failed"] == [], lines
+    assert names == ["softmax", "interdomain", "s4d"]
+    # every (cell, seed) trained to the budget and was evaluated at 1x, 2x, 3.5x the training length
+    for name in names:
+        s = doc["summary"][name]
+        assert s["seeds"] == [0, 1] and s["val_ppl"]["n"] == 2 and s["tokens"] == 3 * 4 * 32
+        assert [r["seq_len"] for r in s["length"]] == [32, 64, 112]
+        assert all(1.0 < r["ppl"]["mean"] < 1000 for r in s["length"])
+    assert doc["summary"]["softmax"]["vs_ref_pct"] == 0.0
+    assert doc["summary"]["interdomain"]["state"] == doc["summary"]["s4d"]["state"]  # matched state
+    # the two seeds are different runs
+    ppl = doc["summary"]["interdomain"]["val_ppl"]["values"]
+    assert ppl[0] != ppl[1]
+    for f in ("results.json", "results.md", "ppl_bars.png", "length.png"):
+        assert (out / f).stat().st_size > 0, f
+    assert (out / "ppl_bars.png").read_bytes()[:4] == b"\x89PNG"
+    md = (out / "results.md").read_text()
+    assert "| interdomain |" in md and "ppl@3.5x" in md and "vs softmax" in md
+    assert json.loads((out / "results.json").read_text())["summary"].keys() == set(names)
+
+    # resume: finished cells are skipped (no training at all) ...
+    def no_training(*a, **k):
+        raise AssertionError("a finished cell was trained again")
+
+    with monkeypatch.context() as m:
+        m.setattr(runner_mod, "_train_lm", no_training)
+        lines, log = _lines()
+        run_suite(suite, log=log)
+    assert sum("finished earlier, skipped" in x for x in lines) == 6
+
+    # ... and a cell whose result is missing resumes from its checkpoint instead of starting over
+    victim = out / "cells" / "s4d" / "seed1" / "result.json"
+    before = json.loads(victim.read_text())["lm"]
+    victim.unlink()
+    lines, log = _lines()
+    doc2 = run_suite(suite, log=log)
+    after = json.loads(victim.read_text())["lm"]
+    assert after["resumed"] is True and not before["resumed"]
+    assert after["steps"] == before["steps"] == 3
+    assert after["val_ppl"] == pytest.approx(before["val_ppl"], rel=1e-5)
+    assert sum("finished earlier, skipped" in x for x in lines) == 5
+    assert doc2["summary"]["s4d"]["val_ppl"]["n"] == 2
+    assert time.perf_counter() - t0 < 90
+
+
+def test_natsl_routing_heatmap_and_recall_cell(tmp_path):
+    out = tmp_path / "natsl"
+    suite = load_suite(SUITES / "natsl_vs_baselines_cpu.yaml",
+                       [*SMALL, f"out_dir={out}", "seeds=[0]", "eval.routing_windows=2"])
+    suite.cells = [suite.cell("natsl_hybrid")]
+    doc = run_suite(suite, log=lambda *_: None)
+    assert doc["failed"] == []
+    routing = doc["summary"]["natsl_hybrid"]["routing"]
+    assert list(routing) == ["1"] and len(routing["1"]) == 2  # layer 1 is NAtS-L; one decision per GDN head (2)
+    assert all(0.0 <= f <= 1.0 for f in routing["1"])
+    assert (out / "routing_natsl_hybrid.png").read_bytes()[:4] == b"\x89PNG"
+    assert "softmax fraction per layer" in (out / "results.md").read_text()
+
+    rec = tmp_path / "recall"
+    suite = load_suite(SUITES / "recall_cpu.yaml", [f"out_dir={rec}", "recall_tasks.mqar.train_examples=64",
+                                                    "recall_tasks.mqar.test_examples=32", "recall_tasks.mqar.epochs=1",
+                                                    "recall_tasks.passkey.train_examples=64",
+                                                    "recall_tasks.passkey.test_examples=32",
+                                                    "recall_tasks.passkey.epochs=1"])
+    suite.cells = [suite.cell("softmax")]
+    doc = run_suite(suite, log=lambda *_: None)
+    acc = doc["summary"]["softmax"]["recall"]
+    assert set(acc) == {"mqar", "passkey"} and all(0.0 <= acc[t]["mean"] <= 1.0 for t in acc)
+    assert (rec / "cells" / "softmax" / "seed0" / "recall_mqar.json").exists()
+    assert (rec / "recall.png").exists() and "mqar accuracy" in (rec / "results.md").read_text()
+
+
+def test_bad_suites_fail_with_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="reference"):
+        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["reference=nope"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["base.train.stepz=3"])
+    with pytest.raises(ConfigError, match="unique"):
+        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["cells=[{name: a}, {name: a}]"])
+    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), "seeds=[]"]) == 2
+
+
+def test_add_parser_defines_the_experiment_subcommand():
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers(dest="command"))
+    a = p.parse_args(["experiment", "x.yaml", "seeds=[0]", "--report-only"])
+    assert a.command == "experiment" and a.suite == "x.yaml" and a.overrides == ["seeds=[0]"] and a.report_only
+    assert callable(a.func)
