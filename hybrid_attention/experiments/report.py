@@ -124,7 +124,7 @@ def _plot_routing(name: str, routing: dict, path: Path, title: str) -> Path:
     layers = list(routing)
     heads = max(len(v) for v in routing.values())
     grid = [[routing[k][h] if h < len(routing[k]) else float("nan") for h in range(heads)] for k in layers]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * heads, 1.2 + 0.5 * len(layers)))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.5 + 0.7 * heads), max(3.0, 1.5 + 0.5 * len(layers))))
     im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
@@ -132,7 +132,8 @@ def _plot_routing(name: str, routing: dict, path: Path, title: str) -> Path:
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
     ax.set_xticks(range(heads), [str(h) for h in range(heads)])
     ax.set_yticks(range(len(layers)), layers)
-    ax.set(xlabel="decision head", ylabel="layer", title=title)
+    ax.set(xlabel="decision head", ylabel="layer")
+    ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="softmax fraction")
     return _save(fig, path)
 
@@ -232,7 +233,7 @@ def write_report(suite: Suite, doc: dict) -> list[Path]:
     for n, s in doc["summary"].items():
         if s.get("routing"):
             plots.append(_plot_routing(n, s["routing"], out / f"routing_{n}.png",
-                                       f"{doc['suite']} / {n}: softmax fraction"))
+                                       f"{n}: softmax fraction\n(mean over {len(s['seeds'])} seed(s))"))
     doc["plots"] = [p.name for p in plots]
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     md = out / "results.md"
