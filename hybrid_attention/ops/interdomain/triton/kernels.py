@@ -620,9 +620,9 @@ def _state_bwd_step(
     """One reverse step on chunk j (its local adjoint loc and state x were prefetched one step earlier); prefetches
     chunk j-1's and returns them."""
     LP = BT + 1
-    has_prev = j > 0
     pbase = (i_bh * NT + tl.maximum(j - 1, 0)) * 2 * M * NC
-    pmask = st_mask & has_prev
+    # a tensor comparison, not `st_mask & (j > 0)`: the triton 3.9 interpreter gives that scalar-bool mix an int dtype
+    pmask = st_mask & ((st_off * 0 + j) > 0)
     nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
     nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
     nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
