@@ -11,7 +11,7 @@ demo:
 	$(VENV)/bin/hybrid-attention demo $(ARGS)
 
 test:
-	@scripts/bootstrap.sh test
+	@scripts/bootstrap.sh test,eval
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
@@ -25,7 +25,7 @@ clean:
 # The model/generation tests again on the oldest supported transformers (5.17), overlaid on the same venv.
 HF_OLDEST := 5.17.0
 test-hf-oldest:
-	@scripts/bootstrap.sh test
+	@scripts/bootstrap.sh test,eval
 	$(PY) -m pip install -q --target .venv/transformers-$(HF_OLDEST) "transformers==$(HF_OLDEST)"
 	PYTHONPATH=.venv/transformers-$(HF_OLDEST) $(PY) -c "import transformers; print('transformers', transformers.__version__)"
 	PYTHONPATH=.venv/transformers-$(HF_OLDEST) $(PY) -m pytest -q tests/models $(PYTEST_ARGS)
