@@ -40,8 +40,9 @@ class RecallConfig:
     num_layers: int = 2
     num_heads: int = 2
     model_options: dict = field(default_factory=dict)  # further HybridConfig fields (state_size, chunk_size, ...)
-    train_examples: int = 4000
+    train_examples: int = 4000  # per epoch
     test_examples: int = 500
+    fresh_data: bool = False  # new training examples every epoch (no memorisation; zoology keeps one fixed set)
     batch_size: int = 32
     epochs: int = 6
     weight_decay: float = 0.1
@@ -104,6 +105,8 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     t0 = time.perf_counter()
     acc, epoch = 0.0, 0
     for epoch in range(1, cfg.epochs + 1):
+        if cfg.fresh_data and epoch > 1:
+            x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed + 7919 * epoch)
         perm = torch.randperm(cfg.train_examples, generator=g)
         for i in range(0, cfg.train_examples, cfg.batch_size):
             idx = perm[i : i + cfg.batch_size]
