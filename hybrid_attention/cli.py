@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="GPU benchmarks (see benchmarks/)")
     b.add_argument("rest", nargs="*")
     b.set_defaults(func=_cmd_bench)
+    from hybrid_attention.experiments.cli import add_parser as add_experiment_parser
+
+    add_experiment_parser(sub)  # hybrid-attention experiment SUITE.yaml [key=value ...]
     return p
 
 
