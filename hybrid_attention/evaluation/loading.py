@@ -6,6 +6,7 @@ Accepted paths: a run directory (``final/`` is preferred, else the newest checkp
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,20 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     run_config: object | None
     source: Path
+
+
+@contextlib.contextmanager
+def _quiet_hf():
+    """No transformers progress bars while loading (they clutter the CLI output)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _find_tokenizer(*dirs: Path | None) -> PreTrainedTokenizerBase | None:
@@ -53,9 +68,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None else None
 
     if (path / "config.json").exists():
-        model, source = HybridForCausalLM.from_pretrained(str(path)), path
+        with _quiet_hf():
+            model, source = HybridForCausalLM.from_pretrained(str(path)), path
     elif run_dir is not None and (run_dir / "final" / "config.json").exists() and path == run_dir:
-        model, source = HybridForCausalLM.from_pretrained(str(run_dir / "final")), run_dir / "final"
+        with _quiet_hf():
+            model, source = HybridForCausalLM.from_pretrained(str(run_dir / "final")), run_dir / "final"
     else:
         ckpt = path if (path / "model.safetensors").exists() else latest_checkpoint(path / "checkpoints")
         if ckpt is None or run_cfg is None:

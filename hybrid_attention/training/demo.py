@@ -220,7 +220,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         recs = read_metrics(out / m / "metrics.jsonl")
         curves[m] = [(r["tokens"], r["loss"]) for r in recs if r.get("loss") is not None]
     plot_series(curves, out / "train_loss.png", "training tokens", "training loss (nats/token)",
-                "demo: training loss", logy=True)
+                "demo: training loss", logy=True, markers=False)
     best = min(rows, key=lambda r: r["ppl"])["model"]
     sample = generate_text(models[best], data.tokenizer, "def ", max_new_tokens=opts.sample_tokens,
                            temperature=0.8, top_k=40, top_p=0.95, seed=opts.seed, device=device)

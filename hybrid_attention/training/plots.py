@@ -44,13 +44,14 @@ def plot_series(
     title: str = "",
     logx: bool = False,
     logy: bool = False,
+    markers: bool = True,
 ) -> Path:
-    """One line per named series of (x, y) points."""
+    """One line per named series of (x, y) points (``markers=False`` for dense curves)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in series.items():
         pts = [p for p in pts if p[1] is not None]
         if pts:
-            ax.plot(*zip(*pts), "o-", label=name)
+            ax.plot(*zip(*pts), "o-" if markers else "-", label=name, lw=1.5 if markers else 1.0)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
