@@ -34,7 +34,9 @@ MIXER_BUILDERS: dict[str, tuple[type[TokenMixer], Callable[[HybridConfig], dict[
     "interdomain": (InterdomainAttention, _ssm),
     "s4d": (S4DMixer, _ssm),
     "gdn": (GatedDeltaNet, lambda cfg: {**_heads(cfg), "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps}),
-    "natsl": (NatsLAttention, lambda cfg: {**_heads(cfg), "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps,
+    # NAtS-L: G = 2 softmax heads per GDN head unless mixer_options say otherwise (the released 340M config).
+    "natsl": (NatsLAttention, lambda cfg: {**_heads(cfg), "num_attn_heads": 2 * cfg.num_heads,
+                                           "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps,
                                            "rope_theta": cfg.rope_theta}),
 }
 

@@ -128,6 +128,13 @@ def test_natsl_family_presets():
     assert [i for i, m in enumerate(gh.mixer_types) if m == "softmax"] == [3, 7, 11, 15, 19, 20]
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_tiny_preset_builds_every_mixer_with_defaults(mixer):
+    cfg = HybridConfig.from_preset("tiny", layers=mixer)
+    model = HybridForCausalLM(cfg)
+    assert model(torch.randint(0, 259, (1, 20))).logits.shape == (1, 20, 259)
+
+
 def test_routing_fractions_exposed():
     model = _tiny(HYBRID)
     assert model.routing_fractions() == {}
