@@ -19,6 +19,7 @@ Interdomain chunk module docstring).
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 from ..interdomain.chunk import chunk_decays, validate_chunk_size
 from ..interdomain.naive import compute_dtypes, prepare_ssm_params
@@ -57,16 +58,26 @@ def chunk_s4d(
     Ldec_full, Din_full = chunk_decays(log_lam, min(chunk_size, T)) if T > 0 else (None, None)
 
     K = C.transpose(-1, -2) @ C  # [H, M, M], complex symmetric: (C x)ᵀ(C y) = xᵀ K y
+
+    def one_chunk(X, z_c, LdecB, Din, K):
+        """(state entering the chunk, its inputs) -> (outputs [B, H, L, R], state leaving it)."""
+        Xs = torch.einsum("htsm,bhsc->bhtmc", LdecB, z_c)
+        Xs = Xs + Din[None, :, :, :, None] * X[:, :, None]  # chunk-local per-token states [B, H, L, M, 2R]
+        KXb = torch.einsum("hmn,bhtnc->bhtmc", K, Xs[..., R:])
+        return (Xs[..., :R] * KXb).sum(dim=-2).real, Xs[:, :, -1]
+
+    # With autograd on, each chunk is recomputed in the backward pass instead of saving its per-token states:
+    # saved memory is then O(T·2R + (T/L)·M·2R) per head instead of O(T·M·2R).
+    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, log_lam, B, C, X))
     outputs = []
     for t0 in range(0, T, chunk_size):
         L = min(chunk_size, T - t0)
-        LdecB = Ldec_full[:, :L, :L] * B[:, None, None, :]  # [H, L, L, M]
-        Din = Din_full[:, :L]  # [H, L, M]
-        Xs = torch.einsum("htsm,bhsc->bhtmc", LdecB, z[:, :, t0 : t0 + L])
-        Xs = Xs + Din[None, :, :, :, None] * X[:, :, None]  # chunk-local per-token states [B, H, L, M, 2R]
-        KXb = torch.einsum("hmn,bhtnc->bhtmc", K, Xs[..., R:])
-        outputs.append((Xs[..., :R] * KXb).sum(dim=-2).real)  # [B, H, L, R]
-        X = Xs[:, :, L - 1]
+        args = (X, z[:, :, t0 : t0 + L], Ldec_full[:, :L, :L] * B[:, None, None, :], Din_full[:, :L], K)
+        if recompute:
+            o_c, X = torch.utils.checkpoint.checkpoint(one_chunk, *args, use_reentrant=False)
+        else:
+            o_c, X = one_chunk(*args)
+        outputs.append(o_c)
 
     o = torch.cat(outputs, dim=2) if T > 0 else a.new_zeros(Bsz, H, 0, R, dtype=rdtype)
     return o.transpose(1, 2).to(out_dtype), (X if output_final_state else None)
