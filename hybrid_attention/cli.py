@@ -143,8 +143,14 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    print("GPU benchmarks live in benchmarks/ (see benchmarks/NOTES.md); `hybrid-attention bench` will run them "
-          "once that issue lands. Nothing was run.")
+    from hybrid_attention.bench import run_target
+
+    argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else [])
+    try:
+        run_target(a.target, a.only, argv)
+    except ValueError as e:  # a bad --only name: the message lists the allowed sections
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -220,8 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_info)
 
-    b = sub.add_parser("bench", help="GPU benchmarks (see benchmarks/)")
-    b.add_argument("rest", nargs="*")
+    b = sub.add_parser("bench", help="GPU benchmarks: correctness vs the references + timings (benchmarks/NOTES.md)")
+    b.add_argument("target", choices=["ops", "models"], help="op-level kernels or whole models")
+    b.add_argument("--only", nargs="+", help="sections: ops: interdomain natsl s4d; models: models")
+    b.add_argument("--quick", action="store_true", help="fewer lengths, no launch-config sweep")
+    b.add_argument("--sweep", action="store_true", help="also sweep launch configurations where a section has one")
     b.set_defaults(func=_cmd_bench)
     from hybrid_attention.experiments.cli import add_parser as add_experiment_parser
 

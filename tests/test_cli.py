@@ -100,6 +100,7 @@ def test_resume_of_a_finished_run_is_a_no_op(cli_run, capsys):
     assert "resumed from" in captured.out + captured.err
 
 
-def test_bench_points_to_benchmarks(capsys):
-    assert main(["bench", "ops"]) == 0
-    assert "benchmarks/" in capsys.readouterr().out
+def test_bench_rejects_unknown_sections(capsys):
+    assert main(["bench", "ops", "--only", "interdomain", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "natsl" in err and "s4d" in err

@@ -2,7 +2,7 @@
 """Interdomain Attention on the GPU: correctness of the Triton kernels vs the float64 reference, and timings vs
 causal SDPA, in ONE invocation (< 8 minutes on an H200). Run from the repo root:
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=. python benchmarks/interdomain_gpu.py [--quick]
+    hybrid-attention bench ops --only interdomain   (or: python -m hybrid_attention.bench.interdomain_ops [--quick])
 
 Sections (each guarded, so a failure in one still leaves the others' numbers):
   1. ceilings: device-to-device copy bandwidth and a bf16 matmul rate, measured here;
@@ -19,6 +19,7 @@ Writes ``$OUT/interdomain_gpu.json`` (or ./interdomain_gpu.json) and prints one 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -29,43 +30,15 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+from hybrid_attention.bench.common import DEVICE as DEV
+from hybrid_attention.bench.common import DRYRUN, elapsed, log, peak_mb, rel_rms, sync
+from hybrid_attention.bench.common import guarded as _guarded
+from hybrid_attention.ops.interdomain import chunk_interdomain
 
-from hybrid_attention.ops.interdomain import chunk_interdomain  # noqa: E402
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-DRYRUN = os.environ.get("BENCH_DRYRUN") == "1"  # CPU + TRITON_INTERPRET=1 smoke test of this script (tiny shapes)
-T_START = time.time()
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
 RESULTS: dict = {"errors": []}
+guarded = functools.partial(_guarded, RESULTS)
 CHUNK = {"size": 64}  # kernel chunk length used by the correctness / timing sections (set by the sweep)
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def elapsed() -> float:
-    return time.time() - T_START
-
-
-def guarded(name):
-    def deco(fn):
-        def run(*a, **kw):
-            t0 = time.time()
-            try:
-                return fn(*a, **kw)
-            except Exception as exc:  # keep going: one broken section must not hide the others
-                log(f"[{name}] FAILED: {exc!r}")
-                traceback.print_exc()
-                RESULTS["errors"].append(f"{name}: {exc!r}")
-                return None
-            finally:
-                log(f"[{name}] {time.time() - t0:.1f} s (total {elapsed():.0f} s)")
-
-        return run
-
-    return deco
 
 
 def make_params(H: int, M: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,16 +65,6 @@ def make_inputs(Bsz, T, H, R, D, seed, device, dtype=torch.bfloat16):
     k = torch.randn(Bsz, T, H, R, generator=g)
     v = torch.randn(Bsz, T, H, D, generator=g)
     return q.to(device, dtype), k.to(device, dtype), v.to(device, dtype)
-
-
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    a = a.detach().to(b.dtype)
-    return ((a - b).norm() / b.norm().clamp(min=1e-300)).item()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -280,15 +243,6 @@ def correctness(quick: bool = False):
     RESULTS["correctness"] = rows
 
 
-def _peak(fn) -> float:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
 @guarded("timing")
 def timing(Ts):
     from triton.testing import do_bench
@@ -327,8 +281,8 @@ def timing(Ts):
         row["id_fb_ms"] = do_bench(fwdbwd, warmup=5, rep=60, grad_to_none=gnone, return_mode="median")
         for t in gnone:
             t.grad = None
-        row["id_fwd_MB"] = _peak(fwd)
-        row["id_fb_MB"] = _peak(fwdbwd)
+        row["id_fwd_MB"] = peak_mb(fwd)
+        row["id_fb_MB"] = peak_mb(fwdbwd)
         fl = flop_model(T, H, R, D, M, BT=cs, BC=min(cs, kernel_config()["BC"]))
         row["id_fwd_TFLOPs"] = fl["fwd"] / (row["id_fwd_ms"] * 1e-3) / 1e12
         row["id_fb_TFLOPs"] = fl["fwdbwd"] / (row["id_fb_ms"] * 1e-3) / 1e12
@@ -346,8 +300,8 @@ def timing(Ts):
         sfb()
         row["sdpa_fwd_ms"] = do_bench(sfwd, warmup=3, rep=40, return_mode="median")
         row["sdpa_fb_ms"] = do_bench(sfb, warmup=3, rep=60, grad_to_none=[qs, ks, vs], return_mode="median")
-        row["sdpa_fwd_MB"] = _peak(sfwd)
-        row["sdpa_fb_MB"] = _peak(sfb)
+        row["sdpa_fwd_MB"] = peak_mb(sfwd)
+        row["sdpa_fb_MB"] = peak_mb(sfb)
         row["sdpa_fb_TFLOPs"] = sdpa_flops(T, H, R)["fwdbwd"] / (row["sdpa_fb_ms"] * 1e-3) / 1e12
         del qs, ks, vs, dos, do, q, k, v, fwd, fwdbwd, sfwd, sfb, gnone
         torch.cuda.empty_cache()
@@ -524,8 +478,10 @@ def summary():
     log(f"total {elapsed():.0f} s")
 
 
-def main():
-    quick = "--quick" in sys.argv
+def main(argv: list[str] | None = None) -> None:
+    """Run every section (``--quick``: fewer lengths, no sweep; ``--final``: no smoke/decode sections)."""
+    argv = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in argv
     import triton
 
     name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter dry run)"
@@ -536,7 +492,7 @@ def main():
         correctness(quick=True)
         summary()
         return
-    final = "--final" in sys.argv  # the last run of a lease: no smoke / decode sections (decode kernel unchanged)
+    final = "--final" in argv  # the last run of a lease: no smoke / decode sections (decode kernel unchanged)
     ceilings()
     if not final:
         smoke()

@@ -2,7 +2,7 @@
 """NAtS-L op on the GPU (Triton gated delta rule with commit mask + block-sparse chunk attention): correctness vs
 the float64 reference and timings vs the official NAtS-L numbers, in ONE invocation (< 8 minutes on an H200):
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=. python benchmarks/natsl_gpu.py [--sweep]
+    hybrid-attention bench ops --only natsl   (or: python -m hybrid_attention.bench.natsl_ops [--sweep])
 
 Sections (each guarded: a failure in one still leaves the others' numbers):
   1. correctness: bf16 activations, T in {63, 1000, 4096, 16384}, routings with softmax fraction 0, 0.3, 1 (B=1,
@@ -22,29 +22,29 @@ Writes ``$OUT/natsl_gpu.json`` (or ./natsl_gpu.json) and prints one table at the
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import sys
 import time
-import traceback
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+from hybrid_attention.bench.common import DEVICE as DEV
+from hybrid_attention.bench.common import DRYRUN, elapsed, log, rel_rms
+from hybrid_attention.bench.common import bench_ms as bench
+from hybrid_attention.bench.common import guarded as _guarded
+from hybrid_attention.ops.chunk_attention import chunk_attention
+from hybrid_attention.ops.chunk_attention import gpu as attn_gpu
+from hybrid_attention.ops.gated_delta import gated_delta
+from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
+from hybrid_attention.ops.gated_delta.triton import natsl_mixed
 
-from hybrid_attention.ops.chunk_attention import chunk_attention  # noqa: E402
-from hybrid_attention.ops.chunk_attention import gpu as attn_gpu  # noqa: E402
-from hybrid_attention.ops.gated_delta import gated_delta  # noqa: E402
-from hybrid_attention.ops.gated_delta.triton import function as gdn_fn  # noqa: E402
-from hybrid_attention.ops.gated_delta.triton import natsl_mixed  # noqa: E402
-
-DRYRUN = os.environ.get("BENCH_DRYRUN") == "1"
-DEV = "cuda" if torch.cuda.is_available() and not DRYRUN else "cpu"
-T_START = time.time()
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "420"))
 RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "profile": {}}
+guarded = functools.partial(_guarded, RESULTS)
 # official NAtS-L kernel on this H200, same shapes (issue 5 / shared notes): ms
 OFFICIAL = {
     4096: dict(fwd=2.43, fb=6.57, sdpa_fb=0.43, fla_gdn_fb=2.85),
@@ -59,42 +59,6 @@ else:
     CORR_T, TIME_T = (63, 1000, 4096, 16384), (4096, 16384, 65536)
 
 
-def log(*a):
-    print(*a, flush=True)
-
-
-def elapsed() -> float:
-    return time.time() - T_START
-
-
-def guarded(name):
-    def deco(fn):
-        def run(*a, **kw):
-            t0 = time.time()
-            try:
-                return fn(*a, **kw)
-            except Exception as exc:  # keep going: one broken section must not hide the others
-                log(f"[{name}] FAILED: {exc!r}")
-                traceback.print_exc()
-                RESULTS["errors"].append(f"{name}: {exc!r}")
-            finally:
-                log(f"[{name}] {time.time() - t0:.1f}s (total {elapsed():.0f}s)")
-
-        return run
-
-    return deco
-
-
-def bench(fn, warmup=10, rep=60, grad_to_none=None) -> float:
-    if DEV == "cuda":
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
-    t0 = time.time()
-    fn()
-    return (time.time() - t0) * 1e3
-
-
 # ---------------------------------------------------------------------------------------------------------------
 def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True):
     """Random NAtS-L op inputs: GDN q, k, v (+ realistic gates), softmax heads, routing with fraction ``frac``."""
@@ -106,8 +70,9 @@ def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True
     B = 1
     Hs = H * G
     A = torch.empty(H, device=DEV).uniform_(1, 16, generator=gen)
-    dt_bias = torch.log(torch.expm1(torch.exp(torch.empty(H, device=DEV).uniform_(math.log(1e-3), math.log(1e-1),
-                                                                                  generator=gen))))
+    dt_bias = torch.log(
+        torch.expm1(torch.exp(torch.empty(H, device=DEV).uniform_(math.log(1e-3), math.log(1e-1), generator=gen)))
+    )
     g = -A * F.softplus(rn(B, T, H, dt=torch.float32) + dt_bias)  # GDN log-decay, fp32
     beta = torch.sigmoid(rn(B, T, H, dt=torch.float32))
     N, nf = math.ceil(T / C), T // C
@@ -115,37 +80,62 @@ def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True
     commit = F.pad((~sm).float(), (0, 0, 0, N - nf), value=1.0)  # GDN-typed chunks commit; partial chunk inert
     routing = F.pad(sm, (0, 0, 0, N - nf), value=False)
     leaves = dict(
-        q=rn(B, T, H, K), k=rn(B, T, H, K), v=rn(B, T, H, V), g=g, beta=beta, commit=commit,
+        q=rn(B, T, H, K),
+        k=rn(B, T, H, K),
+        v=rn(B, T, H, V),
+        g=g,
+        beta=beta,
+        commit=commit,
         S0=0.1 * rn(B, H, K, V, dt=torch.float32) if with_s0 else None,
-        qs=rn(B, T, Hs, K // G), ks=rn(B, T, Hs, K // G), vs=rn(B, T, Hs, V // G),
+        qs=rn(B, T, Hs, K // G),
+        ks=rn(B, T, Hs, K // G),
+        vs=rn(B, T, Hs, V // G),
         rb=torch.zeros(B, N, H, device=DEV),
     )
-    cot = dict(do_g=rn(B, T, H, V, dt=torch.float32), dS=rn(B, H, K, V, dt=torch.float32),
-               do_s=rn(B, T, Hs, V // G, dt=torch.float32))
+    cot = dict(
+        do_g=rn(B, T, H, V, dt=torch.float32),
+        dS=rn(B, H, K, V, dt=torch.float32),
+        do_s=rn(B, T, Hs, V // G, dt=torch.float32),
+    )
     return leaves, routing, cot
 
 
 def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
     """GDN branch + softmax branch. ``concurrent``: ``natsl_mixed`` (GDN on a synchronised side stream)."""
     if concurrent:
-        return natsl_mixed(x["q"], x["k"], x["v"], x["g"], x["beta"], x["commit"], x["qs"], x["ks"], x["vs"], routing,
-                           routing_bias=x["rb"], chunk_size=C, group_size=G, initial_state=x["S0"],
-                           output_final_state=final_state)
-    o_g, S = gated_delta(x["q"], x["k"], x["v"], x["g"], x["beta"], commit=x["commit"], chunk_size=C,
-                         initial_state=x["S0"], output_final_state=final_state, backend=backend)
-    o_s = chunk_attention(x["qs"], x["ks"], x["vs"], routing, chunk_size=C, group_size=G, routing_bias=x["rb"],
-                          backend=backend)
+        return natsl_mixed(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            x["commit"],
+            x["qs"],
+            x["ks"],
+            x["vs"],
+            routing,
+            routing_bias=x["rb"],
+            chunk_size=C,
+            group_size=G,
+            initial_state=x["S0"],
+            output_final_state=final_state,
+        )
+    o_g, S = gated_delta(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        commit=x["commit"],
+        chunk_size=C,
+        initial_state=x["S0"],
+        output_final_state=final_state,
+        backend=backend,
+    )
+    o_s = chunk_attention(
+        x["qs"], x["ks"], x["vs"], routing, chunk_size=C, group_size=G, routing_bias=x["rb"], backend=backend
+    )
     return o_g, S, o_s
-
-
-def rel_rms(a, b) -> float:
-    """||a - b|| / ||b||; absolute where ||b|| < 1e-20 (a reference that is 0, e.g. the routing grad at fraction 0,
-    or a final state decayed below fp32 range, which fp32 rightly holds as 0)."""
-    a, b = a.double(), b.double()
-    den = b.norm().item()
-    if den < 1e-20:
-        return (a - b).norm().item()
-    return ((a - b).norm() / den).item()
 
 
 @guarded("correctness")
@@ -160,15 +150,23 @@ def correctness():
                 names = [n for n, x in leaves.items() if x is not None]
                 res = {}
                 for backend, dt in (("triton", None), ("reference", torch.float64)):
-                    xs = {n: (x.detach().clone() if dt is None else x.detach().to(dt)).requires_grad_()
-                          if x is not None else None for n, x in leaves.items()}
+                    xs = {
+                        n: (x.detach().clone() if dt is None else x.detach().to(dt)).requires_grad_()
+                        if x is not None
+                        else None
+                        for n, x in leaves.items()
+                    }
                     o_g, S, o_s = natsl_op(xs, routing, backend, C, G, concurrent=backend == "triton")
-                    loss = ((o_g.double() * cot["do_g"].double()).sum() + (S.double() * cot["dS"].double()).sum()
-                            + (o_s.double() * cot["do_s"].double()).sum())
+                    loss = (
+                        (o_g.double() * cot["do_g"].double()).sum()
+                        + (S.double() * cot["dS"].double()).sum()
+                        + (o_s.double() * cot["do_s"].double()).sum()
+                    )
                     grads = torch.autograd.grad(loss, [xs[n] for n in names], allow_unused=True)
                     grads = [torch.zeros_like(xs[n]) if gr is None else gr for n, gr in zip(names, grads)]
-                    res[backend] = dict(o_gdn=o_g, state=S, o_softmax=o_s, **{"d" + n: gr for n, gr in
-                                                                              zip(names, grads)})
+                    res[backend] = dict(
+                        o_gdn=o_g, state=S, o_softmax=o_s, **{"d" + n: gr for n, gr in zip(names, grads)}
+                    )
                 row = dict(T=T, frac=frac)
                 ok = True
                 for key, a in res["triton"].items():
@@ -180,8 +178,10 @@ def correctness():
                 row["pass"] = ok
                 RESULTS["correctness"].append(row)
                 worst = max((v for k, v in row.items() if k not in ("T", "frac", "pass")), default=0)
-                log(f"  T={T:6d} frac={frac:.1f} pass={ok} worst={worst:.2e} ({time.time() - t0:.1f}s) "
-                    + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k not in ("T", "frac", "pass")))
+                log(
+                    f"  T={T:6d} frac={frac:.1f} pass={ok} worst={worst:.2e} ({time.time() - t0:.1f}s) "
+                    + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k not in ("T", "frac", "pass"))
+                )
     finally:
         gdn_fn.POISON = attn_gpu.POISON = False
 
@@ -207,8 +207,10 @@ def layer_check():
     score = lay.score_proj.weight
     i_score = [i for i, p in enumerate(lay.parameters()) if p is score][0] + 2
     RESULTS["layer"] = dict(y=errs[0], dx=errs[1], max_param_grad=max(errs[2:]), score_grad=errs[i_score])
-    log(f"  layer (fp32, auto vs reference): y={errs[0]:.1e} dx={errs[1]:.1e} max param grad={max(errs[2:]):.1e} "
-        f"score_proj grad={errs[i_score]:.1e}")
+    log(
+        f"  layer (fp32, auto vs reference): y={errs[0]:.1e} dx={errs[1]:.1e} max param grad={max(errs[2:]):.1e} "
+        f"score_proj grad={errs[i_score]:.1e}"
+    )
 
 
 @guarded("fla")
@@ -256,8 +258,9 @@ def time_op(T, frac=0.3):
         gdn_fwd().backward(dog)
 
     def sm_fwd():
-        return chunk_attention(xs["qs"], xs["ks"], xs["vs"], routing, chunk_size=C, group_size=G,
-                               routing_bias=xs["rb"], backend="triton")
+        return chunk_attention(
+            xs["qs"], xs["ks"], xs["vs"], routing, chunk_size=C, group_size=G, routing_bias=xs["rb"], backend="triton"
+        )
 
     def sm_fb():
         sm_fwd().backward(dos)
@@ -281,8 +284,11 @@ def time_op(T, frac=0.3):
     qq, kk, vv = (torch.randn(1, 16, T, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dd = torch.randn(1, 16, T, 64, device=DEV, dtype=torch.bfloat16)
     row["sdpa_fwd"] = bench(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True))
-    row["sdpa_fb"] = bench(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True).backward(dd),
-                           rep=150 if long else 60, grad_to_none=[qq, kk, vv])
+    row["sdpa_fb"] = bench(
+        lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True).backward(dd),
+        rep=150 if long else 60,
+        grad_to_none=[qq, kk, vv],
+    )
     if DEV == "cuda" and T in (16384, 65536):
         RESULTS["profile"][T] = profile(op_fb, T)
     return row
@@ -335,8 +341,12 @@ def decode():
     S0 = torch.randn(1, H, K, V, device=DEV, generator=gen)
     S = S0.clone()
     o, _ = triton_gated_delta_step(q, k, v, g, beta, S)
-    o_ref, S_ref = gated_delta(*(x[:, None].double() for x in (q, k, v, g, beta)), initial_state=S0.double(),
-                               output_final_state=True, backend="reference")
+    o_ref, S_ref = gated_delta(
+        *(x[:, None].double() for x in (q, k, v, g, beta)),
+        initial_state=S0.double(),
+        output_final_state=True,
+        backend="reference",
+    )
     err = max(rel_rms(o, o_ref[:, 0]), rel_rms(S, S_ref))
     out = torch.empty_like(o)
     row = dict(err=err)
@@ -349,8 +359,18 @@ def decode():
             triton_gated_delta_step(q, k, v, g, beta, S, out=out)
         row["fused_graph_ms"] = bench(graph.replay, warmup=20, rep=100)
         row["fused_eager_ms"] = bench(lambda: triton_gated_delta_step(q, k, v, g, beta, S, out=out), rep=100)
-    row["chunk_T1_ms"] = bench(lambda: gated_delta(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
-                                                   initial_state=S0, output_final_state=True, backend="triton"))
+    row["chunk_T1_ms"] = bench(
+        lambda: gated_delta(
+            q[:, None],
+            k[:, None],
+            v[:, None],
+            g[:, None],
+            beta[:, None],
+            initial_state=S0,
+            output_final_state=True,
+            backend="triton",
+        )
+    )
     RESULTS["decode"] = row
     log("  decode step (B=1, 6 heads 128/256): " + " ".join(f"{k_}={v_:.4g}" for k_, v_ in row.items()))
 
@@ -391,9 +411,18 @@ def sweep():
                 return
             attn_gpu.LAUNCH.update(var)
             try:
+
                 def fwd(xs=xs, routing=routing):
-                    return chunk_attention(xs["qs"], xs["ks"], xs["vs"], routing, chunk_size=C, group_size=G,
-                                           routing_bias=xs["rb"], backend="triton")
+                    return chunk_attention(
+                        xs["qs"],
+                        xs["ks"],
+                        xs["vs"],
+                        routing,
+                        chunk_size=C,
+                        group_size=G,
+                        routing_bias=xs["rb"],
+                        backend="triton",
+                    )
 
                 tf = bench(fwd, warmup=5, rep=40)
                 tfb = bench(lambda fwd=fwd, dos=dos: fwd().backward(dos), warmup=5, rep=60, grad_to_none=req)
@@ -410,9 +439,18 @@ def sweep():
                 return
             gdn_fn.LAUNCH.update(var)
             try:
+
                 def gfwd(xs=xs):
-                    return gated_delta(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], commit=xs["commit"],
-                                       chunk_size=C, backend="triton")[0]
+                    return gated_delta(
+                        xs["q"],
+                        xs["k"],
+                        xs["v"],
+                        xs["g"],
+                        xs["beta"],
+                        commit=xs["commit"],
+                        chunk_size=C,
+                        backend="triton",
+                    )[0]
 
                 tf = bench(gfwd, warmup=5, rep=40)
                 tfb = bench(lambda gfwd=gfwd, dog=dog: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req)
@@ -426,35 +464,45 @@ def sweep():
 
 
 def summary():
-    log("\n=== NAtS-L op, natsl-hybrid-340m layer shape (6 GDN heads 128/256 + 12 softmax heads 64/128, chunk 64, "
-        "30% softmax), B=1, bf16, ms (median) ===")
+    log(
+        "\n=== NAtS-L op, natsl-hybrid-340m layer shape (6 GDN heads 128/256 + 12 softmax heads 64/128, chunk 64, "
+        "30% softmax), B=1, bf16, ms (median) ==="
+    )
     if DEV == "cuda":
         log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    log("fwd / f+b: 'seq' = gated_delta then chunk_attention on one stream (what the layer calls), 'conc' =\n"
+    log(
+        "fwd / f+b: 'seq' = gated_delta then chunk_attention on one stream (what the layer calls), 'conc' =\n"
         "natsl_mixed (GDN branch on a synchronised side stream); x = official / best of ours; SDPA 16x64 causal;\n"
         "GDN = our gated_delta alone (no commit mask) vs fla's GDN as measured by the official run; softmax = our\n"
-        "chunk_attention alone (30% routed).")
-    hdr = (f"{'T':>6} | {'fwd seq':>8} {'conc':>7} {'offic.':>7} {'x':>5} | {'f+b seq':>8} {'conc':>7} {'offic.':>7} "
-           f"{'x':>5} | {'SDPA fwd':>8} {'f+b':>7} {'(off.)':>7} | {'GDN f+b':>8} {'fla off.':>8} | "
-           f"{'softmax fwd':>11} {'f+b':>7} | {'peak GiB':>8}")
+        "chunk_attention alone (30% routed)."
+    )
+    hdr = (
+        f"{'T':>6} | {'fwd seq':>8} {'conc':>7} {'offic.':>7} {'x':>5} | {'f+b seq':>8} {'conc':>7} {'offic.':>7} "
+        f"{'x':>5} | {'SDPA fwd':>8} {'f+b':>7} {'(off.)':>7} | {'GDN f+b':>8} {'fla off.':>8} | "
+        f"{'softmax fwd':>11} {'f+b':>7} | {'peak GiB':>8}"
+    )
     log(hdr)
     nan = float("nan")
     for r in RESULTS["timings"]:
         off = OFFICIAL.get(r["T"], {})
         bf, bb = min(r["op_fwd"], r.get("cc_fwd", nan)), min(r["op_fb"], r.get("cc_fb", nan))
-        log(f"{r['T']:>6} | {r['op_fwd']:8.3f} {r.get('cc_fwd', nan):7.3f} {off.get('fwd', nan):7.2f} "
+        log(
+            f"{r['T']:>6} | {r['op_fwd']:8.3f} {r.get('cc_fwd', nan):7.3f} {off.get('fwd', nan):7.2f} "
             f"{off.get('fwd', nan) / bf:5.2f} | {r['op_fb']:8.3f} {r.get('cc_fb', nan):7.3f} {off.get('fb', nan):7.2f} "
             f"{off.get('fb', nan) / bb:5.2f} | {r['sdpa_fwd']:8.3f} {r['sdpa_fb']:7.3f} "
             f"{off.get('sdpa_fb', nan):7.2f} | "
             f"{r['gdn_fb']:8.3f} {off.get('fla_gdn_fb', nan):8.2f} | {r['sm_fwd']:11.3f} {r['sm_fb']:7.3f} | "
-            f"{r.get('op_fb_peak_gib', nan):8.2f}")
+            f"{r.get('op_fb_peak_gib', nan):8.2f}"
+        )
     corr = RESULTS["correctness"]
     if corr:
         n_ok = sum(r["pass"] for r in corr)
         worst_out = max(max(r[k] for k in ("o_gdn", "state", "o_softmax")) for r in corr)
         worst_grad = max(max(v for k, v in r.items() if k.startswith("d")) for r in corr)
-        log(f"correctness: {n_ok}/{len(corr)} configs pass (worst rel RMS: outputs/states {worst_out:.2e} <= 5e-3, "
-            f"gradients {worst_grad:.2e} <= 1e-2; NaN-poisoned buffers)")
+        log(
+            f"correctness: {n_ok}/{len(corr)} configs pass (worst rel RMS: outputs/states {worst_out:.2e} <= 5e-3, "
+            f"gradients {worst_grad:.2e} <= 1e-2; NaN-poisoned buffers)"
+        )
     if "layer" in RESULTS:
         log(f"layer auto vs reference (fp32): {RESULTS['layer']}")
     if "decode" in RESULTS:
@@ -465,14 +513,16 @@ def summary():
         log(f"errors: {RESULTS['errors']}")
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
+    """Run every section (``--sweep``: also the launch-config sweep)."""
+    argv = sys.argv[1:] if argv is None else argv
     log(f"natsl_gpu: device={DEV} dryrun={DRYRUN} torch={torch.__version__}")
     correctness()
     layer_check()
     fla_check()
     timings()
     decode()
-    if "--sweep" in sys.argv:
+    if "--sweep" in argv:
         sweep()
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "natsl_gpu.json"), "w") as f:
