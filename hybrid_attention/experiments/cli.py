@@ -21,16 +21,23 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="suite overrides key=value, e.g. seeds=[0] base.train.steps=20")
     p.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (the report covers all)")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished cells; train nothing")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="run N (cell, seed) runs at once, each in its own subprocess on the same device "
+                        "(default: the suite's jobs, 1)")
     p.add_argument("--list", action="store_true", help="print the cells and their state, run nothing")
 
 
 def _cmd_experiment(a: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from hybrid_attention.training.config_schema import ConfigError
+
     from .report import collect, write_report
     from .runner import run_suite
     from .suite import load_suite
 
+    if a.jobs is not None and a.jobs < 1:
+        raise ConfigError(f"config error: --jobs must be >= 1, got {a.jobs}")
     suite = load_suite(a.suite, a.overrides)
     command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
     if a.list:
@@ -49,11 +56,11 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
                 return 2
             full = list(suite.cells)
             suite.cells = [c for c in full if c.name in a.only]
-            run_suite(suite, command=command)
+            run_suite(suite, command=command, jobs=a.jobs)
             suite.cells = full
             doc = collect(suite, command=command)
         else:
-            doc = run_suite(suite, command=command)
+            doc = run_suite(suite, command=command, jobs=a.jobs)
     if a.report_only or a.only:
         write_report(suite, doc)
     print((Path(suite.out_dir) / "results.md").read_text())

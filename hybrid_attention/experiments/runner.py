@@ -151,7 +151,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
         for mixer in rc.mixers:
             for dm in rc.d_models:
                 for lr in rc.lrs:
-                    row = train_and_eval(rc, mixer, dm, lr, device)
+                    row = train_and_eval(rc, mixer, dm, lr, device, log=log)  # per-epoch accuracy in the log
                     if best is None or row["accuracy"] > best["accuracy"]:
                         best = row
         _write_json(path, best)
@@ -160,10 +160,47 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
     return out
 
 
-def run_suite(suite: Suite, log=print, command: str | None = None) -> dict:
-    """Run every unfinished (cell, seed), then write the report; returns the results document."""
+def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, log) -> bool:
+    """Train/evaluate one (cell, seed) into ``out/cells/<cell>/seed<k>/``; ``result.json`` is written (atomically)
+    only when everything succeeded, otherwise ``error.txt``. Returns success."""
+    run_dir = out / "cells" / cell.name / f"seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    result = {"cell": cell.name, "seed": seed, "machine": machine_description()}
+    try:
+        if suite.uses_lm(cell):
+            result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
+        if suite.recall_tasks:
+            result["recall"] = _recall(suite, cell, seed, run_dir, log)
+    except Exception as e:  # noqa: BLE001  (one broken cell must not stop the suite; it is retried next time)
+        import traceback
+
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        log(f"  {cell.name} seed {seed}: FAILED ({type(e).__name__}: {e}); see {run_dir / 'error.txt'}")
+        return False
+    (run_dir / "error.txt").unlink(missing_ok=True)
+    result["wall_s"] = time.perf_counter() - t0
+    _write_json(result_path(out, cell.name, seed), result)
+    return True
+
+
+def result_path(out: Path, cell: str, seed: int) -> Path:
+    """Where a finished (cell, seed) keeps its result; its existence is what "finished" means everywhere."""
+    return Path(out) / "cells" / cell / f"seed{seed}" / "result.json"
+
+
+def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | None = None) -> dict:
+    """Run every unfinished (cell, seed), then write the report; returns the results document.
+
+    ``jobs`` (default: the suite's ``jobs``, 1) > 1 runs that many (cell, seed) runs at once, each in its own
+    subprocess on the same device (see :func:`_run_parallel`); ``jobs=1`` runs them one after the other in this
+    process.
+    """
     from .report import collect, write_report
 
+    jobs = suite.jobs if jobs is None else jobs
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     out = Path(suite.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache: dict = {}
@@ -173,34 +210,131 @@ def run_suite(suite: Suite, log=print, command: str | None = None) -> dict:
     todo = [(c, s) for s in seeds for c in suite.cells if s in suite.cell_seeds(c)]
     failed = 0
     ran = 0
+    pending = []
     for i, (cell, seed) in enumerate(todo, 1):
-        run_dir = out / "cells" / cell.name / f"seed{seed}"
-        result_path = run_dir / "result.json"
-        if result_path.exists():
+        if result_path(out, cell.name, seed).exists():
             log(f"[{i}/{len(todo)}] {cell.name} seed {seed}: finished earlier, skipped")
-            continue
-        log(f"[{i}/{len(todo)}] {cell.name} seed {seed}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        result = {"cell": cell.name, "seed": seed, "machine": machine_description()}
-        try:
-            if suite.uses_lm(cell):
-                result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
-            if suite.recall_tasks:
-                result["recall"] = _recall(suite, cell, seed, run_dir, log)
-        except Exception as e:  # noqa: BLE001  (one broken cell must not stop the suite; it is retried next time)
-            import traceback
-
-            (run_dir / "error.txt").write_text(traceback.format_exc())
-            log(f"  {cell.name} seed {seed}: FAILED ({type(e).__name__}: {e}); see {run_dir / 'error.txt'}")
-            failed += 1
-            continue
-        (run_dir / "error.txt").unlink(missing_ok=True)
-        result["wall_s"] = time.perf_counter() - t0
-        _write_json(result_path, result)
-        ran += 1
+        else:
+            pending.append((i, cell, seed))
+    if jobs == 1:
+        for i, cell, seed in pending:
+            log(f"[{i}/{len(todo)}] {cell.name} seed {seed}")
+            if _run_one(suite, cell, seed, out, cache, log):
+                ran += 1
+            else:
+                failed += 1
+    else:
+        ran, failed = _run_parallel(suite, pending, len(todo), jobs, out, log)
     wall = time.perf_counter() - t_start
     log(f"{ran} run(s) in {wall:.0f} s; {failed} failed; {len(todo) - ran - failed} skipped")
     doc = collect(suite, command=command, session_wall_s=wall)
     write_report(suite, doc)
     return doc
+
+
+def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path, log) -> tuple[int, int]:
+    """Run the pending (index, cell, seed) runs as up to ``jobs`` concurrent worker subprocesses.
+
+    Design decisions:
+    - subprocesses, not threads: every run gets its own CUDA context, RNG state and Triton/torch caches, exactly as
+      a ``jobs=1`` run in a fresh process would, and a crash (or CUDA OOM) in one run cannot take the others down;
+    - the workers read the *resolved* suite (after command-line overrides and ``--only``) from
+      ``out/.suite_resolved.yaml``, so they run exactly the configuration this process validated;
+    - each worker writes its console output to ``cells/<cell>/seed<k>/worker.log``; when it ends, its lines are
+      echoed into this log, so the console shows the same per-run lines as a ``jobs=1`` run;
+    - a run counts as finished only through its atomically written ``result.json`` (the report reads nothing else),
+      so a killed worker leaves at most a checkpoint, from which the next invocation resumes;
+    - on SIGTERM/SIGINT (e.g. ``timeout``) the workers are terminated before this process exits.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = out / ".suite_resolved.yaml"
+    tmp = spec.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(suite_to_dict(suite), sort_keys=False))
+    os.replace(tmp, spec)
+    queue = list(pending)
+    running: dict = {}  # Popen -> (index, cell, seed, log file, start time)
+    ran = failed = 0
+
+    def _stop(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                i, cell, seed = queue.pop(0)
+                run_dir = out / "cells" / cell.name / f"seed{seed}"
+                run_dir.mkdir(parents=True, exist_ok=True)
+                f = open(run_dir / "worker.log", "w")  # noqa: SIM115  (closed when the worker ends)
+                p = subprocess.Popen([sys.executable, "-m", "hybrid_attention.experiments.runner", str(spec),
+                                      cell.name, str(seed)], stdout=f, stderr=subprocess.STDOUT,
+                                     cwd=os.getcwd(), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                running[p] = (i, cell, seed, f, time.perf_counter())
+                log(f"[{i}/{total}] {cell.name} seed {seed} (worker {p.pid}, {len(running)} running)")
+            time.sleep(0.2)
+            for p in [p for p in running if p.poll() is not None]:
+                i, cell, seed, f, t0 = running.pop(p)
+                f.close()
+                text = (out / "cells" / cell.name / f"seed{seed}" / "worker.log").read_text(errors="replace")
+                for line in text.splitlines():
+                    if line.startswith("  "):  # the per-run result lines of _train_lm / _recall / _run_one
+                        log(line)
+                ok = p.returncode == 0 and result_path(out, cell.name, seed).exists()
+                if ok:
+                    ran += 1
+                else:
+                    failed += 1
+                    if not any(ln.startswith("  ") and "FAILED" in ln for ln in text.splitlines()):
+                        tail = text.strip().splitlines()[-1:] or ["(no output)"]
+                        log(f"  {cell.name} seed {seed}: FAILED (worker exit {p.returncode}: {tail[0]}); see "
+                            f"{out / 'cells' / cell.name / f'seed{seed}' / 'worker.log'}")
+                log(f"[{i}/{total}] {cell.name} seed {seed}: {'done' if ok else 'failed'} "
+                    f"({time.perf_counter() - t0:.0f} s)")
+    except KeyboardInterrupt:
+        for p in running:
+            p.terminate()
+        for p, (_, _, _, f, _) in running.items():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            f.close()
+        log(f"interrupted: {len(running)} running worker(s) stopped (they resume from their checkpoints)")
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return ran, failed
+
+
+def suite_to_dict(suite: Suite) -> dict:
+    """The suite as plain data that :func:`~hybrid_attention.experiments.suite.load_suite` reads back unchanged."""
+    import dataclasses
+
+    d = dataclasses.asdict(suite)
+    if d["reference"] not in [c.name for c in suite.cells]:
+        d["reference"] = None  # --only may leave the reference cell out; a worker never needs it
+    return d
+
+
+def _worker_main(argv: list[str]) -> int:
+    """``python -m hybrid_attention.experiments.runner RESOLVED_SUITE.yaml CELL SEED``: one run (used by jobs > 1)."""
+    from .suite import load_suite
+
+    if len(argv) != 3:
+        print("usage: python -m hybrid_attention.experiments.runner RESOLVED_SUITE.yaml CELL SEED")
+        return 2
+    suite = load_suite(argv[0])
+    ok = _run_one(suite, suite.cell(argv[1]), int(argv[2]), Path(suite.out_dir), {}, print)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -12,6 +12,7 @@ cells:
   - {name: softmax, overrides: {model: {layers: softmax}}}
   - {name: interdomain, overrides: {model: {layers: interdomain}}}
 eval: {length_multipliers: [1, 2, 3.5], length_tokens: 16384, routing: true}
+jobs: 1                         # optional: (cell, seed) runs at once (subprocesses), overridden by --jobs
 recall_tasks:                   # optional train-and-eval recall tasks (hybrid_attention.evaluation.recall.RecallConfig)
   mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
 ```
@@ -65,6 +66,7 @@ class Suite:
     base: dict = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
     recall_tasks: dict = field(default_factory=dict)
+    jobs: int = 1  # (cell, seed) runs at once, each its own subprocess on the same device; --jobs overrides
 
     def cell(self, name: str) -> CellSpec:
         for c in self.cells:
@@ -119,6 +121,8 @@ def load_suite(path: str | os.PathLike, overrides: list[str] = ()) -> Suite:
         raise ConfigError(f"config error: cell names must be unique, got {names}")
     if suite.reference is not None and suite.reference not in names:
         raise ConfigError(f"config error: reference = {suite.reference!r} is not a cell; cells: {', '.join(names)}")
+    if not isinstance(suite.jobs, int) or isinstance(suite.jobs, bool) or suite.jobs < 1:
+        raise ConfigError(f"config error: jobs must be an integer >= 1, got {suite.jobs!r}")
     if any(m <= 0 for m in suite.eval.length_multipliers):
         raise ConfigError("config error: eval.length_multipliers must be > 0")
     for c in suite.cells:

@@ -129,3 +129,42 @@ def test_add_parser_defines_the_experiment_subcommand():
     a = p.parse_args(["experiment", "x.yaml", "seeds=[0]", "--report-only"])
     assert a.command == "experiment" and a.suite == "x.yaml" and a.overrides == ["seeds=[0]"] and a.report_only
     assert callable(a.func)
+
+
+def test_parallel_jobs_match_sequential_and_resume(tmp_path):
+    """--jobs 2: (cell, seed) runs as concurrent worker subprocesses give the same numbers as the in-process
+    ``jobs=1`` run of the same (cell, seed), each keeps its own log, and a second invocation skips them."""
+    t0 = time.perf_counter()
+    par = tmp_path / "par"
+    over = [*SMALL, "seeds=[0]", "cells=[{name: softmax, overrides: {model: {layers: softmax}}}, "
+            "{name: interdomain, overrides: {model: {layers: interdomain}}}]", "reference=softmax"]
+    # the CLI path: --only drops the reference cell from what the workers see (they must not need it)
+    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, f"out_dir={par}", "--jobs", "2",
+                 "--only", "interdomain"]) == 0
+    assert not (par / "cells" / "softmax").exists()
+    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={par}", "jobs=2"])
+    lines, log = _lines()
+    doc = run_suite(suite, log=log)
+    assert doc["failed"] == [], lines
+    assert sum("finished earlier, skipped" in x for x in lines) == 1  # interdomain from the --only call
+    assert any("(worker " in x for x in lines) and any("softmax seed 0: val ppl" in x for x in lines)
+    for name in ("softmax", "interdomain"):
+        assert "val ppl" in (par / "cells" / name / "seed0" / "worker.log").read_text()
+    # the sequential in-process run of the same (cell, seed) gives the same numbers
+    seq = tmp_path / "seq"
+    suite1 = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={seq}"])
+    suite1.cells = [suite1.cell("interdomain")]
+    doc1 = run_suite(suite1, log=lambda *_: None, jobs=1)
+    a = doc["summary"]["interdomain"]["val_ppl"]["mean"]
+    assert doc1["summary"]["interdomain"]["val_ppl"]["mean"] == pytest.approx(a, rel=1e-5)
+    # a run without result.json is not reported, whatever else its directory holds
+    (par / "cells" / "softmax" / "seed0" / "result.json").unlink()
+    with pytest.raises(ValueError, match="jobs"):
+        run_suite(suite, log=lambda *_: None, jobs=0)
+    from hybrid_attention.experiments.report import collect
+
+    s = collect(suite)["summary"]["softmax"]
+    assert s["seeds"] == [] and "val_ppl" not in s
+    with pytest.raises(ConfigError, match="jobs"):
+        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["jobs=0"])
+    assert time.perf_counter() - t0 < 60
