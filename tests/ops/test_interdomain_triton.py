@@ -250,3 +250,39 @@ def test_custom_op_opcheck():
         (q, k, v, ll, bb, kk, init, 16, False, True),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
+
+
+@pytest.fixture
+def fused_dz():
+    """Runs the backward with the fused reverse scan + state-carry gradient (_state_bwd_dz) and restores the config."""
+    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config
+
+    old = kernel_config()
+    set_kernel_config(fuse_dz=True)
+    yield set_kernel_config
+    set_kernel_config(**old)
+
+
+@pytest.mark.parametrize("denominator", [False, True])
+@pytest.mark.parametrize("T", [1, 17, 40, 100])
+def test_fused_state_carry_gradient(fused_dz, T, denominator):
+    """fuse_dz=True vs the float64 reference: T = 1 (only the peeled partial chunk), 17 / 40 / 100 (partial last chunk
+    of 16 after 1 / 2 / 6 full ones), initial state and final-state gradient, every gradient."""
+    res = run_both(1, T, 2, 16, 16, 16, 16, seed=400 + T + denominator, denominator=denominator, dominant=denominator)
+    assert {"dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"} <= set(res)
+    for name, (a, b) in res.items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < (10 if denominator else 1) * _tol(), (name, rel(a, b))
+
+
+def test_fused_state_carry_gradient_odd_shapes_poisoned(fused_dz):
+    """Non-power-of-two R, D, M (masked modes and channels, two channel blocks), B = 2, no initial state, chunk 32
+    with a partial last chunk; every kernel-written buffer starts as NaN."""
+    fused_dz(poison=True, BCH_FZ=16)
+    res = run_both(2, 45, 2, 12, 20, 10, 32, seed=77, with_state=False)
+    for name, (a, b) in res.items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+    res = run_both(1, 45, 1, 12, 20, 10, 32, seed=78, with_final=False)  # dX0 without a final-state gradient
+    for name, (a, b) in res.items():
+        assert rel(a, b) < _tol(), (name, rel(a, b))

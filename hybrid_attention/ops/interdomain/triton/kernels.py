@@ -798,3 +798,196 @@ def _chunk_dz(
     tl.store(dk + kofs, dk_old + dz, mask=kmask)
     dv_old = tl.load(dv + vofs, mask=vmask, other=0.0)
     tl.store(dv + vofs, dv_old + dz, mask=vmask)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fused reverse scan + state-carry gradient (``set_kernel_config(fuse_dz=True)``): replaces _state_bwd + _chunk_dz.
+#
+# Parallelisation (design decision): one program per (channel block, b·h) holding ALL M modes of its channels, tile
+# [BM, BCH]. The state-carry part of dk / dv, dz_s[c] = Re Σ_m conj(B λ^{L-1-s})_m dXe[m, c], is a sum over every
+# mode, so a program that owns all modes of its channels finishes dz without any cross-program reduction: no atomics
+# (deterministic results, no read-modify-write race on dk / dv) and no [T, M, R+D] partial buffer. With M = 64 and
+# BCH = 16 the tile is as large as the unfused scan's 32 x 32 tile and the grid keeps (R+D)/16 x B·H programs (128 at
+# B=1, H=16, R=D=64) -- the same count as the unfused scan. The other two terms (dB, d log λ) are sums over channels:
+# each program accumulates its channel block's share per mode in registers across all chunks and writes one partial
+# per (b·h, channel block), summed on the host (instead of one partial per chunk as _chunk_dz wrote).
+# The adjoint dXe_j is used while it is in registers, so the dx buffer is read (local adjoints) but never written back
+# nor re-read, and one launch disappears.
+
+
+@triton.jit
+def _dz_table(ptab, Lj, offs_s, offs_m, mask_m, M, BT: tl.constexpr):
+    """Rows of a chunk of Lj tokens: P[s, m] = λ_m^{n_s}, n_s = Lj-1-s (zero rows for s >= Lj), n_s as float, and
+    the chunk carry λ^{Lj}."""
+    LP = BT + 1
+    ms = offs_s < Lj
+    n = tl.where(ms, Lj - 1 - offs_s, 0)
+    pm = ms[:, None] & mask_m[None, :]
+    p_re = tl.load(ptab + n[:, None] * M + offs_m[None, :], mask=pm, other=0.0)
+    p_im = tl.load(ptab + LP * M + n[:, None] * M + offs_m[None, :], mask=pm, other=0.0)
+    l_re = tl.load(ptab + Lj * M + offs_m, mask=mask_m, other=0.0)
+    l_im = tl.load(ptab + LP * M + Lj * M + offs_m, mask=mask_m, other=0.0)
+    return p_re, p_im, n.to(tl.float32), l_re, l_im
+
+
+@triton.jit
+def _state_bwd_dz_step(
+    j, Lj, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re,
+    gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k,
+    is_v, st_off, st_mask, BT: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Chunk j (Lj tokens) of the fused reverse scan. On entry e = dXe_j, the total adjoint of the state after chunk
+    j; loc / x (chunk j's local adjoint and entering state) were prefetched one step earlier. Adds chunk j's
+    state-carry terms to dk / dv, to the per-mode sums gb (dB) and hs (d log λ before the conj(B) factor) and acc (the
+    λ^L carry), prefetches chunk j-1's loc / x and returns dXe_{j-1} = conj(λ^Lj) e + loc."""
+    NC = R + D
+    pbase = (i_bh * NT + tl.maximum(j - 1, 0)) * 2 * M * NC
+    pmask = st_mask & ((st_off * 0 + j) > 0)  # tensor comparison: see _state_bwd_step
+    nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
+    nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
+    nx_im = tl.load(states + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    # dz[s, c] = Re Σ_m conj(λ^{n_s} B)_m e[m, c] = (Re conj(P) @ f)[s, c] with f = conj(B) ⊙ e (B folded into the
+    # [M, BCH] tile instead of a second [BT, M] table: fewer live registers)
+    f_re = b_re[:, None] * e_re + b_im[:, None] * e_im
+    f_im = b_re[:, None] * e_im - b_im[:, None] * e_re
+    dz = tl.dot(p_re, f_re, input_precision=DOT_PREC) + tl.dot(p_im, f_im, input_precision=DOT_PREC)
+    rows = j * BT + offs_s
+    ms = offs_s < Lj
+    kofs = rows[:, None] * (H * R) + offs_c[None, :]
+    vofs = rows[:, None] * (H * D) + (offs_c - R)[None, :]
+    kmask = ms[:, None] & is_k[None, :]
+    vmask = ms[:, None] & is_v[None, :]
+    zk = tl.load(k_base + kofs, mask=kmask, other=0.0)
+    zv = tl.load(v_base + vofs, mask=vmask, other=0.0)
+    z = zk.to(tl.float32) + zv.to(tl.float32)
+    # the chunk kernel already wrote the chunk-local dk / dv: add the carry part (each element owned by one program)
+    tl.store(dk_base + kofs, tl.load(dk_base + kofs, mask=kmask, other=0.0) + dz, mask=kmask)
+    tl.store(dv_base + vofs, tl.load(dv_base + vofs, mask=vmask, other=0.0) + dz, mask=vmask)
+    # Y[s, m] = Σ_c z_s[c] e[m, c] (this channel block's share); gB += Σ_s conj(λ^n) Y ; hs += Σ_s n conj(λ^n) Y
+    y_re = tl.dot(z, tl.trans(e_re), input_precision=DOT_PREC)
+    y_im = tl.dot(z, tl.trans(e_im), input_precision=DOT_PREC)
+    cy_re = p_re * y_re + p_im * y_im
+    cy_im = p_re * y_im - p_im * y_re
+    gb_re += tl.sum(cy_re, axis=0)
+    gb_im += tl.sum(cy_im, axis=0)
+    hs_re += tl.sum(nf[:, None] * cy_re, axis=0)
+    hs_im += tl.sum(nf[:, None] * cy_im, axis=0)
+    # λ^L carry: acc += Lj conj(λ^Lj) Σ_c conj(X_j) e, then the adjoint steps back over the chunk
+    s_re = tl.sum(x_re * e_re + x_im * e_im, axis=1)
+    s_im = tl.sum(x_re * e_im - x_im * e_re, axis=1)
+    lf = Lj * 1.0
+    acc_re += lf * (l_re * s_re + l_im * s_im)
+    acc_im += lf * (l_re * s_im - l_im * s_re)
+    ne_re = l_re[:, None] * e_re + l_im[:, None] * e_im + loc_re
+    ne_im = l_re[:, None] * e_im - l_im[:, None] * e_re + loc_im
+    return ne_re, ne_im, nloc_re, nloc_im, nx_re, nx_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im
+
+
+@triton.jit
+def _state_bwd_dz(
+    k,
+    v,
+    dk,
+    dv,
+    P,
+    Bp,
+    states,
+    dx,
+    dfinal,
+    dinit,
+    gb_part,
+    gl_part,
+    T,
+    H,
+    M,
+    R,
+    D,
+    NT,
+    HAS_DFINAL: tl.constexpr,
+    STORE_DINIT: tl.constexpr,
+    USE_WHILE: tl.constexpr,
+    BT: tl.constexpr,
+    BM: tl.constexpr,
+    BCH: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Fused reverse adjoint scan + state-carry gradient. Grid (channel blocks, b·h); each program holds all modes.
+    Reads dx[j] (chunk j's local adjoint from _chunk_bwd) and never writes it; adds the carry part to dk / dv and
+    writes the per-(b·h, channel block) partials of dB and d log λ (carry + input terms) and dX0."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    n_cb = tl.num_programs(0)
+    b = i_bh // H
+    h = i_bh % H
+    NC = R + D
+    LP = BT + 1
+    offs_m = tl.arange(0, BM)
+    offs_c = i_c * BCH + tl.arange(0, BCH)
+    offs_s = tl.arange(0, BT)
+    mask_m = offs_m < M
+    mask_c = offs_c < NC
+    is_k = offs_c < R
+    is_v = (offs_c >= R) & mask_c
+    st_off = offs_m[:, None] * NC + offs_c[None, :]
+    st_mask = mask_m[:, None] & mask_c[None, :]
+    ptab = P + h * 2 * LP * M
+    b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
+    b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
+    k_base = k + b * T * H * R + h * R
+    v_base = v + b * T * H * D + h * D
+    dk_base = dk + b * T * H * R + h * R
+    dv_base = dv + b * T * H * D + h * D
+    if HAS_DFINAL:
+        e_re = tl.load(dfinal + i_bh * 2 * M * NC + st_off, mask=st_mask, other=0.0)
+        e_im = tl.load(dfinal + i_bh * 2 * M * NC + M * NC + st_off, mask=st_mask, other=0.0)
+    else:
+        e_re = tl.zeros([BM, BCH], dtype=tl.float32)
+        e_im = tl.zeros([BM, BCH], dtype=tl.float32)
+    acc_re = tl.zeros([BM], dtype=tl.float32)
+    acc_im = tl.zeros([BM], dtype=tl.float32)
+    gb_re = tl.zeros([BM], dtype=tl.float32)
+    gb_im = tl.zeros([BM], dtype=tl.float32)
+    hs_re = tl.zeros([BM], dtype=tl.float32)
+    hs_im = tl.zeros([BM], dtype=tl.float32)
+    last = (i_bh * NT + NT - 1) * 2 * M * NC
+    loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
+    loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
+    x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
+    x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
+    # the last chunk (possibly partial) is peeled off; every other chunk is full and shares one table, loaded once
+    L_last = T - (NT - 1) * BT
+    p_re, p_im, nf, l_re, l_im = _dz_table(ptab, L_last, offs_s, offs_m, mask_m, M, BT)
+    e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im = _state_bwd_dz_step(
+        NT - 1, L_last, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re,
+        acc_im, gb_re, gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT,
+        offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+    )  # fmt: skip
+    p_re, p_im, nf, l_re, l_im = _dz_table(ptab, BT, offs_s, offs_m, mask_m, M, BT)
+    if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
+        jj = 1
+        while jj < NT:
+            e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im = _state_bwd_dz_step(
+                NT - 1 - jj, BT, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im,
+                acc_re, acc_im, gb_re, gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M,
+                R, D, NT, offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+            )  # fmt: skip
+            jj += 1
+    else:
+        for jj in range(1, NT):
+            e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im = _state_bwd_dz_step(
+                NT - 1 - jj, BT, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im,
+                acc_re, acc_im, gb_re, gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M,
+                R, D, NT, offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+            )  # fmt: skip
+    if STORE_DINIT:
+        tl.store(dinit + i_bh * 2 * M * NC + st_off, e_re, mask=st_mask)
+        tl.store(dinit + i_bh * 2 * M * NC + M * NC + st_off, e_im, mask=st_mask)
+    # d log λ (input side) = conj(B) hs: B is per mode, so it is applied once here instead of per token
+    gl_re = acc_re + b_re * hs_re + b_im * hs_im
+    gl_im = acc_im + b_re * hs_im - b_im * hs_re
+    pb = (i_bh * n_cb + i_c) * 2 * M
+    tl.store(gb_part + pb + offs_m, gb_re, mask=mask_m)
+    tl.store(gb_part + pb + M + offs_m, gb_im, mask=mask_m)
+    tl.store(gl_part + pb + offs_m, gl_re, mask=mask_m)
+    tl.store(gl_part + pb + M + offs_m, gl_im, mask=mask_m)

@@ -46,6 +46,10 @@ _CFG = {
     "max_chunk": 32,  # kernel chunk length cap (run 2 on the H200: L=32 beat L=64, see benchmarks/NOTES.md)
     "bwd_split": False,  # backward chunk kernel as two launches (value side, key side): measured slower (run 3)
     "warps_dz": 8,
+    # reverse scan and state-carry gradient in one launch (_state_bwd_dz); off until the GPU sweep shows it faster
+    "fuse_dz": False,
+    "BCH_FZ": 16,  # channel block of the fused kernel (it holds all M modes; >= 16 for tl.dot)
+    "warps_fz": 4,
     "poison": False,  # fill every kernel-written buffer with NaN before the launch (tests / benchmark check)
 }
 
@@ -303,11 +307,36 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
                 num_stages=_CFG["stages"],
             )
         _record(f"chunk_bwd{part}", h)
+    dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
+    if _CFG["fuse_dz"]:
+        gb_carry, gl_carry = _state_bwd_dz(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT)
+    else:
+        gb_carry, gl_carry = _state_bwd_unfused(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT)
+    del states
+    with _stage("host_reduce"):
+        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
+        dbb = gb_carry
+        dll = gl_carry
+        for g in gbl.values():
+            dbb = dbb + g[0].view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
+            dll = dll + g[1].view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
+    dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dll, dbb, dkk, dinit_out
+
+
+def _state_bwd_unfused(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int):
+    """Reverse adjoint scan (_state_bwd, writes dXe into dx in place) then the state-carry gradient (_chunk_dz).
+    Adds the carry part to dk / dv in place; returns the carry parts of (dB, d log λ), each [H, 2, M]."""
+    Bsz, T, H, R = k.shape
+    D = v.shape[-1]
+    M = bb.shape[-1]
+    NC = R + D
+    NT = triton.cdiv(T, BT)
+    dev = k.device
     BMS = min(_CFG["BMS"], _np2(M))
     BCH = min(_CFG["BCH"], _np2(NC))
     n_cb = triton.cdiv(NC, BCH)
     gl_part2 = _empty(Bsz * H, n_cb, 2, M, device=dev)
-    dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
     has_df = dfinal is not None
     with _stage("state_bwd"):
         h = K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
@@ -324,7 +353,7 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
             D,
             NT,
             HAS_DFINAL=has_df,
-            STORE_DINIT=init is not None,
+            STORE_DINIT=has_init,
             USE_WHILE=_INTERPRET,
             BT=BT,
             BMS=BMS,
@@ -333,7 +362,6 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
             num_stages=_CFG["stages_state"],
         )
     _record("state_bwd", h)
-    del states
     BCHZ = min(_CFG["BCH_DZ"], _np2(NC))
     n_cbz = triton.cdiv(NC, BCHZ)
     gb_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
@@ -364,16 +392,61 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
         )
     _record("chunk_dz", h)
     with _stage("host_reduce"):
-        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
-        dbb = sum(g[0].view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) for g in gbl.values())
-        dbb = dbb + gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-        dll = (
-            sum(g[1].view(Bsz, H, NT, 2, M).sum(dim=(0, 2)) for g in gbl.values())
-            + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
-            + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+        dbb = gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+        dll = gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2)) + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(
+            dim=(0, 2)
         )
-    dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dll, dbb, dkk, dinit_out
+    return dbb, dll
+
+
+def _state_bwd_dz(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int):
+    """Fused reverse adjoint scan + state-carry gradient (one launch of K._state_bwd_dz; dx is only read). Same
+    contract as ``_state_bwd_unfused``: adds the carry part to dk / dv in place, writes dX0 into ``dinit`` when
+    ``has_init``, returns the carry parts of (dB, d log λ), each [H, 2, M]."""
+    Bsz, T, H, R = k.shape
+    D = v.shape[-1]
+    M = bb.shape[-1]
+    NC = R + D
+    NT = triton.cdiv(T, BT)
+    BCH = min(_CFG["BCH_FZ"], _np2(NC))
+    n_cb = triton.cdiv(NC, BCH)
+    gb_part = _empty(Bsz * H, n_cb, 2, M, device=k.device)
+    gl_part = _empty(Bsz * H, n_cb, 2, M, device=k.device)
+    has_df = dfinal is not None
+    with _stage("state_bwd_dz"):
+        h = K._state_bwd_dz[(n_cb, Bsz * H)](
+            k,
+            v,
+            dk,
+            dv,
+            P,
+            bb,
+            states,
+            dx,
+            dfinal.contiguous() if has_df else dx,
+            dinit,
+            gb_part,
+            gl_part,
+            T,
+            H,
+            M,
+            R,
+            D,
+            NT,
+            HAS_DFINAL=has_df,
+            STORE_DINIT=has_init,
+            USE_WHILE=_INTERPRET,
+            BT=BT,
+            BM=_np2(M),
+            BCH=BCH,
+            DOT_PREC=_prec(),
+            num_warps=_CFG["warps_fz"],
+            num_stages=_CFG["stages_state"],
+        )
+    _record("state_bwd_dz", h)
+    with _stage("host_reduce"):
+        part = torch.stack([gb_part, gl_part]).view(2, Bsz, H, n_cb, 2, M).sum(dim=(1, 3))
+    return part[0], part[1]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
