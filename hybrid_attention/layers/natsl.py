@@ -126,7 +126,9 @@ class NatsLAttention(TokenMixer):
         self.weights_from, self.separate_norms = weights_from, separate_norms
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
-        self.force_routing: str | None = None  # None | "softmax" | "gdn": analysis and tests
+        # None | "softmax" | "gdn" | a softmax fraction p in [0, 1] (chunk n is softmax iff floor((n+1)p) > floor(np):
+        # evenly spaced, the same for every row and head): analysis, tests and speed measurements at a set fraction.
+        self.force_routing: str | float | None = None
         self.routing_fraction: torch.Tensor | None = None  # [Hn] softmax fraction of the last forward's chunks
         self.last_routing: torch.Tensor | None = None  # [B, N, Hn] bool, softmax-typed complete chunks
 
@@ -178,8 +180,9 @@ class NatsLAttention(TokenMixer):
             qs, ks = self.rotary(qs, offset), self.rotary(ks, offset)
         return qs, ks
 
-    def _route(self, x_chunks: torch.Tensor):
-        """x_chunks [B, N, C, D] complete chunks -> (hard [B, N, Hn, 2] one-hot, p [B, N, Hn, 2] probabilities)."""
+    def _route(self, x_chunks: torch.Tensor, first_chunk: int = 0):
+        """x_chunks [B, N, C, D] complete chunks (the first one is chunk number `first_chunk` of the sequence)
+        -> (hard [B, N, Hn, 2] one-hot, p [B, N, Hn, 2] probabilities)."""
         logits = self.score_proj(x_chunks.mean(2)).view(*x_chunks.shape[:2], self.num_heads, 2)
         logits = logits.double() if logits.dtype == torch.float64 else logits.float()
         if self.sample == "gumbel" and self.training:
@@ -188,11 +191,20 @@ class NatsLAttention(TokenMixer):
             p = logits.softmax(-1)
         hard = F.one_hot(p.argmax(-1), 2).to(p.dtype)
         if self.force_routing is not None:
-            if self.force_routing not in ("softmax", "gdn"):
-                raise ValueError(f"force_routing must be None, 'softmax' or 'gdn', got {self.force_routing!r}")
-            hard = torch.zeros_like(hard)
-            hard[..., SOFTMAX if self.force_routing == "softmax" else GDN] = 1
+            hard = self._forced_routing(hard, first_chunk)
         return hard, p
+
+    def _forced_routing(self, hard: torch.Tensor, first_chunk: int) -> torch.Tensor:
+        """The one-hot routing [B, N, Hn, 2] imposed by `force_routing` (see __init__)."""
+        fr = self.force_routing
+        if isinstance(fr, str) and fr in ("softmax", "gdn"):
+            sel = torch.full(hard.shape[:-1], fr == "softmax", dtype=torch.bool, device=hard.device)
+        elif isinstance(fr, (int, float)) and not isinstance(fr, bool) and 0.0 <= fr <= 1.0:
+            n = torch.arange(first_chunk, first_chunk + hard.shape[1], device=hard.device, dtype=torch.float64)
+            sel = (torch.floor((n + 1) * fr) > torch.floor(n * fr))[None, :, None].expand(hard.shape[:-1])
+        else:
+            raise ValueError(f"force_routing must be None, 'softmax', 'gdn' or a fraction in [0, 1], got {fr!r}")
+        return F.one_hot(torch.where(sel, SOFTMAX, GDN), 2).to(hard.dtype)
 
     def _fuse(self, x, q, o_gdn, o_sa):
         """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]."""
@@ -259,6 +271,27 @@ class NatsLAttention(TokenMixer):
             st.valid[bi, hi, slot] = True
             st.n_kept[bi, hi] += 1
 
+    def _compact_chunks(self, st: NatsLState, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor) -> None:
+        """All complete chunks at once into an empty compacted cache (the parallel path's equivalent of calling
+        `_append_chunks` chunk by chunk, without a host round trip per chunk). k, v [B, N·C, Hs, d]; sel [B, N, Hn]
+        bool (softmax-typed). Slot j of decision head h holds its j-th softmax chunk, in sequence order."""
+        b, n, hn = sel.shape
+        c, g = self.chunk_size, self.group
+        dk, dv = k.shape[-1], v.shape[-1]
+        st.n_kept = sel.long().sum(1)  # [B, Hn]
+        cap = int(st.n_kept.max()) if n else 0  # the one host sync: the cache's slot count
+        slot = sel.long().cumsum(1) - 1  # [B, N, Hn]: slot of each selected chunk
+        bi, ni, hi = sel.nonzero(as_tuple=True)
+        si = slot[bi, ni, hi]
+        kc = k.new_zeros(b, hn, g, cap, c, dk)
+        vc = v.new_zeros(b, hn, g, cap, c, dv)
+        # source [K, C, G, d] (advanced indices first), destination [K, G, C, d]
+        kc[bi, hi, :, si] = k.view(b, n, c, hn, g, dk)[bi, ni, :, hi].transpose(1, 2)
+        vc[bi, hi, :, si] = v.view(b, n, c, hn, g, dv)[bi, ni, :, hi].transpose(1, 2)
+        st.k_cache, st.v_cache = kc.view(b, hn * g, cap * c, dk), vc.view(b, hn * g, cap * c, dv)
+        st.valid = torch.zeros(b, hn, cap, dtype=torch.bool, device=sel.device)
+        st.valid[bi, hi, si] = True
+
     # ---------------------------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, state: NatsLState | None = None, *, output_state: bool | None = None):
         check_hidden(x, self.hidden_size)
@@ -316,10 +349,9 @@ class NatsLAttention(TokenMixer):
         st.conv, st.offset = new_conv, t
         st.x_buf, st.k_buf, st.v_buf = x[:, nc:], ks[:, nc:], vs[:, nc:]
         st.S, st.S_start, st.g_sum = S, S_full, g[:, nc:].sum(1)
-        for n in range(n_full):
-            sel = hard[:, n, :, SOFTMAX].bool()
-            st.history.append(sel)
-            self._append_chunks(st, ks[:, n * c:(n + 1) * c], vs[:, n * c:(n + 1) * c], sel)
+        sel = hard[..., SOFTMAX].bool()  # [B, N_full, Hn]
+        st.history = list(sel.unbind(1))
+        self._compact_chunks(st, ks[:, :nc], vs[:, :nc], sel)
         return y, st
 
     def _dense_counterfactual_attention(self, qs, ks, vs, m_sa, n_all):
@@ -369,7 +401,7 @@ class NatsLAttention(TokenMixer):
             st.offset += n
             i += n
             if filled + n == c:  # the chunk is complete: type it, commit or roll back, keep or free its KV
-                hard, _ = self._route(st.x_buf[:, None])
+                hard, _ = self._route(st.x_buf[:, None], first_chunk=st.offset // c - 1)
                 hard = hard[:, 0]  # [B, Hn, 2]
                 is_gdn = hard[..., GDN].bool()[:, :, None, None]
                 decay = torch.exp(st.g_sum)[:, :, None, None] if self.decay_uncommitted else 1.0

@@ -118,6 +118,32 @@ def test_forced_routing():
         layer(x)
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
+def test_forced_fraction_is_exact_and_the_same_when_decoding(fraction):
+    """force_routing = p: chunk n is softmax iff floor((n+1)p) > floor(np); prefill + token-by-token decode (which
+    types each chunk on completion) reproduces the full pass, so the pattern follows the absolute chunk index."""
+    layer = _layer()
+    layer.force_routing = fraction
+    n_chunks = 8
+    x = torch.randn(2, n_chunks * C + 3, D, dtype=torch.float64)
+    y_full, _ = layer(x)
+    n = torch.arange(n_chunks, dtype=torch.float64)
+    expected = torch.floor((n + 1) * fraction) > torch.floor(n * fraction)
+    assert torch.equal(layer.last_routing, expected[None, :, None].expand(2, n_chunks, layer.num_heads))
+    assert layer.routing_fraction.eq(fraction).all()
+    split = 2 * C + 5
+    y0, st = layer(x[:, :split], layer.init_state(2, dtype=torch.float64))
+    ys = [y0]
+    for t in range(split, x.shape[1]):
+        y_t, st = layer(x[:, t : t + 1], st)
+        ys.append(y_t)
+    torch.testing.assert_close(torch.cat(ys, 1), y_full, rtol=1e-9, atol=1e-10)
+    assert int(st.n_kept.max()) == int(expected.sum())
+    layer.force_routing = 1.5
+    with pytest.raises(ValueError, match="force_routing"):
+        layer(x)
+
+
 def test_all_gdn_softmax_branch_is_intra_chunk_and_gdn_branch_is_plain_gdn():
     """All-GDN routing: the softmax branch sees only its own chunk; all-softmax: the GDN state never commits."""
     from hybrid_attention.ops.chunk_attention import naive_chunk_attention
