@@ -1,6 +1,7 @@
 """S4D-only control core op: o_t = Re(diag(U_tᵀ Γ_t)) over the shared complex diagonal S4D state (see naive.py).
 
-Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form) and "auto".
+Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form), "triton" (chunked Triton
+kernels sharing the Interdomain op's state scans, ``hybrid_attention.ops.s4d.triton``) and "auto".
 """
 
 from __future__ import annotations
@@ -10,10 +11,17 @@ import torch
 from ..interdomain.chunk import validate_chunk_size
 from .chunk import chunk_s4d
 from .naive import naive_s4d
+from .triton import HAS_TRITON, triton_s4d
 
-__all__ = ["s4d", "naive_s4d", "chunk_s4d", "BACKENDS"]
+__all__ = ["s4d", "naive_s4d", "chunk_s4d", "triton_s4d", "BACKENDS"]
 
-BACKENDS = ("auto", "reference", "naive")
+BACKENDS = ("auto", "reference", "naive", "triton")
+
+
+def _auto_uses_triton(*tensors: torch.Tensor) -> bool:
+    """Whether backend "auto" runs the Triton kernels: CUDA tensors, triton importable, no float64 input (the same
+    rule as the Interdomain op)."""
+    return HAS_TRITON and all(t.is_cuda for t in tensors) and not any(t.dtype == torch.float64 for t in tensors)
 
 
 def s4d(
@@ -34,14 +42,26 @@ def s4d(
     C ``[H, M, M]`` complex; initial_state ``[B, H, M, 2R]`` complex. Returns ``(o [B, T, H, R] in a.dtype,
     final_state or None)``. See ``naive_s4d`` for the definition.
 
-    ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "auto" currently also
-    runs the chunk-parallel PyTorch form, on every device, because it is the only chunked implementation that exists.
+    ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
+    kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
+    when triton imports and no input is float64, else "reference".
     """
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', got {backend!r}")
+        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', 'triton', got {backend!r}")
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if backend == "naive":
         return naive_s4d(a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state)
+    if backend == "triton" or (backend == "auto" and _auto_uses_triton(a, b)):
+        return triton_s4d(
+            a,
+            b,
+            log_lam,
+            B,
+            C,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            chunk_size=chunk_size,
+        )
     return chunk_s4d(
         a,
         b,

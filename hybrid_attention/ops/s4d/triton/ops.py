@@ -1,0 +1,305 @@
+"""Host side of the Triton S4D-only core: launches, the autograd rule and the ``torch.library`` registration.
+
+Math (same contract as ``chunk_s4d``; definition in ``naive.py``). Per (batch, head), z_t = [a_t ; b_t] ∈ R^{2R},
+X_t = λ ⊙ X_{t-1} + B z_tᵀ ∈ C^{M×2R}, o_t[j] = Re Σ_m (C X^a_t)[m, j] (C X^b_t)[m, j]. For a chunk [t0, t0 + L)
+entered with state X0 and local index τ = t - t0 ∈ [0, L):
+
+    X_t = λ^{τ+1} ⊙ X0 + Σ_{s<=τ} λ^{τ-s} B z_sᵀ
+    Y^a_t[m, j] = (C X^a_t)[m, j] = Σ_n P[m, τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]
+      with P[m, τ, n] = C[m, n] λ_n^{τ+1}   and   Kern[m, d] = Σ_n C[m, n] B_n λ_n^d,
+    o_t[j] = Re Σ_m Y^a_t[m, j] Y^b_t[m, j].
+
+Both tables are chunk-invariant. Pipeline (forward):
+  1. X0 of every chunk by the Interdomain op's shared forward state scan (``_states_fwd``) with (k, v) = (a, b).
+  2. ``_readout_fwd`` (this package): per (chunk, b·h, channel tile), o from X0, the chunk's a, b and the tables.
+Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
+  g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then
+  da_local = Re(Toeᵀ-conj g_{Y^a}), dX0_local = P^H g_Y, g_P = g_Y X0^H, g_Toe = g_Y zᵀ (``_readout_bwd``), with g_P
+  folded into dC and d log λ inside the kernel and g_Toe folded into dKern (band sums); then the shared reverse state
+  scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the λ^L-carry part of d log λ)
+  and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB, d log λ).
+Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
+to d log λ, dB and dC.
+
+Memory: like the Interdomain op, the chunk-boundary states live only inside one op call (recomputed in the
+backward); autograd saves the inputs only; no per-token state is materialised.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from ...interdomain.chunk import validate_chunk_size
+from ...interdomain.triton import kernels as IK
+from ...interdomain.triton import ops as IO
+from ..naive import validate_s4d_inputs
+from . import kernels as K
+
+__all__ = ["triton_s4d", "kernel_config", "set_kernel_config"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Fixed launch configuration (no autotuning: one config under the interpreter; the benchmark may try others).
+_CFG = {
+    "max_chunk": 32,  # kernel chunk length cap (same default as the Interdomain op, whose state scan we share)
+    "JT": 32,  # channel tile of the readout kernels (>= 16: tl.dot minimum)
+    "warps_fwd": 4,
+    "warps_bwd": 8,
+    "stages": 1,
+    "dot_prec": "tf32",  # input precision of the float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
+    "poison": False,  # fill every kernel-written buffer with NaN first (tests / benchmark check)
+}
+
+
+def kernel_config() -> dict:
+    """A copy of the current launch configuration."""
+    return dict(_CFG)
+
+
+def set_kernel_config(**kw) -> None:
+    """Change launch-configuration keys (see ``_CFG``); unknown keys raise ``KeyError``."""
+    for key, val in kw.items():
+        if key not in _CFG:
+            raise KeyError(f"unknown kernel config key {key!r}")
+        _CFG[key] = val
+
+
+def _empty(*shape, device, dtype=torch.float32) -> torch.Tensor:
+    t = torch.empty(*shape, device=device, dtype=dtype)
+    if _CFG["poison"]:
+        t.fill_(float("nan"))
+    return t
+
+
+def _np2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def _prec() -> str:
+    return "ieee" if _INTERPRET else _CFG["dot_prec"]
+
+
+def kernel_chunk(chunk_size: int) -> int:
+    """Kernel chunk length: chunk_size if it is a power of two in [16, 128], else 64, capped at ``max_chunk`` (the
+    result does not depend on it beyond rounding)."""
+    return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, _CFG["max_chunk"])
+
+
+def _jt(R: int) -> int:
+    return min(_CFG["JT"], _np2(R))
+
+
+def _states(a, b, ll, bb, init, BT: int, need_final: bool):
+    """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared Interdomain state scan."""
+    P = IO._power_table(ll, BT)
+    states, final = IO._states_fwd(a, b, P, bb, init, BT, True, need_final)
+    return P, states, final
+
+
+def _fwd_impl(a, b, ll, bb, cc, kk, init, chunk_size: int, need_final: bool):
+    Bsz, T, H, R = a.shape
+    M = ll.shape[-1]
+    BT = kk.shape[-1]
+    o = _empty(Bsz, T, H, R, device=a.device, dtype=a.dtype)
+    if T == 0:
+        fin = init.clone() if init is not None else a.new_zeros(Bsz, H, 2, M, 2 * R, dtype=torch.float32)
+        return o, (fin if need_final else a.new_empty(0, dtype=torch.float32))
+    P, states, final = _states(a, b, ll, bb, init, BT, need_final)
+    NT = triton.cdiv(T, BT)
+    JT = _jt(R)
+    K._readout_fwd[(NT, Bsz * H, triton.cdiv(R, JT))](
+        a, b, o, P, cc, kk, states, T, H, R, NT,
+        M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), num_warps=_CFG["warps_fwd"], num_stages=_CFG["stages"],
+    )  # fmt: skip
+    fin = final.view(Bsz, H, 2, M, 2 * R) if need_final else a.new_empty(0, dtype=torch.float32)
+    return o, fin
+
+
+def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
+    Bsz, T, H, R = a.shape
+    M = ll.shape[-1]
+    BT = kk.shape[-1]
+    NC = 2 * R
+    dev = a.device
+    f32 = torch.float32
+    if T == 0:
+        dinit = a.new_empty(0, dtype=f32)
+        if init is not None:
+            dinit = dfinal.clone() if dfinal is not None else torch.zeros_like(init)
+        z = torch.zeros_like
+        return z(a), z(b), z(ll), z(bb), z(cc), z(kk), dinit
+    P, states, _ = _states(a, b, ll, bb, init, BT, False)
+    NT = triton.cdiv(T, BT)
+    JT = _jt(R)
+    da = _empty(Bsz, T, H, R, device=dev)
+    db = _empty(Bsz, T, H, R, device=dev)
+    dx = _empty(Bsz * H, NT, 2, M, NC, device=dev)
+    # design decision: the table gradients are accumulated with float32 atomics (B·NT·R/JT programs per head add
+    # into [M, M] / [M, BT] / [M] rows) instead of per-program partials, which would need B·H·NT·M² floats.
+    dC = torch.zeros(H, 2, M, M, device=dev, dtype=f32)
+    dK = torch.zeros(H, 2, M, BT, device=dev, dtype=f32)
+    dll = torch.zeros(H, 2, M, device=dev, dtype=f32)
+    K._readout_bwd[(NT, Bsz * H, triton.cdiv(R, JT))](
+        a, b, do.contiguous(), da, db, P, cc, kk, states, dx, dC, dll, dK, T, H, R, NT,
+        M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), num_warps=_CFG["warps_bwd"], num_stages=_CFG["stages"],
+    )  # fmt: skip
+    # shared reverse adjoint scan over the chunk-boundary states (launched with the Interdomain op's configuration)
+    icfg = IO.kernel_config()
+    BMS = min(icfg["BMS"], _np2(M))
+    BCH = min(icfg["BCH"], _np2(NC))
+    n_cb = triton.cdiv(NC, BCH)
+    gl_part2 = _empty(Bsz * H, n_cb, 2, M, device=dev)
+    dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
+    has_df = dfinal is not None
+    IK._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
+        P, states, dx, dfinal.contiguous() if has_df else dx, dinit, gl_part2, T, H, M, R, R, NT,
+        HAS_DFINAL=has_df, STORE_DINIT=init is not None, USE_WHILE=_INTERPRET, BT=BT, BMS=BMS, BCH=BCH,
+        num_warps=icfg["warps_state"], num_stages=icfg["stages_state"],
+    )  # fmt: skip
+    del states
+    # shared state-carry kernel: adds the state path to da / db in place, plus the dB / d log λ partials
+    BCHZ = min(icfg["BCH_DZ"], _np2(NC))
+    n_cbz = triton.cdiv(NC, BCHZ)
+    gb_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
+    gl_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
+    IK._chunk_dz[(NT, Bsz * H, n_cbz)](
+        a, b, da, db, P, bb, dx, gb_part3, gl_part3, T, H, M, R, R, NT,
+        BT=BT, BM=_np2(M), BCH=BCHZ, DOT_PREC=_prec(), num_warps=icfg["warps_dz"], num_stages=icfg["stages"],
+    )  # fmt: skip
+    dbb = gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
+    dll = dll + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2)) + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(
+        dim=(0, 2)
+    )
+    dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else a.new_empty(0, dtype=f32)
+    return da.to(a.dtype), db.to(b.dtype), dll, dbb, dC, dK, dinit_out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# torch.library registration (real planar tensors only at the boundary; fake impls for tracing)
+
+
+@torch.library.custom_op("hybrid_attention::s4d_fwd", mutates_args=())
+def s4d_fwd_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ll: torch.Tensor,
+    bb: torch.Tensor,
+    cc: torch.Tensor,
+    kk: torch.Tensor,
+    init: torch.Tensor | None,
+    chunk_size: int,
+    need_final: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(a, b, ll, bb, cc, kk, init, chunk_size, need_final)
+
+
+@s4d_fwd_op.register_fake
+def _(a, b, ll, bb, cc, kk, init, chunk_size, need_final):
+    Bsz, T, H, R = a.shape
+    M = ll.shape[-1]
+    o = a.new_empty(Bsz, T, H, R)
+    fin = a.new_empty(Bsz, H, 2, M, 2 * R, dtype=torch.float32) if need_final else a.new_empty(0, dtype=torch.float32)
+    return o, fin
+
+
+@torch.library.custom_op("hybrid_attention::s4d_bwd", mutates_args=())
+def s4d_bwd_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ll: torch.Tensor,
+    bb: torch.Tensor,
+    cc: torch.Tensor,
+    kk: torch.Tensor,
+    init: torch.Tensor | None,
+    do: torch.Tensor,
+    dfinal: torch.Tensor | None,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size)
+
+
+@s4d_bwd_op.register_fake
+def _(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size):
+    dinit = torch.empty_like(init) if init is not None else a.new_empty(0, dtype=torch.float32)
+    e = torch.empty_like
+    return e(a), e(b), e(ll), e(bb), e(cc), e(kk), dinit
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, ll, bb, cc, kk, init, chunk_size, need_final = inputs
+    ctx.save_for_backward(a, b, ll, bb, cc, kk, init)
+    ctx.chunk_size = chunk_size
+    ctx.need_final = need_final
+    ctx.has_init = init is not None
+
+
+def _backward(ctx, do, dfinal):
+    a, b, ll, bb, cc, kk, init = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(a)
+    if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
+        dfinal = None
+    da, db, dll, dbb, dcc, dkk, dinit = s4d_bwd_op(
+        a, b, ll, bb, cc, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size
+    )
+    return da, db, dll, dbb, dcc, dkk, (dinit if ctx.has_init else None), None, None
+
+
+s4d_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# public function
+
+
+def impulse_table(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, BT: int) -> torch.Tensor:
+    """Kern[h, m, d] = Σ_n C[h, m, n] B[h, n] λ[h, n]^d for d = 0..BT-1, complex64 [H, M, BT] (differentiable).
+
+    The powers are formed in complex128 (exponents d >= 0: |λ^d| <= 1, no overflow) and rounded once."""
+    d = torch.arange(BT, device=log_lam.device, dtype=torch.float64)
+    lam_pow = torch.exp(log_lam.to(torch.complex128)[:, None, :] * d[None, :, None])  # [H, BT, M]
+    kern = torch.einsum("hmn,hn,hdn->hmd", C.to(torch.complex128), B.to(torch.complex128), lam_pow)
+    return kern.to(torch.complex64)
+
+
+def triton_s4d(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """S4D-only core on Triton kernels (same contract as ``chunk_s4d``).
+
+    Shapes: a, b ``[B, T, H, R]`` real (bf16 / fp16 / fp32; float64 is refused: use backend "reference");
+    log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex; initial_state ``[B, H, M, 2R]`` complex. Returns
+    ``o [B, T, H, R]`` in ``a.dtype`` and the final state (complex64) or ``None``. State and decay math is float32;
+    ``chunk_size`` selects the kernel chunk length when it is a power of two in [16, 128] (else 64, capped by the
+    ``max_chunk`` setting); the result does not depend on it beyond rounding. Differentiable in every tensor input.
+    """
+    validate_s4d_inputs(a, b, log_lam, B, C, initial_state)
+    validate_chunk_size(chunk_size)
+    if any(t.dtype == torch.float64 for t in (a, b)):
+        raise ValueError("the triton backend computes in float32; use backend='reference' for float64 inputs")
+    dt = a.dtype
+    a = a.contiguous()
+    b = b.to(dt).contiguous()
+    BT = kernel_chunk(chunk_size)
+    ll = IO._planar(log_lam, 1).contiguous()
+    bb = IO._planar(B, 1).contiguous()
+    cc = IO._planar(C, 1).contiguous()
+    lam_c = log_lam if log_lam.is_complex() else log_lam.to(torch.complex64)
+    B_c = B if B.is_complex() else B.to(torch.complex64)
+    C_c = C if C.is_complex() else C.to(torch.complex64)
+    kk = IO._planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
+    init = IO._planar(initial_state, 2).contiguous() if initial_state is not None else None
+    o, fin = s4d_fwd_op(a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
+    final = torch.complex(fin[:, :, 0], fin[:, :, 1]) if output_final_state else None
+    return o, final
