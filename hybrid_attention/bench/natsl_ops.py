@@ -213,12 +213,20 @@ def layer_check():
     )
 
 
-@guarded("fla")
-def fla_check():
+def _fla_gdn():
+    """fla's chunk_gated_delta_rule when fla is importable (a carried wheel on the device), else None."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except Exception as exc:
         log(f"  fla not installed ({exc.__class__.__name__}): skipped")
+        return None
+    return chunk_gated_delta_rule
+
+
+@guarded("fla")
+def fla_check():
+    chunk_gated_delta_rule = _fla_gdn()
+    if chunk_gated_delta_rule is None:
         return
     leaves, _, _ = make_inputs(4096, 6, 128, 256, 2, 64, 0.0, seed=3, with_s0=False)
     q, k, v, g, beta = (leaves[n] for n in ("q", "k", "v", "g", "beta"))
@@ -280,6 +288,19 @@ def time_op(T, frac=0.3):
     row["sm_fb"] = bench(sm_fb, grad_to_none=req)
     with torch.no_grad():
         row["op_fwd_nograd"] = bench(op_fwd)
+    fla_gdn = _fla_gdn()
+    if fla_gdn is not None:  # fla's GDN at the same shape, measured here (its backward may refuse Hopper)
+
+        def fla_fwd():
+            return fla_gdn(
+                xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype), use_qk_l2norm_in_kernel=True
+            )[0]
+
+        row["fla_gdn_fwd"] = bench(fla_fwd)
+        try:
+            row["fla_gdn_fb"] = bench(lambda: fla_fwd().backward(dog), grad_to_none=req)
+        except Exception as exc:
+            log(f"  fla GDN backward: {exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}")
     # causal SDPA, 16 heads x 64
     qq, kk, vv = (torch.randn(1, 16, T, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dd = torch.randn(1, 16, T, 64, device=DEV, dtype=torch.bfloat16)
@@ -494,6 +515,12 @@ def summary():
             f"{r['gdn_fb']:8.3f} {off.get('fla_gdn_fb', nan):8.2f} | {r['sm_fwd']:11.3f} {r['sm_fb']:7.3f} | "
             f"{r.get('op_fb_peak_gib', nan):8.2f}"
         )
+    for r in RESULTS["timings"]:
+        if "fla_gdn_fwd" in r:
+            log(
+                f"fla GDN measured in this run, T={r['T']}: fwd {r['fla_gdn_fwd']:.3f} ms, f+b "
+                f"{r.get('fla_gdn_fb', nan):.3f} ms (ours: fwd {r['gdn_fwd']:.3f}, f+b {r['gdn_fb']:.3f})"
+            )
     corr = RESULTS["correctness"]
     if corr:
         n_ok = sum(r["pass"] for r in corr)
