@@ -1,0 +1,190 @@
+"""StaticDecoder: whole-model decode over static buffers, CUDA-graph capturable.
+
+    dec = StaticDecoder(model, batch_size=1, max_length=4096)
+    logits = dec.prefill(input_ids)         # [B, V] of the last prompt token (the model's chunked prefill)
+    dec.capture()                           # CUDA only: one graph per chunk-phase pattern (see below)
+    logits = dec.step(next_ids)             # [B, V]; next_ids [B, 1]
+    tokens = dec.generate(input_ids, 64)    # greedy, [B, T0 + 64]
+
+Decisions:
+- Graphs per chunk phase: a NAtS-L step that completes a chunk also types it and commits / compacts (extra work), the
+  other steps do not. The host knows every position, so instead of computing the chunk-end work on every token and
+  masking it out, there is one graph per pattern of "this token ends a chunk" over the NAtS-L layers (two graphs
+  when all NAtS-L layers share a chunk size: inside-chunk and chunk-final; one graph for models without NAtS-L).
+  Inside a graph nothing branches on tensor values.
+- The position lives twice: a 0-d long device tensor (read by RoPE, masks and cache writes; advanced in place by the
+  captured step) and a host int (`length`) used only for bounds checks and for choosing the graph.
+- The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
+  the next step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.serving.static_layers import StaticMixer, static_mixer_for
+
+
+class StaticDecoder:
+    """Static-buffer decoder for a `HybridForCausalLM` (inference only; the model's weights must stay fixed).
+
+    batch_size, max_length: sizes of every buffer (max_length counts prompt and generated tokens). device / dtype:
+    default to the model's and must equal them (convert the model first). use_kernels: fused Triton decode steps
+    (default: on CUDA).
+    """
+
+    def __init__(self, model, batch_size: int, max_length: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, use_kernels: bool | None = None) -> None:
+        for name, val in (("batch_size", batch_size), ("max_length", max_length)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{name} must be a positive integer, got {val!r}")
+        w = model.lm_head.weight
+        device = torch.device(device) if device is not None else w.device
+        if device.type != w.device.type or (device.index is not None and device.index != w.device.index):
+            raise ValueError(f"device must be the model's device {w.device}, got {device} (move the model first)")
+        dtype = dtype or w.dtype
+        if dtype != w.dtype:
+            raise ValueError(f"dtype must be the model's dtype {w.dtype}, got {dtype} (convert the model first)")
+        self.model, self.batch_size, self.max_length = model, batch_size, max_length
+        self.device, self.dtype = w.device, dtype
+        self.use_kernels = w.is_cuda if use_kernels is None else bool(use_kernels)
+        layers = model.model.layers
+        self.mixers: list[StaticMixer] = [
+            static_mixer_for(blk.mixer, batch_size, max_length, self.device, dtype, self.use_kernels)
+            for blk in layers]
+        # chunk size of each NAtS-L layer (None for other layers): decides which steps are chunk-final
+        self.chunk_sizes = [blk.mixer.chunk_size if isinstance(blk.mixer, NatsLAttention) else None
+                            for blk in layers]
+        self.tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)  # static graph input
+        self.logits = torch.zeros(batch_size, model.config.vocab_size, dtype=dtype, device=self.device)
+        self.pos = torch.zeros((), dtype=torch.long, device=self.device)
+        self.length = 0
+        self.graphs: dict[tuple[bool, ...], torch.cuda.CUDAGraph] = {}
+
+    # ------------------------------------------------------------------------------------------------ state
+    def _phase(self, length: int) -> tuple[bool, ...]:
+        """Per layer: does the token at position `length` complete a NAtS-L chunk?"""
+        return tuple(c is not None and (length + 1) % c == 0 for c in self.chunk_sizes)
+
+    def _all_phases(self) -> list[tuple[bool, ...]]:
+        period = math.lcm(*[c for c in self.chunk_sizes if c is not None]) if any(self.chunk_sizes) else 1
+        return sorted({self._phase(p) for p in range(period)})
+
+    def set_length(self, length: int) -> None:
+        """Declare that the buffers hold `length` tokens (after `fill_random`; prefill sets it itself)."""
+        if not 0 <= length <= self.max_length:
+            raise ValueError(f"length must be in [0, max_length={self.max_length}], got {length}")
+        self.length = length
+        self.pos.fill_(length)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
+        """input_ids [B, T0] -> logits [B, V] of the last position. Runs `model.prefill` (chunked, Python-side
+        state) and copies every layer's state into the static buffers."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch_size, T0], got shape {tuple(input_ids.shape)}")
+        b, t0 = input_ids.shape
+        if b != self.batch_size:
+            raise ValueError(f"input_ids has batch size {b}, the decoder was built for batch_size={self.batch_size}")
+        if not 1 <= t0 <= self.max_length:
+            raise ValueError(f"prompt length {t0} must be in [1, max_length={self.max_length}]")
+        logits, cache = self.model.prefill(input_ids.to(self.device), chunk_size=chunk_size)
+        for mixer, state in zip(self.mixers, cache.states):
+            mixer.load(state, t0)
+        self.set_length(t0)
+        self.logits.copy_(logits)
+        return self.logits
+
+    @torch.no_grad()
+    def fill_random(self, length: int, softmax_fraction: float = 0.5, seed: int = 0) -> None:
+        """Timing only: random states / K/V as if `length` tokens had been seen (NAtS-L: every row and decision head
+        keeps round(softmax_fraction · complete chunks) chunks). Outputs are meaningless; costs are those of a real
+        context of that length."""
+        if not 0.0 <= softmax_fraction <= 1.0:
+            raise ValueError(f"softmax_fraction must be in [0, 1], got {softmax_fraction}")
+        torch.manual_seed(seed)
+        for mixer in self.mixers:
+            mixer.fill_random(length, softmax_fraction=softmax_fraction)
+        self.set_length(length)
+
+    # ------------------------------------------------------------------------------------------------ step
+    def _step_impl(self, phase: tuple[bool, ...]) -> None:
+        """The capturable step: tokens -> logits, every state buffer advanced in place, pos += 1."""
+        m = self.model.model
+        h = m.embeddings(self.tokens)
+        for blk, mixer, final in zip(m.layers, self.mixers, phase):
+            h = h + mixer.step(blk.attn_norm(h), self.pos, final)
+            h = h + blk.mlp(blk.mlp_norm(h))
+        self.logits.copy_(self.model.lm_head(m.norm(h))[:, 0])
+        self.pos.add_(1)
+
+    @torch.no_grad()
+    def step(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [B, 1] (the token at position `length`) -> logits [B, V] (static buffer). Replays a captured
+        graph when `capture()` was called, else runs the same code eagerly."""
+        if tuple(token_ids.shape) != (self.batch_size, 1):
+            raise ValueError(f"token_ids must be [batch_size={self.batch_size}, 1], got {tuple(token_ids.shape)}")
+        if self.length >= self.max_length:
+            raise ValueError(f"max_length={self.max_length} exceeded: the buffers already hold {self.length} tokens")
+        self.tokens.copy_(token_ids)
+        phase = self._phase(self.length)
+        if self.graphs:
+            self.graphs[phase].replay()
+        else:
+            self._step_impl(phase)
+        self.length += 1
+        return self.logits
+
+    @torch.no_grad()
+    def capture(self, warmup: int = 2) -> None:
+        """CUDA only: capture one graph per chunk phase. Warm-up runs (Triton compilation, cuBLAS workspaces) happen
+        on a side stream; the recurrent states and counters are snapshotted before and restored after each of them,
+        so capturing does not change the decoder's state (the large caches are only written at the cursor)."""
+        if not self.device.type == "cuda":
+            raise ValueError(f"capture() needs a CUDA model, got device {self.device}")
+        if self.length >= self.max_length:
+            raise ValueError(f"max_length={self.max_length} reached: no room for the warm-up step")
+        small = [self.pos] + [buf for mixer in self.mixers for buf in mixer.small_buffers()]
+        saved = [buf.clone() for buf in small]
+
+        def restore() -> None:
+            for buf, old in zip(small, saved):
+                buf.copy_(old)
+
+        self.graphs = {}
+        pool = None
+        side = torch.cuda.Stream(device=self.device)
+        for phase in self._all_phases():
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self._step_impl(phase)
+                    restore()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._step_impl(phase)
+            pool = graph.pool()  # graphs share one memory pool: they never run concurrently
+            self.graphs[phase] = graph
+        restore()
+        torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, chunk_size: int = 2048) -> torch.Tensor:
+        """Greedy decoding: prefill, then `max_new_tokens` steps (graphs when captured). Returns [B, T0 + new]."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if input_ids.shape[-1] + max_new_tokens > self.max_length + 1:
+            raise ValueError(f"prompt ({input_ids.shape[-1]}) + max_new_tokens ({max_new_tokens}) exceeds "
+                             f"max_length={self.max_length} (+ 1: the last token is never fed back)")
+        logits = self.prefill(input_ids, chunk_size=chunk_size)
+        out = [input_ids.to(self.device)]
+        for i in range(max_new_tokens):
+            nxt = logits.argmax(-1, keepdim=True)
+            out.append(nxt)
+            if i + 1 < max_new_tokens:
+                logits = self.step(nxt)
+        return torch.cat(out, 1)

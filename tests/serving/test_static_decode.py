@@ -1,0 +1,208 @@
+"""StaticDecoder: static-buffer decode steps equal the model's eager (Python-side state) decoding, without host syncs.
+
+Oracle: `model.prefill` then `model(token, cache=...)` one token at a time (float64 on the CPU), itself tested against
+the full forward pass in tests/models and tests/layers. CUDA graphs cannot run here; `step` is the captured code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.models.configuration import HybridConfig
+from hybrid_attention.models.modeling import HybridForCausalLM
+from hybrid_attention.serving import StaticDecoder
+from hybrid_attention.serving.bench import decode_latency
+
+C = 16  # chunk size of the tiny preset
+
+
+def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False) -> HybridForCausalLM:
+    cfg = HybridConfig.from_preset("tiny", layers=layers, mixer_options={"natsl": {"rope": natsl_rope}})
+    model = HybridForCausalLM(cfg).eval().to(dtype)
+    with torch.no_grad():
+        for blk in model.model.layers:
+            if isinstance(blk.mixer, NatsLAttention) and sharp_router:
+                # Larger router weights make the chunk types depend on the input, so rows and chunks differ.
+                blk.mixer.score_proj.weight.mul_(30)
+    return model
+
+
+@torch.no_grad()
+def eager_and_static(model, ids, t0, use_kernels=False, extra=3):
+    """Logits [N+1, B, V] of eager and static decoding (prefill of t0 tokens, then ids[:, t0:] one at a time)."""
+    b, t = ids.shape
+    logits, cache = model.prefill(ids[:, :t0])
+    dec = StaticDecoder(model, b, t + extra, use_kernels=use_kernels)
+    eager, static = [logits], [dec.prefill(ids[:, :t0]).clone()]
+    for i in range(t0, t):
+        out = model(ids[:, i:i + 1], cache=cache, use_cache=True)
+        cache = out.cache
+        eager.append(out.logits[:, -1])
+        static.append(dec.step(ids[:, i:i + 1]).clone())
+    return torch.stack(eager), torch.stack(static), cache, dec
+
+
+def assert_close(a, b, tol):
+    scale = a.abs().max()
+    assert scale > 0
+    assert (a - b).abs().max() <= tol * scale, float((a - b).abs().max() / scale)
+
+
+@pytest.mark.parametrize("layers", ["softmax", "gdn", "interdomain", "s4d", "natsl", "natsl+rope",
+                                    ["gdn", "natsl", "softmax"]])
+def test_steps_match_eager_decode(layers):
+    """Odd prompt in mid-chunk, then steps across three NAtS-L chunk ends; B = 2, float64."""
+    model = make_model("natsl", natsl_rope=True) if layers == "natsl+rope" else make_model(layers)
+    ids = torch.randint(0, 259, (2, 21 + 45))
+    eager, static, cache, _ = eager_and_static(model, ids, 21)
+    assert_close(eager, static, 1e-10)
+
+
+@pytest.mark.parametrize("t0", [5, 32])
+def test_natsl_prefill_lengths(t0):
+    """A prompt shorter than a chunk and a chunk-aligned prompt (the first step starts a fresh chunk)."""
+    model = make_model("natsl")
+    ids = torch.randint(0, 259, (2, t0 + 2 * C + 3))
+    eager, static, _, _ = eager_and_static(model, ids, t0)
+    assert_close(eager, static, 1e-10)
+
+
+def test_natsl_rows_route_differently():
+    """B = 2 rows whose chunk types differ: the compacted caches hold different chunks per row, and the per-row
+    device-side counts equal the eager layer's."""
+    model = make_model(["natsl", "natsl"])
+    ids = torch.randint(0, 259, (2, 7 + 4 * C))
+    eager, static, cache, dec = eager_and_static(model, ids, 7)
+    assert_close(eager, static, 1e-10)
+    for layer_state, mixer in zip(cache.states, dec.mixers):
+        types = torch.stack(layer_state.history, 1)  # [B, chunks, Hn], True = softmax
+        assert types.any() and not types.all(), "test needs both chunk types"
+        assert torch.equal(mixer.n_kept, layer_state.n_kept)
+    types = torch.stack(cache.states[0].history, 1)
+    assert not torch.equal(types[0], types[1]), "test needs rows with different routings"
+
+
+@pytest.mark.parametrize("force", ["softmax", "gdn"])
+def test_natsl_forced_routing(force):
+    """All chunks softmax (cache fills to its capacity) or all GDN (nothing kept, every chunk committed)."""
+    model = make_model(["natsl", "softmax"])
+    model.model.layers[0].mixer.force_routing = force
+    ids = torch.randint(0, 259, (1, 3 * C))  # max_length = 3C: the last chunk completes on the last position
+    eager, static, _, dec = eager_and_static(model, ids, 9, extra=0)
+    assert_close(eager, static, 1e-10)
+    assert int(dec.mixers[0].n_kept.max()) == (3 if force == "softmax" else 0)
+
+
+@pytest.mark.parametrize("layers", [["gdn", "interdomain", "natsl"]])
+def test_fused_kernels_float32(layers):
+    """The fused Triton decode steps (CUDA; the Triton interpreter here) inside the static decoder, float32."""
+    model = make_model(layers, dtype=torch.float32)
+    ids = torch.randint(0, 259, (2, 13 + C + 2))
+    eager, static, _, _ = eager_and_static(model, ids, 13, use_kernels=True)
+    assert_close(eager, static, 2e-4)
+
+
+class _NoHostSync(TorchFunctionMode):
+    """Fails on every tensor -> Python conversion (what a captured CUDA graph cannot contain)."""
+
+    BANNED = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.BANNED:
+            raise AssertionError(f"host sync in step: {name}")
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def test_step_has_no_host_sync_and_fixed_addresses():
+    model = make_model(["gdn", "natsl", "softmax", "interdomain", "s4d"], dtype=torch.float32, natsl_rope=True)
+    dec = StaticDecoder(model, 2, 40)
+    dec.prefill(torch.randint(0, 259, (2, 14)))
+    buffers = [dec.tokens, dec.logits, dec.pos] + [b for m in dec.mixers for b in m.buffers()]
+    ptrs = [b.data_ptr() for b in buffers]
+    tok = torch.zeros(2, 1, dtype=torch.long)
+    for _ in range(4):  # crosses the chunk end at position 15 (phase: chunk-final)
+        phase = dec._phase(dec.length)
+        with _NoHostSync():
+            dec._step_impl(phase)
+        dec.length += 1
+        dec.tokens.copy_(tok)
+    assert [b.data_ptr() for b in buffers] == ptrs
+    assert int(dec.pos) == dec.length == 18
+    assert dec._all_phases() == [(False,) * 5, (False, True, False, False, False)]
+
+
+@torch.no_grad()
+def test_generate_is_greedy():
+    model = make_model(["gdn", "natsl"])
+    ids = torch.randint(0, 259, (2, 11))
+    out = StaticDecoder(model, 2, 11 + 20).generate(ids, 21)
+    cur, (logits, cache) = ids, model.prefill(ids)
+    for _ in range(21):
+        nxt = logits.argmax(-1, keepdim=True)
+        cur = torch.cat([cur, nxt], 1)
+        o = model(nxt, cache=cache, use_cache=True)
+        logits, cache = o.logits[:, -1], o.cache
+    assert torch.equal(out, cur)
+
+
+def test_errors():
+    model = make_model("softmax")
+    dec = StaticDecoder(model, 2, 6)
+    with pytest.raises(ValueError, match="batch_size"):
+        dec.prefill(torch.zeros(3, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_length"):
+        dec.prefill(torch.zeros(2, 7, dtype=torch.long))
+    dec.prefill(torch.zeros(2, 5, dtype=torch.long))
+    dec.step(torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_length=6 exceeded"):
+        dec.step(torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token_ids must be \[batch_size=2, 1\]"):
+        dec.step(torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_length must be a positive integer"):
+        StaticDecoder(model, 2, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        StaticDecoder(model, 2, 8, dtype=torch.float32)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="capture"):
+            dec.capture()
+
+    class Other(TokenMixer):
+        pass
+
+    model.model.layers[0].mixer = Other()
+    with pytest.raises(ValueError, match="allowed mixer classes"):
+        StaticDecoder(model, 2, 8)
+
+
+def test_decode_latency_smoke():
+    model = make_model(["natsl", "softmax", "gdn"], dtype=torch.float32, sharp_router=False)
+    rows = decode_latency(model, contexts=[20, 40], batch_sizes=[1, 2], iters=3, warmup=1,
+                          natsl_softmax_fraction=0.5)
+    assert [(r["batch_size"], r["context"]) for r in rows] == [(1, 20), (1, 40), (2, 20), (2, 40)]
+    for r in rows:
+        assert r["error"] is None and r["eager_ms"] > 0 and r["graph_ms"] is None
+
+
+@torch.no_grad()
+def test_step_traces_as_one_graph():
+    """torch.compile(fullgraph=True) (tracing only, eager backend) of both step phases: any host sync, data-dependent
+    shape or Python branch on a tensor value would be a graph break and raise here."""
+    model = make_model(["gdn", "natsl", "softmax", "interdomain", "s4d"], dtype=torch.float32, natsl_rope=True)
+    dec = StaticDecoder(model, 2, 40)
+    ids = torch.randint(0, 259, (2, 18))
+    dec.prefill(ids[:, :14])
+    ref = StaticDecoder(model, 2, 40)
+    ref.prefill(ids[:, :14])
+    compiled = torch.compile(dec._step_impl, backend="eager", fullgraph=True)
+    for i in range(14, 18):  # positions 14 (inside a chunk) and 15 (chunk-final), then the next chunk
+        for d in (dec, ref):
+            d.tokens.copy_(ids[:, i:i + 1])
+        compiled(dec._phase(i))
+        ref.step(ids[:, i:i + 1])
+        assert torch.allclose(dec.logits, ref.logits, atol=1e-6, rtol=0)
