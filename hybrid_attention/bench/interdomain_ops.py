@@ -305,11 +305,32 @@ def timing(Ts):
         row["sdpa_fb_TFLOPs"] = sdpa_flops(T, H, R)["fwdbwd"] / (row["sdpa_fb_ms"] * 1e-3) / 1e12
         del qs, ks, vs, dos, do, q, k, v, fwd, fwdbwd, sfwd, sfb, gnone
         torch.cuda.empty_cache()
+        row["fla_gdn_fwd_ms"] = _fla_gdn_fwd_ms(T, H, R)
         row["speedup_fwd"] = row["sdpa_fwd_ms"] / row["id_fwd_ms"]
         row["speedup_fb"] = row["sdpa_fb_ms"] / row["id_fb_ms"]
         rows.append(row)
         log("timing", json.dumps({k2: round(v2, 4) if isinstance(v2, float) else v2 for k2, v2 in row.items()}))
     RESULTS["timing"] = rows
+
+
+def _fla_gdn_fwd_ms(T: int, H: int, d: int) -> float | None:
+    """fla's GDN chunk forward (H heads, d_k = d_v = d, bf16, B=1) when fla is importable, else None."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:
+        return None
+    from triton.testing import do_bench
+
+    q, k, v = (torch.randn(1, T, H, d, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    g = -torch.rand(1, T, H, device=DEV) * 0.1
+    beta = torch.rand(1, T, H, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        return do_bench(
+            lambda: chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True),
+            warmup=3,
+            rep=40,
+            return_mode="median",
+        )
 
 
 @guarded("decode")
@@ -384,6 +405,8 @@ def sweep(T: int = 32768):
     variants = [  # (name, kernel config, chunk length L); BC = sub-chunk rows (BC >= L: band matmuls only)
         ("L32_BC32_split", {"BC": 32, "max_chunk": 32, "bwd_split": True}, 32),
         ("L32_BC32_fused", {"BC": 32, "max_chunk": 32, "bwd_split": False}, 32),
+        # reverse scan + state-carry gradient in one launch (_state_bwd_dz) instead of _state_bwd + _chunk_dz
+        ("L32_BC32_fused_dz", {"BC": 32, "max_chunk": 32, "bwd_split": False, "fuse_dz": True}, 32),
         ("L64_BC32_split", {"BC": 32, "max_chunk": 64, "bwd_split": True}, 64),
         ("L32_split_dz32w4", {"BC": 32, "max_chunk": 32, "BCH_DZ": 32, "warps_dz": 4}, 32),
     ]
@@ -460,6 +483,7 @@ def summary():
                 f"{r['sdpa_fwd_ms']:8.3f} {r['sdpa_fb_ms']:9.3f} | "
                 f"{r['speedup_fwd']:6.2f} {r['speedup_fb']:6.2f} | {r['id_fb_MB']:7.0f} {r['sdpa_fb_MB']:7.0f} | "
                 f"{r['id_fwd_TFLOPs']:6.1f} {r['id_fb_TFLOPs']:6.1f}"
+                + (f" | fla GDN fwd {r['fla_gdn_fwd_ms']:.3f}" if r.get("fla_gdn_fwd_ms") else "")
             )
     if RESULTS.get("decode"):
         line = " ".join(
