@@ -832,14 +832,19 @@ def _dz_table(ptab, Lj, offs_s, offs_m, mask_m, M, BT: tl.constexpr):
 
 @triton.jit
 def _state_bwd_dz_step(
-    j, Lj, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re,
-    gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k,
-    is_v, st_off, st_mask, BT: tl.constexpr, DOT_PREC: tl.constexpr,
+    j, Lj, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im,
+    k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k, is_v, st_off, st_mask,
+    BT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Chunk j (Lj tokens) of the fused reverse scan. On entry e = dXe_j, the total adjoint of the state after chunk
     j; loc / x (chunk j's local adjoint and entering state) were prefetched one step earlier. Adds chunk j's
-    state-carry terms to dk / dv, to the per-mode sums gb (dB) and hs (d log λ before the conj(B) factor) and acc (the
-    λ^L carry), prefetches chunk j-1's loc / x and returns dXe_{j-1} = conj(λ^Lj) e + loc."""
+    state-carry part to dk / dv, prefetches chunk j-1's loc / x and returns dXe_{j-1} = conj(λ^Lj) e + loc; adds
+    the two un-reduced per-chunk terms of the parameter gradients to the accumulators
+      ay[s, m] += Y[s, m] = Σ_{c in block} z_s[c] e[m, c]  (dB = Σ_s conj(λ^n_s) Y, d log λ ∝ Σ_s n_s conj(λ^n_s) Y)
+      ax[m, c] += conj(X_j[m, c]) e[m, c]                  (λ^L carry ∝ Σ_c ax)
+    Design decision: for every full chunk the factors conj(λ^{n_s}), n_s and BT conj(λ^BT) are the same, so the loop
+    only accumulates (Y inside the matmul accumulator) and the caller applies the factors and reduces once after it:
+    no cross-thread reduction, hence no extra barrier, inside the sequential loop."""
     NC = R + D
     pbase = (i_bh * NT + tl.maximum(j - 1, 0)) * 2 * M * NC
     pmask = st_mask & ((st_off * 0 + j) > 0)  # tensor comparison: see _state_bwd_step
@@ -864,24 +869,32 @@ def _state_bwd_dz_step(
     # the chunk kernel already wrote the chunk-local dk / dv: add the carry part (each element owned by one program)
     tl.store(dk_base + kofs, tl.load(dk_base + kofs, mask=kmask, other=0.0) + dz, mask=kmask)
     tl.store(dv_base + vofs, tl.load(dv_base + vofs, mask=vmask, other=0.0) + dz, mask=vmask)
-    # Y[s, m] = Σ_c z_s[c] e[m, c] (this channel block's share); gB += Σ_s conj(λ^n) Y ; hs += Σ_s n conj(λ^n) Y
-    y_re = tl.dot(z, tl.trans(e_re), input_precision=DOT_PREC)
-    y_im = tl.dot(z, tl.trans(e_im), input_precision=DOT_PREC)
-    cy_re = p_re * y_re + p_im * y_im
-    cy_im = p_re * y_im - p_im * y_re
-    gb_re += tl.sum(cy_re, axis=0)
-    gb_im += tl.sum(cy_im, axis=0)
-    hs_re += tl.sum(nf[:, None] * cy_re, axis=0)
-    hs_im += tl.sum(nf[:, None] * cy_im, axis=0)
-    # λ^L carry: acc += Lj conj(λ^Lj) Σ_c conj(X_j) e, then the adjoint steps back over the chunk
-    s_re = tl.sum(x_re * e_re + x_im * e_im, axis=1)
-    s_im = tl.sum(x_re * e_im - x_im * e_re, axis=1)
-    lf = Lj * 1.0
-    acc_re += lf * (l_re * s_re + l_im * s_im)
-    acc_im += lf * (l_re * s_im - l_im * s_re)
+    ay_re = tl.dot(z, tl.trans(e_re), acc=ay_re, input_precision=DOT_PREC)
+    ay_im = tl.dot(z, tl.trans(e_im), acc=ay_im, input_precision=DOT_PREC)
+    ax_re += x_re * e_re + x_im * e_im
+    ax_im += x_re * e_im - x_im * e_re
     ne_re = l_re[:, None] * e_re + l_im[:, None] * e_im + loc_re
     ne_im = l_re[:, None] * e_im - l_im[:, None] * e_re + loc_im
-    return ne_re, ne_im, nloc_re, nloc_im, nx_re, nx_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im
+    return ne_re, ne_im, nloc_re, nloc_im, nx_re, nx_im, ay_re, ay_im, ax_re, ax_im
+
+
+@triton.jit
+def _carry_terms(ay_re, ay_im, xe_re, xe_im, p_re, p_im, nf, l_re, l_im, Lj):
+    """Reduces the accumulated terms of chunks that share (P, n, λ^Lj): gB share Σ_s conj(λ^{n_s}) Y, hs = Σ_s n_s
+    conj(λ^{n_s}) Y (d log λ input term before the conj(B) factor), and the λ^L carry Lj conj(λ^Lj) Σ_c xe (per
+    mode)."""
+    cy_re = p_re * ay_re + p_im * ay_im
+    cy_im = p_re * ay_im - p_im * ay_re
+    gb_re = tl.sum(cy_re, axis=0)
+    gb_im = tl.sum(cy_im, axis=0)
+    hs_re = tl.sum(nf[:, None] * cy_re, axis=0)
+    hs_im = tl.sum(nf[:, None] * cy_im, axis=0)
+    s_re = tl.sum(xe_re, axis=1)
+    s_im = tl.sum(xe_im, axis=1)
+    lf = Lj * 1.0
+    acc_re = lf * (l_re * s_re + l_im * s_im)
+    acc_im = lf * (l_re * s_im - l_im * s_re)
+    return gb_re, gb_im, hs_re, hs_im, acc_re, acc_im
 
 
 @triton.jit
@@ -944,42 +957,57 @@ def _state_bwd_dz(
     else:
         e_re = tl.zeros([BM, BCH], dtype=tl.float32)
         e_im = tl.zeros([BM, BCH], dtype=tl.float32)
-    acc_re = tl.zeros([BM], dtype=tl.float32)
-    acc_im = tl.zeros([BM], dtype=tl.float32)
-    gb_re = tl.zeros([BM], dtype=tl.float32)
-    gb_im = tl.zeros([BM], dtype=tl.float32)
-    hs_re = tl.zeros([BM], dtype=tl.float32)
-    hs_im = tl.zeros([BM], dtype=tl.float32)
     last = (i_bh * NT + NT - 1) * 2 * M * NC
     loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
     loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
     x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
     x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
-    # the last chunk (possibly partial) is peeled off; every other chunk is full and shares one table, loaded once
+    # the last chunk (possibly partial) is peeled off and reduced on its own; every other chunk is full and shares
+    # one table (loaded once) and the factors n_s, BT conj(λ^BT), so the loop accumulates un-reduced tiles
     L_last = T - (NT - 1) * BT
     p_re, p_im, nf, l_re, l_im = _dz_table(ptab, L_last, offs_s, offs_m, mask_m, M, BT)
-    e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im = _state_bwd_dz_step(
-        NT - 1, L_last, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re,
-        acc_im, gb_re, gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT,
-        offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+    ay_re = tl.zeros([BT, BM], dtype=tl.float32)
+    ay_im = tl.zeros([BT, BM], dtype=tl.float32)
+    ax_re = tl.zeros([BM, BCH], dtype=tl.float32)
+    ax_im = tl.zeros([BM, BCH], dtype=tl.float32)
+    e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
+        NT - 1, L_last, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im,
+        ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k, is_v,
+        st_off, st_mask, BT, DOT_PREC,
     )  # fmt: skip
+    gb_re, gb_im, hs_re, hs_im, acc_re, acc_im = _carry_terms(
+        ay_re, ay_im, ax_re, ax_im, p_re, p_im, nf, l_re, l_im, L_last
+    )
     p_re, p_im, nf, l_re, l_im = _dz_table(ptab, BT, offs_s, offs_m, mask_m, M, BT)
+    ay_re = tl.zeros([BT, BM], dtype=tl.float32)
+    ay_im = tl.zeros([BT, BM], dtype=tl.float32)
+    ax_re = tl.zeros([BM, BCH], dtype=tl.float32)
+    ax_im = tl.zeros([BM, BCH], dtype=tl.float32)
     if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
         jj = 1
         while jj < NT:
-            e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im = _state_bwd_dz_step(
-                NT - 1 - jj, BT, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im,
-                acc_re, acc_im, gb_re, gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M,
-                R, D, NT, offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+            e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
+                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re,
+                ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s,
+                is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
             jj += 1
     else:
         for jj in range(1, NT):
-            e_re, e_im, loc_re, loc_im, x_re, x_im, acc_re, acc_im, gb_re, gb_im, hs_re, hs_im = _state_bwd_dz_step(
-                NT - 1 - jj, BT, p_re, p_im, nf, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im,
-                acc_re, acc_im, gb_re, gb_im, hs_re, hs_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M,
-                R, D, NT, offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+            e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
+                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re,
+                ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s,
+                is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
+    gb2_re, gb2_im, hs2_re, hs2_im, acc2_re, acc2_im = _carry_terms(
+        ay_re, ay_im, ax_re, ax_im, p_re, p_im, nf, l_re, l_im, BT
+    )
+    gb_re += gb2_re
+    gb_im += gb2_im
+    hs_re += hs2_re
+    hs_im += hs2_im
+    acc_re += acc2_re
+    acc_im += acc2_im
     if STORE_DINIT:
         tl.store(dinit + i_bh * 2 * M * NC + st_off, e_re, mask=st_mask)
         tl.store(dinit + i_bh * 2 * M * NC + M * NC + st_off, e_im, mask=st_mask)

@@ -49,7 +49,7 @@ _CFG = {
     # reverse scan and state-carry gradient in one launch (_state_bwd_dz); off until the GPU sweep shows it faster
     "fuse_dz": False,
     "BCH_FZ": 16,  # channel block of the fused kernel (it holds all M modes; >= 16 for tl.dot)
-    "warps_fz": 4,
+    "warps_fz": 8,  # sm_90 AOT: 4 warps spill 584 B, 8 warps 16 B (benchmarks/aot_regs.py)
     "poison": False,  # fill every kernel-written buffer with NaN before the launch (tests / benchmark check)
 }
 
