@@ -150,3 +150,30 @@ def test_backend_switch():
         s4d(a, b, log_lam, B, C, backend="cuda")
     with pytest.raises(ValueError, match="float64"):
         triton_s4d(a, b, log_lam, B, C)
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="the dry run is the CPU smoke test of the GPU benchmark")
+def test_benchmark_dry_run(tmp_path):
+    """``hybrid_attention.bench.s4d_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every section runs,
+    the correctness check passes and the JSON has correctness, timing and sweep rows."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, BENCH_DRYRUN="1", TRITON_INTERPRET="1", OUT=str(tmp_path))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybrid_attention.bench.s4d_ops"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((tmp_path / "s4d_gpu.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    kinds = {r["kind"] for r in res["s4d"]}
+    assert kinds == {"correctness", "timing", "sweep"}
+    assert all(r["pass"] for r in res["s4d"] if r["kind"] == "correctness")
+    assert {r["op"] for r in res["s4d"] if r["kind"] == "timing"} == {
+        "triton_s4d",
+        "interdomain_triton",
+        "reference_chunk_s4d",
+    }

@@ -126,7 +126,9 @@ def _readout_fwd(
         ya_re, ya_im = _mode_y(p_re, p_im, t_re, t_im, xa_re, xa_im, za, DOT_PREC)
         yb_re, yb_im = _mode_y(p_re, p_im, t_re, t_im, xb_re, xb_im, zb, DOT_PREC)
         acc += ya_re * yb_re - ya_im * yb_im
-    tl.store(o + tok, acc, mask=tmask)
+    # round-to-nearest-even into bf16 / fp16 outputs (the GPU default, made explicit; note that the triton 3.6
+    # interpreter truncates bf16 whatever the mode, so CPU dry runs show ~2x the bf16 rounding error of o)
+    tl.store(o + tok, acc.to(o.dtype.element_ty, fp_downcast_rounding="rtne"), mask=tmask)
 
 
 @triton.jit

@@ -170,8 +170,10 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
         BT=BT, BM=_np2(M), BCH=BCHZ, DOT_PREC=_prec(), num_warps=icfg["warps_dz"], num_stages=icfg["stages"],
     )  # fmt: skip
     dbb = gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-    dll = dll + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2)) + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(
-        dim=(0, 2)
+    dll = (
+        dll
+        + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
+        + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
     )
     dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else a.new_empty(0, dtype=f32)
     return da.to(a.dtype), db.to(b.dtype), dll, dbb, dC, dK, dinit_out
