@@ -5,7 +5,8 @@
 For each (batch size, context c): a `StaticDecoder` with max_length = c + the timed steps is filled with RANDOM states
 and K/V as if c tokens had been seen (`StaticDecoder.fill_random`: the costs of a step depend on the buffer sizes and
 the NAtS-L kept-chunk counts, not on the values; a real prefill of 128K tokens would dominate the benchmark's time).
-NAtS-L layers keep `natsl_softmax_fraction` of the complete chunks in every row and decision head. Then the eager
+NAtS-L layers keep `natsl_softmax_fraction` of the complete chunks in every row and decision head, and their cache
+capacity is sized to that fraction (plus the chunk ends of the timed steps). Then the eager
 `step` and (CUDA, `graphs=True`) the captured graphs are timed; the median over `iters` steps is reported. The steps
 are consecutive tokens, so 1 in C of them (NAtS-L) is a chunk-final step: the median is the inside-chunk cost, the
 mean includes the chunk ends. On the CPU the function runs at tiny sizes without graphs (smoke tests).
@@ -18,6 +19,7 @@ import time
 
 import torch
 
+from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.serving.decoder import StaticDecoder
 
 
@@ -43,6 +45,17 @@ def _time_steps(dec: StaticDecoder, iters: int, warmup: int) -> list[float]:
     return times
 
 
+def _natsl_capacity(model, context: int, steps: int, fraction: float) -> int | None:
+    """NAtS-L cache capacity for a timing run: the chunks kept at `context` (fraction of the complete chunks) plus one
+    per chunk end the timed steps can reach, so the attention of a step costs what the fraction implies (a full
+    capacity would make every step attend over max_length masked keys). None when the model has no NAtS-L layer."""
+    sizes = [blk.mixer.chunk_size for blk in model.model.layers if isinstance(blk.mixer, NatsLAttention)]
+    if not sizes:
+        return None
+    c = min(sizes)
+    return max(round(fraction * (context // s)) for s in sizes) + -(-steps // c) + 1
+
+
 def decode_latency(model, contexts: list[int], batch_sizes: list[int], graphs: bool = True, iters: int = 50,
                    warmup: int = 5, natsl_softmax_fraction: float = 0.5) -> list[dict]:
     """Rows {"batch_size", "context", "eager_ms", "eager_mean_ms", "graph_ms", "graph_mean_ms", "error"} (ms per
@@ -58,12 +71,14 @@ def decode_latency(model, contexts: list[int], batch_sizes: list[int], graphs: b
                    "graph_mean_ms": None, "error": None}
             dec = None
             try:
-                dec = StaticDecoder(model, b, c + iters + warmup)
+                capacity = _natsl_capacity(model, c, iters + warmup, natsl_softmax_fraction)
+                row["natsl_cache_chunks"] = capacity
+                dec = StaticDecoder(model, b, c + iters + warmup, natsl_cache_chunks=capacity)
                 dec.fill_random(c, softmax_fraction=natsl_softmax_fraction)
                 t = _time_steps(dec, iters, warmup)
                 row["eager_ms"], row["eager_mean_ms"] = statistics.median(t), statistics.fmean(t)
                 if use_graphs:
-                    dec.set_length(c)
+                    dec.fill_random(c, softmax_fraction=natsl_softmax_fraction)  # back to c tokens, same counts
                     dec.capture()
                     t = _time_steps(dec, iters, warmup)
                     row["graph_ms"], row["graph_mean_ms"] = statistics.median(t), statistics.fmean(t)

@@ -33,14 +33,19 @@ class StaticDecoder:
 
     batch_size, max_length: sizes of every buffer (max_length counts prompt and generated tokens). device / dtype:
     default to the model's and must equal them (convert the model first). use_kernels: fused Triton decode steps
-    (default: on CUDA).
+    (default: on CUDA). natsl_cache_chunks: softmax-typed chunks a NAtS-L layer can keep per (row, decision head)
+    (default: all complete chunks of max_length; smaller = an expected softmax fraction, cheaper steps; exceeding it
+    is reported by `overflowed()` and makes `generate` raise).
     """
 
     def __init__(self, model, batch_size: int, max_length: int, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None, use_kernels: bool | None = None) -> None:
+                 dtype: torch.dtype | None = None, use_kernels: bool | None = None,
+                 natsl_cache_chunks: int | None = None) -> None:
         for name, val in (("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
+        if natsl_cache_chunks is not None and (not isinstance(natsl_cache_chunks, int) or natsl_cache_chunks < 0):
+            raise ValueError(f"natsl_cache_chunks must be None or an integer >= 0, got {natsl_cache_chunks!r}")
         w = model.lm_head.weight
         device = torch.device(device) if device is not None else w.device
         if device.type != w.device.type or (device.index is not None and device.index != w.device.index):
@@ -49,12 +54,13 @@ class StaticDecoder:
         if dtype != w.dtype:
             raise ValueError(f"dtype must be the model's dtype {w.dtype}, got {dtype} (convert the model first)")
         self.model, self.batch_size, self.max_length = model, batch_size, max_length
+        self.natsl_cache_chunks = natsl_cache_chunks
         self.device, self.dtype = w.device, dtype
         self.use_kernels = w.is_cuda if use_kernels is None else bool(use_kernels)
         layers = model.model.layers
         self.mixers: list[StaticMixer] = [
-            static_mixer_for(blk.mixer, batch_size, max_length, self.device, dtype, self.use_kernels)
-            for blk in layers]
+            static_mixer_for(blk.mixer, batch_size, max_length, self.device, dtype, self.use_kernels,
+                             natsl_cache_chunks) for blk in layers]
         # chunk size of each NAtS-L layer (None for other layers): decides which steps are chunk-final
         self.chunk_sizes = [blk.mixer.chunk_size if isinstance(blk.mixer, NatsLAttention) else None
                             for blk in layers]
@@ -79,6 +85,10 @@ class StaticDecoder:
             raise ValueError(f"length must be in [0, max_length={self.max_length}], got {length}")
         self.length = length
         self.pos.fill_(length)
+
+    def overflowed(self) -> bool:
+        """True when a NAtS-L layer kept more chunks than `natsl_cache_chunks` (reads device flags: a host sync)."""
+        return any(bool(m.overflow) for m in self.mixers if hasattr(m, "overflow"))
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
@@ -187,4 +197,7 @@ class StaticDecoder:
             out.append(nxt)
             if i + 1 < max_new_tokens:
                 logits = self.step(nxt)
+        if self.overflowed():
+            raise RuntimeError(f"a NAtS-L layer kept more than natsl_cache_chunks={self.natsl_cache_chunks} chunks "
+                               "in a row / decision head: outputs are not valid; use a larger natsl_cache_chunks")
         return torch.cat(out, 1)

@@ -21,7 +21,9 @@ Design decisions (named once, here):
   those with j < n_kept[b, h] (a device counter). At a chunk end the finished chunk is written, for every (row,
   head), at slot n_kept and n_kept is then increased only where the chunk is softmax-typed: a GDN-typed chunk's write
   lands in a slot that stays invalid and is overwritten by the next kept chunk. One spare slot makes that write always
-  in range. Both GDN outcomes (commit, decayed rollback) are computed and selected with `torch.where`.
+  in range. The capacity (`natsl_cache_chunks`, default: every chunk of max_length) may be set lower, e.g. to an
+  expected softmax fraction; keeping more chunks than that sets the device flag `overflow` (outputs are then not
+  guaranteed). Both GDN outcomes (commit, decayed rollback) are computed and selected with `torch.where`.
 - The chunk buffer of the current chunk lives behind the compacted cache in the same tensor ([cache | chunk]), so the
   attention of a step is one SDPA call over one buffer, without a per-step concatenation of the cache.
 - Fused Triton steps (`ops/gated_delta/triton/decode.py`, `ops/interdomain/triton/decode.py`) are used when
@@ -279,10 +281,13 @@ class StaticNatsL(StaticMixer):
     inputs of the current chunk, per-(row, decision head) kept-chunk counts. See the module docstring."""
 
     def __init__(self, layer: NatsLAttention, batch_size: int, max_length: int, device, dtype,
-                 use_kernels: bool) -> None:
+                 use_kernels: bool, cache_chunks: int | None = None) -> None:
         self.layer, self.use_kernels = layer, use_kernels
         c, hs, b = layer.chunk_size, layer.num_attn_heads, batch_size
-        self.slots = max_length // c + 1  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
+        # Capacity: kept chunks per (row, decision head); all complete chunks of max_length by default. A smaller
+        # capacity (an expected softmax fraction) shortens every step's attention; exceeding it sets `overflow`.
+        self.capacity = max_length // c if cache_chunks is None else cache_chunks
+        self.slots = self.capacity + 1  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
         self.cap = self.slots * c
         # [B, Hs, cap + C, d]: compacted cache (cap positions) | current chunk (C positions, slot p mod C)
         self.kv_k = torch.zeros(b, hs, self.cap + c, layer.attn_head_dim, device=device, dtype=dtype)
@@ -293,6 +298,7 @@ class StaticNatsL(StaticMixer):
         st = layer.init_state(b, device=device, dtype=dtype)
         self.S, self.S_start, self.g_sum = st.S, st.S.clone(), st.g_sum
         self.n_kept = torch.zeros(b, layer.num_heads, dtype=torch.long, device=device)
+        self.overflow = torch.zeros((), dtype=torch.bool, device=device)  # more than `capacity` chunks were kept
         self.convs = _StaticConvs(layer.convs, b, device, dtype)
         self.cache_slot = torch.arange(self.cap, device=device) // c  # [cap]: slot of each cache position
         self.buf_pos = torch.arange(c, device=device)
@@ -300,8 +306,10 @@ class StaticNatsL(StaticMixer):
 
     def load(self, state: NatsLState, length: int) -> None:
         sc, lb = state.k_cache.shape[2], state.x_buf.shape[1]
-        if sc > self.cap:
-            raise ValueError(f"the prefill's NAtS-L cache holds {sc} positions, more than the {self.cap} allocated")
+        if int(state.n_kept.max()) > self.capacity:
+            raise ValueError(f"the prompt's NAtS-L layer kept {int(state.n_kept.max())} chunks in a row / head, more "
+                             f"than natsl_cache_chunks={self.capacity}")
+        sc = min(sc, self.cap)  # the eager cache may have grown past the largest count (slots beyond it are unused)
         self.k_cache[:, :, :sc].copy_(state.k_cache)
         self.v_cache[:, :, :sc].copy_(state.v_cache)
         self.k_buf[:, :, :lb].copy_(state.k_buf.transpose(1, 2))
@@ -311,12 +319,16 @@ class StaticNatsL(StaticMixer):
         self.S_start.copy_(state.S_start)
         self.g_sum.copy_(state.g_sum)
         self.n_kept.copy_(state.n_kept)
+        self.overflow.zero_()
         self.convs.load(state.conv)
 
     def fill_random(self, length: int, softmax_fraction: float = 0.5, **kwargs) -> None:
         """Timing fill: random K/V and states; every (row, head) keeps round(fraction · complete chunks) chunks."""
         c = self.layer.chunk_size
         kept = round(softmax_fraction * (length // c))
+        if kept > self.capacity:
+            raise ValueError(f"softmax_fraction={softmax_fraction} keeps {kept} chunks, more than the capacity "
+                             f"natsl_cache_chunks={self.capacity}")
         self.kv_k.normal_()
         self.kv_v.normal_()
         self.x_buf.normal_()
@@ -324,6 +336,7 @@ class StaticNatsL(StaticMixer):
         self.S_start.normal_(std=0.1)
         self.g_sum.fill_(-0.1)
         self.n_kept.fill_(kept)
+        self.overflow.zero_()
         for buf in self.convs.buffers():
             buf.normal_()
 
@@ -369,17 +382,20 @@ class StaticNatsL(StaticMixer):
         self.S.copy_(torch.where(is_gdn, self.S, decay * self.S_start))
         self.S_start.copy_(self.S)
         self.g_sum.zero_()
-        dest = self.n_kept.repeat_interleave(grp, 1)[:, :, None] * c + self.chunk_pos  # [B, Hs, C]
+        # slot n_kept, clamped into the spare slot: only an overflow (flagged) lands on a kept chunk
+        slot = self.n_kept.clamp(max=self.capacity).repeat_interleave(grp, 1)  # [B, Hs]
+        dest = slot[:, :, None] * c + self.chunk_pos  # [B, Hs, C]
         self.k_cache.scatter_(2, dest[..., None].expand(b, hs, c, m.attn_head_dim), self.k_buf)
         self.v_cache.scatter_(2, dest[..., None].expand(b, hs, c, m.attn_head_v_dim), self.v_buf)
         self.n_kept.add_(hard[..., SOFTMAX].long())
+        self.overflow.logical_or_((self.n_kept > self.capacity).any())
 
     def buffers(self) -> list[torch.Tensor]:
-        return [self.kv_k, self.kv_v, self.x_buf, self.S, self.S_start, self.g_sum, self.n_kept,
+        return [self.kv_k, self.kv_v, self.x_buf, self.S, self.S_start, self.g_sum, self.n_kept, self.overflow,
                 *self.convs.buffers()]
 
     def small_buffers(self) -> list[torch.Tensor]:
-        return [self.S, self.S_start, self.g_sum, self.n_kept, *self.convs.buffers()]
+        return [self.S, self.S_start, self.g_sum, self.n_kept, self.overflow, *self.convs.buffers()]
 
 
 # Mixer class -> static wrapper. S4DMixer is an InterdomainAttention subclass (query_readout=False).
@@ -391,8 +407,11 @@ STATIC_MIXERS: dict[type, type[StaticMixer]] = {
 }
 
 
-def static_mixer_for(layer, batch_size: int, max_length: int, device, dtype, use_kernels: bool) -> StaticMixer:
+def static_mixer_for(layer, batch_size: int, max_length: int, device, dtype, use_kernels: bool,
+                     natsl_cache_chunks: int | None = None) -> StaticMixer:
     """The static wrapper of one layer; ValueError for a mixer class without one."""
+    if isinstance(layer, NatsLAttention):
+        return StaticNatsL(layer, batch_size, max_length, device, dtype, use_kernels, natsl_cache_chunks)
     for cls, wrapper in STATIC_MIXERS.items():
         if isinstance(layer, cls):
             return wrapper(layer, batch_size, max_length, device, dtype, use_kernels)

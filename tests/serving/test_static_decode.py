@@ -32,11 +32,11 @@ def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False)
 
 
 @torch.no_grad()
-def eager_and_static(model, ids, t0, use_kernels=False, extra=3):
+def eager_and_static(model, ids, t0, use_kernels=False, extra=3, **kwargs):
     """Logits [N+1, B, V] of eager and static decoding (prefill of t0 tokens, then ids[:, t0:] one at a time)."""
     b, t = ids.shape
     logits, cache = model.prefill(ids[:, :t0])
-    dec = StaticDecoder(model, b, t + extra, use_kernels=use_kernels)
+    dec = StaticDecoder(model, b, t + extra, use_kernels=use_kernels, **kwargs)
     eager, static = [logits], [dec.prefill(ids[:, :t0]).clone()]
     for i in range(t0, t):
         out = model(ids[:, i:i + 1], cache=cache, use_cache=True)
@@ -95,6 +95,26 @@ def test_natsl_forced_routing(force):
     eager, static, _, dec = eager_and_static(model, ids, 9, extra=0)
     assert_close(eager, static, 1e-10)
     assert int(dec.mixers[0].n_kept.max()) == (3 if force == "softmax" else 0)
+    # a capacity of exactly the kept chunks (GDN: none at all) is enough
+    eager, static, _, dec = eager_and_static(model, ids, 9, extra=0,
+                                             natsl_cache_chunks=3 if force == "softmax" else 0)
+    assert_close(eager, static, 1e-10)
+    assert not dec.overflowed()
+
+
+@torch.no_grad()
+def test_natsl_capacity_overflow_is_reported():
+    model = make_model("natsl")
+    for blk in model.model.layers:
+        blk.mixer.force_routing = "softmax"
+    ids = torch.randint(0, 259, (2, 9))
+    with pytest.raises(ValueError, match="natsl_cache_chunks=0"):
+        StaticDecoder(model, 2, 64, natsl_cache_chunks=0).prefill(torch.randint(0, 259, (2, C + 1)))
+    dec = StaticDecoder(model, 2, 64, natsl_cache_chunks=1)
+    dec.generate(ids, C)  # positions up to 24: one chunk kept
+    assert not dec.overflowed()
+    with pytest.raises(RuntimeError, match="natsl_cache_chunks=1"):
+        dec.generate(ids, 2 * C)  # a second kept chunk
 
 
 @pytest.mark.parametrize("layers", [["gdn", "interdomain", "natsl"]])
@@ -187,6 +207,8 @@ def test_decode_latency_smoke():
     assert [(r["batch_size"], r["context"]) for r in rows] == [(1, 20), (1, 40), (2, 20), (2, 40)]
     for r in rows:
         assert r["error"] is None and r["eager_ms"] > 0 and r["graph_ms"] is None
+    # NAtS-L capacity: half of the context's chunks (round(0.5 * 2) = 1 at 40 tokens) + 1 chunk end + 1 spare
+    assert [r["natsl_cache_chunks"] for r in rows] == [2, 3, 2, 3]
 
 
 @torch.no_grad()
@@ -206,3 +228,32 @@ def test_step_traces_as_one_graph():
         compiled(dec._phase(i))
         ref.step(ids[:, i:i + 1])
         assert torch.allclose(dec.logits, ref.logits, atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@torch.no_grad()
+def test_cuda_graphs_match_eager_decode():
+    """GPU: captured graphs (both chunk phases, fused kernels) vs the model's eager decode and the uncaptured step."""
+    model = make_model(["gdn", "natsl", "softmax", "interdomain", "s4d"], dtype=torch.float32,
+                       natsl_rope=True).cuda()
+    ids = torch.randint(0, 259, (2, 21 + 3 * C), device="cuda")
+    logits, cache = model.prefill(ids[:, :21])
+    graphs, plain = StaticDecoder(model, 2, ids.shape[1] + 1), StaticDecoder(model, 2, ids.shape[1] + 1)
+    graphs.capture()  # before the prefill: capturing must not depend on (or change) the state
+    assert len(graphs.graphs) == 2
+    graphs.prefill(ids[:, :21])
+    plain.prefill(ids[:, :21])
+    eager, via_graph, via_step = [], [], []
+    for i in range(21, ids.shape[1]):
+        out = model(ids[:, i:i + 1], cache=cache, use_cache=True)
+        cache = out.cache
+        eager.append(out.logits[:, -1])
+        via_graph.append(graphs.step(ids[:, i:i + 1]).clone())
+        via_step.append(plain.step(ids[:, i:i + 1]).clone())
+    eager, via_graph, via_step = torch.stack(eager), torch.stack(via_graph), torch.stack(via_step)
+    assert_close(via_step, via_graph, 1e-5)
+    assert_close(eager, via_graph, 2e-3)
+    # capture() mid-sequence leaves the state unchanged
+    plain.capture()
+    nxt = ids[:, -1:]
+    assert_close(graphs.step(nxt).clone(), plain.step(nxt).clone(), 1e-5)
