@@ -152,6 +152,23 @@ def test_backend_switch():
         triton_s4d(a, b, log_lam, B, C)
 
 
+def test_custom_op_opcheck():
+    """Schema, fake (meta) implementation and autograd registration of the registered forward op."""
+    g = torch.Generator().manual_seed(4)
+    H, M, R, BT = 1, 16, 16, 16
+    a, b = (torch.randn(1, 9, H, R, generator=g).to(DEV).requires_grad_() for _ in range(2))
+    ll = torch.stack([-torch.rand(H, M, generator=g), torch.randn(H, M, generator=g)], 1).to(DEV).requires_grad_()
+    bb = torch.randn(H, 2, M, generator=g).to(DEV).requires_grad_()
+    cc = (0.2 * torch.randn(H, 2, M, M, generator=g)).to(DEV).requires_grad_()
+    kk = (0.2 * torch.randn(H, 2, M, BT, generator=g)).to(DEV).requires_grad_()
+    init = torch.randn(1, H, 2, M, 2 * R, generator=g).to(DEV).requires_grad_()
+    torch.library.opcheck(
+        s4d_ops.s4d_fwd_op,
+        (a, b, ll, bb, cc, kk, init, 16, True),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
+
+
 @pytest.mark.skipif(DEV == "cuda", reason="the dry run is the CPU smoke test of the GPU benchmark")
 def test_benchmark_dry_run(tmp_path):
     """``hybrid_attention.bench.s4d_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every section runs,
