@@ -15,8 +15,9 @@ Design decisions (named once, here):
   state, norms, NAtS-L `_route` / `_fuse`); only the state handling is re-written against static buffers. The layers'
   weights must not change after the wrapper is built (SSM parameters and the fused kernels' constants are cached).
 - RoPE takes its position from the device tensor (`rope_at`), with the same float64 angle math as `RotaryEmbedding`.
-- Softmax attention scores the whole static K/V buffer and masks keys at positions > pos: the cost of a step is that
-  of `max_length` keys whatever the current length (size `max_length` to the context being measured).
+- Attention over the static K/V buffers: with `use_kernels`, the split-KV Triton kernel of `decode_attention.py`,
+  which reads only the valid keys (lengths from device tensors) and spreads them over many programs; otherwise SDPA
+  over the whole buffer with a boolean mask of the valid keys (cost of `max_length` keys whatever the length).
 - NAtS-L compacted cache: slot j of decision head h holds that head's j-th softmax-typed chunk, filled slots are
   those with j < n_kept[b, h] (a device counter). At a chunk end the finished chunk is written, for every (row,
   head), at slot n_kept and n_kept is then increased only where the chunk is softmax-typed: a GDN-typed chunk's write
@@ -43,6 +44,7 @@ from hybrid_attention.layers.softmax import KVState, SoftmaxAttention
 from hybrid_attention.modules import RotaryEmbedding
 from hybrid_attention.ops.gated_delta.naive import l2norm
 from hybrid_attention.ops.interdomain.naive import safe_divide
+from hybrid_attention.serving.decode_attention import decode_attention, default_num_splits
 
 
 def rope_at(rotary: RotaryEmbedding, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -122,11 +124,13 @@ class StaticSoftmax(StaticMixer):
 
     def __init__(self, layer: SoftmaxAttention, batch_size: int, max_length: int, device, dtype,
                  use_kernels: bool) -> None:
-        self.layer, self.max_length = layer, max_length
+        self.layer, self.max_length, self.use_kernels = layer, max_length, use_kernels
         shape = (batch_size, layer.num_heads, max_length, layer.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.key_pos = torch.arange(max_length, device=device)
+        self.zero = torch.zeros(1, 1, dtype=torch.long, device=device)  # the unused second key range
+        self.num_splits = default_num_splits(torch.device(device), batch_size * layer.num_heads, max_length)
 
     def load(self, state: KVState, length: int) -> None:
         self.k[:, :, :length].copy_(state.k.transpose(1, 2))
@@ -146,9 +150,13 @@ class StaticSoftmax(StaticMixer):
         at = pos.reshape(1)
         self.k.index_copy_(2, at, k.transpose(1, 2).to(self.k.dtype))
         self.v.index_copy_(2, at, v.transpose(1, 2).to(self.v.dtype))
-        mask = (self.key_pos <= pos)[None, None, None, :]  # [1, 1, 1, L]: keys 0..pos
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k, self.v, attn_mask=mask)
-        return m.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
+        if self.use_kernels:  # keys 0..pos
+            o = decode_attention(q[:, 0], self.k, self.v, (pos + 1).reshape(1, 1), self.zero, self.zero,
+                                 m.head_dim ** -0.5, self.num_splits)
+        else:
+            mask = (self.key_pos <= pos)[None, None, None, :]  # [1, 1, 1, L]: keys 0..pos
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k, self.v, attn_mask=mask)[:, :, 0]
+        return m.o_proj(o.reshape(b, 1, -1))
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.k, self.v]
@@ -303,6 +311,8 @@ class StaticNatsL(StaticMixer):
         self.cache_slot = torch.arange(self.cap, device=device) // c  # [cap]: slot of each cache position
         self.buf_pos = torch.arange(c, device=device)
         self.chunk_pos = torch.arange(c, device=device)
+        self.buf_start = torch.full((1, 1), self.cap, dtype=torch.long, device=device)
+        self.num_splits = default_num_splits(torch.device(device), b * hs, self.cap + c)
 
     def load(self, state: NatsLState, length: int) -> None:
         sc, lb = state.k_cache.shape[2], state.x_buf.shape[1]
@@ -362,11 +372,15 @@ class StaticNatsL(StaticMixer):
         self.k_buf.index_copy_(2, at, ks.transpose(1, 2))
         self.v_buf.index_copy_(2, at, vs.transpose(1, 2))
         kept_hs = self.n_kept.repeat_interleave(grp, 1)  # [B, Hs]
-        cache_ok = self.cache_slot[None, None, :] < kept_hs[:, :, None]  # [B, Hs, cap]
-        buf_ok = (self.buf_pos <= slot)[None, None, :].expand(b, hs, c)
-        mask = torch.cat([cache_ok, buf_ok], -1)[:, :, None, :]  # [B, Hs, 1, cap + C]
-        o_sa = F.scaled_dot_product_attention(qs.transpose(1, 2), self.kv_k, self.kv_v, attn_mask=mask,
-                                              scale=m.attn_head_dim ** -0.5).transpose(1, 2)
+        if self.use_kernels:  # keys: the cache prefix [0, kept·C) and the chunk [cap, cap + slot]
+            o_sa = decode_attention(qs[:, 0], self.kv_k, self.kv_v, kept_hs * c, self.buf_start,
+                                    (slot + 1).reshape(1, 1), m.attn_head_dim ** -0.5, self.num_splits)[:, None]
+        else:
+            cache_ok = self.cache_slot[None, None, :] < kept_hs[:, :, None]  # [B, Hs, cap]
+            buf_ok = (self.buf_pos <= slot)[None, None, :].expand(b, hs, c)
+            mask = torch.cat([cache_ok, buf_ok], -1)[:, :, None, :]  # [B, Hs, 1, cap + C]
+            o_sa = F.scaled_dot_product_attention(qs.transpose(1, 2), self.kv_k, self.kv_v, attn_mask=mask,
+                                                  scale=m.attn_head_dim ** -0.5).transpose(1, 2)
         y = m._fuse(x, q, o_gdn.reshape(b, 1, hs, m.attn_head_v_dim), o_sa)
         if final:
             self._finish_chunk(b)

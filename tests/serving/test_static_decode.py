@@ -117,9 +117,10 @@ def test_natsl_capacity_overflow_is_reported():
         dec.generate(ids, 2 * C)  # a second kept chunk
 
 
-@pytest.mark.parametrize("layers", [["gdn", "interdomain", "natsl"]])
+@pytest.mark.parametrize("layers", [["gdn", "interdomain", "natsl", "softmax"]])
 def test_fused_kernels_float32(layers):
-    """The fused Triton decode steps (CUDA; the Triton interpreter here) inside the static decoder, float32."""
+    """The fused Triton decode steps and the split-KV attention (CUDA; the Triton interpreter here) inside the static
+    decoder, float32."""
     model = make_model(layers, dtype=torch.float32)
     ids = torch.randint(0, 259, (2, 13 + C + 2))
     eager, static, _, _ = eager_and_static(model, ids, 13, use_kernels=True)
@@ -257,3 +258,22 @@ def test_cuda_graphs_match_eager_decode():
     plain.capture()
     nxt = ids[:, -1:]
     assert_close(graphs.step(nxt).clone(), plain.step(nxt).clone(), 1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7])
+def test_split_kv_decode_attention(num_splits):
+    """The Triton split-KV kernel vs its PyTorch definition: two key ranges per (row, head) with lengths from device
+    tensors, empty first ranges, splits that get no key, fp32 and bf16 buffers."""
+    from hybrid_attention.serving.decode_attention import decode_attention, decode_attention_reference
+
+    b, h, L, d, dv = 2, 3, 90, 24, 40  # non-power-of-2 head sizes
+    q = torch.randn(b, h, d)
+    len1 = torch.tensor([[0, 5, 40], [17, 1, 0]])
+    start2 = torch.full((1, 1), 60)
+    len2 = torch.tensor([[3, 30, 1], [1, 12, 30]])
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        k, v = torch.randn(b, h, L, d, dtype=dt), torch.randn(b, h, L, dv, dtype=dt)
+        o = decode_attention(q.to(dt), k, v, len1, start2, len2, d**-0.5, num_splits, block_n=16)
+        ref = decode_attention_reference(q.to(dt).double(), k.double(), v.double(), len1, start2, len2, d**-0.5)
+        assert o.dtype == dt and o.shape == (b, h, dv)
+        assert (o.double() - ref).abs().max() < tol

@@ -1,0 +1,110 @@
+"""One-query attention over static K/V buffers with device-side lengths (split-KV "flash decoding", Triton).
+
+    o = decode_attention(q, k, v, len1, start2, len2, scale, num_splits)
+
+Per (batch row, head) the keys are the union of two ranges of the buffer: [0, len1) and [start2, start2 + len2),
+with the lengths read from device tensors. Softmax attention uses one range ([0, pos + 1)); NAtS-L uses both (the
+compacted cache prefix [0, n_kept·C) and the current chunk [cap, cap + slot + 1)). The valid keys are treated as one
+virtual sequence of len1 + len2 keys, cut into `num_splits` equal parts, each reduced by its own program (running max,
+sum and weighted values in float32); the parts are then combined with their log-sum-exp weights.
+
+Decisions:
+- Why not SDPA with a boolean mask: it reads the whole buffer (cost of max_length keys whatever the length), and its
+  masked kernel parallelises over (query, head, row) only: with one query and B·H = 16 the GPU is mostly idle at long
+  contexts. Here the work follows the real number of keys and is spread over B·H·num_splits programs.
+- The split bounds are computed inside the kernel from the device lengths (no host sync, graph capturable); only
+  `num_splits` (static) fixes the grid.
+- Inference only, no autograd. The PyTorch reference (`decode_attention_reference`) defines the result.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, len1_ptr, start2_ptr, len2_ptr, m_ptr, l_ptr, acc_ptr, scale, L,
+                  D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    n1 = tl.load(len1_ptr + bh)
+    s2 = tl.load(start2_ptr + bh)
+    n2 = tl.load(len2_ptr + bh)
+    total = n1 + n2
+    per = tl.cdiv(total, NUM_SPLITS)
+    lo = sp * per
+    hi = tl.minimum(lo + per, total)
+    od = tl.arange(0, BD)
+    odv = tl.arange(0, BDV)
+    dm = od < D
+    dvm = odv < DV
+    q = tl.load(q_ptr + bh * D + od, mask=dm, other=0.0).to(tl.float32) * scale
+    m_i = tl.zeros([], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BDV], dtype=tl.float32)
+    start = lo
+    while start < hi:  # a while loop: runtime bounds (the Triton interpreter cannot range() over loaded values)
+        j = start + tl.arange(0, BLOCK_N)
+        ok = j < hi
+        key = tl.where(j < n1, j, s2 + j - n1).to(tl.int64)  # virtual index -> buffer row
+        kb = tl.load(k_ptr + (bh * L + key[:, None]) * D + od[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
+        s = tl.sum(kb.to(tl.float32) * q[None, :], 1)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        vb = tl.load(v_ptr + (bh * L + key[:, None]) * DV + odv[None, :], mask=ok[:, None] & dvm[None, :],
+                     other=0.0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * vb.to(tl.float32), 0)
+        m_i = m_new
+        start += BLOCK_N
+    out = bh * NUM_SPLITS + sp
+    tl.store(m_ptr + out, m_i)
+    tl.store(l_ptr + out, l_i)
+    tl.store(acc_ptr + out * DV + odv, acc, mask=dvm)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: torch.Tensor, start2: torch.Tensor,
+                     len2: torch.Tensor, scale: float, num_splits: int, block_n: int = 64) -> torch.Tensor:
+    """q [B, H, D]; k [B, H, L, D], v [B, H, L, DV] contiguous; len1, start2, len2 [B, H] integer device tensors
+    (len1 + len2 >= 1 everywhere). Returns o [B, H, DV] in v.dtype."""
+    b, h, L, d = k.shape
+    dv = v.shape[-1]
+    if not (k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("decode_attention: k and v must be contiguous [B, H, L, D] buffers")
+    bh = b * h
+    m = torch.empty(bh, num_splits, device=q.device, dtype=torch.float32)
+    lse = torch.empty(bh, num_splits, device=q.device, dtype=torch.float32)
+    acc = torch.empty(bh, num_splits, dv, device=q.device, dtype=torch.float32)
+    lens = [t.expand(b, h).reshape(bh).to(torch.int32).contiguous() for t in (len1, start2, len2)]
+    _split_kernel[(bh, num_splits)](
+        q.reshape(bh, d).contiguous(), k, v, *lens, m, lse, acc, float(scale), L,
+        D=d, DV=dv, BD=triton.next_power_of_2(d), BDV=triton.next_power_of_2(dv), NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, num_warps=4,
+    )
+    # combine the splits: weights exp(m_s - max m) (empty splits have m = -inf, l = 0, acc = 0 -> weight 0)
+    w = torch.exp(m - m.amax(-1, keepdim=True))
+    o = (acc * w[..., None]).sum(1) / (lse * w).sum(1)[:, None]
+    return o.view(b, h, dv).to(v.dtype)
+
+
+def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: torch.Tensor,
+                               start2: torch.Tensor, len2: torch.Tensor, scale: float) -> torch.Tensor:
+    """The definition of `decode_attention` in PyTorch (masked softmax over the whole buffer). Same shapes."""
+    L = k.shape[2]
+    idx = torch.arange(L, device=k.device)
+    ok = (idx < len1[..., None]) | ((idx >= start2[..., None]) & (idx < (start2 + len2)[..., None]))  # [B, H, L]
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.einsum("bhd,bhld->bhl", q.to(cdt), k.to(cdt)) * scale
+    p = s.masked_fill(~ok, float("-inf")).softmax(-1)
+    return torch.einsum("bhl,bhld->bhd", p, v.to(cdt)).to(v.dtype)
+
+
+def default_num_splits(device: torch.device, rows_heads: int, max_keys: int) -> int:
+    """Enough programs to fill the GPU about 4 times over, and at least 256 keys per split."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(-(-4 * sms // rows_heads), -(-max_keys // 256)))
