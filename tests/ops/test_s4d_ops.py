@@ -194,7 +194,7 @@ def test_backends_dispatch():
     o_chunk = chunk_s4d(a, b, log_lam, B, C, chunk_size=4)[0]
     for backend in ("auto", "reference"):
         assert torch.equal(s4d(a, b, log_lam, B, C, chunk_size=4, backend=backend)[0], o_chunk)
-    with pytest.raises(ValueError, match="backend must be one of 'auto', 'reference', 'naive', got 'fft'"):
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'reference', 'naive', 'triton', got 'fft'"):
         s4d(a, b, log_lam, B, C, backend="fft")
 
 
