@@ -383,14 +383,29 @@ class StaticNatsL(StaticMixer):
                                                   scale=m.attn_head_dim ** -0.5).transpose(1, 2)
         y = m._fuse(x, q, o_gdn.reshape(b, 1, hs, m.attn_head_v_dim), o_sa)
         if final:
-            self._finish_chunk(b)
+            self._finish_chunk(b, pos)
         return y
 
-    def _finish_chunk(self, b: int) -> None:
+    def _chunk_types(self, b: int, pos: torch.Tensor) -> torch.Tensor:
+        """One-hot types [B, Hn, 2] of the chunk that ends at position pos: the layer's router, or its forced
+        routing. A forced softmax fraction depends on the chunk number, which is computed here from the device
+        position (the layer's `_forced_routing` takes it as a Python int)."""
+        m = self.layer
+        fr = m.force_routing
+        if isinstance(fr, (int, float)) and not isinstance(fr, bool):
+            if not 0.0 <= fr <= 1.0:
+                raise ValueError(f"force_routing must be None, 'softmax', 'gdn' or a fraction in [0, 1], got {fr!r}")
+            n = torch.div(pos, m.chunk_size, rounding_mode="floor").to(torch.float64)  # chunk number
+            sel = (torch.floor((n + 1) * fr) > torch.floor(n * fr)).expand(b, m.num_heads)  # the layer's rule
+            dt = torch.float64 if self.S.dtype == torch.float64 else torch.float32
+            return F.one_hot(torch.where(sel, SOFTMAX, GDN), 2).to(dt)
+        return m._route(self.x_buf[:, None])[0][:, 0]
+
+    def _finish_chunk(self, b: int, pos: torch.Tensor) -> None:
         """The C-th token of a chunk arrived: type it, commit or roll back the GDN writes, keep or drop its K/V."""
         m = self.layer
         c, hs, grp = m.chunk_size, m.num_attn_heads, m.group
-        hard = m._route(self.x_buf[:, None])[0][:, 0]  # [B, Hn, 2]
+        hard = self._chunk_types(b, pos)  # [B, Hn, 2]
         is_gdn = hard[..., GDN].bool()[:, :, None, None]
         decay = torch.exp(self.g_sum)[:, :, None, None] if m.decay_uncommitted else 1.0
         self.S.copy_(torch.where(is_gdn, self.S, decay * self.S_start))

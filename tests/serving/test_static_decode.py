@@ -86,6 +86,19 @@ def test_natsl_rows_route_differently():
     assert not torch.equal(types[0], types[1]), "test needs rows with different routings"
 
 
+@pytest.mark.parametrize("fraction", [0.25, 0.5])
+def test_natsl_forced_fraction(fraction):
+    """A forced softmax fraction types chunk n by its number n (from the device position in the static step)."""
+    model = make_model("natsl")
+    for blk in model.model.layers:
+        blk.mixer.force_routing = fraction
+    ids = torch.randint(0, 259, (2, 5 * C + 3))
+    eager, static, cache, dec = eager_and_static(model, ids, 2 * C - 3)
+    assert_close(eager, static, 1e-10)
+    assert int(dec.mixers[0].n_kept[0, 0]) == round(5 * fraction)
+    assert torch.equal(dec.mixers[0].n_kept, cache.states[0].n_kept)
+
+
 @pytest.mark.parametrize("force", ["softmax", "gdn"])
 def test_natsl_forced_routing(force):
     """All chunks softmax (cache fills to its capacity) or all GDN (nothing kept, every chunk committed)."""
@@ -212,11 +225,13 @@ def test_decode_latency_smoke():
     assert [r["natsl_cache_chunks"] for r in rows] == [2, 3, 2, 3]
 
 
+@pytest.mark.parametrize("force", [None, 0.5])
 @torch.no_grad()
-def test_step_traces_as_one_graph():
+def test_step_traces_as_one_graph(force):
     """torch.compile(fullgraph=True) (tracing only, eager backend) of both step phases: any host sync, data-dependent
     shape or Python branch on a tensor value would be a graph break and raise here."""
     model = make_model(["gdn", "natsl", "softmax", "interdomain", "s4d"], dtype=torch.float32, natsl_rope=True)
+    model.model.layers[1].mixer.force_routing = force
     dec = StaticDecoder(model, 2, 40)
     ids = torch.randint(0, 259, (2, 18))
     dec.prefill(ids[:, :14])
