@@ -140,6 +140,7 @@ def test_every_output_element_is_written():
         ({"BC": 16, "max_chunk": 64}, 64),  # four sub-chunks: factorised cross-sub-chunk matmuls
         ({"BC": 32, "max_chunk": 64, "bwd_split": True}, 64),  # backward as two launches (value / key side)
         ({"BC": 16, "max_chunk": 32, "bwd_split": True}, 32),
+        ({"BC": 16, "max_chunk": 32, "bwd_split": True, "fuse_dz": True}, 32),  # split chunk kernel + fused scan
     ],
 )
 def test_kernel_configurations(cfg, chunk):
@@ -286,3 +287,21 @@ def test_fused_state_carry_gradient_odd_shapes_poisoned(fused_dz):
     res = run_both(1, 45, 1, 12, 20, 10, 32, seed=78, with_final=False)  # dX0 without a final-state gradient
     for name, (a, b) in res.items():
         assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_power_table_is_the_rounded_float64_power():
+    """The host power table equals exp(n log λ) evaluated in complex128 and rounded to float32, also for phases
+    n·Im log λ ~ 3e4 where a float32 product would be off by ~1e-3 rad."""
+    from hybrid_attention.ops.interdomain.triton.ops import _planar, _power_table
+
+    g = torch.Generator().manual_seed(12)
+    log_lam = torch.complex(
+        -5 * torch.rand(3, 10, generator=g, dtype=F64), 1000 * torch.randn(3, 10, generator=g, dtype=F64)
+    )
+    ll = _planar(log_lam, 1)
+    assert ll.dtype == torch.float32 and ll.shape == (3, 2, 10) and ll.is_contiguous()
+    P = _power_table(ll, 32)
+    lam64 = torch.complex(ll[:, 0].double(), ll[:, 1].double())
+    ref = torch.exp(torch.arange(33, dtype=F64)[None, :, None] * lam64[:, None, :]).to(torch.complex64)
+    assert P.shape == (3, 2, 33, 10) and P.is_contiguous()
+    assert torch.equal(P[:, 0], ref.real) and torch.equal(P[:, 1], ref.imag)

@@ -117,12 +117,32 @@ def _kernel_chunk(chunk_size: int) -> int:
     return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, _CFG["max_chunk"])
 
 
+# float64 arange per (length, device): a constant, so caching it is exact. (A cache of the power table itself, keyed
+# by the log λ tensor, is not: the parameter changes in place every optimizer step.)
+_ARANGE: dict = {}
+
+
+def _arange64(n: int, device: torch.device) -> torch.Tensor:
+    key = (n, str(device))
+    if key not in _ARANGE:
+        _ARANGE[key] = torch.arange(n, device=device, dtype=torch.float64)
+    return _ARANGE[key]
+
+
 def _power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
-    """P[h, :, n, m] = (re, im) of λ^n = exp(n log λ), n = 0..BT, computed in float64 then rounded: [H, 2, BT+1, M]."""
-    lam = torch.complex(ll[:, 0].double(), ll[:, 1].double())  # [H, M]
-    n = torch.arange(BT + 1, device=ll.device, dtype=torch.float64)
-    P = torch.exp(lam[:, None, :] * n[None, :, None])
-    return torch.stack([P.real, P.imag], dim=1).float().contiguous()
+    """P[h, :, n, m] = (re, im) of λ^n = exp(n log λ), n = 0..BT, computed in float64 then rounded: [H, 2, BT+1, M].
+
+    ll: planar log λ [H, 2, M] (float32). Four device ops (cast, multiply, exp, rounding copy into the planar layout)
+    instead of a chain of conversions; float64 keeps n·Im log λ exact enough for |Im log λ| up to ~1e3 (float32 would
+    lose ~1e-3 rad of phase at n·Im = 3e4)."""
+    H, _, M = ll.shape
+    lam = torch.empty(H, M, 2, device=ll.device, dtype=torch.float64)
+    lam.copy_(ll.transpose(1, 2))  # [H, M, (re, im)]: the layout torch.view_as_complex reads
+    n = _arange64(BT + 1, ll.device)
+    P = torch.exp(n[None, :, None] * torch.view_as_complex(lam)[:, None, :])  # [H, BT+1, M] complex128
+    out = torch.empty(H, 2, BT + 1, M, device=ll.device, dtype=torch.float32)
+    out.copy_(torch.view_as_real(P).permute(0, 3, 1, 2))
+    return out
 
 
 def _prec() -> str:
@@ -263,15 +283,16 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     dv = _empty(Bsz, T, H, D, device=dev)
     dx = _empty(Bsz * H, NT, 2, M, NC, device=dev)
     gk_part = _empty(Bsz * H, NT, 2, M, M, device=dev)
-    gb_part = _empty(Bsz * H, NT, 2, M, device=dev)
-    gl_part = _empty(Bsz * H, NT, 2, M, device=dev)
+    gbl_part = _empty(2, Bsz * H, NT, 2, M, device=dev)  # per-chunk dB, d log λ partials: one buffer, one reduction
+    gb_part, gl_part = gbl_part[0], gbl_part[1]
     BC = min(_CFG["BC"], BT)
     do = do.contiguous()
     parts = (1, 2) if _CFG["bwd_split"] else (0,)
     gbl = {part: (gb_part, gl_part) for part in parts}
     for part in parts:
         if part == 1:  # the value side writes its own dB / d log λ partials
-            gbl[part] = (_empty(Bsz * H, NT, 2, M, device=dev), _empty(Bsz * H, NT, 2, M, device=dev))
+            val_part = _empty(2, Bsz * H, NT, 2, M, device=dev)
+            gbl[part] = (val_part[0], val_part[1])
         with _stage("chunk_bwd"):
             h = K._chunk_bwd[(NT, Bsz * H)](
                 q,
@@ -315,11 +336,11 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
     del states
     with _stage("host_reduce"):
         dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
-        dbb = gb_carry
-        dll = gl_carry
-        for g in gbl.values():
-            dbb = dbb + g[0].view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
-            dll = dll + g[1].view(Bsz, H, NT, 2, M).sum(dim=(0, 2))
+        chunk_sum = gbl_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
+        if 1 in gbl:  # split backward: the value side wrote its own partials
+            chunk_sum = chunk_sum + val_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
+        dbb = chunk_sum[0] + gb_carry
+        dll = chunk_sum[1] + gl_carry
     dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dll, dbb, dkk, dinit_out
 
@@ -410,8 +431,8 @@ def _state_bwd_dz(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool
     NT = triton.cdiv(T, BT)
     BCH = min(_CFG["BCH_FZ"], _np2(NC))
     n_cb = triton.cdiv(NC, BCH)
-    gb_part = _empty(Bsz * H, n_cb, 2, M, device=k.device)
-    gl_part = _empty(Bsz * H, n_cb, 2, M, device=k.device)
+    part = _empty(2, Bsz * H, n_cb, 2, M, device=k.device)  # (dB, d log λ) partials per (b·h, channel block)
+    gb_part, gl_part = part[0], part[1]
     has_df = dfinal is not None
     with _stage("state_bwd_dz"):
         h = K._state_bwd_dz[(n_cb, Bsz * H)](
@@ -445,8 +466,8 @@ def _state_bwd_dz(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool
         )
     _record("state_bwd_dz", h)
     with _stage("host_reduce"):
-        part = torch.stack([gb_part, gl_part]).view(2, Bsz, H, n_cb, 2, M).sum(dim=(1, 3))
-    return part[0], part[1]
+        red = part.view(2, Bsz, H, n_cb, 2, M).sum(dim=(1, 3))
+    return red[0], red[1]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -537,9 +558,11 @@ interdomain_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _planar(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """complex -> real with a new re/im axis at ``dim`` (differentiable); real input gets a zero imaginary plane."""
+    """complex -> contiguous float32 with a new re/im axis at ``dim`` (differentiable); real input gets a zero
+    imaginary plane. A complex64 input costs one copy forward and one backward (view_as_real + movedim), where
+    stacking .real / .imag cost one forward and three backward."""
     if x.is_complex():
-        return torch.stack([x.real, x.imag], dim=dim).float()
+        return torch.view_as_real(x.to(torch.complex64)).movedim(-1, dim).contiguous()
     x = x.float()
     return torch.stack([x, torch.zeros_like(x)], dim=dim)
 
@@ -554,7 +577,9 @@ def interdomain_fwd_planar(q, k, v, log_lam, B, C, initial_state, chunk_size: in
     kk = _planar(Kc, 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
     o, fin = interdomain_fwd_op(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final)
-    final = torch.complex(fin[:, :, 0], fin[:, :, 1]) if need_final else None
+    # planar [B, H, 2, M, NC] -> complex: one copy; its backward hands the op a strided view of the incoming gradient
+    # (made contiguous once inside), where torch.complex(fin[:, :, 0], fin[:, :, 1]) cost zero-fills and copies
+    final = torch.view_as_complex(fin.movedim(2, -1).contiguous()) if need_final else None
     return o, final
 
 
