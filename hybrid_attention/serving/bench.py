@@ -58,9 +58,9 @@ def _natsl_capacity(model, context: int, steps: int, fraction: float) -> int | N
 
 def decode_latency(model, contexts: list[int], batch_sizes: list[int], graphs: bool = True, iters: int = 50,
                    warmup: int = 5, natsl_softmax_fraction: float = 0.5) -> list[dict]:
-    """Rows {"batch_size", "context", "eager_ms", "eager_mean_ms", "graph_ms", "graph_mean_ms", "error"} (ms per
-    decoded token for the whole batch; graph_* None without CUDA or graphs=False; "error" set, e.g. on OOM, instead
-    of failing the sweep)."""
+    """Rows {"batch_size", "context", "eager_ms", "eager_mean_ms", "graph_ms", "graph_mean_ms", "natsl_cache_chunks",
+    "error"} (ms per decoded token for the whole batch; graph_* None without CUDA or graphs=False; "error" set, e.g.
+    on OOM, instead of failing the sweep). model: a HybridForCausalLM in eval mode on its device and dtype."""
     if iters < 1 or warmup < 0:
         raise ValueError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
     use_graphs = graphs and model.lm_head.weight.is_cuda
@@ -84,6 +84,8 @@ def decode_latency(model, contexts: list[int], batch_sizes: list[int], graphs: b
                     row["graph_ms"], row["graph_mean_ms"] = statistics.median(t), statistics.fmean(t)
             except torch.OutOfMemoryError as e:  # a too-large (B, context) must not end the whole sweep
                 row["error"] = f"OOM: {str(e).splitlines()[0]}"
+            except Exception as e:  # noqa: BLE001 -- nor any other failure of one point: it is reported in its row
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             finally:
                 del dec
                 if torch.cuda.is_available():

@@ -34,6 +34,8 @@ Design decisions (named once, here):
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -214,8 +216,13 @@ class StaticInterdomain(StaticMixer):
         st = layer.init_state(batch_size, device=device, dtype=dtype)
         self.ssm = st.ssm
         self.convs = _StaticConvs(layer.convs, batch_size, device, dtype)
+        core = layer.ssm
+        if core.log_dt.dtype not in (torch.float32, torch.float64):
+            # bf16 / fp16 weights: complex tensors need float32 parts, so discretise a float32 copy of the (small)
+            # S4D parameters; the state is complex64 for these models anyway (InterdomainAttention.init_state).
+            core = copy.deepcopy(core).float()
         with torch.no_grad():  # the discretised SSM parameters, computed once (weights are frozen while serving)
-            log_lam, b_bar, c = layer.ssm()
+            log_lam, b_bar, c = core()
             cdt = self.ssm.dtype
             self.lam, self.b_bar, self.c = torch.exp(log_lam.to(cdt)), b_bar.to(cdt), c.to(cdt)
         # The fused kernel covers the query readout with a complex64 state; S4D (no query) uses the PyTorch math.

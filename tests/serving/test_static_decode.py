@@ -6,6 +6,8 @@ the full forward pass in tests/models and tests/layers. CUDA graphs cannot run h
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -215,7 +217,7 @@ def test_errors():
 
 
 def test_decode_latency_smoke():
-    model = make_model(["natsl", "softmax", "gdn"], dtype=torch.float32, sharp_router=False)
+    model = make_model(["natsl", "softmax", "gdn", "interdomain", "s4d"], dtype=torch.float32, sharp_router=False)
     rows = decode_latency(model, contexts=[20, 40], batch_sizes=[1, 2], iters=3, warmup=1,
                           natsl_softmax_fraction=0.5)
     assert [(r["batch_size"], r["context"]) for r in rows] == [(1, 20), (1, 40), (2, 20), (2, 40)]
@@ -223,6 +225,26 @@ def test_decode_latency_smoke():
         assert r["error"] is None and r["eager_ms"] > 0 and r["graph_ms"] is None
     # NAtS-L capacity: half of the context's chunks (round(0.5 * 2) = 1 at 40 tokens) + 1 chunk end + 1 spare
     assert [r["natsl_cache_chunks"] for r in rows] == [2, 3, 2, 3]
+
+
+@torch.no_grad()
+def test_bfloat16_interdomain_static_step():
+    """bf16 weights (the GPU benchmark's dtype): the S4D parameters are discretised from a float32 copy (complex
+    tensors need float32 parts) and the static step runs; its output matches the float32 model's on the same state."""
+    model = make_model(["interdomain", "s4d"], dtype=torch.float32)
+    ref = StaticDecoder(model, 1, 8)
+    ref.fill_random(5)
+    model16 = copy.deepcopy(model).to(torch.bfloat16)
+    dec = StaticDecoder(model16, 1, 8)
+    for a, b in zip(ref.mixers, dec.mixers):
+        for x, y in zip(a.buffers(), b.buffers()):
+            y.copy_(x)
+    dec.set_length(5)
+    tok = torch.tensor([[7]])
+    out16 = dec.step(tok).float()
+    out32 = ref.step(tok)
+    assert out16.dtype == torch.float32 and dec.logits.dtype == torch.bfloat16 and ref.logits.dtype == torch.float32
+    assert_close(out32, out16, 5e-2)
 
 
 @pytest.mark.parametrize("force", [None, 0.5])
