@@ -95,13 +95,25 @@ def check_against_reference(a, b, log_lam, B, C, init, *, chunk_size: int, dtype
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero0", "state0"])
 @pytest.mark.parametrize("T", [1, 17, 40])
 def test_triton_matches_reference(T, with_state):
-    """T not a multiple of the chunk (16): a partial last chunk, several chunks, one token."""
-    check_against_reference(*make_case(2, T, 2, 16, 16, 100 * T + with_state, with_state), chunk_size=16)
+    """T not a multiple of the chunk (16): a partial last chunk, several chunks, one token; two batch rows at T=17
+    (the table gradients are summed over batch, chunks and channel tiles by atomics)."""
+    Bsz = 2 if T == 17 else 1
+    check_against_reference(*make_case(Bsz, T, 2, 16, 16, 100 * T + with_state, with_state), chunk_size=16)
 
 
 def test_triton_odd_sizes():
     """M < 16 and R not a power of two (masked tiles), chunk 32, one batch row."""
     check_against_reference(*make_case(1, 45, 1, 20, 8, 5, True), chunk_size=32)
+
+
+def test_triton_fused_backward_kernel():
+    """The single-launch backward readout (bwd_split=False) gives the same gradients as the default split one."""
+    old = s4d_ops.kernel_config()["bwd_split"]
+    s4d_ops.set_kernel_config(bwd_split=not old)
+    try:
+        check_against_reference(*make_case(1, 21, 2, 16, 16, 3, True), chunk_size=16)
+    finally:
+        s4d_ops.set_kernel_config(bwd_split=old)
 
 
 def test_triton_bf16_inputs():

@@ -132,6 +132,49 @@ def _readout_fwd(
 
 
 @triton.jit
+def _grad_p(ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, DOT_PREC: tl.constexpr):
+    """g_{P_m} = g_{Y^a} X0^{aH} + g_{Y^b} X0^{bH}   [BT, BM]."""
+    gp_re = tl.dot(ga_re, tl.trans(xa_re), input_precision=DOT_PREC)
+    gp_re += tl.dot(ga_im, tl.trans(xa_im), input_precision=DOT_PREC)
+    gp_re += tl.dot(gb_re, tl.trans(xb_re), input_precision=DOT_PREC)
+    gp_re += tl.dot(gb_im, tl.trans(xb_im), input_precision=DOT_PREC)
+    gp_im = tl.dot(ga_im, tl.trans(xa_re), input_precision=DOT_PREC)
+    gp_im -= tl.dot(ga_re, tl.trans(xa_im), input_precision=DOT_PREC)
+    gp_im += tl.dot(gb_im, tl.trans(xb_re), input_precision=DOT_PREC)
+    gp_im -= tl.dot(gb_re, tl.trans(xb_im), input_precision=DOT_PREC)
+    return gp_re, gp_im
+
+
+@triton.jit
+def _table_grads(gl_re, gl_im, ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, za, zb, pw_re, pw_im, p_re,
+                 p_im, tw, bidx, bok, dC, dK, h, m, offs_t, offs_n, mask_n, M: tl.constexpr, BT: tl.constexpr,
+                 DOT_PREC: tl.constexpr):  # fmt: skip
+    """Row m of dC (through P) and of dKern, accumulated atomically; returns the d log λ accumulator (through P)
+    updated with mode m's term."""
+    gp_re, gp_im = _grad_p(ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, DOT_PREC)
+    # P_m[τ, n] = C[m, n] λ_n^{τ+1} (holomorphic in C): g_C[m, n] = Σ_τ conj(λ_n^{τ+1}) g_P[τ, n]
+    gc_re = tl.sum(pw_re * gp_re + pw_im * gp_im, axis=0)
+    gc_im = tl.sum(pw_re * gp_im - pw_im * gp_re, axis=0)
+    c_off = h * 2 * M * M + m * M + offs_n
+    tl.atomic_add(dC + c_off, gc_re, mask=mask_n)
+    tl.atomic_add(dC + M * M + c_off, gc_im, mask=mask_n)
+    # and g_{log λ_n} += Σ_τ (τ+1) conj(P_m[τ, n]) g_P[τ, n]  (d/d log λ of λ^{τ+1} is (τ+1) λ^{τ+1})
+    gl_re += tl.sum(tw * (p_re * gp_re + p_im * gp_im), axis=0)
+    gl_im += tl.sum(tw * (p_re * gp_im - p_im * gp_re), axis=0)
+    # g_{Toe_m} = g_{Y^a} aᵀ + g_{Y^b} bᵀ, then dKern[m, d] = Σ_τ g_Toe[τ, τ-d] (band gather, then a column sum)
+    gt_re = tl.dot(ga_re, tl.trans(za), input_precision=DOT_PREC)
+    gt_re += tl.dot(gb_re, tl.trans(zb), input_precision=DOT_PREC)
+    gt_im = tl.dot(ga_im, tl.trans(za), input_precision=DOT_PREC)
+    gt_im += tl.dot(gb_im, tl.trans(zb), input_precision=DOT_PREC)
+    gk_re = tl.sum(tl.where(bok, tl.gather(gt_re, bidx, axis=1), 0.0), axis=0)
+    gk_im = tl.sum(tl.where(bok, tl.gather(gt_im, bidx, axis=1), 0.0), axis=0)
+    k_off = h * 2 * M * BT + m * BT + offs_t
+    tl.atomic_add(dK + k_off, gk_re)
+    tl.atomic_add(dK + M * BT + k_off, gk_im)
+    return gl_re, gl_im
+
+
+@triton.jit
 def _readout_bwd(
     a,
     b,
@@ -155,9 +198,16 @@ def _readout_bwd(
     BM: tl.constexpr,
     JT: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    PART: tl.constexpr,
 ):
     """Gradient convention (PyTorch's): for a complex w the gradient is g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w; for a linear
-    map Y = A X it is g_X = A^H g_Y and g_A = g_Y X^H; for o = Re(Y^a Y^b) it is g_{Y^a} = dO conj(Y^b)."""
+    map Y = A X it is g_X = A^H g_Y and g_A = g_Y X^H; for o = Re(Y^a Y^b) it is g_{Y^a} = dO conj(Y^b).
+
+    PART 0 computes everything; PART 1 only da, db and the X0 adjoint, PART 2 only the table gradients (design
+    decision: the split form recomputes Y twice but holds fewer live tiles; compiled for sm_90 the fused form spills
+    ~2.6 KB per thread at JT=32, so both are kept and the benchmark compares them)."""
+    INP: tl.constexpr = PART != 2  # da, db, X0 adjoint
+    TAB: tl.constexpr = PART != 1  # dC, d log λ, dKern
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_j = tl.program_id(2)
@@ -185,55 +235,35 @@ def _readout_bwd(
         ga_im = -dO * yb_im
         gb_re = dO * ya_re
         gb_im = -dO * ya_im
-        # da = Re(Toe^H g_{Y^a}) (a is real)
-        da_acc += tl.dot(tl.trans(t_re), ga_re, input_precision=DOT_PREC)
-        da_acc += tl.dot(tl.trans(t_im), ga_im, input_precision=DOT_PREC)
-        db_acc += tl.dot(tl.trans(t_re), gb_re, input_precision=DOT_PREC)
-        db_acc += tl.dot(tl.trans(t_im), gb_im, input_precision=DOT_PREC)
-        # local adjoint of X0: P_m^H g_Y
-        ptr = tl.trans(p_re)
-        pti = tl.trans(p_im)
-        dxa_re += tl.dot(ptr, ga_re, input_precision=DOT_PREC) + tl.dot(pti, ga_im, input_precision=DOT_PREC)
-        dxa_im += tl.dot(ptr, ga_im, input_precision=DOT_PREC) - tl.dot(pti, ga_re, input_precision=DOT_PREC)
-        dxb_re += tl.dot(ptr, gb_re, input_precision=DOT_PREC) + tl.dot(pti, gb_im, input_precision=DOT_PREC)
-        dxb_im += tl.dot(ptr, gb_im, input_precision=DOT_PREC) - tl.dot(pti, gb_re, input_precision=DOT_PREC)
-        # g_{P_m} = g_{Y^a} X0^{aH} + g_{Y^b} X0^{bH}   [BT, BM]
-        gp_re = tl.dot(ga_re, tl.trans(xa_re), input_precision=DOT_PREC)
-        gp_re += tl.dot(ga_im, tl.trans(xa_im), input_precision=DOT_PREC)
-        gp_re += tl.dot(gb_re, tl.trans(xb_re), input_precision=DOT_PREC)
-        gp_re += tl.dot(gb_im, tl.trans(xb_im), input_precision=DOT_PREC)
-        gp_im = tl.dot(ga_im, tl.trans(xa_re), input_precision=DOT_PREC)
-        gp_im -= tl.dot(ga_re, tl.trans(xa_im), input_precision=DOT_PREC)
-        gp_im += tl.dot(gb_im, tl.trans(xb_re), input_precision=DOT_PREC)
-        gp_im -= tl.dot(gb_re, tl.trans(xb_im), input_precision=DOT_PREC)
-        # P_m[τ, n] = C[m, n] λ_n^{τ+1} (holomorphic): g_C[m, n] = Σ_τ conj(λ_n^{τ+1}) g_P[τ, n],
-        # g_{log λ_n} = Σ_τ (τ+1) conj(P_m[τ, n]) g_P[τ, n]
-        gc_re = tl.sum(pw_re * gp_re + pw_im * gp_im, axis=0)
-        gc_im = tl.sum(pw_re * gp_im - pw_im * gp_re, axis=0)
-        c_off = h * 2 * M * M + m * M + offs_n
-        tl.atomic_add(dC + c_off, gc_re, mask=mask_n)
-        tl.atomic_add(dC + M * M + c_off, gc_im, mask=mask_n)
-        gl_re += tl.sum(tw * (p_re * gp_re + p_im * gp_im), axis=0)
-        gl_im += tl.sum(tw * (p_re * gp_im - p_im * gp_re), axis=0)
-        # g_{Toe_m} = g_{Y^a} aᵀ + g_{Y^b} bᵀ, then dKern[m, d] = Σ_τ g_Toe[τ, τ-d]
-        gt_re = tl.dot(ga_re, tl.trans(za), input_precision=DOT_PREC)
-        gt_re += tl.dot(gb_re, tl.trans(zb), input_precision=DOT_PREC)
-        gt_im = tl.dot(ga_im, tl.trans(za), input_precision=DOT_PREC)
-        gt_im += tl.dot(gb_im, tl.trans(zb), input_precision=DOT_PREC)
-        gk_re = tl.sum(tl.where(bok, tl.gather(gt_re, bidx, axis=1), 0.0), axis=0)
-        gk_im = tl.sum(tl.where(bok, tl.gather(gt_im, bidx, axis=1), 0.0), axis=0)
-        k_off = h * 2 * M * BT + m * BT + offs_t
-        tl.atomic_add(dK + k_off, gk_re)
-        tl.atomic_add(dK + M * BT + k_off, gk_im)
+        if INP:
+            # da = Re(Toe^H g_{Y^a}) (a is real)
+            da_acc += tl.dot(tl.trans(t_re), ga_re, input_precision=DOT_PREC)
+            da_acc += tl.dot(tl.trans(t_im), ga_im, input_precision=DOT_PREC)
+            db_acc += tl.dot(tl.trans(t_re), gb_re, input_precision=DOT_PREC)
+            db_acc += tl.dot(tl.trans(t_im), gb_im, input_precision=DOT_PREC)
+            # local adjoint of X0: P_m^H g_Y
+            ptr = tl.trans(p_re)
+            pti = tl.trans(p_im)
+            dxa_re += tl.dot(ptr, ga_re, input_precision=DOT_PREC) + tl.dot(pti, ga_im, input_precision=DOT_PREC)
+            dxa_im += tl.dot(ptr, ga_im, input_precision=DOT_PREC) - tl.dot(pti, ga_re, input_precision=DOT_PREC)
+            dxb_re += tl.dot(ptr, gb_re, input_precision=DOT_PREC) + tl.dot(pti, gb_im, input_precision=DOT_PREC)
+            dxb_im += tl.dot(ptr, gb_im, input_precision=DOT_PREC) - tl.dot(pti, gb_re, input_precision=DOT_PREC)
+        if TAB:
+            gl_re, gl_im = _table_grads(
+                gl_re, gl_im, ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, za, zb, pw_re, pw_im, p_re,
+                p_im, tw, bidx, bok, dC, dK, h, m, offs_t, offs_n, mask_n, M, BT, DOT_PREC,
+            )  # fmt: skip
     # design decision: the chunk-local da / db are written to float32 buffers; the shared state-carry kernel
     # (_chunk_dz) then adds the state path in place.
-    tl.store(da + tok, da_acc, mask=tmask)
-    tl.store(db + tok, db_acc, mask=tmask)
-    NC = 2 * R
-    x_base = dx + (i_bh * NT + i_t) * 2 * M * NC
-    tl.store(x_base + xoff, dxa_re, mask=xm)
-    tl.store(x_base + M * NC + xoff, dxa_im, mask=xm)
-    tl.store(x_base + R + xoff, dxb_re, mask=xm)
-    tl.store(x_base + M * NC + R + xoff, dxb_im, mask=xm)
-    tl.atomic_add(dll + h * 2 * M + offs_n, gl_re, mask=mask_n)
-    tl.atomic_add(dll + h * 2 * M + M + offs_n, gl_im, mask=mask_n)
+    if INP:
+        tl.store(da + tok, da_acc, mask=tmask)
+        tl.store(db + tok, db_acc, mask=tmask)
+        NC = 2 * R
+        x_base = dx + (i_bh * NT + i_t) * 2 * M * NC
+        tl.store(x_base + xoff, dxa_re, mask=xm)
+        tl.store(x_base + M * NC + xoff, dxa_im, mask=xm)
+        tl.store(x_base + R + xoff, dxb_re, mask=xm)
+        tl.store(x_base + M * NC + R + xoff, dxb_im, mask=xm)
+    if TAB:
+        tl.atomic_add(dll + h * 2 * M + offs_n, gl_re, mask=mask_n)
+        tl.atomic_add(dll + h * 2 * M + M + offs_n, gl_im, mask=mask_n)

@@ -48,6 +48,10 @@ _CFG = {
     "JT": 32,  # channel tile of the readout kernels (>= 16: tl.dot minimum)
     "warps_fwd": 4,
     "warps_bwd": 8,
+    # backward readout as two launches (PART 1: da, db, X0 adjoint; PART 2: table grads), each recomputing Y: compiled
+    # for sm_90 at JT=32 / 8 warps the fused kernel spills 2.6 KB per thread, the two parts 0.7 and 0.8 KB (cuobjdump
+    # of an ahead-of-time build; not yet timed on the GPU: the benchmark sweep compares both)
+    "bwd_split": True,
     "stages": 1,
     "dot_prec": "tf32",  # input precision of the float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
     "poison": False,  # fill every kernel-written buffer with NaN first (tests / benchmark check)
@@ -132,6 +136,7 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
         z = torch.zeros_like
         return z(a), z(b), z(ll), z(bb), z(cc), z(kk), dinit
     P, states, _ = _states(a, b, ll, bb, init, BT, False)
+    do = do.contiguous()
     NT = triton.cdiv(T, BT)
     JT = _jt(R)
     da = _empty(Bsz, T, H, R, device=dev)
@@ -142,10 +147,12 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
     dC = torch.zeros(H, 2, M, M, device=dev, dtype=f32)
     dK = torch.zeros(H, 2, M, BT, device=dev, dtype=f32)
     dll = torch.zeros(H, 2, M, device=dev, dtype=f32)
-    K._readout_bwd[(NT, Bsz * H, triton.cdiv(R, JT))](
-        a, b, do.contiguous(), da, db, P, cc, kk, states, dx, dC, dll, dK, T, H, R, NT,
-        M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), num_warps=_CFG["warps_bwd"], num_stages=_CFG["stages"],
-    )  # fmt: skip
+    for part in (1, 2) if _CFG["bwd_split"] else (0,):
+        K._readout_bwd[(NT, Bsz * H, triton.cdiv(R, JT))](
+            a, b, do, da, db, P, cc, kk, states, dx, dC, dll, dK, T, H, R, NT,
+            M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), PART=part, num_warps=_CFG["warps_bwd"],
+            num_stages=_CFG["stages"],
+        )  # fmt: skip
     # shared reverse adjoint scan over the chunk-boundary states (launched with the Interdomain op's configuration)
     icfg = IO.kernel_config()
     BMS = min(icfg["BMS"], _np2(M))
