@@ -831,14 +831,32 @@ def _dz_table(ptab, Lj, offs_s, offs_m, mask_m, M, BT: tl.constexpr):
 
 
 @triton.jit
+def _load_z_dz(k_base, v_base, dk_base, dv_base, j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.constexpr):
+    """Chunk j's [k | v] channels z and the chunk-local [dk | dv] already written by the chunk kernel, both float32
+    [BT, BCH] (rows >= Lj zero). The k and v masks are disjoint, so one tile carries both halves."""
+    rows = j * BT + offs_s
+    ms = offs_s < Lj
+    kofs = rows[:, None] * (H * R) + offs_c[None, :]
+    vofs = rows[:, None] * (H * D) + (offs_c - R)[None, :]
+    kmask = ms[:, None] & is_k[None, :]
+    vmask = ms[:, None] & is_v[None, :]
+    z = tl.load(k_base + kofs, mask=kmask, other=0.0).to(tl.float32)
+    z += tl.load(v_base + vofs, mask=vmask, other=0.0).to(tl.float32)
+    dzl = tl.load(dk_base + kofs, mask=kmask, other=0.0) + tl.load(dv_base + vofs, mask=vmask, other=0.0)
+    return z, dzl
+
+
+@triton.jit
 def _state_bwd_dz_step(
-    j, Lj, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im,
-    k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k, is_v, st_off, st_mask,
-    BT: tl.constexpr, DOT_PREC: tl.constexpr,
+    j, Lj, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re,
+    ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k, is_v, st_off,
+    st_mask, BT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Chunk j (Lj tokens) of the fused reverse scan. On entry e = dXe_j, the total adjoint of the state after chunk
-    j; loc / x (chunk j's local adjoint and entering state) were prefetched one step earlier. Adds chunk j's
-    state-carry part to dk / dv, prefetches chunk j-1's loc / x and returns dXe_{j-1} = conj(λ^Lj) e + loc; adds
+    j; loc / x (chunk j's local adjoint and entering state) and z / dzl (its [k | v] and chunk-local [dk | dv]) were
+    prefetched one step earlier (design decision: every load of a step is issued one step ahead, so no global-load
+    latency sits on the sequential chain). Adds chunk j's state-carry part to dk / dv, prefetches chunk j-1's
+    tiles and returns dXe_{j-1} = conj(λ^Lj) e + loc; adds
     the two un-reduced per-chunk terms of the parameter gradients to the accumulators
       ay[s, m] += Y[s, m] = Σ_{c in block} z_s[c] e[m, c]  (dB = Σ_s conj(λ^n_s) Y, d log λ ∝ Σ_s n_s conj(λ^n_s) Y)
       ax[m, c] += conj(X_j[m, c]) e[m, c]                  (λ^L carry ∝ Σ_c ax)
@@ -852,6 +870,9 @@ def _state_bwd_dz_step(
     nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
     nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
     nx_im = tl.load(states + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    nz, ndzl = _load_z_dz(
+        k_base, v_base, dk_base, dv_base, j - 1, tl.where(j > 0, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT
+    )
     # dz[s, c] = Re Σ_m conj(λ^{n_s} B)_m e[m, c] = (Re conj(P) @ f)[s, c] with f = conj(B) ⊙ e (B folded into the
     # [M, BCH] tile instead of a second [BT, M] table: fewer live registers)
     f_re = b_re[:, None] * e_re + b_im[:, None] * e_im
@@ -863,19 +884,16 @@ def _state_bwd_dz_step(
     vofs = rows[:, None] * (H * D) + (offs_c - R)[None, :]
     kmask = ms[:, None] & is_k[None, :]
     vmask = ms[:, None] & is_v[None, :]
-    zk = tl.load(k_base + kofs, mask=kmask, other=0.0)
-    zv = tl.load(v_base + vofs, mask=vmask, other=0.0)
-    z = zk.to(tl.float32) + zv.to(tl.float32)
-    # the chunk kernel already wrote the chunk-local dk / dv: add the carry part (each element owned by one program)
-    tl.store(dk_base + kofs, tl.load(dk_base + kofs, mask=kmask, other=0.0) + dz, mask=kmask)
-    tl.store(dv_base + vofs, tl.load(dv_base + vofs, mask=vmask, other=0.0) + dz, mask=vmask)
+    # chunk-local part (from the chunk kernel) + carry part; each element is owned by exactly one program
+    tl.store(dk_base + kofs, dzl + dz, mask=kmask)
+    tl.store(dv_base + vofs, dzl + dz, mask=vmask)
     ay_re = tl.dot(z, tl.trans(e_re), acc=ay_re, input_precision=DOT_PREC)
     ay_im = tl.dot(z, tl.trans(e_im), acc=ay_im, input_precision=DOT_PREC)
     ax_re += x_re * e_re + x_im * e_im
     ax_im += x_re * e_im - x_im * e_re
     ne_re = l_re[:, None] * e_re + l_im[:, None] * e_im + loc_re
     ne_im = l_re[:, None] * e_im - l_im[:, None] * e_re + loc_im
-    return ne_re, ne_im, nloc_re, nloc_im, nx_re, nx_im, ay_re, ay_im, ax_re, ax_im
+    return ne_re, ne_im, nloc_re, nloc_im, nx_re, nx_im, nz, ndzl, ay_re, ay_im, ax_re, ax_im
 
 
 @triton.jit
@@ -970,10 +988,11 @@ def _state_bwd_dz(
     ay_im = tl.zeros([BT, BM], dtype=tl.float32)
     ax_re = tl.zeros([BM, BCH], dtype=tl.float32)
     ax_im = tl.zeros([BM, BCH], dtype=tl.float32)
-    e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
-        NT - 1, L_last, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im,
-        ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k, is_v,
-        st_off, st_mask, BT, DOT_PREC,
+    z, dzl = _load_z_dz(k_base, v_base, dk_base, dv_base, NT - 1, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
+    e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
+        NT - 1, L_last, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re,
+        ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k,
+        is_v, st_off, st_mask, BT, DOT_PREC,
     )  # fmt: skip
     gb_re, gb_im, hs_re, hs_im, acc_re, acc_im = _carry_terms(
         ay_re, ay_im, ax_re, ax_im, p_re, p_im, nf, l_re, l_im, L_last
@@ -986,18 +1005,18 @@ def _state_bwd_dz(
     if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
         jj = 1
         while jj < NT:
-            e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
-                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re,
-                ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s,
-                is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+            e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
+                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
+                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c,
+                offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
             jj += 1
     else:
         for jj in range(1, NT):
-            e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
-                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, ay_re,
-                ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s,
-                is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+            e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
+                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
+                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c,
+                offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
     gb2_re, gb2_im, hs2_re, hs2_im, acc2_re, acc2_im = _carry_terms(
         ay_re, ay_im, ax_re, ax_im, p_re, p_im, nf, l_re, l_im, BT
