@@ -25,6 +25,9 @@ Kernels:
   _state_bwd   sequential (reverse) over chunks: adjoint state scan dX_{j} = conj(λ^L) dX_{j+1} + local_j, written
                in place; partial grad of log λ through the λ^L carry.
   _chunk_dz    parallel over (chunk, b·h, channel block): the state-carry part of dk/dv and of the B / log λ grads.
+  _state_bwd_dz  (``fuse_dz=True``) _state_bwd and _chunk_dz in one sequential launch over (channel block, b·h),
+               each program holding all M modes: the carry part of dk/dv/B/log λ is produced while dXe_j is in
+               registers, so the adjoint buffer is read once and never written back.
 """
 
 from __future__ import annotations
