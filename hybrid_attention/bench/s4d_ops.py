@@ -53,6 +53,18 @@ def make_params(H: int, M: int, seed: int, device) -> tuple[torch.Tensor, torch.
     return torch.complex(re, im).to(device), B.to(device), C.to(device)
 
 
+def flop_model(Bsz: int, T: int, H: int, R: int, M: int, BT: int = 32, split: bool = True) -> dict:
+    """Matmul FLOPs of the readout kernels (the state scans are O(M·2R) per token and left out), counted per
+    token-channel and output mode m as the kernels compute them (masked tile work not included):
+    forward Y^a_m, Y^b_m: 2 x (4 M + 2 BT) MACs; backward: recompute (twice with bwd_split), da/db 4 BT, X0 adjoint
+    8 M, g_P 8 M, g_Toe 4 BT MACs."""
+    n = Bsz * T * H * R * M
+    y = 8 * M + 4 * BT
+    fwd = 2 * n * y
+    bwd = 2 * n * (y * (2 if split else 1) + 4 * BT + 16 * M + 4 * BT)
+    return {"fwd": fwd, "fwdbwd": fwd + bwd}
+
+
 def _leaves(*xs: torch.Tensor, real: torch.dtype, cplx: torch.dtype) -> list[torch.Tensor]:
     return [x.detach().to(cplx if x.is_complex() else real).requires_grad_() for x in xs]
 
@@ -173,10 +185,18 @@ def timing(results: dict, quick: bool) -> None:
                 continue
             if name == "reference_chunk_s4d" and T == 4096 and Bsz == 1:
                 ref_ms_4k = t_fb
-            results["s4d"].append(
-                {"kind": "timing", "op": name, "B": Bsz, "T": T, "H": H, "R": R, "M": M, "fwd_ms": t_f,
-                 "fwdbwd_ms": t_fb, "peak_mb": mem}
-            )  # fmt: skip
+            row = {"kind": "timing", "op": name, "B": Bsz, "T": T, "H": H, "R": R, "M": M, "fwd_ms": t_f,
+                   "fwdbwd_ms": t_fb, "peak_mb": mem}  # fmt: skip
+            if name == "triton_s4d":  # achieved matmul rate of the readout kernels under the FLOP model
+                from hybrid_attention.ops.s4d.triton import ops as sops
+
+                cfg = sops.kernel_config()
+                fl = flop_model(Bsz, T, H, R, M, sops.kernel_chunk(64), cfg["bwd_split"])
+                row["fwd_TFLOPs"] = fl["fwd"] / (t_f * 1e-3) / 1e12
+                row["fwdbwd_TFLOPs"] = fl["fwdbwd"] / (t_fb * 1e-3) / 1e12
+                log(f"s4d timing triton_s4d: {row['fwd_TFLOPs']:.1f} TFLOP/s forward, {row['fwdbwd_TFLOPs']:.1f} "
+                    "TFLOP/s forward+backward (readout matmuls, flop_model)")  # fmt: skip
+            results["s4d"].append(row)
             log(f"s4d timing {name:20s} B={Bsz:2d} T={T:6d} H={H:2d}: fwd {t_f:9.3f} ms  fwd+bwd {t_fb:9.3f} ms  "
                 f"peak {mem:8.1f} MB")  # fmt: skip
         sync()
