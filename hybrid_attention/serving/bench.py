@@ -92,3 +92,34 @@ def decode_latency(model, contexts: list[int], batch_sizes: list[int], graphs: b
                     torch.cuda.empty_cache()
             rows.append(row)
     return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m hybrid_attention.serving.bench --preset gdn-340m --contexts 1024,131072 --batch-sizes 1,8
+    Random-weight model of a preset (bf16 on CUDA, float32 on the CPU); prints one JSON row per point."""
+    import argparse
+    import json
+
+    from hybrid_attention.models import HybridConfig, HybridForCausalLM
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", required=True)
+    ap.add_argument("--contexts", default="1024,4096,16384,65536,131072")
+    ap.add_argument("--batch-sizes", default="1")
+    ap.add_argument("--natsl-softmax-fraction", type=float, default=0.5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--no-graphs", action="store_true")
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    torch.manual_seed(0)
+    model = HybridForCausalLM(HybridConfig.from_preset(args.preset)).eval()
+    model = model.to("cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32)
+    rows = decode_latency(model, [int(c) for c in args.contexts.split(",")],
+                          [int(b) for b in args.batch_sizes.split(",")], graphs=not args.no_graphs, iters=args.iters,
+                          natsl_softmax_fraction=args.natsl_softmax_fraction)
+    for row in rows:
+        print(json.dumps({"preset": args.preset, **row}))
+
+
+if __name__ == "__main__":
+    main()

@@ -20,6 +20,8 @@ from hybrid_attention.serving import StaticDecoder
 from hybrid_attention.serving.bench import decode_latency
 
 C = 16  # chunk size of the tiny preset
+# Triton kernels run on the GPU when there is one, else in the interpreter (conftest sets TRITON_INTERPRET=1).
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False) -> HybridForCausalLM:
@@ -136,8 +138,8 @@ def test_natsl_capacity_overflow_is_reported():
 def test_fused_kernels_float32(layers):
     """The fused Triton decode steps and the split-KV attention (CUDA; the Triton interpreter here) inside the static
     decoder, float32."""
-    model = make_model(layers, dtype=torch.float32)
-    ids = torch.randint(0, 259, (2, 13 + C + 2))
+    model = make_model(layers, dtype=torch.float32).to(KERNEL_DEVICE)
+    ids = torch.randint(0, 259, (2, 13 + C + 2), device=KERNEL_DEVICE)
     eager, static, _, _ = eager_and_static(model, ids, 13, use_kernels=True)
     assert_close(eager, static, 2e-4)
 
@@ -304,12 +306,13 @@ def test_split_kv_decode_attention(num_splits):
     from hybrid_attention.serving.decode_attention import decode_attention, decode_attention_reference
 
     b, h, L, d, dv = 2, 3, 90, 24, 40  # non-power-of-2 head sizes
-    q = torch.randn(b, h, d)
-    len1 = torch.tensor([[0, 5, 40], [17, 1, 0]])
-    start2 = torch.full((1, 1), 60)
-    len2 = torch.tensor([[3, 30, 1], [1, 12, 30]])
+    dev = KERNEL_DEVICE
+    q = torch.randn(b, h, d, device=dev)
+    len1 = torch.tensor([[0, 5, 40], [17, 1, 0]], device=dev)
+    start2 = torch.full((1, 1), 60, device=dev)
+    len2 = torch.tensor([[3, 30, 1], [1, 12, 30]], device=dev)
     for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        k, v = torch.randn(b, h, L, d, dtype=dt), torch.randn(b, h, L, dv, dtype=dt)
+        k, v = torch.randn(b, h, L, d, dtype=dt, device=dev), torch.randn(b, h, L, dv, dtype=dt, device=dev)
         o = decode_attention(q.to(dt), k, v, len1, start2, len2, d**-0.5, num_splits, block_n=16)
         ref = decode_attention_reference(q.to(dt).double(), k.double(), v.double(), len1, start2, len2, d**-0.5)
         assert o.dtype == dt and o.shape == (b, h, dv)
