@@ -26,7 +26,9 @@ Design decisions (named once, here):
   expected softmax fraction; keeping more chunks than that sets the device flag `overflow` (outputs are then not
   guaranteed). Both GDN outcomes (commit, decayed rollback) are computed and selected with `torch.where`.
 - The chunk buffer of the current chunk lives behind the compacted cache in the same tensor ([cache | chunk]), so the
-  attention of a step is one SDPA call over one buffer, without a per-step concatenation of the cache.
+  attention of a step is one call over one buffer (two key ranges), without a per-step concatenation of the cache.
+- NAtS-L routing at a chunk end: the layer's own router (`_route`), or its forced routing; a forced softmax fraction
+  needs the chunk number, taken from the device position (`StaticNatsL._chunk_types`).
 - Fused Triton steps (`ops/gated_delta/triton/decode.py`, `ops/interdomain/triton/decode.py`) are used when
   `use_kernels` (CUDA by default) and the state is float32 / complex64; otherwise the plain PyTorch math below, which
   is the token-by-token definition of the naive ops with T = 1.
