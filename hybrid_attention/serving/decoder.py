@@ -115,9 +115,11 @@ class StaticDecoder:
         context of that length."""
         if not 0.0 <= softmax_fraction <= 1.0:
             raise ValueError(f"softmax_fraction must be in [0, 1], got {softmax_fraction}")
-        torch.manual_seed(seed)
+        if not 0 <= length <= self.max_length:
+            raise ValueError(f"length must be in [0, max_length={self.max_length}], got {length}")
+        gen = torch.Generator(self.device).manual_seed(seed)  # a private generator: the global RNG is untouched
         for mixer in self.mixers:
-            mixer.fill_random(length, softmax_fraction=softmax_fraction)
+            mixer.fill_random(length, generator=gen, softmax_fraction=softmax_fraction)
         self.set_length(length)
 
     # ------------------------------------------------------------------------------------------------ step

@@ -113,7 +113,7 @@ class StaticMixer:
     def step(self, x: torch.Tensor, pos: torch.Tensor, final: bool) -> torch.Tensor:
         raise NotImplementedError
 
-    def fill_random(self, length: int, **kwargs) -> None:
+    def fill_random(self, length: int, generator: torch.Generator, **kwargs) -> None:
         raise NotImplementedError
 
     def buffers(self) -> list[torch.Tensor]:
@@ -140,9 +140,9 @@ class StaticSoftmax(StaticMixer):
         self.k[:, :, :length].copy_(state.k.transpose(1, 2))
         self.v[:, :, :length].copy_(state.v.transpose(1, 2))
 
-    def fill_random(self, length: int, **kwargs) -> None:
-        self.k[:, :, :length].normal_()
-        self.v[:, :, :length].normal_()
+    def fill_random(self, length: int, generator: torch.Generator, **kwargs) -> None:
+        self.k[:, :, :length].normal_(generator=generator)
+        self.v[:, :, :length].normal_(generator=generator)
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, final: bool) -> torch.Tensor:
         m, b = self.layer, x.shape[0]
@@ -183,10 +183,10 @@ class StaticGDN(StaticMixer):
         self.S.copy_(state.S)
         self.convs.load(state.conv)
 
-    def fill_random(self, length: int, **kwargs) -> None:
-        self.S.normal_(std=0.1)
+    def fill_random(self, length: int, generator: torch.Generator, **kwargs) -> None:
+        self.S.normal_(std=0.1, generator=generator)
         for buf in self.convs.buffers():
-            buf.normal_()
+            buf.normal_(generator=generator)
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, final: bool) -> torch.Tensor:
         m, b = self.layer, x.shape[0]
@@ -238,10 +238,10 @@ class StaticInterdomain(StaticMixer):
         self.ssm.copy_(state.ssm)
         self.convs.load(state.conv)
 
-    def fill_random(self, length: int, **kwargs) -> None:
-        self.ssm.normal_(std=0.1)
+    def fill_random(self, length: int, generator: torch.Generator, **kwargs) -> None:
+        self.ssm.normal_(std=0.1, generator=generator)
         for buf in self.convs.buffers():
-            buf.normal_()
+            buf.normal_(generator=generator)
 
     def _core(self, q: torch.Tensor | None, key: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
         """One token of the S4D core on [B, H, R] / [B, H, D] inputs; the state is updated in place. -> [B, H, D]."""
@@ -341,23 +341,24 @@ class StaticNatsL(StaticMixer):
         self.overflow.zero_()
         self.convs.load(state.conv)
 
-    def fill_random(self, length: int, softmax_fraction: float = 0.5, **kwargs) -> None:
+    def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5,
+                    **kwargs) -> None:
         """Timing fill: random K/V and states; every (row, head) keeps round(fraction · complete chunks) chunks."""
         c = self.layer.chunk_size
         kept = round(softmax_fraction * (length // c))
         if kept > self.capacity:
             raise ValueError(f"softmax_fraction={softmax_fraction} keeps {kept} chunks, more than the capacity "
                              f"natsl_cache_chunks={self.capacity}")
-        self.kv_k.normal_()
-        self.kv_v.normal_()
-        self.x_buf.normal_()
-        self.S.normal_(std=0.1)
-        self.S_start.normal_(std=0.1)
+        self.kv_k.normal_(generator=generator)
+        self.kv_v.normal_(generator=generator)
+        self.x_buf.normal_(generator=generator)
+        self.S.normal_(std=0.1, generator=generator)
+        self.S_start.normal_(std=0.1, generator=generator)
         self.g_sum.fill_(-0.1)
         self.n_kept.fill_(kept)
         self.overflow.zero_()
         for buf in self.convs.buffers():
-            buf.normal_()
+            buf.normal_(generator=generator)
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, final: bool) -> torch.Tensor:
         m, b = self.layer, x.shape[0]

@@ -202,6 +202,10 @@ def test_errors():
         dec.step(torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"token_ids must be \[batch_size=2, 1\]"):
         dec.step(torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"length must be in \[0, max_length=6\]"):
+        dec.fill_random(7)
+    with pytest.raises(ValueError, match="softmax_fraction"):
+        dec.fill_random(3, softmax_fraction=1.5)
     with pytest.raises(ValueError, match="max_length must be a positive integer"):
         StaticDecoder(model, 2, 0)
     with pytest.raises(ValueError, match="dtype"):
