@@ -106,14 +106,19 @@ def test_triton_odd_sizes():
     check_against_reference(*make_case(1, 45, 1, 20, 8, 5, True), chunk_size=32)
 
 
-def test_triton_fused_backward_kernel():
-    """The single-launch backward readout (bwd_split=False) gives the same gradients as the default split one."""
-    old = s4d_ops.kernel_config()["bwd_split"]
+def test_triton_other_backward_variants():
+    """The single-launch backward readout (bwd_split flipped) together with the other shared state path (the
+    Interdomain op's fuse_dz flipped) gives the same gradients."""
+    from hybrid_attention.ops.interdomain.triton import ops as id_ops
+
+    old, old_fz = s4d_ops.kernel_config()["bwd_split"], id_ops.kernel_config()["fuse_dz"]
     s4d_ops.set_kernel_config(bwd_split=not old)
+    id_ops.set_kernel_config(fuse_dz=not old_fz)
     try:
         check_against_reference(*make_case(1, 21, 2, 16, 16, 3, True), chunk_size=16)
     finally:
         s4d_ops.set_kernel_config(bwd_split=old)
+        id_ops.set_kernel_config(fuse_dz=old_fz)
 
 
 def test_triton_bf16_inputs():

@@ -17,7 +17,9 @@ Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂R
   da_local = Re(Toeᵀ-conj g_{Y^a}), dX0_local = P^H g_Y, g_P = g_Y X0^H, g_Toe = g_Y zᵀ (``_readout_bwd``), with g_P
   folded into dC and d log λ inside the kernel and g_Toe folded into dKern (band sums); then the shared reverse state
   scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the λ^L-carry part of d log λ)
-  and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB, d log λ).
+  and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB, d log λ), called through
+  the Interdomain op's host helpers ``_state_bwd_unfused`` / ``_state_bwd_dz`` (its fused variant when the
+  Interdomain op's ``fuse_dz`` setting is on).
 Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
 to d log λ, dB and dC.
 
@@ -33,7 +35,6 @@ import torch
 import triton
 
 from ...interdomain.chunk import validate_chunk_size
-from ...interdomain.triton import kernels as IK
 from ...interdomain.triton import ops as IO
 from ..naive import validate_s4d_inputs
 from . import kernels as K
@@ -153,35 +154,14 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
             M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), PART=part, num_warps=_CFG["warps_bwd"],
             num_stages=_CFG["stages"],
         )  # fmt: skip
-    # shared reverse adjoint scan over the chunk-boundary states (launched with the Interdomain op's configuration)
-    icfg = IO.kernel_config()
-    BMS = min(icfg["BMS"], _np2(M))
-    BCH = min(icfg["BCH"], _np2(NC))
-    n_cb = triton.cdiv(NC, BCH)
-    gl_part2 = _empty(Bsz * H, n_cb, 2, M, device=dev)
+    # The shared state path (the Interdomain op's host helpers, with (k, v) = (a, b), following its ``fuse_dz``
+    # setting): reverse adjoint scan over the chunk-boundary states (d initial_state, the λ^L-carry part of d log λ)
+    # and the state-carry gradient, added to da / db in place, with the input-path parts of dB and d log λ.
     dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
-    has_df = dfinal is not None
-    IK._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
-        P, states, dx, dfinal.contiguous() if has_df else dx, dinit, gl_part2, T, H, M, R, R, NT,
-        HAS_DFINAL=has_df, STORE_DINIT=init is not None, USE_WHILE=_INTERPRET, BT=BT, BMS=BMS, BCH=BCH,
-        num_warps=icfg["warps_state"], num_stages=icfg["stages_state"],
-    )  # fmt: skip
+    state_bwd = IO._state_bwd_dz if IO.kernel_config()["fuse_dz"] else IO._state_bwd_unfused
+    dbb, dll_carry = state_bwd(a, b, da, db, P, bb, states, dx, dfinal, dinit, init is not None, BT)
     del states
-    # shared state-carry kernel: adds the state path to da / db in place, plus the dB / d log λ partials
-    BCHZ = min(icfg["BCH_DZ"], _np2(NC))
-    n_cbz = triton.cdiv(NC, BCHZ)
-    gb_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
-    gl_part3 = _empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
-    IK._chunk_dz[(NT, Bsz * H, n_cbz)](
-        a, b, da, db, P, bb, dx, gb_part3, gl_part3, T, H, M, R, R, NT,
-        BT=BT, BM=_np2(M), BCH=BCHZ, DOT_PREC=_prec(), num_warps=icfg["warps_dz"], num_stages=icfg["stages"],
-    )  # fmt: skip
-    dbb = gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-    dll = (
-        dll
-        + gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2))
-        + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-    )
+    dll = dll + dll_carry
     dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else a.new_empty(0, dtype=f32)
     return da.to(a.dtype), db.to(b.dtype), dll, dbb, dC, dK, dinit_out
 
