@@ -21,7 +21,8 @@ because the readout is diagonal in the channel j, so channel tiles never interac
                 product (P_m X0) and a [BT, BT] @ [BT, JT] Toeplitz product (Kern_m * a), for a and for b.
   _readout_bwd  recomputes Y^a_m, Y^b_m and produces the chunk-local da, db, the chunk's local adjoint of X0 (for
                 the shared reverse state scan), and atomically accumulated table gradients dC (through P), d log λ
-                (through P) and dKern.
+                (through P) and dKern; by default in two launches (PART 1: da, db, X0 adjoint; PART 2: the table
+                gradients), each recomputing Y, which holds fewer live tiles than the single launch (PART 0).
 """
 
 from __future__ import annotations

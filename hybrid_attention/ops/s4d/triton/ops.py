@@ -13,15 +13,18 @@ Both tables are chunk-invariant. Pipeline (forward):
   1. X0 of every chunk by the Interdomain op's shared forward state scan (``_states_fwd``) with (k, v) = (a, b).
   2. ``_readout_fwd`` (this package): per (chunk, b·h, channel tile), o from X0, the chunk's a, b and the tables.
 Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
-  g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then
-  da_local = Re(Toeᵀ-conj g_{Y^a}), dX0_local = P^H g_Y, g_P = g_Y X0^H, g_Toe = g_Y zᵀ (``_readout_bwd``), with g_P
-  folded into dC and d log λ inside the kernel and g_Toe folded into dKern (band sums); then the shared reverse state
-  scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the λ^L-carry part of d log λ)
-  and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB, d log λ), called through
-  the Interdomain op's host helpers ``_state_bwd_unfused`` / ``_state_bwd_dz`` (its fused variant when the
-  Interdomain op's ``fuse_dz`` setting is on).
+  g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then, in ``_readout_bwd``,
+  da_local = Re(Toe^H g_{Y^a}) (Toe[τ, s] = Kern[m, τ-s], s <= τ), dX0_local = P^H g_Y, g_P = g_Y X0^H and
+  g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums); then the
+  shared reverse state scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the
+  λ^L-carry part of d log λ) and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB,
+  d log λ), called through the Interdomain op's host helpers ``_state_bwd_unfused`` / ``_state_bwd_dz`` (its fused
+  variant when the Interdomain op's ``fuse_dz`` setting is on).
 Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
 to d log λ, dB and dC.
+
+The table gradients are float32 atomic sums over batch, chunks and channel tiles: their summation order (and so
+their last bits) is not deterministic from run to run.
 
 Memory: like the Interdomain op, the chunk-boundary states live only inside one op call (recomputed in the
 backward); autograd saves the inputs only; no per-token state is materialised.
