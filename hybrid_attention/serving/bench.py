@@ -20,6 +20,7 @@ import time
 import torch
 
 from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving.decoder import StaticDecoder
 
 
@@ -45,7 +46,7 @@ def _time_steps(dec: StaticDecoder, iters: int, warmup: int) -> list[float]:
     return times
 
 
-def _natsl_capacity(model, context: int, steps: int, fraction: float) -> int | None:
+def _natsl_capacity(model: HybridForCausalLM, context: int, steps: int, fraction: float) -> int | None:
     """NAtS-L cache capacity for a timing run: the chunks kept at `context` (fraction of the complete chunks) plus one
     per chunk end the timed steps can reach, so the attention of a step costs what the fraction implies (a full
     capacity would make every step attend over max_length masked keys). None when the model has no NAtS-L layer."""
@@ -56,8 +57,8 @@ def _natsl_capacity(model, context: int, steps: int, fraction: float) -> int | N
     return max(round(fraction * (context // s)) for s in sizes) + -(-steps // c) + 1
 
 
-def decode_latency(model, contexts: list[int], batch_sizes: list[int], graphs: bool = True, iters: int = 50,
-                   warmup: int = 5, natsl_softmax_fraction: float = 0.5) -> list[dict]:
+def decode_latency(model: HybridForCausalLM, contexts: list[int], batch_sizes: list[int], graphs: bool = True,
+                   iters: int = 50, warmup: int = 5, natsl_softmax_fraction: float = 0.5) -> list[dict]:
     """Rows {"batch_size", "context", "eager_ms", "eager_mean_ms", "graph_ms", "graph_mean_ms", "natsl_cache_chunks",
     "error"} (ms per decoded token for the whole batch; graph_* None without CUDA or graphs=False; "error" set, e.g.
     on OOM, instead of failing the sweep). model: a HybridForCausalLM in eval mode on its device and dtype."""

@@ -25,6 +25,7 @@ import math
 import torch
 
 from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving.static_layers import StaticMixer, static_mixer_for
 
 
@@ -38,8 +39,9 @@ class StaticDecoder:
     is reported by `overflowed()` and makes `generate` raise).
     """
 
-    def __init__(self, model, batch_size: int, max_length: int, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None, use_kernels: bool | None = None,
+    def __init__(self, model: HybridForCausalLM, batch_size: int, max_length: int,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 use_kernels: bool | None = None,
                  natsl_cache_chunks: int | None = None) -> None:
         for name, val in (("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
