@@ -79,3 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (e.g. `timeout`): finished runs are kept, the others resume
+        print("interrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
+        return 130

@@ -261,6 +261,9 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
     ran = failed = 0
 
     def _stop(signum, frame):  # noqa: ARG001
+        # ignore repeats while the workers are being stopped (`timeout` signals the whole process group)
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}

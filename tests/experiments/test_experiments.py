@@ -168,3 +168,35 @@ def test_parallel_jobs_match_sequential_and_resume(tmp_path):
     with pytest.raises(ConfigError, match="jobs"):
         load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["jobs=0"])
     assert time.perf_counter() - t0 < 60
+
+
+def test_parallel_run_stops_cleanly_on_sigterm(tmp_path):
+    """SIGTERM (what `timeout` sends) to a --jobs 2 run: the workers are stopped, the command exits 130 with a one-line
+    message, and no unfinished run has a result.json (the report never sees half-written work)."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "stop"
+    cmd = [sys.executable, "-m", "hybrid_attention.experiments", str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *SMALL,
+           "base.train.steps=2000", "base.train.checkpoint_every=1000", "seeds=[0]", f"out_dir={out}",
+           "--jobs", "2", "--only", "softmax", "interdomain"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    pids = []
+    t0 = time.perf_counter()
+    while len(pids) < 2 and time.perf_counter() - t0 < 60:
+        line = p.stdout.readline()
+        pids += [int(x) for x in re.findall(r"\(worker (\d+),", line)]
+    assert len(pids) == 2
+    time.sleep(2.0)
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    err = p.stderr.read()
+    assert rc == 130 and "interrupted" in err, err
+    for pid in pids:  # the workers were stopped (and reaped) by the runner
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not list(out.glob("cells/*/seed*/result.json"))
