@@ -65,17 +65,24 @@ class S4DCore(nn.Module):
         self.B[..., 0] = 1.0
         self.C.normal_(0.0, (0.5 / self.state_size) ** 0.5)
 
+    def _real(self, p: torch.Tensor) -> torch.Tensor:
+        # DECISION: the SSM parameters are promoted to float32 when the module is stored in bf16/fp16 (a model cast
+        # with .to(torch.bfloat16) for inference): complex tensors exist only for float32/float64, and the decay
+        # math needs the precision anyway. The promotion is differentiable; float32/float64 parameters are unchanged.
+        return p.float() if p.dtype in (torch.bfloat16, torch.float16) else p
+
     def A(self) -> torch.Tensor:
         """Continuous-time A: [H, M] complex (Re < 0)."""
-        return torch.complex(-torch.exp(self.A_log_re), self.A_im)
+        return torch.complex(-torch.exp(self._real(self.A_log_re)), self._real(self.A_im))
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (log λ [H, M], B̄ [H, M], C [H, M, M]), complex64 (complex128 for float64 parameters)."""
         a = self.A()
-        dt = torch.exp(self.log_dt)[:, None]
+        dt = torch.exp(self._real(self.log_dt))[:, None]
         log_lam = a * dt  # log Λ = Δ A
-        b = torch.view_as_complex(self.B.contiguous())
+        b = torch.view_as_complex(self._real(self.B).contiguous())
         b_bar = torch.expm1(log_lam) / a * b  # ZOH
-        c = torch.view_as_complex(self.C.contiguous())
+        c = torch.view_as_complex(self._real(self.C).contiguous())
         return log_lam, b_bar, c
 
     def extra_repr(self) -> str:

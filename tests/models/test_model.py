@@ -211,3 +211,18 @@ def test_ssm_param_groups():
     decay_ids = {id(p) for p in by_name["decay"]["params"]}
     assert id(mixer.proj["q"].weight) in decay_ids and id(model.model.embeddings.weight) not in decay_ids
     assert ssm_param_groups(model, lr=1e-4, weight_decay=0.1)[0]["lr"] == 1e-4  # cap only lowers
+
+
+@pytest.mark.parametrize("mixer", ["interdomain", "s4d"])
+def test_bf16_model_prefill_runs_and_stays_close(mixer):
+    """A model cast to bf16 for inference computes its S4D parameters in float32 (complex bf16 does not exist) and
+    its chunked prefill agrees with the float32 model to bf16 accuracy."""
+    torch.manual_seed(0)
+    model = HybridForCausalLM(HybridConfig.from_preset("tiny", layers=mixer)).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 40))
+    with torch.no_grad():
+        ref = model(ids).logits[:, -1]
+        logits, _ = model.to(torch.bfloat16).prefill(ids, chunk_size=16)
+    assert logits.dtype == torch.bfloat16
+    err = (logits.float() - ref).abs().max() / ref.abs().max()
+    assert err < 5e-2, float(err)
