@@ -141,7 +141,9 @@ def test_fused_kernels_float32(layers):
     model = make_model(layers, dtype=torch.float32).to(KERNEL_DEVICE)
     ids = torch.randint(0, 259, (2, 13 + C + 2), device=KERNEL_DEVICE)
     eager, static, _, _ = eager_and_static(model, ids, 13, use_kernels=True)
-    assert_close(eager, static, 2e-4)
+    # the interpreter computes the kernels' dots in true float32; on the GPU they are tf32 (10-bit mantissa inputs):
+    # measured 3.3e-4 on the H200, so the GPU bound is 2e-3
+    assert_close(eager, static, 2e-4 if KERNEL_DEVICE == "cpu" else 2e-3)
 
 
 class _NoHostSync(TorchFunctionMode):
