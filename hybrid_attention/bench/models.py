@@ -108,15 +108,17 @@ def _time_ms(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _peak_gb(fn, above: int = 0) -> float:
-    """Peak allocated GB while fn() runs, minus `above` bytes (nan on the CPU)."""
+def _peak_gb(fn, relative: bool = False) -> float:
+    """Peak allocated GB while fn() runs (nan on the CPU); with `relative`, minus what was allocated just before
+    (the weights and anything else alive), i.e. the activations and the state the call builds."""
     if DEVICE != "cuda":
         fn()
         return NAN
     _free()
+    before = torch.cuda.memory_allocated()
     fn()
     sync()
-    return (torch.cuda.max_memory_allocated() - above) / 2**30
+    return (torch.cuda.max_memory_allocated() - (before if relative else 0)) / 2**30
 
 
 def _natsl_fraction(model: HybridForCausalLM) -> float:
@@ -129,7 +131,6 @@ def _natsl_fraction(model: HybridForCausalLM) -> float:
 def prefill(lengths: list[int]) -> None:
     for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m"):
         model = build(name)
-        weights = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
         variants = NATSL_VARIANTS if name.startswith("natsl") else [("", None)]
         for label, fraction in variants:
             set_fraction(model, fraction)
@@ -145,7 +146,9 @@ def prefill(lengths: list[int]) -> None:
 
                 try:
                     ms = _time_ms(run, reps=3 if T <= 16384 else 2)
-                    gb = _peak_gb(run, above=weights)
+                    # session-2 run: measured above the memory allocated after building the model, which still
+                    # held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7 GB. Fixed.
+                    gb = _peak_gb(run, relative=True)
                 except torch.OutOfMemoryError:
                     ms, gb = NAN, NAN
                     log(f"prefill {name} T={T}: out of memory")
@@ -153,6 +156,7 @@ def prefill(lengths: list[int]) -> None:
                 RESULTS["prefill"].append(row)
                 log(f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
                     f"softmax fraction {row['fraction']:.3f}")
+                del run
                 _free()
         del model
         _free()
@@ -214,7 +218,7 @@ def train(T: int, bsz: int) -> None:
         RESULTS["train"].append(row)
         log(f"train {name:<18} B={bsz} T={T}: {ms:8.1f} ms/step  {row['tok_s']:10.0f} tok/s  peak {peak:.1f} GB  "
             f"softmax fraction {row['fraction']:.3f}")
-        del model, opt
+        del model, opt, step  # the closure holds both
         _free()
 
 
@@ -244,6 +248,7 @@ def table12(pairs: list[tuple[int, int]], chunk: int) -> None:
                     gb, ms = NAN, NAN
                 RESULTS["table12"].append(dict(model=name, mode=label, B=bsz, L=L, peak_gb=gb, ms=ms))
                 log(f"table12 {name:<16} {label:<14} B={bsz:>2} L={L:>6}: peak {gb:6.2f} GB  {ms:8.1f} ms")
+                del run
                 _free()
         del model
         _free()
