@@ -200,3 +200,19 @@ def test_parallel_run_stops_cleanly_on_sigterm(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not list(out.glob("cells/*/seed*/result.json"))
+
+
+@pytest.mark.parametrize("suite_name", ["interdomain_cube_cpu", "interdomain_length_cpu"])
+def test_remaining_cpu_suites_smoke_run(tmp_path, suite_name):
+    """The CPU variants not exercised above run end to end at a few steps: every cell trains and is evaluated, and
+    the report is written (a broken cell config must fail here, not after minutes of a real run)."""
+    tiny = ["base.train.steps=2", "base.train.checkpoint_every=2", "base.data.seq_len=32", "base.data.val_tokens=256",
+            "base.data.max_bytes=1000000", "base.train.batch_size=2", "eval.length_tokens=256", "seeds=[0]"]
+    suite = load_suite(SUITES / f"{suite_name}.yaml", [*tiny, f"out_dir={tmp_path / 'out'}"])
+    lines, log = _lines()
+    doc = run_suite(suite, log=log)
+    assert doc["failed"] == [], lines
+    assert set(doc["summary"]) == {c.name for c in suite.cells}
+    for s in doc["summary"].values():
+        assert 1.0 < s["val_ppl"]["mean"] < 1000
+    assert (tmp_path / "out" / "results.md").stat().st_size > 0
