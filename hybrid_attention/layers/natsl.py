@@ -255,45 +255,33 @@ class NatsLAttention(TokenMixer):
         return (kept_tokens * kv + part * (self.hidden_size + kv) + 2 * self.num_heads * self.head_dim
                 * self.head_v_dim + self.num_heads)
 
-    def _append_chunks(self, st: NatsLState, k_chunk, v_chunk, sel) -> None:
-        """Write one completed chunk's softmax K/V ([B, C, Hs, d]) into the compacted cache of every (row, decision
-        head) whose type is softmax (sel [B, Hn] bool). Mutates `st` (a private copy made by forward)."""
-        c, g = self.chunk_size, self.group
-        need = int((st.n_kept + sel.long()).max())
-        have = st.valid.shape[-1]
-        if need > have:
-            grow = need - have
-            b, hs = st.k_cache.shape[:2]
-            st.k_cache = torch.cat([st.k_cache, st.k_cache.new_zeros(b, hs, grow * c, st.k_cache.shape[-1])], 2)
-            st.v_cache = torch.cat([st.v_cache, st.v_cache.new_zeros(b, hs, grow * c, st.v_cache.shape[-1])], 2)
-            st.valid = torch.cat([st.valid, st.valid.new_zeros(b, self.num_heads, grow)], 2)
-        for bi, hi in sel.nonzero().tolist():
-            slot = int(st.n_kept[bi, hi])
-            heads = slice(hi * g, (hi + 1) * g)
-            st.k_cache[bi, heads, slot * c:(slot + 1) * c] = k_chunk[bi, :, heads].transpose(0, 1)
-            st.v_cache[bi, heads, slot * c:(slot + 1) * c] = v_chunk[bi, :, heads].transpose(0, 1)
-            st.valid[bi, hi, slot] = True
-            st.n_kept[bi, hi] += 1
-
-    def _compact_chunks(self, st: NatsLState, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor) -> None:
-        """All complete chunks at once into an empty compacted cache (the parallel path's equivalent of calling
-        `_append_chunks` chunk by chunk, without a host round trip per chunk). k, v [B, N·C, Hs, d]; sel [B, N, Hn]
-        bool (softmax-typed). Slot j of decision head h holds its j-th softmax chunk, in sequence order."""
+    def _append_chunks(self, st: NatsLState, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor) -> None:
+        """Append N completed chunks' softmax K/V (k, v [B, N·C, Hs, d]) to the compacted cache of every (row,
+        decision head) that typed them softmax (sel [B, N, Hn] bool), in sequence order: slot j of decision head h
+        holds its j-th softmax chunk. The cache grows as needed; one host sync (the new slot count) per call, none per
+        chunk. Used for all complete chunks of a prefill and for each chunk completed while decoding. Mutates `st`
+        (a private copy made by forward)."""
         b, n, hn = sel.shape
         c, g = self.chunk_size, self.group
         dk, dv = k.shape[-1], v.shape[-1]
-        st.n_kept = sel.long().sum(1)  # [B, Hn]
-        cap = int(st.n_kept.max()) if n else 0  # the one host sync: the cache's slot count
-        slot = sel.long().cumsum(1) - 1  # [B, N, Hn]: slot of each selected chunk
+        sel_l = sel.long()
+        slot = st.n_kept[:, None, :] + sel_l.cumsum(1) - 1  # [B, N, Hn]: slot of each selected chunk
+        st.n_kept = st.n_kept + sel_l.sum(1)
+        have = st.valid.shape[-1]
+        need = int(st.n_kept.max()) if n else have
+        if need > have:
+            grow = need - have
+            st.k_cache = torch.cat([st.k_cache, st.k_cache.new_zeros(b, hn * g, grow * c, dk)], 2)
+            st.v_cache = torch.cat([st.v_cache, st.v_cache.new_zeros(b, hn * g, grow * c, dv)], 2)
+            st.valid = torch.cat([st.valid, st.valid.new_zeros(b, hn, grow)], 2)
+        cap = st.valid.shape[-1]
         bi, ni, hi = sel.nonzero(as_tuple=True)
         si = slot[bi, ni, hi]
-        kc = k.new_zeros(b, hn, g, cap, c, dk)
-        vc = v.new_zeros(b, hn, g, cap, c, dv)
+        kc = st.k_cache.view(b, hn, g, cap, c, dk)  # views: the writes below land in st.k_cache / st.v_cache
+        vc = st.v_cache.view(b, hn, g, cap, c, dv)
         # source [K, C, G, d] (advanced indices first), destination [K, G, C, d]
-        kc[bi, hi, :, si] = k.view(b, n, c, hn, g, dk)[bi, ni, :, hi].transpose(1, 2)
-        vc[bi, hi, :, si] = v.view(b, n, c, hn, g, dv)[bi, ni, :, hi].transpose(1, 2)
-        st.k_cache, st.v_cache = kc.view(b, hn * g, cap * c, dk), vc.view(b, hn * g, cap * c, dv)
-        st.valid = torch.zeros(b, hn, cap, dtype=torch.bool, device=sel.device)
+        kc[bi, hi, :, si] = k.reshape(b, n, c, hn, g, dk)[bi, ni, :, hi].transpose(1, 2)
+        vc[bi, hi, :, si] = v.reshape(b, n, c, hn, g, dv)[bi, ni, :, hi].transpose(1, 2)
         st.valid[bi, hi, si] = True
 
     # ---------------------------------------------------------------------------------------------------- forward
@@ -327,7 +315,10 @@ class NatsLAttention(TokenMixer):
 
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)
+        qs, ks = self._attn_qk(q, k, 0)
+        vs = self._heads(v, hs, self.attn_head_v_dim)
         gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend)
+        o_sa = None
         if keep:  # state at the start of the partial chunk = final state of the complete chunks
             nc = n_full * c
             o1, S_full = gated_delta(qg[:, :nc], kg[:, :nc], vg[:, :nc], g[:, :nc], beta[:, :nc],
@@ -335,23 +326,18 @@ class NatsLAttention(TokenMixer):
             o2, S = gated_delta(qg[:, nc:], kg[:, nc:], vg[:, nc:], g[:, nc:], beta[:, nc:], initial_state=S_full,
                                 output_final_state=True, **gdn_kw)
             o_gdn = torch.cat([o1, o2], 1)
-        elif self._concurrent_branches(qg, vg, q):
+        elif self._concurrent_branches(qg, vg, qs, vs):
             # DECISION: on CUDA with the Triton kernels, the two branches run on two synchronised streams
             # (ops/gated_delta/triton/mixed.py; identical results, 16K: 6.3 vs 7.4 ms forward+backward on the H200).
-            qs, ks = self._attn_qk(q, k, 0)
-            vs = self._heads(v, hs, self.attn_head_v_dim)
             o_gdn, _, o_sa = natsl_mixed(qg, kg, vg, g, beta, commit, qs, ks, vs, route_sa, routing_bias=bias,
                                          chunk_size=c, group_size=self.group,
                                          decay_uncommitted=self.decay_uncommitted)
-            return self._fuse(x, q, o_gdn.reshape(b, t, hs, self.attn_head_v_dim), o_sa), None
         else:
             o_gdn, _ = gated_delta(qg, kg, vg, g, beta, commit=commit, **gdn_kw)
 
-        qs, ks = self._attn_qk(q, k, 0)
-        vs = self._heads(v, hs, self.attn_head_v_dim)
-        if self.counterfactual_grad and self.training:
+        if o_sa is None and self.counterfactual_grad and self.training:
             o_sa = self._dense_counterfactual_attention(qs, ks, vs, m[..., SOFTMAX], n_all)
-        else:
+        elif o_sa is None:
             o_sa = chunk_attention(qs, ks, vs, route_sa, chunk_size=c, group_size=self.group, routing_bias=bias,
                                    backend=self.backend)
         y = self._fuse(x, q, o_gdn.reshape(b, t, hs, self.attn_head_v_dim), o_sa)
@@ -364,22 +350,19 @@ class NatsLAttention(TokenMixer):
         st.S, st.S_start, st.g_sum = S, S_full, g[:, nc:].sum(1)
         sel = hard[..., SOFTMAX].bool()  # [B, N_full, Hn]
         st.history = list(sel.unbind(1))
-        self._compact_chunks(st, ks[:, :nc], vs[:, :nc], sel)
+        self._append_chunks(st, ks[:, :nc], vs[:, :nc], sel)
         return y, st
 
-    def _concurrent_branches(self, qg: torch.Tensor, vg: torch.Tensor, q: torch.Tensor) -> bool:
+    def _concurrent_branches(self, qg: torch.Tensor, vg: torch.Tensor, qs: torch.Tensor, vs: torch.Tensor) -> bool:
         """Whether the no-state path runs both branches through `natsl_mixed`: backend "triton" (on the CPU: the
         interpreter, one stream), or "auto" with CUDA inputs, both Triton ops supporting the shapes, and not the
         (dense, analysis-only) counterfactual gradient."""
         if self.counterfactual_grad and self.training:
             return False
-        if not (self.backend == "triton" or (self.backend == "auto" and q.is_cuda)):
+        if not (self.backend == "triton" or (self.backend == "auto" and qg.is_cuda)):
             return False
         c = self.chunk_size
-        probe_s = q.new_empty(1, 1, self.num_attn_heads, self.attn_head_dim)
-        probe_sv = q.new_empty(1, 1, self.num_attn_heads, self.attn_head_v_dim)
-        return (GDN_TRITON and gdn_triton_supported(qg, vg, c)
-                and triton_chunk_attention_supported(probe_s, probe_sv, c))
+        return GDN_TRITON and gdn_triton_supported(qg, vg, c) and triton_chunk_attention_supported(qs, vs, c)
 
     def _dense_counterfactual_attention(self, qs, ks, vs, m_sa, n_all):
         """Dense softmax with multiplicative key weights: 1 inside the query's own chunk (causal), m ∈ {0, 1} (with
@@ -436,7 +419,7 @@ class NatsLAttention(TokenMixer):
                 st.S_start, st.g_sum = st.S, torch.zeros_like(st.g_sum)
                 sel = hard[..., SOFTMAX].bool()
                 st.history.append(sel)
-                self._append_chunks(st, st.k_buf, st.v_buf, sel)
+                self._append_chunks(st, st.k_buf, st.v_buf, sel[:, None])
                 st.x_buf, st.k_buf, st.v_buf = st.x_buf[:, :0], st.k_buf[:, :0], st.v_buf[:, :0]
         o_gdn = torch.cat(o_gdn, 1).reshape(b, t, hs, self.attn_head_v_dim)
         y = self._fuse(x, q, o_gdn, torch.cat(o_sa, 1))
