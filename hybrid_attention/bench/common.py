@@ -28,6 +28,7 @@ __all__ = [
     "rel_rms",
     "sync",
     "budget_left",
+    "fla_gdn",
 ]
 
 DRYRUN = os.environ.get("BENCH_DRYRUN") == "1"
@@ -93,17 +94,29 @@ def bench_ms(fn: Callable[[], Any], warmup: int = 10, rep: int = 60, grad_to_non
     return (time.time() - t0) * 1e3
 
 
-def peak_mb(fn: Callable[[], Any]) -> float:
-    """Peak CUDA memory (MB) allocated while ``fn()`` runs, above what was allocated before (nan on the CPU)."""
+def peak_mb(fn: Callable[[], Any], relative: bool = True) -> float:
+    """Peak CUDA memory (MB) allocated while ``fn()`` runs (nan on the CPU); with ``relative`` (default), above what
+    was allocated just before (weights and anything else alive), else the absolute peak."""
     if DEVICE != "cuda":
         fn()
         return float("nan")
     sync()
     torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    base = torch.cuda.memory_allocated() if relative else 0
     fn()
     sync()
     return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def fla_gdn() -> Callable | None:
+    """fla's ``chunk_gated_delta_rule`` when fla is importable (a carried wheel on the device; never a runtime
+    dependency of the library), else None."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as exc:
+        log(f"  fla not installed ({exc.__class__.__name__}): skipped")
+        return None
+    return chunk_gated_delta_rule
 
 
 def rel_rms(a: torch.Tensor, b: torch.Tensor, abs_floor: float = 1e-20) -> float:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_attention.bench.common import DEVICE as DEV
-from hybrid_attention.bench.common import DRYRUN, elapsed, log, peak_mb, rel_rms, sync
+from hybrid_attention.bench.common import DRYRUN, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
 from hybrid_attention.bench.common import guarded as _guarded
 from hybrid_attention.ops.interdomain import chunk_interdomain
 
@@ -315,9 +315,8 @@ def timing(Ts):
 
 def _fla_gdn_fwd_ms(T: int, H: int, d: int) -> float | None:
     """fla's GDN chunk forward (H heads, d_k = d_v = d, bf16, B=1) when fla is importable, else None."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception:
+    chunk_gated_delta_rule = fla_gdn()
+    if chunk_gated_delta_rule is None:
         return None
     from triton.testing import do_bench
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from hybrid_attention.bench.common import DEVICE, DRYRUN, budget_left, elapsed, log, sync
+from hybrid_attention.bench.common import DEVICE, DRYRUN, budget_left, elapsed, log, peak_mb, sync
 from hybrid_attention.bench.common import guarded as _guarded
 from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
@@ -54,15 +54,22 @@ if DRYRUN:
     TABLE12 = [(2, 64), (1, 128)]
     TABLE12_CHUNK = 32
 else:
-    CONFIGS = {name: None for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m", "interdomain-1.3b",
-                                       "softmax-1.3b")}
+    CONFIGS = {
+        name: None for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m", "interdomain-1.3b", "softmax-1.3b")
+    }
     PREFILL_T, DECODE_CTX, TRAIN_T, TRAIN_B = [4096, 16384, 65536, 131072], [1024, 4096, 16384, 65536, 131072], 4096, 4
     # spec interdomain §5.6, Table 12: (B, L) pairs and the paper's peak prefill GB (softmax SDPA, Interdomain
     # non-chunked, Interdomain chunked C=2048; None = OOM on the paper's card)
     TABLE12 = [(8, 4096), (8, 8192), (8, 16384), (16, 4096), (32, 2048), (64, 512)]
     TABLE12_CHUNK = 2048
-PAPER_TABLE12 = {(8, 4096): (14.65, 24.45, 17.58), (8, 8192): (21.42, None, 19.90), (8, 16384): (None, None, 25.78),
-                 (16, 4096): (21.21, None, 26.54), (32, 2048): (21.16, 40.97, 36.62), (64, 512): (14.59, 24.77, 21.39)}
+PAPER_TABLE12 = {
+    (8, 4096): (14.65, 24.45, 17.58),
+    (8, 8192): (21.42, None, 19.90),
+    (8, 16384): (None, None, 25.78),
+    (16, 4096): (21.21, None, 26.54),
+    (32, 2048): (21.16, 40.97, 36.62),
+    (64, 512): (14.59, 24.77, 21.39),
+}
 NATSL_VARIANTS = [("as produced", None), ("forced 0.25", 0.25), ("forced 0.5", 0.5)]
 
 
@@ -109,16 +116,9 @@ def _time_ms(fn, reps: int) -> float:
 
 
 def _peak_gb(fn, relative: bool = False) -> float:
-    """Peak allocated GB while fn() runs (nan on the CPU); with `relative`, minus what was allocated just before
-    (the weights and anything else alive), i.e. the activations and the state the call builds."""
-    if DEVICE != "cuda":
-        fn()
-        return NAN
+    """Peak allocated GB while fn() runs (see ``peak_mb``; absolute unless `relative`)."""
     _free()
-    before = torch.cuda.memory_allocated()
-    fn()
-    sync()
-    return (torch.cuda.max_memory_allocated() - (before if relative else 0)) / 2**30
+    return peak_mb(fn, relative=relative) / 1024
 
 
 def _natsl_fraction(model: HybridForCausalLM) -> float:
@@ -154,8 +154,10 @@ def prefill(lengths: list[int]) -> None:
                     log(f"prefill {name} T={T}: out of memory")
                 row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(model))
                 RESULTS["prefill"].append(row)
-                log(f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
-                    f"softmax fraction {row['fraction']:.3f}")
+                log(
+                    f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
+                    f"softmax fraction {row['fraction']:.3f}"
+                )
                 del run
                 _free()
         del model
@@ -167,8 +169,14 @@ def prefill(lengths: list[int]) -> None:
 def decode(contexts: list[int]) -> None:
     from hybrid_attention.serving.bench import decode_latency
 
-    plan = [("natsl-hybrid-340m", 0.25, [1]), ("natsl-hybrid-340m", 0.5, [1]), ("gdn-340m", None, [1]),
-            ("transformer-340m", None, [1]), ("interdomain-1.3b", None, [1, 8]), ("softmax-1.3b", None, [1, 8])]
+    plan = [
+        ("natsl-hybrid-340m", 0.25, [1]),
+        ("natsl-hybrid-340m", 0.5, [1]),
+        ("gdn-340m", None, [1]),
+        ("transformer-340m", None, [1]),
+        ("interdomain-1.3b", None, [1, 8]),
+        ("softmax-1.3b", None, [1, 8]),
+    ]
     for name, fraction, batch_sizes in plan:
         if budget_left() < 60:
             log(f"decode: budget spent, skipping {name}")
@@ -213,11 +221,14 @@ def train(T: int, bsz: int) -> None:
         step()  # compile the kernels
         ms = _time_ms(step, reps=5 if DEVICE == "cuda" else 1)
         peak = _peak_gb(step)
-        row = dict(model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak,
-                   fraction=_natsl_fraction(model))
+        row = dict(
+            model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(model)
+        )
         RESULTS["train"].append(row)
-        log(f"train {name:<18} B={bsz} T={T}: {ms:8.1f} ms/step  {row['tok_s']:10.0f} tok/s  peak {peak:.1f} GB  "
-            f"softmax fraction {row['fraction']:.3f}")
+        log(
+            f"train {name:<18} B={bsz} T={T}: {ms:8.1f} ms/step  {row['tok_s']:10.0f} tok/s  peak {peak:.1f} GB  "
+            f"softmax fraction {row['fraction']:.3f}"
+        )
         del model, opt, step  # the closure holds both
         _free()
 
@@ -275,14 +286,18 @@ def summary() -> None:
     if RESULTS["prefill"]:
         log("prefill (one pass building the decode state, B=1): ms / peak GB above the weights")
         for r in RESULTS["prefill"]:
-            log(f"  {r['model']:<18} {r['variant']:<12} T={r['T']:>6}  {r['ms']:9.1f} ms  {r['peak_gb']:6.2f} GB"
-                f"  fraction {r['fraction']:.3f}")
+            log(
+                f"  {r['model']:<18} {r['variant']:<12} T={r['T']:>6}  {r['ms']:9.1f} ms  {r['peak_gb']:6.2f} GB"
+                f"  fraction {r['fraction']:.3f}"
+            )
     if RESULTS["decode"]:
         log("decode ms/token (graph):")
         for r in RESULTS["decode"]:
-            log(f"  {r['model']:<18} frac={r['fraction']} B={r['batch_size']} ctx={r['context']:>6}: graph "
+            log(
+                f"  {r['model']:<18} frac={r['fraction']} B={r['batch_size']} ctx={r['context']:>6}: graph "
                 f"{_f(r['graph_ms'])} (mean {_f(r['graph_mean_ms'])})  eager {_f(r['eager_ms'])}"
-                + (f"  error: {r['error']}" if r.get("error") else ""))
+                + (f"  error: {r['error']}" if r.get("error") else "")
+            )
     if RESULTS["train"]:
         log("training step (B x T tokens, bf16 autocast, AdamW):")
         for r in RESULTS["train"]:
@@ -291,8 +306,10 @@ def summary() -> None:
         log("Table 12 (peak prefill GB incl. weights; paper: softmax / interdomain one pass / chunked):")
         for r in RESULTS["table12"]:
             paper = PAPER_TABLE12.get((r["B"], r["L"]))
-            log(f"  {r['model']:<16} {r['mode']:<14} B={r['B']:>2} L={r['L']:>6}: {r['peak_gb']:6.2f} GB "
-                f"({r['ms']:.0f} ms)  paper {paper}")
+            log(
+                f"  {r['model']:<16} {r['mode']:<14} B={r['B']:>2} L={r['L']:>6}: {r['peak_gb']:6.2f} GB "
+                f"({r['ms']:.0f} ms)  paper {paper}"
+            )
     # issue targets
     P, D, Tr = RESULTS["prefill"], RESULTS["decode"], RESULTS["train"]
     T_top = max((r["T"] for r in P), default=None)
@@ -303,8 +320,10 @@ def summary() -> None:
             na = _get(P, model="natsl-hybrid-340m", variant=label, T=T_top)
             if tf and gd and na:
                 s_tf, s_gd = tf["ms"] / na["ms"], na["ms"] / gd["ms"]
-                log(f"target prefill@{T_top} ({label}): {s_tf:.2f}x faster than Transformer (>= 7: "
-                    f"{_verdict(s_tf >= 7)}), {s_gd:.2f}x GDN's time (<= 1.4: {_verdict(s_gd <= 1.4)})")
+                log(
+                    f"target prefill@{T_top} ({label}): {s_tf:.2f}x faster than Transformer (>= 7: "
+                    f"{_verdict(s_tf >= 7)}), {s_gd:.2f}x GDN's time (<= 1.4: {_verdict(s_gd <= 1.4)})"
+                )
     if D:
         c_top = max(r.get("context", 0) for r in D)
         tf = _get(D, model="transformer-340m", context=c_top, batch_size=1)
@@ -312,15 +331,20 @@ def summary() -> None:
             na = _get(D, model="natsl-hybrid-340m", fraction=fr, context=c_top, batch_size=1)
             if tf and na and tf["graph_mean_ms"] and na["graph_mean_ms"]:
                 s = tf["graph_mean_ms"] / na["graph_mean_ms"]  # means: chunk-final steps included
-                log(f"target decode@{c_top} (fraction {fr}): {s:.2f}x faster than Transformer "
-                    f"(>= 5: {_verdict(s >= 5)})")
-        ids = sorted((r for r in D if r["model"] == "interdomain-1.3b" and r.get("batch_size") == 1),
-                     key=lambda r: r["context"])
+                log(
+                    f"target decode@{c_top} (fraction {fr}): {s:.2f}x faster than Transformer "
+                    f"(>= 5: {_verdict(s >= 5)})"
+                )
+        ids = sorted(
+            (r for r in D if r["model"] == "interdomain-1.3b" and r.get("batch_size") == 1), key=lambda r: r["context"]
+        )
         if len(ids) >= 2 and all(r["graph_ms"] for r in ids):
             lat = [r["graph_ms"] for r in ids]
             spread = max(lat) / min(lat) - 1
-            log(f"target interdomain-1.3b decode flat within 5% over contexts: spread {spread * 100:.1f}% "
-                f"({_verdict(spread <= 0.05)})")
+            log(
+                f"target interdomain-1.3b decode flat within 5% over contexts: spread {spread * 100:.1f}% "
+                f"({_verdict(spread <= 0.05)})"
+            )
     na, gd = _get(Tr, model="natsl-hybrid-340m"), _get(Tr, model="gdn-340m")
     if na and gd:
         s = na["tok_s"] / gd["tok_s"]
@@ -339,8 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     for i, a in enumerate(argv):
         if a == "--sections" and i + 1 < len(argv):
             only = set(argv[i + 1].split(","))
-    log(f"models bench: device={DEVICE} dryrun={DRYRUN} torch={torch.__version__}"
-        + (f" ({torch.cuda.get_device_name()})" if DEVICE == "cuda" else ""))
+    log(
+        f"models bench: device={DEVICE} dryrun={DRYRUN} torch={torch.__version__}"
+        + (f" ({torch.cuda.get_device_name()})" if DEVICE == "cuda" else "")
+    )
     lengths = PREFILL_T[:2] if quick else PREFILL_T
     if only is None or "prefill" in only:
         prefill(lengths)

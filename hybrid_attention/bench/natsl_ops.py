@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_attention.bench.common import DEVICE as DEV
-from hybrid_attention.bench.common import DRYRUN, elapsed, log, rel_rms
+from hybrid_attention.bench.common import DRYRUN, elapsed, fla_gdn, log, rel_rms
 from hybrid_attention.bench.common import bench_ms as bench
 from hybrid_attention.bench.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
@@ -213,19 +213,9 @@ def layer_check():
     )
 
 
-def _fla_gdn():
-    """fla's chunk_gated_delta_rule when fla is importable (a carried wheel on the device), else None."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception as exc:
-        log(f"  fla not installed ({exc.__class__.__name__}): skipped")
-        return None
-    return chunk_gated_delta_rule
-
-
 @guarded("fla")
 def fla_check():
-    chunk_gated_delta_rule = _fla_gdn()
+    chunk_gated_delta_rule = fla_gdn()
     if chunk_gated_delta_rule is None:
         return
     leaves, _, _ = make_inputs(4096, 6, 128, 256, 2, 64, 0.0, seed=3, with_s0=False)
@@ -288,11 +278,11 @@ def time_op(T, frac=0.3):
     row["sm_fb"] = bench(sm_fb, grad_to_none=req)
     with torch.no_grad():
         row["op_fwd_nograd"] = bench(op_fwd)
-    fla_gdn = _fla_gdn()
-    if fla_gdn is not None:  # fla's GDN at the same shape, measured here (its backward may refuse Hopper)
+    fla_op = fla_gdn()
+    if fla_op is not None:  # fla's GDN at the same shape, measured here (its backward may refuse Hopper)
 
         def fla_fwd():
-            return fla_gdn(
+            return fla_op(
                 xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype), use_qk_l2norm_in_kernel=True
             )[0]
 

@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..training.plots import save_figure  # noqa: E402
 from .suite import Suite  # noqa: E402
 
 
@@ -99,7 +100,7 @@ def _plot_ppl_bars(doc: dict, path: Path) -> Path | None:
     ax.set_ylim(bottom=max(0.0, 0.9 * lo))
     ax.set(ylabel="validation perplexity (mean, ± std, dots = seeds)", title=doc["suite"])
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=100)
 
 
 def _plot_length(doc: dict, path: Path) -> Path | None:
@@ -117,7 +118,7 @@ def _plot_length(doc: dict, path: Path) -> Path | None:
            title=f"{doc['suite']}: length extrapolation")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=100)
 
 
 def _plot_routing(name: str, routing: dict, path: Path, title: str) -> Path:
@@ -135,7 +136,7 @@ def _plot_routing(name: str, routing: dict, path: Path, title: str) -> Path:
     ax.set(xlabel="decision head", ylabel="layer")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="softmax fraction")
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=100)
 
 
 def _plot_recall(doc: dict, path: Path) -> Path | None:
@@ -154,15 +155,7 @@ def _plot_recall(doc: dict, path: Path) -> Path | None:
     ax.set(ylabel="test accuracy (mean ± std over seeds)", ylim=(0, 1.05), title=f"{doc['suite']}: recall")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def markdown(doc: dict, plots: list[str]) -> str:

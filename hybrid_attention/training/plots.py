@@ -25,14 +25,14 @@ def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path, title
     ax.set(xlabel="step", ylabel="loss (nats/token)", title=title or "loss")
     ax.legend()
     ax.grid(alpha=0.3)
-    paths.append(_save(fig, out_dir / "loss.png"))
+    paths.append(save_figure(fig, out_dir / "loss.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     if val:
         ax.plot([v[0] for v in val], [v[2] for v in val], "o-")
         ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="validation perplexity", title=title or "perplexity")
     ax.grid(alpha=0.3)
-    paths.append(_save(fig, out_dir / "ppl.png"))
+    paths.append(save_figure(fig, out_dir / "ppl.png"))
     return paths
 
 
@@ -59,12 +59,13 @@ def plot_series(
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend()
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Write `fig` to `path` (parent folders created, tight layout) and close it; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
