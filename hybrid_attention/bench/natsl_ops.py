@@ -215,15 +215,33 @@ def layer_check():
 
 @guarded("fla")
 def fla_check():
+    """Our Triton GDN forward vs fla's ``chunk_gated_delta_rule`` (plain GDN, no commit mask, q/k L2-normed in the
+    kernel, initial state in, final state out), both also against our float64 reference on the same bf16 inputs, so a
+    disagreement can be attributed. One row per length in ``RESULTS["fla"]``."""
     chunk_gated_delta_rule = fla_gdn()
     if chunk_gated_delta_rule is None:
         return
-    leaves, _, _ = make_inputs(4096, 6, 128, 256, 2, 64, 0.0, seed=3, with_s0=False)
-    q, k, v, g, beta = (leaves[n] for n in ("q", "k", "v", "g", "beta"))
-    ours, _ = gated_delta(q, k, v, g, beta, chunk_size=64, backend="triton")
-    theirs, _ = chunk_gated_delta_rule(q, k, v, g, beta.to(q.dtype), use_qk_l2norm_in_kernel=True)
-    RESULTS["fla_fwd_rel"] = rel_rms(ours, theirs)
-    log(f"  our GDN forward vs fla: rel {RESULTS['fla_fwd_rel']:.2e}")
+    H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
+    for T in CORR_T:
+        t0 = time.time()
+        leaves, _, _ = make_inputs(T, H, K, V, SHAPE["G"], SHAPE["C"], 0.0, seed=3 + T, with_s0=True)
+        q, k, v, g, beta, s0 = (leaves[n] for n in ("q", "k", "v", "g", "beta", "S0"))
+        kw = dict(initial_state=s0, output_final_state=True)
+        ours = gated_delta(q, k, v, g, beta, chunk_size=SHAPE["C"], backend="triton", **kw)
+        theirs = chunk_gated_delta_rule(q, k, v, g, beta.to(q.dtype), use_qk_l2norm_in_kernel=True, **kw)
+        d = torch.float64
+        ref = gated_delta(
+            q.to(d), k.to(d), v.to(d), g.to(d), beta.to(d), chunk_size=SHAPE["C"], backend="reference",
+            initial_state=s0.to(d), output_final_state=True,
+        )
+        row = dict(T=T)
+        for i, name in enumerate(("o", "state")):
+            row[f"{name}_ours_vs_fla"] = rel_rms(ours[i], theirs[i].to(d))
+            row[f"{name}_ours_vs_ref"] = rel_rms(ours[i], ref[i])
+            row[f"{name}_fla_vs_ref"] = rel_rms(theirs[i], ref[i])
+        RESULTS.setdefault("fla", []).append(row)
+        RESULTS["fla_fwd_rel"] = max(RESULTS.get("fla_fwd_rel", 0.0), row["o_ours_vs_fla"])
+        log(f"  T={T:6d} ({time.time() - t0:.1f}s) " + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k != "T"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -524,21 +542,28 @@ def summary():
         log(f"layer auto vs reference (fp32): {RESULTS['layer']}")
     if "decode" in RESULTS:
         log(f"decode step: {RESULTS['decode']}")
-    if "fla_fwd_rel" in RESULTS:
-        log(f"GDN forward vs fla: {RESULTS['fla_fwd_rel']:.2e}")
+    for row in RESULTS.get("fla", []):
+        log(
+            f"GDN forward vs fla, T={row['T']}: o ours/fla {row['o_ours_vs_fla']:.1e}, vs float64 ours "
+            f"{row['o_ours_vs_ref']:.1e} fla {row['o_fla_vs_ref']:.1e}; final state ours/fla "
+            f"{row['state_ours_vs_fla']:.1e}, vs float64 ours {row['state_ours_vs_ref']:.1e} fla "
+            f"{row['state_fla_vs_ref']:.1e}"
+        )
     if RESULTS["errors"]:
         log(f"errors: {RESULTS['errors']}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run every section (``--sweep``: also the launch-config sweep)."""
+    """Run every section (``--sweep``: also the launch-config sweep; ``--checks-only``: the correctness sections
+    only, no timings)."""
     argv = sys.argv[1:] if argv is None else argv
     log(f"natsl_gpu: device={DEV} dryrun={DRYRUN} torch={torch.__version__}")
     correctness()
     layer_check()
     fla_check()
-    timings()
-    decode()
+    if "--checks-only" not in argv:
+        timings()
+        decode()
     if "--sweep" in argv:
         sweep()
     out = os.environ.get("OUT", ".")

@@ -25,6 +25,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="run N (cell, seed) runs at once, each in its own subprocess on the same device "
                         "(default: the suite's jobs, 1)")
     p.add_argument("--list", action="store_true", help="print the cells and their state, run nothing")
+    p.add_argument("--import-results", nargs="+", default=[], metavar="RESULTS_JSON",
+                   help="first copy the finished runs of earlier reports (results.json) into the suite's out_dir; "
+                        "they are skipped and appear in the report")
 
 
 def _cmd_experiment(a: argparse.Namespace) -> int:
@@ -33,13 +36,15 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     from hybrid_attention.training.config_schema import ConfigError
 
     from .report import collect, write_report
-    from .runner import run_suite
+    from .runner import import_results, run_suite
     from .suite import load_suite
 
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"config error: --jobs must be >= 1, got {a.jobs}")
     suite = load_suite(a.suite, a.overrides)
     command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
+    for path in a.import_results:
+        import_results(Path(suite.out_dir), path)
     if a.list:
         for c in suite.cells:
             done = [s for s in suite.cell_seeds(c)
@@ -52,7 +57,9 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
         if a.only:
             unknown = [n for n in a.only if n not in [c.name for c in suite.cells]]
             if unknown:
-                print(f"error: unknown cells {unknown}; cells: {[c.name for c in suite.cells]}", file=sys.stderr)
+                hint = ("; overrides (key=value) go before --only, which takes every word after it"
+                        if any("=" in n for n in unknown) else "")
+                print(f"error: unknown cells {unknown}; cells: {[c.name for c in suite.cells]}{hint}", file=sys.stderr)
                 return 2
             full = list(suite.cells)
             suite.cells = [c for c in full if c.name in a.only]

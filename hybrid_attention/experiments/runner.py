@@ -189,6 +189,28 @@ def result_path(out: Path, cell: str, seed: int) -> Path:
     return Path(out) / "cells" / cell / f"seed{seed}" / "result.json"
 
 
+def import_results(out: Path, results_json: Path | str, log=print) -> int:
+    """Unpack the runs of an earlier report's ``results.json`` (its ``runs`` list) into ``out/cells/<cell>/seed<k>/
+    result.json``, so that they count as finished here (skipped, and part of the next report). A run that already
+    has a ``result.json`` in ``out`` keeps it. Returns the number of runs written."""
+    doc = json.loads(Path(results_json).read_text())
+    runs = doc.get("runs")
+    if not isinstance(runs, list):
+        raise ValueError(f"{results_json}: no 'runs' list (expected a results.json written by an experiment report)")
+    written = 0
+    for run in runs:
+        if not isinstance(run, dict) or "cell" not in run or "seed" not in run:
+            raise ValueError(f"{results_json}: every run needs 'cell' and 'seed', got keys {sorted(run)}")
+        path = result_path(out, run["cell"], int(run["seed"]))
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(path, run)
+        written += 1
+    log(f"imported {written} finished run(s) from {results_json} into {out}")
+    return written
+
+
 def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | None = None) -> dict:
     """Run every unfinished (cell, seed), then write the report; returns the results document.
 

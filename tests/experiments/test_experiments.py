@@ -216,3 +216,30 @@ def test_remaining_cpu_suites_smoke_run(tmp_path, suite_name):
     for s in doc["summary"].values():
         assert 1.0 < s["val_ppl"]["mean"] < 1000
     assert (tmp_path / "out" / "results.md").stat().st_size > 0
+
+
+def test_import_results_merges_earlier_runs(tmp_path):
+    """--import-results: the runs of an earlier report become finished runs of this out_dir (skipped, reported), an
+    existing result.json is kept, and a file without a runs list is refused with its name."""
+    first = tmp_path / "first"
+    over = [*SMALL, "seeds=[0]", "cells=[{name: softmax, overrides: {model: {layers: softmax}}}]",
+            "reference=softmax"]
+    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, f"out_dir={first}"]) == 0
+    earlier = json.loads((first / "results.json").read_text())
+    second = tmp_path / "second"
+    kept = runner_mod.result_path(second, "softmax", 1)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"cell": "softmax", "seed": 1, "marker": True}))
+    fake = dict(earlier, runs=[*earlier["runs"], {**earlier["runs"][0], "seed": 1}])
+    (tmp_path / "r.json").write_text(json.dumps(fake))
+    assert runner_mod.import_results(second, tmp_path / "r.json", log=lambda *_: None) == 1
+    assert json.loads(kept.read_text()) == {"cell": "softmax", "seed": 1, "marker": True}
+    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={second}"])
+    lines, log = _lines()
+    run_suite(suite, log=log)
+    assert any("finished earlier, skipped" in x for x in lines)
+    got = json.loads(runner_mod.result_path(second, "softmax", 0).read_text())
+    assert got["lm"]["val_ppl"] == earlier["runs"][0]["lm"]["val_ppl"]
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad.json"):
+        runner_mod.import_results(second, tmp_path / "bad.json")

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Correctness only, no timings (one device call, ~3-5 minutes on an H200), from the repository root:
+#   OUT=/some/dir bash benchmarks/gpu_checks.sh
+# 1. NAtS-L op vs float64 (T 63/1000/4096/16384, softmax fractions 0/0.3/1, gradients, poisoned buffers), the NAtS-L
+#    layer (auto vs reference) and our GDN forward vs fla's (when the fla wheels are carried in .wheels/);
+# 2. the S4D-only Triton op vs float64 (T 63/1000/4096, the default fused reverse scan);
+# 3. the test suites whose kernels run on the GPU when there is one (ops, serving incl. CUDA-graph replay vs eager).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 OUT="${OUT:-.}"
+extra_path=""
+if compgen -G ".wheels/*.whl" > /dev/null; then
+  python -m pip install -q --no-deps --no-index --target /tmp/fla_site .wheels/*.whl 2>&1 | tail -2 || true
+  extra_path=":/tmp/fla_site"
+fi
+nvidia-smi --query-gpu=name --format=csv,noheader || true
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+PYTHONPATH=".${extra_path}" timeout 300 python -m hybrid_attention.bench.natsl_ops --checks-only
+echo "natsl checks exit $?"
+PYTHONPATH=. timeout 150 python - <<'EOF'
+import json, os
+from hybrid_attention.bench import s4d_ops
+results = {"s4d": [], "errors": []}
+s4d_ops.correctness(results, quick=False)
+json.dump(results, open(os.path.join(os.environ["OUT"], "s4d_checks.json"), "w"), indent=1)
+EOF
+echo "s4d checks exit $?"
+PYTHONPATH=. timeout "${TEST_LIMIT:-240}" python -m pytest -q -p no:cacheprovider -n 4 tests/ops tests/serving \
+  2>&1 | tail -n 25
+echo "pytest exit ${PIPESTATUS[0]}"
