@@ -147,7 +147,8 @@ def test_bf16_inputs_run_and_stay_close():
     ref_o, ref_s = chunk_gated_delta(*(x.double().cpu() for x in (q, k, v, g, beta)), commit=commit.double().cpu(),
                                      chunk_size=16, initial_state=S0.double().cpu(), output_final_state=True)
     assert o.dtype == torch.bfloat16
-    assert rel(o.cpu(), ref_o) < 1e-2 and rel(s.cpu(), ref_s) < 1e-3
+    # fp32 state from bf16 inputs: 1e-3 in the interpreter; tf32 dots on a GPU measured 1.2e-3 (issue bar 5e-3)
+    assert rel(o.cpu(), ref_o) < 1e-2 and rel(s.cpu(), ref_s) < (1e-3 if DEVICE == "cpu" else 5e-3)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def validate_ssm_inputs(
     """Raise ``ValueError`` naming the offending argument and its expected shape.
 
     key ``[B, T, H, R]`` and value ``[B, T, H, D]`` real; log_lam, B ``[H, M]``; C ``[H, M, M]``;
-    initial_state ``[B, H, M, R + D + extra_channels]``.
+    initial_state ``[B, H, M, R + D + extra_channels]``; all on the key's device.
     """
     for name, x in ((key_name, key), (value_name, value)):
         if x.dim() != 4:
@@ -74,6 +74,10 @@ def validate_ssm_inputs(
         raise ValueError(f"B must be [H, M] = {(H, M)} like log_lam, got {tuple(B.shape)}")
     if tuple(C.shape) != (H, M, M):
         raise ValueError(f"C must be [H, M, M] = {(H, M, M)}, got {tuple(C.shape)}")
+    named = [(value_name, value), ("log_lam", log_lam), ("B", B), ("C", C), ("initial_state", initial_state)]
+    for name, x in named:
+        if x is not None and x.device != key.device:
+            raise ValueError(f"{name} must be on the same device as {key_name} ({key.device}), got {x.device}")
     if initial_state is not None:
         n_ch = R + D + extra_channels
         if tuple(initial_state.shape) != (Bsz, H, M, n_ch):
