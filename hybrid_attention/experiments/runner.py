@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import time
 from pathlib import Path
 
@@ -254,6 +255,16 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
     return doc
 
 
+def _exit_reason(returncode: int) -> str:
+    """``worker exit 1``, or ``worker killed by SIGTERM`` for a negative return code (a signal from outside)."""
+    if returncode < 0:
+        try:
+            return f"worker killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"worker killed by signal {-returncode}"
+    return f"worker exit {returncode}"
+
+
 def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path, log) -> tuple[int, int]:
     """Run the pending (index, cell, seed) runs as up to ``jobs`` concurrent worker subprocesses.
 
@@ -268,7 +279,6 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
       so a killed worker leaves at most a checkpoint, from which the next invocation resumes;
     - on SIGTERM/SIGINT (e.g. ``timeout``) the workers are terminated before this process exits.
     """
-    import signal
     import subprocess
     import sys
 
@@ -316,8 +326,8 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
                     failed += 1
                     if not any(ln.startswith("  ") and "FAILED" in ln for ln in text.splitlines()):
                         tail = text.strip().splitlines()[-1:] or ["(no output)"]
-                        log(f"  {cell.name} seed {seed}: FAILED (worker exit {p.returncode}: {tail[0]}); see "
-                            f"{out / 'cells' / cell.name / f'seed{seed}' / 'worker.log'}")
+                        log(f"  {cell.name} seed {seed}: FAILED ({_exit_reason(p.returncode)}; last log line: "
+                            f"{tail[0]}); see {out / 'cells' / cell.name / f'seed{seed}' / 'worker.log'}")
                 log(f"[{i}/{total}] {cell.name} seed {seed}: {'done' if ok else 'failed'} "
                     f"({time.perf_counter() - t0:.0f} s)")
     except KeyboardInterrupt:

@@ -205,7 +205,7 @@ class Trainer:
             self.state.update({k: doc[k] for k in self.state})
             self.step = doc["step"]
             _say(ctx, f"resumed from {latest} at step {self.step}")
-        elif resume:
+        elif resume and not quiet:
             _say(ctx, f"no checkpoint in {self.ckpt_root}: starting from scratch")
         if tc.compile:
             self.model.compile()

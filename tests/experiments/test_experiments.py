@@ -243,3 +243,39 @@ def test_import_results_merges_earlier_runs(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="bad.json"):
         runner_mod.import_results(second, tmp_path / "bad.json")
+
+
+def _fake_run(cell, seed, ppl):
+    lm = {"layers": ["softmax"], "params": 10, "state": 4, "tokens": 100, "seq_len": 32, "val_ppl": ppl,
+          "val_loss": 1.0, "val_bpb": 1.0, "tokens_per_second": 1.0, "routing": {},
+          "length": [{"multiplier": 1.0, "seq_len": 32, "ppl": ppl}]}
+    return {"cell": cell, "seed": seed, "wall_s": 1.0, "lm": lm}
+
+
+def test_report_pairs_cells_with_the_reference_by_seed(tmp_path):
+    """The paired column uses only seeds both cells finished: mean ± std of the per-seed differences and the count of
+    seeds where the cell was lower; it differs from the ratio of means when seeds disagree."""
+    from hybrid_attention.experiments.report import collect, markdown
+
+    over = ["seeds=[0, 1, 2]", "reference=softmax", f"out_dir={tmp_path}",
+            "cells=[{name: softmax, overrides: {model: {layers: softmax}}}, "
+            "{name: interdomain, overrides: {model: {layers: interdomain}}}]"]
+    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", over)
+    runs = [_fake_run("softmax", 0, 10.0), _fake_run("softmax", 1, 20.0),
+            _fake_run("interdomain", 0, 9.0), _fake_run("interdomain", 1, 22.0), _fake_run("interdomain", 2, 1.0)]
+    for r in runs:
+        p = runner_mod.result_path(tmp_path, r["cell"], r["seed"])
+        p.parent.mkdir(parents=True)
+        p.write_text(json.dumps(r))
+    doc = collect(suite)
+    paired = doc["summary"]["interdomain"]["vs_ref_paired_pct"]
+    assert paired["seeds"] == [0, 1] and paired["n"] == 2 and paired["lower"] == 1  # seed 2 has no softmax run
+    assert paired["values"] == pytest.approx([-10.0, 10.0]) and paired["mean"] == pytest.approx(0.0)
+    assert doc["summary"]["interdomain"]["vs_ref_pct"] == pytest.approx(100 * ((32 / 3) / 15 - 1))  # means: 3 seeds
+    assert "vs_ref_paired_pct" not in doc["summary"]["softmax"]
+    assert "+0.0% ± 14.1 (1/2)" in markdown(doc, [])
+
+
+def test_worker_exit_reason_names_the_signal():
+    assert runner_mod._exit_reason(-15) == "worker killed by SIGTERM"
+    assert runner_mod._exit_reason(2) == "worker exit 2"
