@@ -63,6 +63,20 @@ def test_naive_equals_chunk(T, chunk_size, with_state):
     assert max_err(s_n, s_c) < 1e-9
 
 
+def test_chunk_form_with_many_modes_uses_longer_chunks_and_still_matches():
+    """M > 32 takes the other reference chunk length (32 tokens): boundaries at 32 and 64, a partial last chunk."""
+    from hybrid_attention.ops.s4d.chunk import reference_chunk
+
+    Bsz, T, H, R, M = 1, 70, 1, 2, 40
+    assert reference_chunk(M) == 32 and reference_chunk(16) == 16
+    log_lam, B, C = make_params(H, M, 5)
+    a, b = make_inputs(Bsz, T, H, R, 6)
+    init = make_state(Bsz, H, M, 2 * R, 7)
+    o_n, s_n = naive_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
+    o_c, s_c = chunk_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=64)
+    assert max_err(o_n, o_c) < 1e-9 and max_err(s_n, s_c) < 1e-9
+
+
 def test_empty_sequence_and_no_state():
     log_lam, B, C = make_params(2, 4, 0)
     a, b = make_inputs(1, 0, 2, 3, 1)
