@@ -25,9 +25,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="run N (cell, seed) runs at once, each in its own subprocess on the same device "
                         "(default: the suite's jobs, 1)")
     p.add_argument("--list", action="store_true", help="print the cells and their state, run nothing")
-    p.add_argument("--import-results", nargs="+", default=[], metavar="RESULTS_JSON",
-                   help="first copy the finished runs of earlier reports (results.json) into the suite's out_dir; "
-                        "they are skipped and appear in the report")
+    p.add_argument("--import-results", action="append", default=[], metavar="RESULTS_JSON",
+                   help="first copy the finished runs of an earlier report of this suite (its results.json) into "
+                        "the suite's out_dir; they are skipped and appear in the report (repeat for several files)")
 
 
 def _cmd_experiment(a: argparse.Namespace) -> int:
@@ -44,7 +44,10 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     suite = load_suite(a.suite, a.overrides)
     command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
     for path in a.import_results:
-        import_results(Path(suite.out_dir), path)
+        try:
+            import_results(suite, path)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if a.list:
         for c in suite.cells:
             done = [s for s in suite.cell_seeds(c)

@@ -40,6 +40,10 @@ def _fmt(st: dict | None, fmt: str = ".3f", with_n: bool = True) -> str:
     return s + (f" (n={st['n']})" if with_n else "")
 
 
+def _positive_finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in xs)
+
+
 def _fmt_paired(st: dict | None) -> str:
     """``-8.2% ± 0.3 (2/2)``: mean ± std of the per-seed differences to the reference; seeds with the cell lower."""
     if st is None:
@@ -92,7 +96,7 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
         if name == suite.reference or not s.get("val_ppl"):
             continue
         mine = {r["seed"]: r["lm"]["val_ppl"] for r in runs if r["cell"] == name and "lm" in r}
-        shared = sorted(set(mine) & set(ref_by_seed))
+        shared = sorted(k for k in set(mine) & set(ref_by_seed) if _positive_finite(mine[k], ref_by_seed[k]))
         diffs = [100.0 * (mine[k] / ref_by_seed[k] - 1.0) for k in shared]
         st = _stats(diffs)
         if st:

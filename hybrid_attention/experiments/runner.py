@@ -190,25 +190,43 @@ def result_path(out: Path, cell: str, seed: int) -> Path:
     return Path(out) / "cells" / cell / f"seed{seed}" / "result.json"
 
 
-def import_results(out: Path, results_json: Path | str, log=print) -> int:
-    """Unpack the runs of an earlier report's ``results.json`` (its ``runs`` list) into ``out/cells/<cell>/seed<k>/
-    result.json``, so that they count as finished here (skipped, and part of the next report). A run that already
-    has a ``result.json`` in ``out`` keeps it. Returns the number of runs written."""
-    doc = json.loads(Path(results_json).read_text())
-    runs = doc.get("runs")
+def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
+    """Unpack the runs of an earlier report of the same suite (its ``results.json``, ``runs`` list) into
+    ``<out_dir>/cells/<cell>/seed<k>/result.json``, so that they count as finished here (skipped, and part of the next
+    report). Runs whose (cell, seed) is not in the suite are left out (and counted in the log line); a run that
+    already has a ``result.json`` keeps it. Raises ``ValueError`` naming the file for anything that is not such a
+    report. Returns the number of runs written."""
+    path = Path(results_json)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--import-results {path}: cannot read it as JSON ({e})") from e
+    runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list):
-        raise ValueError(f"{results_json}: no 'runs' list (expected a results.json written by an experiment report)")
-    written = 0
-    for run in runs:
+        raise ValueError(f"--import-results {path}: no 'runs' list (expected a results.json of an experiment report)")
+    if doc.get("suite") != suite.name:
+        raise ValueError(f"--import-results {path}: it reports suite {doc.get('suite')!r}, not {suite.name!r}")
+    wanted = {(c.name, s) for c in suite.cells for s in suite.cell_seeds(c)}
+    written = outside = 0
+    for i, run in enumerate(runs):
         if not isinstance(run, dict) or "cell" not in run or "seed" not in run:
-            raise ValueError(f"{results_json}: every run needs 'cell' and 'seed', got keys {sorted(run)}")
-        path = result_path(out, run["cell"], int(run["seed"]))
-        if path.exists():
+            got = sorted(run) if isinstance(run, dict) else type(run).__name__
+            raise ValueError(f"--import-results {path}: run {i} needs 'cell' and 'seed', got {got}")
+        try:
+            seed = int(run["seed"])
+        except (TypeError, ValueError):
+            raise ValueError(f"--import-results {path}: run {i} has seed {run['seed']!r}, not an integer") from None
+        if (run["cell"], seed) not in wanted:  # also keeps arbitrary cell names out of the file system
+            outside += 1
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, run)
+        target = result_path(Path(suite.out_dir), run["cell"], seed)
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(target, {**run, "seed": seed})
         written += 1
-    log(f"imported {written} finished run(s) from {results_json} into {out}")
+    log(f"imported {written} finished run(s) from {path} into {suite.out_dir}"
+        + (f"; {outside} run(s) of cells/seeds not in this suite left out" if outside else ""))
     return written
 
 

@@ -219,30 +219,42 @@ def test_remaining_cpu_suites_smoke_run(tmp_path, suite_name):
 
 
 def test_import_results_merges_earlier_runs(tmp_path):
-    """--import-results: the runs of an earlier report become finished runs of this out_dir (skipped, reported), an
-    existing result.json is kept, and a file without a runs list is refused with its name."""
+    """--import-results: the runs of an earlier report of the suite become finished runs of this out_dir (skipped,
+    reported, seeds stored as integers); an existing result.json is kept; runs of cells/seeds outside the suite are
+    left out; another suite's report, a file without a runs list and a non-integer seed are refused with the file
+    name (one-line ConfigError through the CLI)."""
     first = tmp_path / "first"
-    over = [*SMALL, "seeds=[0]", "cells=[{name: softmax, overrides: {model: {layers: softmax}}}]",
+    over = [*SMALL, "seeds=[0, 1]", "cells=[{name: softmax, overrides: {model: {layers: softmax}}}]",
             "reference=softmax"]
-    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, f"out_dir={first}"]) == 0
+    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, "seeds=[0]", f"out_dir={first}"]) == 0
     earlier = json.loads((first / "results.json").read_text())
     second = tmp_path / "second"
+    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={second}"])
     kept = runner_mod.result_path(second, "softmax", 1)
     kept.parent.mkdir(parents=True)
     kept.write_text(json.dumps({"cell": "softmax", "seed": 1, "marker": True}))
-    fake = dict(earlier, runs=[*earlier["runs"], {**earlier["runs"][0], "seed": 1}])
-    (tmp_path / "r.json").write_text(json.dumps(fake))
-    assert runner_mod.import_results(second, tmp_path / "r.json", log=lambda *_: None) == 1
+    run0 = {**earlier["runs"][0], "seed": "0"}  # a string seed is normalised
+    stray = [{**run0, "cell": "../elsewhere"}, {**run0, "seed": 7}]  # not in the suite: left out
+    (tmp_path / "r.json").write_text(json.dumps(dict(earlier, runs=[run0, {**run0, "seed": 1}, *stray])))
+    lines, log = _lines()
+    assert runner_mod.import_results(suite, tmp_path / "r.json", log=log) == 1
+    assert "2 run(s) of cells/seeds not in this suite left out" in lines[0]
+    assert not (tmp_path / "elsewhere").exists() and not (second / "cells" / "softmax" / "seed7").exists()
     assert json.loads(kept.read_text()) == {"cell": "softmax", "seed": 1, "marker": True}
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={second}"])
+    got = json.loads(runner_mod.result_path(second, "softmax", 0).read_text())
+    assert got["seed"] == 0 and got["lm"]["val_ppl"] == earlier["runs"][0]["lm"]["val_ppl"]
+    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, "seeds=[0]", f"out_dir={second}"])
     lines, log = _lines()
     run_suite(suite, log=log)
     assert any("finished earlier, skipped" in x for x in lines)
-    got = json.loads(runner_mod.result_path(second, "softmax", 0).read_text())
-    assert got["lm"]["val_ppl"] == earlier["runs"][0]["lm"]["val_ppl"]
-    (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(ValueError, match="bad.json"):
-        runner_mod.import_results(second, tmp_path / "bad.json")
+    bad = {"bad.json": "{}", "other.json": json.dumps(dict(earlier, suite="recall")),
+           "seed.json": json.dumps(dict(earlier, runs=[{**run0, "seed": "one"}]))}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=name):
+            runner_mod.import_results(suite, tmp_path / name)
+    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, f"out_dir={second}", "--list",
+                 "--import-results", str(tmp_path / "other.json")]) == 2
 
 
 def _fake_run(cell, seed, ppl):
@@ -257,12 +269,13 @@ def test_report_pairs_cells_with_the_reference_by_seed(tmp_path):
     seeds where the cell was lower; it differs from the ratio of means when seeds disagree."""
     from hybrid_attention.experiments.report import collect, markdown
 
-    over = ["seeds=[0, 1, 2]", "reference=softmax", f"out_dir={tmp_path}",
+    over = ["seeds=[0, 1, 2, 3]", "reference=softmax", f"out_dir={tmp_path}",
             "cells=[{name: softmax, overrides: {model: {layers: softmax}}}, "
             "{name: interdomain, overrides: {model: {layers: interdomain}}}]"]
     suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", over)
     runs = [_fake_run("softmax", 0, 10.0), _fake_run("softmax", 1, 20.0),
-            _fake_run("interdomain", 0, 9.0), _fake_run("interdomain", 1, 22.0), _fake_run("interdomain", 2, 1.0)]
+            _fake_run("interdomain", 0, 9.0), _fake_run("interdomain", 1, 22.0), _fake_run("interdomain", 2, 1.0),
+            _fake_run("softmax", 3, 5.0), _fake_run("interdomain", 3, float("inf"))]  # a diverged run is not paired
     for r in runs:
         p = runner_mod.result_path(tmp_path, r["cell"], r["seed"])
         p.parent.mkdir(parents=True)
@@ -271,7 +284,8 @@ def test_report_pairs_cells_with_the_reference_by_seed(tmp_path):
     paired = doc["summary"]["interdomain"]["vs_ref_paired_pct"]
     assert paired["seeds"] == [0, 1] and paired["n"] == 2 and paired["lower"] == 1  # seed 2 has no softmax run
     assert paired["values"] == pytest.approx([-10.0, 10.0]) and paired["mean"] == pytest.approx(0.0)
-    assert doc["summary"]["interdomain"]["vs_ref_pct"] == pytest.approx(100 * ((32 / 3) / 15 - 1))  # means: 3 seeds
+    # the plain column: ratio of the means over all finite runs
+    assert doc["summary"]["interdomain"]["vs_ref_pct"] == pytest.approx(100 * (32 / 35 - 1))
     assert "vs_ref_paired_pct" not in doc["summary"]["softmax"]
     assert "+0.0% ± 14.1 (1/2)" in markdown(doc, [])
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from hybrid_attention.ops.interdomain import chunk as chunk_mod
 from hybrid_attention.ops.interdomain import chunk_interdomain, interdomain, naive_interdomain
 from hybrid_attention.ops.interdomain.naive import DEN_EPS
 
@@ -338,8 +339,10 @@ def test_low_precision_inputs(dtype, tol, backend):
     assert max_err(s.to(C128), s_ref) < 1e-4 * s_ref.abs().max().item()
 
 
-def test_fast_modes_do_not_overflow_float32():
-    """Re(log λ) = -30: a λ^t · λ^{-s} factorisation would need e^{30·63} (inf even in float64); ours stays finite."""
+def test_fast_modes_do_not_overflow_float32(monkeypatch):
+    """Re(log λ) = -30: a λ^t · λ^{-s} factorisation would need e^{30·63} (inf even in float64); ours stays finite.
+    (The CPU chunk cap is lifted so that the 64-token chunks are really used.)"""
+    monkeypatch.setattr(chunk_mod, "REFERENCE_CHUNK", 1000)
     Bsz, T, H, R, D, M = 1, 130, 2, 3, 3, 6
     log_lam, B, C = make_params(H, M, 61, im_max=100.0, re_min=-30.0)
     q, k, v = make_inputs(Bsz, T, H, R, D, 62)
@@ -416,3 +419,29 @@ def test_denominator_state_needs_extra_channel():
     log_lam, B, C = make_params(1, 4, 0)
     with pytest.raises(ValueError, match=r"initial_state must be \[B, H, M, R \+ D \+ 1"):
         chunk_interdomain(q, k, v, log_lam, B, C, denominator=True, initial_state=make_state(1, 1, 4, 4, 0))
+
+
+@pytest.mark.parametrize("cap", [None, 1000], ids=["cpu-cap", "no-cap"])
+def test_reference_chunk_cap_on_cpu(cap, monkeypatch):
+    """On CPU tensors the reference runs chunks of at most REFERENCE_CHUNK tokens (its decay table has that length);
+    with the cap lifted, chunk_size is used as asked; both equal the token loop across chunk boundaries."""
+    if cap is not None:
+        monkeypatch.setattr(chunk_mod, "REFERENCE_CHUNK", cap)
+    seen = []
+    real = chunk_mod.chunk_decays
+    monkeypatch.setattr(chunk_mod, "chunk_decays", lambda ll, L: seen.append(L) or real(ll, L))
+    Bsz, T, H, R, D, M = 1, 130, 1, 2, 3, 5
+    log_lam, B, C = make_params(H, M, 71)
+    q, k, v = make_inputs(Bsz, T, H, R, D, 72)
+    o_c, s_c = chunk_interdomain(q, k, v, log_lam, B, C, output_final_state=True, chunk_size=64)
+    o_n, s_n = naive_interdomain(q, k, v, log_lam, B, C, output_final_state=True)
+    assert seen == [min(64, chunk_mod.REFERENCE_CHUNK)]
+    assert max_err(o_n, o_c) < 1e-9 and max_err(s_n, s_c) < 1e-9
+
+
+def test_parameters_on_another_device_are_refused_by_name():
+    log_lam, B, C = make_params(1, 4, 81)
+    q, k, v = make_inputs(1, 5, 1, 2, 3, 82)
+    for name, args in (("log_lam", (log_lam.to("meta"), B, C)), ("C", (log_lam, B, C.to("meta")))):
+        with pytest.raises(ValueError, match=f"{name} must be on the same device as k"):
+            chunk_interdomain(q, k, v, *args)

@@ -63,17 +63,25 @@ def test_naive_equals_chunk(T, chunk_size, with_state):
     assert max_err(s_n, s_c) < 1e-9
 
 
-def test_chunk_form_with_many_modes_uses_longer_chunks_and_still_matches():
-    """M > 32 takes the other reference chunk length (32 tokens): boundaries at 32 and 64, a partial last chunk."""
-    from hybrid_attention.ops.s4d.chunk import reference_chunk
+@pytest.mark.parametrize("M,lift_cap", [(5, False), (40, False), (5, True)], ids=["few-modes", "many-modes", "no-cap"])
+def test_reference_chunk_cap_on_cpu(M, lift_cap, monkeypatch):
+    """On CPU tensors the reference runs chunks of reference_chunk(M) tokens at most (16 for M <= 32, else 32; its
+    decay table has that length); with the cap lifted chunk_size is used as asked; all equal the token loop across
+    chunk boundaries and a partial last chunk."""
+    from hybrid_attention.ops.s4d import chunk as chunk_mod
 
-    Bsz, T, H, R, M = 1, 70, 1, 2, 40
-    assert reference_chunk(M) == 32 and reference_chunk(16) == 16
+    if lift_cap:
+        monkeypatch.setattr(chunk_mod, "reference_chunk", lambda M: 1000)
+    seen = []
+    real = chunk_mod.chunk_decays
+    monkeypatch.setattr(chunk_mod, "chunk_decays", lambda ll, L: seen.append(L) or real(ll, L))
+    Bsz, T, H, R = 1, 70, 1, 2
     log_lam, B, C = make_params(H, M, 5)
     a, b = make_inputs(Bsz, T, H, R, 6)
     init = make_state(Bsz, H, M, 2 * R, 7)
     o_n, s_n = naive_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
     o_c, s_c = chunk_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=64)
+    assert seen == [64 if lift_cap else (16 if M <= 32 else 32)]
     assert max_err(o_n, o_c) < 1e-9 and max_err(s_n, s_c) < 1e-9
 
 

@@ -43,7 +43,8 @@ from .naive import compute_dtypes, prepare_ssm_params, safe_divide, validate_int
 __all__ = ["chunk_interdomain", "chunk_decays", "validate_chunk_size"]
 
 
-# DECISION: this PyTorch form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks for: its
+# DECISION: on CPU tensors this PyTorch form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks
+# for (on a GPU, longer chunks mean fewer sequential steps, so chunk_size is used as given): its
 # per-token work grows with the chunk length (the [L, L, M] decay table), while the Triton kernels use chunk_size as
 # asked. Measured on one CPU thread, forward + backward, L = 16 / 32 / 64: `small` shapes (M=64, R=D=64; B 2, T 256,
 # H 8 / B 4, T 512, H 4) 158 / 205 / 380 and 243 / 257 / 403 ms; `tiny` (M=16, R=D=32, B 8, T 128, H 2) 21 / 16 /
@@ -91,13 +92,14 @@ def chunk_interdomain(
 
     Shapes: q, k ``[B, T, H, R]`` real; v ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]``
     complex; initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``) complex. Any T >= 0 and any
-    chunk_size >= 1 (the last chunk may be partial; at most REFERENCE_CHUNK tokens per chunk are used). Returns
+    chunk_size >= 1 (the last chunk may be partial; on the CPU at most REFERENCE_CHUNK tokens per chunk). Returns
     ``o [B, T, H, D]`` in ``q.dtype`` and the final raw state (complex128 for float64 inputs, complex64 otherwise) or
     ``None`` unless ``output_final_state``.
     """
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
     validate_chunk_size(chunk_size)
-    chunk_size = min(chunk_size, REFERENCE_CHUNK)
+    if q.device.type == "cpu":
+        chunk_size = min(chunk_size, REFERENCE_CHUNK)
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = log_lam.shape[1]

@@ -27,7 +27,8 @@ from .naive import validate_s4d_inputs
 
 __all__ = ["chunk_s4d"]
 
-# DECISION: this form runs chunks of at most reference_chunk(M) tokens whatever chunk_size asks for. Its cost per
+# DECISION: on CPU tensors this form runs chunks of at most reference_chunk(M) tokens whatever chunk_size asks for
+# (on a GPU, longer chunks mean fewer sequential steps, so chunk_size is used as given). Its cost per
 # token and head is L·M·2R (chunk-local states) + M²·R (readout) plus a per-chunk overhead, so short chunks are
 # cheaper, unlike the Triton kernels, whose chunk length sets the parallel work per program. Measured on one CPU
 # thread, forward + backward, L = 16 / 32 / 64: M=16-32 (tiny and recall shapes, B 8-32, T 64-128, H 2, R 32-64)
@@ -52,15 +53,16 @@ def chunk_s4d(
     """S4D-only core, chunk-parallel (equal to ``naive_s4d`` to rounding).
 
     Shapes: a, b ``[B, T, H, R]`` real (R == D required); log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex;
-    initial_state ``[B, H, M, 2R]`` complex. Any T >= 0 and chunk_size >= 1 (chunks of at most reference_chunk(M) tokens
-    are used, see the DECISION above). Returns ``o [B, T, H, R]`` in
-    ``a.dtype`` and the final raw state (complex128 for float64 inputs, else complex64) or ``None``.
+    initial_state ``[B, H, M, 2R]`` complex. Any T >= 0 and chunk_size >= 1 (on the CPU chunks of at most
+    reference_chunk(M) tokens, see the DECISION above). Returns ``o [B, T, H, R]`` in ``a.dtype`` and the final raw
+    state (complex128 for float64 inputs, else complex64) or ``None``.
     """
     validate_s4d_inputs(a, b, log_lam, B, C, initial_state)
     validate_chunk_size(chunk_size)
     Bsz, T, H, R = a.shape
     M = log_lam.shape[1]
-    chunk_size = min(chunk_size, reference_chunk(M))
+    if a.device.type == "cpu":
+        chunk_size = min(chunk_size, reference_chunk(M))
     out_dtype = a.dtype
     rdtype, cdtype = compute_dtypes(a, b)
     log_lam, B, C = prepare_ssm_params(log_lam, B, C, cdtype)
