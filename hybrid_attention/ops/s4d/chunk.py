@@ -32,8 +32,8 @@ __all__ = ["chunk_s4d"]
 # token and head is L·M·2R (chunk-local states) + M²·R (readout) plus a per-chunk overhead, so short chunks are
 # cheaper, unlike the Triton kernels, whose chunk length sets the parallel work per program. Measured on one CPU
 # thread, forward + backward, L = 16 / 32 / 64: M=16-32 (tiny and recall shapes, B 8-32, T 64-128, H 2, R 32-64)
-# 75-604 / 82-655 / 98-1027 ms, L=16 best or within 3 %; M=64 (`small` shape, B 2, T 256, H 8, R 64) 2108 / 1718 /
-# 2888 ms. The result does not depend on the chunk length beyond rounding.
+# 75-604 / 82-655 / 98-1027 ms, L=16 best of the three (L=8: within 5 %); M=64 (`small` shape, B 2, T 256, H 8,
+# R 64) 2108 / 1718 / 2888 ms. The result does not depend on the chunk length beyond rounding.
 def reference_chunk(M: int) -> int:
     """Longest chunk the reference form uses for M modes (see the DECISION above)."""
     return 16 if M <= 32 else 32
