@@ -240,7 +240,6 @@ def fla_check():
             row[f"{name}_ours_vs_ref"] = rel_rms(ours[i], ref[i])
             row[f"{name}_fla_vs_ref"] = rel_rms(theirs[i], ref[i])
         RESULTS.setdefault("fla", []).append(row)
-        RESULTS["fla_fwd_rel"] = max(RESULTS.get("fla_fwd_rel", 0.0), row["o_ours_vs_fla"])
         log(f"  T={T:6d} ({time.time() - t0:.1f}s) " + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k != "T"))
 
 

@@ -36,7 +36,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     from hybrid_attention.training.config_schema import ConfigError
 
     from .report import collect, write_report
-    from .runner import import_results, run_suite
+    from .runner import import_results, result_path, run_suite
     from .suite import load_suite
 
     if a.jobs is not None and a.jobs < 1:
@@ -50,8 +50,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
             raise ConfigError(str(e)) from None
     if a.list:
         for c in suite.cells:
-            done = [s for s in suite.cell_seeds(c)
-                    if (Path(suite.out_dir) / "cells" / c.name / f"seed{s}" / "result.json").exists()]
+            done = [s for s in suite.cell_seeds(c) if result_path(Path(suite.out_dir), c.name, s).exists()]
             print(f"{c.name}: seeds {suite.cell_seeds(c)}, finished {done}")
         return 0
     if a.report_only:

@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..training.plots import save_figure  # noqa: E402
+from .runner import result_path  # noqa: E402
 from .suite import Suite  # noqa: E402
 
 
@@ -56,15 +57,17 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
     """The results document: every finished (cell, seed) and per-cell summaries."""
     out = Path(suite.out_dir)
     runs, summary = [], {}
+    ppl_by_seed: dict[str, dict] = {}  # cell -> {seed: val_ppl}, for the paired column
     for cell in suite.cells:
         rs = []
         for seed in suite.cell_seeds(cell):
-            p = out / "cells" / cell.name / f"seed{seed}" / "result.json"
+            p = result_path(out, cell.name, seed)
             if p.exists():
                 rs.append(json.loads(p.read_text()))
         runs += rs
         s: dict = {"label": cell.label, "seeds": [r["seed"] for r in rs], "wall_s": sum(r["wall_s"] for r in rs)}
         lms = [r["lm"] for r in rs if "lm" in r]
+        ppl_by_seed[cell.name] = {r["seed"]: r["lm"]["val_ppl"] for r in rs if "lm" in r}
         if lms:
             s["layers"] = lms[0]["layers"]
             s["params"] = lms[0]["params"]
@@ -91,11 +94,11 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
     for s in summary.values():
         if ref and s.get("val_ppl"):
             s["vs_ref_pct"] = 100.0 * (s["val_ppl"]["mean"] / ref["mean"] - 1.0)
-    ref_by_seed = {r["seed"]: r["lm"]["val_ppl"] for r in runs if r["cell"] == suite.reference and "lm" in r}
+    ref_by_seed = ppl_by_seed.get(suite.reference or "", {})
     for name, s in summary.items():
         if name == suite.reference or not s.get("val_ppl"):
             continue
-        mine = {r["seed"]: r["lm"]["val_ppl"] for r in runs if r["cell"] == name and "lm" in r}
+        mine = ppl_by_seed[name]
         shared = sorted(k for k in set(mine) & set(ref_by_seed) if _positive_finite(mine[k], ref_by_seed[k]))
         diffs = [100.0 * (mine[k] / ref_by_seed[k] - 1.0) for k in shared]
         st = _stats(diffs)

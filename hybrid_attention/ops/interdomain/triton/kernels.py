@@ -834,15 +834,21 @@ def _dz_table(ptab, Lj, offs_s, offs_m, mask_m, M, BT: tl.constexpr):
 
 
 @triton.jit
-def _load_z_dz(k_base, v_base, dk_base, dv_base, j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.constexpr):
-    """Chunk j's [k | v] channels z and the chunk-local [dk | dv] already written by the chunk kernel, both float32
-    [BT, BCH] (rows >= Lj zero). The k and v masks are disjoint, so one tile carries both halves."""
+def _z_tile_offsets(j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.constexpr):
+    """Offsets and masks of chunk j's [BT, BCH] tile of the [k | v] channel block (rows >= Lj masked): k channels
+    at offs_c of a [T, H, R] tensor, v channels at offs_c - R of a [T, H, D] tensor; the two masks are disjoint."""
     rows = j * BT + offs_s
     ms = offs_s < Lj
     kofs = rows[:, None] * (H * R) + offs_c[None, :]
     vofs = rows[:, None] * (H * D) + (offs_c - R)[None, :]
-    kmask = ms[:, None] & is_k[None, :]
-    vmask = ms[:, None] & is_v[None, :]
+    return kofs, vofs, ms[:, None] & is_k[None, :], ms[:, None] & is_v[None, :]
+
+
+@triton.jit
+def _load_z_dz(k_base, v_base, dk_base, dv_base, j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.constexpr):
+    """Chunk j's [k | v] channels z and the chunk-local [dk | dv] already written by the chunk kernel, both float32
+    [BT, BCH] (rows >= Lj zero). The k and v masks are disjoint, so one tile carries both halves."""
+    kofs, vofs, kmask, vmask = _z_tile_offsets(j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT)
     z = tl.load(k_base + kofs, mask=kmask, other=0.0).to(tl.float32)
     z += tl.load(v_base + vofs, mask=vmask, other=0.0).to(tl.float32)
     dzl = tl.load(dk_base + kofs, mask=kmask, other=0.0) + tl.load(dv_base + vofs, mask=vmask, other=0.0)
@@ -881,12 +887,7 @@ def _state_bwd_dz_step(
     f_re = b_re[:, None] * e_re + b_im[:, None] * e_im
     f_im = b_re[:, None] * e_im - b_im[:, None] * e_re
     dz = tl.dot(p_re, f_re, input_precision=DOT_PREC) + tl.dot(p_im, f_im, input_precision=DOT_PREC)
-    rows = j * BT + offs_s
-    ms = offs_s < Lj
-    kofs = rows[:, None] * (H * R) + offs_c[None, :]
-    vofs = rows[:, None] * (H * D) + (offs_c - R)[None, :]
-    kmask = ms[:, None] & is_k[None, :]
-    vmask = ms[:, None] & is_v[None, :]
+    kofs, vofs, kmask, vmask = _z_tile_offsets(j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT)
     # chunk-local part (from the chunk kernel) + carry part; each element is owned by exactly one program
     tl.store(dk_base + kofs, dzl + dz, mask=kmask)
     tl.store(dv_base + vofs, dzl + dz, mask=vmask)
