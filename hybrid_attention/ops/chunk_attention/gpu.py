@@ -13,6 +13,8 @@ h = i // G) sees its own chunk causally and every earlier chunk n with routing[b
 Softmax statistics in fp32 (log2 domain); dots take the input dtype (bf16 on the GPU) with fp32 accumulation.
 Interpreter-compatible (``TRITON_INTERPRET=1``): runtime-bounded loops become ``while`` loops there (NumPy >= 2.4
 refuses ``int()`` of the interpreter's 1-element scalars), the compiled kernels use ``for`` loops.
+The softmax scales are constexpr: inductor (``torch.compile``) types Python float runtime arguments of user Triton
+kernels fp64, which would promote the fp32 loop-carried accumulators (Triton refuses the loop).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
-                    qk_scale, T, N, HS, G,
+                    qk_scale: tl.constexpr, T, N, HS, G,
                     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                     QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
                     UPCAST: tl.constexpr, STORE_O32: tl.constexpr):
@@ -194,7 +196,7 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
-                   scale, qk_scale, T, N, HS, G,
+                   scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                    QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
                    UPCAST: tl.constexpr):
@@ -280,7 +282,7 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
-                    scale, qk_scale, T, N, HS, G,
+                    scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                     QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
                     UPCAST: tl.constexpr):
@@ -317,16 +319,16 @@ if TRITON_AVAILABLE:
         if WHILE_LOOP:
             i = 0
             while i < n_tiles:
-                rows = start + i * QB + tl.arange(0, QB)
+                r_i = start + i * QB + tl.arange(0, QB)
                 dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                          rows, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                          r_i, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
                                           UPCAST)
                 i += 1
         else:
-            for i in range(n_tiles):
-                rows = start + i * QB + tl.arange(0, QB)
+            for i in range(n_tiles):  # r_i, not rows: an i64 T (inductor) would re-type the loop-carried rows
+                r_i = start + i * QB + tl.arange(0, QB)
                 dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                          rows, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                          r_i, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
                                           UPCAST)
         tl.store(dk_ptr + q_base + cols[:, None] * (HS * DK) + dk_r[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
                  mask=cm[:, None] & (dk_r < DK)[None, :])

@@ -18,9 +18,9 @@ __all__ = ["triton_gated_delta_step"]
 
 
 @triton.jit
-def _step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, S_ptr, o_ptr, scale, H,
+def _step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, S_ptr, o_ptr, H,
                  K: tl.constexpr, V: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
-                 USE_L2: tl.constexpr, EPS: tl.constexpr):
+                 USE_L2: tl.constexpr, EPS: tl.constexpr, SCALE: tl.constexpr):
     pv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     kr = tl.arange(0, BKF)
@@ -40,7 +40,7 @@ def _step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, S_ptr, o_ptr, scale, H,
     S = tl.load(S_ptr + offs, mask=msk, other=0.0) * tl.exp(g)
     u = beta * (v - tl.sum(S * k[:, None], 0))
     S = S + k[:, None] * u[None, :]
-    o = tl.sum(S * q[:, None], 0) * scale
+    o = tl.sum(S * q[:, None], 0) * SCALE
     tl.store(S_ptr + offs, S, mask=msk)
     tl.store(o_ptr + bh * V + vc, o.to(o_ptr.dtype.element_ty), mask=vm)
 
@@ -77,7 +77,7 @@ def triton_gated_delta_step(
     BKF = max(16, triton.next_power_of_2(K))
     BV = max(16, min(32 if BKF <= 128 else 16, triton.next_power_of_2(V)))
     _step_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, v, g, beta, state, out, scale, H,
-        K=K, V=V, BKF=BKF, BV=BV, USE_L2=use_qk_l2norm, EPS=1e-6, num_warps=4,
+        q, k, v, g, beta, state, out, H,
+        K=K, V=V, BKF=BKF, BV=BV, USE_L2=use_qk_l2norm, EPS=1e-6, SCALE=scale, num_warps=4,
     )
     return out, state

@@ -117,8 +117,8 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     )
     o = _empty(B, T, H, V, device=dev, dtype=v.dtype)
     _k._output_kernel[(triton.cdiv(V, cfg.BV), N, B * H)](
-        q, k, G, rq, rk, states, vn, o, scale, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, **cfg.par,
+        q, k, G, rq, rk, states, vn, o, T, H, N, Tp,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, **cfg.par,
     )
     saved = (G, rq, rk, X, w, states, vn)
     return o, (Sfin if need_final else None), saved
@@ -140,17 +140,17 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     dPD = _empty(B, H, N, C, C, device=dev, dtype=f32)
     dGloc = _empty(B, H, Tp, device=dev, dtype=f32)
     _k._bwd_local_kernel[(N, BH)](
-        q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, scale, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, **cfg.par,
+        q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, T, H, N, Tp,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, **cfg.par,
     )
     dh = _empty(B, H, N, K, V, device=dev, dtype=f32)
     dvn = _empty(B, H, Tp, V, device=dev, dtype=f32)
     dS0 = _empty(B, H, K, V, device=dev, dtype=f32)
     _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVB), BH)](
         q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0,
-        scale, T, H, N, Tp,
+        T, H, N, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVB, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
-        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, **cfg.seqb,
+        DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, SCALE=scale, **cfg.seqb,
     )
     del dvl
     NKT = cfg.NKT
@@ -163,8 +163,8 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     _k._bwd_k_kernel[(NKT, N, BH)](
         q, k, do, beta, G, rq, rk, m_arg, X, states, dh, vn, dvn, dPD,
         dqh, dkh, dGp, dbp, dXp, scp,
-        scale, T, H, N, Tp, BH,
-        K=K, V=V, C=C, BK=cfg.BK2, BV=cfg.BV2, HAS_COMMIT=has_commit, PREC=cfg.prec, **cfg.bwdk,
+        T, H, N, Tp, BH,
+        K=K, V=V, C=C, BK=cfg.BK2, BV=cfg.BV2, HAS_COMMIT=has_commit, PREC=cfg.prec, SCALE=scale, **cfg.bwdk,
     )
     del dh, dPD
     dq = _empty_like(q)
