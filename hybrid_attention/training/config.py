@@ -59,6 +59,7 @@ class TrainSection:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
+    checkpointing: bool = False  # activation checkpointing of every decoder block (recomputed in the backward)
     parallel: Literal["ddp", "fsdp2"] = "ddp"  # used when launched with torchrun (WORLD_SIZE > 1)
     eval_every: int = 200  # 0: only at the end
     log_every: int = 10

@@ -22,6 +22,7 @@ from hybrid_attention.data.tokenizer import check_vocab, token_byte_lengths
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 
 from .checkpoint import _FULL, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpointing import enable_block_checkpointing
 from .config import RunConfig, model_config, save_config
 from .config_schema import ConfigError, to_dict
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
@@ -192,6 +193,8 @@ class Trainer:
         _seed_everything(tc.seed)  # identical initial weights on every rank and for every data source
         self.user_model = HybridForCausalLM(mcfg).to(ctx.device)
         n_params = sum(p.numel() for p in self.user_model.parameters())
+        if tc.checkpointing:
+            enable_block_checkpointing(self.user_model)  # before wrapping / compiling
         self.model = wrap_model(self.user_model, ctx, tc.parallel)
         self.optimizer = build_optimizer(unwrap(self.model), cfg.optim)
         self.scheduler = warmup_cosine_scheduler(self.optimizer, cfg.optim.warmup_steps, tc.steps,
