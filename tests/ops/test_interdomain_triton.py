@@ -67,7 +67,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
 
 
-def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=True, denominator=False, **pkw):
+def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=True, denominator=False,
+             readout="transpose", **pkw):
     """Returns {name: (triton value, float64 reference)} for o, the final state and all 7 gradients."""
     g = torch.Generator().manual_seed(seed)
     log_lam, B, C = make_params(H, M, g, **pkw)
@@ -82,7 +83,8 @@ def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=Tru
     def run(fn, tensors):
         leaves = [t.clone().requires_grad_() for t in tensors]
         init = leaves[6] if with_state else None
-        o, fin = fn(*leaves[:6], denominator=denominator, initial_state=init, output_final_state=with_final)
+        o, fin = fn(*leaves[:6], denominator=denominator, initial_state=init, output_final_state=with_final,
+                    readout=readout)
         loss = (o.to(do.dtype) * do.to(o.device, o.dtype).to(do.dtype)).sum()
         if with_final:
             loss = loss + (fin.conj() * dfin.to(fin.device, fin.dtype)).real.sum()
@@ -116,6 +118,26 @@ def test_matches_float64_reference(Bsz, T, H, R, D, M, chunk):
         assert a.shape == b.shape, name
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+@pytest.mark.parametrize("readout", ["hermitian", "real"])
+@pytest.mark.parametrize(
+    "Bsz,T,H,R,D,M,chunk,denominator",
+    [
+        (2, 7, 1, 16, 16, 16, 16, False),
+        (1, 33, 1, 16, 16, 16, 32, False),  # two sub-chunks
+        (1, 37, 2, 12, 20, 10, 16, True),  # odd T, non-power-of-two shapes, the denominator channel
+    ],
+)
+def test_readouts_match_float64_reference(readout, Bsz, T, H, R, D, M, chunk, denominator):
+    """The Hermitian (conjugated key-side vector in the kernels) and real readouts: o, final state, every gradient."""
+    # a dominant slow mode keeps the denominator away from 0 (as in test_denominator), else the ratio is ill-posed
+    res = run_both(Bsz, T, H, R, D, M, chunk, seed=77 + T + chunk, denominator=denominator, readout=readout,
+                   dominant=denominator)
+    for name, (a, b) in res.items():
+        assert a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (readout, name, rel(a, b))
 
 
 def test_every_output_element_is_written():
@@ -218,19 +240,22 @@ def test_empty_sequence():
     assert o.shape == (1, 0, 1, 16) and torch.equal(fin, X0)
 
 
-def test_decode_step_matches_reference():
-    """One-token decode steps (state update + readout) continue a prefilled state exactly like the sequence op."""
+@pytest.mark.parametrize("readout", ["transpose", "hermitian", "real"])
+def test_decode_step_matches_reference(readout):
+    """One-token decode steps (state update + readout) continue a prefilled state exactly like the sequence op, for
+    every readout (the fused step and the training kernels share the readout operators)."""
     g = torch.Generator().manual_seed(21)
     H, R, D, M = 2, 16, 16, 16
     log_lam, B, C = make_params(H, M, g)
     q, k, v = make_inputs(2, 12, H, R, D, g)
-    o_ref, fin_ref = chunk_interdomain(q, k, v, log_lam, B, C, output_final_state=True)
+    o_ref, fin_ref = chunk_interdomain(q, k, v, log_lam, B, C, output_final_state=True, readout=readout)
     to32 = [t.to(DEV, torch.complex64 if t.is_complex() else torch.float32) for t in (q, k, v, log_lam, B, C)]
     q32, k32, v32, ll32, B32, C32 = to32
-    _, state = triton_interdomain(q32[:, :5], k32[:, :5], v32[:, :5], ll32, B32, C32, output_final_state=True)
+    _, state = triton_interdomain(q32[:, :5], k32[:, :5], v32[:, :5], ll32, B32, C32, output_final_state=True,
+                                  readout=readout)
     outs = []
     for t in range(5, 12):
-        o_t, state = interdomain_decode_step(q32[:, t], k32[:, t], v32[:, t], ll32, B32, C32, state)
+        o_t, state = interdomain_decode_step(q32[:, t], k32[:, t], v32[:, t], ll32, B32, C32, state, readout=readout)
         outs.append(o_t)
     assert rel(torch.stack(outs, dim=1), o_ref[:, 5:]) < _tol()
     assert rel(state, fin_ref) < _tol()
@@ -249,7 +274,7 @@ def test_custom_op_opcheck():
     init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
         interdomain_fwd_op,
-        (q, k, v, ll, bb, kk, init, 16, False, True),
+        (q, k, v, ll, bb, kk, init, 16, False, True, False),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
 

@@ -1,4 +1,5 @@
-"""Interdomain Attention core op: o_t = Re(q_tᵀ U_tᵀ Γ_t) over a complex diagonal S4D state (see naive.py).
+"""Interdomain Attention core op: o_t = read(q_t, U_t, Γ_t) over a complex diagonal S4D state (see naive.py), with the
+complex-to-real readout "transpose" Re(q_tᵀ U_tᵀ Γ_t), "hermitian" Re(q_tᵀ U_t^H Γ_t) or "real" (readout.py).
 
 Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form), "triton" (chunked Triton
 kernels, ``hybrid_attention.ops.interdomain.triton``) and "auto".
@@ -10,9 +11,11 @@ import torch
 
 from .chunk import chunk_interdomain, validate_chunk_size
 from .naive import naive_interdomain
+from .readout import DEFAULT_READOUT, READOUTS, validate_readout
 from .triton import HAS_TRITON, triton_interdomain
 
-__all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "triton_interdomain", "BACKENDS"]
+__all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "triton_interdomain", "BACKENDS", "READOUTS",
+           "DEFAULT_READOUT"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
 
@@ -35,6 +38,7 @@ def interdomain(
     output_final_state: bool = False,
     chunk_size: int = 64,
     backend: str = "auto",
+    readout: str = DEFAULT_READOUT,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core, dispatched to a backend.
 
@@ -49,6 +53,7 @@ def interdomain(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', 'triton', got {backend!r}")
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
+    validate_readout(readout)
     if backend == "naive":
         return naive_interdomain(
             q,
@@ -60,6 +65,7 @@ def interdomain(
             denominator=denominator,
             initial_state=initial_state,
             output_final_state=output_final_state,
+            readout=readout,
         )
     if backend == "triton" or (backend == "auto" and _auto_uses_triton(q, k, v)):
         return triton_interdomain(
@@ -73,6 +79,7 @@ def interdomain(
             initial_state=initial_state,
             output_final_state=output_final_state,
             chunk_size=chunk_size,
+            readout=readout,
         )
     return chunk_interdomain(
         q,
@@ -85,4 +92,5 @@ def interdomain(
         initial_state=initial_state,
         output_final_state=output_final_state,
         chunk_size=chunk_size,
+        readout=readout,
     )

@@ -5,7 +5,9 @@ X_t = [X^k_t | X^v_t] (key channels, value channels). Then U_t q_t = C X^k_t q_t
 
     o_t = Re(q_tᵀ U_tᵀ Γ_t) = Re((C X^k_t q_t)ᵀ (C X^v_t)) = Re(X^v_tᵀ K X^k_t q_t),      K = Cᵀ C  (plain transpose)
 
-and the per-token states never need to exist: only the M-vector p_t = X^k_t q_t and r_t = K p_t do.
+and the per-token states never need to exist: only the M-vector p_t = X^k_t q_t and r_t = K p_t do. The other
+readouts (readout.py) only change r_t: r_t = K₁ p_t + K₂ conj(p_t) (hermitian: K₁ = 0, K₂ = Cᵀ conj(C); real: half
+of each), everything else below is the same.
 
 Factorisation for a chunk [t0, t0 + L) entered with state X0 (the state after token t0 - 1), local indices t, s in
 [0, L). Unrolling the recurrence inside the chunk gives X_t = Σ_{s<=t} λ^{t-s} ⊙ B z_sᵀ + λ^{t+1} ⊙ X0, hence
@@ -14,7 +16,7 @@ Factorisation for a chunk [t0, t0 + L) entered with state X0 (the state after to
     Din[t, m]     = exp(log_lam[m] (t + 1))                              [H, L, M]      decay of the entering state
     S[t, s]       = q_t · k_s                                            [B, H, L, L]   query-key scores
     p_t = Σ_s S[t, s] Ldec[t, s] ⊙ B  +  Din[t] ⊙ (X0^k q_t)             [B, H, L, M]   (= X^k_t q_t)
-    r_t = K p_t                                                          [B, H, L, M]
+    r_t = K₁ p_t + K₂ conj(p_t)                                          [B, H, L, M]   (transpose: K₁ = K, K₂ = 0)
     W[t, s] = Σ_m r_t[m] B[m] Ldec[t, s, m]                              [B, H, L, L]
     o_t = Re(Σ_s W[t, s] v_s)  +  Re((r_t ⊙ Din[t])ᵀ X0^v)               [B, H, L, D]
     X_end = Din[L-1] ⊙ X0 + Σ_s Ldec[L-1, s] ⊙ B z_sᵀ                    [B, H, M, R+D]  (carried to the next chunk)
@@ -39,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from .naive import compute_dtypes, prepare_ssm_params, safe_divide, validate_interdomain_inputs
+from .readout import DEFAULT_READOUT, readout_operators, validate_readout
 
 __all__ = ["chunk_interdomain", "chunk_decays", "validate_chunk_size"]
 
@@ -87,6 +90,7 @@ def chunk_interdomain(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    readout: str = DEFAULT_READOUT,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core, chunk-parallel (equal to ``naive_interdomain`` to rounding).
 
@@ -96,6 +100,7 @@ def chunk_interdomain(
     ``o [B, T, H, D]`` in ``q.dtype`` and the final raw state (complex128 for float64 inputs, complex64 otherwise) or
     ``None`` unless ``output_final_state``.
     """
+    validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
     validate_chunk_size(chunk_size)
     if q.device.type == "cpu":
@@ -113,7 +118,7 @@ def chunk_interdomain(
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     X = q.new_zeros(Bsz, H, M, R + v.shape[-1], dtype=cdtype) if initial_state is None else initial_state.to(cdtype)
 
-    K = torch.einsum("hnm,hnk->hmk", C, C)  # K = Cᵀ C, complex symmetric, [H, M, M]
+    K1, K2 = readout_operators(C, readout)  # r = K₁ p + K₂ conj(p), each [H, M, M] or None
     Lmax = min(chunk_size, T)
     Ldec_full, Din_full = chunk_decays(log_lam, Lmax) if T > 0 else (None, None)
 
@@ -128,7 +133,7 @@ def chunk_interdomain(
         S = (qc @ kc.transpose(-1, -2)).to(cdtype)  # [B, H, L, L]; Ldec's zeros supply the causal mask
         p = torch.einsum("bhts,htsm->bhtm", S, LdecB)
         p = p + Din * torch.einsum("bhmr,bhtr->bhtm", Xk, qc.to(cdtype))  # p_t = X^k_t q_t
-        r = torch.einsum("hmn,bhtn->bhtm", K, p)  # r_t = K p_t
+        r = sum(torch.einsum("hmn,bhtn->bhtm", K_, p_) for K_, p_ in ((K1, p), (K2, p.conj())) if K_ is not None)
         W = torch.einsum("bhtm,htsm->bhts", r, LdecB)  # intra-chunk query-to-value weights
         o = W.real @ vc + torch.einsum("bhtm,bhmd->bhtd", r * Din, Xv).real  # v is real: Re(W v) = Re(W) v
         outputs.append(o)

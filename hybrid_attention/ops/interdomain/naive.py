@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .readout import DEFAULT_READOUT, readout_product, validate_readout
+
 __all__ = [
     "DEN_EPS",
     "naive_interdomain",
@@ -131,6 +133,7 @@ def naive_interdomain(
     denominator: bool = False,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    readout: str = DEFAULT_READOUT,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core, one token at a time (the definition).
 
@@ -147,16 +150,16 @@ def naive_interdomain(
         z_t = [k_t ; v_t]                     ∈ R^{R+D}      ([k_t ; v_t ; 1] ∈ R^{R+D+1} with denominator)
         X_t = λ ⊙ X_{t-1} + B z_tᵀ            ∈ C^{M×(R+D)}  (X_{-1} = initial_state, or 0)
         Y_t = C X_t;  U_t = Y_t[:, :R] ∈ C^{M×R};  Γ_t = Y_t[:, R:R+D] ∈ C^{M×D};  η_t = Y_t[:, R+D] ∈ C^M
-        o_t = Re(q_tᵀ U_tᵀ Γ_t)                                          ∈ R^D   (denominator=False, Eq. 13)
-        o_t = Re(q_tᵀ U_tᵀ Γ_t) / safe(Re(q_tᵀ U_tᵀ η_t))                ∈ R^D   (denominator=True, Eq. 9)
+        o_t = read(q_t, U_t, Γ_t)                                        ∈ R^D   (denominator=False, Eq. 13)
+        o_t = read(q_t, U_t, Γ_t) / safe(read(q_t, U_t, η_t))            ∈ R^D   (denominator=True, Eq. 9)
 
-    with safe(x) = sign(x) max(|x|, DEN_EPS), sign(0) := +1. T = 0 is allowed (empty output, state passed through).
+    with read the ``readout`` (readout.py): "transpose" Re(q_tᵀ U_tᵀ Γ_t), "hermitian" Re(q_tᵀ U_t^H Γ_t), "real"
+    Re(U_t q_t)ᵀ Re(Γ_t); safe(x) = sign(x) max(|x|, DEN_EPS), sign(0) := +1. T = 0 is allowed (empty output, state
+    passed through).
     """
-    # DECISION (spec §6.2 item 1, complex-to-real readout): o = Re(qᵀ Uᵀ Γ), the real part of the plain-transpose
-    # (bilinear, NOT Hermitian/conjugated) product. It keeps the bilinear structure of Eq. 9 -- with a real basis it
-    # reduces exactly to the paper's F_q Uᵀ Γ -- and it is linear in both U and Γ, which is what makes the chunked
-    # factorisation through K = Cᵀ C possible. The training forms (chunk.py, future kernels) and the one-token decode
-    # step (this loop with T = 1) use this same formula; the denominator uses the same bilinear product with η.
+    # The complex-to-real readout (spec §6.2 item 1) is a flag; its default and the evidence are in readout.py. Every
+    # form (chunk.py, the Triton kernels, the fused decode step) implements the same three definitions.
+    validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
@@ -176,12 +179,10 @@ def naive_interdomain(
     for t in range(T):
         X = lam * X + b_in * z[:, t, :, None, :]  # [B, H, M, R+D(+1)]
         Y = torch.einsum("hmn,bhnc->bhmc", C, X)
-        U, G = Y[..., :R], Y[..., R : R + D]
-        a = torch.einsum("bhmr,bhr->bhm", U, q[:, t].to(cdtype))  # (q_tᵀ U_tᵀ)ᵀ = U_t q_t, no conjugation
-        o_t = torch.einsum("bhm,bhmd->bhd", a, G).real  # [B, H, D]
+        U, G = Y[..., :R], Y[..., R:]  # G: Γ_t (and η_t as its last column with the denominator)
+        o_t = readout_product(U, q[:, t].to(cdtype), G, readout)  # [B, H, D(+1)]
         if denominator:
-            den = torch.einsum("bhm,bhm->bh", a, Y[..., R + D]).real  # Re(q_tᵀ U_tᵀ η_t)
-            o_t = safe_divide(o_t, den[..., None])
+            o_t = safe_divide(o_t[..., :D], o_t[..., D:])
         outputs.append(o_t)
     o = torch.stack(outputs, dim=1) if T > 0 else v.new_zeros(Bsz, 0, H, D)
     return o.to(out_dtype), (X if output_final_state else None)

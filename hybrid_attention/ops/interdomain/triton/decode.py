@@ -1,9 +1,12 @@
 """Fused single-token decode step of the Interdomain core (state update + readout), one Triton launch.
 
-Per (b, h), with K = Cᵀ C precomputed once (``decode_params``)::
+Per (b, h), with the readout operators K₁, K₂ precomputed once (``decode_params``, readout.py)::
 
     X^k ← λ ⊙ X^k + B k_tᵀ,   X^v ← λ ⊙ X^v + B v_tᵀ        (the recurrence of naive.py)
-    p = X^k q_t ∈ C^M,   r = K p ∈ C^M,   o_t = Re(rᵀ X^v) ∈ R^D   (= Re(q_tᵀ U_tᵀ Γ_t), see chunk.py)
+    p = X^k q_t ∈ C^M,   r = K₁ p + K₂ conj(p) ∈ C^M,   o_t = Re(rᵀ X^v) ∈ R^D   (= read(q_t, U_t, Γ_t), chunk.py)
+
+transpose: K₁ = Cᵀ C, no K₂; hermitian: K₂ = Cᵀ conj(C), no K₁; real: half of each (the same operators as the
+training forms).
 
 Cost O(M(R+D) + M²) per head instead of the O(M²(R+D)) of forming U and Γ. The state is updated IN PLACE (complex64
 buffer [B, H, M, R+D(+1)]), and the output can be written into a caller-provided buffer, so the step captures into a
@@ -19,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..naive import safe_divide
+from ..readout import DEFAULT_READOUT, readout_operators
 
 __all__ = ["decode_params", "interdomain_decode_step"]
 
@@ -42,6 +46,8 @@ def _decode_kernel(
     BR: tl.constexpr,
     BD: tl.constexpr,
     BM: tl.constexpr,
+    HAS_K1: tl.constexpr,
+    HAS_K2: tl.constexpr,
 ):
     i_bh = tl.program_id(0).to(tl.int64)
     h = i_bh % H
@@ -52,7 +58,7 @@ def _decode_kernel(
     mask_m = offs_m < M
     mask_r = offs_r < R
     mask_d = offs_d < D
-    # λ, B: interleaved complex64 [H, M, 2]; K: planar [H, 2, M, M]; X: interleaved complex64 [B*H, M, NC, 2]
+    # λ, B: interleaved complex64 [H, M, 2]; K: planar [2 (K₁, K₂), H, 2, M, M]; X: interleaved complex64 [B*H, M, NC, 2]
     l_re = tl.load(lam + (h * M + offs_m) * 2, mask=mask_m, other=0.0)
     l_im = tl.load(lam + (h * M + offs_m) * 2 + 1, mask=mask_m, other=0.0)
     b_re = tl.load(Bp + (h * M + offs_m) * 2, mask=mask_m, other=0.0)
@@ -72,13 +78,21 @@ def _decode_kernel(
     tl.store(xb + kofs + 1, nk_im, mask=km)
     p_re = tl.sum(nk_re * qv[None, :], axis=1)
     p_im = tl.sum(nk_im * qv[None, :], axis=1)
-    # r = K p  (K[m, n] rows m, columns n)
+    # r = K₁ p + K₂ conj(p)  (K[m, n] rows m, columns n)
     mm = mask_m[:, None] & mask_m[None, :]
     kk_off = h * 2 * M * M + offs_m[:, None] * M + offs_m[None, :]
-    kk_re = tl.load(Kp + kk_off, mask=mm, other=0.0)
-    kk_im = tl.load(Kp + kk_off + M * M, mask=mm, other=0.0)
-    r_re = tl.sum(kk_re * p_re[None, :] - kk_im * p_im[None, :], axis=1)
-    r_im = tl.sum(kk_re * p_im[None, :] + kk_im * p_re[None, :], axis=1)
+    r_re = tl.zeros([BM], dtype=tl.float32)
+    r_im = tl.zeros([BM], dtype=tl.float32)
+    if HAS_K1:
+        kk_re = tl.load(Kp + kk_off, mask=mm, other=0.0)
+        kk_im = tl.load(Kp + kk_off + M * M, mask=mm, other=0.0)
+        r_re += tl.sum(kk_re * p_re[None, :] - kk_im * p_im[None, :], axis=1)
+        r_im += tl.sum(kk_re * p_im[None, :] + kk_im * p_re[None, :], axis=1)
+    if HAS_K2:
+        kk_re = tl.load(Kp + H * 2 * M * M + kk_off, mask=mm, other=0.0)
+        kk_im = tl.load(Kp + H * 2 * M * M + kk_off + M * M, mask=mm, other=0.0)
+        r_re += tl.sum(kk_re * p_re[None, :] + kk_im * p_im[None, :], axis=1)
+        r_im += tl.sum(kk_im * p_re[None, :] - kk_re * p_im[None, :], axis=1)
     # value half
     vm = mask_m[:, None] & mask_d[None, :]
     vofs = (offs_m[:, None] * NC + R + offs_d[None, :]) * 2
@@ -92,15 +106,18 @@ def _decode_kernel(
     tl.store(o + i_bh * D + offs_d, out.to(o.dtype.element_ty), mask=mask_d)
 
 
-def decode_params(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(λ, B, K) in the decode kernel's layouts: λ = exp(log λ) and B as complex64 [H, M] (interleaved), K = Cᵀ C as a
-    planar float32 [H, 2, M, M]. Compute once per model/layer and pass as ``params`` to every step."""
+def decode_params(
+    log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, readout: str = DEFAULT_READOUT
+) -> tuple[torch.Tensor, ...]:
+    """(λ, B, K, readout) in the decode kernel's layouts: λ = exp(log λ) and B as complex64 [H, M] (interleaved), the
+    readout operators (K₁, K₂) as a planar float32 [2, H, 2, M, M] (an absent one is zeros and skipped by the kernel).
+    Compute once per model/layer and pass as ``params`` to every step."""
     lam = torch.exp(log_lam.to(torch.complex128)).to(torch.complex64).contiguous()
     Bc = B.to(torch.complex64).contiguous()
-    Cc = C.to(torch.complex64)
-    Kc = torch.einsum("hnm,hnk->hmk", Cc, Cc)
-    kk = torch.stack([Kc.real, Kc.imag], dim=1).contiguous()
-    return lam, Bc, kk
+    ops = readout_operators(C.to(torch.complex64), readout)
+    zero = torch.zeros_like(C, dtype=torch.complex64)
+    kk = torch.stack([torch.stack([K.real, K.imag], dim=1) for K in (k if k is not None else zero for k in ops)])
+    return lam, Bc, kk.contiguous(), readout
 
 
 @torch.no_grad()
@@ -116,16 +133,17 @@ def interdomain_decode_step(
     denominator: bool = False,
     params: tuple[torch.Tensor, ...] | None = None,
     out: torch.Tensor | None = None,
+    readout: str = DEFAULT_READOUT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token: q, k ``[B, H, R]``, v ``[B, H, D]``; state ``[B, H, M, R + D (+1)]`` complex64, updated in place and
     returned. Returns ``(o [B, H, D] in q.dtype (or ``out``), state)``. Equals ``naive_interdomain`` with T = 1 and
-    ``initial_state=state``. ``params`` = ``decode_params(log_lam, B, C)`` skips recomputing λ and K = Cᵀ C (then
-    log_lam, B, C may be None)."""
+    ``initial_state=state``. ``params`` = ``decode_params(log_lam, B, C, readout)`` skips recomputing λ and the
+    readout operators (then log_lam, B, C and ``readout`` are taken from it and may be None)."""
     if state.dtype != torch.complex64 or not state.is_contiguous():
         raise ValueError("state must be a contiguous complex64 tensor [B, H, M, R + D (+1)] (it is updated in place)")
     if params is None:
-        params = decode_params(log_lam, B, C)
-    lam, Bc, kk = params
+        params = decode_params(log_lam, B, C, readout)
+    lam, Bc, kk, readout = params
     Bsz, H, R = q.shape
     D = v.shape[-1]
     M = lam.shape[-1]
@@ -155,6 +173,8 @@ def interdomain_decode_step(
         BR=max(16, triton.next_power_of_2(R)),
         BD=max(16, triton.next_power_of_2(Dv)),
         BM=max(16, triton.next_power_of_2(M)),
+        HAS_K1=readout != "hermitian",
+        HAS_K2=readout != "transpose",
         num_warps=4,
     )
     if denominator:

@@ -214,7 +214,10 @@ def _chunk_fwd(
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
+    CONJ_P: tl.constexpr,
 ):
+    """Outputs of one chunk. CONJ_P (the Hermitian readout): the key-side vector p_t = X^k_t q_t enters the readout
+    conjugated, r = K conj(p) with K = Cᵀ conj(C) from the host (see ops/interdomain/readout.py)."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
@@ -292,6 +295,8 @@ def _chunk_fwd(
         du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
         p_re += du_re
         p_im += du_im
+        if CONJ_P:
+            p_im = -p_im
         km = mask_m[:, None] & am
         # KT[n, m] = K[m, n] so that r = p @ KT, r_t[m] = Σ_n K[m, n] p_t[n]
         kt_re = tl.load(k_base_p + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
@@ -359,8 +364,10 @@ def _chunk_bwd(
     BM: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
+    CONJ_P: tl.constexpr,
 ):
-    """Backward of one chunk. PART 0 computes everything; PART 1 the value side (dv, the X0v columns of the local
+    """Backward of one chunk (CONJ_P: the Hermitian readout, as in _chunk_fwd; the gradient w.r.t. p is then the
+    conjugate of the one w.r.t. conj(p)). PART 0 computes everything; PART 1 the value side (dv, the X0v columns of the local
     adjoint, dK, and the W / inter-chunk-readout terms of dB, d log λ); PART 2 the key side (dq, dk, the X0k columns,
     the p terms of dB, d log λ). The split halves the live registers (two launches instead of one spilling one)."""
     VAL: tl.constexpr = PART != 2
@@ -475,6 +482,8 @@ def _chunk_bwd(
             du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
             p_re += du_re
             p_im += du_im
+            if CONJ_P:
+                p_im = -p_im
             kt_re = tl.load(k_base_p + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
             kt_im = tl.load(k_base_p + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
             r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
@@ -560,6 +569,8 @@ def _chunk_bwd(
             kk_im = tl.load(k_base_p + M * M + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
             gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(gr_im, kk_im, input_precision=DOT_PREC)
             gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(gr_re, kk_im, input_precision=DOT_PREC)
+            if CONJ_P:
+                gp_im = -gp_im
             cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
             cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
             if HAS_CROSS:

@@ -5,9 +5,12 @@ the op boundary as a *planar* float32 tensor (a leading re/im axis of size 2), s
 real tensors; the conversion to and from complex is done with differentiable torch ops around them.
 
 Registered ops (opaque to ``torch.compile``, with fake implementations for tracing):
-  ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final) -> (o, final)``
+  ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p)
+  -> (o, final)``
   ``hybrid_attention::interdomain_bwd(...) -> (dq, dk, dv, dll, dbb, dkk, dinit)``
-with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K = Cᵀ C [H, 2, M, M], init [B, H, 2, M, R+D] (planar).
+with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M], init [B, H, 2, M, R+D] (planar). The readout
+(ops/interdomain/readout.py) sets K and conj_p: "transpose" K = Cᵀ C, conj_p False; "hermitian" K = Cᵀ conj(C),
+conj_p True (r = K conj(p)); "real" is their average, two calls (twice the work of the other two readouts).
 
 Memory: the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D] float32 buffer,
 freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk states. No per-token
@@ -24,6 +27,7 @@ import triton
 
 from ..chunk import validate_chunk_size
 from ..naive import safe_divide, validate_interdomain_inputs
+from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
 from . import kernels as K
 
 __all__ = ["triton_interdomain", "interdomain_fwd_planar", "kernel_config", "set_kernel_config"]
@@ -208,7 +212,7 @@ def _launch_state_fwd(
     )
 
 
-def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool):
+def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -246,6 +250,7 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
             BM=_np2(M),
             DOT_PREC=_prec(),
             LP_DOT=_lp_dot(q),
+            CONJ_P=conj_p,
             num_warps=_CFG["warps_chunk_fwd"],
             num_stages=_CFG["stages"],
         )
@@ -254,7 +259,7 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
     return o, fin
 
 
-def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
+def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int, conj_p: bool):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -325,6 +330,7 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int):
                 BM=_np2(M),
                 DOT_PREC=_prec(),
                 LP_DOT=_lp_dot(q),
+                CONJ_P=conj_p,
                 num_warps=_CFG["warps_chunk_bwd"],
                 num_stages=_CFG["stages"],
             )
@@ -487,12 +493,13 @@ def interdomain_fwd_op(
     chunk_size: int,
     out_fp32: bool,
     need_final: bool,
+    conj_p: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final)
+    return _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p)
 
 
 @interdomain_fwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final):
+def _(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -513,12 +520,13 @@ def interdomain_bwd_op(
     do: torch.Tensor,
     dfinal: torch.Tensor | None,
     chunk_size: int,
+    conj_p: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size)
+    return _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size, conj_p)
 
 
 @interdomain_bwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size):
+def _(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size, conj_p):
     dinit = torch.empty_like(init) if init is not None else q.new_empty(0, dtype=torch.float32)
     return (
         torch.empty_like(q),
@@ -532,9 +540,10 @@ def _(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final = inputs
+    q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p = inputs
     ctx.save_for_backward(q, k, v, ll, bb, kk, init)
     ctx.chunk_size = chunk_size
+    ctx.conj_p = conj_p
     ctx.need_final = need_final
     ctx.has_init = init is not None
 
@@ -546,9 +555,9 @@ def _backward(ctx, do, dfinal):
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
     dq, dk, dv, dll, dbb, dkk, dinit = interdomain_bwd_op(
-        q, k, v, ll, bb, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size
+        q, k, v, ll, bb, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size, ctx.conj_p
     )
-    return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None
+    return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None, None
 
 
 interdomain_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -568,16 +577,21 @@ def _planar(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack([x, torch.zeros_like(x)], dim=dim)
 
 
-def interdomain_fwd_planar(q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool):
-    """Differentiable call of the registered op from complex (log_lam, B, C, initial_state); returns (o, final
-    complex64 or None)."""
+def interdomain_fwd_planar(
+    q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool,
+    readout: str = DEFAULT_READOUT,
+):
+    """Differentiable call of the registered op from complex (log_lam, B, C, initial_state) for the "transpose" or
+    "hermitian" readout; returns (o, final complex64 or None)."""
+    if readout not in ("transpose", "hermitian"):
+        raise ValueError(f"interdomain_fwd_planar runs readout 'transpose' or 'hermitian', got {readout!r}")
     ll = _planar(log_lam, 1).contiguous()
     bb = _planar(B, 1).contiguous()
     Cc = C.to(torch.complex64) if C.is_complex() else C.float().to(torch.complex64)
-    Kc = torch.einsum("hnm,hnk->hmk", Cc, Cc)  # K = Cᵀ C (plain transpose), autograd carries dK to dC
-    kk = _planar(Kc, 1).contiguous()
+    k1, k2 = readout_operators(Cc, readout)  # autograd carries dK to dC
+    kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
-    o, fin = interdomain_fwd_op(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final)
+    o, fin = interdomain_fwd_op(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, readout == "hermitian")
     # planar [B, H, 2, M, NC] -> complex: one copy; its backward hands the op a strided view of the incoming gradient
     # (made contiguous once inside), where torch.complex(fin[:, :, 0], fin[:, :, 1]) cost zero-fills and copies
     final = torch.view_as_complex(fin.movedim(2, -1).contiguous()) if need_final else None
@@ -596,6 +610,7 @@ def triton_interdomain(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    readout: str = DEFAULT_READOUT,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core on Triton kernels (same contract as ``chunk_interdomain``).
 
@@ -605,7 +620,11 @@ def triton_interdomain(
 
     ``denominator=True`` appends the constant-1 value channel (v' = [v ; 1]) and runs the same kernels with D + 1
     value channels in float32, then divides num / safe(den) exactly like the reference (see chunk.py).
+
+    ``readout`` "transpose" / "hermitian" is one kernel pass; "real" = ½ (transpose + hermitian) runs both (the
+    readout is linear in r, so the average is exact), at twice the cost.
     """
+    validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
     validate_chunk_size(chunk_size)
     if any(t.dtype == torch.float64 for t in (q, k, v)):
@@ -616,9 +635,15 @@ def triton_interdomain(
     k = k.to(dt).contiguous()
     v = v.to(dt).contiguous()
     if denominator:
-        v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
-        o, final = interdomain_fwd_planar(q, k, v1, log_lam, B, C, initial_state, chunk_size, True, output_final_state)
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
+    out_fp32 = denominator or readout == "real"  # sums and ratios of the passes in float32
+    passes = ("transpose", "hermitian") if readout == "real" else (readout,)
+    o, final = 0.0, None
+    for i, ro in enumerate(passes):
+        o_i, f_i = interdomain_fwd_planar(
+            q, k, v, log_lam, B, C, initial_state, chunk_size, out_fp32, output_final_state and i == 0, ro
+        )
+        o, final = o + o_i / len(passes), (f_i if i == 0 else final)
+    if denominator:
         o = safe_divide(o[..., :D], o[..., D:])
-        return o.to(dt), final
-    o, final = interdomain_fwd_planar(q, k, v, log_lam, B, C, initial_state, chunk_size, False, output_final_state)
-    return o, final
+    return o.to(dt), final

@@ -1,0 +1,65 @@
+"""The complex-to-real readout of Interdomain Attention: which real number the query reads from (U, Γ).
+
+The paper writes o_t = ξ(q_t)ᵀ U_tᵀ Γ_t (Eq. 13) with real basis functions in mind; with the complex S4D basis it
+does not say how the complex product becomes real (spec §6.2 item 1). Three readouts, per head, with u = U_t q_t ∈ C^M
+and Γ = Γ_t ∈ C^{M×D}:
+
+    "transpose"  o = Re(q_tᵀ U_tᵀ Γ_t) = Re(Σ_m u_m Γ_m)           plain transpose (bilinear, no conjugation)
+    "hermitian"  o = Re(q_tᵀ U_t^H Γ_t) = Re(Σ_m conj(u_m) Γ_m)    conjugate transpose (Hermitian inner product)
+    "real"       o = Re(U_t q_t)ᵀ Re(Γ_t) = Σ_m Re(u_m) Re(Γ_m)     real parts only; = ½ (transpose + hermitian)
+
+As a kernel over (key at s, value at s'), with the basis functions κ(τ) = C (λ^τ ⊙ B̄) ∈ C^M, the readouts weigh the
+pair by W(τ, τ') = Re Σ_m κ_m(τ) κ_m(τ') (transpose, indefinite), Re Σ_m conj(κ_m(τ)) κ_m(τ') (hermitian, a positive
+semi-definite Gram kernel, the reading of the derivation's Σ_m φ_m(s) φ_m(s') ≈ δ(s - s') with a complex basis) and
+Σ_m Re κ_m(τ) Re κ_m(τ') (real).
+
+DECISION (the default readout): "transpose", the readout the library's earlier results were measured with, until a
+measured A/B says otherwise. The A/B (RESULTS.md section A, `small` preset, 2 seeds) is the evidence this default is
+checked against; see `DEFAULT_READOUT` below and the numbers quoted next to it.
+
+All three are real-linear in the key-side vector p_t = X^k_t q_t ∈ C^M (the chunked forms' contraction of the
+query with the raw key state, X^k before C): o_t = Re(r_tᵀ X^v_t) with r_t = K₁ p_t + K₂ conj(p_t), where
+K₁ = Cᵀ C (transpose), K₂ = Cᵀ conj(C) (hermitian), and half of each for "real" (``readout_operators``). This is how
+the chunked PyTorch form, the Triton training kernels and the fused decode step implement every readout with one
+factorisation: the Hermitian form is the conjugate recurrence on the key side, conj(X^k) = the state of (conj λ,
+conj B̄), and since q and the inputs are real that is just conj(p_t).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["READOUTS", "DEFAULT_READOUT", "validate_readout", "readout_operators", "readout_product"]
+
+READOUTS = ("transpose", "hermitian", "real")
+
+# DECISION: see the module docstring. Kept at "transpose" (A/B: RESULTS.md section A).
+DEFAULT_READOUT = "transpose"
+
+
+def validate_readout(readout: str) -> None:
+    """Raise ``ValueError`` naming ``readout`` and the allowed values."""
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
+
+
+def readout_operators(C: torch.Tensor, readout: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(K₁, K₂), each [H, M, M] complex or None, with r = K₁ p + K₂ conj(p) (r_t[m] = Σ_n K[m, n] p_t[n])."""
+    validate_readout(readout)
+    k1 = torch.einsum("hnm,hnk->hmk", C, C) if readout != "hermitian" else None  # Cᵀ C, complex symmetric
+    k2 = torch.einsum("hnm,hnk->hmk", C, C.conj()) if readout != "transpose" else None  # Cᵀ conj(C)
+    if readout == "real":
+        k1, k2 = 0.5 * k1, 0.5 * k2
+    return k1, k2
+
+
+def readout_product(U: torch.Tensor, q: torch.Tensor, G: torch.Tensor, readout: str) -> torch.Tensor:
+    """The readout by its definition (the naive forms): U ``[..., M, R]``, q ``[..., R]``, G ``[..., M, D]`` complex
+    (q real or complex with zero imaginary part) -> ``[..., D]`` real."""
+    if readout == "transpose":
+        return torch.einsum("...m,...md->...d", torch.einsum("...mr,...r->...m", U, q), G).real
+    if readout == "hermitian":
+        return torch.einsum("...m,...md->...d", torch.einsum("...mr,...r->...m", U.conj(), q), G).real
+    if readout == "real":
+        return torch.einsum("...m,...md->...d", torch.einsum("...mr,...r->...m", U.real, q.real), G.real)
+    raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
