@@ -1,6 +1,6 @@
 """GPU benchmarks: correctness against the float64 references plus timings, one device call per target.
 
-``hybrid-attention bench ops [--only interdomain natsl s4d] [--quick]`` runs the op-level sections,
+``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear] [--quick]`` runs the op-level sections,
 ``hybrid-attention bench models [--quick]`` the model-level ones (prefill, decode, training step). Each section
 prints its table and writes a JSON file to ``$OUT`` (or the working directory). Every measured version is recorded
 in ``benchmarks/NOTES.md``. On a CPU machine, ``BENCH_DRYRUN=1 TRITON_INTERPRET=1`` runs them at tiny shapes as a
@@ -15,7 +15,7 @@ __all__ = ["TARGETS", "run_target"]
 
 # target -> {section name: module under hybrid_attention.bench exposing main(argv)}
 TARGETS: dict[str, dict[str, str]] = {
-    "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d": "s4d_ops"},
+    "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d_bilinear": "s4d_bilinear_ops"},
     "models": {"models": "models"},
 }
 TARGETS["inference"] = TARGETS["models"]  # the name DESIGN.md uses for the whole-model benchmark

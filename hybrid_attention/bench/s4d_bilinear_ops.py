@@ -1,19 +1,21 @@
 #!/usr/bin/env python
-"""S4D-only core on the GPU: correctness of the Triton kernels vs the float64 reference, and timings vs the
-chunk-parallel PyTorch reference and the Interdomain Triton op, in one invocation (a few minutes on an H200):
+"""Bilinear S4D core (``s4d_bilinear``, the H3-style multiplicative baseline; the paper's S4D-only control is the
+linear readout in ``hybrid_attention.ops.s4d``) on the GPU: correctness of the Triton kernels vs the float64
+reference, and timings vs the chunk-parallel PyTorch reference and the Interdomain Triton op, in one invocation (a
+few minutes on an H200):
 
-    hybrid-attention bench ops --only s4d   (or: python -m hybrid_attention.bench.s4d_ops [--quick])
+    hybrid-attention bench ops --only s4d_bilinear   (or: python -m hybrid_attention.bench.s4d_bilinear_ops [--quick])
 
 Sections (each guarded: a failure in one leaves the others' numbers):
   1. correctness: bf16 inputs, T in {63, 1000, 4096}, B=1, H=4, R=M=64, every kernel-written buffer poisoned with NaN
-     first; relative RMS error vs ``chunk_s4d`` in float64 on the same GPU for o, the final state and the gradients
-     of a, b, log λ, B, C and the initial state (limits 5e-3 outputs/states, 1e-2 gradients);
+     first; relative RMS error vs ``chunk_s4d_bilinear`` in float64 on the same GPU for o, the final state and the
+     gradients of a, b, log λ, B, C and the initial state (limits 5e-3 outputs/states, 1e-2 gradients);
   2. timings (``bench_ms``: triton.testing.do_bench median): B=1, H=16, R=M=64, bf16, T in {4K, 16K}: forward and
-     forward+backward of ``triton_s4d``, of the reference ``chunk_s4d`` (bf16 activations, complex64 parameters; at
-     16K only when 4K was fast enough) and of the Interdomain Triton op at the same shape (R=D=64); then the
-     ``small``-preset-like training shape B=32, T=512, H=8 (forward+backward), with peak memory;
+     forward+backward of ``triton_s4d_bilinear``, of the reference ``chunk_s4d_bilinear`` (bf16 activations,
+     complex64 parameters; at 16K only when 4K was fast enough) and of the Interdomain Triton op at the same shape
+     (R=D=64); then the ``small``-preset-like training shape B=32, T=512, H=8 (forward+backward), with peak memory;
   3. (not with --quick) a launch-config sweep of the readout kernels (channel tile, warps) at B=1, T=4K, H=16.
-Rows go to ``results["s4d"]`` (``run``) and, from ``main``, to ``$OUT/s4d_gpu.json``. ``BENCH_DRYRUN=1
+Rows go to ``results["s4d_bilinear"]`` (``run``) and, from ``main``, to ``$OUT/s4d_bilinear_gpu.json``. ``BENCH_DRYRUN=1
 TRITON_INTERPRET=1`` runs everything at tiny shapes on the CPU (a smoke test of this file, not a measurement).
 """
 
@@ -28,7 +30,7 @@ import torch
 
 from hybrid_attention.bench.common import DEVICE as DEV
 from hybrid_attention.bench.common import DRYRUN, bench_ms, budget_left, guarded, log, peak_mb, rel_rms, sync
-from hybrid_attention.ops.s4d import chunk_s4d
+from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear
 
 __all__ = ["run", "main"]
 
@@ -72,15 +74,15 @@ def _leaves(*xs: torch.Tensor, real: torch.dtype, cplx: torch.dtype) -> list[tor
 def _set_poison(on: bool) -> None:
     """NaN-fill every buffer the kernels write (ours and the shared Interdomain state scans)."""
     from hybrid_attention.ops.interdomain.triton import ops as iops
-    from hybrid_attention.ops.s4d.triton import ops as sops
+    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
 
     iops.set_kernel_config(poison=on)
     sops.set_kernel_config(poison=on)
 
 
 def correctness(results: dict, quick: bool) -> None:
-    from hybrid_attention.ops.s4d.triton import ops as sops
-    from hybrid_attention.ops.s4d.triton import triton_s4d
+    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
+    from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
 
     R = M = 16 if DRYRUN else 64
     H = 1 if DRYRUN else 4
@@ -97,7 +99,7 @@ def correctness(results: dict, quick: bool) -> None:
         dfin = (1e-2 * torch.randn(1, H, M, 2 * R, dtype=torch.complex128, generator=g)).to(DEV)
         # float64 reference on the same bf16-rounded inputs
         ref = _leaves(a, b, log_lam, Bp, C, X0, real=torch.float64, cplx=torch.complex128)
-        o_ref, f_ref = chunk_s4d(*ref[:5], initial_state=ref[5], output_final_state=True, chunk_size=64)
+        o_ref, f_ref = chunk_s4d_bilinear(*ref[:5], initial_state=ref[5], output_final_state=True, chunk_size=64)
         g_ref = torch.autograd.grad((o_ref * do.double()).sum() + (f_ref.conj() * dfin).real.sum(), ref)
         # the default tf32 matmuls first; if they miss a limit, the same case again with exact float32 matmuls
         # (tells a precision problem from a bug)
@@ -107,7 +109,7 @@ def correctness(results: dict, quick: bool) -> None:
             tri = _leaves(a, b, log_lam, Bp, C, X0, real=torch.bfloat16, cplx=torch.complex64)
             _set_poison(True)
             try:
-                o, fin = triton_s4d(*tri[:5], initial_state=tri[5], output_final_state=True, chunk_size=64)
+                o, fin = triton_s4d_bilinear(*tri[:5], initial_state=tri[5], output_final_state=True, chunk_size=64)
                 grads = torch.autograd.grad(
                     (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum(), tri
                 )
@@ -121,9 +123,9 @@ def correctness(results: dict, quick: bool) -> None:
             ok = finite and max(errs[:2]) <= LIMIT_OUT and max(errs[2:]) <= LIMIT_GRAD
             row = {"kind": "correctness", "T": T, "H": H, "R": R, "M": M, "dot": prec, "finite": finite, "pass": ok}
             row.update({f"err_{n}": e for n, e in zip(names, errs)})
-            results["s4d"].append(row)
+            results["s4d_bilinear"].append(row)
             detail = " ".join(f"{n}={e:.1e}" for n, e in zip(names, errs))
-            log(f"s4d correctness T={T} (dot {prec}): {'PASS' if ok else 'FAIL'} {detail}")
+            log(f"s4d_bilinear correctness T={T} (dot {prec}): {'PASS' if ok else 'FAIL'} {detail}")
             if ok or DRYRUN or prec == "ieee":
                 break
 
@@ -148,7 +150,7 @@ def _time_pair(fn_fwd, leaves, do) -> tuple[float, float, float]:
 
 def timing(results: dict, quick: bool) -> None:
     from hybrid_attention.ops.interdomain.triton import triton_interdomain
-    from hybrid_attention.ops.s4d.triton import triton_s4d
+    from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
 
     R = M = 16 if DRYRUN else 64
     shapes = [(1, 4096, 16), (1, 16384, 16), (32, 512, 8)]  # (B, T, H); the last is the `small` training shape
@@ -159,7 +161,7 @@ def timing(results: dict, quick: bool) -> None:
     ref_ms_4k = None
     for Bsz, T, H in shapes:
         if budget_left() < 60:
-            log(f"s4d timing: skipping B={Bsz} T={T} (time)")
+            log(f"s4d_bilinear timing: skipping B={Bsz} T={T} (time)")
             continue
         log_lam, Bp, C = make_params(H, M, 7, DEV)
         g = torch.Generator().manual_seed(8)
@@ -167,7 +169,7 @@ def timing(results: dict, quick: bool) -> None:
         do = torch.randn(Bsz, T, H, R, generator=g).to(DEV, torch.bfloat16)
         leaves = _leaves(a, b, log_lam, Bp, C, real=torch.bfloat16, cplx=torch.complex64)
         variants = {
-            "triton_s4d": (lambda *x: triton_s4d(*x, chunk_size=64)[0], leaves),
+            "triton_s4d_bilinear": (lambda *x: triton_s4d_bilinear(*x, chunk_size=64)[0], leaves),
             "interdomain_triton": (
                 lambda q_, *x: triton_interdomain(q_, *x, chunk_size=64)[0],
                 [q.detach().requires_grad_(), *leaves],
@@ -175,37 +177,37 @@ def timing(results: dict, quick: bool) -> None:
         }
         # the reference is slow (a Python loop over chunks): only at 4K, and at longer T if 4K took < 1 s
         if T <= 4096 or (ref_ms_4k is not None and ref_ms_4k < 1000.0):
-            variants["reference_chunk_s4d"] = (lambda *x: chunk_s4d(*x, chunk_size=64)[0], leaves)
+            variants["reference_chunk_s4d_bilinear"] = (lambda *x: chunk_s4d_bilinear(*x, chunk_size=64)[0], leaves)
         for name, (fn, lv) in variants.items():
             try:
                 t_f, t_fb, mem = _time_pair(fn, lv, do)
             except torch.OutOfMemoryError as exc:  # the reference at long T
-                log(f"s4d timing {name} B={Bsz} T={T}: OOM ({exc.__class__.__name__})")
+                log(f"s4d_bilinear timing {name} B={Bsz} T={T}: OOM ({exc.__class__.__name__})")
                 torch.cuda.empty_cache()
                 continue
-            if name == "reference_chunk_s4d" and T == 4096 and Bsz == 1:
+            if name == "reference_chunk_s4d_bilinear" and T == 4096 and Bsz == 1:
                 ref_ms_4k = t_fb
             row = {"kind": "timing", "op": name, "B": Bsz, "T": T, "H": H, "R": R, "M": M, "fwd_ms": t_f,
                    "fwdbwd_ms": t_fb, "peak_mb": mem}  # fmt: skip
-            if name == "triton_s4d":  # achieved matmul rate of the readout kernels under the FLOP model
-                from hybrid_attention.ops.s4d.triton import ops as sops
+            if name == "triton_s4d_bilinear":  # achieved matmul rate of the readout kernels under the FLOP model
+                from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
 
                 cfg = sops.kernel_config()
                 fl = flop_model(Bsz, T, H, R, M, sops.kernel_chunk(64), cfg["bwd_split"])
                 row["fwd_TFLOPs"] = fl["fwd"] / (t_f * 1e-3) / 1e12
                 row["fwdbwd_TFLOPs"] = fl["fwdbwd"] / (t_fb * 1e-3) / 1e12
-                log(f"s4d timing triton_s4d: {row['fwd_TFLOPs']:.1f} TFLOP/s forward, {row['fwdbwd_TFLOPs']:.1f} "
-                    "TFLOP/s forward+backward (readout matmuls, flop_model)")  # fmt: skip
-            results["s4d"].append(row)
-            log(f"s4d timing {name:20s} B={Bsz:2d} T={T:6d} H={H:2d}: fwd {t_f:9.3f} ms  fwd+bwd {t_fb:9.3f} ms  "
-                f"peak {mem:8.1f} MB")  # fmt: skip
+                log(f"s4d_bilinear timing triton_s4d_bilinear: {row['fwd_TFLOPs']:.1f} TFLOP/s forward, "
+                    f"{row['fwdbwd_TFLOPs']:.1f} TFLOP/s forward+backward (readout matmuls, flop_model)")  # fmt: skip
+            results["s4d_bilinear"].append(row)
+            log(f"s4d_bilinear timing {name:20s} B={Bsz:2d} T={T:6d} H={H:2d}: fwd {t_f:9.3f} ms  "
+                f"fwd+bwd {t_fb:9.3f} ms  peak {mem:8.1f} MB")  # fmt: skip
         sync()
 
 
 def sweep(results: dict) -> None:
-    """Launch-config sweep of triton_s4d (channel tile JT x backward warps), forward+backward at B=1, T=4096, H=16;
-    each config is checked against the default one before it is timed."""
-    from hybrid_attention.ops.s4d.triton import ops as sops
+    """Launch-config sweep of triton_s4d_bilinear (channel tile JT x backward warps), forward+backward at B=1,
+    T=4096, H=16; each config is checked against the default one before it is timed."""
+    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
 
     R = M = 16 if DRYRUN else 64
     Bsz, T, H = (1, 40, 1) if DRYRUN else (1, 4096, 16)
@@ -214,59 +216,61 @@ def sweep(results: dict) -> None:
     a, b, do = (torch.randn(Bsz, T, H, R, generator=g).to(DEV, torch.bfloat16) for _ in range(3))
     leaves = _leaves(a, b, log_lam, Bp, C, real=torch.bfloat16, cplx=torch.complex64)
     default = sops.kernel_config()
-    o_def = sops.triton_s4d(*leaves)[0].detach().float()
+    o_def = sops.triton_s4d_bilinear(*leaves)[0].detach().float()
     # (JT, warps_fwd, warps_bwd, bwd_split); JT=64 is left out: the fused backward needs 240 KB of shared memory
     configs = [(32, 4, 8, True), (32, 4, 8, False), (16, 4, 4, True), (16, 4, 4, False), (16, 4, 8, True),
                (32, 8, 4, True), (32, 4, 4, True)]  # fmt: skip
     for jt, wf, wb, split in configs[:1] if DRYRUN else configs:
         if budget_left() < 60:
-            log("s4d sweep: stopping (time)")
+            log("s4d_bilinear sweep: stopping (time)")
             break
         sops.set_kernel_config(JT=jt, warps_fwd=wf, warps_bwd=wb, bwd_split=split)
         try:
-            err = rel_rms(sops.triton_s4d(*leaves)[0].detach().float(), o_def.double())
-            t_f, t_fb, _ = _time_pair(lambda *x: sops.triton_s4d(*x)[0], leaves, do)
+            err = rel_rms(sops.triton_s4d_bilinear(*leaves)[0].detach().float(), o_def.double())
+            t_f, t_fb, _ = _time_pair(lambda *x: sops.triton_s4d_bilinear(*x)[0], leaves, do)
         finally:
             sops.set_kernel_config(**default)
-        results["s4d"].append(
+        results["s4d_bilinear"].append(
             {"kind": "sweep", "JT": jt, "warps_fwd": wf, "warps_bwd": wb, "bwd_split": split, "B": Bsz, "T": T,
              "H": H, "fwd_ms": t_f, "fwdbwd_ms": t_fb, "diff_vs_default": err}
         )  # fmt: skip
-        log(f"s4d sweep JT={jt:2d} warps fwd/bwd {wf}/{wb} split {split!s:5s}: fwd {t_f:8.3f} ms  "
+        log(f"s4d_bilinear sweep JT={jt:2d} warps fwd/bwd {wf}/{wb} split {split!s:5s}: fwd {t_f:8.3f} ms  "
             f"fwd+bwd {t_fb:8.3f} ms  (diff vs default {err:.1e})")  # fmt: skip
 
 
 def summary(results: dict) -> None:
     """One short table of the rows of this section."""
-    log("\n== s4d summary ==")
-    for r in results.get("s4d", []):
+    log("\n== s4d_bilinear summary ==")
+    for r in results.get("s4d_bilinear", []):
         if r["kind"] == "correctness":
             worst = max(v for k, v in r.items() if k.startswith("err_"))
             verdict = "PASS" if r["pass"] else "FAIL"
             log(f"correctness T={r['T']:5d} dot {r['dot']:5s}: {verdict} (worst rel RMS {worst:.1e})")
     log(f"{'op':22s} {'B':>3s} {'T':>6s} {'H':>3s} {'fwd ms':>10s} {'fwd+bwd ms':>11s} {'peak MB':>9s}")
-    for r in results.get("s4d", []):
+    for r in results.get("s4d_bilinear", []):
         if r["kind"] == "timing":
             log(f"{r['op']:22s} {r['B']:3d} {r['T']:6d} {r['H']:3d} {r['fwd_ms']:10.3f} {r['fwdbwd_ms']:11.3f} "
                 f"{r['peak_mb']:9.1f}")  # fmt: skip
 
 
 def run(results: dict, quick: bool = False) -> None:
-    """Correctness then timings of the S4D-only Triton op; appends rows to ``results["s4d"]`` and prints a table."""
-    results.setdefault("s4d", [])
-    guarded(results, "s4d correctness")(correctness)(results, quick)
-    guarded(results, "s4d timing")(timing)(results, quick)
+    """Correctness then timings of the bilinear S4D Triton op; appends rows to ``results["s4d_bilinear"]`` and
+    prints a table."""
+    results.setdefault("s4d_bilinear", [])
+    guarded(results, "s4d_bilinear correctness")(correctness)(results, quick)
+    guarded(results, "s4d_bilinear timing")(timing)(results, quick)
     if not quick:
-        guarded(results, "s4d sweep")(sweep)(results)
+        guarded(results, "s4d_bilinear sweep")(sweep)(results)
     summary(results)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry of ``hybrid-attention bench ops --only s4d``: runs ``run`` and writes ``$OUT/s4d_gpu.json``."""
+    """Entry of ``hybrid-attention bench ops --only s4d_bilinear``: runs ``run`` and writes
+    ``$OUT/s4d_bilinear_gpu.json``."""
     argv = sys.argv[1:] if argv is None else argv
     results: dict = {"errors": []}
     run(results, quick="--quick" in argv)
-    with open(os.path.join(os.environ.get("OUT", "."), "s4d_gpu.json"), "w") as f:
+    with open(os.path.join(os.environ.get("OUT", "."), "s4d_bilinear_gpu.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 

@@ -1,5 +1,6 @@
-"""Tests of the S4D-only core op: naive (definition) vs chunk form, an independent pure-Python kernel-view oracle, the
-link to the Interdomain readout, state carrying, gradients, low precision, overflow safety and input validation."""
+"""Tests of the bilinear S4D core op (``s4d_bilinear``): naive (definition) vs chunk form, an independent pure-Python
+kernel-view oracle, the link to the Interdomain readout, state carrying, gradients, low precision, overflow safety
+and input validation."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from hybrid_attention.ops.interdomain import naive_interdomain
-from hybrid_attention.ops.s4d import chunk_s4d, naive_s4d, s4d
+from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear, naive_s4d_bilinear, s4d_bilinear
 
 F64, C128 = torch.float64, torch.complex128
 
@@ -54,8 +55,10 @@ def test_naive_equals_chunk(T, chunk_size, with_state):
     log_lam, B, C = make_params(H, M, seed)
     a, b = make_inputs(Bsz, T, H, R, seed + 1)
     init = make_state(Bsz, H, M, 2 * R, seed + 2) if with_state else None
-    o_n, s_n = naive_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
-    o_c, s_c = chunk_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=chunk_size)
+    o_n, s_n = naive_s4d_bilinear(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
+    o_c, s_c = chunk_s4d_bilinear(
+        a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=chunk_size
+    )
     assert o_n.shape == o_c.shape == (Bsz, T, H, R) and o_c.dtype == F64
     assert s_n.shape == s_c.shape == (Bsz, H, M, 2 * R) and s_c.dtype == C128
     assert o_n.abs().max() > 1e-2
@@ -68,7 +71,7 @@ def test_reference_chunk_cap_on_cpu(M, lift_cap, monkeypatch):
     """On CPU tensors the reference runs chunks of reference_chunk(M) tokens at most (16 for M <= 32, else 32; its
     decay table has that length); with the cap lifted chunk_size is used as asked; all equal the token loop across
     chunk boundaries and a partial last chunk."""
-    from hybrid_attention.ops.s4d import chunk as chunk_mod
+    from hybrid_attention.ops.s4d_bilinear import chunk as chunk_mod
 
     if lift_cap:
         monkeypatch.setattr(chunk_mod, "reference_chunk", lambda M: 1000)
@@ -79,8 +82,8 @@ def test_reference_chunk_cap_on_cpu(M, lift_cap, monkeypatch):
     log_lam, B, C = make_params(H, M, 5)
     a, b = make_inputs(Bsz, T, H, R, 6)
     init = make_state(Bsz, H, M, 2 * R, 7)
-    o_n, s_n = naive_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
-    o_c, s_c = chunk_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=64)
+    o_n, s_n = naive_s4d_bilinear(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
+    o_c, s_c = chunk_s4d_bilinear(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=64)
     assert seen == [64 if lift_cap else (16 if M <= 32 else 32)]
     assert max_err(o_n, o_c) < 1e-9 and max_err(s_n, s_c) < 1e-9
 
@@ -89,7 +92,7 @@ def test_empty_sequence_and_no_state():
     log_lam, B, C = make_params(2, 4, 0)
     a, b = make_inputs(1, 0, 2, 3, 1)
     init = make_state(1, 2, 4, 6, 2)
-    for fn in (naive_s4d, chunk_s4d):
+    for fn in (naive_s4d_bilinear, chunk_s4d_bilinear):
         o, s = fn(a, b, log_lam, B, C, initial_state=init, output_final_state=True)
         assert o.shape == (1, 0, 2, 3) and torch.equal(s, init)
         assert fn(a, b, log_lam, B, C)[1] is None
@@ -137,7 +140,7 @@ def test_matches_kernel_view(with_state):
     init = make_state(Bsz, H, M, 2 * R, 9) if with_state else None
     o_ref, s_ref = kernel_view_reference(a, b, log_lam, B, C, init)
     assert o_ref.abs().max() > 1e-2
-    for fn, kw in ((naive_s4d, {}), (chunk_s4d, {"chunk_size": 4})):
+    for fn, kw in ((naive_s4d_bilinear, {}), (chunk_s4d_bilinear, {"chunk_size": 4})):
         o, s = fn(a, b, log_lam, B, C, initial_state=init, output_final_state=True, **kw)
         assert max_err(o, o_ref) < 1e-10, fn.__name__
         assert max_err(s, s_ref) < 1e-10, fn.__name__
@@ -148,7 +151,7 @@ def test_is_interdomain_with_identity_query():
     Bsz, T, H, R, M = 2, 30, 2, 3, 5
     log_lam, B, C = make_params(H, M, 17, im_max=50.0)
     a, b = make_inputs(Bsz, T, H, R, 18)
-    o = chunk_s4d(a, b, log_lam, B, C, chunk_size=8)[0]
+    o = chunk_s4d_bilinear(a, b, log_lam, B, C, chunk_size=8)[0]
     for j in range(R):
         e_j = torch.zeros_like(a)
         e_j[..., j] = 1.0
@@ -160,7 +163,7 @@ def test_split_equals_single_call():
     log_lam, B, C = make_params(H, M, 11)
     a, b = make_inputs(Bsz, T, H, R, 12)
     init = make_state(Bsz, H, M, 2 * R, 13)
-    for fn, kw in ((naive_s4d, {}), (chunk_s4d, {"chunk_size": 8})):
+    for fn, kw in ((naive_s4d_bilinear, {}), (chunk_s4d_bilinear, {"chunk_size": 8})):
         full, s_full = fn(a, b, log_lam, B, C, initial_state=init, output_final_state=True, **kw)
         for split in range(T + 1):
             o1, s1 = fn(a[:, :split], b[:, :split], log_lam, B, C, initial_state=init, output_final_state=True, **kw)
@@ -177,7 +180,7 @@ def test_gradcheck_chunk():
     inputs = tuple(x.clone().requires_grad_() for x in (a, b, log_lam, B, C, init))
 
     def fn(a, b, log_lam, B, C, init):
-        return chunk_s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=2)
+        return chunk_s4d_bilinear(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=2)
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4)
 
@@ -189,10 +192,12 @@ def test_low_precision_inputs(dtype, tol, backend):
     log_lam, B, C = (x.to(torch.complex64) for x in make_params(H, M, 51, im_max=100.0))
     a, b = (x.to(dtype) for x in make_inputs(Bsz, T, H, R, 52))
     init = make_state(Bsz, H, M, 2 * R, 53).to(torch.complex64)
-    o, s = s4d(a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=32, backend=backend)
+    o, s = s4d_bilinear(
+        a, b, log_lam, B, C, initial_state=init, output_final_state=True, chunk_size=32, backend=backend
+    )
     assert o.dtype == dtype and s.dtype == torch.complex64
     up = [x.to(C128) for x in (log_lam, B, C, init)]
-    ref, s_ref = naive_s4d(a.double(), b.double(), *up[:3], initial_state=up[3], output_final_state=True)
+    ref, s_ref = naive_s4d_bilinear(a.double(), b.double(), *up[:3], initial_state=up[3], output_final_state=True)
     scale = ref.abs().max().item()
     assert scale > 1e-2
     assert max_err(o.double(), ref) < tol * scale
@@ -203,21 +208,23 @@ def test_fast_modes_do_not_overflow_float32():
     Bsz, T, H, R, M = 1, 130, 2, 3, 6
     log_lam, B, C = (x.to(torch.complex64) for x in make_params(H, M, 61, im_max=100.0, re_min=-30.0))
     a, b = (x.float() for x in make_inputs(Bsz, T, H, R, 62))
-    o, s = chunk_s4d(a, b, log_lam, B, C, output_final_state=True, chunk_size=64)
+    o, s = chunk_s4d_bilinear(a, b, log_lam, B, C, output_final_state=True, chunk_size=64)
     assert torch.isfinite(o).all() and torch.isfinite(torch.view_as_real(s)).all()
-    ref, _ = naive_s4d(a.double(), b.double(), log_lam.to(C128), B.to(C128), C.to(C128))
+    ref, _ = naive_s4d_bilinear(a.double(), b.double(), log_lam.to(C128), B.to(C128), C.to(C128))
     assert max_err(o.double(), ref) < 1e-4 * ref.abs().max().item()
 
 
 def test_backends_dispatch():
     log_lam, B, C = make_params(2, 4, 71)
     a, b = make_inputs(1, 9, 2, 2, 72)
-    assert torch.equal(s4d(a, b, log_lam, B, C, backend="naive")[0], naive_s4d(a, b, log_lam, B, C)[0])
-    o_chunk = chunk_s4d(a, b, log_lam, B, C, chunk_size=4)[0]
+    assert torch.equal(
+        s4d_bilinear(a, b, log_lam, B, C, backend="naive")[0], naive_s4d_bilinear(a, b, log_lam, B, C)[0]
+    )
+    o_chunk = chunk_s4d_bilinear(a, b, log_lam, B, C, chunk_size=4)[0]
     for backend in ("auto", "reference"):
-        assert torch.equal(s4d(a, b, log_lam, B, C, chunk_size=4, backend=backend)[0], o_chunk)
+        assert torch.equal(s4d_bilinear(a, b, log_lam, B, C, chunk_size=4, backend=backend)[0], o_chunk)
     with pytest.raises(ValueError, match="backend must be one of 'auto', 'reference', 'naive', 'triton', got 'fft'"):
-        s4d(a, b, log_lam, B, C, backend="fft")
+        s4d_bilinear(a, b, log_lam, B, C, backend="fft")
 
 
 def _bad_cases():
@@ -244,13 +251,13 @@ def test_bad_inputs_raise(field, kwargs, backend):
     kwargs = dict(kwargs)
     args = [kwargs.pop(n) for n in ("a", "b", "log_lam", "B", "C")]
     with pytest.raises(ValueError, match=rf"^{field} "):
-        s4d(*args, backend=backend, **kwargs)
+        s4d_bilinear(*args, backend=backend, **kwargs)
 
 
 def test_r_not_equal_d_raises_for_both_forms():
     log_lam, B, C = make_params(1, 4, 0)
     a, _ = make_inputs(1, 3, 1, 3, 0)
     b = torch.randn(1, 3, 1, 2, dtype=F64)
-    for fn in (naive_s4d, chunk_s4d):
+    for fn in (naive_s4d_bilinear, chunk_s4d_bilinear):
         with pytest.raises(ValueError, match=r"b must be \[B, T, H, D\] with D == R = 3"):
             fn(a, b, log_lam, B, C)

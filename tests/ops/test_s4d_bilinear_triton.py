@@ -1,4 +1,4 @@
-"""Triton backend of the S4D-only core vs the float64 reference (chunk form), forward and every gradient.
+"""Triton backend of the bilinear S4D core vs the float64 reference (chunk form), forward and every gradient.
 
 Runs the kernels through the Triton interpreter on CPU (TRITON_INTERPRET=1 is set here when no GPU is present, before
 the kernels are imported), in float32 at tiny shapes; on a CUDA machine the same tests run compiled (tf32 matmuls,
@@ -16,14 +16,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from hybrid_attention.ops.s4d import chunk_s4d, s4d  # noqa: E402
-from hybrid_attention.ops.s4d.triton import HAS_TRITON  # noqa: E402
+from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear, s4d_bilinear  # noqa: E402
+from hybrid_attention.ops.s4d_bilinear.triton import HAS_TRITON  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
 if HAS_TRITON:
-    from hybrid_attention.ops.s4d.triton import ops as s4d_ops
-    from hybrid_attention.ops.s4d.triton import triton_s4d
+    from hybrid_attention.ops.s4d_bilinear.triton import ops as s4d_ops
+    from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
 
 F64, C128 = torch.float64, torch.complex128
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,12 +65,14 @@ def low(x: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Ten
 
 
 def check_against_reference(a, b, log_lam, B, C, init, *, chunk_size: int, dtype=torch.float32, tol: float = TOL):
-    """Outputs, final state and the gradient of every input of triton_s4d vs float64 chunk_s4d, for a random
-    linear functional of (o, final state)."""
+    """Outputs, final state and the gradient of every input of triton_s4d_bilinear vs float64 chunk_s4d_bilinear, for
+    a random linear functional of (o, final state)."""
     ref_in = [x.clone().requires_grad_() if x is not None else None for x in (a, b, log_lam, B, C, init)]
-    o_ref, s_ref = chunk_s4d(*ref_in[:5], initial_state=ref_in[5], output_final_state=True, chunk_size=chunk_size)
+    o_ref, s_ref = chunk_s4d_bilinear(
+        *ref_in[:5], initial_state=ref_in[5], output_final_state=True, chunk_size=chunk_size
+    )
     tri_in = [low(x, dtype) for x in (a, b, log_lam, B, C, init)]
-    o, s = triton_s4d(*tri_in[:5], initial_state=tri_in[5], output_final_state=True, chunk_size=chunk_size)
+    o, s = triton_s4d_bilinear(*tri_in[:5], initial_state=tri_in[5], output_final_state=True, chunk_size=chunk_size)
     assert o.shape == o_ref.shape and o.dtype == dtype
     assert s.shape == s_ref.shape and s.dtype == torch.complex64
     assert torch.isfinite(o).all() and torch.isfinite(torch.view_as_real(s)).all()
@@ -135,12 +137,12 @@ def test_triton_no_final_state_and_poisoned_buffers():
     s4d_ops.set_kernel_config(poison=True)
     try:
         ins = [low(x) for x in (a, b, log_lam, B, C, init)]
-        o, s = triton_s4d(*ins[:5], initial_state=ins[5], chunk_size=16)
+        o, s = triton_s4d_bilinear(*ins[:5], initial_state=ins[5], chunk_size=16)
         assert s is None
         o.square().sum().backward()
     finally:
         s4d_ops.set_kernel_config(poison=old)
-    o_ref, _ = chunk_s4d(a, b, log_lam, B, C, initial_state=init, chunk_size=16)
+    o_ref, _ = chunk_s4d_bilinear(a, b, log_lam, B, C, initial_state=init, chunk_size=16)
     assert rel(o, o_ref) < TOL
     for x in ins:
         assert torch.isfinite(torch.view_as_real(x.grad) if x.grad.is_complex() else x.grad).all()
@@ -149,7 +151,7 @@ def test_triton_no_final_state_and_poisoned_buffers():
 def test_triton_empty_sequence():
     a, b, log_lam, B, C, init = make_case(1, 0, 1, 16, 16, 13, True)
     ins = [low(x) for x in (a, b, log_lam, B, C, init)]
-    o, s = triton_s4d(*ins[:5], initial_state=ins[5], output_final_state=True, chunk_size=16)
+    o, s = triton_s4d_bilinear(*ins[:5], initial_state=ins[5], output_final_state=True, chunk_size=16)
     assert o.shape == (1, 0, 1, 16)
     assert torch.allclose(s.cpu().to(C128), init, atol=1e-6)
 
@@ -158,15 +160,15 @@ def test_backend_switch():
     """backend='triton' runs the kernels on CPU tensors (interpreter); 'auto' keeps the reference on the CPU; bad
     names and float64 inputs to the triton backend raise ValueError."""
     a, b, log_lam, B, C, _ = make_case(1, 17, 1, 16, 16, 17, False)
-    o_ref, _ = chunk_s4d(a, b, log_lam, B, C, chunk_size=16)
-    o_tri, _ = s4d(*[low(x) for x in (a, b, log_lam, B, C)], chunk_size=16, backend="triton")
+    o_ref, _ = chunk_s4d_bilinear(a, b, log_lam, B, C, chunk_size=16)
+    o_tri, _ = s4d_bilinear(*[low(x) for x in (a, b, log_lam, B, C)], chunk_size=16, backend="triton")
     assert rel(o_tri, o_ref) < TOL
     if DEV == "cpu":
-        assert torch.equal(s4d(a, b, log_lam, B, C, chunk_size=16, backend="auto")[0], o_ref)
+        assert torch.equal(s4d_bilinear(a, b, log_lam, B, C, chunk_size=16, backend="auto")[0], o_ref)
     with pytest.raises(ValueError, match="backend must be one of .*'triton'"):
-        s4d(a, b, log_lam, B, C, backend="cuda")
+        s4d_bilinear(a, b, log_lam, B, C, backend="cuda")
     with pytest.raises(ValueError, match="float64"):
-        triton_s4d(a, b, log_lam, B, C)
+        triton_s4d_bilinear(a, b, log_lam, B, C)
 
 
 def test_custom_op_opcheck():
@@ -180,7 +182,7 @@ def test_custom_op_opcheck():
     kk = (0.2 * torch.randn(H, 2, M, BT, generator=g)).to(DEV).requires_grad_()
     init = torch.randn(1, H, 2, M, 2 * R, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
-        s4d_ops.s4d_fwd_op,
+        s4d_ops.s4d_bilinear_fwd_op,
         (a, b, ll, bb, cc, kk, init, 16, True),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
@@ -188,8 +190,8 @@ def test_custom_op_opcheck():
 
 @pytest.mark.skipif(DEV == "cuda", reason="the dry run is the CPU smoke test of the GPU benchmark")
 def test_benchmark_dry_run(tmp_path):
-    """``hybrid_attention.bench.s4d_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every section runs,
-    the correctness check passes and the JSON has correctness, timing and sweep rows."""
+    """``hybrid_attention.bench.s4d_bilinear_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every
+    section runs, the correctness check passes and the JSON has correctness, timing and sweep rows."""
     import json
     import subprocess
     import sys
@@ -198,16 +200,20 @@ def test_benchmark_dry_run(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "hybrid_attention.bench.s4d_ops"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "hybrid_attention.bench.s4d_bilinear_ops"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads((tmp_path / "s4d_gpu.json").read_text())
+    res = json.loads((tmp_path / "s4d_bilinear_gpu.json").read_text())
     assert res["errors"] == [], res["errors"]
-    kinds = {r["kind"] for r in res["s4d"]}
+    kinds = {r["kind"] for r in res["s4d_bilinear"]}
     assert kinds == {"correctness", "timing", "sweep"}
-    assert all(r["pass"] for r in res["s4d"] if r["kind"] == "correctness")
-    assert {r["op"] for r in res["s4d"] if r["kind"] == "timing"} == {
-        "triton_s4d",
+    assert all(r["pass"] for r in res["s4d_bilinear"] if r["kind"] == "correctness")
+    assert {r["op"] for r in res["s4d_bilinear"] if r["kind"] == "timing"} == {
+        "triton_s4d_bilinear",
         "interdomain_triton",
-        "reference_chunk_s4d",
+        "reference_chunk_s4d_bilinear",
     }

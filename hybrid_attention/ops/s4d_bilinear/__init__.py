@@ -1,7 +1,10 @@
-"""S4D-only control core op: o_t = Re(diag(U_tᵀ Γ_t)) over the shared complex diagonal S4D state (see naive.py).
+"""Bilinear S4D core op: o_t = Re(diag(U_tᵀ Γ_t)) over the shared complex diagonal S4D state (see naive.py).
+
+This is the bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the
+paper's S4D-only control (arXiv 2605.24330, §3) is the readout linear in the state, ``hybrid_attention.ops.s4d``.
 
 Backends: "naive" (token loop, the definition), "reference" (chunk-parallel PyTorch form), "triton" (chunked Triton
-kernels sharing the Interdomain op's state scans, ``hybrid_attention.ops.s4d.triton``) and "auto".
+kernels sharing the Interdomain op's state scans, ``hybrid_attention.ops.s4d_bilinear.triton``) and "auto".
 """
 
 from __future__ import annotations
@@ -9,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from ..interdomain.chunk import validate_chunk_size
-from .chunk import chunk_s4d
-from .naive import naive_s4d
-from .triton import HAS_TRITON, triton_s4d
+from .chunk import chunk_s4d_bilinear
+from .naive import naive_s4d_bilinear
+from .triton import HAS_TRITON, triton_s4d_bilinear
 
-__all__ = ["s4d", "naive_s4d", "chunk_s4d", "triton_s4d", "BACKENDS"]
+__all__ = ["s4d_bilinear", "naive_s4d_bilinear", "chunk_s4d_bilinear", "triton_s4d_bilinear", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
 
@@ -24,7 +27,7 @@ def _auto_uses_triton(*tensors: torch.Tensor) -> bool:
     return HAS_TRITON and all(t.is_cuda for t in tensors) and not any(t.dtype == torch.float64 for t in tensors)
 
 
-def s4d(
+def s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,
     log_lam: torch.Tensor,
@@ -36,11 +39,11 @@ def s4d(
     chunk_size: int = 64,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only core, dispatched to a backend.
+    """Bilinear S4D core, dispatched to a backend.
 
     Shapes: a, b ``[B, T, H, R]`` real (R == D required); log_lam, B ``[H, M]`` complex (discretised);
     C ``[H, M, M]`` complex; initial_state ``[B, H, M, 2R]`` complex. Returns ``(o [B, T, H, R] in a.dtype,
-    final_state or None)``. See ``naive_s4d`` for the definition.
+    final_state or None)``. See ``naive_s4d_bilinear`` for the definition.
 
     ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
@@ -50,9 +53,11 @@ def s4d(
         raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', 'triton', got {backend!r}")
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if backend == "naive":
-        return naive_s4d(a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state)
+        return naive_s4d_bilinear(
+            a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state
+        )
     if backend == "triton" or (backend == "auto" and _auto_uses_triton(a, b)):
-        return triton_s4d(
+        return triton_s4d_bilinear(
             a,
             b,
             log_lam,
@@ -62,7 +67,7 @@ def s4d(
             output_final_state=output_final_state,
             chunk_size=chunk_size,
         )
-    return chunk_s4d(
+    return chunk_s4d_bilinear(
         a,
         b,
         log_lam,

@@ -1,7 +1,10 @@
-"""Chunk-parallel PyTorch form of the S4D-only core (exact, differentiable by autograd).
+"""Chunk-parallel PyTorch form of the bilinear S4D core (exact, differentiable by autograd).
 
-Same contract as ``naive_s4d`` (see naive.py for the definition). For a chunk [t0, t0 + L) entered with state X0,
-with local indices t, s in [0, L), the per-token states of the chunk are
+The bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the paper's
+S4D-only control is the linear readout in ``hybrid_attention.ops.s4d``.
+
+Same contract as ``naive_s4d_bilinear`` (see naive.py for the definition). For a chunk [t0, t0 + L) entered with
+state X0, with local indices t, s in [0, L), the per-token states of the chunk are
 
     X_t = Σ_{s<=t} Ldec[t, s] ⊙ B z_sᵀ + Din[t] ⊙ X0                    [B, H, L, M, 2R]
 
@@ -23,9 +26,10 @@ import torch.utils.checkpoint
 
 from ..interdomain.chunk import chunk_decays, validate_chunk_size
 from ..interdomain.naive import compute_dtypes, prepare_ssm_params
-from .naive import validate_s4d_inputs
+from .naive import validate_s4d_bilinear_inputs
 
-__all__ = ["chunk_s4d"]
+__all__ = ["chunk_s4d_bilinear"]
+
 
 # DECISION: on CPU tensors this form runs chunks of at most reference_chunk(M) tokens whatever chunk_size asks for
 # (on a GPU, longer chunks mean fewer sequential steps, so chunk_size is used as given). Its cost per
@@ -39,7 +43,7 @@ def reference_chunk(M: int) -> int:
     return 16 if M <= 32 else 32
 
 
-def chunk_s4d(
+def chunk_s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,
     log_lam: torch.Tensor,
@@ -50,14 +54,14 @@ def chunk_s4d(
     output_final_state: bool = False,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only core, chunk-parallel (equal to ``naive_s4d`` to rounding).
+    """Bilinear S4D core, chunk-parallel (equal to ``naive_s4d_bilinear`` to rounding).
 
     Shapes: a, b ``[B, T, H, R]`` real (R == D required); log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex;
     initial_state ``[B, H, M, 2R]`` complex. Any T >= 0 and chunk_size >= 1 (on the CPU chunks of at most
     reference_chunk(M) tokens, see the DECISION above). Returns ``o [B, T, H, R]`` in ``a.dtype`` and the final raw
     state (complex128 for float64 inputs, else complex64) or ``None``.
     """
-    validate_s4d_inputs(a, b, log_lam, B, C, initial_state)
+    validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
     validate_chunk_size(chunk_size)
     Bsz, T, H, R = a.shape
     M = log_lam.shape[1]

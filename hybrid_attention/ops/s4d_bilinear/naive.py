@@ -1,4 +1,7 @@
-"""Token-by-token reference of the S4D-only control's core (arXiv 2605.24330, §3 "S4D-only", Fig. 3d).
+"""Token-by-token reference of the bilinear S4D core (after arXiv 2605.24330, §3 "S4D-only", Fig. 3d).
+
+This is the bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the
+paper's S4D-only control is the readout linear in the state, y = Re(wᵀ C X), in ``hybrid_attention.ops.s4d``.
 
 The same complex diagonal S4D core as Interdomain Attention (``hybrid_attention.ops.interdomain``), with generic
 inputs [a_t ; b_t] instead of [ξ(k_t) ; v_t] and no query. This file is the readable definition and the float64
@@ -12,10 +15,10 @@ import torch
 
 from ..interdomain.naive import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
 
-__all__ = ["naive_s4d", "validate_s4d_inputs"]
+__all__ = ["naive_s4d_bilinear", "validate_s4d_bilinear_inputs"]
 
 
-def validate_s4d_inputs(
+def validate_s4d_bilinear_inputs(
     a: torch.Tensor,
     b: torch.Tensor,
     log_lam: torch.Tensor,
@@ -32,7 +35,7 @@ def validate_s4d_inputs(
         )
 
 
-def naive_s4d(
+def naive_s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,
     log_lam: torch.Tensor,
@@ -42,7 +45,7 @@ def naive_s4d(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only core, one token at a time (the definition).
+    """Bilinear S4D core, one token at a time (the definition).
 
     Shapes: a, b ``[B, T, H, R]`` real (R == D required); log_lam, B ``[H, M]`` complex (discretised, Re(log_lam) < 0);
     C ``[H, M, M]`` complex (full readout shared by both halves); initial_state ``[B, H, M, 2R]`` complex, the raw
@@ -55,12 +58,12 @@ def naive_s4d(
         Y_t = C X_t;   U_t = Y_t[:, :R],  Γ_t = Y_t[:, R:]                  ∈ C^{M×R}
         o_t[j] = Re(Σ_m U_t[m, j] Γ_t[m, j]) = Re(diag(U_tᵀ Γ_t))[j]          ∈ R^R
     """
-    # DECISION (spec §3 and §6.2 item 14, the S4D-only readout "C_out z_t"): o_t = Re(diag(U_tᵀ Γ_t)), i.e. the
+    # DECISION (spec §3 and §6.2 item 14, the readout "C_out z_t" as first read): o_t = Re(diag(U_tᵀ Γ_t)), i.e. the
     # bilinear plain-transpose readout of Interdomain (naive_interdomain, same Re/no-conjugation convention) with the
     # query fixed to the identity: output channel j queries key channel j. The layer then applies a learned d×d map
     # C_out to the concatenated heads, which has exactly the d² parameters of the W_Q it replaces (parameter parity).
     # The readout is quadratic in the input like Interdomain's, but it is not conditioned on a query.
-    validate_s4d_inputs(a, b, log_lam, B, C, initial_state)
+    validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
     Bsz, T, H, R = a.shape
     M = log_lam.shape[1]
     out_dtype = a.dtype

@@ -1,4 +1,4 @@
-"""Triton kernels of the chunked S4D-only readout (imported only when triton is installed).
+"""Triton kernels of the chunked bilinear S4D readout (imported only when triton is installed).
 
 Notation (math in ``ops.py``'s module docstring). Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT
 tokens (local index τ = t - t0) is entered with X0, the stored chunk-boundary state written by the *shared*

@@ -1,8 +1,12 @@
-"""Host side of the Triton S4D-only core: launches, the autograd rule and the ``torch.library`` registration.
+"""Host side of the Triton bilinear S4D core (``s4d_bilinear``): launches, the autograd rule and the
+``torch.library`` registration (ops ``hybrid_attention::s4d_bilinear_fwd`` / ``_bwd``).
 
-Math (same contract as ``chunk_s4d``; definition in ``naive.py``). Per (batch, head), z_t = [a_t ; b_t] ∈ R^{2R},
-X_t = λ ⊙ X_{t-1} + B z_tᵀ ∈ C^{M×2R}, o_t[j] = Re Σ_m (C X^a_t)[m, j] (C X^b_t)[m, j]. For a chunk [t0, t0 + L)
-entered with state X0 and local index τ = t - t0 ∈ [0, L):
+The bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the paper's
+S4D-only control is the linear readout in ``hybrid_attention.ops.s4d`` (an FFT convolution, no Triton kernel).
+
+Math (same contract as ``chunk_s4d_bilinear``; definition in ``naive.py``). Per (batch, head),
+z_t = [a_t ; b_t] ∈ R^{2R}, X_t = λ ⊙ X_{t-1} + B z_tᵀ ∈ C^{M×2R}, o_t[j] = Re Σ_m (C X^a_t)[m, j] (C X^b_t)[m, j].
+For a chunk [t0, t0 + L) entered with state X0 and local index τ = t - t0 ∈ [0, L):
 
     X_t = λ^{τ+1} ⊙ X0 + Σ_{s<=τ} λ^{τ-s} B z_sᵀ
     Y^a_t[m, j] = (C X^a_t)[m, j] = Σ_n P[m, τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]
@@ -39,10 +43,10 @@ import triton
 
 from ...interdomain.chunk import validate_chunk_size
 from ...interdomain.triton import ops as IO
-from ..naive import validate_s4d_inputs
+from ..naive import validate_s4d_bilinear_inputs
 from . import kernels as K
 
-__all__ = ["triton_s4d", "kernel_config", "set_kernel_config"]
+__all__ = ["triton_s4d_bilinear", "kernel_config", "set_kernel_config"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -173,8 +177,8 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
 # torch.library registration (real planar tensors only at the boundary; fake impls for tracing)
 
 
-@torch.library.custom_op("hybrid_attention::s4d_fwd", mutates_args=())
-def s4d_fwd_op(
+@torch.library.custom_op("hybrid_attention::s4d_bilinear_fwd", mutates_args=())
+def s4d_bilinear_fwd_op(
     a: torch.Tensor,
     b: torch.Tensor,
     ll: torch.Tensor,
@@ -188,7 +192,7 @@ def s4d_fwd_op(
     return _fwd_impl(a, b, ll, bb, cc, kk, init, chunk_size, need_final)
 
 
-@s4d_fwd_op.register_fake
+@s4d_bilinear_fwd_op.register_fake
 def _(a, b, ll, bb, cc, kk, init, chunk_size, need_final):
     Bsz, T, H, R = a.shape
     M = ll.shape[-1]
@@ -197,8 +201,8 @@ def _(a, b, ll, bb, cc, kk, init, chunk_size, need_final):
     return o, fin
 
 
-@torch.library.custom_op("hybrid_attention::s4d_bwd", mutates_args=())
-def s4d_bwd_op(
+@torch.library.custom_op("hybrid_attention::s4d_bilinear_bwd", mutates_args=())
+def s4d_bilinear_bwd_op(
     a: torch.Tensor,
     b: torch.Tensor,
     ll: torch.Tensor,
@@ -213,7 +217,7 @@ def s4d_bwd_op(
     return _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size)
 
 
-@s4d_bwd_op.register_fake
+@s4d_bilinear_bwd_op.register_fake
 def _(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size):
     dinit = torch.empty_like(init) if init is not None else a.new_empty(0, dtype=torch.float32)
     e = torch.empty_like
@@ -234,13 +238,13 @@ def _backward(ctx, do, dfinal):
         do = torch.zeros_like(a)
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
-    da, db, dll, dbb, dcc, dkk, dinit = s4d_bwd_op(
+    da, db, dll, dbb, dcc, dkk, dinit = s4d_bilinear_bwd_op(
         a, b, ll, bb, cc, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size
     )
     return da, db, dll, dbb, dcc, dkk, (dinit if ctx.has_init else None), None, None
 
 
-s4d_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+s4d_bilinear_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -257,7 +261,7 @@ def impulse_table(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, BT: i
     return kern.to(torch.complex64)
 
 
-def triton_s4d(
+def triton_s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,
     log_lam: torch.Tensor,
@@ -268,7 +272,7 @@ def triton_s4d(
     output_final_state: bool = False,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only core on Triton kernels (same contract as ``chunk_s4d``).
+    """Bilinear S4D core on Triton kernels (same contract as ``chunk_s4d_bilinear``).
 
     Shapes: a, b ``[B, T, H, R]`` real (bf16 / fp16 / fp32; float64 is refused: use backend "reference");
     log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex; initial_state ``[B, H, M, 2R]`` complex. Returns
@@ -276,7 +280,7 @@ def triton_s4d(
     ``chunk_size`` selects the kernel chunk length when it is a power of two in [16, 128] (else 64, capped by the
     ``max_chunk`` setting); the result does not depend on it beyond rounding. Differentiable in every tensor input.
     """
-    validate_s4d_inputs(a, b, log_lam, B, C, initial_state)
+    validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
     validate_chunk_size(chunk_size)
     if any(t.dtype == torch.float64 for t in (a, b)):
         raise ValueError("the triton backend computes in float32; use backend='reference' for float64 inputs")
@@ -292,6 +296,6 @@ def triton_s4d(
     C_c = C if C.is_complex() else C.to(torch.complex64)
     kk = IO._planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
     init = IO._planar(initial_state, 2).contiguous() if initial_state is not None else None
-    o, fin = s4d_fwd_op(a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
+    o, fin = s4d_bilinear_fwd_op(a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
     final = torch.complex(fin[:, :, 0], fin[:, :, 1]) if output_final_state else None
     return o, final
