@@ -1,0 +1,58 @@
+"""S4D-only control op of Interdomain Attention (arXiv 2605.24330, §3 "S4D-only"): a readout linear in the state.
+
+Per batch and head, the complex diagonal S4D state of Interdomain Attention, X_t = λ ⊙ X_{t-1} + B z_tᵀ over the
+inputs z_t = [a_t ; b_t] ∈ R^{R+D}, is read out linearly: y_t = Re(wᵀ C X_t) ∈ R^{R+D}, with C the shared M×M
+readout and w ∈ R^M per head the paper's extra H·M parameters. Being linear in the state, the layer is an S4-style
+convolution: y = K_h * z per channel with K_h(l) = Re(c̃ᵀ (λ^l ⊙ B)), c̃ = Cᵀw (plus the decaying response to an
+initial state). See naive.py for the definition and fft.py for the fast path.
+
+The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) that used to live here is kept as the stronger
+``s4d_bilinear`` baseline in ``hybrid_attention.ops.s4d_bilinear``.
+
+Backends: "naive" runs the token loop (the definition); every other name ("auto", "reference", "triton", "fft")
+runs the FFT convolution ``fft_s4d``, the fast path on every device. There is no Triton kernel: cuFFT already runs
+the convolution, and the names are accepted so that layers passing their usual backend names keep working.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..interdomain.chunk import validate_chunk_size
+from .fft import fft_s4d
+from .naive import naive_s4d
+
+__all__ = ["s4d", "naive_s4d", "fft_s4d", "BACKENDS"]
+
+BACKENDS = ("auto", "reference", "naive", "triton", "fft")
+
+
+def s4d(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """S4D-only control (linear readout y_t = Re(wᵀ C X_t)), dispatched to a backend.
+
+    Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real (R may differ from D); log_lam, B ``[H, M]`` complex
+    (discretised); C ``[H, M, M]`` complex; w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex.
+    Returns ``(y [B, T, H, R + D] in a.dtype, final_state or None)``. See ``naive_s4d`` for the definition.
+
+    ``backend``: "naive" runs the token loop; "auto", "reference", "triton" and "fft" all run ``fft_s4d`` (the FFT
+    convolution is the fast path on CPU and GPU; there is no Triton kernel because cuFFT already runs the
+    convolution). ``chunk_size`` is accepted for signature compatibility with the other ops and validated (a
+    positive int), but unused.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(repr(x) for x in BACKENDS)}, got {backend!r}")
+    validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
+    fn = naive_s4d if backend == "naive" else fft_s4d
+    return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state)
