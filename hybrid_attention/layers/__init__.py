@@ -2,7 +2,7 @@
 
 from hybrid_attention.layers.base import TokenMixer
 from hybrid_attention.layers.gated_deltanet import GatedDeltaNet, GDNState
-from hybrid_attention.layers.interdomain import InterdomainAttention, InterdomainState, S4DMixer
+from hybrid_attention.layers.interdomain import InterdomainAttention, InterdomainState, S4DBilinearMixer, S4DMixer
 from hybrid_attention.layers.natsl import NatsLAttention, NatsLState
 from hybrid_attention.layers.softmax import KVState, SoftmaxAttention
 
@@ -14,6 +14,7 @@ __all__ = [
     "KVState",
     "NatsLAttention",
     "NatsLState",
+    "S4DBilinearMixer",
     "S4DMixer",
     "SoftmaxAttention",
     "TokenMixer",

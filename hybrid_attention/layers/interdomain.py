@@ -7,16 +7,25 @@ Data flow per token (the full layer, all flags at their defaults):
     ξ(q) = ℓ2(SiLU(RoPE(q))), ξ(k) = ℓ2(SiLU(RoPE(k)))              (per head, over R = d_h)
     k̃ = RMSNorm_h(ξ(k)) + b^k_h,  ṽ = RMSNorm_h(v) + b^v_h          (per-head gains and biases, "B-side" norm)
     X_t = Λ ⊙ X_{t-1} + B̄ [k̃_t; ṽ_t]ᵀ,  U = C X[:, :R], Γ = C X[:, R:]   (one complex S4D per head, S4DCore)
-    o_t = Re(ξ(q_t)ᵀ U_tᵀ Γ_t)                                      (no η denominator, no output norm)
+    z = B ⊙ [k̃_t; ṽ_t]                                              (per-channel input gain B, modules/s4d.py)
+    X_t = Λ ⊙ X_{t-1} + B̄ z_tᵀ,  U = C X[:, :R], Γ = C X[:, R:]      (one complex S4D per head, S4DCore)
+    o_t = read(ξ(q_t), U_t, Γ_t)                                    (no η denominator, no output norm)
     y = W_O concat_h(o)                                             (optionally gated: σ(W_g x) ⊙ o)
 
+`readout` picks the complex-to-real product (ops/interdomain/readout.py, where the default is decided):
+"transpose" Re(ξ(q)ᵀUᵀΓ), "hermitian" Re(ξ(q)ᵀU^HΓ), "real" Re(Uξ(q))ᵀRe(Γ).
+
 Ablation flags (the paper's 125M mechanism cube, Table 4):
-- query_readout=False: no W_Q; the coefficients are read by a learned linear contraction instead of the query
-  (`ops.s4d`: Re(diag(UᵀΓ)) per head, then C_out ∈ R^{d×d}, the same size as the W_Q it replaces).
+- query_readout=False: no W_Q; the state is read by a learned contraction instead of the query. `contraction`
+  "linear" (the paper's control, default): y_t = Re(w_hᵀ C_h X_t) ∈ R^{R+d_h} per head with a learned w_h ∈ R^M
+  (the paper's +H·M parameters), then one output map R^{H(R+d_h)} → R^d that stands for C_out and W_O together
+  (`ops.s4d`, an FFT convolution: the layer is linear in its input). "bilinear": Re(diag(UᵀΓ)) per head, an H3-style
+  product of the two filtered halves, then C_out ∈ R^{d×d} and W_O (`ops.s4d_bilinear`; a different, stronger mixer).
 - dual_input=False: generic inputs [a; b] = [W_a x; W_b x], each with its ShortConv and its N+b norm, no ξ on a.
 - rope: RoPE on q and on the key half (k, or a with generic inputs).
-- denominator=True: the ideal Nadaraya–Watson readout divided by ξ(q)ᵀUᵀη (needs query_readout).
-`S4DMixer` is the S4D-only control: dual_input=False, query_readout=False, rope=False, at the same state size.
+- denominator=True: the ideal Nadaraya–Watson readout divided by read(ξ(q), U, η) (needs query_readout).
+`S4DMixer` is the S4D-only control (dual_input=False, query_readout=False, linear contraction, rope=False) and
+`S4DBilinearMixer` the same with the bilinear contraction; both at the same state size as InterdomainAttention.
 """
 
 from __future__ import annotations
@@ -30,10 +39,14 @@ from torch import nn
 from hybrid_attention.layers.base import TokenMixer, check_hidden
 from hybrid_attention.modules import HeadRMSNorm, RotaryEmbedding, S4DCore, ShortConvolution, l2_normalize
 from hybrid_attention.ops.interdomain import interdomain
+from hybrid_attention.ops.interdomain.readout import DEFAULT_READOUT, validate_readout
 from hybrid_attention.ops.s4d import s4d
+from hybrid_attention.ops.s4d_bilinear import s4d_bilinear
 
 # ε of the ℓ2 norm inside ξ (the paper does not give it; fla's l2norm uses the same value).
 FEATURE_EPS = 1e-6
+
+CONTRACTIONS = ("linear", "bilinear")
 
 
 @dataclass
@@ -67,6 +80,8 @@ class InterdomainAttention(TokenMixer):
         query_readout: bool = True,
         dual_input: bool = True,
         denominator: bool = False,
+        readout: str = DEFAULT_READOUT,
+        contraction: str = "linear",
         output_gate: bool = False,
         chunk_size: int = 64,
         dt_min: float = 1e-3,
@@ -77,12 +92,17 @@ class InterdomainAttention(TokenMixer):
         super().__init__()
         if denominator and not query_readout:
             raise ValueError("denominator=True needs query_readout=True (η is read through the query)")
+        validate_readout(readout)
+        if contraction not in CONTRACTIONS:
+            raise ValueError(f"contraction must be one of {', '.join(CONTRACTIONS)}, got {contraction!r}")
         head_dim = head_dim or hidden_size // num_heads
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         self.feature_dim = head_dim  # R = d_h: ξ acts elementwise
         self.state_dim = state_size  # M
         self.query_readout, self.dual_input = query_readout, dual_input
         self.denominator, self.output_gate = denominator, output_gate
+        self.readout = readout  # used by the query readout only
+        self.contraction = None if query_readout else contraction  # used without a query only
         self.chunk_size, self.backend = chunk_size, backend
         inner = num_heads * head_dim
         key, val = ("k", "v") if dual_input else ("a", "b")
@@ -100,10 +120,14 @@ class InterdomainAttention(TokenMixer):
             self.convs[val] = ShortConvolution(inner, conv_size)
         self.key_norm = HeadRMSNorm(num_heads, head_dim, eps=norm_eps, bias=True)
         self.value_norm = HeadRMSNorm(num_heads, head_dim, eps=norm_eps, bias=True)
-        self.ssm = S4DCore(num_heads, state_size, dt_min=dt_min, dt_max=dt_max)
-        self.c_out = None if query_readout else nn.Linear(inner, inner, bias=False)
-        self.g_proj = nn.Linear(hidden_size, inner, bias=False) if output_gate else None
-        self.o_proj = nn.Linear(inner, hidden_size, bias=False)
+        self.ssm = S4DCore(num_heads, state_size, channels=2 * head_dim, dt_min=dt_min, dt_max=dt_max)
+        linear = self.contraction == "linear"
+        # linear contraction: w_h ∈ R^M per head, y = Re(w_hᵀ C_h X) ∈ R^{2 d_h}; N(0, 1/M) keeps y at the state's scale
+        self.contraction_w = nn.Parameter(torch.randn(num_heads, state_size) / state_size**0.5) if linear else None
+        self.c_out = nn.Linear(inner, inner, bias=False) if self.contraction == "bilinear" else None
+        out_width = 2 * inner if linear else inner  # [y^k; y^v] per head with the linear contraction
+        self.g_proj = nn.Linear(hidden_size, out_width, bias=False) if output_gate else None
+        self.o_proj = nn.Linear(out_width, hidden_size, bias=False)
         self.rotary = RotaryEmbedding(head_dim, rope_theta) if rope else None
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -136,6 +160,33 @@ class InterdomainAttention(TokenMixer):
         """ξ = SiLU then ℓ2 per head (Eq. 10: ℓ2 norm, not squared)."""
         return l2_normalize(F.silu(z), FEATURE_EPS)
 
+    def _input_gain(self, key: torch.Tensor, val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """z = B ⊙ [k̃; ṽ]: the per-channel input gain of the S4D core on [..., R] / [..., D] inputs."""
+        g = self.ssm.input_gain().to(key.dtype)
+        return key * g[: self.feature_dim], val * g[self.feature_dim :]
+
+    def _core(self, q, key, val, log_lam, b_bar, c, init, keep: bool):
+        """The S4D core and its readout on [B, T, H, *] inputs -> (o [B, T, H, D or R+D], final state)."""
+        if self.query_readout:
+            return interdomain(
+                q, key, val, log_lam, b_bar, c, denominator=self.denominator, initial_state=init,
+                output_final_state=keep, chunk_size=self.chunk_size, backend=self.backend, readout=self.readout,
+            )
+        if self.contraction == "linear":
+            return s4d(key, val, log_lam, b_bar, c, self.contraction_w, initial_state=init, output_final_state=keep,
+                       chunk_size=self.chunk_size, backend=self.backend)
+        return s4d_bilinear(key, val, log_lam, b_bar, c, initial_state=init, output_final_state=keep,
+                            chunk_size=self.chunk_size, backend=self.backend)
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, H, *] core output -> [B, T, hidden]: C_out (bilinear contraction), the optional gate, W_O."""
+        o = o.reshape(*x.shape[:2], -1)
+        if self.c_out is not None:
+            o = self.c_out(o)
+        if self.g_proj is not None:
+            o = torch.sigmoid(self.g_proj(x)) * o  # σ gate as written in the paper's equation (off by default)
+        return self.o_proj(o)
+
     def forward(self, x: torch.Tensor, state: InterdomainState | None = None, *, output_state: bool | None = None):
         check_hidden(x, self.hidden_size)
         keep = output_state if output_state is not None else state is not None
@@ -145,39 +196,38 @@ class InterdomainAttention(TokenMixer):
         key = self._rope(self._branch(self.key_name, x, state, new_conv, keep), offset)
         if self.dual_input:
             key = self._feature_map(key)
-        key = self.key_norm(key)
-        val = self.value_norm(self._branch(self.val_name, x, state, new_conv, keep))
-        log_lam, b_bar, c = self.ssm()
-        init = state.ssm if state is not None else None
-        if self.query_readout:
-            q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep), offset))
-            o, ssm = interdomain(
-                q, key, val, log_lam, b_bar, c, denominator=self.denominator, initial_state=init,
-                output_final_state=keep, chunk_size=self.chunk_size, backend=self.backend,
-            )
-        else:
-            o, ssm = s4d(
-                key, val, log_lam, b_bar, c, initial_state=init, output_final_state=keep,
-                chunk_size=self.chunk_size, backend=self.backend,
-            )
-        o = o.reshape(*x.shape[:2], -1)
-        if self.c_out is not None:
-            o = self.c_out(o)
-        if self.g_proj is not None:
-            o = torch.sigmoid(self.g_proj(x)) * o  # σ gate as written in the paper's equation (off by default)
-        y = self.o_proj(o)
+        key, val = self._input_gain(self.key_norm(key), self.value_norm(self._branch(self.val_name, x, state, new_conv,
+                                                                                      keep)))
+        q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep), offset)) \
+            if self.query_readout else None
+        o, ssm = self._core(q, key, val, *self.ssm(), state.ssm if state is not None else None, keep)
+        y = self._output(o, x)
         new_state = InterdomainState(ssm=ssm, conv=new_conv, offset=offset + x.shape[1]) if keep else None
         return y, new_state
 
 
 class S4DMixer(InterdomainAttention):
-    """The S4D-only control (§3): generic inputs [a; b], learned contraction C_out instead of the query, no RoPE by
-    default; the same S4D core and therefore the same state size as InterdomainAttention."""
+    """The S4D-only control (§3): generic inputs [a; b], a learned contraction *linear* in the state instead of the
+    query, no RoPE by default; the same S4D core and therefore the same state size as InterdomainAttention."""
+
+    CONTRACTION = "linear"
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int | None = None, **kwargs) -> None:
         kwargs.setdefault("rope", False)
+        name = type(self).__name__
         for flag in ("query_readout", "dual_input", "denominator"):
             if kwargs.get(flag):
-                raise ValueError(f"S4DMixer has no query and generic inputs; {flag}=True is not allowed")
+                raise ValueError(f"{name} has no query and generic inputs; {flag}=True is not allowed")
             kwargs.pop(flag, None)
-        super().__init__(hidden_size, num_heads, head_dim, query_readout=False, dual_input=False, **kwargs)
+        if kwargs.pop("contraction", self.CONTRACTION) != self.CONTRACTION:
+            raise ValueError(f"{name} has contraction={self.CONTRACTION!r}; use the other S4D mixer for the other one")
+        kwargs.pop("readout", None)  # no query: the readout flag does not apply
+        super().__init__(hidden_size, num_heads, head_dim, query_readout=False, dual_input=False,
+                         contraction=self.CONTRACTION, **kwargs)
+
+
+class S4DBilinearMixer(S4DMixer):
+    """The library's earlier S4D-only mixer, kept as the `s4d_bilinear` baseline: the same inputs and core, read by
+    Re(diag(UᵀΓ)) (a product of the two filtered halves, H3-style), then C_out and W_O."""
+
+    CONTRACTION = "bilinear"

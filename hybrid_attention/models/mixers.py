@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybrid_attention.layers.base import TokenMixer
 from hybrid_attention.layers.gated_deltanet import GatedDeltaNet
-from hybrid_attention.layers.interdomain import InterdomainAttention, S4DMixer
+from hybrid_attention.layers.interdomain import InterdomainAttention, S4DBilinearMixer, S4DMixer
 from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.layers.softmax import SoftmaxAttention
 
@@ -32,7 +32,8 @@ def _ssm(cfg: HybridConfig) -> dict[str, Any]:
 MIXER_BUILDERS: dict[str, tuple[type[TokenMixer], Callable[[HybridConfig], dict[str, Any]]]] = {
     "softmax": (SoftmaxAttention, lambda cfg: {**_heads(cfg), "rope_theta": cfg.rope_theta}),
     "interdomain": (InterdomainAttention, _ssm),
-    "s4d": (S4DMixer, _ssm),
+    "s4d": (S4DMixer, _ssm),  # the paper's S4D-only control (readout linear in the state)
+    "s4d_bilinear": (S4DBilinearMixer, _ssm),  # the library's earlier bilinear S4D mixer, a stronger baseline
     "gdn": (GatedDeltaNet, lambda cfg: {**_heads(cfg), "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps}),
     # NAtS-L: G = 2 softmax heads per GDN head unless mixer_options say otherwise (the released 340M config).
     "natsl": (NatsLAttention, lambda cfg: {**_heads(cfg), "num_attn_heads": 2 * cfg.num_heads,

@@ -1,17 +1,24 @@
 """Parameters of the complex diagonal S4D core shared by Interdomain Attention and the S4D-only control.
 
-Per head h: Λ_h = exp(Δ_h A_h) ∈ C^M, an input vector B_h ∈ C^M and a full complex readout C_h ∈ C^{M×M}.
-The ops in `hybrid_attention.ops.interdomain` / `.s4d` take the *discretised* quantities (log Λ, B̄, C) returned by
-`S4DCore.forward()`, so all parameterisation choices live in this one file.
+Per head h: Λ_h = exp(Δ_h A_h) ∈ C^M and a full complex readout C_h ∈ C^{M×M}; per layer, a real input gain
+B ∈ R^{channels} (one entry per SSM input channel, shared by the heads). The ops in `hybrid_attention.ops.interdomain`
+/ `.s4d` take the *discretised* quantities (log Λ, B̄, C) returned by `S4DCore.forward()`; the layers scale their SSM
+inputs by `S4DCore.input_gain()`. All parameterisation choices live in this one file.
 
 Decisions where the Interdomain paper (arXiv 2605.24330, §2.2 and §6.2) is silent:
 - Δ granularity: one Δ per head (the paper's parameter counts fit exactly one scalar per head), stored as log Δ and
   initialised log-uniformly in [dt_min, dt_max] = [1e-3, 1e-1].
-- A: S4D-Inv. Re A = -exp(A_log_re) with A_log_re initialised to log(1/2); Im A_n = (M/π)(M/(2n+1) - 1); both trainable.
-- B: one learned complex vector per head, B_h ∈ C^M, shared by all R+d_h input channels (each channel is an
-  independent SISO S4D), initialised to 1 + 0i. Discretisation is ZOH, B̄ = (exp(ΔA) - 1)/A · B, as in S4D: it makes
-  the state's scale independent of Δ (a raw B with Δ = 1e-3 would let slow modes grow to ~1/(1-|λ|) ≈ 2000× the input),
-  which matters because the layer has no output normalisation.
+- A: S4D-Inv as in state-spaces/s4. Re A = -exp(A_log_re) with A_log_re initialised to log(1/2);
+  Im A_n = (N/π)(N/(2n+1) - 1) for n = 0..M-1 with N = 2M (S4 counts the state N in reals and keeps N/2 = M complex
+  modes): every frequency is >= 0, the top one (N/π)(N - 1) ≈ 5174 at M = 64. Both trainable. (Until the faithful-
+  controls issue this file used N = M, which gave half of the modes negative frequencies in [-10, -0.3].)
+- B: DECISION (spec §6.2 item 2, and the parameter fit of §2.3): the paper's Table 3 counts R + d_h B-entries per
+  layer (the "(R + d_h) small shared vector" of the fit), not M complex entries per head. A per-mode complex B_h would
+  in any case be redundant with the full learned C_h (C_h diag(B_h) is just another full matrix), so B is one real gain
+  per SSM input channel, shared by the heads, initialised to 1: the input z = [k̃; ṽ] becomes B ⊙ z. The per-mode input
+  vector is then fixed to 1 and discretised by ZOH, B̄ = (exp(ΔA) - 1)/A, as in S4D: it makes the state's scale
+  independent of Δ (a raw B with Δ = 1e-3 would let slow modes grow to ~1/(1-|λ|) ≈ 2000× the input), which matters
+  because the layer has no output normalisation. With this B the eight paper presets match Table 3 exactly.
 - C: one full complex M×M matrix per head, shared by the key and value halves (a single shared basis), initialised
   complex Gaussian with E|C_ij|² = 1/M so that C preserves the state's scale.
 Complex parameters are stored as real tensors with a trailing (real, imag) axis so that optimisers, safetensors and
@@ -29,29 +36,32 @@ SSM_PARAM_NAMES = ("log_dt", "A_log_re", "A_im", "B", "C")
 
 
 def s4d_inv_imag(state_size: int) -> torch.Tensor:
-    """S4D-Inv imaginary parts: (M/π)(M/(2n+1) - 1), n = 0..M-1. Returns [M] float64."""
+    """S4D-Inv imaginary parts for M = state_size complex modes: (N/π)(N/(2n+1) - 1), n = 0..M-1, N = 2M.
+    Returns [M] float64, every entry >= 0."""
+    N = 2 * state_size
     n = torch.arange(state_size, dtype=torch.float64)
-    return (state_size / math.pi) * (state_size / (2 * n + 1) - 1)
+    return (N / math.pi) * (N / (2 * n + 1) - 1)
 
 
 class S4DCore(nn.Module):
     """Per-head complex diagonal SSM parameters.
 
     forward() -> (log_lam [H, M] complex, B_bar [H, M] complex, C [H, M, M] complex), complex64 for float32
-    parameters and complex128 for float64 parameters.
+    parameters and complex128 for float64 parameters; input_gain() -> B [channels] real.
     """
 
-    def __init__(self, num_heads: int, state_size: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1) -> None:
+    def __init__(self, num_heads: int, state_size: int = 64, channels: int = 1, dt_min: float = 1e-3,
+                 dt_max: float = 1e-1) -> None:
         super().__init__()
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
-        self.num_heads, self.state_size = num_heads, state_size
+        self.num_heads, self.state_size, self.channels = num_heads, state_size, channels
         self.dt_min, self.dt_max = dt_min, dt_max
         h, m = num_heads, state_size
         self.log_dt = nn.Parameter(torch.empty(h))
         self.A_log_re = nn.Parameter(torch.empty(h, m))
         self.A_im = nn.Parameter(torch.empty(h, m))
-        self.B = nn.Parameter(torch.empty(h, m, 2))
+        self.B = nn.Parameter(torch.empty(channels))
         self.C = nn.Parameter(torch.empty(h, m, m, 2))
         self.reset_parameters()
 
@@ -61,9 +71,22 @@ class S4DCore(nn.Module):
         self.log_dt.copy_(torch.rand(self.num_heads, dtype=torch.float64) * (hi - lo) + lo)
         self.A_log_re.fill_(math.log(0.5))
         self.A_im.copy_(s4d_inv_imag(self.state_size).expand(self.num_heads, -1))
-        self.B.zero_()
-        self.B[..., 0] = 1.0
+        self.B.fill_(1.0)
         self.C.normal_(0.0, (0.5 / self.state_size) ** 0.5)
+
+    def _apply(self, fn, recurse: bool = True):
+        # DECISION: the SSM parameters keep their float32 (or float64) dtype when the module is cast to bf16/fp16 (a
+        # model cast with .to(torch.bfloat16) for inference) and only follow its device: complex tensors exist only
+        # for float32/float64, and the phases n·Δ·Im(A) of the S4D-Inv modes (Im A up to ~5174) are scrambled by a
+        # bf16 Δ or A (0.4% of a 1e4-rad phase). Measured: a `tiny` S4D-only model cast to bf16 drifted by 7.4% in
+        # its logits with bf16 SSM parameters.
+        full = {name: p.data for name, p in self.named_parameters(recurse=False)}
+        super()._apply(fn, recurse)
+        low = (torch.bfloat16, torch.float16)
+        for name, p in self.named_parameters(recurse=False):
+            if p.dtype in low and full[name].dtype not in low:
+                p.data = full[name].to(p.device)
+        return self
 
     def _real(self, p: torch.Tensor) -> torch.Tensor:
         # DECISION: the SSM parameters are promoted to float32 when the module is stored in bf16/fp16 (a model cast
@@ -75,15 +98,18 @@ class S4DCore(nn.Module):
         """Continuous-time A: [H, M] complex (Re < 0)."""
         return torch.complex(-torch.exp(self._real(self.A_log_re)), self._real(self.A_im))
 
+    def input_gain(self) -> torch.Tensor:
+        """B: the real per-channel gain of the SSM input, [channels] (see the DECISION on B above)."""
+        return self.B
+
     def forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (log λ [H, M], B̄ [H, M], C [H, M, M]), complex64 (complex128 for float64 parameters)."""
         a = self.A()
         dt = torch.exp(self._real(self.log_dt))[:, None]
         log_lam = a * dt  # log Λ = Δ A
-        b = torch.view_as_complex(self._real(self.B).contiguous())
-        b_bar = torch.expm1(log_lam) / a * b  # ZOH
+        b_bar = torch.expm1(log_lam) / a  # ZOH of the unit per-mode input
         c = torch.view_as_complex(self._real(self.C).contiguous())
         return log_lam, b_bar, c
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, M={self.state_size}, dt=[{self.dt_min}, {self.dt_max}]"
+        return f"heads={self.num_heads}, M={self.state_size}, channels={self.channels}, dt=[{self.dt_min}, {self.dt_max}]"

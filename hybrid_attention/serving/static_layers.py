@@ -48,6 +48,7 @@ from hybrid_attention.layers.softmax import KVState, SoftmaxAttention
 from hybrid_attention.modules import RotaryEmbedding
 from hybrid_attention.ops.gated_delta.naive import l2norm
 from hybrid_attention.ops.interdomain.naive import safe_divide
+from hybrid_attention.ops.interdomain.readout import readout_product
 from hybrid_attention.serving.decode_attention import decode_attention, default_num_splits
 
 
@@ -232,7 +233,7 @@ class StaticInterdomain(StaticMixer):
         if self.use_kernel:
             from hybrid_attention.ops.interdomain.triton.decode import decode_params
 
-            self.params = decode_params(log_lam, b_bar, c)
+            self.params = decode_params(log_lam, b_bar, c, layer.readout)
 
     def load(self, state: InterdomainState, length: int) -> None:
         self.ssm.copy_(state.ssm)
@@ -258,14 +259,13 @@ class StaticInterdomain(StaticMixer):
         z = torch.cat([p.to(rdt) for p in parts], -1).to(self.ssm.dtype)  # [B, H, R+D(+1)]
         self.ssm.mul_(self.lam[None, :, :, None]).add_(self.b_bar[None, :, :, None] * z[:, :, None, :])
         y = torch.einsum("hmn,bhnc->bhmc", self.c, self.ssm)
-        u, gam = y[..., :r], y[..., r:r + d]
-        if q is None:  # S4D-only readout Re(diag(Uᵀ Γ))
+        if m.contraction == "linear":  # S4D-only control: Re(wᵀ C X) over all R+D channels
+            return torch.einsum("hm,bhmc->bhc", m.contraction_w.to(y.real.dtype).to(y.dtype), y).real
+        u, gam = y[..., :r], y[..., r:]
+        if q is None:  # bilinear S4D mixer: Re(diag(Uᵀ Γ))
             return (u * gam).sum(-2).real
-        a = torch.einsum("bhmr,bhr->bhm", u, q.to(rdt).to(self.ssm.dtype))
-        o = torch.einsum("bhm,bhmd->bhd", a, gam).real
-        if m.denominator:
-            o = safe_divide(o, torch.einsum("bhm,bhm->bh", a, y[..., r + d]).real[..., None])
-        return o
+        o = readout_product(u, q.to(rdt).to(self.ssm.dtype), gam, m.readout)  # [B, H, D(+1)]
+        return safe_divide(o[..., :d], o[..., d:]) if m.denominator else o
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, final: bool) -> torch.Tensor:
         m, b = self.layer, x.shape[0]
@@ -277,17 +277,12 @@ class StaticInterdomain(StaticMixer):
             q = rope_at(m.rotary, q, pos) if q is not None else None
         if m.dual_input:
             key = m._feature_map(key)
-        key = m.key_norm(key)
-        val = m.value_norm(m._branch(m.val_name, x, self.convs, new_conv, True))
+        key, val = m._input_gain(m.key_norm(key), m.value_norm(m._branch(m.val_name, x, self.convs, new_conv, True)))
         self.convs.commit(new_conv)
         if q is not None:
             q = m._feature_map(q)[:, 0]
-        o = self._core(q, key[:, 0], val[:, 0]).to(x.dtype).reshape(b, 1, -1)
-        if m.c_out is not None:
-            o = m.c_out(o)
-        if m.g_proj is not None:
-            o = torch.sigmoid(m.g_proj(x)) * o
-        return m.o_proj(o)
+        o = self._core(q, key[:, 0], val[:, 0]).to(x.dtype)
+        return m._output(o.view(b, 1, *o.shape[1:]), x)
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.ssm, *self.convs.buffers()]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from hybrid_attention.layers import InterdomainAttention, S4DMixer, SoftmaxAttention
+from hybrid_attention.layers import InterdomainAttention, S4DBilinearMixer, S4DMixer, SoftmaxAttention
 
 HIDDEN = 32
 
@@ -26,8 +26,12 @@ MIXER_CASES: dict[str, Callable[[], nn.Module]] = {
     "interdomain-gate": _interdomain(output_gate=True),
     "interdomain-single-input": _interdomain(dual_input=False),
     "interdomain-no-q": _interdomain(query_readout=False),
+    "interdomain-no-q-bilinear": _interdomain(query_readout=False, contraction="bilinear"),
+    "interdomain-hermitian": _interdomain(readout="hermitian"),
+    "interdomain-real": _interdomain(readout="real"),
     "s4d": lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5),
     "s4d-rope": lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5, rope=True),
+    "s4d_bilinear": lambda: S4DBilinearMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5),
 }
 
 

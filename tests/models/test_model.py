@@ -10,7 +10,7 @@ import hybrid_attention  # noqa: F401  (registers the Auto classes)
 from hybrid_attention.models import HybridCache, HybridConfig, HybridForCausalLM
 from hybrid_attention.models.optim import SSM_LR_CAP, ssm_param_groups
 
-MIXERS = ["softmax", "interdomain", "s4d", "gdn", "natsl"]
+MIXERS = ["softmax", "interdomain", "s4d", "s4d_bilinear", "gdn", "natsl"]
 HYBRID = ["gdn", "natsl", "softmax", "natsl"]
 
 
@@ -159,7 +159,9 @@ def test_paper_preset_parameter_counts(mixer):
             model = HybridForCausalLM(HybridConfig.from_preset(f"{mixer}-{scale}"))
         n = sum(p.numel() for p in model.parameters())
         rows.append(f"{mixer}-{scale}: {n:,} vs paper {paper:,} ({(n / paper - 1) * 100:+.4f}%)")
-        assert abs(n / paper - 1) < 0.005, rows[-1]
+        # exact: ShortConv without bias, per-head Δ, S4D-Inv A, full C, the per-channel B (modules/s4d.py) and, for
+        # S4D-only, the +H·M of the linear contraction w (layers/interdomain.py)
+        assert n == paper, rows[-1]
     print("\n" + "\n".join(rows))
 
 

@@ -24,8 +24,10 @@ C = 16  # chunk size of the tiny preset
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False) -> HybridForCausalLM:
-    cfg = HybridConfig.from_preset("tiny", layers=layers, mixer_options={"natsl": {"rope": natsl_rope}})
+def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False,
+               readout: str = "transpose") -> HybridForCausalLM:
+    cfg = HybridConfig.from_preset("tiny", layers=layers, mixer_options={"natsl": {"rope": natsl_rope},
+                                                                         "interdomain": {"readout": readout}})
     model = HybridForCausalLM(cfg).eval().to(dtype)
     with torch.no_grad():
         for blk in model.model.layers:
@@ -56,11 +58,16 @@ def assert_close(a, b, tol):
     assert (a - b).abs().max() <= tol * scale, float((a - b).abs().max() / scale)
 
 
-@pytest.mark.parametrize("layers", ["softmax", "gdn", "interdomain", "s4d", "natsl", "natsl+rope",
-                                    ["gdn", "natsl", "softmax"]])
+@pytest.mark.parametrize("layers", ["softmax", "gdn", "interdomain", "interdomain+hermitian", "interdomain+real",
+                                    "s4d", "s4d_bilinear", "natsl", "natsl+rope", ["gdn", "natsl", "softmax"]])
 def test_steps_match_eager_decode(layers):
     """Odd prompt in mid-chunk, then steps across three NAtS-L chunk ends; B = 2, float64."""
-    model = make_model("natsl", natsl_rope=True) if layers == "natsl+rope" else make_model(layers)
+    if layers == "natsl+rope":
+        model = make_model("natsl", natsl_rope=True)
+    elif isinstance(layers, str) and layers.startswith("interdomain+"):
+        model = make_model("interdomain", readout=layers.split("+")[1])
+    else:
+        model = make_model(layers)
     ids = torch.randint(0, 259, (2, 21 + 45))
     eager, static, cache, _ = eager_and_static(model, ids, 21)
     assert_close(eager, static, 1e-10)
@@ -134,11 +141,12 @@ def test_natsl_capacity_overflow_is_reported():
         dec.generate(ids, 2 * C)  # a second kept chunk
 
 
-@pytest.mark.parametrize("layers", [["gdn", "interdomain", "natsl", "softmax"]])
-def test_fused_kernels_float32(layers):
+@pytest.mark.parametrize("layers,readout", [(["gdn", "interdomain", "natsl", "softmax"], "transpose"),
+                                            (["interdomain"], "hermitian"), (["interdomain"], "real")])
+def test_fused_kernels_float32(layers, readout):
     """The fused Triton decode steps and the split-KV attention (CUDA; the Triton interpreter here) inside the static
-    decoder, float32."""
-    model = make_model(layers, dtype=torch.float32).to(KERNEL_DEVICE)
+    decoder, float32, for every Interdomain readout."""
+    model = make_model(layers, dtype=torch.float32, readout=readout).to(KERNEL_DEVICE)
     ids = torch.randint(0, 259, (2, 13 + C + 2), device=KERNEL_DEVICE)
     eager, static, _, _ = eager_and_static(model, ids, 13, use_kernels=True)
     # the interpreter computes the kernels' dots in true float32; on the GPU they are tf32 (10-bit mantissa inputs):
