@@ -227,9 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=_cmd_info)
 
     b = sub.add_parser("bench", help="GPU benchmarks: correctness vs the references + timings (benchmarks/NOTES.md)")
-    b.add_argument("target", choices=["ops", "models", "inference"],
-                   help="op-level kernels, or whole models (inference = models)")
-    b.add_argument("--only", nargs="+", help="sections: ops: interdomain natsl s4d_bilinear; models: models")
+    b.add_argument("target", choices=["ops", "models", "inference", "train"],
+                   help="op-level kernels, whole models (inference = models), or training speed")
+    b.add_argument("--only", nargs="+",
+                   help="sections: ops: interdomain natsl s4d_bilinear; models: models; train: train")
     b.add_argument("--quick", action="store_true", help="fewer lengths, no launch-config sweep")
     b.add_argument("--sweep", action="store_true", help="also sweep launch configurations where a section has one")
     b.set_defaults(func=_cmd_bench)

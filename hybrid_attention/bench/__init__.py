@@ -5,6 +5,7 @@
 prints its table and writes a JSON file to ``$OUT`` (or the working directory). Every measured version is recorded
 in ``benchmarks/NOTES.md``. On a CPU machine, ``BENCH_DRYRUN=1 TRITON_INTERPRET=1`` runs them at tiny shapes as a
 smoke test of the benchmark code.
+``hybrid-attention bench train [--quick]``: the training-speed table (``train_speed``; JSON only with ``$OUT``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = ["TARGETS", "run_target"]
 TARGETS: dict[str, dict[str, str]] = {
     "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d_bilinear": "s4d_bilinear_ops"},
     "models": {"models": "models"},
+    "train": {"train": "train_speed"},  # training-step tokens/s, TFLOP/s, peak memory; eager vs compiled
 }
 TARGETS["inference"] = TARGETS["models"]  # the name DESIGN.md uses for the whole-model benchmark
 
