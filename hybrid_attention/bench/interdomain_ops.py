@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from hybrid_attention.bench.common import DEVICE as DEV
 from hybrid_attention.bench.common import DRYRUN, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
 from hybrid_attention.bench.common import guarded as _guarded
-from hybrid_attention.ops.interdomain import chunk_interdomain
+from hybrid_attention.ops.interdomain import READOUTS, chunk_interdomain
 
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
 RESULTS: dict = {"errors": []}
@@ -175,11 +175,14 @@ def correctness(quick: bool = False):
         cases = [(40, 1, 1), (100, 1, 1)]
     if quick:
         cases = cases[:2]
-    for idx, (T, Bsz, H) in enumerate(cases):
+    # every readout (ops/interdomain/readout.py): the Hermitian form runs the kernels with the conjugated key side,
+    # "real" runs both passes
+    cases = [(T, Bsz, H, ro) for ro in READOUTS for (T, Bsz, H) in cases]
+    for idx, (T, Bsz, H, readout) in enumerate(cases):
         if elapsed() > BUDGET_S * 0.75:
             log(f"correctness: skipping T={T} (time)")
             continue
-        seed = 100 + idx
+        seed = 100 + idx % (len(cases) // len(READOUTS))  # the same inputs for every readout
         log_lam, Bp, C = make_params(H, M, seed, DEV)
         q, k, v = make_inputs(Bsz, T, H, R, D, seed + 1, DEV)
         g = torch.Generator().manual_seed(seed + 2)
@@ -193,7 +196,7 @@ def correctness(quick: bool = False):
         ]
         t0 = time.time()
         o_ref, fin_ref = chunk_interdomain(
-            *ref_leaves[:6], initial_state=ref_leaves[6], output_final_state=True, chunk_size=64
+            *ref_leaves[:6], initial_state=ref_leaves[6], output_final_state=True, chunk_size=64, readout=readout
         )
         loss = (o_ref * do.double()).sum() + (fin_ref.conj() * dfin).real.sum()
         g_ref = torch.autograd.grad(loss, ref_leaves)
@@ -212,7 +215,8 @@ def correctness(quick: bool = False):
                     X0.to(torch.complex64).requires_grad_(),
                 ]
                 o, fin = triton_interdomain(
-                    *leaves[:6], initial_state=leaves[6], output_final_state=True, chunk_size=CHUNK["size"]
+                    *leaves[:6], initial_state=leaves[6], output_final_state=True, chunk_size=CHUNK["size"],
+                    readout=readout,
                 )
                 loss2 = (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum()
                 grads = torch.autograd.grad(loss2, leaves)
@@ -229,7 +233,8 @@ def correctness(quick: bool = False):
                 and errs["final"] <= 5e-3
                 and all(errs[n] <= 1e-2 for n in errs if n.startswith("d"))
             )
-            row = {"T": T, "B": Bsz, "H": H, "prec": prec, "nan": nan, "pass": ok, "ref_s": t_ref, **errs}
+            row = {"readout": readout, "T": T, "B": Bsz, "H": H, "prec": prec, "nan": nan, "pass": ok, "ref_s": t_ref,
+                   **errs}
             rows.append(row)
             log(
                 "correctness",

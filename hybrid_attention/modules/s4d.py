@@ -112,4 +112,5 @@ class S4DCore(nn.Module):
         return log_lam, b_bar, c
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, M={self.state_size}, channels={self.channels}, dt=[{self.dt_min}, {self.dt_max}]"
+        return (f"heads={self.num_heads}, M={self.state_size}, channels={self.channels}, "
+                f"dt=[{self.dt_min}, {self.dt_max}]")

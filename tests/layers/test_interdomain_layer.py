@@ -76,11 +76,13 @@ def reference(layer: InterdomainAttention, x: torch.Tensor) -> torch.Tensor:
             U, G, eta = Y[:, :DH], Y[:, DH : 2 * DH], Y[:, 2 * DH]
             if layer.query_readout:
                 qt = q[t, h].to(torch.complex128)
-                read = {  # the three readouts, written out
-                    "transpose": lambda g: (qt @ U.T @ g).real,
-                    "hermitian": lambda g: (qt @ U.conj().T @ g).real,
-                    "real": lambda g: (q[t, h] @ U.real.T) @ g.real,
-                }[layer.readout]
+                def read(g, qt=qt, qr=q[t, h], U=U):  # the three readouts, written out
+                    if layer.readout == "transpose":
+                        return (qt @ U.T @ g).real
+                    if layer.readout == "hermitian":
+                        return (qt @ U.conj().T @ g).real
+                    return (qr @ U.real.T) @ g.real
+
                 num = read(G)
                 if layer.denominator:
                     num = num / read(eta)

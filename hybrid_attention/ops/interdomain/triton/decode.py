@@ -58,7 +58,8 @@ def _decode_kernel(
     mask_m = offs_m < M
     mask_r = offs_r < R
     mask_d = offs_d < D
-    # λ, B: interleaved complex64 [H, M, 2]; K: planar [2 (K₁, K₂), H, 2, M, M]; X: interleaved complex64 [B*H, M, NC, 2]
+    # λ, B: interleaved complex64 [H, M, 2]; K: planar [2 (K₁, K₂), H, 2, M, M];
+    # X: interleaved complex64 [B*H, M, NC, 2]
     l_re = tl.load(lam + (h * M + offs_m) * 2, mask=mask_m, other=0.0)
     l_im = tl.load(lam + (h * M + offs_m) * 2 + 1, mask=mask_m, other=0.0)
     b_re = tl.load(Bp + (h * M + offs_m) * 2, mask=mask_m, other=0.0)
