@@ -369,7 +369,8 @@ def _chunk_bwd(
     """Backward of one chunk (CONJ_P: the Hermitian readout, as in _chunk_fwd; the gradient w.r.t. p is then the
     conjugate of the one w.r.t. conj(p)). PART 0 computes everything; PART 1 the value side (dv, the X0v columns of the
     local adjoint, dK, and the W / inter-chunk-readout terms of dB, d log λ); PART 2 the key side (dq, dk, the X0k
-    columns, the p terms of dB, d log λ). The split halves the live registers (two launches instead of one spilling one)."""
+    columns, the p terms of dB, d log λ). The split halves the live registers (two launches instead of one spilling
+    one)."""
     VAL: tl.constexpr = PART != 2
     KEY: tl.constexpr = PART != 1
     i_t = tl.program_id(0)
