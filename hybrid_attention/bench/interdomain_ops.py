@@ -473,7 +473,9 @@ def summary():
         )
     for r in RESULTS.get("correctness", []):
         errs = " ".join(f"{n}={r[n]:.1e}" for n in ("o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"))
-        log(f"check T={r['T']:>5} H={r['H']} {r['prec']:<6} {'PASS' if r['pass'] else 'FAIL'} nan={r['nan']} {errs}")
+        verdict = "PASS" if r["pass"] else "FAIL"
+        ro = r.get("readout", "transpose")
+        log(f"check {ro:<9} T={r['T']:>5} H={r['H']} {r['prec']:<6} {verdict} nan={r['nan']} {errs}")
     if RESULTS.get("timing"):
         log(
             f"{'T':>6} | {'ID fwd':>8} {'ID f+b':>8} | {'SDPA fwd':>8} {'SDPA f+b':>9} | {'x fwd':>6} {'x f+b':>6} | "
@@ -505,7 +507,8 @@ def summary():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run every section (``--quick``: fewer lengths, no sweep; ``--final``: no smoke/decode sections)."""
+    """Run every section (``--quick``: fewer lengths, no sweep; ``--final``: no smoke/decode sections;
+    ``--correctness-only``: the float64 checks of every readout, nothing timed)."""
     argv = sys.argv[1:] if argv is None else argv
     quick = "--quick" in argv
     import triton
@@ -519,6 +522,12 @@ def main(argv: list[str] | None = None) -> None:
         summary()
         return
     final = "--final" in argv  # the last run of a lease: no smoke / decode sections (decode kernel unchanged)
+    if "--correctness-only" in argv:  # every readout vs float64 at T 63 / 1000 / 4096 / 16384, no timings
+        correctness(quick)
+        with open(os.path.join(os.environ.get("OUT", "."), "interdomain_checks.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1)
+        summary()
+        return
     ceilings()
     if not final:
         smoke()
