@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hybrid_attention.models.mixers import MODEL_REVISION
+
 from .suite import CellSpec, Suite
 
 
@@ -167,7 +169,7 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
     run_dir = out / "cells" / cell.name / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    result = {"cell": cell.name, "seed": seed, "machine": machine_description()}
+    result = {"cell": cell.name, "seed": seed, "machine": machine_description(), "model_revision": MODEL_REVISION}
     try:
         if suite.uses_lm(cell):
             result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
@@ -207,7 +209,7 @@ def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
     if doc.get("suite") != suite.name:
         raise ValueError(f"--import-results {path}: it reports suite {doc.get('suite')!r}, not {suite.name!r}")
     wanted = {(c.name, s) for c in suite.cells for s in suite.cell_seeds(c)}
-    written = outside = 0
+    written = outside = stale = 0
     for i, run in enumerate(runs):
         if not isinstance(run, dict) or "cell" not in run or "seed" not in run:
             got = sorted(run) if isinstance(run, dict) else type(run).__name__
@@ -219,6 +221,9 @@ def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
         if (run["cell"], seed) not in wanted:  # also keeps arbitrary cell names out of the file system
             outside += 1
             continue
+        if run.get("model_revision", 1) != MODEL_REVISION:  # the same cell name computed something else then
+            stale += 1
+            continue
         target = result_path(Path(suite.out_dir), run["cell"], seed)
         if target.exists():
             continue
@@ -226,7 +231,9 @@ def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
         _write_json(target, {**run, "seed": seed})
         written += 1
     log(f"imported {written} finished run(s) from {path} into {suite.out_dir}"
-        + (f"; {outside} run(s) of cells/seeds not in this suite left out" if outside else ""))
+        + (f"; {outside} run(s) of cells/seeds not in this suite left out" if outside else "")
+        + (f"; {stale} run(s) of an earlier model revision left out (models.mixers.MODEL_REVISION = "
+           f"{MODEL_REVISION})" if stale else ""))
     return written
 
 

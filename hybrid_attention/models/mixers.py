@@ -29,6 +29,12 @@ def _ssm(cfg: HybridConfig) -> dict[str, Any]:
             "rope_theta": cfg.rope_theta}
 
 
+# Revision of what the mixer names compute, stamped on every experiment result (experiments/runner.py) so that results
+# of an earlier revision are never merged with new ones under the same cell name. 1: until the faithful-controls
+# issue (bilinear `s4d`, S4D-Inv with N = M, a complex B per head). 2: `s4d` is the linear control and the bilinear
+# one is `s4d_bilinear`; S4D-Inv with N = 2M; B one real gain per SSM input channel; the `readout` flag.
+MODEL_REVISION = 2
+
 MIXER_BUILDERS: dict[str, tuple[type[TokenMixer], Callable[[HybridConfig], dict[str, Any]]]] = {
     "softmax": (SoftmaxAttention, lambda cfg: {**_heads(cfg), "rope_theta": cfg.rope_theta}),
     "interdomain": (InterdomainAttention, _ssm),

@@ -235,10 +235,13 @@ def test_import_results_merges_earlier_runs(tmp_path):
     kept.write_text(json.dumps({"cell": "softmax", "seed": 1, "marker": True}))
     run0 = {**earlier["runs"][0], "seed": "0"}  # a string seed is normalised
     stray = [{**run0, "cell": "../elsewhere"}, {**run0, "seed": 7}]  # not in the suite: left out
-    (tmp_path / "r.json").write_text(json.dumps(dict(earlier, runs=[run0, {**run0, "seed": 1}, *stray])))
+    assert run0["model_revision"] == runner_mod.MODEL_REVISION
+    stale = {k: v for k, v in run0.items() if k != "model_revision"}  # an earlier revision's run: left out
+    (tmp_path / "r.json").write_text(json.dumps(dict(earlier, runs=[stale, run0, {**run0, "seed": 1}, *stray])))
     lines, log = _lines()
     assert runner_mod.import_results(suite, tmp_path / "r.json", log=log) == 1
     assert "2 run(s) of cells/seeds not in this suite left out" in lines[0]
+    assert "1 run(s) of an earlier model revision left out" in lines[0]
     assert not (tmp_path / "elsewhere").exists() and not (second / "cells" / "softmax" / "seed7").exists()
     assert json.loads(kept.read_text()) == {"cell": "softmax", "seed": 1, "marker": True}
     got = json.loads(runner_mod.result_path(second, "softmax", 0).read_text())
