@@ -5,8 +5,8 @@ forward and backward) that occupy only B·H·V/BV programs. Running the GDN bran
 kernels fill the rest of the GPU meanwhile. The side stream is synchronised both ways (it waits for the caller's
 stream before starting; the caller's stream waits for it before returning), outputs made on it are recorded on the
 caller's stream, and autograd runs each branch's backward on the stream its forward used (the engine inserts the
-cross-stream waits), so the result is identical to the sequential call. Under CUDA-graph capture, on the CPU or with
-``concurrent=False`` both branches run on the current stream.
+cross-stream waits), so the result is identical to the sequential call. Under CUDA-graph capture, under
+``torch.compile``, on the CPU or with ``concurrent=False`` both branches run on the current stream.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def natsl_mixed(
         return triton_chunk_attention(q_attn, k_attn, v_attn, routing, chunk_size=chunk_size, group_size=group_size,
                                       scale=attn_scale, routing_bias=routing_bias)
 
-    if not (concurrent and q.is_cuda) or torch.cuda.is_current_stream_capturing():
+    # Sequential under torch.compile too: inductor cannot functionalise ``record_stream`` (aten::record_stream has an
+    # alias annotation), and stream switches inside a traced region are not ours to order there.
+    if not (concurrent and q.is_cuda) or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
         o_g, S = gdn()
         return o_g, S, attn()
     main = torch.cuda.current_stream(q.device)
