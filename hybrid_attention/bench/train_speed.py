@@ -194,6 +194,11 @@ def _describe(mixers: list[str]) -> str:
             runs[-1][1] += 1
         else:
             runs.append([m, 1])
+    if len(runs) > 3:  # interleaved (the NAtS-L Hybrid): totals per mixer
+        totals: dict[str, int] = {}
+        for m in mixers:
+            totals[m] = totals.get(m, 0) + 1
+        return " + ".join(f"{m} x{n}" for m, n in totals.items()) + " (interleaved)"
     return ", ".join(f"{m} x{n}" for m, n in runs)
 
 
