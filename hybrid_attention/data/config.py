@@ -14,8 +14,10 @@ class DataConfig:
     Hugging Face tokenizer directory.
     """
 
-    source: Literal["stdlib", "local", "hf"] = "stdlib"
-    paths: list[str] = field(default_factory=list)  # files or folders for source=local
+    source: Literal["stdlib", "local", "hf", "prose", "text_dir"] = "stdlib"
+    # local: files or folders; prose: package roots (default /); text_dir: folders of shards / text files
+    paths: list[str] = field(default_factory=list)
+    prose_sources: list[str] = field(default_factory=list)  # source=prose: names from data.prose (empty: all)
     hf_name: str | None = None  # dataset name for source=hf, e.g. HuggingFaceFW/fineweb-edu
     hf_config: str | None = None
     hf_split: str = "train"

@@ -13,6 +13,8 @@ from .config import DataConfig
 from .corpus import Corpus, hf_streaming_documents, local_corpus, stdlib_corpus
 from .errors import DataError
 from .packing import PackedSequences, ShuffledBatches, StreamingBatches
+from .prose import prose_corpus
+from .shards import text_dir_corpus
 from .tokenizer import byte_tokenizer, encode_documents, load_tokenizer, train_bpe_tokenizer
 
 
@@ -27,13 +29,19 @@ class LMData:
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:
-    """The in-memory corpus of ``cfg`` (sources ``stdlib`` and ``local``)."""
+    """The in-memory corpus of ``cfg`` (sources ``stdlib``, ``local``, ``prose`` and ``text_dir``)."""
     if cfg.source == "stdlib":
         return stdlib_corpus(cfg.val_fraction, cfg.max_bytes)
     if cfg.source == "local":
         if not cfg.paths:
             raise DataError("data.source=local needs data.paths (files or folders)")
         return local_corpus(cfg.paths, cfg.val_fraction, cfg.text_field, cfg.max_bytes)
+    if cfg.source == "prose":
+        return prose_corpus(cfg.paths, cfg.val_fraction, cfg.max_bytes, cfg.prose_sources)
+    if cfg.source == "text_dir":
+        if not cfg.paths:
+            raise DataError("data.source=text_dir needs data.paths (folders of .jsonl/.txt shards)")
+        return text_dir_corpus(cfg.paths, cfg.val_fraction, cfg.max_bytes)
     raise DataError(f"data.source={cfg.source} is not an in-memory corpus")
 
 
@@ -45,7 +53,7 @@ def get_tokenizer(cfg: DataConfig, corpus: Corpus | None, save_dir: Path | None)
         tok = byte_tokenizer()
     elif cfg.tokenizer == "bpe":
         if corpus is None:
-            raise DataError("data.tokenizer=bpe needs an in-memory corpus (stdlib or local); use a tokenizer directory")
+            raise DataError("data.tokenizer=bpe needs an in-memory corpus (not hf); use a tokenizer directory")
         tok = train_bpe_tokenizer(corpus.train, cfg.bpe_vocab_size)
     else:
         tok = load_tokenizer(cfg.tokenizer)
