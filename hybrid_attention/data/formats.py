@@ -95,7 +95,7 @@ _BLOCK = {"p", "div", "br", "li", "ul", "ol", "dl", "dt", "dd", "tr", "table", "
           "blockquote", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "title", "figcaption", "caption"}
 _DROP = {"script", "style", "head", "nav", "header", "footer", "noscript", "svg", "button", "form", "select"}
 _VOID = {"br", "hr", "img", "meta", "link", "input", "area", "base", "col", "embed", "source", "track", "wbr"}
-_NAV_WORDS = ("nav", "sidebar", "footer", "header", "related", "dropdown", "treeview", "breadcrumb", "search",
+_NAV_WORDS = ("nav", "sphinxsidebar", "footer", "header", "related", "dropdown", "treeview", "breadcrumb", "search",
               "toc", "menu", "skip")
 
 
@@ -242,10 +242,19 @@ _POD_ENTITIES = {"lt": "<", "gt": ">", "verbar": "|", "sol": "/", "quot": '"', "
 _POD_CODE = re.compile(r"([A-Z])<<+\s(.*?)\s>>+|([A-Z])<([^<>]*)>", re.S)
 
 
+def _pod_number(body: str) -> str:
+    """``E<0x201E>`` (hex), ``E<075>`` (octal), ``E<181>`` (decimal); anything else is dropped."""
+    try:
+        n = int(body, 16) if body.lower().startswith("0x") else int(body, 8) if body.startswith("0") else int(body)
+        return chr(n)
+    except (ValueError, OverflowError):
+        return ""
+
+
 def _pod_code(m: re.Match) -> str:
     code, body = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
     if code == "E":
-        return _POD_ENTITIES.get(body, chr(int(body, 0)) if body.isdigit() else "")
+        return _POD_ENTITIES.get(body) or _pod_number(body)
     if code == "L":
         return body.split("|", 1)[0] if "|" in body else body.split("/")[-1].strip('"')
     if code in ("Z", "X"):

@@ -65,7 +65,7 @@ reads \fIfile\fP and returns \(em always \- zero.
 
 POD = """=head1 NAME
 
-perlfoo - a B<bold> and C<< $x->y >> test, see L<perlbar|perlbar/x> E<gt> all
+perlfoo - a B<bold> and C<< $x->y >> test, see L<perlbar|perlbar/x> E<gt> all E<075>E<0x41>E<66>E<bogus>
 
 =begin html
 
@@ -110,7 +110,7 @@ def test_troff_and_pod():
     assert "comment" not in t and "FOO 2" not in t and "\\f" not in t
     assert "NAME\nfoo - do a thing" in t and "reads file and returns \u2014 always - zero." in t and "bar (7)" in t
     p = pod_to_text(POD)
-    assert "perlfoo - a bold and $x->y test, see perlbar > all" in p and "dropped" not in p and "=" not in p
+    assert "perlfoo - a bold and $x->y test, see perlbar > all =AB" in p and "dropped" not in p and "=head" not in p
 
 
 def test_prose_corpus_split_by_document_and_deterministic(tmp_path):
