@@ -42,7 +42,7 @@ def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
     doc = run_suite(suite, log=log)
     names = [c.name for c in suite.cells]
     assert doc["failed"] == [], lines
-    assert names == ["softmax", "interdomain", "s4d"]
+    assert names == ["softmax", "interdomain", "s4d", "s4d_bilinear"]
     # every (cell, seed) trained to the budget and was evaluated at 1x, 2x, 3.5x the training length
     for name in names:
         s = doc["summary"][name]
@@ -51,6 +51,7 @@ def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
         assert all(1.0 < r["ppl"]["mean"] < 1000 for r in s["length"])
     assert doc["summary"]["softmax"]["vs_ref_pct"] == 0.0
     assert doc["summary"]["interdomain"]["state"] == doc["summary"]["s4d"]["state"]  # matched state
+    assert doc["summary"]["s4d_bilinear"]["state"] == doc["summary"]["s4d"]["state"]
     # the two seeds are different runs
     ppl = doc["summary"]["interdomain"]["val_ppl"]["values"]
     assert ppl[0] != ppl[1]
@@ -69,7 +70,7 @@ def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
         m.setattr(runner_mod, "_train_lm", no_training)
         lines, log = _lines()
         run_suite(suite, log=log)
-    assert sum("finished earlier, skipped" in x for x in lines) == 6
+    assert sum("finished earlier, skipped" in x for x in lines) == 2 * len(names)
 
     # ... and a cell whose result is missing resumes from its checkpoint instead of starting over
     victim = out / "cells" / "s4d" / "seed1" / "result.json"
@@ -81,7 +82,7 @@ def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
     assert after["resumed"] is True and not before["resumed"]
     assert after["steps"] == before["steps"] == 3
     assert after["val_ppl"] == pytest.approx(before["val_ppl"], rel=1e-5)
-    assert sum("finished earlier, skipped" in x for x in lines) == 5
+    assert sum("finished earlier, skipped" in x for x in lines) == 2 * len(names) - 1
     assert doc2["summary"]["s4d"]["val_ppl"]["n"] == 2
     assert time.perf_counter() - t0 < 90
 
