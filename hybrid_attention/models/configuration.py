@@ -67,6 +67,25 @@ PRESETS.update({
 })
 
 
+def mixer_option_names(cls: type) -> list[str]:
+    """The keyword arguments a mixer class accepts after ``hidden_size``: its ``__init__`` parameters and, where it
+    forwards ``**kwargs``, those of the parent class it forwards to (e.g. S4DMixer -> InterdomainAttention)."""
+    import inspect
+
+    import torch
+
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass) or klass in (torch.nn.Module, object):
+            continue
+        params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]  # without self
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name != "hidden_size" and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
 class HybridConfig(PretrainedConfig):
     """Configuration of `HybridForCausalLM`.
 
@@ -143,9 +162,16 @@ class HybridConfig(PretrainedConfig):
         for i, name in enumerate(self.mixer_types):
             if name not in allowed:
                 raise ValueError(f"layers[{i}] = {name!r} is not a mixer; allowed values: {allowed}")
-        for key in self.mixer_options:
+        for key, opts in self.mixer_options.items():
             if key not in allowed:
                 raise ValueError(f"mixer_options has key {key!r}; allowed keys: {allowed}")
+            if not isinstance(opts, dict):
+                raise ValueError(f"mixer_options[{key!r}] must be a mapping of option names to values, got {opts!r}")
+            names = mixer_option_names(MIXER_BUILDERS[key][0])
+            for opt in opts:
+                if opt not in names:
+                    raise ValueError(f"mixer_options[{key!r}] has unknown option {opt!r}; allowed options of "
+                                     f"{key}: {', '.join(names)}")
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "intermediate_size",
                     "state_size", "chunk_size")
         for field in positive:

@@ -11,6 +11,7 @@ Overrides on the command line: ``train.steps=200 model.layers=[softmax,s4d]`` (v
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import yaml
 
 from hybrid_attention.data.config import DataConfig
 
-from .config_schema import ConfigError, from_dict, merge, parse_overrides, to_dict
+from .config_schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping, to_dict
 
 
 @dataclass
@@ -123,6 +124,7 @@ def model_config(section: ModelSection, vocab_size: int | None = None):
     if section.preset not in PRESETS:
         raise ConfigError(f"config error: model.preset = {section.preset!r} is not allowed; allowed values: "
                           + ", ".join(sorted(PRESETS)))
+    _check_options(section.options)
     kwargs = dict(section.options)
     if vocab_size is not None:
         kwargs.setdefault("vocab_size", vocab_size)
@@ -130,6 +132,37 @@ def model_config(section: ModelSection, vocab_size: int | None = None):
         return HybridConfig.from_preset(section.preset, layers=section.layers, **kwargs)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config error: model: {e}") from e
+
+
+def _hybrid_config_fields() -> list[str]:
+    import inspect
+
+    from hybrid_attention.models import HybridConfig
+
+    params = inspect.signature(HybridConfig.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+def _check_finite(value: Any, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config error: {key} = {value!r} is not a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{key}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{key}[{i}]")
+
+
+def _check_options(options: dict) -> None:
+    """``model.options`` holds HybridConfig fields only (HybridConfig itself would keep an unknown name as an unused
+    attribute), with finite numbers. Mixer options are checked by HybridConfig against the layers' arguments."""
+    allowed = _hybrid_config_fields()
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"config error: unknown key 'model.options.{key}'; allowed keys in 'model.options': "
+                              + ", ".join(allowed))
+    _check_finite(options, "model.options")
 
 
 def check_model(section: ModelSection) -> None:
@@ -148,14 +181,7 @@ def check_model(section: ModelSection) -> None:
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
     """Read a YAML file (or start from defaults when ``path`` is None), apply overrides, validate."""
-    data: dict = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as e:
-            raise ConfigError(f"config error: cannot read {path}: {e.strerror}") from e
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config error: {path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    data = read_yaml_mapping(path) if path is not None else {}
     data = merge(data, parse_overrides(list(overrides)))
     return check(from_dict(RunConfig, data))
 

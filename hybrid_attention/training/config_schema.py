@@ -7,8 +7,11 @@ Every error is one line naming the key, what was given and what is allowed, e.g.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
@@ -16,6 +19,63 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration problem, with a one-line message naming the key."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a mapping with the same key twice (plain PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the base class reports it
+                    break
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {first.start_mark.line + 1})",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """One line saying what is wrong and where (PyYAML's own message spans several lines)."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem:
+        mark = e.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{e.problem}{where}"
+    return " ".join(str(e).split())
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``text`` parsed as YAML (duplicate keys rejected); ConfigError naming ``where`` otherwise."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config error: {where} is not valid YAML: {yaml_error_line(e)}") from e
+
+
+def read_yaml_mapping(path: str | os.PathLike) -> dict:
+    """A YAML file whose top level is a mapping (an empty file is ``{}``); one-line ConfigError otherwise: unreadable,
+    not UTF-8, not valid YAML, duplicate keys, or a top level that is not a mapping."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config error: cannot read {path}: {e.strerror}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config error: {path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
+                          ) from e
+    data = load_yaml(text, str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        kind = f"a {type(data).__name__}" if isinstance(data, (list, tuple)) else _type_name(type(data))
+        raise ConfigError(f"config error: {path}: the top level must be a mapping of keys to values, got {kind}")
+    return data
 
 
 def _type_name(tp: Any) -> str:
@@ -88,6 +148,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config error: {key} = {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"config error: {key} = {value!r} is not a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -125,7 +187,7 @@ def parse_overrides(overrides: list[str]) -> dict:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"config error: override {item!r} conflicts with an earlier one")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        node[parts[-1]] = load_yaml(raw, f"override {item!r}") if raw.strip() else None
     return out
 
 
