@@ -7,6 +7,42 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
+ASSUMED_SOFTMAX_FRACTION = 0.5  # NAtS-L state sizes assume half of the chunks routed to softmax unless told
+
+
+def state_size(model: torch.nn.Module, seq_len: int, softmax_fraction: float = ASSUMED_SOFTMAX_FRACTION) -> int:
+    """Real numbers of mixer state per sequence after ``seq_len`` tokens, with every NAtS-L layer at the given softmax
+    fraction (its KV cache grows with the fraction of chunks routed to softmax). Unlike ``model.state_size``, this
+    does not depend on which forward pass ran last; ``info`` and the demo's table both use it."""
+    total = 0
+    for blk in model.model.layers:
+        mixer = blk.mixer
+        if hasattr(mixer, "routing_fraction"):  # NAtS-L
+            total += int(mixer.state_size(seq_len, softmax_fraction=softmax_fraction))
+        else:
+            total += int(mixer.state_size(seq_len))
+    return total
+
+
+def has_routing(model: torch.nn.Module) -> bool:
+    return any(hasattr(blk.mixer, "routing_fraction") for blk in model.model.layers)
+
+
+def measured_fraction(routing: dict) -> float | None:
+    """Mean softmax fraction over the layers and decision heads of ``{layer: [fraction per head]}`` (None if empty)."""
+    values = [float(x) for fr in routing.values() for x in (fr.flatten().tolist() if hasattr(fr, "flatten") else fr)]
+    return sum(values) / len(values) if values else None
+
+
+def state_note(routing_model: bool, measured: float | None,
+               softmax_fraction: float = ASSUMED_SOFTMAX_FRACTION) -> str:
+    """The routing a NAtS-L state size assumes, e.g. ``softmax fraction 0.50 (assumed; measured fraction: 0.12)``;
+    empty for models without NAtS-L layers."""
+    if not routing_model:
+        return ""
+    seen = f"{measured:.2f}" if measured is not None else "not measured"
+    return f"softmax fraction {softmax_fraction:.2f} (assumed; measured fraction: {seen})"
+
 
 @torch.no_grad()
 def model_info(
@@ -28,27 +64,33 @@ def model_info(
         "layers": list(cfg.mixer_types),
         "hidden_size": cfg.hidden_size,
         "vocab_size": cfg.vocab_size,
-        "state_size": {int(n): int(model.state_size(n)) for n in seq_lens},
+        "state_size": {int(n): state_size(model, n) for n in seq_lens},
         "routing": {},
     }
+    if has_routing(model):
+        info["state_softmax_fraction"] = ASSUMED_SOFTMAX_FRACTION
+        info["measured_softmax_fraction"] = None
     if sample_text and tok is not None and any(m == "natsl" for m in cfg.mixer_types):
         ids = tok(sample_text, add_special_tokens=False)["input_ids"][:2048]
         model.eval()
         model(input_ids=torch.tensor([ids], device=next(model.parameters()).device), use_cache=False)
         info["routing"] = {int(i): f.detach().float().cpu().tolist() for i, f in model.routing_fractions().items()}
+        info["measured_softmax_fraction"] = measured_fraction(info["routing"])
     return info
 
 
 def format_info(info: dict) -> str:
+    note = state_note("state_softmax_fraction" in info, info.get("measured_softmax_fraction"),
+                      info.get("state_softmax_fraction", ASSUMED_SOFTMAX_FRACTION))
     lines = [
         f"parameters: {info['parameters']:,} ({info['non_embedding_parameters']:,} without embeddings)",
         f"layers: {len(info['layers'])} x hidden {info['hidden_size']}: {', '.join(info['layers'])}",
         f"vocab: {info['vocab_size']}",
-        "state size (numbers per sequence): "
+        f"state size (numbers per sequence{'; NAtS-L at ' + note if note else ''}): "
         + ", ".join(f"{n:,} at {length:,} tokens" for length, n in info["state_size"].items()),
     ]
     if info["routing"]:
-        lines.append("NAtS-L softmax fraction per head:")
+        lines.append("NAtS-L softmax fraction per head (measured on the sample text):")
         for layer, fr in info["routing"].items():
             lines.append(f"  layer {layer}: " + " ".join(f"{x:.2f}" for x in fr))
     return "\n".join(lines)
