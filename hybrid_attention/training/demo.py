@@ -1,20 +1,26 @@
 """``hybrid-attention demo``: the main job in one command, sized to a time budget.
 
 Trains one small model per available mixer (softmax, interdomain, s4d, and gdn / natsl once they exist) on the
-embedded corpus (the interpreter's standard library, byte-level) with the *same token budget*, then prints one
-table: parameters, state size, validation perplexity at the training length and at 2x / 4x of it, training tokens/s.
+embedded corpus (the interpreter's standard library, byte-level) with the *same time budget*, then prints one
+table: parameters, state size, validation perplexity at the training length and at 2x / 4x of it, training tokens/s,
+steps and training tokens.
 Writes each run to ``<out>/<mixer>/`` (metrics, plots, final model), the comparison plots to ``<out>/``, and prints a
 sample from the model with the lowest validation perplexity.
 
-The budget: after loading the corpus, every model is timed for a few steps; the common number of steps is what fits
-the remaining time (minus a reserve for evaluation), at least ``min_steps``. The models then train round robin, one
-step each per round, so that a slower machine than timed (other load) only ends every model at the same earlier step:
-the token budgets stay equal and the wall time stays within the budget.
+The budget is planned by the clock. After loading the corpus every model is timed for a few steps; then the models
+train interleaved, always stepping the one that has used the least training time so far, so that every model gets
+a fair share of the time (and a spike of load on a shared machine hits them all alike). Before every step the plan
+is redone from each model's re-measured seconds per step: the time left until the deadline (the budget minus a
+reserve for evaluation, the final models, plots and the sample) is shared out so that the models' training times
+end up equal, and each model's remaining steps (and its learning-rate schedule) follow its share. A faster model
+therefore gets more steps: the table says how many steps and training tokens each model got. Every model trains at
+least ``min_steps``; the progress bar counts seconds against the budget.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -28,7 +34,8 @@ from hybrid_attention.data.lm_data import LMData, build_lm_data
 from hybrid_attention.data.packing import ShuffledBatches
 from hybrid_attention.data.tokenizer import token_byte_lengths
 
-from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, model_config
+from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, model_config, save_config
+from .config_schema import ConfigError
 from .metrics import read_metrics
 from .plots import plot_series
 
@@ -46,6 +53,7 @@ class DemoOptions:
     batch_size: int | None = None  # default: 8 on CPU, 32 on CUDA
     lr: float = 3e-3
     min_steps: int = 5
+    max_bytes: int | None = None  # corpus characters read (default: 4M for budgets under 3 minutes, else all)
     sample_tokens: int = 300
     seed: int = 0
 
@@ -71,9 +79,80 @@ def _fit_mixer(cfg: RunConfig, mixer: str) -> RunConfig:
         return cfg
 
 
-def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int = 2, n: int = 5) -> float:
+class ClockPlan:
+    """Steps per model from the clock: every model gets an equal share of the training time.
+
+    ``record`` each step's seconds; ``replan(seconds_left)`` shares the time left among the models still training so
+    that their total training times end as equal as possible (water filling: a model that is behind gets more) and
+    turns each share into steps with the model's re-measured seconds per step (an exponential moving average);
+    ``next_model`` is the unfinished model with the least training time so far, None when all are done. A model is
+    finished when it reaches its planned steps; every model gets at least ``min_steps``.
+    """
+
+    def __init__(self, seconds_per_step: dict[str, float], min_steps: int = 1, smoothing: float = 0.3):
+        self.order = list(seconds_per_step)
+        self.rate = {m: max(float(t), 1e-9) for m, t in seconds_per_step.items()}
+        self.min_steps, self.smoothing = min_steps, smoothing
+        self.done = dict.fromkeys(self.order, 0)
+        self.spent = dict.fromkeys(self.order, 0.0)
+        self.planned = dict.fromkeys(self.order, min_steps)
+        self.finished: set[str] = set()
+
+    def record(self, m: str, seconds: float, measure: bool = True) -> None:
+        """One step of ``m`` took ``seconds`` (``measure=False``: not a plain step, e.g. one that also validated)."""
+        self.done[m] += 1
+        self.spent[m] += seconds
+        if measure:
+            self.rate[m] = (1 - self.smoothing) * self.rate[m] + self.smoothing * max(seconds, 1e-9)
+        if self.done[m] >= self.planned[m]:
+            self.finished.add(m)
+
+    def replan(self, seconds_left: float) -> dict[str, int]:
+        active = [m for m in self.order if m not in self.finished]
+        level = _water_level([self.spent[m] for m in active], max(0.0, seconds_left))
+        for m in active:
+            share = max(0.0, level - self.spent[m])
+            self.planned[m] = max(self.min_steps, self.done[m] + int(share / self.rate[m]))
+            if self.done[m] >= self.planned[m]:
+                self.finished.add(m)
+        return dict(self.planned)
+
+    def next_model(self) -> str | None:
+        active = [m for m in self.order if m not in self.finished]
+        return min(active, key=lambda m: self.spent[m]) if active else None
+
+    def seconds_per_step(self) -> float:
+        """The current estimate of one step of every model."""
+        return sum(self.rate.values())
+
+
+def _water_level(spent: list[float], extra: float) -> float:
+    """The level L with sum(max(0, L - s) for s in spent) == extra (the time each model's total rises to)."""
+    if not spent:
+        return 0.0
+    xs = sorted(spent)
+    for i in range(len(xs)):
+        level = (sum(xs[: i + 1]) + extra) / (i + 1)
+        if i + 1 == len(xs) or level <= xs[i + 1]:
+            return level
+    return xs[-1]
+
+
+def _retarget(tr, steps: int) -> None:
+    """Set a trainer's run length to ``steps`` (learning-rate schedule included) at any point of the run: the demo
+    plans by the clock, so a model's length changes as its measured speed does. Warmup only ever shrinks, to about a
+    tenth of the run, and never below the steps already taken."""
+    for f in tr.scheduler.lr_lambdas:
+        f.total_steps = steps
+        if tr.step < f.warmup_steps:
+            f.warmup_steps = max(1, tr.step + 1, min(f.warmup_steps, steps // 10))
+        tr.cfg.optim.warmup_steps = f.warmup_steps
+    tr.tc.steps = steps
+
+
+def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int = 1, n: int = 3) -> float:
     """Median seconds per optimizer step of this model on random tokens (after ``warmup`` steps); the median keeps
-    a spike of load on a shared machine from skewing the plan."""
+    a spike of load on a shared machine from skewing the first plan (the demo re-measures as it trains)."""
     from hybrid_attention.models import HybridForCausalLM
 
     from .optimizer import build_optimizer
@@ -99,15 +178,38 @@ def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int 
     return sorted(times)[len(times) // 2]
 
 
+def _check_options(opts: DemoOptions) -> None:
+    """One-line ConfigError naming the flag for options that the command line cannot check by type."""
+    from hybrid_attention.models import PRESETS
+
+    if not (math.isfinite(opts.minutes) and opts.minutes > 0):
+        raise ConfigError(f"demo --minutes {opts.minutes:g}: must be a number > 0")
+    for flag, value in (("--seq-len", opts.seq_len), ("--batch-size", opts.batch_size)):
+        if value is not None and value < 1:
+            raise ConfigError(f"demo {flag} {value}: must be >= 1")
+    if opts.preset is not None and opts.preset not in PRESETS:
+        raise ConfigError(f"demo --preset {opts.preset}: not a preset; allowed values: {', '.join(sorted(PRESETS))}")
+    if opts.mixers is not None:
+        unknown = [m for m in opts.mixers if m not in available_mixers()]
+        if unknown or not opts.mixers:
+            raise ConfigError(f"demo --mixers {' '.join(unknown)}: not a demo mixer; allowed values: "
+                              + ", ".join(available_mixers()))
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: CUDA is not available on this machine; use --device cpu")
+
+
 def run_demo(opts: DemoOptions, log=print) -> dict:
-    """Run the demo; returns {"rows": [...], "table": str, "sample": str, "best": mixer, "seconds": float}."""
+    """Run the demo; returns {"rows": [...], "table": str, "sample": str, "best": mixer, "seconds": float,
+    "steps": {mixer: steps}, "tokens": {mixer: training tokens}}."""
     from hybrid_attention.evaluation.generation import generate_text
+    from hybrid_attention.evaluation.info import has_routing, measured_fraction, state_note, state_size
     from hybrid_attention.evaluation.length_sweep import length_sweep
     from hybrid_attention.evaluation.tables import format_table
 
     from .distributed import DistContext, resolve_device
     from .trainer import Trainer
 
+    _check_options(opts)
     t_start = time.perf_counter()
     budget = opts.minutes * 60
     device = resolve_device(opts.device)
@@ -116,16 +218,14 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     seq_len = opts.seq_len or (1024 if cuda else 256)
     batch = opts.batch_size or (32 if cuda else 8)
     requested = list(opts.mixers or available_mixers())
-    missing = [m for m in requested if m not in available_mixers()]
-    if missing:
-        raise ValueError(f"mixers {missing} are not available; available: {available_mixers()}")
     small_budget = budget < 180
     eval_tokens = 4 * seq_len * (4 if small_budget else 16)  # the same tokens at 1x, 2x and 4x
     out = Path(opts.out)
+    max_bytes = opts.max_bytes or (4_000_000 if small_budget else None)
     base = RunConfig(
         model=ModelSection(preset=preset),
         data=DataConfig(source="stdlib", tokenizer="byte", seq_len=seq_len, val_tokens=eval_tokens,
-                        max_bytes=4_000_000 if small_budget else None),
+                        max_bytes=max_bytes),
         optim=OptimSection(lr=opts.lr, warmup_steps=10),
         train=TrainSection(batch_size=batch, seed=opts.seed, device="cuda" if cuda else "cpu", eval_every=0,
                            checkpoint_every=0, keep_checkpoints=1, log_every=5, progress=True),
@@ -149,69 +249,73 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     mixers = list(cfgs)
     per_step = {m: _time_steps(c, data, device) for m, c in cfgs.items()}
     log("seconds per step: " + ", ".join(f"{m} {t:.3f}" for m, t in per_step.items()))
-    elapsed = time.perf_counter() - t_start
-    # Reserve for evaluation (validation at 1x, 2x, 4x: about 8 steps' worth of forwards per model), the final
-    # models, plots and the sample. If the machine turns out slower than timed, the deadline stops every model at the
-    # same step, so the token budgets stay equal.
-    reserve = 0.05 * budget + 10.0 + 8 * sum(per_step.values())
-    steps = max(opts.min_steps, int((budget - elapsed - reserve) / sum(per_step.values())))
-    deadline = t_start + budget - reserve
-    warmup = max(1, min(100, steps // 10))
-    log(f"demo: {len(mixers)} models x {steps} steps x {batch} x {seq_len} tokens = {steps * batch * seq_len:,} "
-        f"tokens each (budget {opts.minutes:g} min on {device})")
+    plan = ClockPlan(per_step, min_steps=opts.min_steps)
+
+    def deadline() -> float:
+        # Reserve for evaluation (validation at 1x, 2x, 4x: about 8 steps' worth of forwards per model, at the
+        # re-measured speed), the final models, plots and the sample.
+        return t_start + budget - (0.05 * budget + 5.0 + 8 * plan.seconds_per_step())
+
+    planned = plan.replan(deadline() - time.perf_counter())
+    log(f"demo: {len(mixers)} models, {batch} x {seq_len} tokens per step, first plan "
+        + ", ".join(f"{m} {n} steps" for m, n in planned.items())
+        + f" (budget {opts.minutes:g} min on {device}; re-planned from the measured speed as they train)")
     trainers: dict[str, Trainer] = {}
     ctx = DistContext(device=device)
     for m, c in cfgs.items():
-        c.train.steps, c.optim.warmup_steps = steps, warmup
-        c.train.log_every = max(1, min(c.train.log_every, steps // 20 or 1))
+        c.train.steps = planned[m]
+        c.optim.warmup_steps = max(1, min(100, planned[m] // 10))
+        c.train.log_every = max(1, min(c.train.log_every, planned[m] // 20 or 1))
         c.train.progress = False
         if (Path(c.train.out_dir) / "config.yaml").exists():
             shutil.rmtree(c.train.out_dir)  # a previous demo run of this mixer
         run_data = LMData(data.tokenizer, ShuffledBatches(data.train.sequences, batch, opts.seed), data.val_tokens,
                           data.description)  # the same batches for every model
         trainers[m] = Trainer(c, ctx, data=run_data, quiet=True)
-    # Round robin: one step of every model per round, so all models always hold the same number of tokens.
-    bar = tqdm(total=steps, unit="round", desc="training " + ", ".join(mixers), dynamic_ncols=True)
-    replan_at = max(3, min(warmup, 20))  # re-plan once, from real rounds, before the cosine phase starts
-    round_times: list[float] = []
-    done = 0
-    while done < steps:
+    # Progress counts seconds against the budget (the evaluation after training included).
+    bar = tqdm(total=round(budget), unit="s", dynamic_ncols=True, bar_format="demo {percentage:3.0f}%|{bar}| {desc}")
+
+    def show(phase: str) -> None:
+        elapsed = time.perf_counter() - t_start
+        bar.n = min(round(elapsed), bar.total)
+        left = max(0.0, budget - elapsed)
+        bar.set_description_str(f"{elapsed:.0f}/{budget:.0f} s of the budget, {left // 60:.0f}:{left % 60:02.0f} left; "
+                            f"{phase}")
+
+    while (m := plan.next_model()) is not None:
+        tr = trainers[m]
+        if tr.tc.steps != plan.planned[m]:
+            _retarget(tr, plan.planned[m])
         t0 = time.perf_counter()
-        for tr in trainers.values():
-            tr.train_step()
-        done += 1
-        round_times.append(time.perf_counter() - t0)
-        bar.update(1)
-        bar.set_postfix_str(" ".join(f"{m}={tr.last_loss:.3f}" for m, tr in trainers.items()))
-        if done == replan_at <= warmup and done < steps:
-            per_round = sorted(round_times[1:])[len(round_times[1:]) // 2]  # median, first round excluded
-            new_steps = max(opts.min_steps, done + int((deadline - time.perf_counter()) / per_round))
-            if abs(new_steps - steps) > 0.05 * steps:
-                bar.write(f"re-planned from the measured {per_round:.2f} s/round: {steps} -> {new_steps} steps")
-                steps = new_steps
-                for tr in trainers.values():
-                    tr.set_total_steps(steps)
-                bar.total = steps
-        if time.perf_counter() > deadline and done < steps:
-            bar.write(f"time budget reached: every model stops at step {done} of {steps}")
-            break
-    bar.close()
-    tokens = done * batch * seq_len
+        tr.train_step()
+        plan.record(m, time.perf_counter() - t0, measure=not tr.done)  # the last step also validates
+        planned = plan.replan(deadline() - time.perf_counter())
+        show(" ".join(f"{k} {plan.done[k]}/{planned[k]} {trainers[k].last_loss:.2f}" for k in mixers))
+    show("evaluating")
     rows, sweeps, models = [], {}, {}
     byte_lengths = token_byte_lengths(data.tokenizer)
     for m, tr in trainers.items():
+        _retarget(tr, plan.done[m])  # the saved config says how long the run was
+        save_config(tr.cfg, Path(tr.tc.out_dir) / "config.yaml")
         res = tr.finish()
+        routing = measured_fraction(res.model.routing_fractions())  # of the last validation batch
         sweep = length_sweep(res.model, data.val_tokens, seq_len, (2, 4), max_tokens=eval_tokens, device=device,
                              byte_lengths=byte_lengths, batch_tokens=batch * seq_len)
         sweeps[m] = [{"seq_len": seq_len, "ppl": res.val.ppl}] + sweep
         models[m] = res.model
-        rows.append({"model": m, "params": res.model.num_parameters(), "state": res.model.state_size(seq_len),
+        rows.append({"model": m, "params": res.model.num_parameters(), "state": state_size(res.model, seq_len),
                      "ppl": res.val.ppl, "bpb": res.val.bpb, "ppl2": sweep[0]["ppl"], "ppl4": sweep[1]["ppl"],
-                     "tok_s": res.tokens_per_second})
+                     "tok_s": res.tokens_per_second, "steps": res.steps, "tokens": res.tokens,
+                     "note": state_note(has_routing(res.model), routing)})
+        show(f"evaluated {m}")
+    bar.close()
     columns = [("model", "model", ""), ("params", "params", ","), ("state", f"state@{seq_len}", ","),
                ("ppl", "val ppl", ".3f"), ("bpb", "bits/byte", ".3f"), ("ppl2", f"ppl@{2 * seq_len}", ".3f"),
-               ("ppl4", f"ppl@{4 * seq_len}", ".3f"), ("tok_s", "train tok/s", ",.0f")]
+               ("ppl4", f"ppl@{4 * seq_len}", ".3f"), ("tok_s", "train tok/s", ",.0f"), ("steps", "steps", ","),
+               ("tokens", "train tokens", ",")]
     table = format_table(rows, columns)
+    notes = [f"{r['model']}: state@{seq_len} at NAtS-L {r['note']} on validation" for r in rows if r["note"]]
+    table = "\n".join([table, *notes])
     from hybrid_attention.evaluation.length_sweep import plot_length_sweep
 
     plot_length_sweep(sweeps, out / "length_sweep.png", "demo: validation perplexity vs context length")
@@ -227,4 +331,4 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     seconds = time.perf_counter() - t_start
     (out / "table.txt").write_text(table + "\n")
     return {"rows": rows, "table": table, "sample": "def " + sample, "best": best, "seconds": seconds,
-            "steps": done, "tokens": tokens}
+            "steps": {r["model"]: r["steps"] for r in rows}, "tokens": {r["model"]: r["tokens"] for r in rows}}

@@ -1,0 +1,113 @@
+"""The demo plans by the clock: re-measured speed, a fair share of the time for every model, within the budget.
+
+Time is simulated (a fake clock that advances by a given cost per step), so these tests are deterministic and fast.
+"""
+
+import pytest
+
+from hybrid_attention.training import demo
+from hybrid_attention.training.demo import ClockPlan, _water_level
+
+
+def _simulate(costs, timed, deadline, load=lambda now: 1.0, min_steps=3):
+    """Run the plan against a fake clock; ``costs[m]`` seconds per step of m, times ``load(now)``."""
+    plan = ClockPlan(timed, min_steps=min_steps)
+    now = 0.0
+    plan.replan(deadline - now)
+    while (m := plan.next_model()) is not None:
+        dt = costs[m] * load(now)
+        now += dt
+        plan.record(m, dt)
+        plan.replan(deadline - now)
+    return plan, now
+
+
+def test_water_level():
+    assert _water_level([0, 0, 0], 30) == pytest.approx(10)
+    assert _water_level([10, 0], 4) == pytest.approx(4)  # the model that is behind gets all of it
+    assert _water_level([10, 0], 30) == pytest.approx(20)
+    assert _water_level([], 5) == 0
+
+
+@pytest.mark.parametrize("load", [lambda now: 1.0, lambda now: 1.0 if now < 20 else 6.0,  # load arrives (17% case)
+                                  lambda now: 4.0 if now < 30 else 1.0])  # load goes away
+def test_every_model_gets_a_fair_share_within_the_budget(load):
+    costs = {"softmax": 0.05, "s4d": 0.2, "natsl": 0.6}
+    plan, end = _simulate(costs, timed=dict(costs), deadline=120.0, load=load)
+    worst_step = max(costs.values()) * 6
+    assert end <= 120.0 + worst_step  # never past the deadline by more than about a step
+    assert end >= 120.0 - 3 * worst_step  # and the time is used
+    assert all(plan.done[m] >= 3 for m in costs)
+    spent = list(plan.spent.values())
+    assert max(spent) - min(spent) <= 2 * worst_step  # equal training time, so a faster model gets more steps
+    assert plan.done["softmax"] > plan.done["s4d"] > plan.done["natsl"]
+    assert plan.planned == plan.done  # every model ended at its (last) plan
+
+
+def test_a_wrong_first_timing_is_corrected():
+    costs = {"a": 0.5, "b": 0.5}
+    plan, end = _simulate(costs, timed={"a": 0.05, "b": 0.05}, deadline=60.0)  # timed 10x too fast
+    assert 59.0 <= end <= 61.0 and plan.done["a"] == pytest.approx(60, abs=3)
+
+
+def test_too_small_a_budget_still_gives_min_steps():
+    plan, end = _simulate({"a": 1.0, "b": 2.0}, timed={"a": 1.0, "b": 2.0}, deadline=0.5, min_steps=2)
+    assert plan.done == {"a": 2, "b": 2} and end == pytest.approx(6.0)
+
+
+class _FakeTime:
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class _Bar:
+    instances: list = []
+
+    def __init__(self, total=None, **kwargs):
+        self.total, self.n, self.postfix = total, 0, []
+        _Bar.instances.append(self)
+
+    def set_description_str(self, s):
+        self.postfix.append(s)
+
+    def write(self, s):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_run_demo_plans_by_the_clock(monkeypatch, tmp_path):
+    """The whole demo on tiny models and a fake clock: every model trains, for its share of the time; the table says
+    how many steps each got; the progress bar counts seconds against the budget."""
+    from hybrid_attention.training.trainer import Trainer
+
+    clock = _FakeTime()
+    costs = {"softmax": 0.25, "s4d": 1.0}  # fake seconds per step
+    monkeypatch.setattr(demo, "time", clock)
+    monkeypatch.setattr(demo, "tqdm", _Bar)
+    monkeypatch.setattr(demo, "_time_steps", lambda cfg, data, device: costs[cfg.model.layers])
+    real_step = Trainer.train_step
+
+    def step(self):
+        clock.now += costs[self.cfg.model.layers]
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    opts = demo.DemoOptions(minutes=1.0, device="cpu", out=str(tmp_path), mixers=("softmax", "s4d"), seq_len=32,
+                            batch_size=2, max_bytes=1_000_000, sample_tokens=4, min_steps=2)
+    res = demo.run_demo(opts, log=lambda *a: None)
+    # budget 60 s, reserve 0.05 * 60 + 5 + 8 * 1.25 = 18 s: about 42 s of training, half for each model
+    assert res["steps"]["softmax"] == pytest.approx(84, abs=3) and res["steps"]["s4d"] == pytest.approx(21, abs=2)
+    assert res["seconds"] <= 60.0
+    assert res["tokens"] == {m: n * 2 * 32 for m, n in res["steps"].items()}
+    header, _, *lines = res["table"].splitlines()
+    assert "steps" in header and "train tokens" in header
+    assert any(line.startswith("softmax ") and f" {res['steps']['softmax']} " in line for line in lines)
+    bar = _Bar.instances[-1]
+    assert bar.total == 60 and bar.postfix and all("/60 s" in p for p in bar.postfix)
+    saved = (tmp_path / "s4d" / "config.yaml").read_text()
+    assert f"steps: {res['steps']['s4d']}" in saved  # the saved config says how long the run was
