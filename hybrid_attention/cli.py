@@ -7,16 +7,73 @@
     hybrid-attention info DIR
     hybrid-attention bench ...
 
-User errors (bad config, missing data, diverged training) print one ``error: ...`` line and exit with status 2
-(configuration/data) or 1 (training stopped).
+User errors (bad arguments, bad config, missing data, diverged training) print one ``error: ...`` line on stderr and
+exit with status 2 (arguments/configuration/data) or 1 (training stopped); ``--debug`` (anywhere on the command
+line) shows the traceback instead. :func:`main` is the one place where errors become that line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
+
+
+class CLIError(ValueError):
+    """A bad command-line argument; the message is one line naming the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (not the usage block) and raised, so that :func:`main` reports them."""
+
+    def error(self, message: str):
+        raise CLIError(f"{self.prog}: {message}")
+
+
+def _number(kind: type, low: float | None = None, high: float | None = None, low_open: bool = False):
+    """An argparse ``type``: a finite ``kind`` in [low, high] (``low_open``: low excluded)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if low is not None and (value <= low if low_open else value < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low:g}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+POSITIVE_INT = _number(int, 1)
+NON_NEGATIVE_INT = _number(int, 0)
+POSITIVE_FLOAT = _number(float, 0, low_open=True)
+FINITE_FLOAT = _number(float)
+FRACTION = _number(float, 0, 1)
+TOP_P = _number(float, 0, 1, low_open=True)
+
+
+def _cuda_missing() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _check_args(a: argparse.Namespace) -> None:
+    """Checks that need more than one argument, or the machine, before any work starts."""
+    if getattr(a, "device", None) == "cuda" and _cuda_missing():
+        raise CLIError("--device cuda: CUDA is not available on this machine; use --device cpu")
+    if a.command == "eval" and a.task == "passkey" and not a.synthetic and not a.checkpoint:
+        raise CLIError("eval passkey needs --checkpoint DIR (or --synthetic for train-and-evaluate)")
+    if a.command == "generate" and not a.greedy and a.temperature <= 0:
+        raise CLIError(f"--temperature {a.temperature:g}: must be > 0 for sampling (or pass --greedy)")
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
@@ -26,7 +83,8 @@ def _cmd_demo(a: argparse.Namespace) -> int:
                        seq_len=a.seq_len, batch_size=a.batch_size, preset=a.preset)
     res = run_demo(opts)
     print()
-    print(f"demo: {res['steps']} steps, {res['tokens']:,} training tokens per model")
+    print(f"demo: {len(res['rows'])} models, each trained for an equal share of the time budget (steps and training "
+          "tokens in the table)")
     print(res["table"])
     print(f"\nplots and runs in {a.out}/ (length_sweep.png, train_loss.png, <mixer>/loss.png ...)")
     print(f"\nsample from the best model ({res['best']}):\n{'-' * 60}\n{res['sample']}\n{'-' * 60}")
@@ -39,6 +97,10 @@ def _cmd_train(a: argparse.Namespace) -> int:
     from hybrid_attention.training.trainer import train
 
     cfg = load_config(a.config, a.overrides)
+    if cfg.train.device == "cuda" and _cuda_missing():
+        given = next((o for o in reversed(a.overrides) if o.replace(" ", "").startswith("train.device=")), None)
+        where = given or f"train.device: cuda in {a.config}"
+        raise CLIError(f"{where}: CUDA is not available on this machine; use train.device=cpu")
     res = train(cfg, resume=a.resume)
     v = res.val
     if v is not None and res.out_dir is not None:
@@ -101,16 +163,18 @@ def _cmd_eval(a: argparse.Namespace) -> int:
 
 
 def _eval_recall(a: argparse.Namespace) -> int:
-    import yaml
-
     from hybrid_attention.evaluation.recall import RecallConfig, recall_sweep, recall_table
-    from hybrid_attention.training.config_schema import from_dict, merge, parse_overrides
+    from hybrid_attention.training.config_schema import from_dict, merge, parse_overrides, read_yaml_mapping
 
-    data = yaml.safe_load(Path(a.config).read_text()) if a.config else {}
-    data = merge(data or {}, parse_overrides(a.overrides))
+    data = read_yaml_mapping(a.config) if a.config else {}
+    data = merge(data, parse_overrides(a.overrides))
     if a.task == "passkey":
         data["task"] = "passkey"
     cfg = from_dict(RecallConfig, data)
+    if cfg.device == "cuda" and _cuda_missing():
+        given = next((o for o in reversed(a.overrides) if o.replace(" ", "").startswith("device=")), None)
+        raise CLIError(f"{given or f'device: cuda in {a.config}'}: CUDA is not available on this machine; "
+                       "use device=cpu")
     rows = recall_sweep(cfg, log=print)
     print(recall_table(rows))
     print(f"results and plot in {cfg.out_dir}/")
@@ -149,23 +213,23 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     try:
         run_target(a.target, a.only, argv)
     except ValueError as e:  # a bad --only name: the message lists the allowed sections
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise CLIError(str(e)) from e
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hybrid-attention", description="Train and evaluate long-context token mixers.")
+    p = _Parser(prog="hybrid-attention", description="Train and evaluate long-context token mixers.")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="small models of every mixer on the embedded corpus, sized to a time budget")
-    d.add_argument("--minutes", type=float, default=10.0, help="total time budget (default 10)")
+    d.add_argument("--minutes", type=POSITIVE_FLOAT, default=10.0, help="total time budget (default 10)")
     d.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     d.add_argument("--out", default="runs/demo", help="output directory (its per-mixer runs are replaced)")
     d.add_argument("--mixers", nargs="+", help="subset of mixers (default: all available)")
     d.add_argument("--preset", help="model preset (default tiny on CPU, small on CUDA)")
-    d.add_argument("--seq-len", type=int, help="training length (default 256 on CPU, 1024 on CUDA)")
-    d.add_argument("--batch-size", type=int, help="sequences per step (default 8 on CPU, 32 on CUDA)")
+    d.add_argument("--seq-len", type=POSITIVE_INT, help="training length (default 256 on CPU, 1024 on CUDA)")
+    d.add_argument("--batch-size", type=POSITIVE_INT, help="sequences per step (default 8 on CPU, 32 on CUDA)")
     d.set_defaults(func=_cmd_demo)
 
     t = sub.add_parser("train", help="train from a YAML config")
@@ -183,13 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         return q
 
     q = with_ckpt(es.add_parser("ppl", help="validation perplexity and bits per byte"))
-    q.add_argument("--seq-len", type=int, help="window length (default: the run's training length)")
-    q.add_argument("--tokens", type=int, help="validation tokens to score (default: the run's data.val_tokens)")
+    q.add_argument("--seq-len", type=POSITIVE_INT, help="window length (default: the run's training length)")
+    q.add_argument("--tokens", type=POSITIVE_INT,
+                   help="validation tokens to score (default: the run's data.val_tokens)")
     q.add_argument("--json", action="store_true")
     q = with_ckpt(es.add_parser("length", help="perplexity at multiples of the training length: table + PNG"))
-    q.add_argument("--seq-len", type=int, help="training length (default: the run's)")
-    q.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8])
-    q.add_argument("--tokens", type=int, default=65536, help="tokens scored at every length")
+    q.add_argument("--seq-len", type=POSITIVE_INT, help="training length (default: the run's)")
+    q.add_argument("--multipliers", type=POSITIVE_INT, nargs="+", default=[1, 2, 4, 8])
+    q.add_argument("--tokens", type=POSITIVE_INT, default=65536, help="tokens scored at every length")
     q.add_argument("--out", help="directory for length_sweep.png (default: next to the model)")
     for name, helptext in (("mqar", "train-and-evaluate MQAR over mixers (zoology-style)"),
                            ("passkey", "passkey retrieval of a checkpoint (or --synthetic train-and-evaluate)")):
@@ -200,29 +265,29 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--synthetic", action="store_true", help="train-and-evaluate on synthetic passkey tokens")
             q.add_argument("--checkpoint", help="run directory or HF model directory")
             q.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-            q.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024])
-            q.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-            q.add_argument("--trials", type=int, default=4)
+            q.add_argument("--lengths", type=POSITIVE_INT, nargs="+", default=[256, 512, 1024])
+            q.add_argument("--depths", type=FRACTION, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+            q.add_argument("--trials", type=POSITIVE_INT, default=4)
     q = with_ckpt(es.add_parser("lm-eval", help="lm-evaluation-harness tasks (needs the eval extra)"))
     q.add_argument("--tasks", nargs="+", default=["hybrid_toy_mc"], help="default: the bundled offline toy task")
     q.add_argument("--include-path", help="directory of extra task YAMLs")
-    q.add_argument("--batch-size", type=int, default=8)
-    q.add_argument("--limit", type=int)
+    q.add_argument("--batch-size", type=POSITIVE_INT, default=8)
+    q.add_argument("--limit", type=POSITIVE_INT)
     e.set_defaults(func=_cmd_eval)
 
     g = with_ckpt(sub.add_parser("generate", help="sample text from a checkpoint"))
     g.add_argument("--prompt", default="", help="text to continue")
-    g.add_argument("--max-new-tokens", type=int, default=200)
-    g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--top-k", type=int, default=50)
-    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200)
+    g.add_argument("--temperature", type=FINITE_FLOAT, default=0.8, help="> 0 (sampling)")
+    g.add_argument("--top-k", type=NON_NEGATIVE_INT, default=50, help="0: no top-k filter")
+    g.add_argument("--top-p", type=TOP_P, default=0.95, help="in (0, 1]")
     g.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=_cmd_generate)
 
     i = sub.add_parser("info", help="parameters, state size, NAtS-L softmax fractions")
     i.add_argument("dir", help="run directory, checkpoint directory or HF model directory")
-    i.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096, 16384])
+    i.add_argument("--seq-lens", type=POSITIVE_INT, nargs="+", default=[1024, 4096, 16384])
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_info)
 
@@ -237,32 +302,56 @@ def build_parser() -> argparse.ArgumentParser:
     from hybrid_attention.experiments.cli import add_parser as add_experiment_parser
 
     add_experiment_parser(sub)  # hybrid-attention experiment SUITE.yaml [key=value ...]
+    _add_debug_everywhere(p)
     return p
 
 
+def _add_debug_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after the subcommand too (SUPPRESS: a subcommand does not reset the global flag)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                if not any("--debug" in a.option_strings for a in sp._actions):
+                    sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                _add_debug_everywhere(sp)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hybrid-attention`` script; returns the exit status."""
+    """Entry point of the ``hybrid-attention`` script; returns the exit status. Every user error ends here as one
+    ``error: ...`` line on stderr (status 2; 1 for a diverged training run); ``--debug`` re-raises it instead."""
     from hybrid_attention.data.errors import DataError
     from hybrid_attention.training.config_schema import ConfigError
 
-    args = build_parser().parse_args(argv)
-    if args.command == "eval" and args.task == "passkey" and not args.synthetic and not args.checkpoint:
-        print("error: eval passkey needs --checkpoint DIR (or --synthetic for train-and-evaluate)", file=sys.stderr)
-        return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
+        args = build_parser().parse_args(argv)
+        debug = bool(getattr(args, "debug", False))
+        _check_args(args)
         return args.func(args)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (CLIError, ConfigError, DataError) as e:
+        if debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except ImportError as e:
-        if type(e).__name__ == "LMEvalMissing":
-            print(f"error: {e}", file=sys.stderr)
+        if type(e).__name__ == "LMEvalMissing" and not debug:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
             return 2
         raise
     except RuntimeError as e:
+        if debug:
+            raise
         if type(e).__name__ == "TrainingDiverged":
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_one_line(e)}", file=sys.stderr)
             return 1
+        if "CUDA is not available" in str(e):  # a device set in a file that the checks above do not read
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+            return 2
         raise
 
 
