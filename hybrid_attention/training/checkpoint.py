@@ -1,4 +1,5 @@
-"""Training checkpoints without pickle: tensors in safetensors, everything else in JSON, written atomically.
+"""Training checkpoints without pickle: tensors in safetensors, everything else in JSON, written atomically and
+verified on load.
 
 Layout of ``<out_dir>/checkpoints/step-00000100/``::
 
@@ -6,10 +7,23 @@ Layout of ``<out_dir>/checkpoints/step-00000100/``::
     optimizer.safetensors    optimizer state tensors, keys "<param fqn>/<name>" (e.g. "lm_head.weight/exp_avg")
     rng-rank<r>.safetensors  torch CPU (and CUDA) generator states of rank r
     trainer_state.json       step, optimizer param groups, scheduler, data position, counters, Python/NumPy RNG
+    manifest.json            size and sha256 of every file above (written last; see ``integrity``)
 
-A checkpoint is written into ``.tmp-step-…`` and renamed with ``os.replace`` once complete, so a crash never leaves a
-half-written ``step-…`` directory; leftover temporary directories are removed on the next save. The last
-``keep`` checkpoints are kept.
+Writing: everything goes into ``.tmp-step-…`` (each file fsynced), the manifest last (tmp + fsync + ``os.replace``),
+then the directory is renamed with ``os.replace``, so a crash or ``kill -9`` never leaves a half-written ``step-…``
+directory; leftover temporary directories are removed on the next save. A checkpoint holding a NaN/inf tensor is never
+written (:class:`NonFiniteState`). An I/O error (disk full, ...) removes the partial directory and raises one
+:class:`CheckpointError` line; the earlier checkpoints are untouched. The last ``keep`` checkpoints are kept (only
+once the new one is complete).
+
+Reading (:func:`read_checkpoint`) verifies the manifest, parses every file and checks that the tensors are finite
+before anything is applied to the model; any failure is a :class:`CheckpointDamaged` naming the file and the check.
+:func:`newest_intact` walks the checkpoints newest first and returns the first intact one plus what was wrong with the
+newer ones, so a resume falls back to an older intact checkpoint.
+
+Checkpoints without ``manifest.json`` (written before checksums existed) ARE loaded, with a warning: their files are
+still parsed and checked for finiteness, but bit flips inside tensor data cannot be detected
+(:attr:`CheckpointData.verified` is False; the trainer prints the warning line).
 """
 
 from __future__ import annotations
@@ -19,11 +33,14 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -32,6 +49,25 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from .integrity import (
+    CheckpointDamaged,
+    CheckpointError,
+    CheckpointMismatch,
+    NonFiniteState,
+    first_nonfinite,
+    fsync_dir,
+    verify_manifest,
+    write_manifest,
+)
+
+__all__ = [
+    "CheckpointData", "CheckpointDamaged", "CheckpointError", "CheckpointMismatch", "NonFiniteState",
+    "checkpoint_dirs", "latest_checkpoint", "load_checkpoint", "newest_intact", "read_checkpoint",
+    "read_model_tensors", "save_checkpoint", "vocab_size_of",
+]
+
+REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng-rank0.safetensors")
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -85,6 +121,21 @@ def set_rng_state(tensors: dict[str, torch.Tensor], js: dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
+def one_line(e: BaseException) -> str:
+    """An exception as one short line (OSError: its strerror and errno; others: their message, whitespace folded)."""
+    if isinstance(e, OSError) and e.strerror:
+        import errno as _errno
+
+        code = _errno.errorcode.get(e.errno, str(e.errno)) if e.errno else ""
+        return f"{e.strerror}" + (f" ({code})" if code else "")
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -94,61 +145,249 @@ def save_checkpoint(
     keep: int,
     rank: int = 0,
     barrier=lambda: None,
+    check_finite: bool = True,
 ) -> Path:
     """Write checkpoint ``step`` (collective under torch.distributed: every rank must call it). Returns its path.
 
     ``state`` holds JSON-able trainer state (scheduler, data position, counters). Rank 0 writes the model and
-    optimizer; every rank writes its RNG states into the shared temporary directory.
+    optimizer; every rank writes its RNG states into the shared temporary directory; rank 0 writes the manifest.
+
+    Raises NonFiniteState (nothing written; rank 0 checks, so under torch.distributed check collectively first, as
+    the trainer does) and CheckpointError for an I/O error (the partial directory is removed, older checkpoints stay).
     """
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
     model_sd = get_model_state_dict(model, options=_FULL)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=_FULL)
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for old in root.glob(".tmp-step-*"):
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.mkdir()
-    barrier()
-    rng_tensors, rng_json = rng_state()
-    save_file({k: v.contiguous() for k, v in rng_tensors.items()}, str(tmp / f"rng-rank{rank}.safetensors"))
-    if rank == 0:
-        save_file(_unshared(model_sd), str(tmp / "model.safetensors"))
-        tensors = {}
+        model_t = _unshared(model_sd)
+        optim_t = {}
         for fqn, s in optim_sd["state"].items():
             for name, v in s.items():
-                tensors[f"{fqn}/{name}"] = torch.as_tensor(v).contiguous()
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optim_sd["param_groups"]]
-        doc = {"step": step, "param_groups": groups, "rng": rng_json, **state}
-        with open(tmp / "trainer_state.json", "w") as f:
-            json.dump(doc, f)
-            f.flush()
-            os.fsync(f.fileno())
+                optim_t[f"{fqn}/{name}"] = torch.as_tensor(v).contiguous()
+        if check_finite:
+            for label, tensors in (("model", model_t), ("optimizer state", optim_t)):
+                bad = first_nonfinite(tensors)
+                if bad is not None:
+                    raise NonFiniteState(f"step {step}: {bad[1]} non-finite value(s) in {label} tensor {bad[0]}; "
+                                         f"checkpoint {final.name} was not written")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
+                shutil.rmtree(old, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as e:
+            raise _write_error(root, final, e) from e
+    barrier()
+    try:
+        rng_tensors, rng_json = rng_state()
+        rng_path = tmp / f"rng-rank{rank}.safetensors"
+        save_file({k: v.contiguous() for k, v in rng_tensors.items()}, str(rng_path))
+        _fsync_file(rng_path)
+        if rank == 0:
+            save_file(model_t, str(tmp / "model.safetensors"))
+            save_file(optim_t, str(tmp / "optimizer.safetensors"))
+            groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+                      for g in optim_sd["param_groups"]]
+            doc = {"step": step, "param_groups": groups, "rng": rng_json, **state}
+            with open(tmp / "trainer_state.json", "w") as f:
+                json.dump(doc, f)
+                f.flush()
+                os.fsync(f.fileno())
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(root, final, e) from e
     barrier()
     if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in checkpoint_dirs(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        aside = root / f".old-step-{step:08d}"
+        try:
+            # hashes (and fsyncs) every rank's files; the rename below is the commit point
+            write_manifest(tmp, kind="checkpoint", step=step)
+            if final.exists():  # re-saving a step: the old copy stays until the new one is in place
+                os.replace(final, aside)
+            os.replace(tmp, final)
+            fsync_dir(root)
+        except (OSError, SafetensorError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if aside.exists() and not final.exists():
+                os.replace(aside, final)
+            raise _write_error(root, final, e) from e
+        shutil.rmtree(aside, ignore_errors=True)
+        for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
     barrier()
     return final
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0) -> dict:
-    """Restore model, optimizer and this rank's RNG from ``path``; returns the JSON trainer state."""
-    doc = json.loads((path / "trainer_state.json").read_text())
-    set_model_state_dict(model, load_file(str(path / "model.safetensors")), options=_FULL)
-    flat = load_file(str(path / "optimizer.safetensors"))
-    state: dict[str, dict[str, torch.Tensor]] = {}
+def _write_error(root: Path, final: Path, e: BaseException) -> CheckpointError:
+    prev = [p for p in checkpoint_dirs(root) if p != final]
+    kept = f"; the previous checkpoint {prev[-1]} is intact" if prev else "; no earlier checkpoint exists"
+    return CheckpointError(f"could not write checkpoint {final.name} in {root}: {one_line(e)}; the partial "
+                           f"checkpoint was removed{kept}")
+
+
+@dataclass
+class CheckpointData:
+    """A checkpoint read into memory and checked (nothing applied yet)."""
+
+    path: Path
+    doc: dict[str, Any]
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, dict[str, torch.Tensor]]
+    rng: dict[str, torch.Tensor]
+    verified: bool  # False: no manifest (an older checkpoint), sizes/checksums not checked
+
+    @property
+    def step(self) -> int:
+        return int(self.doc["step"])
+
+
+def _read_tensors(path: Path, name: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path / name))
+    except FileNotFoundError as e:
+        raise CheckpointDamaged(path, name, "missing") from e
+    except (OSError, SafetensorError, ValueError, RuntimeError) as e:
+        raise CheckpointDamaged(path, name, f"not a readable safetensors file ({one_line(e)})") from e
+
+
+def _check_finite(path: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    bad = first_nonfinite(tensors)
+    if bad is not None:
+        raise CheckpointDamaged(path, name, f"{bad[1]} non-finite value(s) (NaN/inf) in {bad[0]}")
+
+
+def read_model_tensors(path: Path) -> tuple[dict[str, torch.Tensor], bool]:
+    """(model state dict, verified) of a checkpoint directory: manifest entry of model.safetensors, parse, finiteness.
+    Only the model file is checked (evaluation does not need the optimizer)."""
+    path = Path(path)
+    verified = verify_manifest(path, required=("model.safetensors",), only=("model.safetensors",))
+    tensors = _read_tensors(path, "model.safetensors")
+    _check_finite(path, "model.safetensors", tensors)
+    return tensors, verified
+
+
+def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = ()) -> CheckpointData:
+    """Verify and read every file of checkpoint ``path`` (no side effects). Raises CheckpointDamaged.
+
+    ``state_keys``: keys of ``trainer_state.json`` the caller needs besides step, param_groups and rng.
+    """
+    path = Path(path)
+    verified = verify_manifest(path, required=REQUIRED_FILES)
+    name = "trainer_state.json"
+    try:
+        doc = json.loads((path / name).read_text())
+    except FileNotFoundError as e:
+        raise CheckpointDamaged(path, name, "missing") from e
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointDamaged(path, name, f"not valid JSON ({one_line(e)})") from e
+    missing = [k for k in ("step", "param_groups", "rng", *state_keys) if not isinstance(doc, dict) or k not in doc]
+    if missing:
+        raise CheckpointDamaged(path, name, "no " + ", ".join(missing))
+    model_sd = _read_tensors(path, "model.safetensors")
+    _check_finite(path, "model.safetensors", model_sd)
+    flat = _read_tensors(path, "optimizer.safetensors")
+    _check_finite(path, "optimizer.safetensors", flat)
+    optim: dict[str, dict[str, torch.Tensor]] = {}
     for key, v in flat.items():
-        fqn, name = key.rsplit("/", 1)
-        state.setdefault(fqn, {})[name] = v
-    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in doc["param_groups"]]
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=_FULL)
-    rng_file = path / f"rng-rank{rank}.safetensors"
-    if not rng_file.exists():
-        rng_file = path / "rng-rank0.safetensors"
-    set_rng_state(load_file(str(rng_file)), doc["rng"])
-    return doc
+        if "/" not in key:
+            raise CheckpointDamaged(path, "optimizer.safetensors", f"unexpected key {key!r}")
+        fqn, n = key.rsplit("/", 1)
+        optim.setdefault(fqn, {})[n] = v
+    rng_name = f"rng-rank{rank}.safetensors"
+    if not (path / rng_name).exists():
+        rng_name = "rng-rank0.safetensors"
+    rng = _read_tensors(path, rng_name)
+    saved = rng_state()
+    try:  # a dry run: the generator states must be accepted (restored right after)
+        set_rng_state(rng, doc["rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
+        raise CheckpointDamaged(path, f"{rng_name} / {name}", f"random generator state rejected ({one_line(e)})") \
+            from e
+    finally:
+        set_rng_state(*saved)
+    return CheckpointData(path, doc, model_sd, optim, rng, verified)
+
+
+def vocab_size_of(state: dict[str, torch.Tensor]) -> int | None:
+    """Rows of the token embedding in a model state dict (None when there is none)."""
+    for k, v in state.items():
+        if k.endswith(("embeddings.weight", "embed_tokens.weight")) and v.dim() == 2:
+            return int(v.shape[0])
+    return None
+
+
+def check_fits(data_path: Path, tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    """CheckpointMismatch (one line) when the checkpoint's model tensors do not match ``model``'s keys and shapes."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    ckpt_vocab, model_vocab = vocab_size_of(tensors), getattr(getattr(model, "config", None), "vocab_size", None)
+    if ckpt_vocab is not None and model_vocab is not None and ckpt_vocab != model_vocab:
+        raise CheckpointMismatch(f"{data_path} was trained with vocab_size {ckpt_vocab} but the model built for it "
+                                 f"has vocab_size {model_vocab} (a different tokenizer?)")
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    shapes = [f"{k} {got[k]} vs {expected[k]}" for k in sorted(set(got) & set(expected)) if got[k] != expected[k]]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing key(s) (e.g. {missing[0]})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected key(s) (e.g. {unexpected[0]})")
+    if shapes:
+        problems.append(f"{len(shapes)} shape mismatch(es) (e.g. {shapes[0]})")
+    if problems:
+        raise CheckpointMismatch(f"{data_path} does not fit the model built from the config: " + "; ".join(problems)
+                                 + " (was the model config changed?)")
+
+
+def apply_checkpoint(data: CheckpointData, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Load ``data`` into model, optimizer and this process's RNG; returns the JSON trainer state."""
+    check_fits(data.path, data.model, model)
+    set_model_state_dict(model, data.model, options=_FULL)
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in data.doc["param_groups"]]
+    try:
+        set_optimizer_state_dict(model, optimizer, {"state": data.optimizer, "param_groups": groups}, options=_FULL)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointMismatch(f"{data.path}: the optimizer state does not fit the optimizer built from the config "
+                                 f"({one_line(e)})") from e
+    set_rng_state(data.rng, data.doc["rng"])
+    return data.doc
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0) -> dict:
+    """Verify and restore model, optimizer and this rank's RNG from ``path``; returns the JSON trainer state."""
+    return apply_checkpoint(read_checkpoint(path, rank), model, optimizer)
+
+
+def newest_intact(root: Path, rank: int = 0, state_keys: Iterable[str] = (),
+                  reader: Callable[..., Any] | None = None) -> tuple[Any, list[CheckpointDamaged]]:
+    """(the newest checkpoint under ``root`` that reads back intact or None, the damaged newer ones, newest first).
+
+    ``reader(path)`` defaults to :func:`read_checkpoint`; evaluation passes :func:`read_model_tensors`.
+    """
+    read = reader or (lambda p: read_checkpoint(p, rank, state_keys))
+    damaged: list[CheckpointDamaged] = []
+    for p in reversed(checkpoint_dirs(root)):
+        try:
+            return read(p), damaged
+        except CheckpointDamaged as e:
+            damaged.append(e)
+    return None, damaged
+
+
+def move_aside(damaged: Iterable[CheckpointDamaged]) -> list[Path]:
+    """Rename damaged checkpoints to ``damaged-step-…`` (kept for inspection, never loaded or rotated away)."""
+    moved = []
+    for d in damaged:
+        target = d.path.with_name(f"damaged-{d.path.name}")
+        i = 1
+        while target.exists():
+            i += 1
+            target = d.path.with_name(f"damaged-{d.path.name}.{i}")
+        try:
+            os.replace(d.path, target)
+            moved.append(target)
+        except OSError:
+            pass
+    return moved

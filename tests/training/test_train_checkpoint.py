@@ -28,7 +28,7 @@ def test_round_trip_is_exact_and_pickle_free(tmp_path):
     _train(m, opt, 3)
     path = save_checkpoint(tmp_path, 3, m, opt, {"data": {"epoch": 0, "batch": 3}}, keep=2)
     assert sorted(p.name for p in path.iterdir()) == [
-        "model.safetensors", "optimizer.safetensors", "rng-rank0.safetensors", "trainer_state.json"]
+        "manifest.json", "model.safetensors", "optimizer.safetensors", "rng-rank0.safetensors", "trainer_state.json"]
     json.loads((path / "trainer_state.json").read_text())  # plain JSON
     load_file(str(path / "optimizer.safetensors"))
     ref_next = torch.rand(3)  # the RNG stream right after saving

@@ -1,0 +1,181 @@
+"""Integrity of what a run writes: per-directory manifests (size + sha256 of every file), atomic writes, finiteness.
+
+``manifest.json`` is written last into a directory that is itself complete (a checkpoint's ``.tmp-step-…``, the final
+model's ``.tmp-final``), through ``manifest.json.tmp`` + fsync + ``os.replace`` + fsync of the directory, so a
+manifest that exists describes files that were fully written and flushed. :func:`verify_manifest` re-checks every
+listed file (present, size, sha256) and names the first one that fails.
+
+Every problem with a checkpoint or model folder is a :class:`CheckpointError`: a :class:`DataError`, so the CLI
+prints it as one ``error: ...`` line (exit status 2) like any other data problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from hybrid_attention.data.errors import DataError
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "hybrid-attention-manifest"
+MANIFEST_VERSION = 1
+
+
+class CheckpointError(DataError):
+    """A checkpoint or model folder that cannot be used: damaged, incomplete, not writable, or not fitting the model."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint whose files fail a check (manifest, size, sha256, parse, finiteness). ``file`` and ``check`` say
+    which file and what failed."""
+
+    def __init__(self, path: Path, file: str, check: str):
+        self.path, self.file, self.check = Path(path), file, check
+        super().__init__(f"{self.path} is damaged: {file}: {check}")
+
+    @property
+    def short(self) -> str:
+        """``step-00000008 (model.safetensors: sha256 mismatch)``: for notes that list several checkpoints."""
+        return f"{self.path.name} ({self.file}: {self.check})"
+
+
+class CheckpointMismatch(CheckpointError):
+    """An intact checkpoint that does not fit the model it is loaded into (vocabulary, layer shapes)."""
+
+
+class NonFiniteState(CheckpointError):
+    """Non-finite values in the tensors about to be written (a diverged run): nothing was written."""
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename / file creation inside ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of ``path``; ``fsync`` also flushes the file to disk."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return size, h.hexdigest()
+
+
+def write_json_atomic(path: Path, doc: object) -> None:
+    """``path`` holds either its old content or all of ``doc`` (tmp + fsync + os.replace + fsync of the folder)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_manifest(directory: Path, **extra) -> dict:
+    """Hash (and fsync) every regular file of ``directory`` (recursively) into ``manifest.json``, written last."""
+    files = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file() and p.name not in (MANIFEST, MANIFEST + ".tmp"):
+            size, sha = hash_file(p, fsync=True)
+            files[p.relative_to(directory).as_posix()] = {"size": size, "sha256": sha}
+    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **extra, "files": files}
+    write_json_atomic(directory / MANIFEST, doc)
+    return doc
+
+
+def verify_manifest(directory: Path, required: Iterable[str] = (), only: Iterable[str] | None = None) -> bool:
+    """Check every file listed in ``directory/manifest.json`` (or just those in ``only``); False when there is no
+    manifest (an older folder).
+
+    Raises CheckpointDamaged naming the first file that is missing, has the wrong size or the wrong sha256, and for
+    a ``required`` file that the manifest does not list.
+    """
+    directory = Path(directory)
+    mpath = directory / MANIFEST
+    if not mpath.exists():
+        return False
+    try:
+        doc = json.loads(mpath.read_text())
+        files = doc["files"]
+        if doc.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError("not a manifest of this library")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointDamaged(directory, MANIFEST, f"unreadable ({e})") from e
+    for name in required:
+        if name not in files:
+            raise CheckpointDamaged(directory, name, "not listed in manifest.json")
+    wanted = None if only is None else set(only)
+    for name, entry in files.items():
+        if wanted is not None and name not in wanted:
+            continue
+        if not isinstance(entry, dict):
+            raise CheckpointDamaged(directory, MANIFEST, f"bad entry for {name}")
+        p = directory / name
+        if not p.is_file():
+            raise CheckpointDamaged(directory, name, "missing")
+        try:
+            size, sha = hash_file(p)
+        except OSError as e:
+            raise CheckpointDamaged(directory, name, f"unreadable ({e.strerror or e})") from e
+        if size != entry.get("size"):
+            raise CheckpointDamaged(directory, name, f"size {size} bytes, manifest says {entry.get('size')}")
+        if sha != entry.get("sha256"):
+            raise CheckpointDamaged(directory, name, "sha256 mismatch (content changed since it was written)")
+    return True
+
+
+def nonfinite_count(tensors: Iterable[torch.Tensor]) -> int:
+    """How many values of ``tensors`` (floating point only; DTensors: the local shard) are NaN or infinite."""
+    bad = 0
+    for t in tensors:
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        if not torch.is_tensor(t) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        bad += int((~torch.isfinite(t)).sum())
+    return bad
+
+
+def first_nonfinite(tensors: dict[str, torch.Tensor]) -> tuple[str, int] | None:
+    """(key, count) of the first tensor holding NaN/inf values, or None when all are finite."""
+    for k, t in tensors.items():
+        n = nonfinite_count([t])
+        if n:
+            return k, n
+    return None
+
+
+def max_abs(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
+    """max |x| over the local values of ``tensors`` as a 0-d float tensor (NaN propagates): one fused reduction,
+    cheap enough for every optimizer step. None when there is nothing to check."""
+    local = []
+    for t in tensors:
+        t = t.detach()
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        if t.is_floating_point() and t.numel():
+            local.append(t)
+    if not local:
+        return None
+    norms = torch._foreach_norm(local, math.inf)
+    return torch.stack([n.float() for n in norms]).max()
