@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +23,29 @@ from hybrid_attention.data.packing import local_slice
 from hybrid_attention.data.tokenizer import check_vocab, token_byte_lengths
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 
-from .checkpoint import _FULL, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    _FULL,
+    apply_checkpoint,
+    checkpoint_dirs,
+    move_aside,
+    newest_intact,
+    one_line,
+    save_checkpoint,
+    vocab_size_of,
+)
 from .checkpointing import enable_block_checkpointing
 from .config import RunConfig, model_config, save_config
 from .config_schema import ConfigError, to_dict
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
+from .integrity import (
+    CheckpointError,
+    CheckpointMismatch,
+    NonFiniteState,
+    fsync_dir,
+    max_abs,
+    nonfinite_count,
+    write_manifest,
+)
 from .metrics import MetricsLog, read_metrics
 from .optimizer import build_optimizer
 from .plots import plot_training_curves
@@ -33,7 +53,8 @@ from .schedule import load_scheduler_state, scheduler_state, warmup_cosine_sched
 
 
 class TrainingDiverged(RuntimeError):
-    """Too many consecutive optimizer steps with a non-finite loss or gradient."""
+    """The run cannot go on: too many consecutive steps with a non-finite loss or gradient, weights or optimizer state
+    that became non-finite, or a non-finite validation loss. The message names the last finite checkpoint."""
 
 
 @dataclass
@@ -95,17 +116,38 @@ def _config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 
 def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict | None = None) -> None:
-    """HF-format model (safetensors) and tokenizer in one directory, without transformers' progress bar."""
+    """HF-format model (safetensors) and tokenizer in one directory, without transformers' progress bar.
+
+    Written like a checkpoint: into ``.tmp-<name>`` with a ``manifest.json`` (sizes + sha256) last, then renamed into
+    place. An I/O error (disk full, ...) removes the partial copy and raises one CheckpointError line.
+    """
+    from safetensors import SafetensorError
     from transformers.utils import logging as hf_logging
 
+    path = Path(path)
+    tmp, aside = path.with_name(f".tmp-{path.name}"), path.with_name(f".old-{path.name}")
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(str(path), state_dict=state_dict)
-        tok.save_pretrained(str(path))
+        for old in (tmp, aside):
+            shutil.rmtree(old, ignore_errors=True)
+        model.save_pretrained(str(tmp), state_dict=state_dict)
+        tok.save_pretrained(str(tmp))
+        write_manifest(tmp, kind="final")
+        if path.exists():
+            os.replace(path, aside)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if aside.exists() and not path.exists():
+            os.replace(aside, path)
+        raise CheckpointError(f"could not write the final model to {path}: {one_line(e)}; the partial copy was "
+                              "removed (the checkpoints are intact)") from e
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def describe_layers(mixers: list[str]) -> str:
@@ -128,8 +170,13 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
     """Train ``cfg`` to ``cfg.train.steps`` optimizer steps; ``resume`` continues from the newest checkpoint.
 
     ``data`` (optional) is a pre-built pipeline (the demo shares one corpus between runs); ``quiet`` drops the
-    status lines (the progress bar follows ``train.progress``). Raises ConfigError / DataError for bad input and
-    TrainingDiverged after ``train.max_nonfinite`` non-finite steps in a row.
+    status lines (the progress bar follows ``train.progress``). Raises ConfigError / DataError for bad input
+    (CheckpointError, a DataError, for checkpoints that cannot be read or written) and TrainingDiverged after
+    ``train.max_nonfinite`` non-finite steps in a row or as soon as weights / optimizer state / validation loss are
+    non-finite.
+
+    Nothing is written to ``train.out_dir`` before the data and the model config have loaded. ``resume`` takes the
+    newest checkpoint that verifies; newer damaged ones are named in a note and moved to ``damaged-step-…``.
     """
     ctx = init_distributed(cfg.train.device)
     try:
@@ -153,42 +200,35 @@ class Trainer:
         tc = self.tc
         self.out_dir = out_dir = Path(tc.out_dir)
         self.ckpt_root = out_dir / "checkpoints"
-        latest = latest_checkpoint(self.ckpt_root)
-        if latest is not None and not resume:
+        existing = checkpoint_dirs(self.ckpt_root)
+        if existing and not resume:
             raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} already has checkpoints; pass "
                               "--resume to continue that run or choose another train.out_dir")
         if tc.batch_size % (tc.grad_accum * ctx.world_size):
             raise ConfigError(f"config error: train.batch_size = {tc.batch_size} is not divisible by grad_accum * "
                               f"world_size = {tc.grad_accum * ctx.world_size}")
         _seed_everything(tc.seed)
+        # Rank 0 loads the data (and for BPE trains the tokenizer) and checks it against the model config before
+        # anything is written to out_dir; then it writes tokenizer/, which the other ranks load. config.yaml is
+        # written once the model is built and (when resuming) the checkpoint has loaded.
+        tok_dir = out_dir / "tokenizer"
+        saved_tok = (tok_dir / "tokenizer_config.json").exists()
+        mcfg = None
         if ctx.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            cfg_path = out_dir / "config.yaml"
-            if resume and cfg_path.exists():
-                import yaml
-
-                diff = _config_diff(yaml.safe_load(cfg_path.read_text()) or {}, to_dict(cfg))
-                if diff:
-                    _say(ctx, "note: resuming with a changed config: " + "; ".join(diff))
-            save_config(cfg, cfg_path)
-        # Rank 0 builds (and for BPE trains) the tokenizer first; the other ranks then load the saved one.
-        if data is None:
-            tok_dir = out_dir / "tokenizer"
-            if ctx.is_main:
+            if data is None:
+                data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir if saved_tok else None)
+            mcfg = self._model_config(data)
+            self._config_note(resume)
+            if not saved_tok:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                data.tokenizer.save_pretrained(str(tok_dir))
+        ctx.barrier()
+        if not ctx.is_main:
+            if data is None:
                 data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir)
-            ctx.barrier()
-            if not ctx.is_main:
-                data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir)
-        elif ctx.is_main:
-            data.tokenizer.save_pretrained(str(out_dir / "tokenizer"))
+            mcfg = self._model_config(data)
         self.data = data
         tok = data.tokenizer
-        mcfg = model_config(cfg.model, vocab_size=len(tok))
-        check_vocab(tok, mcfg.vocab_size)
-        mcfg.bos_token_id, mcfg.eos_token_id, mcfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
-        if len(data.val_tokens) < cfg.data.seq_len * ctx.world_size:
-            raise DataError(f"validation split has {len(data.val_tokens)} tokens, too few for "
-                            f"seq_len={cfg.data.seq_len}")
 
         _seed_everything(tc.seed)  # identical initial weights on every rank and for every data source
         self.user_model = HybridForCausalLM(mcfg).to(ctx.device)
@@ -201,15 +241,15 @@ class Trainer:
                                                  cfg.optim.min_lr_ratio)
         self.state: dict[str, Any] = {"tokens": 0, "skipped": 0, "train_seconds": 0.0}
         self.step = 0
-        if resume and latest is not None:
-            doc = load_checkpoint(latest, unwrap(self.model), self.optimizer, ctx.rank)
-            load_scheduler_state(self.scheduler, doc["scheduler"])
-            data.train.load_state_dict(doc["data"])
-            self.state.update({k: doc[k] for k in self.state})
-            self.step = doc["step"]
-            _say(ctx, f"resumed from {latest} at step {self.step}")
+        self.last_checkpoint: Path | None = None  # the newest checkpoint this run wrote or resumed from (finite)
+        self._ckpt_pending = False
+        if resume and existing:
+            self._resume(tok, tok_dir, mcfg.vocab_size)
         elif resume and not quiet:
             _say(ctx, f"no checkpoint in {self.ckpt_root}: starting from scratch")
+        if ctx.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, out_dir / "config.yaml")
         if tc.compile:
             self.model.compile()
         self.amp = _autocast_dtype(tc.precision, ctx.device)
@@ -233,6 +273,104 @@ class Trainer:
         self.val_step = -1
         self.last_loss = float("nan")
         self.model.train()
+
+    def _model_config(self, data: LMData):
+        """The model config for ``data``'s tokenizer; ConfigError / DataError when they do not fit."""
+        cfg, tok = self.cfg, data.tokenizer
+        mcfg = model_config(cfg.model, vocab_size=len(tok))
+        check_vocab(tok, mcfg.vocab_size)
+        mcfg.bos_token_id, mcfg.eos_token_id, mcfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+        if len(data.val_tokens) < cfg.data.seq_len * self.ctx.world_size:
+            raise DataError(f"validation split has {len(data.val_tokens)} tokens, too few for "
+                            f"seq_len={cfg.data.seq_len}")
+        return mcfg
+
+    def _config_note(self, resume: bool) -> None:
+        """When resuming: one note line listing what differs from the run's config.yaml (read only)."""
+        cfg_path = self.out_dir / "config.yaml"
+        if resume and cfg_path.exists():
+            import yaml
+
+            diff = _config_diff(yaml.safe_load(cfg_path.read_text()) or {}, to_dict(self.cfg))
+            if diff:
+                _say(self.ctx, "note: resuming with a changed config: " + "; ".join(diff))
+
+    def _resume(self, tok, tok_dir: Path, vocab_size: int) -> None:
+        """Load the newest intact checkpoint (falling back past damaged ones, which are named and moved aside)."""
+        ctx, root = self.ctx, self.ckpt_root
+        found, damaged = newest_intact(root, ctx.rank, state_keys=("scheduler", "data", *self.state))
+        if found is None:
+            raise CheckpointError(f"no intact checkpoint to resume from in {root}: "
+                                  + "; ".join(d.short for d in damaged)
+                                  + "; move the checkpoints folder away to start from scratch")
+        ckpt_vocab = vocab_size_of(found.model)
+        if ckpt_vocab is not None and ckpt_vocab != vocab_size:
+            raise CheckpointMismatch(f"checkpoint {found.path} has vocab_size {ckpt_vocab} but the tokenizer "
+                                     f"({tok_dir}) has {len(tok)} tokens, so the model would have vocab_size "
+                                     f"{vocab_size}: resume with the run's own tokenizer and model config")
+        configured = [g["initial_lr"] for g in self.optimizer.param_groups]  # the learning rates of this config
+        doc = apply_checkpoint(found, unwrap(self.model), self.optimizer)
+        load_scheduler_state(self.scheduler, doc["scheduler"])
+        self._apply_configured_lr(configured)
+        self.data.train.load_state_dict(doc["data"])
+        self.state.update({k: doc[k] for k in self.state})
+        self.step = doc["step"]
+        self.last_checkpoint = found.path
+        if damaged:
+            ctx.barrier()  # every rank has read its checkpoint before rank 0 renames the damaged ones
+            moved = move_aside(damaged) if ctx.is_main else []
+            where = f" (moved to {', '.join(p.name for p in moved)})" if moved else ""
+            _say(ctx, f"note: newest checkpoint damaged: {'; '.join(d.short for d in damaged)}{where}; "
+                      f"falling back to {found.path.name}")
+        if not found.verified:
+            _say(ctx, f"warning: {found.path} has no manifest.json (written by an older version): loaded without "
+                      "size/checksum verification")
+        _say(ctx, f"resumed from {found.path} at step {self.step}")
+
+    def _apply_configured_lr(self, configured: list[float]) -> None:
+        """Resuming with a changed optim.lr (e.g. after a divergence) uses the new peak learning rates from the
+        resumed step on; the checkpoint's param groups and scheduler state would otherwise keep the old ones."""
+        sched, groups = self.scheduler, self.optimizer.param_groups
+        if len(configured) != len(groups) or configured == list(sched.base_lrs):
+            return
+        sched.base_lrs = list(configured)
+        for g, base, f in zip(groups, configured, sched.lr_lambdas):
+            g["initial_lr"], g["lr"] = base, base * f(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in groups]
+
+    def _last_good(self) -> str:
+        p = self.last_checkpoint
+        if p is None:
+            return "; no checkpoint was written"
+        return f"; the last finite checkpoint is {p} (--resume continues from it)"
+
+    def _diverged(self, what: str) -> TrainingDiverged:
+        return TrainingDiverged(f"stopping at step {self.step}: {what}{self._last_good()}; lower optim.lr, raise "
+                                "optim.warmup_steps or use train.precision=fp32")
+
+    def _check_weights(self) -> None:
+        """After an optimizer step: TrainingDiverged when any weight is NaN/inf (one fused reduction per step)."""
+        params = list(unwrap(self.model).parameters())
+        m = max_abs(params)
+        flag = torch.zeros((), device=self.ctx.device) if m is None else (~torch.isfinite(m)).float()
+        if self.ctx.all_reduce_sum(flag.to(self.ctx.device)).item() > 0:
+            lr = self.optimizer.param_groups[-1]["lr"]
+            raise self._diverged(f"the optimizer step (lr {lr:.3g}) made {nonfinite_count(params)} weight(s) "
+                                 "non-finite")
+
+    def _check_state(self) -> None:
+        """Before a checkpoint: TrainingDiverged when weights or optimizer state hold NaN/inf (nothing is written)."""
+        params = list(unwrap(self.model).parameters())
+        opt = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        flags = []
+        for group in (params, opt):
+            m = max_abs(group)
+            flags.append(torch.zeros((), device=self.ctx.device) if m is None
+                         else (~torch.isfinite(m)).float().to(self.ctx.device))
+        bad = self.ctx.all_reduce_sum(torch.stack(flags)).tolist()
+        if any(bad):
+            raise self._diverged(f"{nonfinite_count(params)} weight(s) and {nonfinite_count(opt)} optimizer state "
+                                 f"value(s) are non-finite, so checkpoint step-{self.step:08d} was not written")
 
     def set_total_steps(self, steps: int) -> None:
         """Change the run's length before the cosine phase starts (the demo re-plans after timing real steps); the
@@ -265,15 +403,23 @@ class Trainer:
             record["routing"] = {str(i): f.detach().float().cpu().tolist() for i, f in fractions.items()}
         self.log.log(record)
         self.val, self.val_step = score, self.step
+        if not math.isfinite(score.loss):
+            raise self._diverged(f"the validation loss is {score.loss}")
         if not self.quiet:
             bpb = f", {score.bpb:.3f} bits/byte" if score.bpb is not None else ""
             _say(ctx, f"step {self.step}: validation loss {score.loss:.4f}, ppl {score.ppl:.3f}{bpb}")
         return score
 
     def checkpoint(self) -> None:
+        """Write the checkpoint of the current step, only when weights and optimizer state are finite."""
+        self._check_state()
         extra = {"scheduler": scheduler_state(self.scheduler), "data": self.data.train.state_dict(), **self.state}
-        save_checkpoint(self.ckpt_root, self.step, unwrap(self.model), self.optimizer, extra,
-                        self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier)
+        try:
+            path = save_checkpoint(self.ckpt_root, self.step, unwrap(self.model), self.optimizer, extra,
+                                   self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier)
+        except NonFiniteState as e:  # a buffer, or a state the collective check did not see
+            raise self._diverged(str(e)) from e
+        self.last_checkpoint, self._ckpt_pending = path, False
 
     def train_step(self) -> float:
         """One optimizer step (skipped when the loss or gradient is not finite); returns the step's mean loss."""
@@ -295,6 +441,7 @@ class Trainer:
         self.step += 1
         if finite:
             self.optimizer.step()
+            self._check_weights()
             self.streak = 0
         else:
             self.streak += 1
@@ -302,11 +449,8 @@ class Trainer:
             _say(ctx, f"step {self.step}: non-finite loss/gradient ({step_loss.item()}, grad norm "
                       f"{grad_norm.item()}); step skipped ({self.streak} in a row, {self.state['skipped']} total)")
             if self.streak >= tc.max_nonfinite:
-                raise TrainingDiverged(
-                    f"stopping at step {self.step}: {self.streak} consecutive steps with a non-finite loss or "
-                    f"gradient (train.max_nonfinite={tc.max_nonfinite}); lower optim.lr, raise optim.warmup_steps "
-                    "or use train.precision=fp32"
-                )
+                raise self._diverged(f"{self.streak} consecutive steps with a non-finite loss or gradient "
+                                     f"(train.max_nonfinite={tc.max_nonfinite})")
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         dt = time.perf_counter() - t0
@@ -329,8 +473,13 @@ class Trainer:
             self._interval = [0.0, 0, 0, 0.0]
         if self.done or (tc.eval_every and self.step % tc.eval_every == 0):
             self.validate()
-        if self.done or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0):
-            self.checkpoint()
+        if self.done or self._ckpt_pending or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0):
+            if self.streak and not self.done:
+                # The newest step was not finite: do not rotate older checkpoints away for it; write at the next
+                # finite step instead.
+                self._ckpt_pending = True
+            else:
+                self.checkpoint()
         self.last_loss = step_loss.item()
         return self.last_loss
 
