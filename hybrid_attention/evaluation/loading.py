@@ -1,12 +1,21 @@
 """Load a trained model, its tokenizer and (when there is one) its run configuration from a directory.
 
-Accepted paths: a run directory (``final/`` is preferred, else the newest checkpoint), a checkpoint directory
+Accepted paths: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
 (``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``.
+
+Every problem is one :class:`CheckpointError` line (a DataError, so the CLI prints ``error: ...``): a file failing its
+``manifest.json`` check (size, sha256), an unreadable safetensors / config.json / tokenizer, missing weights,
+non-finite weights, or a tokenizer whose vocabulary does not fit the model. A folder without a manifest (a plain HF
+directory, or one written before manifests) is loaded without checksums. A run directory without ``final/`` uses its
+newest intact checkpoint and notes the damaged newer ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +24,14 @@ from transformers import PreTrainedTokenizerBase
 
 from hybrid_attention.data.errors import DataError
 from hybrid_attention.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer, load_tokenizer
+from hybrid_attention.training.integrity import (
+    MANIFEST,
+    CheckpointDamaged,
+    CheckpointError,
+    CheckpointMismatch,
+    first_nonfinite,
+    verify_manifest,
+)
 
 
 @dataclass
@@ -41,20 +58,96 @@ def _quiet_hf():
             hf_logging.enable_progress_bar()
 
 
-def _find_tokenizer(*dirs: Path | None) -> PreTrainedTokenizerBase | None:
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def _manifest_kind(d: Path) -> str | None:
+    try:
+        return json.loads((d / MANIFEST).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _is_hf_dir(d: Path) -> bool:
+    return (d / "config.json").exists() or _manifest_kind(d) == "final"
+
+
+def _is_checkpoint_dir(d: Path) -> bool:
+    return ((d / "model.safetensors").exists() or (d / "trainer_state.json").exists()
+            or _manifest_kind(d) == "checkpoint")
+
+
+def _find_tokenizer(*dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] | tuple[None, None]:
     for d in dirs:
         if d is not None and (d / "tokenizer_config.json").exists():
-            return load_tokenizer(d)
-    return None
+            try:
+                return load_tokenizer(d), d
+            except DataError as e:
+                raise CheckpointError(f"cannot load the tokenizer in {d}: {e}") from e
+            except Exception as e:  # noqa: BLE001  (the tokenizers library raises plain Exception on a bad file)
+                raise CheckpointError(f"cannot load the tokenizer in {d}: {' '.join(str(e).split())}") from e
+    return None, None
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Load for evaluation. Raises DataError with the path when nothing loadable is there."""
-    import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
+def _load_hf(d: Path):
+    """HybridForCausalLM.from_pretrained(d), after the manifest check; every failure as one CheckpointError."""
+    from safetensors import SafetensorError
+
     from hybrid_attention.models import HybridForCausalLM
-    from hybrid_attention.training.checkpoint import latest_checkpoint
-    from hybrid_attention.training.config import load_config, model_config
+    from hybrid_attention.training.checkpoint import one_line
 
+    verify_manifest(d, required=("config.json", "model.safetensors"))
+    try:
+        with _quiet_hf():
+            model, info = HybridForCausalLM.from_pretrained(str(d), output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as e:
+        raise CheckpointError(f"cannot load the model in {d}: {one_line(e)}") from e
+    missing = list(info.get("missing_keys") or []) + [str(k) for k in info.get("mismatched_keys") or []]
+    if missing:
+        raise CheckpointDamaged(d, "model.safetensors", f"{len(missing)} weight(s) missing or mis-shaped "
+                                                        f"(e.g. {missing[0]})")
+    bad = first_nonfinite(dict(model.state_dict()))
+    if bad is not None:
+        raise CheckpointDamaged(d, "model.safetensors", f"{bad[1]} non-finite value(s) (NaN/inf) in {bad[0]}")
+    return model
+
+
+def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict, verified: bool, log: Callable[[str], None]):
+    from hybrid_attention.models import HybridForCausalLM
+    from hybrid_attention.training.checkpoint import check_fits, vocab_size_of
+    from hybrid_attention.training.config import model_config
+
+    if not verified:
+        log(f"warning: {ckpt} has no manifest.json (written by an older version): loaded without size/checksum "
+            "verification")
+    model = HybridForCausalLM(model_config(run_cfg.model, vocab_size=vocab_size_of(tensors)))
+    check_fits(ckpt, tensors, model)
+    model.load_state_dict(tensors)
+    return model
+
+
+def check_tokenizer_fits(tok: PreTrainedTokenizerBase, tok_dir: Path | None, model, source: Path,
+                         run_cfg=None) -> None:
+    """CheckpointMismatch (one line, both sizes) when ``tok`` cannot belong to ``model``: more tokens than the
+    embedding has rows, or (for a run whose config leaves vocab_size to the tokenizer) a different count."""
+    vocab = int(model.config.vocab_size)
+    follows_tokenizer = run_cfg is not None and "vocab_size" not in (run_cfg.model.options or {})
+    if len(tok) > vocab or (follows_tokenizer and len(tok) != vocab):
+        where = f" in {tok_dir}" if tok_dir is not None else ""
+        raise CheckpointMismatch(f"the tokenizer{where} has {len(tok)} tokens but the model in {source} has "
+                                 f"vocab_size {vocab}: they do not belong together")
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               log: Callable[[str], None] | None = None) -> LoadedModel:
+    """Load for evaluation. Raises DataError with the path when nothing loadable is there (CheckpointError when
+    something is there but damaged or not fitting); ``log`` gets the note / warning lines (default: stderr)."""
+    import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
+    from hybrid_attention.training.checkpoint import newest_intact, read_model_tensors
+    from hybrid_attention.training.config import load_config
+
+    log = log or _stderr
     path = Path(path)
     if not path.exists():
         raise DataError(f"no such checkpoint or run directory: {path}")
@@ -67,27 +160,39 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
         run_dir = path.parent
     run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None else None
 
-    if (path / "config.json").exists():
-        with _quiet_hf():
-            model, source = HybridForCausalLM.from_pretrained(str(path)), path
-    elif run_dir is not None and (run_dir / "final" / "config.json").exists() and path == run_dir:
-        with _quiet_hf():
-            model, source = HybridForCausalLM.from_pretrained(str(run_dir / "final")), run_dir / "final"
+    if _is_hf_dir(path):
+        model, source = _load_hf(path), path
+    elif run_dir is not None and path == run_dir and (run_dir / "final").is_dir() and _is_hf_dir(run_dir / "final"):
+        try:
+            model, source = _load_hf(run_dir / "final"), run_dir / "final"
+        except CheckpointError as e:
+            e.args = (f"{e} (the run's checkpoints may be intact: pass one, e.g. --checkpoint "
+                      f"{run_dir / 'checkpoints'}/step-..., to use it)",)
+            raise
+    elif _is_checkpoint_dir(path):
+        if run_cfg is None:
+            raise DataError(f"{path} is a training checkpoint but no config.yaml was found in its run directory")
+        tensors, verified = read_model_tensors(path)
+        model, source = _load_checkpoint_model(path, run_cfg, tensors, verified, log), path
     else:
-        ckpt = path if (path / "model.safetensors").exists() else latest_checkpoint(path / "checkpoints")
-        if ckpt is None or run_cfg is None:
+        root = path / "checkpoints"
+        if run_cfg is None or not root.is_dir():
             raise DataError(f"{path} holds no model: expected config.json, final/ or checkpoints/step-*")
-        from safetensors.torch import load_file
-
-        tok = _find_tokenizer(run_dir / "tokenizer")
-        model = HybridForCausalLM(model_config(run_cfg.model, vocab_size=len(tok) if tok else None))
-        model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
-        source = ckpt
+        found, damaged = newest_intact(root, reader=lambda p: (p, *read_model_tensors(p)))
+        if found is None:
+            if not damaged:
+                raise DataError(f"{path} holds no model: expected config.json, final/ or checkpoints/step-*")
+            raise CheckpointError(f"no intact checkpoint in {root}: " + "; ".join(d.short for d in damaged))
+        ckpt, tensors, verified = found
+        if damaged:
+            log(f"note: newest checkpoint damaged: {'; '.join(d.short for d in damaged)}; using {ckpt.name}")
+        model, source = _load_checkpoint_model(ckpt, run_cfg, tensors, verified, log), ckpt
     extra = (run_dir / "tokenizer", run_dir / "final") if run_dir is not None else ()
-    tok = _find_tokenizer(source, path, *extra)
+    tok, tok_dir = _find_tokenizer(source, path, *extra)
     if tok is None:
         if model.config.vocab_size != BYTE_VOCAB_SIZE:
             raise DataError(f"no tokenizer found next to {path} (vocab {model.config.vocab_size})")
         tok = byte_tokenizer()
+    check_tokenizer_fits(tok, tok_dir, model, source, run_cfg)
     model.to(device).eval()
     return LoadedModel(model, tok, run_cfg, source)
