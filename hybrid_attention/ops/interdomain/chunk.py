@@ -78,6 +78,11 @@ def chunk_decays(log_lam: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Ten
     return Ldec, Din
 
 
+# DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break): inductor (torch
+# 2.13, CPU) failed to compile its complex autograd in training ("self.stride(-1) must be 1 to view ComplexFloat as
+# Float" at a gradient addition of the state slices), and miscompiled the SSM-parameter gradients of the similar
+# bilinear S4D reference (ops/s4d_bilinear/chunk.py). On the GPU the Triton custom ops run instead, also opaque.
+@torch.compiler.disable
 def chunk_interdomain(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -43,6 +43,11 @@ def reference_chunk(M: int) -> int:
     return 16 if M <= 32 else 32
 
 
+# DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break): traced by
+# inductor (torch 2.13, CPU) its complex einsums / checkpointed chunks gave wrong gradients for the SSM parameters
+# (log Δ, A off by 0.7-12x relative RMS in a compiled 2-layer model; tests/models/test_compile.py), in a pattern that
+# moved with unrelated code changes. The GPU path (Triton custom ops) is opaque to inductor anyway.
+@torch.compiler.disable
 def chunk_s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,
