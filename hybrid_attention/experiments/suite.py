@@ -29,10 +29,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from hybrid_attention.training.config import RunConfig, check
-from hybrid_attention.training.config_schema import ConfigError, from_dict, merge, parse_overrides
+from hybrid_attention.training.config_schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping
 
 
 @dataclass
@@ -101,11 +99,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 def load_suite(path: str | os.PathLike, overrides: list[str] = ()) -> Suite:
     """Read and validate a suite YAML (every cell's run config is checked up front)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as e:
-        raise ConfigError(f"config error: cannot read {path}: {e.strerror}") from e
-    data = merge(data, parse_overrides(list(overrides)))
+    data = merge(read_yaml_mapping(path), parse_overrides(list(overrides)))  # the run configs' checks (duplicates, ...)
     suite = from_dict(Suite, data)
     suite.cells = [from_dict(CellSpec, c, f"cells[{i}].") if isinstance(c, dict) else c
                    for i, c in enumerate(suite.cells)]

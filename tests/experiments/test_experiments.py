@@ -297,3 +297,17 @@ def test_report_pairs_cells_with_the_reference_by_seed(tmp_path):
 def test_worker_exit_reason_names_the_signal():
     assert runner_mod._exit_reason(-15) == "worker killed by SIGTERM"
     assert runner_mod._exit_reason(2) == "worker exit 2"
+
+
+def test_suite_yaml_with_duplicate_keys_is_one_line(tmp_path):
+    """A suite file gets the run configs' checks: duplicate keys and a non-mapping top level are one ConfigError."""
+    from hybrid_attention.training.config_schema import ConfigError
+
+    dup = tmp_path / "dup.yaml"
+    dup.write_text((SUITES / "interdomain_vs_s4d_cpu.yaml").read_text() + "seeds: [5]\n")
+    with pytest.raises(ConfigError, match="seeds"):
+        load_suite(dup)
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_suite(top)
