@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import chunk_interdomain, validate_chunk_size
+from ..common.ssm import validate_chunk_size
+from .chunk import chunk_interdomain
 from .naive import naive_interdomain
 from .readout import DEFAULT_READOUT, READOUTS, validate_readout
 from .triton import HAS_TRITON, triton_interdomain

@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import torch
 
-from .naive import compute_dtypes, prepare_ssm_params, safe_divide, validate_interdomain_inputs
+from ..common.ssm import chunk_decays, compute_dtypes, prepare_ssm_params, validate_chunk_size
+from .naive import safe_divide, validate_interdomain_inputs
 from .readout import DEFAULT_READOUT, readout_operators, validate_readout
 
-__all__ = ["chunk_interdomain", "chunk_decays", "validate_chunk_size"]
+__all__ = ["chunk_interdomain"]
 
 
 # DECISION: on CPU tensors this PyTorch form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks
@@ -53,29 +54,6 @@ __all__ = ["chunk_interdomain", "chunk_decays", "validate_chunk_size"]
 # H 8 / B 4, T 512, H 4) 158 / 205 / 380 and 243 / 257 / 403 ms; `tiny` (M=16, R=D=32, B 8, T 128, H 2) 21 / 16 /
 # 20 ms. 32 is the cap (the tiny preset asks for 16 anyway). Results do not depend on it beyond rounding.
 REFERENCE_CHUNK = 32
-
-
-def validate_chunk_size(chunk_size: int) -> None:
-    """Raise ``ValueError`` unless chunk_size is a positive int."""
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-
-
-def chunk_decays(log_lam: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decay tables for a chunk of L tokens, all exponents >= 0.
-
-    Returns ``Ldec [H, L, L, M]`` with Ldec[h, t, s, m] = exp(log_lam[h, m] (t - s)) for s <= t and 0 otherwise,
-    and ``Din [H, L, M]`` with Din[h, t, m] = exp(log_lam[h, m] (t + 1)). A chunk of L' < L tokens uses the leading
-    blocks ``Ldec[:, :L', :L']`` and ``Din[:, :L']`` (they depend only on t - s and t).
-    """
-    rdtype = log_lam.real.dtype
-    idx = torch.arange(L, device=log_lam.device)
-    n = idx[:, None] - idx[None, :]  # t - s
-    causal = (n >= 0).to(rdtype)
-    n = n.clamp(min=0).to(rdtype)  # masked entries get exponent 0 (finite), then are zeroed by `causal`
-    Ldec = torch.exp(log_lam[:, None, None, :] * n[None, :, :, None]) * causal[None, :, :, None]
-    Din = torch.exp(log_lam[:, None, :] * (idx + 1).to(rdtype)[None, :, None])
-    return Ldec, Din
 
 
 # DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break): inductor (torch

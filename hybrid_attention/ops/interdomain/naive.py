@@ -1,92 +1,23 @@
 """Token-by-token reference of the Interdomain Attention core (arXiv 2605.24330, §1.5, §2.2, Eq. 9 and 11-13).
 
 This file is the readable definition and the float64 test oracle; ``chunk.py`` must agree with it to rounding.
-Shared helpers (input validation, dtype policy, the safe denominator) live here so that the naive and chunk forms of
-both this op and the S4D-only op (``hybrid_attention.ops.s4d``) use exactly the same conventions.
+The Interdomain-specific helpers (query checks, the safe denominator) live here; the ones shared with the S4D ops
+(SSM input validation, dtype policy, parameter casts) live in ``hybrid_attention.ops.common.ssm``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..common.ssm import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
 from .readout import DEFAULT_READOUT, readout_product, validate_readout
 
-__all__ = [
-    "DEN_EPS",
-    "naive_interdomain",
-    "compute_dtypes",
-    "validate_ssm_inputs",
-    "validate_interdomain_inputs",
-    "prepare_ssm_params",
-    "safe_divide",
-]
+__all__ = ["DEN_EPS", "naive_interdomain", "validate_interdomain_inputs", "safe_divide"]
 
 # Smallest |denominator| of the ideal (Nadaraya-Watson) readout: o = num / (sign(den) * max(|den|, DEN_EPS)).
 # Only guards against division by (numerically) zero; it does not change the value when |den| >= 1e-6. The sign is
 # kept (sign(0) := +1) because with complex bases the denominator Re(qᵀUᵀη) can legitimately be negative.
 DEN_EPS = 1e-6
-
-
-def compute_dtypes(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
-    """(real, complex) internal precision: (float64, complex128) when any input is float64, else (float32, complex64).
-
-    Decision (DESIGN.md: complex state in float32/complex64 at least): bf16/fp16 activations are upcast, the state is
-    never kept in low precision, and float64 inputs stay float64 end to end so that naive/chunk agree to ~1e-12.
-    The SSM parameters and the initial state are cast to this precision, whatever their own dtype.
-    """
-    if any(t.dtype == torch.float64 for t in tensors):
-        return torch.float64, torch.complex128
-    return torch.float32, torch.complex64
-
-
-def validate_ssm_inputs(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_lam: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    *,
-    key_name: str = "k",
-    value_name: str = "v",
-    extra_channels: int = 0,
-) -> None:
-    """Raise ``ValueError`` naming the offending argument and its expected shape.
-
-    key ``[B, T, H, R]`` and value ``[B, T, H, D]`` real; log_lam, B ``[H, M]``; C ``[H, M, M]``;
-    initial_state ``[B, H, M, R + D + extra_channels]``; all on the key's device.
-    """
-    for name, x in ((key_name, key), (value_name, value)):
-        if x.dim() != 4:
-            dims = "R" if name == key_name else "D"
-            raise ValueError(f"{name} must be a 4-d tensor [B, T, H, {dims}], got shape {tuple(x.shape)}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be a real floating-point tensor, got dtype {x.dtype}")
-    Bsz, T, H, R = key.shape
-    if tuple(value.shape[:3]) != (Bsz, T, H):
-        raise ValueError(
-            f"{value_name} must be [B, T, H, D] with [B, T, H] = {(Bsz, T, H)} like {key_name}, "
-            f"got {tuple(value.shape)}"
-        )
-    D = value.shape[-1]
-    if log_lam.dim() != 2 or log_lam.shape[0] != H:
-        raise ValueError(f"log_lam must be [H, M] with H = {H}, got {tuple(log_lam.shape)}")
-    M = log_lam.shape[1]
-    if tuple(B.shape) != (H, M):
-        raise ValueError(f"B must be [H, M] = {(H, M)} like log_lam, got {tuple(B.shape)}")
-    if tuple(C.shape) != (H, M, M):
-        raise ValueError(f"C must be [H, M, M] = {(H, M, M)}, got {tuple(C.shape)}")
-    named = [(value_name, value), ("log_lam", log_lam), ("B", B), ("C", C), ("initial_state", initial_state)]
-    for name, x in named:
-        if x is not None and x.device != key.device:
-            raise ValueError(f"{name} must be on the same device as {key_name} ({key.device}), got {x.device}")
-    if initial_state is not None:
-        n_ch = R + D + extra_channels
-        if tuple(initial_state.shape) != (Bsz, H, M, n_ch):
-            what = "R + D + 1 (denominator channel)" if extra_channels else "R + D"
-            raise ValueError(
-                f"initial_state must be [B, H, M, {what}] = {(Bsz, H, M, n_ch)}, got {tuple(initial_state.shape)}"
-            )
 
 
 def validate_interdomain_inputs(
@@ -107,13 +38,6 @@ def validate_interdomain_inputs(
     if tuple(k.shape) != tuple(q.shape):
         raise ValueError(f"k must be [B, T, H, R] = {tuple(q.shape)} like q, got {tuple(k.shape)}")
     validate_ssm_inputs(k, v, log_lam, B, C, initial_state, extra_channels=1 if denominator else 0)
-
-
-def prepare_ssm_params(
-    log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cdtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cast (log_lam, B, C) to the complex compute dtype (a real tensor becomes complex with zero imaginary part)."""
-    return log_lam.to(cdtype), B.to(cdtype), C.to(cdtype)
 
 
 def safe_divide(num: torch.Tensor, den: torch.Tensor, eps: float = DEN_EPS) -> torch.Tensor:

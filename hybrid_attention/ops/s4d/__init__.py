@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interdomain.chunk import validate_chunk_size
+from ..common.ssm import validate_chunk_size
 from .fft import fft_s4d
 from .naive import naive_s4d
 

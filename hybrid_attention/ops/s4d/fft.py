@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interdomain.naive import compute_dtypes, prepare_ssm_params
+from ..common.ssm import compute_dtypes, prepare_ssm_params
 from .naive import validate_s4d_inputs
 
 __all__ = ["fft_s4d", "fft_size", "ssm_kernel"]

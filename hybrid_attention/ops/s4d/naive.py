@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interdomain.naive import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
+from ..common.ssm import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
 
 __all__ = ["naive_s4d", "validate_s4d_inputs"]
 

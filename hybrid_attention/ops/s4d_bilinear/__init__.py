@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interdomain.chunk import validate_chunk_size
+from ..common.ssm import validate_chunk_size
 from .chunk import chunk_s4d_bilinear
 from .naive import naive_s4d_bilinear
 from .triton import HAS_TRITON, triton_s4d_bilinear

@@ -9,7 +9,7 @@ state X0, with local indices t, s in [0, L), the per-token states of the chunk a
     X_t = Σ_{s<=t} Ldec[t, s] ⊙ B z_sᵀ + Din[t] ⊙ X0                    [B, H, L, M, 2R]
 
 with Ldec[t, s, m] = exp(log_lam[m] (t - s)) (s <= t, else 0) and Din[t, m] = exp(log_lam[m] (t + 1)), the decay
-tables of ``hybrid_attention.ops.interdomain.chunk.chunk_decays``. Then o_t = Re(diag(U_tᵀ Γ_t)) with U = C X^a,
+tables of ``hybrid_attention.ops.common.ssm.chunk_decays``. Then o_t = Re(diag(U_tᵀ Γ_t)) with U = C X^a,
 Γ = C X^b, computed as o_t[j] = Re(Σ_m X^a_t[m, j] (K X^b_t)[m, j]) with K = CᵀC (plain transpose): one M×M product
 per token instead of two. The last state X_{L-1} is carried to the next chunk.
 
@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 import torch.utils.checkpoint
 
-from ..interdomain.chunk import chunk_decays, validate_chunk_size
-from ..interdomain.naive import compute_dtypes, prepare_ssm_params
+from ..common.ssm import chunk_decays, compute_dtypes, prepare_ssm_params, validate_chunk_size
 from .naive import validate_s4d_bilinear_inputs
 
 __all__ = ["chunk_s4d_bilinear"]

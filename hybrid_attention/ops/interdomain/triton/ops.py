@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import torch
 import triton
 
-from ..chunk import validate_chunk_size
+from ...common.ssm import validate_chunk_size
 from ..naive import safe_divide, validate_interdomain_inputs
 from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
 from . import kernels as K

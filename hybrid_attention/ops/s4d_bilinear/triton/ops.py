@@ -41,7 +41,7 @@ import os
 import torch
 import triton
 
-from ...interdomain.chunk import validate_chunk_size
+from ...common.ssm import validate_chunk_size
 from ...interdomain.triton import ops as IO
 from ..naive import validate_s4d_bilinear_inputs
 from . import kernels as K
