@@ -1,5 +1,6 @@
-"""Registers / spills / shared memory of the Interdomain Triton kernels for sm_90, compiled ahead of time on a machine
-without a GPU: ``triton.compile`` for GPUTarget("cuda", 90, 64), then the wheel's ``ptxas -v`` on the PTX.
+"""Registers / spills / shared memory of the state-scan Triton kernels shared by Interdomain and the bilinear S4D op
+(``hybrid_attention.ops.common.triton.ssm_scan_kernels``) for sm_90, compiled ahead of time on a machine without a
+GPU: ``triton.compile`` for GPUTarget("cuda", 90, 64), then the wheel's ``ptxas -v`` on the PTX.
 
     python benchmarks/aot_regs.py            # the benchmark shape: R = D = M = 64, L = 32, bf16 activations
 
@@ -20,7 +21,7 @@ from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from hybrid_attention.ops.interdomain.triton import kernels as K  # noqa: E402
+from hybrid_attention.ops.common.triton import ssm_scan_kernels as K  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 64)
 INT_ARGS = {"T", "H", "M", "R", "D", "NT"}

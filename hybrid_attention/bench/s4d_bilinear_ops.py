@@ -72,8 +72,8 @@ def _leaves(*xs: torch.Tensor, real: torch.dtype, cplx: torch.dtype) -> list[tor
 
 
 def _set_poison(on: bool) -> None:
-    """NaN-fill every buffer the kernels write (ours and the shared Interdomain state scans)."""
-    from hybrid_attention.ops.interdomain.triton import ops as iops
+    """NaN-fill every buffer the kernels write (ours and the shared state scans)."""
+    from hybrid_attention.ops.common.triton import ssm_scan as iops
     from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
 
     iops.set_kernel_config(poison=on)

@@ -318,7 +318,7 @@ def test_fused_state_carry_gradient_odd_shapes_poisoned(fused_dz):
 def test_power_table_is_the_rounded_float64_power():
     """The host power table equals exp(n log λ) evaluated in complex128 and rounded to float32, also for phases
     n·Im log λ ~ 3e4 where a float32 product would be off by ~1e-3 rad."""
-    from hybrid_attention.ops.interdomain.triton.ops import _planar, _power_table
+    from hybrid_attention.ops.common.triton.ssm_scan import _planar, _power_table
 
     g = torch.Generator().manual_seed(12)
     log_lam = torch.complex(

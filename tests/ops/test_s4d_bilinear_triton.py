@@ -110,8 +110,8 @@ def test_triton_odd_sizes():
 
 def test_triton_other_backward_variants():
     """The single-launch backward readout (bwd_split flipped) together with the other shared state path (the
-    Interdomain op's fuse_dz flipped) gives the same gradients."""
-    from hybrid_attention.ops.interdomain.triton import ops as id_ops
+    shared scans' fuse_dz flipped) gives the same gradients."""
+    from hybrid_attention.ops.common.triton import ssm_scan as id_ops
 
     old, old_fz = s4d_ops.kernel_config()["bwd_split"], id_ops.kernel_config()["fuse_dz"]
     s4d_ops.set_kernel_config(bwd_split=not old)

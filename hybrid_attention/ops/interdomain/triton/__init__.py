@@ -1,19 +1,13 @@
 """Triton backend of the Interdomain Attention core (chunked forward/backward, decode step).
 
 Importable without triton: ``HAS_TRITON`` says whether the kernels are available; the functions raise a clear
-``RuntimeError`` otherwise. See ``kernels.py`` for the algorithm and ``ops.py`` for the autograd / torch.library side.
+``RuntimeError`` otherwise. See ``kernels.py`` for the algorithm and ``ops.py`` for the autograd / torch.library side;
+the chunk-boundary state scans are shared with the bilinear S4D op (``hybrid_attention.ops.common.triton``).
 """
 
 from __future__ import annotations
 
-try:  # pragma: no cover - depends on the environment
-    import triton  # noqa: F401
-
-    HAS_TRITON = True
-    _IMPORT_ERROR: Exception | None = None
-except Exception as exc:  # ImportError, or a broken triton install
-    HAS_TRITON = False
-    _IMPORT_ERROR = exc
+from ...common.triton import _IMPORT_ERROR, HAS_TRITON
 
 __all__ = ["HAS_TRITON", "triton_interdomain"]
 

@@ -1,4 +1,4 @@
-"""Triton backend of the bilinear S4D core (chunked forward/backward sharing the Interdomain op's state scans).
+"""Triton backend of the bilinear S4D core (chunked forward/backward on the state scans shared with Interdomain).
 
 Importable without triton: ``HAS_TRITON`` says whether the kernels are available; ``triton_s4d_bilinear`` raises a clear
 ``RuntimeError`` otherwise. See ``ops.py`` for the algorithm and the autograd / torch.library side, ``kernels.py``
@@ -7,7 +7,7 @@ for the readout kernels.
 
 from __future__ import annotations
 
-from ...interdomain.triton import _IMPORT_ERROR, HAS_TRITON
+from ...common.triton import _IMPORT_ERROR, HAS_TRITON
 
 __all__ = ["HAS_TRITON", "triton_s4d_bilinear"]
 

@@ -1,8 +1,8 @@
 """Triton kernels of the chunked bilinear S4D readout (imported only when triton is installed).
 
 Notation (math in ``ops.py``'s module docstring). Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT
-tokens (local index τ = t - t0) is entered with X0, the stored chunk-boundary state written by the *shared*
-Interdomain state scan (``hybrid_attention.ops.interdomain.triton.ops._states_fwd`` with k = a, v = b). Per mode m:
+tokens (local index τ = t - t0) is entered with X0, the stored chunk-boundary state written by the state scan shared
+with the Interdomain op (``hybrid_attention.ops.common.triton.ssm_scan._states_fwd`` with k = a, v = b). Per mode m:
 
     Y^a_m[τ, j] = Σ_n P_m[τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]      P_m[τ, n] = C[m, n] λ_n^{τ+1}
     o_τ[j]      = Re Σ_m Y^a_m[τ, j] Y^b_m[τ, j]

@@ -14,7 +14,8 @@ For a chunk [t0, t0 + L) entered with state X0 and local index τ = t - t0 ∈ [
     o_t[j] = Re Σ_m Y^a_t[m, j] Y^b_t[m, j].
 
 Both tables are chunk-invariant. Pipeline (forward):
-  1. X0 of every chunk by the Interdomain op's shared forward state scan (``_states_fwd``) with (k, v) = (a, b).
+  1. X0 of every chunk by the forward state scan shared with the Interdomain op (``_states_fwd`` in
+     ``hybrid_attention.ops.common.triton.ssm_scan``) with (k, v) = (a, b).
   2. ``_readout_fwd`` (this package): per (chunk, b·h, channel tile), o from X0, the chunk's a, b and the tables.
 Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
   g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then, in ``_readout_bwd``,
@@ -22,8 +23,8 @@ Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂R
   g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums); then the
   shared reverse state scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the
   λ^L-carry part of d log λ) and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB,
-  d log λ), called through the Interdomain op's host helpers ``_state_bwd_unfused`` / ``_state_bwd_dz`` (its fused
-  variant when the Interdomain op's ``fuse_dz`` setting is on).
+  d log λ), called through the shared host helpers ``_state_bwd_unfused`` / ``_state_bwd_dz`` (the fused variant
+  when the shared ``fuse_dz`` setting of ``hybrid_attention.ops.common.triton.ssm_scan`` is on).
 Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
 to d log λ, dB and dC.
 
@@ -36,23 +37,20 @@ backward); autograd saves the inputs only; no per-token state is materialised.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
 from ...common.ssm import validate_chunk_size
-from ...interdomain.triton import ops as IO
+from ...common.triton import ssm_scan as S
+from ...common.triton.ssm_scan import _INTERPRET, _np2
 from ..naive import validate_s4d_bilinear_inputs
 from . import kernels as K
 
 __all__ = ["triton_s4d_bilinear", "kernel_config", "set_kernel_config"]
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 # Fixed launch configuration (no autotuning: one config under the interpreter; the benchmark may try others).
 _CFG = {
-    "max_chunk": 32,  # kernel chunk length cap (same default as the Interdomain op, whose state scan we share)
+    "max_chunk": 32,  # kernel chunk length cap (same default as the Interdomain op, whose state scans we share)
     "JT": 32,  # channel tile of the readout kernels (>= 16: tl.dot minimum)
     "warps_fwd": 4,
     "warps_bwd": 8,
@@ -86,10 +84,6 @@ def _empty(*shape, device, dtype=torch.float32) -> torch.Tensor:
     return t
 
 
-def _np2(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
-
-
 def _prec() -> str:
     return "ieee" if _INTERPRET else _CFG["dot_prec"]
 
@@ -105,9 +99,9 @@ def _jt(R: int) -> int:
 
 
 def _states(a, b, ll, bb, init, BT: int, need_final: bool):
-    """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared Interdomain state scan."""
-    P = IO._power_table(ll, BT)
-    states, final = IO._states_fwd(a, b, P, bb, init, BT, True, need_final)
+    """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared state scan."""
+    P = S._power_table(ll, BT)
+    states, final = S._states_fwd(a, b, P, bb, init, BT, True, need_final)
     return P, states, final
 
 
@@ -161,11 +155,11 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
             M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), PART=part, num_warps=_CFG["warps_bwd"],
             num_stages=_CFG["stages"],
         )  # fmt: skip
-    # The shared state path (the Interdomain op's host helpers, with (k, v) = (a, b), following its ``fuse_dz``
+    # The shared state path (the common host helpers, with (k, v) = (a, b), following the shared ``fuse_dz``
     # setting): reverse adjoint scan over the chunk-boundary states (d initial_state, the λ^L-carry part of d log λ)
     # and the state-carry gradient, added to da / db in place, with the input-path parts of dB and d log λ.
     dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
-    state_bwd = IO._state_bwd_dz if IO.kernel_config()["fuse_dz"] else IO._state_bwd_unfused
+    state_bwd = S._state_bwd_dz if S.kernel_config()["fuse_dz"] else S._state_bwd_unfused
     dbb, dll_carry = state_bwd(a, b, da, db, P, bb, states, dx, dfinal, dinit, init is not None, BT)
     del states
     dll = dll + dll_carry
@@ -288,14 +282,14 @@ def triton_s4d_bilinear(
     a = a.contiguous()
     b = b.to(dt).contiguous()
     BT = kernel_chunk(chunk_size)
-    ll = IO._planar(log_lam, 1).contiguous()
-    bb = IO._planar(B, 1).contiguous()
-    cc = IO._planar(C, 1).contiguous()
+    ll = S._planar(log_lam, 1).contiguous()
+    bb = S._planar(B, 1).contiguous()
+    cc = S._planar(C, 1).contiguous()
     lam_c = log_lam if log_lam.is_complex() else log_lam.to(torch.complex64)
     B_c = B if B.is_complex() else B.to(torch.complex64)
     C_c = C if C.is_complex() else C.to(torch.complex64)
-    kk = IO._planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
-    init = IO._planar(initial_state, 2).contiguous() if initial_state is not None else None
+    kk = S._planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
+    init = S._planar(initial_state, 2).contiguous() if initial_state is not None else None
     o, fin = s4d_bilinear_fwd_op(a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
     final = torch.complex(fin[:, :, 0], fin[:, :, 1]) if output_final_state else None
     return o, final
