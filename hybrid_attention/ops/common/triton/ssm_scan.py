@@ -90,22 +90,33 @@ def _stage(name: str):
     _PROFILE["events"].setdefault(name, []).append((start, end))
 
 
+def update_config(cfg: dict, **kw) -> None:
+    """Change keys of a launch-configuration dict in place; unknown keys raise ``KeyError`` (shared by every op's
+    ``set_kernel_config``)."""
+    for key, val in kw.items():
+        if key not in cfg:
+            raise KeyError(f"unknown kernel config key {key!r}")
+        cfg[key] = val
+
+
+def empty_buffer(cfg: dict, *shape, device, dtype=torch.float32) -> torch.Tensor:
+    """An uninitialised kernel output buffer, NaN-filled when ``cfg["poison"]`` (tests / benchmark checks)."""
+    t = torch.empty(*shape, device=device, dtype=dtype)
+    if cfg["poison"]:
+        t.fill_(float("nan"))
+    return t
+
+
 def kernel_config() -> dict:
     return dict(_CFG)
 
 
 def set_kernel_config(**kw) -> None:
-    for key, val in kw.items():
-        if key not in _CFG:
-            raise KeyError(f"unknown kernel config key {key!r}")
-        _CFG[key] = val
+    update_config(_CFG, **kw)
 
 
 def _empty(*shape, device, dtype=torch.float32) -> torch.Tensor:
-    t = torch.empty(*shape, device=device, dtype=dtype)
-    if _CFG["poison"]:
-        t.fill_(float("nan"))
-    return t
+    return empty_buffer(_CFG, *shape, device=device, dtype=dtype)
 
 
 def _record(name: str, handle) -> None:

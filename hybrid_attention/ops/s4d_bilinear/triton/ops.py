@@ -71,17 +71,11 @@ def kernel_config() -> dict:
 
 def set_kernel_config(**kw) -> None:
     """Change launch-configuration keys (see ``_CFG``); unknown keys raise ``KeyError``."""
-    for key, val in kw.items():
-        if key not in _CFG:
-            raise KeyError(f"unknown kernel config key {key!r}")
-        _CFG[key] = val
+    S.update_config(_CFG, **kw)
 
 
 def _empty(*shape, device, dtype=torch.float32) -> torch.Tensor:
-    t = torch.empty(*shape, device=device, dtype=dtype)
-    if _CFG["poison"]:
-        t.fill_(float("nan"))
-    return t
+    return S.empty_buffer(_CFG, *shape, device=device, dtype=dtype)
 
 
 def _prec() -> str:
