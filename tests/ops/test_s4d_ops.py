@@ -8,39 +8,20 @@ import math
 
 import pytest
 import torch
+from ssm_cases import make_ssm_params, make_state, max_err
 
 from hybrid_attention.ops.s4d import BACKENDS, fft_s4d, naive_s4d, s4d
 
 F64, C128 = torch.float64, torch.complex128
 
 
-def make_params(H: int, M: int, seed: int, *, im_max: float = 1000.0, re_min: float = -5.0):
-    """log_lam [H, M]: Re log-uniform in [re_min, -1e-3], Im uniform in ±im_max (all four extremes forced in);
-    complex Gaussian B [H, M] (scale 0.3), C [H, M, M] (E|C_ij|² = 1/M) and real Gaussian w [H, M]."""
-    g = torch.Generator().manual_seed(seed)
-    re = -torch.exp(torch.empty(H, M, dtype=F64).uniform_(math.log(1e-3), math.log(-re_min), generator=g))
-    im = torch.empty(H, M, dtype=F64).uniform_(-im_max, im_max, generator=g)
-    if M >= 4:
-        re[:, 0], re[:, 1] = re_min, -1e-3
-        im[:, 2], im[:, 3] = im_max, -im_max
-    B = 0.3 * torch.randn(H, M, dtype=C128, generator=g)
-    C = torch.randn(H, M, M, dtype=C128, generator=g) / math.sqrt(M)
-    w = torch.randn(H, M, dtype=F64, generator=g)
-    return torch.complex(re, im), B, C, w
+def make_params(H: int, M: int, seed: int, **kw):
+    return make_ssm_params(H, M, seed, with_w=True, **kw)
 
 
 def make_inputs(Bsz: int, T: int, H: int, R: int, D: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(Bsz, T, H, R, dtype=F64, generator=g), torch.randn(Bsz, T, H, D, dtype=F64, generator=g)
-
-
-def make_state(Bsz: int, H: int, M: int, n_ch: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return 0.3 * torch.randn(Bsz, H, M, n_ch, dtype=C128, generator=g)
-
-
-def max_err(x: torch.Tensor, y: torch.Tensor) -> float:
-    return (x - y).abs().max().item() if x.numel() else 0.0
 
 
 FNS = [naive_s4d, fft_s4d]
