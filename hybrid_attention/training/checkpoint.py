@@ -214,8 +214,10 @@ def save_checkpoint(
             raise _write_error(root, final, e) from e
         shutil.rmtree(aside, ignore_errors=True)
         for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+            if old != final:  # hidden first (atomic), then deleted: a kill mid-delete leaves no half checkpoint
+                gone = root / f".old-{old.name}"
+                os.replace(old, gone)
+                shutil.rmtree(gone, ignore_errors=True)
     barrier()
     return final
 

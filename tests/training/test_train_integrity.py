@@ -235,7 +235,8 @@ def test_kill_9_at_a_random_point_of_a_save_leaves_an_intact_checkpoint(tmp_path
         p.stdout.close()
         p.stderr.close()
     dirs = checkpoint_dirs(root)
-    assert 1 <= len(dirs) <= 2, f"kill after {delay:.3f} s"
+    # keep=2, plus one when the kill lands between a save's rename (its commit point) and the rotation after it
+    assert 1 <= len(dirs) <= 3, f"kill after {delay:.3f} s"
     for d in dirs:  # the rename is the commit point: every visible checkpoint is complete
         read_checkpoint(d)
     found, damaged = newest_intact(root)
