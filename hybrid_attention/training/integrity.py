@@ -177,5 +177,8 @@ def max_abs(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
             local.append(t)
     if not local:
         return None
+    # optimizer states mix devices (AdamW's `step` counters are 0-d CPU tensors beside CUDA moments): reduce on an
+    # accelerator when there is one, so one small copy per CPU value and no host sync
+    dev = next((t.device for t in local if t.device.type != "cpu"), local[0].device)
     norms = torch._foreach_norm(local, math.inf)
-    return torch.stack([n.float() for n in norms]).max()
+    return torch.stack([n.float().to(dev, non_blocking=True) for n in norms]).max()

@@ -251,3 +251,14 @@ def test_read_checkpoint_has_no_side_effects_on_failure(two_checkpoints):
         read_checkpoint(newest)
     assert torch.equal(before, torch.get_rng_state())
     shutil.rmtree(newest)
+
+
+def test_max_abs_reduces_tensors_of_mixed_devices():
+    """AdamW keeps its `step` counters as 0-d CPU tensors beside the moments on the accelerator (found on the H200:
+    the check before a checkpoint raised in torch.stack). The meta device stands in for the accelerator here."""
+    from hybrid_attention.training.integrity import max_abs
+
+    m = max_abs([torch.randn(3, device="meta"), torch.tensor(5.0)])
+    assert m.device.type == "meta" and m.dim() == 0
+    assert float(max_abs([torch.tensor([1.0, -7.0]), torch.tensor(2.0)])) == 7.0
+    assert torch.isnan(max_abs([torch.tensor([1.0]), torch.tensor(float("nan"))]))
