@@ -37,10 +37,10 @@ from hybrid_attention.bench.common import DRYRUN, elapsed, fla_gdn, log, rel_rms
 from hybrid_attention.bench.common import bench_ms as bench
 from hybrid_attention.bench.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
-from hybrid_attention.ops.chunk_attention import gpu as attn_gpu
+from hybrid_attention.ops.chunk_attention.triton import function as attn_gpu
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
-from hybrid_attention.ops.gated_delta.triton import natsl_mixed
+from hybrid_attention.ops.natsl_mixed import natsl_mixed
 
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "420"))
 RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "profile": {}}

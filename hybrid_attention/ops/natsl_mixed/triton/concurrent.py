@@ -1,4 +1,5 @@
-"""The NAtS-L mixed op on the GPU: GDN branch (commit mask) and block-sparse softmax branch, optionally concurrent.
+"""The NAtS-L mixed op on the Triton kernels: GDN branch (commit mask) and block-sparse softmax branch, optionally
+concurrent.
 
 The two branches share no intermediate, and the GDN branch contains two sequential kernels (the chunk recurrence,
 forward and backward) that occupy only B·H·V/BV programs. Running the GDN branch on a side stream lets the softmax
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from ...chunk_attention.gpu import triton_chunk_attention
-from .function import triton_gated_delta
+from ...chunk_attention.triton import triton_chunk_attention
+from ...gated_delta.triton import triton_gated_delta
 
-__all__ = ["natsl_mixed"]
+__all__ = ["triton_natsl_mixed"]
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
@@ -28,7 +29,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[idx]
 
 
-def natsl_mixed(
+def triton_natsl_mixed(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
