@@ -39,6 +39,9 @@ BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
 RESULTS: dict = {"errors": []}
 guarded = functools.partial(_guarded, RESULTS)
 CHUNK = {"size": 64}  # kernel chunk length used by the correctness / timing sections (set by the sweep)
+# launch configuration of the later sections (an InterdomainConfig; None = the registered op's defaults; set by the
+# sweep)
+CONFIG: dict = {"chosen": None}
 
 
 def make_params(H: int, M: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,7 +141,8 @@ def ceilings():
 @guarded("smoke")
 def smoke():
     """Tiny run of every kernel (compiles them) with the resource report."""
-    from hybrid_attention.ops.interdomain.triton.ops import LAST_KERNELS, triton_interdomain
+    from hybrid_attention.bench.profiling import StageProfiler
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     log_lam, B, C = make_params(2, 64, 1, DEV)
     q, k, v = make_inputs(1, 200, 2, 64, 64, 2, DEV)
@@ -147,26 +151,25 @@ def smoke():
         for t in (q, k, v, log_lam.to(torch.complex64), B.to(torch.complex64), C.to(torch.complex64))
     ]
     t0 = time.time()
-    o, _ = triton_interdomain(*leaves)
+    prof = StageProfiler(timing=False)
+    o, _ = triton_interdomain(*leaves, hooks=prof)
     sync()
     log(f"smoke forward (compile) {time.time() - t0:.1f} s")
     t0 = time.time()
     o.float().square().sum().backward()
     sync()
     log(f"smoke backward (compile) {time.time() - t0:.1f} s")
-    res = {}
-    for name, h in LAST_KERNELS.items():
-        try:
-            res[name] = {"regs": h.n_regs, "spills": h.n_spills, "shared": h.metadata.shared}
-        except Exception as exc:
-            res[name] = repr(exc)
+    res = {name: {"regs": r, "spills": sp, "shared": sh} for name, (r, sp, sh) in prof.resources().items()}
     RESULTS["kernels"] = res
     log("kernel resources:", json.dumps(res))
 
 
 @guarded("correctness")
 def correctness(quick: bool = False):
-    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config, triton_interdomain
+    from dataclasses import replace
+
+    from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     R = D = M = 16 if DRYRUN else 64
     rows = []
@@ -202,27 +205,23 @@ def correctness(quick: bool = False):
         g_ref = torch.autograd.grad(loss, ref_leaves)
         t_ref = time.time() - t0
         for prec in ("tf32", "tf32x3") if not quick else ("tf32",):
-            old = kernel_config()
-            set_kernel_config(poison=True, dot_prec=prec)
-            try:
-                leaves = [
-                    q.clone().requires_grad_(),
-                    k.clone().requires_grad_(),
-                    v.clone().requires_grad_(),
-                    log_lam.to(torch.complex64).requires_grad_(),
-                    Bp.to(torch.complex64).requires_grad_(),
-                    C.to(torch.complex64).requires_grad_(),
-                    X0.to(torch.complex64).requires_grad_(),
-                ]
-                o, fin = triton_interdomain(
-                    *leaves[:6], initial_state=leaves[6], output_final_state=True, chunk_size=CHUNK["size"],
-                    readout=readout,
-                )
-                loss2 = (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum()
-                grads = torch.autograd.grad(loss2, leaves)
-                sync()
-            finally:
-                set_kernel_config(poison=old["poison"], dot_prec=old["dot_prec"])
+            cfg = replace(CONFIG["chosen"] or DEFAULT_CONFIG, poison=True, dot_prec=prec)
+            leaves = [
+                q.clone().requires_grad_(),
+                k.clone().requires_grad_(),
+                v.clone().requires_grad_(),
+                log_lam.to(torch.complex64).requires_grad_(),
+                Bp.to(torch.complex64).requires_grad_(),
+                C.to(torch.complex64).requires_grad_(),
+                X0.to(torch.complex64).requires_grad_(),
+            ]
+            o, fin = triton_interdomain(
+                *leaves[:6], initial_state=leaves[6], output_final_state=True, chunk_size=CHUNK["size"],
+                readout=readout, config=cfg,
+            )
+            loss2 = (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum()
+            grads = torch.autograd.grad(loss2, leaves)
+            sync()
             errs = {"o": rel_rms(o, o_ref), "final": rel_rms(fin, fin_ref)}
             for name, a, b in zip(["dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"], grads, g_ref):
                 errs[name] = rel_rms(a, b)
@@ -252,9 +251,11 @@ def correctness(quick: bool = False):
 def timing(Ts):
     from triton.testing import do_bench
 
-    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, triton_interdomain
+    from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     H, R, D, M = 16, 64, 64, 64
+    cfg = CONFIG["chosen"]
     rows = []
     log_lam, Bp, C = make_params(H, M, 7, DEV)
     p_leaves = [
@@ -275,10 +276,10 @@ def timing(Ts):
 
         def fwd(q=q, k=k, v=v, cs=cs):
             with torch.no_grad():
-                return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0]
+                return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs, config=cfg)[0]
 
         def fwdbwd(q=q, k=k, v=v, do=do, cs=cs):
-            o, _ = triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)
+            o, _ = triton_interdomain(q, k, v, *p_leaves, chunk_size=cs, config=cfg)
             o.backward(do)
 
         fwdbwd()
@@ -288,7 +289,7 @@ def timing(Ts):
             t.grad = None
         row["id_fwd_MB"] = peak_mb(fwd)
         row["id_fb_MB"] = peak_mb(fwdbwd)
-        fl = flop_model(T, H, R, D, M, BT=cs, BC=min(cs, kernel_config()["BC"]))
+        fl = flop_model(T, H, R, D, M, BT=cs, BC=min(cs, (cfg or DEFAULT_CONFIG).BC))
         row["id_fwd_TFLOPs"] = fl["fwd"] / (row["id_fwd_ms"] * 1e-3) / 1e12
         row["id_fb_TFLOPs"] = fl["fwdbwd"] / (row["id_fb_ms"] * 1e-3) / 1e12
         # causal SDPA, same H and head dim
@@ -387,14 +388,9 @@ def sweep(T: int = 32768):
     launch); the fastest forward+backward becomes the configuration of the later sections."""
     from triton.testing import do_bench
 
-    from hybrid_attention.ops.interdomain.triton.ops import (
-        LAST_KERNELS,
-        kernel_config,
-        profile_summary,
-        profiling,
-        set_kernel_config,
-        triton_interdomain,
-    )
+    from hybrid_attention.bench.profiling import StageProfiler
+    from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG, InterdomainConfig
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     H, R, D, M = 16, 64, 64, 64
     log_lam, Bp, C = make_params(H, M, 7, DEV)
@@ -405,7 +401,6 @@ def sweep(T: int = 32768):
     ]
     q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, 5, DEV))
     do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
-    base = kernel_config()
     variants = [  # (name, kernel config, chunk length L); BC = sub-chunk rows (BC >= L: band matmuls only)
         # (runs 1-3 measured the split backward, L64 and the dz tile variants slower: NOTES.md; not repeated)
         ("L32_BC32_fused", {"BC": 32, "max_chunk": 32, "bwd_split": False, "fuse_dz": False}, 32),
@@ -417,15 +412,15 @@ def sweep(T: int = 32768):
         if elapsed() > BUDGET_S * 0.35:
             log(f"sweep: stop before {name} (time)")
             break
-        set_kernel_config(**cfg)
+        config = InterdomainConfig(**cfg)
         try:
 
-            def fwd(cs=cs):
+            def fwd(cs=cs, config=config):
                 with torch.no_grad():
-                    return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0]
+                    return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs, config=config)[0]
 
-            def fwdbwd(cs=cs):
-                triton_interdomain(q, k, v, *p_leaves, chunk_size=cs)[0].backward(do)
+            def fwdbwd(cs=cs, config=config, hooks=None):
+                triton_interdomain(q, k, v, *p_leaves, chunk_size=cs, config=config, hooks=hooks)[0].backward(do)
 
             t0 = time.time()
             fwdbwd()
@@ -433,31 +428,24 @@ def sweep(T: int = 32768):
             t_first = time.time() - t0
             tf = do_bench(fwd, warmup=3, rep=30, return_mode="median")
             tfb = do_bench(fwdbwd, warmup=3, rep=40, grad_to_none=[q, k, v, *p_leaves], return_mode="median")
-            profiling(True)
+            prof = StageProfiler()
             for _ in range(3):
-                fwdbwd()
-            stages = {kk: round(vv / 3, 3) for kk, vv in profile_summary().items()}
-            profiling(False)
-            res = {}
-            for kname, h in LAST_KERNELS.items():
-                try:
-                    res[kname] = (h.n_regs, h.n_spills, h.metadata.shared)
-                except Exception:
-                    pass
+                fwdbwd(hooks=prof)
+            stages = {kk: round(vv / 3, 3) for kk, vv in prof.summary().items()}
+            res = prof.resources()
             rows.append({"variant": name, "cfg": cfg, "chunk": cs, "T": T, "fwd_ms": tf, "fb_ms": tfb,
                          "first_call_s": round(t_first, 1), "stages_ms": stages, "kernels": res})  # fmt: skip
             log("sweep", json.dumps(rows[-1]))
         except Exception as exc:
             log(f"sweep {name} failed: {exc!r}")
             traceback.print_exc()
-        finally:
-            set_kernel_config(**{kk: base[kk] for kk in cfg})
         for t in (q, k, v, *p_leaves):
             t.grad = None
     RESULTS["sweep"] = rows
     if rows:
         best = min(rows, key=lambda r: r["fb_ms"])
-        set_kernel_config(**best["cfg"])
+        chosen = InterdomainConfig(**best["cfg"])
+        CONFIG["chosen"] = None if chosen == DEFAULT_CONFIG else chosen
         CHUNK["size"] = best["chunk"]
         RESULTS["chosen"] = {"variant": best["variant"], "cfg": best["cfg"], "chunk": best["chunk"]}
         log(f"sweep: using {best['variant']} for the following sections")

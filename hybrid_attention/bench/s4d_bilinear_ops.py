@@ -71,18 +71,9 @@ def _leaves(*xs: torch.Tensor, real: torch.dtype, cplx: torch.dtype) -> list[tor
     return [x.detach().to(cplx if x.is_complex() else real).requires_grad_() for x in xs]
 
 
-def _set_poison(on: bool) -> None:
-    """NaN-fill every buffer the kernels write (ours and the shared state scans)."""
-    from hybrid_attention.ops.common.triton import ssm_scan as iops
-    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
-
-    iops.set_kernel_config(poison=on)
-    sops.set_kernel_config(poison=on)
-
-
 def correctness(results: dict, quick: bool) -> None:
-    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
     from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
+    from hybrid_attention.ops.s4d_bilinear.triton.config import DEFAULT_CONFIG, S4DBilinearConfig
 
     R = M = 16 if DRYRUN else 64
     H = 1 if DRYRUN else 4
@@ -103,19 +94,15 @@ def correctness(results: dict, quick: bool) -> None:
         g_ref = torch.autograd.grad((o_ref * do.double()).sum() + (f_ref.conj() * dfin).real.sum(), ref)
         # the default tf32 matmuls first; if they miss a limit, the same case again with exact float32 matmuls
         # (tells a precision problem from a bug)
-        default_prec = sops.kernel_config()["dot_prec"]
-        for prec in (default_prec, "ieee"):
-            sops.set_kernel_config(dot_prec=prec)
+        # (every buffer the kernels write, ours and the shared state scans', starts as NaN: poison)
+        for prec in (DEFAULT_CONFIG.dot_prec, "ieee"):
+            cfg = S4DBilinearConfig(dot_prec=prec, poison=True)
             tri = _leaves(a, b, log_lam, Bp, C, X0, real=torch.bfloat16, cplx=torch.complex64)
-            _set_poison(True)
-            try:
-                o, fin = triton_s4d_bilinear(*tri[:5], initial_state=tri[5], output_final_state=True, chunk_size=64)
-                grads = torch.autograd.grad(
-                    (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum(), tri
-                )
-            finally:
-                _set_poison(False)
-                sops.set_kernel_config(dot_prec=default_prec)
+            o, fin = triton_s4d_bilinear(*tri[:5], initial_state=tri[5], output_final_state=True, chunk_size=64,
+                                         config=cfg)
+            grads = torch.autograd.grad(
+                (o.float() * do.float()).sum() + (fin.conj() * dfin.to(torch.complex64)).real.sum(), tri
+            )
             errs = [rel_rms(o, o_ref), rel_rms(fin, f_ref)] + [rel_rms(x, y) for x, y in zip(grads, g_ref)]
             finite = all(
                 bool(torch.isfinite(torch.view_as_real(x) if x.is_complex() else x).all()) for x in (o, fin, *grads)
@@ -191,9 +178,9 @@ def timing(results: dict, quick: bool) -> None:
                    "fwdbwd_ms": t_fb, "peak_mb": mem}  # fmt: skip
             if name == "triton_s4d_bilinear":  # achieved matmul rate of the readout kernels under the FLOP model
                 from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
+                from hybrid_attention.ops.s4d_bilinear.triton.config import DEFAULT_CONFIG
 
-                cfg = sops.kernel_config()
-                fl = flop_model(Bsz, T, H, R, M, sops.kernel_chunk(64), cfg["bwd_split"])
+                fl = flop_model(Bsz, T, H, R, M, sops.kernel_chunk(64), DEFAULT_CONFIG.bwd_split)
                 row["fwd_TFLOPs"] = fl["fwd"] / (t_f * 1e-3) / 1e12
                 row["fwdbwd_TFLOPs"] = fl["fwdbwd"] / (t_fb * 1e-3) / 1e12
                 log(f"s4d_bilinear timing triton_s4d_bilinear: {row['fwd_TFLOPs']:.1f} TFLOP/s forward, "
@@ -207,7 +194,8 @@ def timing(results: dict, quick: bool) -> None:
 def sweep(results: dict) -> None:
     """Launch-config sweep of triton_s4d_bilinear (channel tile JT x backward warps), forward+backward at B=1,
     T=4096, H=16; each config is checked against the default one before it is timed."""
-    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
+    from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
+    from hybrid_attention.ops.s4d_bilinear.triton.config import S4DBilinearConfig
 
     R = M = 16 if DRYRUN else 64
     Bsz, T, H = (1, 40, 1) if DRYRUN else (1, 4096, 16)
@@ -215,8 +203,7 @@ def sweep(results: dict) -> None:
     g = torch.Generator().manual_seed(10)
     a, b, do = (torch.randn(Bsz, T, H, R, generator=g).to(DEV, torch.bfloat16) for _ in range(3))
     leaves = _leaves(a, b, log_lam, Bp, C, real=torch.bfloat16, cplx=torch.complex64)
-    default = sops.kernel_config()
-    o_def = sops.triton_s4d_bilinear(*leaves)[0].detach().float()
+    o_def = triton_s4d_bilinear(*leaves)[0].detach().float()
     # (JT, warps_fwd, warps_bwd, bwd_split); JT=64 is left out: the fused backward needs 240 KB of shared memory
     configs = [(32, 4, 8, True), (32, 4, 8, False), (16, 4, 4, True), (16, 4, 4, False), (16, 4, 8, True),
                (32, 8, 4, True), (32, 4, 4, True)]  # fmt: skip
@@ -224,12 +211,9 @@ def sweep(results: dict) -> None:
         if budget_left() < 60:
             log("s4d_bilinear sweep: stopping (time)")
             break
-        sops.set_kernel_config(JT=jt, warps_fwd=wf, warps_bwd=wb, bwd_split=split)
-        try:
-            err = rel_rms(sops.triton_s4d_bilinear(*leaves)[0].detach().float(), o_def.double())
-            t_f, t_fb, _ = _time_pair(lambda *x: sops.triton_s4d_bilinear(*x)[0], leaves, do)
-        finally:
-            sops.set_kernel_config(**default)
+        cfg = S4DBilinearConfig(JT=jt, warps_fwd=wf, warps_bwd=wb, bwd_split=split)
+        err = rel_rms(triton_s4d_bilinear(*leaves, config=cfg)[0].detach().float(), o_def.double())
+        t_f, t_fb, _ = _time_pair(lambda *x, cfg=cfg: triton_s4d_bilinear(*x, config=cfg)[0], leaves, do)
         results["s4d_bilinear"].append(
             {"kind": "sweep", "JT": jt, "warps_fwd": wf, "warps_bwd": wb, "bwd_split": split, "B": Bsz, "T": T,
              "H": H, "fwd_ms": t_f, "fwdbwd_ms": t_fb, "diff_vs_default": err}
