@@ -207,7 +207,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from hybrid_attention.bench import run_target
+    from benchmarks import run_target
 
     argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else [])
     try:

@@ -182,7 +182,7 @@ def test_custom_op_opcheck():
 
 @pytest.mark.skipif(DEV == "cuda", reason="the dry run is the CPU smoke test of the GPU benchmark")
 def test_benchmark_dry_run(tmp_path):
-    """``hybrid_attention.bench.s4d_bilinear_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every
+    """``benchmarks.s4d_bilinear_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every
     section runs, the correctness check passes and the JSON has correctness, timing and sweep rows."""
     import json
     import subprocess
@@ -192,7 +192,7 @@ def test_benchmark_dry_run(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "hybrid_attention.bench.s4d_bilinear_ops"],
+        [sys.executable, "-m", "benchmarks.s4d_bilinear_ops"],
         env=env,
         capture_output=True,
         text=True,

@@ -2,7 +2,7 @@
 """Interdomain Attention on the GPU: correctness of the Triton kernels vs the float64 reference, and timings vs
 causal SDPA, in ONE invocation (< 8 minutes on an H200). Run from the repo root:
 
-    hybrid-attention bench ops --only interdomain   (or: python -m hybrid_attention.bench.interdomain_ops [--quick])
+    hybrid-attention bench ops --only interdomain   (or: python -m benchmarks.interdomain_ops [--quick])
 
 Sections (each guarded, so a failure in one still leaves the others' numbers):
   1. ceilings: device-to-device copy bandwidth and a bf16 matmul rate, measured here;
@@ -30,9 +30,9 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from hybrid_attention.bench.common import DEVICE as DEV
-from hybrid_attention.bench.common import DRYRUN, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
-from hybrid_attention.bench.common import guarded as _guarded
+from benchmarks.common import DEVICE as DEV
+from benchmarks.common import DRYRUN, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
+from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.interdomain import READOUTS, chunk_interdomain
 
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
@@ -141,7 +141,7 @@ def ceilings():
 @guarded("smoke")
 def smoke():
     """Tiny run of every kernel (compiles them) with the resource report."""
-    from hybrid_attention.bench.profiling import StageProfiler
+    from benchmarks.profiling import StageProfiler
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     log_lam, B, C = make_params(2, 64, 1, DEV)
@@ -388,7 +388,7 @@ def sweep(T: int = 32768):
     launch); the fastest forward+backward becomes the configuration of the later sections."""
     from triton.testing import do_bench
 
-    from hybrid_attention.bench.profiling import StageProfiler
+    from benchmarks.profiling import StageProfiler
     from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG, InterdomainConfig
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 

@@ -96,7 +96,7 @@ def decode_latency(model: HybridForCausalLM, contexts: list[int], batch_sizes: l
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m hybrid_attention.serving.bench --preset gdn-340m --contexts 1024,131072 --batch-sizes 1,8
+    """python -m benchmarks.decode_latency --preset gdn-340m --contexts 1024,131072 --batch-sizes 1,8
     Random-weight model of a preset (bf16 on CUDA, float32 on the CPU); prints one JSON row per point."""
     import argparse
     import json

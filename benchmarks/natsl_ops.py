@@ -2,7 +2,7 @@
 """NAtS-L op on the GPU (Triton gated delta rule with commit mask + block-sparse chunk attention): correctness vs
 the float64 reference and timings vs the official NAtS-L numbers, in ONE invocation (< 8 minutes on an H200):
 
-    hybrid-attention bench ops --only natsl   (or: python -m hybrid_attention.bench.natsl_ops [--sweep])
+    hybrid-attention bench ops --only natsl   (or: python -m benchmarks.natsl_ops [--sweep])
 
 Sections (each guarded: a failure in one still leaves the others' numbers):
   1. correctness: bf16 activations, T in {63, 1000, 4096, 16384}, routings with softmax fraction 0, 0.3, 1 (B=1,
@@ -32,10 +32,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hybrid_attention.bench.common import DEVICE as DEV
-from hybrid_attention.bench.common import DRYRUN, elapsed, fla_gdn, log, rel_rms
-from hybrid_attention.bench.common import bench_ms as bench
-from hybrid_attention.bench.common import guarded as _guarded
+from benchmarks.common import DEVICE as DEV
+from benchmarks.common import DRYRUN, elapsed, fla_gdn, log, rel_rms
+from benchmarks.common import bench_ms as bench
+from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.chunk_attention.triton import function as attn_gpu
 from hybrid_attention.ops.gated_delta import gated_delta

@@ -4,7 +4,7 @@ linear readout in ``hybrid_attention.ops.s4d``) on the GPU: correctness of the T
 reference, and timings vs the chunk-parallel PyTorch reference and the Interdomain Triton op, in one invocation (a
 few minutes on an H200):
 
-    hybrid-attention bench ops --only s4d_bilinear   (or: python -m hybrid_attention.bench.s4d_bilinear_ops [--quick])
+    hybrid-attention bench ops --only s4d_bilinear   (or: python -m benchmarks.s4d_bilinear_ops [--quick])
 
 Sections (each guarded: a failure in one leaves the others' numbers):
   1. correctness: bf16 inputs, T in {63, 1000, 4096}, B=1, H=4, R=M=64, every kernel-written buffer poisoned with NaN
@@ -28,8 +28,8 @@ import sys
 
 import torch
 
-from hybrid_attention.bench.common import DEVICE as DEV
-from hybrid_attention.bench.common import DRYRUN, bench_ms, budget_left, guarded, log, peak_mb, rel_rms, sync
+from benchmarks.common import DEVICE as DEV
+from benchmarks.common import DRYRUN, bench_ms, budget_left, guarded, log, peak_mb, rel_rms, sync
 from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear
 
 __all__ = ["run", "main"]

@@ -14,7 +14,7 @@ import importlib
 
 __all__ = ["TARGETS", "run_target"]
 
-# target -> {section name: module under hybrid_attention.bench exposing main(argv)}
+# target -> {section name: module under benchmarks exposing main(argv)}
 TARGETS: dict[str, dict[str, str]] = {
     "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d_bilinear": "s4d_bilinear_ops"},
     "models": {"models": "models"},

@@ -1,6 +1,6 @@
 """Training speed on the GPU: tokens/s, step time, model TFLOP/s and peak memory of a full training step.
 
-    hybrid-attention bench train [--quick]      (or: python -m hybrid_attention.bench.train_speed [options])
+    hybrid-attention bench train [--quick]      (or: python -m benchmarks.train_speed [options])
 
 Rows, all in one run and one table (random weights, float32 master weights, bf16 autocast, fused AdamW):
   * every mixer of ``MIXER_BUILDERS`` (read at run time) as the ``small`` preset with all layers that mixer, at
@@ -40,7 +40,7 @@ import time
 import torch
 import torch._dynamo
 
-from hybrid_attention.bench.common import DEVICE, DRYRUN, budget_left, elapsed, log, sync
+from benchmarks.common import DEVICE, DRYRUN, budget_left, elapsed, log, sync
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 __all__ = ["main", "plan", "flops_per_step", "RESULTS"]

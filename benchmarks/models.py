@@ -1,6 +1,6 @@
 """Model-level GPU benchmark: prefill, decode and training step of whole models, side by side in one run.
 
-    hybrid-attention bench models [--quick]     (or: python -m hybrid_attention.bench.models)
+    hybrid-attention bench models [--quick]     (or: python -m benchmarks.models)
 
 Sections (each guarded; random weights, bf16, B=1 unless stated):
   1. prefill (issue 5): `natsl-hybrid-340m` (routing as produced by the random router, and forced to softmax
@@ -30,8 +30,8 @@ import time
 
 import torch
 
-from hybrid_attention.bench.common import DEVICE, DRYRUN, budget_left, elapsed, log, peak_mb, sync
-from hybrid_attention.bench.common import guarded as _guarded
+from benchmarks.common import DEVICE, DRYRUN, budget_left, elapsed, log, peak_mb, sync
+from benchmarks.common import guarded as _guarded
 from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
@@ -167,7 +167,7 @@ def prefill(lengths: list[int]) -> None:
 # ------------------------------------------------------------------------------------------------------------ decode
 @guarded("decode")
 def decode(contexts: list[int]) -> None:
-    from hybrid_attention.serving.bench import decode_latency
+    from benchmarks.decode_latency import decode_latency
 
     plan = [
         ("natsl-hybrid-340m", 0.25, [1]),
