@@ -14,11 +14,11 @@ if compgen -G ".wheels/*.whl" > /dev/null; then
 fi
 nvidia-smi --query-gpu=name --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-PYTHONPATH=".${extra_path}" timeout 300 python -m hybrid_attention.bench.natsl_ops --checks-only
+PYTHONPATH=".${extra_path}" timeout 300 python -m benchmarks.natsl_ops --checks-only
 echo "natsl checks exit $?"
 PYTHONPATH=. timeout 150 python - <<'EOF'
 import json, os
-from hybrid_attention.bench import s4d_ops
+from benchmarks import s4d_ops
 results = {"s4d": [], "errors": []}
 s4d_ops.correctness(results, quick=False)
 json.dump(results, open(os.path.join(os.environ["OUT"], "s4d_checks.json"), "w"), indent=1)

@@ -120,7 +120,7 @@ def _val_tokens(loaded, tokens: int | None):
 
 
 def _cmd_eval(a: argparse.Namespace) -> int:
-    from hybrid_attention.training.distributed import resolve_device
+    from hybrid_attention.device import resolve_device
 
     if a.task == "mqar" or (a.task == "passkey" and a.synthetic):
         return _eval_recall(a)
@@ -182,9 +182,9 @@ def _eval_recall(a: argparse.Namespace) -> int:
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
+    from hybrid_attention.device import resolve_device
     from hybrid_attention.evaluation.generation import generate_text
     from hybrid_attention.evaluation.loading import load_model
-    from hybrid_attention.training.distributed import resolve_device
 
     device = resolve_device(a.device)
     loaded = load_model(a.checkpoint, device)
@@ -207,7 +207,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from hybrid_attention.bench import run_target
+    from benchmarks import run_target
 
     argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else [])
     try:

@@ -20,6 +20,12 @@ import torch.nn.functional as F
 
 from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, recall_accuracy
 from hybrid_attention.data.passkey import passkey_tokens
+from hybrid_attention.device import resolve_device
+from hybrid_attention.models import HybridConfig, HybridForCausalLM
+from hybrid_attention.training.config import OptimSection
+from hybrid_attention.training.optimizer import build_optimizer
+from hybrid_attention.training.plots import plot_series
+from hybrid_attention.training.schedule import warmup_cosine_scheduler
 
 from .tables import format_table
 
@@ -62,9 +68,7 @@ def make_examples(cfg: RecallConfig, n: int, seed: int) -> tuple[torch.Tensor, t
     return passkey_tokens(n, cfg.seq_len, cfg.vocab_size, n_digits=cfg.passkey_digits, seed=seed)
 
 
-def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int):
-    from hybrid_attention.models import HybridConfig, HybridForCausalLM
-
+def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int) -> HybridForCausalLM:
     head_dim = d_model // cfg.num_heads
     mc = HybridConfig.from_preset(
         "tiny", **{"layers": [mixer] * cfg.num_layers, "vocab_size": cfg.vocab_size, "hidden_size": d_model,
@@ -86,21 +90,18 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> fl
 
 def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None) -> dict:
     """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds}."""
-    from hybrid_attention.models.optim import ssm_param_groups
-
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, d_model).to(device)
     x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed)
     x_te, y_te = make_examples(cfg, cfg.test_examples, cfg.seed + 10_000)
-    opt = torch.optim.AdamW(ssm_param_groups(model, lr, cfg.weight_decay), lr=lr)
+    # the trainer's optimizer (AdamW over the SSM parameter groups) and schedule (linear warmup, cosine decay), with
+    # this task's settings: torch's default AdamW betas / eps (beta2 0.999, not the LM trainer's 0.95) and a cosine
+    # down to 0 over the run (the numbers of the former local copy of both, step for step)
+    opt = build_optimizer(model, OptimSection(lr=lr, weight_decay=cfg.weight_decay, beta1=0.9, beta2=0.999, eps=1e-8))
     steps_per_epoch = math.ceil(cfg.train_examples / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     warmup = max(1, int(cfg.warmup_fraction * total))
-
-    def factor(s: int) -> float:
-        return (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    sched = warmup_cosine_scheduler(opt, warmup, total, min_lr_ratio=0.0)
     g = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
     acc, epoch = 0.0, 0
@@ -135,8 +136,6 @@ RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "b
 def recall_sweep(cfg: RecallConfig, log=print) -> list[dict]:
     """Run the whole sweep; writes ``results.jsonl``, ``accuracy_vs_state.png`` and returns the best row per
     (mixer, d_model)."""
-    from hybrid_attention.training.distributed import resolve_device
-    from hybrid_attention.training.plots import plot_series
 
     device = resolve_device(cfg.device)
     out = Path(cfg.out_dir)

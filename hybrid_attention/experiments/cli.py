@@ -35,8 +35,9 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 
     from hybrid_attention.training.config_schema import ConfigError
 
+    from .paths import result_path
     from .report import collect, write_report
-    from .runner import import_results, result_path, run_suite
+    from .runner import import_results, run_suite
     from .suite import load_suite
 
     if a.jobs is not None and a.jobs < 1:

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..training.plots import save_figure  # noqa: E402
-from .runner import result_path  # noqa: E402
+from .paths import result_path  # noqa: E402
 from .suite import Suite  # noqa: E402
 
 

@@ -17,9 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hybrid_attention.device import resolve_device
 from hybrid_attention.models.mixers import MODEL_REVISION
 
-from .suite import CellSpec, Suite
+from .paths import result_path
+from .report import collect, write_report
+from .suite import CellSpec, Suite, load_suite
 
 
 def machine_description() -> str:
@@ -140,7 +143,6 @@ def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dic
 def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict:
     from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
     from hybrid_attention.training.config_schema import from_dict
-    from hybrid_attention.training.distributed import resolve_device
 
     out = {}
     for task, d in suite.recall_configs(cell, seed).items():
@@ -185,11 +187,6 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
     result["wall_s"] = time.perf_counter() - t0
     _write_json(result_path(out, cell.name, seed), result)
     return True
-
-
-def result_path(out: Path, cell: str, seed: int) -> Path:
-    """Where a finished (cell, seed) keeps its result; its existence is what "finished" means everywhere."""
-    return Path(out) / "cells" / cell / f"seed{seed}" / "result.json"
 
 
 def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
@@ -244,7 +241,6 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
     subprocess on the same device (see :func:`_run_parallel`); ``jobs=1`` runs them one after the other in this
     process.
     """
-    from .report import collect, write_report
 
     jobs = suite.jobs if jobs is None else jobs
     if not isinstance(jobs, int) or jobs < 1:
@@ -384,7 +380,6 @@ def suite_to_dict(suite: Suite) -> dict:
 
 def _worker_main(argv: list[str]) -> int:
     """``python -m hybrid_attention.experiments.runner RESOLVED_SUITE.yaml CELL SEED``: one run (used by jobs > 1)."""
-    from .suite import load_suite
 
     if len(argv) != 3:
         print("usage: python -m hybrid_attention.experiments.runner RESOLVED_SUITE.yaml CELL SEED")

@@ -41,11 +41,11 @@ from hybrid_attention.layers.base import TokenMixer, check_hidden
 from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
-from hybrid_attention.ops.chunk_attention.gpu import triton_chunk_attention_supported
+from hybrid_attention.ops.chunk_attention.triton import supported as triton_chunk_attention_supported
 from hybrid_attention.ops.gated_delta import gated_delta
-from hybrid_attention.ops.gated_delta.triton import TRITON_AVAILABLE as GDN_TRITON
-from hybrid_attention.ops.gated_delta.triton import natsl_mixed
-from hybrid_attention.ops.gated_delta.triton import triton_supported as gdn_triton_supported
+from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as GDN_TRITON
+from hybrid_attention.ops.gated_delta.triton import supported as gdn_triton_supported
+from hybrid_attention.ops.natsl_mixed import natsl_mixed
 
 SOFTMAX, GDN = 0, 1  # op indices of the routing logits (the fusion weights ω use the opposite order: ω₀ = GDN)
 
@@ -328,7 +328,7 @@ class NatsLAttention(TokenMixer):
             o_gdn = torch.cat([o1, o2], 1)
         elif self._concurrent_branches(qg, vg, qs, vs):
             # DECISION: on CUDA with the Triton kernels, the two branches run on two synchronised streams
-            # (ops/gated_delta/triton/mixed.py; identical results, 16K: 6.3 vs 7.4 ms forward+backward on the H200).
+            # (ops/natsl_mixed/triton/; identical results, 16K: 6.3 vs 7.4 ms forward+backward on the H200).
             o_gdn, _, o_sa = natsl_mixed(qg, kg, vg, g, beta, commit, qs, ks, vs, route_sa, routing_bias=bias,
                                          chunk_size=c, group_size=self.group,
                                          decay_uncommitted=self.decay_uncommitted)

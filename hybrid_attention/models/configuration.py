@@ -7,6 +7,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.modules.mlp import swiglu_hidden_size
 
 
@@ -156,8 +157,6 @@ class HybridConfig(PretrainedConfig):
 
     def validate_fields(self) -> None:
         """Raise ValueError naming the offending field and the allowed values."""
-        from hybrid_attention.models.mixers import MIXER_BUILDERS
-
         allowed = sorted(MIXER_BUILDERS)
         for i, name in enumerate(self.mixer_types):
             if name not in allowed:

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybrid_attention.device import resolve_device
+
 
 @dataclass
 class DistContext:
@@ -48,25 +50,6 @@ class DistContext:
         if self.enabled:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` picks this process's local GPU.
-
-    On CPU this also turns on flushing of denormal floats (process-wide): decaying SSM states underflow into
-    denormals during training, and x86 CPUs compute on those 10-50x slower (measured: an S4D training step of the
-    tiny preset took 3-17 s instead of 0.25 s).
-    """
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        torch.set_flush_denormal(True)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but CUDA is not available; use train.device=cpu or auto")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def init_distributed(device_name: str) -> DistContext:

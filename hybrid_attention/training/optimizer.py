@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybrid_attention.models.optim import ssm_param_groups
+from hybrid_attention.training.param_groups import ssm_param_groups
 
 from .config import OptimSection
 

@@ -24,7 +24,7 @@ def _dryrun(module: str, out: Path) -> str:
 
 
 def test_models_bench_dryrun(tmp_path):
-    out = _dryrun("hybrid_attention.bench.models", tmp_path)
+    out = _dryrun("benchmarks.models", tmp_path)
     res = json.loads((tmp_path / "models_gpu.json").read_text())
     assert res["errors"] == [], res["errors"]
     # every section produced rows, and the forced NAtS-L fractions are what was asked for
@@ -35,7 +35,7 @@ def test_models_bench_dryrun(tmp_path):
     assert "target training tok/s" in out
 
 
-@pytest.mark.parametrize("module", ["hybrid_attention.bench.interdomain_ops"])
+@pytest.mark.parametrize("module", ["benchmarks.interdomain_ops"])
 def test_ops_bench_dryrun(tmp_path, module):
     out = _dryrun(module, tmp_path)
     assert "FAIL" not in out and "PASS" in out

@@ -1,4 +1,4 @@
-"""``bench train`` (hybrid_attention.bench.train_speed): the row plan, the FLOP model, and a CPU dry run of the code
+"""``bench train`` (benchmarks.train_speed): the row plan, the FLOP model, and a CPU dry run of the code
 path (toy widths, the eager Dynamo backend for the compiled rows) in a subprocess (the dry-run switch is read at
 import)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_attention.bench import TARGETS
-from hybrid_attention.bench.train_speed import LARGE, flops_per_step, plan
+from benchmarks import TARGETS
+from benchmarks.train_speed import LARGE, flops_per_step, plan
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.models.mixers import MIXER_BUILDERS
 
@@ -51,7 +51,7 @@ def test_flop_model():
 
 def test_train_bench_dryrun(tmp_path):
     env = {**os.environ, "BENCH_DRYRUN": "1", "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-m", "hybrid_attention.bench.train_speed", "--models", "gdn",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.train_speed", "--models", "gdn",
                            "natsl-hybrid-340m"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "train_speed.json").read_text())

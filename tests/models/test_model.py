@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hybrid_attention  # noqa: F401  (registers the Auto classes)
 from hybrid_attention.models import HybridCache, HybridConfig, HybridForCausalLM
-from hybrid_attention.models.optim import SSM_LR_CAP, ssm_param_groups
+from hybrid_attention.training.param_groups import SSM_LR_CAP, ssm_param_groups
 
 MIXERS = ["softmax", "interdomain", "s4d", "s4d_bilinear", "gdn", "natsl"]
 HYBRID = ["gdn", "natsl", "softmax", "natsl"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
-from hybrid_attention.ops.gated_delta.triton import TRITON_AVAILABLE
+from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -197,7 +197,7 @@ def test_chunk_attention_triton_matches_dense(B, T, Hs, G, C, frac, bias):
 def test_poisoned_buffers_are_fully_written(monkeypatch):
     """Every kernel-written buffer starts as NaN: any element a kernel forgets to write would surface."""
     from hybrid_attention.ops.chunk_attention import chunk_attention
-    from hybrid_attention.ops.chunk_attention import gpu as attn_gpu
+    from hybrid_attention.ops.chunk_attention.triton import function as attn_gpu
     from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
 
     monkeypatch.setattr(gdn_fn, "POISON", True)

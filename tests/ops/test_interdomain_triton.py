@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable
 
 if HAS_TRITON:
     from hybrid_attention.ops.interdomain.triton import triton_interdomain
+    from hybrid_attention.ops.interdomain.triton.config import InterdomainConfig
     from hybrid_attention.ops.interdomain.triton.decode import interdomain_decode_step
 
 F64, C128 = torch.float64, torch.complex128
@@ -68,8 +69,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=True, denominator=False,
-             readout="transpose", **pkw):
-    """Returns {name: (triton value, float64 reference)} for o, the final state and all 7 gradients."""
+             readout="transpose", config=None, **pkw):
+    """Returns {name: (triton value, float64 reference)} for o, the final state and all 7 gradients (the Triton side
+    with launch configuration ``config``, an ``InterdomainConfig``; None = the registered op's defaults)."""
     g = torch.Generator().manual_seed(seed)
     log_lam, B, C = make_params(H, M, g, **pkw)
     q, k, v = make_inputs(Bsz, T, H, R, D, g, positive=denominator)
@@ -93,7 +95,7 @@ def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=Tru
 
     o_ref, fin_ref, g_ref = run(lambda *a, **kw: chunk_interdomain(*a, chunk_size=8, **kw), base)
     f32 = [t.to(DEV, torch.complex64 if t.is_complex() else torch.float32) for t in base]
-    o, fin, gr = run(lambda *a, **kw: triton_interdomain(*a, chunk_size=chunk, **kw), f32)
+    o, fin, gr = run(lambda *a, **kw: triton_interdomain(*a, chunk_size=chunk, config=config, **kw), f32)
     out = {"o": (o, o_ref)}
     if with_final:
         out["final"] = (fin, fin_ref)
@@ -142,14 +144,7 @@ def test_readouts_match_float64_reference(readout, Bsz, T, H, R, D, M, chunk, de
 
 def test_every_output_element_is_written():
     """All kernel-written buffers start as NaN (poison); any element a kernel skips would surface as NaN."""
-    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config
-
-    old = kernel_config()["poison"]
-    set_kernel_config(poison=True)
-    try:
-        res = run_both(2, 37, 1, 12, 16, 10, 32, seed=99)
-    finally:
-        set_kernel_config(poison=old)
+    res = run_both(2, 37, 1, 12, 16, 10, 32, seed=99, config=InterdomainConfig(poison=True))
     for name, (a, b) in res.items():
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < _tol(), (name, rel(a, b))
@@ -166,14 +161,7 @@ def test_every_output_element_is_written():
     ],
 )
 def test_kernel_configurations(cfg, chunk):
-    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config
-
-    old = kernel_config()
-    set_kernel_config(**cfg)
-    try:
-        res = run_both(1, 70, 1, 16, 16, 16, chunk, seed=31 + chunk + cfg["BC"])
-    finally:
-        set_kernel_config(**{key: old[key] for key in cfg})
+    res = run_both(1, 70, 1, 16, 16, 16, chunk, seed=31 + chunk + cfg["BC"], config=InterdomainConfig(**cfg))
     for name, (a, b) in res.items():
         assert rel(a, b) < _tol(), (name, rel(a, b))
 
@@ -279,38 +267,31 @@ def test_custom_op_opcheck():
     )
 
 
-@pytest.fixture
-def fused_dz():
-    """Runs the backward with the fused reverse scan + state-carry gradient (_state_bwd_dz) and restores the config."""
-    from hybrid_attention.ops.interdomain.triton.ops import kernel_config, set_kernel_config
-
-    old = kernel_config()
-    set_kernel_config(fuse_dz=True)
-    yield set_kernel_config
-    set_kernel_config(**old)
+FUSED_DZ = dict(fuse_dz=True)  # the backward with the fused reverse scan + state-carry gradient (_state_bwd_dz)
 
 
 @pytest.mark.parametrize("denominator", [False, True])
 @pytest.mark.parametrize("T", [1, 17, 40, 100])
-def test_fused_state_carry_gradient(fused_dz, T, denominator):
+def test_fused_state_carry_gradient(T, denominator):
     """fuse_dz=True vs the float64 reference: T = 1 (only the peeled partial chunk), 17 / 40 / 100 (partial last chunk
     of 16 after 1 / 2 / 6 full ones), initial state and final-state gradient, every gradient."""
-    res = run_both(1, T, 2, 16, 16, 16, 16, seed=400 + T + denominator, denominator=denominator, dominant=denominator)
+    res = run_both(1, T, 2, 16, 16, 16, 16, seed=400 + T + denominator, denominator=denominator, dominant=denominator,
+                   config=InterdomainConfig(**FUSED_DZ))
     assert {"dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"} <= set(res)
     for name, (a, b) in res.items():
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < (10 if denominator else 1) * _tol(), (name, rel(a, b))
 
 
-def test_fused_state_carry_gradient_odd_shapes_poisoned(fused_dz):
+def test_fused_state_carry_gradient_odd_shapes_poisoned():
     """Non-power-of-two R, D, M (masked modes and channels, two channel blocks), B = 2, no initial state, chunk 32
     with a partial last chunk; every kernel-written buffer starts as NaN."""
-    fused_dz(poison=True, BCH_FZ=16)
-    res = run_both(2, 45, 2, 12, 20, 10, 32, seed=77, with_state=False)
+    cfg = InterdomainConfig(**FUSED_DZ, poison=True, BCH_FZ=16)
+    res = run_both(2, 45, 2, 12, 20, 10, 32, seed=77, with_state=False, config=cfg)
     for name, (a, b) in res.items():
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < _tol(), (name, rel(a, b))
-    res = run_both(1, 45, 1, 12, 20, 10, 32, seed=78, with_final=False)  # dX0 without a final-state gradient
+    res = run_both(1, 45, 1, 12, 20, 10, 32, seed=78, with_final=False, config=cfg)  # dX0, no final-state gradient
     for name, (a, b) in res.items():
         assert rel(a, b) < _tol(), (name, rel(a, b))
 

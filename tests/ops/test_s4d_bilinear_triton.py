@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable
 if HAS_TRITON:
     from hybrid_attention.ops.s4d_bilinear.triton import ops as s4d_ops
     from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
+    from hybrid_attention.ops.s4d_bilinear.triton.config import DEFAULT_CONFIG, S4DBilinearConfig
 
 F64, C128 = torch.float64, torch.complex128
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,15 +65,18 @@ def low(x: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Ten
     return y.to(DEV).detach().requires_grad_()
 
 
-def check_against_reference(a, b, log_lam, B, C, init, *, chunk_size: int, dtype=torch.float32, tol: float = TOL):
-    """Outputs, final state and the gradient of every input of triton_s4d_bilinear vs float64 chunk_s4d_bilinear, for
-    a random linear functional of (o, final state)."""
+def check_against_reference(a, b, log_lam, B, C, init, *, chunk_size: int, dtype=torch.float32, tol: float = TOL,
+                            config=None):
+    """Outputs, final state and the gradient of every input of triton_s4d_bilinear (launch configuration ``config``,
+    an ``S4DBilinearConfig``; None = the registered op's defaults) vs float64 chunk_s4d_bilinear, for a random linear
+    functional of (o, final state)."""
     ref_in = [x.clone().requires_grad_() if x is not None else None for x in (a, b, log_lam, B, C, init)]
     o_ref, s_ref = chunk_s4d_bilinear(
         *ref_in[:5], initial_state=ref_in[5], output_final_state=True, chunk_size=chunk_size
     )
     tri_in = [low(x, dtype) for x in (a, b, log_lam, B, C, init)]
-    o, s = triton_s4d_bilinear(*tri_in[:5], initial_state=tri_in[5], output_final_state=True, chunk_size=chunk_size)
+    o, s = triton_s4d_bilinear(*tri_in[:5], initial_state=tri_in[5], output_final_state=True, chunk_size=chunk_size,
+                               config=config)
     assert o.shape == o_ref.shape and o.dtype == dtype
     assert s.shape == s_ref.shape and s.dtype == torch.complex64
     assert torch.isfinite(o).all() and torch.isfinite(torch.view_as_real(s)).all()
@@ -111,16 +115,9 @@ def test_triton_odd_sizes():
 def test_triton_other_backward_variants():
     """The single-launch backward readout (bwd_split flipped) together with the other shared state path (the
     shared scans' fuse_dz flipped) gives the same gradients."""
-    from hybrid_attention.ops.common.triton import ssm_scan as id_ops
-
-    old, old_fz = s4d_ops.kernel_config()["bwd_split"], id_ops.kernel_config()["fuse_dz"]
-    s4d_ops.set_kernel_config(bwd_split=not old)
-    id_ops.set_kernel_config(fuse_dz=not old_fz)
-    try:
-        check_against_reference(*make_case(1, 21, 2, 16, 16, 3, True), chunk_size=16)
-    finally:
-        s4d_ops.set_kernel_config(bwd_split=old)
-        id_ops.set_kernel_config(fuse_dz=old_fz)
+    d = DEFAULT_CONFIG
+    cfg = S4DBilinearConfig(bwd_split=not d.bwd_split, fuse_dz=not d.fuse_dz)
+    check_against_reference(*make_case(1, 21, 2, 16, 16, 3, True), chunk_size=16, config=cfg)
 
 
 def test_triton_bf16_inputs():
@@ -133,15 +130,10 @@ def test_triton_bf16_inputs():
 def test_triton_no_final_state_and_poisoned_buffers():
     """output_final_state=False returns None; with every kernel buffer NaN-filled first, nothing unwritten leaks."""
     a, b, log_lam, B, C, init = make_case(1, 19, 1, 16, 16, 11, True)
-    old = s4d_ops.kernel_config()["poison"]
-    s4d_ops.set_kernel_config(poison=True)
-    try:
-        ins = [low(x) for x in (a, b, log_lam, B, C, init)]
-        o, s = triton_s4d_bilinear(*ins[:5], initial_state=ins[5], chunk_size=16)
-        assert s is None
-        o.square().sum().backward()
-    finally:
-        s4d_ops.set_kernel_config(poison=old)
+    ins = [low(x) for x in (a, b, log_lam, B, C, init)]
+    o, s = triton_s4d_bilinear(*ins[:5], initial_state=ins[5], chunk_size=16, config=S4DBilinearConfig(poison=True))
+    assert s is None
+    o.square().sum().backward()
     o_ref, _ = chunk_s4d_bilinear(a, b, log_lam, B, C, initial_state=init, chunk_size=16)
     assert rel(o, o_ref) < TOL
     for x in ins:
@@ -190,7 +182,7 @@ def test_custom_op_opcheck():
 
 @pytest.mark.skipif(DEV == "cuda", reason="the dry run is the CPU smoke test of the GPU benchmark")
 def test_benchmark_dry_run(tmp_path):
-    """``hybrid_attention.bench.s4d_bilinear_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every
+    """``benchmarks.s4d_bilinear_ops`` at tiny shapes on the CPU (BENCH_DRYRUN=1, interpreter): every
     section runs, the correctness check passes and the JSON has correctness, timing and sweep rows."""
     import json
     import subprocess
@@ -200,7 +192,7 @@ def test_benchmark_dry_run(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "hybrid_attention.bench.s4d_bilinear_ops"],
+        [sys.executable, "-m", "benchmarks.s4d_bilinear_ops"],
         env=env,
         capture_output=True,
         text=True,

@@ -22,7 +22,7 @@ import textwrap
 import pytest
 import torch
 
-from hybrid_attention.ops.gated_delta.triton import TRITON_AVAILABLE
+from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 pytestmark = [
@@ -34,7 +34,7 @@ pytestmark = [
 MODULES = {
     "gated_delta": "hybrid_attention.ops.gated_delta.triton.kernels",
     "decode": "hybrid_attention.ops.gated_delta.triton.decode",
-    "chunk_attention": "hybrid_attention.ops.chunk_attention.gpu",
+    "chunk_attention": "hybrid_attention.ops.chunk_attention.triton.kernels",
 }
 # interpreter-only constexprs -> their value on the GPU
 GPU_CONSTEXPRS = {"WHILE_LOOP": False, "UPCAST": False, "PREC": "tf32"}
@@ -46,7 +46,7 @@ def _is_constexpr(fn, name: str) -> bool:
 
 
 def _record_launches(monkeypatch) -> list[dict]:
-    from hybrid_attention.ops.chunk_attention import gpu as ca
+    from hybrid_attention.ops.chunk_attention.triton import kernels as ca
     from hybrid_attention.ops.gated_delta.triton import decode as dec
     from hybrid_attention.ops.gated_delta.triton import kernels as gk
 
@@ -75,7 +75,7 @@ def _record_launches(monkeypatch) -> list[dict]:
 
 
 def _run_ops():
-    from hybrid_attention.ops.chunk_attention.gpu import triton_chunk_attention
+    from hybrid_attention.ops.chunk_attention.triton import triton_chunk_attention
     from hybrid_attention.ops.gated_delta import gated_delta
     from hybrid_attention.ops.gated_delta.triton import triton_gated_delta_step
 

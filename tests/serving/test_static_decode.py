@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from benchmarks.decode_latency import decode_latency
 from hybrid_attention.layers.base import TokenMixer
 from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving import StaticDecoder
-from hybrid_attention.serving.bench import decode_latency
 
 C = 16  # chunk size of the tiny preset
 # Triton kernels run on the GPU when there is one, else in the interpreter (conftest sets TRITON_INTERPRET=1).

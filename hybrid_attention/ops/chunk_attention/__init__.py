@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from ..common.backend import resolve_backend
+from . import triton as triton_backend
 from .chunk import chunk_chunk_attention
 from .flex import FLEX_AVAILABLE, build_chunk_block_mask, flex_chunk_attention
-from .gpu import TRITON_AVAILABLE, triton_chunk_attention, triton_chunk_attention_supported
 from .naive import naive_chunk_attention
+from .triton import triton_chunk_attention
 
 __all__ = [
     "chunk_attention",
@@ -26,6 +28,8 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "reference", "naive", "flex", "triton")
+_FORMS = {"reference": chunk_chunk_attention, "naive": naive_chunk_attention, "flex": flex_chunk_attention,
+          "triton": triton_chunk_attention}
 
 
 def chunk_attention(
@@ -44,23 +48,12 @@ def chunk_attention(
 
     Returns ``o [B, T, Hs, Dv]``. backend: ``"reference"`` -> the memory-lean chunk loop (exact, differentiable
     everywhere); ``"naive"`` -> dense T×T oracle; ``"flex"`` -> FlexAttention (GPU; its backward does not run on
-    CPU); ``"triton"`` -> the block-sparse Triton kernels of ``gpu.py`` (forward + backward incl. the routing-bias
+    CPU); ``"triton"`` -> the block-sparse Triton kernels of ``triton/`` (forward + backward incl. the routing-bias
     gradient; CUDA, or CPU under ``TRITON_INTERPRET=1``).
 
     Decision: ``"auto"`` picks the Triton kernels for CUDA inputs they support (not float64, chunk_size in
     {16, 32, 64, 128}, head dims <= 256) and the reference form otherwise.
     """
-    if backend == "auto":
-        use_triton = TRITON_AVAILABLE and q.is_cuda and triton_chunk_attention_supported(q, v, chunk_size)
-        fn = triton_chunk_attention if use_triton else chunk_chunk_attention
-    elif backend == "triton":
-        fn = triton_chunk_attention
-    elif backend == "reference":
-        fn = chunk_chunk_attention
-    elif backend == "naive":
-        fn = naive_chunk_attention
-    elif backend == "flex":
-        fn = flex_chunk_attention
-    else:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
+    fn = _FORMS[resolve_backend(backend, "chunk_attention", supported, BACKENDS)]
     return fn(q, k, v, routing, chunk_size=chunk_size, group_size=group_size, scale=scale, routing_bias=routing_bias)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from ..common.backend import resolve_backend
+from . import triton as triton_backend
 from .chunk import chunk_gated_delta
 from .naive import naive_gated_delta
-from .triton import TRITON_AVAILABLE, triton_gated_delta, triton_supported
+from .triton import triton_gated_delta
 
 __all__ = ["gated_delta", "chunk_gated_delta", "naive_gated_delta", "triton_gated_delta", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
+_FORMS = {"reference": chunk_gated_delta, "naive": naive_gated_delta, "triton": triton_gated_delta}
 
 
 def gated_delta(
@@ -45,17 +48,8 @@ def gated_delta(
     inputs it supports (not float64, chunk_size in {16, 32, 64, 128}, K <= 256) when Triton is installed, else the
     reference form.
     """
-    if backend == "auto":
-        use_triton = TRITON_AVAILABLE and q.is_cuda and triton_supported(q, v, chunk_size)
-        fn = triton_gated_delta if use_triton else chunk_gated_delta
-    elif backend == "triton":
-        fn = triton_gated_delta
-    elif backend == "reference":
-        fn = chunk_gated_delta
-    elif backend == "naive":
-        fn = naive_gated_delta
-    else:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
+    fn = _FORMS[resolve_backend(backend, "gated_delta", supported, BACKENDS)]
     # both forms validate their inputs (ValueError naming the argument and the expected shape)
     return fn(
         q,

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import torch
 
+from ..common.backend import resolve_backend
 from ..common.ssm import validate_chunk_size
+from . import triton as triton_backend
 from .chunk import chunk_interdomain
 from .naive import naive_interdomain
 from .readout import DEFAULT_READOUT, READOUTS, validate_readout
-from .triton import HAS_TRITON, triton_interdomain
+from .triton import triton_interdomain
 
 __all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "triton_interdomain", "BACKENDS", "READOUTS",
            "DEFAULT_READOUT"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
-
-
-def _auto_uses_triton(*tensors: torch.Tensor) -> bool:
-    """Whether backend "auto" runs the Triton kernels: CUDA tensors, triton importable, no float64 input."""
-    return HAS_TRITON and all(t.is_cuda for t in tensors) and not any(t.dtype == torch.float64 for t in tensors)
 
 
 def interdomain(
@@ -51,8 +48,8 @@ def interdomain(
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
     when triton imports and no input is float64, else "reference".
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', 'triton', got {backend!r}")
+    supported = lambda: all(t.is_cuda for t in (q, k, v)) and triton_backend.supported(q, k, v)  # noqa: E731
+    backend = resolve_backend(backend, "interdomain", supported, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     validate_readout(readout)
     if backend == "naive":
@@ -68,7 +65,7 @@ def interdomain(
             output_final_state=output_final_state,
             readout=readout,
         )
-    if backend == "triton" or (backend == "auto" and _auto_uses_triton(q, k, v)):
+    if backend == "triton":
         return triton_interdomain(
             q,
             k,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.backend import resolve_backend
 from ..common.ssm import validate_chunk_size
 from .fft import fft_s4d
 from .naive import naive_s4d
@@ -51,8 +52,8 @@ def s4d(
     convolution). ``chunk_size`` is accepted for signature compatibility with the other ops and validated (a
     positive int), but unused.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(repr(x) for x in BACKENDS)}, got {backend!r}")
+    # no Triton kernel: "auto" resolves to "reference", and every name but "naive" runs the FFT convolution
+    backend = resolve_backend(backend, "s4d", False, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     fn = naive_s4d if backend == "naive" else fft_s4d
     return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state)

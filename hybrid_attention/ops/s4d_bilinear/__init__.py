@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from ..common.backend import resolve_backend
 from ..common.ssm import validate_chunk_size
+from . import triton as triton_backend
 from .chunk import chunk_s4d_bilinear
 from .naive import naive_s4d_bilinear
-from .triton import HAS_TRITON, triton_s4d_bilinear
+from .triton import triton_s4d_bilinear
 
 __all__ = ["s4d_bilinear", "naive_s4d_bilinear", "chunk_s4d_bilinear", "triton_s4d_bilinear", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
-
-
-def _auto_uses_triton(*tensors: torch.Tensor) -> bool:
-    """Whether backend "auto" runs the Triton kernels: CUDA tensors, triton importable, no float64 input (the same
-    rule as the Interdomain op)."""
-    return HAS_TRITON and all(t.is_cuda for t in tensors) and not any(t.dtype == torch.float64 for t in tensors)
 
 
 def s4d_bilinear(
@@ -49,14 +45,14 @@ def s4d_bilinear(
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
     when triton imports and no input is float64, else "reference".
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of 'auto', 'reference', 'naive', 'triton', got {backend!r}")
+    supported = lambda: a.is_cuda and b.is_cuda and triton_backend.supported(a, b)  # noqa: E731
+    backend = resolve_backend(backend, "s4d_bilinear", supported, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if backend == "naive":
         return naive_s4d_bilinear(
             a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state
         )
-    if backend == "triton" or (backend == "auto" and _auto_uses_triton(a, b)):
+    if backend == "triton":
         return triton_s4d_bilinear(
             a,
             b,

@@ -360,7 +360,7 @@ def _chunk_dz(
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Fused reverse scan + state-carry gradient (``set_kernel_config(fuse_dz=True)``): replaces _state_bwd + _chunk_dz.
+# Fused reverse scan + state-carry gradient (``ScanConfig.fuse_dz``, on by default): replaces _state_bwd + _chunk_dz.
 #
 # Parallelisation (design decision): one program per (channel block, b·h) holding ALL M modes of its channels, tile
 # [BM, BCH]. The state-carry part of dk / dv, dz_s[c] = Re Σ_m conj(B λ^{L-1-s})_m dXe[m, c], is a sum over every

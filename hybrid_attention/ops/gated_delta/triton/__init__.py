@@ -1,34 +1,21 @@
-"""Triton backend of ``gated_delta`` (forward + backward, commit mask, initial/final states).
+"""Triton backend of ``gated_delta`` (forward + backward, commit mask, initial/final states) and its decode step.
 
-Importing this package never fails: without Triton, ``TRITON_AVAILABLE`` is False and the op raises on use.
+Importable without triton: ``HAS_TRITON`` says whether the kernels are available, ``supported(q, v, chunk_size)``
+(``support.py``) whether they handle these inputs, and without triton the entry points raise a clear
+``RuntimeError``. ``kernels.py`` holds the chunk kernels, ``function.py`` their launches and the autograd Function,
+``decode.py`` the fused single-token step.
 """
 
 from __future__ import annotations
 
-try:  # guarded: CPU-only installs need not have Triton
-    import triton  # noqa: F401
+from ...common.triton import HAS_TRITON, missing
+from .support import supported
 
-    TRITON_AVAILABLE = True
-except Exception:  # pragma: no cover - ImportError, or a broken triton install
-    TRITON_AVAILABLE = False
-
-if TRITON_AVAILABLE:
+if HAS_TRITON:
     from .decode import triton_gated_delta_step
-    from .function import triton_gated_delta, triton_supported
-    from .mixed import natsl_mixed
-else:  # pragma: no cover
+    from .function import triton_gated_delta
+else:  # pragma: no cover - CPU-only installs without triton
+    triton_gated_delta = missing("triton_gated_delta")
+    triton_gated_delta_step = missing("triton_gated_delta_step")
 
-    def triton_supported(*args, **kwargs) -> bool:  # type: ignore[misc]
-        return False
-
-    def triton_gated_delta(*args, **kwargs):  # type: ignore[misc]
-        raise RuntimeError("triton is not installed; use backend='reference'")
-
-    def natsl_mixed(*args, **kwargs):  # type: ignore[misc]
-        raise RuntimeError("triton is not installed")
-
-    def triton_gated_delta_step(*args, **kwargs):  # type: ignore[misc]
-        raise RuntimeError("triton is not installed")
-
-
-__all__ = ["TRITON_AVAILABLE", "triton_gated_delta", "triton_supported", "natsl_mixed", "triton_gated_delta_step"]
+__all__ = ["HAS_TRITON", "supported", "triton_gated_delta", "triton_gated_delta_step"]

@@ -8,11 +8,11 @@ The NAtS-L chunk-end commit / rollback stays a ``torch.where`` on the state in t
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ...common.triton import interpreting
 
 __all__ = ["triton_gated_delta_step"]
 
@@ -67,7 +67,7 @@ def triton_gated_delta_step(
         raise ValueError("triton_gated_delta_step: q, k [B, H, K], v [B, H, V], g, beta [B, H], state [B, H, K, V]")
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError("triton_gated_delta_step: state must be a contiguous float32 tensor (updated in place)")
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    interp = interpreting()
     if not (q.is_cuda or interp):
         raise ValueError("triton_gated_delta_step needs CUDA tensors (or TRITON_INTERPRET=1)")
     scale = K**-0.5 if scale is None else float(scale)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
+from ...common.triton import interpreting
 from ..naive import validate_gated_delta_inputs
 from . import kernels as _k
+from .support import supported
 
-__all__ = ["triton_gated_delta", "triton_supported", "LAUNCH", "POISON"]
+__all__ = ["triton_gated_delta", "LAUNCH", "POISON"]
 
 
 POISON = False  # tests / benchmarks: fill every kernel-written buffer with NaN first (unwritten elements show up)
@@ -26,26 +26,8 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
     return _empty(*x.shape, device=x.device, dtype=x.dtype)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
-
-
-def triton_supported(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
-    """Whether the Triton path handles these inputs (else callers fall back to the PyTorch chunk form).
-
-    Requirements: CUDA tensors (or the interpreter), not float64, chunk size a power of two in [16, 128], K <= 256.
-    """
-    if q.dtype == torch.float64 or v.dtype == torch.float64:
-        return False
-    if not (q.is_cuda or _interpreting()):
-        return False
-    if chunk_size not in (16, 32, 64, 128):
-        return False
-    return q.shape[-1] <= 256
 
 
 # Launch configuration on the GPU (tile sizes are capped by the head dims). Chosen from sm_90 compiles on the CPU
@@ -77,7 +59,7 @@ class _Cfg:
         self.BK3 = min(L["fin_bk"], kp)
         self.BV3 = min(L["fin_bv"], vp)
         self.NKT = triton.cdiv(K, self.BK2)
-        interp = self.interp = _interpreting()
+        interp = self.interp = interpreting()
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=L["par_warps"], num_stages=L["par_stages"])
         self.seqf = dict(num_warps=L["seqf_warps"], num_stages=L["seqf_stages"])
@@ -234,7 +216,7 @@ def triton_gated_delta(
     ``decay_uncommitted``) and ``initial_state``.
     """
     validate_gated_delta_inputs(q, k, v, g, beta, commit, chunk_size, initial_state)
-    if not triton_supported(q, v, chunk_size):
+    if not supported(q, v, chunk_size):
         raise ValueError("triton_gated_delta: unsupported inputs (need CUDA or TRITON_INTERPRET=1, not float64, "
                          "chunk_size in {16, 32, 64, 128}, K <= 256)")
     B, T, H, K = q.shape

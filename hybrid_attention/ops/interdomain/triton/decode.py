@@ -15,8 +15,6 @@ CUDA graph with static buffers; its cost does not depend on the context length. 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -26,7 +24,6 @@ from ..readout import DEFAULT_READOUT, readout_operators
 
 __all__ = ["decode_params", "interdomain_decode_step"]
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit

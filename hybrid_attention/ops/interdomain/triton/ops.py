@@ -12,10 +12,11 @@ with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M], init [B, H, 2
 (ops/interdomain/readout.py) sets K and conj_p: "transpose" K = Cᵀ C, conj_p False; "hermitian" K = Cᵀ conj(C),
 conj_p True (r = K conj(p)); "real" is their average, two calls (twice the work of the other two readouts).
 
-The chunk-boundary state scans, the power table, the planar conversion and the launch configuration
-(``kernel_config`` / ``set_kernel_config``, ``LAST_KERNELS``, ``profiling`` / ``profile_summary``, re-exported here as
-this op's tuning interface) are shared with the bilinear S4D op and live in ``hybrid_attention.ops.common.triton``;
-this module launches the Interdomain chunk kernels (``kernels.py``) between them.
+The chunk-boundary state scans, the power table and the planar conversion are shared with the bilinear S4D op and
+live in ``hybrid_attention.ops.common.triton``; this module launches the Interdomain chunk kernels (``kernels.py``)
+between them. The launch configuration is a frozen ``InterdomainConfig`` (``config.py``) passed as an argument: the
+registered ops run ``DEFAULT_CONFIG``; ``triton_interdomain(..., config=..., hooks=...)`` runs another one (or
+watches the launches through ``LaunchHooks``) eagerly through ``common.triton.eager`` (benchmarks, tests).
 
 Memory: the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D] float32 buffer,
 freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk states. No per-token
@@ -28,44 +29,22 @@ import torch
 import triton
 
 from ...common.ssm import validate_chunk_size
-from ...common.triton.ssm_scan import (
-    _CFG,
-    _INTERPRET,
-    LAST_KERNELS,
-    _empty,
-    _np2,
-    _planar,
-    _power_table,
-    _prec,
-    _record,
-    _stage,
-    _state_bwd_dz,
-    _state_bwd_unfused,
-    _states_fwd,
-    kernel_config,
-    profile_summary,
-    profiling,
-    set_kernel_config,
-)
+from ...common.triton import interpreting
+from ...common.triton.eager import eager_function
+from ...common.triton.hooks import NO_HOOKS, LaunchHooks
+from ...common.triton.ssm_scan import _np2, _planar, _power_table, _states_fwd, state_bwd
 from ..naive import safe_divide, validate_interdomain_inputs
 from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
 from . import kernels as K
+from .config import DEFAULT_CONFIG, InterdomainConfig
 
-__all__ = [
-    "triton_interdomain",
-    "interdomain_fwd_planar",
-    "kernel_config",
-    "set_kernel_config",
-    "LAST_KERNELS",
-    "profiling",
-    "profile_summary",
-]
+__all__ = ["triton_interdomain", "interdomain_fwd_planar", "kernel_chunk"]
 
 
-def _kernel_chunk(chunk_size: int) -> int:
+def kernel_chunk(chunk_size: int, cfg: InterdomainConfig = DEFAULT_CONFIG) -> int:
     """Chunk length used by the kernels: chunk_size if it is a power of two in [16, 128], else 64, capped at
     ``max_chunk`` (the result does not depend on the chunk size; only speed and the boundary-state memory do)."""
-    return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, _CFG["max_chunk"])
+    return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, cfg.max_chunk)
 
 
 def _lp_dot(x: torch.Tensor) -> bool:
@@ -73,25 +52,28 @@ def _lp_dot(x: torch.Tensor) -> bool:
     whose bf16 dot is broken in triton 3.6)."""
     if x.dtype == torch.float16:
         return True
-    return x.dtype == torch.bfloat16 and not _INTERPRET
+    return x.dtype == torch.bfloat16 and not interpreting()
 
 
-def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool):
+def _fwd_impl(
+    q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool, *,
+    cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
-    BT = _kernel_chunk(chunk_size)
+    BT = kernel_chunk(chunk_size, cfg)
     out_dtype = torch.float32 if out_fp32 else q.dtype
-    o = _empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
+    o = cfg.empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
     if T == 0:
         fin = init.clone() if init is not None else q.new_zeros(Bsz, H, 2, M, R + D, dtype=torch.float32)
         return o, (fin if need_final else q.new_empty(0, dtype=torch.float32))
-    with _stage("host_prep"):
+    with hooks.stage("host_prep"):
         P = _power_table(ll, BT)
-    states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final)
+    states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final, cfg, hooks)
     NT = triton.cdiv(T, BT)
-    BC = min(_CFG["BC"], BT)
-    with _stage("chunk_fwd"):
+    BC = min(cfg.BC, BT)
+    with hooks.stage("chunk_fwd"):
         h = K._chunk_fwd[(NT, Bsz * H)](
             q,
             k,
@@ -112,23 +94,26 @@ def _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_f
             BR=_np2(R),
             BD=_np2(D),
             BM=_np2(M),
-            DOT_PREC=_prec(),
+            DOT_PREC=cfg.prec(),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
-            num_warps=_CFG["warps_chunk_fwd"],
-            num_stages=_CFG["stages"],
+            num_warps=cfg.warps_chunk_fwd,
+            num_stages=cfg.stages,
         )
-    _record("chunk_fwd", h)
+    hooks.record("chunk_fwd", h)
     fin = final.view(Bsz, H, 2, M, R + D) if need_final else q.new_empty(0, dtype=torch.float32)
     return o, fin
 
 
-def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int, conj_p: bool):
+def _bwd_impl(
+    q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int, conj_p: bool, *,
+    cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
     NC = R + D
-    BT = _kernel_chunk(chunk_size)
+    BT = kernel_chunk(chunk_size, cfg)
     dev = q.device
     f32 = torch.float32
     if T == 0:
@@ -145,25 +130,25 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int, conj_p: bo
             dinit if dinit is not None else q.new_empty(0, dtype=f32),
         )
     NT = triton.cdiv(T, BT)
-    with _stage("host_prep"):
+    with hooks.stage("host_prep"):
         P = _power_table(ll, BT)
-    states, _ = _states_fwd(k, v, P, bb, init, BT, True, False)
-    dq = _empty(Bsz, T, H, R, device=dev)
-    dk = _empty(Bsz, T, H, R, device=dev)
-    dv = _empty(Bsz, T, H, D, device=dev)
-    dx = _empty(Bsz * H, NT, 2, M, NC, device=dev)
-    gk_part = _empty(Bsz * H, NT, 2, M, M, device=dev)
-    gbl_part = _empty(2, Bsz * H, NT, 2, M, device=dev)  # per-chunk dB, d log λ partials: one buffer, one reduction
+    states, _ = _states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks)
+    dq = cfg.empty(Bsz, T, H, R, device=dev)
+    dk = cfg.empty(Bsz, T, H, R, device=dev)
+    dv = cfg.empty(Bsz, T, H, D, device=dev)
+    dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
+    gk_part = cfg.empty(Bsz * H, NT, 2, M, M, device=dev)
+    gbl_part = cfg.empty(2, Bsz * H, NT, 2, M, device=dev)  # per-chunk dB, d log λ partials: one buffer, one reduction
     gb_part, gl_part = gbl_part[0], gbl_part[1]
-    BC = min(_CFG["BC"], BT)
+    BC = min(cfg.BC, BT)
     do = do.contiguous()
-    parts = (1, 2) if _CFG["bwd_split"] else (0,)
+    parts = (1, 2) if cfg.bwd_split else (0,)
     gbl = {part: (gb_part, gl_part) for part in parts}
     for part in parts:
         if part == 1:  # the value side writes its own dB / d log λ partials
-            val_part = _empty(2, Bsz * H, NT, 2, M, device=dev)
+            val_part = cfg.empty(2, Bsz * H, NT, 2, M, device=dev)
             gbl[part] = (val_part[0], val_part[1])
-        with _stage("chunk_bwd"):
+        with hooks.stage("chunk_bwd"):
             h = K._chunk_bwd[(NT, Bsz * H)](
                 q,
                 k,
@@ -192,20 +177,17 @@ def _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int, conj_p: bo
                 BR=_np2(R),
                 BD=_np2(D),
                 BM=_np2(M),
-                DOT_PREC=_prec(),
+                DOT_PREC=cfg.prec(),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
-                num_warps=_CFG["warps_chunk_bwd"],
-                num_stages=_CFG["stages"],
+                num_warps=cfg.warps_chunk_bwd,
+                num_stages=cfg.stages,
             )
-        _record(f"chunk_bwd{part}", h)
-    dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
-    if _CFG["fuse_dz"]:
-        gb_carry, gl_carry = _state_bwd_dz(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT)
-    else:
-        gb_carry, gl_carry = _state_bwd_unfused(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT)
+        hooks.record(f"chunk_bwd{part}", h)
+    dinit = cfg.empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
+    gb_carry, gl_carry = state_bwd(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks)
     del states
-    with _stage("host_reduce"):
+    with hooks.stage("host_reduce"):
         dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
         chunk_sum = gbl_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
         if 1 in gbl:  # split backward: the value side wrote its own partials
@@ -287,19 +269,26 @@ def _setup_context(ctx, inputs, output):
     ctx.has_init = init is not None
 
 
-def _backward(ctx, do, dfinal):
+def _grads(ctx, do, dfinal, bwd):
+    """Gradients of the forward op's inputs from (do, dfinal), computed by ``bwd`` (the registered backward op, or
+    the eager path's ``_bwd_impl`` with its config)."""
     q, k, v, ll, bb, kk, init = ctx.saved_tensors
     if do is None:
         do = torch.zeros(q.shape[:3] + (v.shape[-1],), device=q.device, dtype=q.dtype)
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
-    dq, dk, dv, dll, dbb, dkk, dinit = interdomain_bwd_op(
+    dq, dk, dv, dll, dbb, dkk, dinit = bwd(
         q, k, v, ll, bb, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size, ctx.conj_p
     )
     return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None, None
 
 
+def _backward(ctx, do, dfinal):
+    return _grads(ctx, do, dfinal, interdomain_bwd_op)
+
+
 interdomain_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_EagerInterdomain = eager_function(_fwd_impl, _bwd_impl, _setup_context, _grads)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -308,10 +297,11 @@ interdomain_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 def interdomain_fwd_planar(
     q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool,
-    readout: str = DEFAULT_READOUT,
+    readout: str = DEFAULT_READOUT, config: InterdomainConfig | None = None, hooks: LaunchHooks | None = None,
 ):
     """Differentiable call of the registered op from complex (log_lam, B, C, initial_state) for the "transpose" or
-    "hermitian" readout; returns (o, final complex64 or None)."""
+    "hermitian" readout; returns (o, final complex64 or None). With a ``config`` or ``hooks`` it runs the eager path
+    (``common.triton.eager``) with them instead of the registered op."""
     if readout not in ("transpose", "hermitian"):
         raise ValueError(f"interdomain_fwd_planar runs readout 'transpose' or 'hermitian', got {readout!r}")
     ll = _planar(log_lam, 1).contiguous()
@@ -320,7 +310,11 @@ def interdomain_fwd_planar(
     k1, k2 = readout_operators(Cc, readout)  # autograd carries dK to dC
     kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
-    o, fin = interdomain_fwd_op(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, readout == "hermitian")
+    args = (q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, readout == "hermitian")
+    if config is None and hooks is None:
+        o, fin = interdomain_fwd_op(*args)
+    else:
+        o, fin = _EagerInterdomain.apply(config or DEFAULT_CONFIG, hooks or NO_HOOKS, *args)
     # planar [B, H, 2, M, NC] -> complex: one copy; its backward hands the op a strided view of the incoming gradient
     # (made contiguous once inside), where torch.complex(fin[:, :, 0], fin[:, :, 1]) cost zero-fills and copies
     final = torch.view_as_complex(fin.movedim(2, -1).contiguous()) if need_final else None
@@ -340,6 +334,8 @@ def triton_interdomain(
     output_final_state: bool = False,
     chunk_size: int = 64,
     readout: str = DEFAULT_READOUT,
+    config: InterdomainConfig | None = None,
+    hooks: LaunchHooks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core on Triton kernels (same contract as ``chunk_interdomain``).
 
@@ -352,6 +348,9 @@ def triton_interdomain(
 
     ``readout`` "transpose" / "hermitian" is one kernel pass; "real" = ½ (transpose + hermitian) runs both (the
     readout is linear in r, so the average is exact), at twice the cost.
+
+    ``config`` (an ``InterdomainConfig``) and ``hooks`` (``LaunchHooks``) are for benchmarks and tests: given either,
+    the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
     """
     validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
@@ -370,7 +369,8 @@ def triton_interdomain(
     o, final = 0.0, None
     for i, ro in enumerate(passes):
         o_i, f_i = interdomain_fwd_planar(
-            q, k, v, log_lam, B, C, initial_state, chunk_size, out_fp32, output_final_state and i == 0, ro
+            q, k, v, log_lam, B, C, initial_state, chunk_size, out_fp32, output_final_state and i == 0, ro,
+            config=config, hooks=hooks,
         )
         o, final = o + o_i / len(passes), (f_i if i == 0 else final)
     if denominator:

@@ -23,8 +23,11 @@ Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂R
   g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums); then the
   shared reverse state scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the
   λ^L-carry part of d log λ) and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB,
-  d log λ), called through the shared host helpers ``_state_bwd_unfused`` / ``_state_bwd_dz`` (the fused variant
-  when the shared ``fuse_dz`` setting of ``hybrid_attention.ops.common.triton.ssm_scan`` is on).
+  d log λ), called through the shared host helper ``state_bwd`` (the fused variant ``_state_bwd_dz`` when the
+  config's ``fuse_dz`` is on).
+The launch configuration is a frozen ``S4DBilinearConfig`` (``config.py``) passed as an argument: the registered
+ops run ``DEFAULT_CONFIG``; ``triton_s4d_bilinear(..., config=..., hooks=...)`` runs another one eagerly
+(``common.triton.eager``; benchmarks, tests).
 Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
 to d log λ, dB and dC.
 
@@ -41,84 +44,59 @@ import torch
 import triton
 
 from ...common.ssm import validate_chunk_size
-from ...common.triton import ssm_scan as S
-from ...common.triton.ssm_scan import _INTERPRET, _np2
+from ...common.triton.eager import eager_function
+from ...common.triton.hooks import NO_HOOKS, LaunchHooks
+from ...common.triton.ssm_scan import _np2, _planar, _power_table, _states_fwd, state_bwd
 from ..naive import validate_s4d_bilinear_inputs
 from . import kernels as K
+from .config import DEFAULT_CONFIG, S4DBilinearConfig
 
-__all__ = ["triton_s4d_bilinear", "kernel_config", "set_kernel_config"]
-
-# Fixed launch configuration (no autotuning: one config under the interpreter; the benchmark may try others).
-_CFG = {
-    "max_chunk": 32,  # kernel chunk length cap (same default as the Interdomain op, whose state scans we share)
-    "JT": 32,  # channel tile of the readout kernels (>= 16: tl.dot minimum)
-    "warps_fwd": 4,
-    "warps_bwd": 8,
-    # backward readout as two launches (PART 1: da, db, X0 adjoint; PART 2: table grads), each recomputing Y: compiled
-    # for sm_90 at JT=32 / 8 warps the fused kernel spills 2.6 KB per thread, the two parts 0.7 and 0.8 KB (cuobjdump
-    # of an ahead-of-time build; not yet timed on the GPU: the benchmark sweep compares both)
-    "bwd_split": True,
-    "stages": 1,
-    "dot_prec": "tf32",  # input precision of the float32 matmuls on the GPU ("tf32", "tf32x3", "ieee")
-    "poison": False,  # fill every kernel-written buffer with NaN first (tests / benchmark check)
-}
+__all__ = ["triton_s4d_bilinear", "kernel_chunk", "impulse_table"]
 
 
-def kernel_config() -> dict:
-    """A copy of the current launch configuration."""
-    return dict(_CFG)
-
-
-def set_kernel_config(**kw) -> None:
-    """Change launch-configuration keys (see ``_CFG``); unknown keys raise ``KeyError``."""
-    S.update_config(_CFG, **kw)
-
-
-def _empty(*shape, device, dtype=torch.float32) -> torch.Tensor:
-    return S.empty_buffer(_CFG, *shape, device=device, dtype=dtype)
-
-
-def _prec() -> str:
-    return "ieee" if _INTERPRET else _CFG["dot_prec"]
-
-
-def kernel_chunk(chunk_size: int) -> int:
+def kernel_chunk(chunk_size: int, cfg: S4DBilinearConfig = DEFAULT_CONFIG) -> int:
     """Kernel chunk length: chunk_size if it is a power of two in [16, 128], else 64, capped at ``max_chunk`` (the
     result does not depend on it beyond rounding)."""
-    return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, _CFG["max_chunk"])
+    return min(chunk_size if chunk_size in (16, 32, 64, 128) else 64, cfg.max_chunk)
 
 
-def _jt(R: int) -> int:
-    return min(_CFG["JT"], _np2(R))
+def _jt(R: int, cfg: S4DBilinearConfig) -> int:
+    return min(cfg.JT, _np2(R))
 
 
-def _states(a, b, ll, bb, init, BT: int, need_final: bool):
+def _states(a, b, ll, bb, init, BT: int, need_final: bool, cfg: S4DBilinearConfig, hooks: LaunchHooks):
     """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared state scan."""
-    P = S._power_table(ll, BT)
-    states, final = S._states_fwd(a, b, P, bb, init, BT, True, need_final)
+    P = _power_table(ll, BT)
+    states, final = _states_fwd(a, b, P, bb, init, BT, True, need_final, cfg, hooks)
     return P, states, final
 
 
-def _fwd_impl(a, b, ll, bb, cc, kk, init, chunk_size: int, need_final: bool):
+def _fwd_impl(
+    a, b, ll, bb, cc, kk, init, chunk_size: int, need_final: bool, *,
+    cfg: S4DBilinearConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+):
     Bsz, T, H, R = a.shape
     M = ll.shape[-1]
     BT = kk.shape[-1]
-    o = _empty(Bsz, T, H, R, device=a.device, dtype=a.dtype)
+    o = cfg.empty(Bsz, T, H, R, device=a.device, dtype=a.dtype)
     if T == 0:
         fin = init.clone() if init is not None else a.new_zeros(Bsz, H, 2, M, 2 * R, dtype=torch.float32)
         return o, (fin if need_final else a.new_empty(0, dtype=torch.float32))
-    P, states, final = _states(a, b, ll, bb, init, BT, need_final)
+    P, states, final = _states(a, b, ll, bb, init, BT, need_final, cfg, hooks)
     NT = triton.cdiv(T, BT)
-    JT = _jt(R)
+    JT = _jt(R, cfg)
     K._readout_fwd[(NT, Bsz * H, triton.cdiv(R, JT))](
         a, b, o, P, cc, kk, states, T, H, R, NT,
-        M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), num_warps=_CFG["warps_fwd"], num_stages=_CFG["stages"],
+        M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
     )  # fmt: skip
     fin = final.view(Bsz, H, 2, M, 2 * R) if need_final else a.new_empty(0, dtype=torch.float32)
     return o, fin
 
 
-def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
+def _bwd_impl(
+    a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int, *,
+    cfg: S4DBilinearConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+):
     Bsz, T, H, R = a.shape
     M = ll.shape[-1]
     BT = kk.shape[-1]
@@ -131,30 +109,29 @@ def _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int):
             dinit = dfinal.clone() if dfinal is not None else torch.zeros_like(init)
         z = torch.zeros_like
         return z(a), z(b), z(ll), z(bb), z(cc), z(kk), dinit
-    P, states, _ = _states(a, b, ll, bb, init, BT, False)
+    P, states, _ = _states(a, b, ll, bb, init, BT, False, cfg, hooks)
     do = do.contiguous()
     NT = triton.cdiv(T, BT)
-    JT = _jt(R)
-    da = _empty(Bsz, T, H, R, device=dev)
-    db = _empty(Bsz, T, H, R, device=dev)
-    dx = _empty(Bsz * H, NT, 2, M, NC, device=dev)
+    JT = _jt(R, cfg)
+    da = cfg.empty(Bsz, T, H, R, device=dev)
+    db = cfg.empty(Bsz, T, H, R, device=dev)
+    dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
     # design decision: the table gradients are accumulated with float32 atomics (B·NT·R/JT programs per head add
     # into [M, M] / [M, BT] / [M] rows) instead of per-program partials, which would need B·H·NT·M² floats.
     dC = torch.zeros(H, 2, M, M, device=dev, dtype=f32)
     dK = torch.zeros(H, 2, M, BT, device=dev, dtype=f32)
     dll = torch.zeros(H, 2, M, device=dev, dtype=f32)
-    for part in (1, 2) if _CFG["bwd_split"] else (0,):
+    for part in (1, 2) if cfg.bwd_split else (0,):
         K._readout_bwd[(NT, Bsz * H, triton.cdiv(R, JT))](
             a, b, do, da, db, P, cc, kk, states, dx, dC, dll, dK, T, H, R, NT,
-            M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=_prec(), PART=part, num_warps=_CFG["warps_bwd"],
-            num_stages=_CFG["stages"],
+            M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), PART=part, num_warps=cfg.warps_bwd,
+            num_stages=cfg.stages,
         )  # fmt: skip
     # The shared state path (the common host helpers, with (k, v) = (a, b), following the shared ``fuse_dz``
     # setting): reverse adjoint scan over the chunk-boundary states (d initial_state, the λ^L-carry part of d log λ)
     # and the state-carry gradient, added to da / db in place, with the input-path parts of dB and d log λ.
-    dinit = _empty(Bsz * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
-    state_bwd = S._state_bwd_dz if S.kernel_config()["fuse_dz"] else S._state_bwd_unfused
-    dbb, dll_carry = state_bwd(a, b, da, db, P, bb, states, dx, dfinal, dinit, init is not None, BT)
+    dinit = cfg.empty(Bsz * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
+    dbb, dll_carry = state_bwd(a, b, da, db, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks)
     del states
     dll = dll + dll_carry
     dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else a.new_empty(0, dtype=f32)
@@ -220,19 +197,26 @@ def _setup_context(ctx, inputs, output):
     ctx.has_init = init is not None
 
 
-def _backward(ctx, do, dfinal):
+def _grads(ctx, do, dfinal, bwd):
+    """Gradients of the forward op's inputs from (do, dfinal), computed by ``bwd`` (the registered backward op, or
+    the eager path's ``_bwd_impl`` with its config)."""
     a, b, ll, bb, cc, kk, init = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(a)
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
-    da, db, dll, dbb, dcc, dkk, dinit = s4d_bilinear_bwd_op(
+    da, db, dll, dbb, dcc, dkk, dinit = bwd(
         a, b, ll, bb, cc, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size
     )
     return da, db, dll, dbb, dcc, dkk, (dinit if ctx.has_init else None), None, None
 
 
+def _backward(ctx, do, dfinal):
+    return _grads(ctx, do, dfinal, s4d_bilinear_bwd_op)
+
+
 s4d_bilinear_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_EagerS4DBilinear = eager_function(_fwd_impl, _bwd_impl, _setup_context, _grads)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -259,6 +243,8 @@ def triton_s4d_bilinear(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    config: S4DBilinearConfig | None = None,
+    hooks: LaunchHooks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Bilinear S4D core on Triton kernels (same contract as ``chunk_s4d_bilinear``).
 
@@ -267,6 +253,8 @@ def triton_s4d_bilinear(
     ``o [B, T, H, R]`` in ``a.dtype`` and the final state (complex64) or ``None``. State and decay math is float32;
     ``chunk_size`` selects the kernel chunk length when it is a power of two in [16, 128] (else 64, capped by the
     ``max_chunk`` setting); the result does not depend on it beyond rounding. Differentiable in every tensor input.
+    ``config`` (an ``S4DBilinearConfig``) and ``hooks`` (``LaunchHooks``) are for benchmarks and tests: given either,
+    the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
     """
     validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
     validate_chunk_size(chunk_size)
@@ -275,15 +263,19 @@ def triton_s4d_bilinear(
     dt = a.dtype
     a = a.contiguous()
     b = b.to(dt).contiguous()
-    BT = kernel_chunk(chunk_size)
-    ll = S._planar(log_lam, 1).contiguous()
-    bb = S._planar(B, 1).contiguous()
-    cc = S._planar(C, 1).contiguous()
+    BT = kernel_chunk(chunk_size, config or DEFAULT_CONFIG)
+    ll = _planar(log_lam, 1).contiguous()
+    bb = _planar(B, 1).contiguous()
+    cc = _planar(C, 1).contiguous()
     lam_c = log_lam if log_lam.is_complex() else log_lam.to(torch.complex64)
     B_c = B if B.is_complex() else B.to(torch.complex64)
     C_c = C if C.is_complex() else C.to(torch.complex64)
-    kk = S._planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
-    init = S._planar(initial_state, 2).contiguous() if initial_state is not None else None
-    o, fin = s4d_bilinear_fwd_op(a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
+    kk = _planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
+    init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
+    args = (a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
+    if config is None and hooks is None:
+        o, fin = s4d_bilinear_fwd_op(*args)
+    else:
+        o, fin = _EagerS4DBilinear.apply(config or DEFAULT_CONFIG, hooks or NO_HOOKS, *args)
     final = torch.complex(fin[:, :, 0], fin[:, :, 1]) if output_final_state else None
     return o, final

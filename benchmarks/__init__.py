@@ -1,0 +1,38 @@
+"""GPU benchmarks: correctness against the float64 references plus timings, one device call per target.
+
+``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear] [--quick]`` runs the op-level sections,
+``hybrid-attention bench models [--quick]`` the model-level ones (prefill, decode, training step). Each section
+prints its table and writes a JSON file to ``$OUT`` (or the working directory). Every measured version is recorded
+in ``benchmarks/NOTES.md``. On a CPU machine, ``BENCH_DRYRUN=1 TRITON_INTERPRET=1`` runs them at tiny shapes as a
+smoke test of the benchmark code.
+``hybrid-attention bench train [--quick]``: the training-speed table (``train_speed``; JSON only with ``$OUT``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["TARGETS", "run_target"]
+
+# target -> {section name: module under benchmarks exposing main(argv)}
+TARGETS: dict[str, dict[str, str]] = {
+    "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d_bilinear": "s4d_bilinear_ops"},
+    "models": {"models": "models"},
+    "train": {"train": "train_speed"},  # training-step tokens/s, TFLOP/s, peak memory; eager vs compiled
+}
+TARGETS["inference"] = TARGETS["models"]  # the name DESIGN.md uses for the whole-model benchmark
+
+
+def run_target(target: str, only: list[str] | None = None, argv: list[str] | None = None) -> None:
+    """Run the sections of ``target`` ("ops" or "models"), optionally only those named in ``only``; ``argv`` is
+    passed to every section's ``main``."""
+    if target not in TARGETS:
+        raise ValueError(f"bench target must be one of {sorted(TARGETS)}, got {target!r}")
+    sections = TARGETS[target]
+    names = list(sections) if not only else only
+    unknown = [n for n in names if n not in sections]
+    if unknown:
+        raise ValueError(f"--only for '{target}' accepts {sorted(sections)}, got {unknown}")
+    for name in names:
+        module = importlib.import_module(f"{__name__}.{sections[name]}")
+        module.main(list(argv or []))

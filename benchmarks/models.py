@@ -1,0 +1,385 @@
+"""Model-level GPU benchmark: prefill, decode and training step of whole models, side by side in one run.
+
+    hybrid-attention bench models [--quick]     (or: python -m benchmarks.models)
+
+Sections (each guarded; random weights, bf16, B=1 unless stated):
+  1. prefill (issue 5): `natsl-hybrid-340m` (routing as produced by the random router, and forced to softmax
+     fractions 0.25 and 0.5), `gdn-340m`, `transformer-340m` at T = 4K, 16K, 64K, 128K: one forward pass that builds
+     the decode state (`model(ids, use_cache=True, logits_to_keep=1)`), median wall time (CUDA events) and peak memory
+     above the weights;
+  2. decode (issues 5 and 7): ms/token of one greedy step through `hybrid_attention.serving.StaticDecoder`, captured
+     in CUDA graphs on both sides, contexts 1K…128K (states filled at random to the context: the costs of a real
+     context), for the three 340M presets (NAtS-L at fractions 0.25 / 0.5) and the `interdomain-1.3b` /
+     `softmax-1.3b` pair (B = 1 and 8);
+  3. training (issue 5): tokens/s of a full training step (forward, backward, AdamW) at T = 4K, B = 4, bf16
+     autocast over float32 weights;
+  4. Table 12 (issue 7, spec interdomain §5.6): peak prefill memory (GB, weights included, as the paper reports it)
+     of `interdomain-1.3b` (one pass, and chunked prefill with C = 2048) vs `softmax-1.3b`, bf16, at the paper's
+     (B, L) pairs.
+Prints one table per section plus the issue targets (met / missed with the number) and writes
+``$OUT/models_gpu.json``. ``BENCH_DRYRUN=1`` runs it on the CPU with 2-layer stand-ins and tiny lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+
+import torch
+
+from benchmarks.common import DEVICE, DRYRUN, budget_left, elapsed, log, peak_mb, sync
+from benchmarks.common import guarded as _guarded
+from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.models import HybridConfig, HybridForCausalLM
+
+RESULTS: dict = {"errors": [], "prefill": [], "decode": [], "train": [], "table12": []}
+guarded = functools.partial(_guarded, RESULTS)
+
+NAN = float("nan")
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+if DRYRUN:
+    # 2-layer stand-ins with the same mixer pattern, tiny lengths: a smoke test of this file, not a measurement
+    _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
+    CONFIGS = {
+        "natsl-hybrid-340m": dict(_TINY, layers=["gdn", "natsl"], mixer_options={"natsl": {"num_attn_heads": 4}}),
+        "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
+        "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
+        "interdomain-1.3b": dict(_TINY, layers=["interdomain", "interdomain"]),
+        "softmax-1.3b": dict(_TINY, layers=["softmax", "softmax"]),
+    }
+    PREFILL_T, DECODE_CTX, TRAIN_T, TRAIN_B = [64, 96], [32, 64], 64, 2
+    TABLE12 = [(2, 64), (1, 128)]
+    TABLE12_CHUNK = 32
+else:
+    CONFIGS = {
+        name: None for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m", "interdomain-1.3b", "softmax-1.3b")
+    }
+    PREFILL_T, DECODE_CTX, TRAIN_T, TRAIN_B = [4096, 16384, 65536, 131072], [1024, 4096, 16384, 65536, 131072], 4096, 4
+    # spec interdomain §5.6, Table 12: (B, L) pairs and the paper's peak prefill GB (softmax SDPA, Interdomain
+    # non-chunked, Interdomain chunked C=2048; None = OOM on the paper's card)
+    TABLE12 = [(8, 4096), (8, 8192), (8, 16384), (16, 4096), (32, 2048), (64, 512)]
+    TABLE12_CHUNK = 2048
+PAPER_TABLE12 = {
+    (8, 4096): (14.65, 24.45, 17.58),
+    (8, 8192): (21.42, None, 19.90),
+    (8, 16384): (None, None, 25.78),
+    (16, 4096): (21.21, None, 26.54),
+    (32, 2048): (21.16, 40.97, 36.62),
+    (64, 512): (14.59, 24.77, 21.39),
+}
+NATSL_VARIANTS = [("as produced", None), ("forced 0.25", 0.25), ("forced 0.5", 0.5)]
+
+
+def build(name: str, dtype: torch.dtype = DTYPE) -> HybridForCausalLM:
+    """Random-weight model of a preset (or its dry-run stand-in) on the benchmark device, eval mode."""
+    overrides = CONFIGS[name]
+    cfg = HybridConfig(**overrides) if overrides is not None else HybridConfig.from_preset(name)
+    torch.manual_seed(0)
+    return HybridForCausalLM(cfg).to(DEVICE, dtype).eval()
+
+
+def set_fraction(model: HybridForCausalLM, fraction: float | None) -> None:
+    """Force every NAtS-L layer's softmax fraction (None: the router decides)."""
+    for blk in model.model.layers:
+        if isinstance(blk.mixer, NatsLAttention):
+            blk.mixer.force_routing = fraction
+
+
+def _free() -> None:
+    sync()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _time_ms(fn, reps: int) -> float:
+    """Median wall milliseconds of fn() over `reps` calls after one warm-up call (CUDA events on the GPU)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        if DEVICE == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _peak_gb(fn, relative: bool = False) -> float:
+    """Peak allocated GB while fn() runs (see ``peak_mb``; absolute unless `relative`)."""
+    _free()
+    return peak_mb(fn, relative=relative) / 1024
+
+
+def _natsl_fraction(model: HybridForCausalLM) -> float:
+    fr = [f.float().mean().item() for f in model.routing_fractions().values()]
+    return sum(fr) / len(fr) if fr else NAN
+
+
+# ------------------------------------------------------------------------------------------------------------ prefill
+@guarded("prefill")
+def prefill(lengths: list[int]) -> None:
+    for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m"):
+        model = build(name)
+        variants = NATSL_VARIANTS if name.startswith("natsl") else [("", None)]
+        for label, fraction in variants:
+            set_fraction(model, fraction)
+            for T in lengths:
+                if budget_left() < 60:
+                    log(f"prefill: budget spent, skipping {name} {label} T={T}")
+                    continue
+                ids = torch.randint(0, model.config.vocab_size, (1, T), device=DEVICE)
+
+                def run(ids=ids, model=model):
+                    with torch.no_grad():
+                        return model(ids, use_cache=True, logits_to_keep=1)
+
+                try:
+                    ms = _time_ms(run, reps=3 if T <= 16384 else 2)
+                    # session-2 run: measured above the memory allocated after building the model, which still
+                    # held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7 GB. Fixed.
+                    gb = _peak_gb(run, relative=True)
+                except torch.OutOfMemoryError:
+                    ms, gb = NAN, NAN
+                    log(f"prefill {name} T={T}: out of memory")
+                row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(model))
+                RESULTS["prefill"].append(row)
+                log(
+                    f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
+                    f"softmax fraction {row['fraction']:.3f}"
+                )
+                del run
+                _free()
+        del model
+        _free()
+
+
+# ------------------------------------------------------------------------------------------------------------ decode
+@guarded("decode")
+def decode(contexts: list[int]) -> None:
+    from benchmarks.decode_latency import decode_latency
+
+    plan = [
+        ("natsl-hybrid-340m", 0.25, [1]),
+        ("natsl-hybrid-340m", 0.5, [1]),
+        ("gdn-340m", None, [1]),
+        ("transformer-340m", None, [1]),
+        ("interdomain-1.3b", None, [1, 8]),
+        ("softmax-1.3b", None, [1, 8]),
+    ]
+    for name, fraction, batch_sizes in plan:
+        if budget_left() < 60:
+            log(f"decode: budget spent, skipping {name}")
+            continue
+        model = build(name)
+        for bsz in batch_sizes:
+            # softmax KV at B=8 and 128K would not fit next to everything else: B=8 stops at 16K
+            ctx = contexts if bsz == 1 else [c for c in contexts if c <= max(16384, contexts[0])]
+            kwargs = {} if fraction is None else {"natsl_softmax_fraction": fraction}
+            try:
+                rows = decode_latency(model, ctx, [bsz], graphs=DEVICE == "cuda", **kwargs)
+            except torch.OutOfMemoryError as exc:
+                log(f"decode {name} B={bsz}: out of memory ({exc})")
+                rows = []
+            for r in rows:
+                r.update(model=name, fraction=fraction)
+                RESULTS["decode"].append(r)
+                log(f"decode {name:<18} frac={fraction} {json.dumps({k: v for k, v in r.items() if k != 'model'})}")
+        del model
+        _free()
+
+
+# ------------------------------------------------------------------------------------------------------------ training
+@guarded("train")
+def train(T: int, bsz: int) -> None:
+    for name, fraction in (("natsl-hybrid-340m", None), ("gdn-340m", None), ("transformer-340m", None)):
+        if budget_left() < 60:
+            log(f"train: budget spent, skipping {name}")
+            continue
+        model = build(name, dtype=torch.float32).train()
+        set_fraction(model, fraction)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE == "cuda")
+        ids = torch.randint(0, model.config.vocab_size, (bsz, T), device=DEVICE)
+
+        def step(model=model, opt=opt, ids=ids):
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()  # compile the kernels
+        ms = _time_ms(step, reps=5 if DEVICE == "cuda" else 1)
+        peak = _peak_gb(step)
+        row = dict(
+            model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(model)
+        )
+        RESULTS["train"].append(row)
+        log(
+            f"train {name:<18} B={bsz} T={T}: {ms:8.1f} ms/step  {row['tok_s']:10.0f} tok/s  peak {peak:.1f} GB  "
+            f"softmax fraction {row['fraction']:.3f}"
+        )
+        del model, opt, step  # the closure holds both
+        _free()
+
+
+# ------------------------------------------------------------------------------------------------------------ table 12
+@guarded("table12")
+def table12(pairs: list[tuple[int, int]], chunk: int) -> None:
+    for name in ("softmax-1.3b", "interdomain-1.3b"):
+        model = build(name)
+        modes = [("one pass", None)] + ([(f"chunked C={chunk}", chunk)] if name.startswith("interdomain") else [])
+        for label, c in modes:
+            for bsz, L in pairs:
+                if budget_left() < 45:
+                    log(f"table12: budget spent, skipping {name} {label} B={bsz} L={L}")
+                    continue
+                ids = torch.randint(0, model.config.vocab_size, (bsz, L), device=DEVICE)
+
+                def run(ids=ids, c=c, model=model):
+                    with torch.no_grad():
+                        if c is None:
+                            return model(ids, use_cache=True, logits_to_keep=1)
+                        return model.prefill(ids, chunk_size=c)
+
+                try:
+                    gb = _peak_gb(run)  # weights included, as in the paper
+                    ms = _time_ms(run, reps=1)
+                except torch.OutOfMemoryError:
+                    gb, ms = NAN, NAN
+                RESULTS["table12"].append(dict(model=name, mode=label, B=bsz, L=L, peak_gb=gb, ms=ms))
+                log(f"table12 {name:<16} {label:<14} B={bsz:>2} L={L:>6}: peak {gb:6.2f} GB  {ms:8.1f} ms")
+                del run
+                _free()
+        del model
+        _free()
+
+
+# ------------------------------------------------------------------------------------------------------------ summary
+def _get(rows, **kw):
+    for r in rows:
+        if all(r.get(k) == v for k, v in kw.items()):
+            return r
+    return None
+
+
+def _f(x) -> str:
+    return f"{x:.4f}" if isinstance(x, (int, float)) else "  -   "
+
+
+def _verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def summary() -> None:
+    log("\n================ models (random weights, bf16) ================")
+    if RESULTS["prefill"]:
+        log("prefill (one pass building the decode state, B=1): ms / peak GB above the weights")
+        for r in RESULTS["prefill"]:
+            log(
+                f"  {r['model']:<18} {r['variant']:<12} T={r['T']:>6}  {r['ms']:9.1f} ms  {r['peak_gb']:6.2f} GB"
+                f"  fraction {r['fraction']:.3f}"
+            )
+    if RESULTS["decode"]:
+        log("decode ms/token (graph):")
+        for r in RESULTS["decode"]:
+            log(
+                f"  {r['model']:<18} frac={r['fraction']} B={r['batch_size']} ctx={r['context']:>6}: graph "
+                f"{_f(r['graph_ms'])} (mean {_f(r['graph_mean_ms'])})  eager {_f(r['eager_ms'])}"
+                + (f"  error: {r['error']}" if r.get("error") else "")
+            )
+    if RESULTS["train"]:
+        log("training step (B x T tokens, bf16 autocast, AdamW):")
+        for r in RESULTS["train"]:
+            log(f"  {r['model']:<18} {r['tok_s']:10.0f} tok/s  ({r['ms']:.1f} ms, peak {r['peak_gb']:.1f} GB)")
+    if RESULTS["table12"]:
+        log("Table 12 (peak prefill GB incl. weights; paper: softmax / interdomain one pass / chunked):")
+        for r in RESULTS["table12"]:
+            paper = PAPER_TABLE12.get((r["B"], r["L"]))
+            log(
+                f"  {r['model']:<16} {r['mode']:<14} B={r['B']:>2} L={r['L']:>6}: {r['peak_gb']:6.2f} GB "
+                f"({r['ms']:.0f} ms)  paper {paper}"
+            )
+    # issue targets
+    P, D, Tr = RESULTS["prefill"], RESULTS["decode"], RESULTS["train"]
+    T_top = max((r["T"] for r in P), default=None)
+    if T_top:
+        tf = _get(P, model="transformer-340m", T=T_top)
+        gd = _get(P, model="gdn-340m", T=T_top)
+        for label, _ in NATSL_VARIANTS:
+            na = _get(P, model="natsl-hybrid-340m", variant=label, T=T_top)
+            if tf and gd and na:
+                s_tf, s_gd = tf["ms"] / na["ms"], na["ms"] / gd["ms"]
+                log(
+                    f"target prefill@{T_top} ({label}): {s_tf:.2f}x faster than Transformer (>= 7: "
+                    f"{_verdict(s_tf >= 7)}), {s_gd:.2f}x GDN's time (<= 1.4: {_verdict(s_gd <= 1.4)})"
+                )
+    if D:
+        c_top = max(r.get("context", 0) for r in D)
+        tf = _get(D, model="transformer-340m", context=c_top, batch_size=1)
+        for fr in (0.25, 0.5):
+            na = _get(D, model="natsl-hybrid-340m", fraction=fr, context=c_top, batch_size=1)
+            if tf and na and tf["graph_mean_ms"] and na["graph_mean_ms"]:
+                s = tf["graph_mean_ms"] / na["graph_mean_ms"]  # means: chunk-final steps included
+                log(
+                    f"target decode@{c_top} (fraction {fr}): {s:.2f}x faster than Transformer "
+                    f"(>= 5: {_verdict(s >= 5)})"
+                )
+        ids = sorted(
+            (r for r in D if r["model"] == "interdomain-1.3b" and r.get("batch_size") == 1), key=lambda r: r["context"]
+        )
+        if len(ids) >= 2 and all(r["graph_ms"] for r in ids):
+            lat = [r["graph_ms"] for r in ids]
+            spread = max(lat) / min(lat) - 1
+            log(
+                f"target interdomain-1.3b decode flat within 5% over contexts: spread {spread * 100:.1f}% "
+                f"({_verdict(spread <= 0.05)})"
+            )
+    na, gd = _get(Tr, model="natsl-hybrid-340m"), _get(Tr, model="gdn-340m")
+    if na and gd:
+        s = na["tok_s"] / gd["tok_s"]
+        log(f"target training tok/s NAtS-L Hybrid / GDN = {s:.2f} (>= 0.8: {_verdict(s >= 0.8)})")
+    if RESULTS["errors"]:
+        log("ERRORS: " + " | ".join(RESULTS["errors"]))
+    log(f"total {elapsed():.0f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every section (``--quick``: the two shortest lengths of each; ``--sections a,b``: only those of prefill,
+    decode, train, table12)."""
+    argv = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in argv
+    only = None
+    for i, a in enumerate(argv):
+        if a == "--sections" and i + 1 < len(argv):
+            only = set(argv[i + 1].split(","))
+    log(
+        f"models bench: device={DEVICE} dryrun={DRYRUN} torch={torch.__version__}"
+        + (f" ({torch.cuda.get_device_name()})" if DEVICE == "cuda" else "")
+    )
+    lengths = PREFILL_T[:2] if quick else PREFILL_T
+    if only is None or "prefill" in only:
+        prefill(lengths)
+    if only is None or "train" in only:
+        train(TRAIN_T, TRAIN_B)
+    if only is None or "decode" in only:
+        decode(DECODE_CTX[:3] if quick else DECODE_CTX)
+    if only is None or "table12" in only:
+        table12(TABLE12[:2] if quick else TABLE12, TABLE12_CHUNK)
+    with open(os.path.join(os.environ.get("OUT", "."), "models_gpu.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+    summary()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Training speed on the GPU: tokens/s, step time, model TFLOP/s and peak memory of a full training step.
+
+    hybrid-attention bench train [--quick]      (or: python -m benchmarks.train_speed [options])
+
+Rows, all in one run and one table (random weights, float32 master weights, bf16 autocast, fused AdamW):
+  * every mixer of ``MIXER_BUILDERS`` (read at run time) as the ``small`` preset with all layers that mixer, at
+    B×T = 16×2048 and 32×512;
+  * the 340M presets ``transformer-340m``, ``gdn-340m``, ``natsl-hybrid-340m`` at B×T = 4×4096 (not with ``--quick``).
+Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile / run failure is caught, printed on
+one line and recorded for that row only) and, for the 340M rows, ``eager+ckpt`` (``train.checkpointing``: every
+decoder block under torch.utils.checkpoint), whose peak memory is the point.
+
+Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``WARMUP`` untimed steps (the
+compiled variant compiles in the first), then ``STEPS`` steps timed together with CUDA events: step ms = total / STEPS.
+Peak memory = ``torch.cuda.max_memory_allocated()`` over the timed steps (weights, gradients, AdamW states and
+activations), GB = 2^30 bytes.
+
+FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input embedding (the LM head counts), plus for
+softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T²·(heads·head_dim)/2 per layer
+(``6N+attn``). For the other mixers (GDN, NAtS-L, Interdomain, S4D, ...) only 6N is counted (``6N only``): their
+mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
+
+Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
+rows or a 340M preset), ``--variants eager compiled eager+ckpt``, ``--steps N``, ``--warmup N``. The soft budget
+``BENCH_BUDGET_S`` (default 540 s) skips the remaining rows when spent (recorded as skipped); split a full run over
+several device calls with ``--models``. Prints a markdown table at the end and writes ``$OUT/train_speed.json`` when
+``$OUT`` is set. ``BENCH_DRYRUN=1`` runs it on the CPU with toy widths / lengths (compiled rows use the ``eager``
+Dynamo backend there unless ``BENCH_COMPILE_BACKEND`` says otherwise): a smoke test of this file, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+import torch._dynamo
+
+from benchmarks.common import DEVICE, DRYRUN, budget_left, elapsed, log, sync
+from hybrid_attention.models import HybridConfig, HybridForCausalLM
+
+__all__ = ["main", "plan", "flops_per_step", "RESULTS"]
+
+RESULTS: dict = {"errors": [], "rows": []}
+LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
+VARIANTS = ("eager", "compiled", "eager+ckpt")
+if DRYRUN:
+    _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
+    SMALL_SHAPES = [(2, 64), (4, 32)]
+    LARGE_SHAPES = [(1, 64)]
+    # 2-layer stand-ins of the 340M presets with the same mixer pattern
+    LARGE_CFG = {
+        "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
+        "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
+        "natsl-hybrid-340m": dict(_TINY, layers=["gdn", "natsl"], mixer_options={"natsl": {"num_attn_heads": 4}}),
+    }
+    WARMUP, STEPS, QUICK_STEPS = 1, 1, 1
+    COMPILE_BACKEND = os.environ.get("BENCH_COMPILE_BACKEND", "eager")
+else:
+    SMALL_SHAPES = [(16, 2048), (32, 512)]
+    LARGE_SHAPES = [(4, 4096)]
+    LARGE_CFG = {name: None for name in LARGE}
+    WARMUP, STEPS, QUICK_STEPS = 3, 10, 4
+    COMPILE_BACKEND = os.environ.get("BENCH_COMPILE_BACKEND", "inductor")
+
+
+def config_of(row_name: str) -> HybridConfig:
+    """The HybridConfig of a row: a mixer name -> ``small`` with all layers that mixer; else a 340M preset."""
+    if row_name in LARGE:
+        over = LARGE_CFG[row_name]
+        return HybridConfig(**over) if over is not None else HybridConfig.from_preset(row_name)
+    if DRYRUN:
+        return HybridConfig.from_preset("small", layers=[row_name, row_name], **_TINY)
+    return HybridConfig.from_preset("small", layers=row_name)
+
+
+def plan(quick: bool = False, models: list[str] | None = None, variants: list[str] | None = None) -> list[dict]:
+    """The rows to run: (name, B, T, variant) dicts in table order."""
+    from hybrid_attention.models.mixers import MIXER_BUILDERS
+
+    variants = list(variants or VARIANTS)
+    rows = []
+    for mixer in MIXER_BUILDERS:
+        for B, T in SMALL_SHAPES:
+            rows += [dict(name=mixer, B=B, T=T, variant=v) for v in variants if v != "eager+ckpt"]
+    if not quick:
+        for name in LARGE:
+            for B, T in LARGE_SHAPES:
+                rows += [dict(name=name, B=B, T=T, variant=v) for v in variants]
+    if models:
+        allowed = sorted(set(MIXER_BUILDERS) | set(LARGE))
+        unknown = [m for m in models if m not in allowed]
+        if unknown:
+            raise ValueError(f"--models accepts {allowed}, got {unknown}")
+        rows = [r for r in rows if r["name"] in models]
+    return rows
+
+
+def flops_per_step(model: HybridForCausalLM, B: int, T: int) -> tuple[float, str]:
+    """Training FLOPs of one step under the model documented above, and its label."""
+    n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    flops = 6.0 * n * B * T
+    attn = 0.0
+    for blk in model.model.layers:
+        if blk.mixer_type == "softmax":
+            m = blk.mixer
+            width = getattr(m, "num_heads", model.config.num_heads) * getattr(m, "head_dim", model.config.head_dim)
+            attn += 6.0 * 2.0 * B * T * T * width / 2.0
+    return flops + attn, ("6N+attn" if attn else "6N only")
+
+
+def _free() -> None:
+    gc.collect()
+    sync()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _one_line(exc: BaseException, limit: int = 240) -> str:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "OutOfMemoryError"
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
+
+
+def measure(spec: dict, steps: int, warmup: int) -> dict:
+    """Build, (compile,) warm up and time one row; raises on failure (the caller records it)."""
+    from hybrid_attention.training.checkpointing import enable_block_checkpointing
+
+    name, B, T, variant = spec["name"], spec["B"], spec["T"], spec["variant"]
+    cfg = config_of(name)
+    torch.manual_seed(0)
+    model = HybridForCausalLM(cfg).to(DEVICE).float().train()
+    row = dict(spec)
+    row["layers"] = _describe(cfg.mixer_types)
+    row["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
+    flops, row["flops_model"] = flops_per_step(model, B, T)
+    if variant == "eager+ckpt":
+        enable_block_checkpointing(model)
+    fwd = model
+    if variant == "compiled":
+        torch._dynamo.reset()
+        fwd = torch.compile(model, backend=COMPILE_BACKEND)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE == "cuda")
+    ids = torch.randint(0, cfg.vocab_size, (B, T), device=DEVICE)
+    amp = DEVICE == "cuda"
+
+    def step():
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=amp):
+            loss = fwd(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    t0 = time.time()
+    for _ in range(warmup):
+        loss = step()
+    sync()
+    row["warmup_s"] = time.time() - t0
+    row["loss"] = float(loss.detach().float())
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+        total_ms = start.elapsed_time(end)
+        row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        total_ms = (time.perf_counter() - t1) * 1e3
+        row["peak_gb"] = float("nan")
+    row["step_ms"] = total_ms / steps
+    row["tok_s"] = B * T / row["step_ms"] * 1e3
+    row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
+    row["steps"] = steps
+    return row
+
+
+def _describe(mixers: list[str]) -> str:
+    runs: list[list] = []
+    for m in mixers:
+        if runs and runs[-1][0] == m:
+            runs[-1][1] += 1
+        else:
+            runs.append([m, 1])
+    if len(runs) > 3:  # interleaved (the NAtS-L Hybrid): totals per mixer
+        totals: dict[str, int] = {}
+        for m in mixers:
+            totals[m] = totals.get(m, 0) + 1
+        return " + ".join(f"{m} x{n}" for m, n in totals.items()) + " (interleaved)"
+    return ", ".join(f"{m} x{n}" for m, n in runs)
+
+
+def run_rows(specs: list[dict], steps: int, warmup: int) -> None:
+    for spec in specs:
+        label = f"{spec['name']} B={spec['B']} T={spec['T']} {spec['variant']}"
+        if budget_left() < 30:
+            RESULTS["rows"].append({**spec, "error": "skipped (BENCH_BUDGET_S spent)"})
+            log(f"train {label}: skipped (budget spent)")
+            continue
+        _free()
+        t0 = time.time()
+        try:
+            row = measure(spec, steps, warmup)
+            log(f"train {label}: {row['step_ms']:9.1f} ms/step {row['tok_s']:10.0f} tok/s {row['tflops']:7.1f} "
+                f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB  [{time.time() - t0:.0f} s]")
+        except Exception as exc:  # noqa: BLE001 - one row's failure (compile, OOM) must not stop the table
+            row = {**spec, "error": _one_line(exc)}
+            RESULTS["errors"].append(f"{label}: {row['error']}")
+            log(f"train {label}: FAILED {row['error']}")
+        RESULTS["rows"].append(row)
+        if spec["variant"] == "compiled":
+            torch._dynamo.reset()
+        _free()
+
+
+def table(rows: list[dict]) -> str:
+    def f(r, k, fmt):
+        v = r.get(k)
+        return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
+
+    lines = ["| model | layers | B×T | variant | step ms | tokens/s | TFLOP/s | FLOPs counted | peak GB | note |",
+             "|---|---|---|---|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r.get('layers', '-')} | {r['B']}×{r['T']} | {r['variant']} | "
+                     f"{f(r, 'step_ms', '.1f')} | {f(r, 'tok_s', '.0f')} | {f(r, 'tflops', '.1f')} | "
+                     f"{r.get('flops_model', '-')} | {f(r, 'peak_gb', '.2f')} | {r.get('error', '')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="hybrid-attention bench train", description="training-step speed")
+    p.add_argument("--quick", action="store_true", help="fewer timed steps, only the small-preset rows")
+    p.add_argument("--sweep", action="store_true", help=argparse.SUPPRESS)  # passed by `bench`; nothing to sweep
+    p.add_argument("--models", nargs="+", help="row names: mixers (small preset) and/or 340M presets")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--warmup", type=int)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    steps = a.steps or (QUICK_STEPS if a.quick else STEPS)
+    warmup = a.warmup or WARMUP
+    specs = plan(a.quick, a.models, a.variants)
+    if DEVICE == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    log(f"train-speed bench: device={DEVICE} dryrun={DRYRUN} torch={torch.__version__}"
+        + (f" ({torch.cuda.get_device_name()})" if DEVICE == "cuda" else "")
+        + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {COMPILE_BACKEND}")
+    run_rows(specs, steps, warmup)
+    log(f"\ntraining step (bf16 autocast on CUDA, fused AdamW), {elapsed():.0f} s:")
+    log(table(RESULTS["rows"]))
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "train_speed.json"), "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+                       "torch": torch.__version__, "dryrun": DRYRUN, "steps": steps, "warmup": warmup,
+                       "compile_backend": COMPILE_BACKEND, **RESULTS}, fh, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""The block-sparse Triton kernels of chunk attention (the NAtS-L softmax branch), forward + backward.
+
+Our own FlashAttention-2 style kernels over the chunk routing. Query t (chunk c(t), softmax head i, decision head
+h = i // G) sees its own chunk causally and every earlier chunk n with routing[b, n, h] = 1; cross-chunk logits get
+``routing_bias[b, n, h]`` (the NAtS-L routing gradient is d bias = Σ dS over those pairs, no softmax-scale factor).
+
+* Forward / dq: one program per (query tile of QC chunks, b, head). It walks the compacted, ascending list of routed
+  chunks before its tile (``idx``/``cnt``, built on the device from the routing, no host sync) without masks, then
+  the QC diagonal chunks with the causal + routing mask. Cost ∝ ρ·T²/2 + T·C per head (ρ = routed fraction).
+* dk/dv: one program per (key chunk, b, head): its own chunk causally, then, only if the chunk is routed, every
+  later query tile (unmasked); it also accumulates Σ dS over those later queries = the routing-bias gradient.
+
+Softmax statistics in fp32 (log2 domain); dots take the input dtype (bf16 on the GPU) with fp32 accumulation.
+Interpreter-compatible (``TRITON_INTERPRET=1``): runtime-bounded loops become ``while`` loops there (NumPy >= 2.4
+refuses ``int()`` of the interpreter's 1-element scalars), the compiled kernels use ``for`` loops.
+The softmax scales are constexpr: inductor (``torch.compile``) types Python float runtime arguments of user Triton
+kernels fp64, which would promote the fp32 loop-carried accumulators (Triton refuses the loop).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
+               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+               DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    cols = kc * C + tl.arange(0, C)
+    dk_r = tl.arange(0, BDK)
+    dv_r = tl.arange(0, BDV)
+    cm = cols < T
+    k = tl.load(k_ptr + kv_base + cols[:, None] * (HS * DK) + dk_r[None, :],
+                mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
+    v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
+                mask=cm[:, None] & (dv_r < DV)[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if DIAG:
+        qc = rows // C
+        cross = qc > kc
+        vis = ((qc == kc)[:, None] & (rows[:, None] >= cols[None, :])) | (cross & (r_kc > 0))[:, None]
+        vis = vis & cm[None, :]
+        if HAS_BIAS:
+            s += tl.where(cross, bias_kc * 1.4426950408889634, 0.0)[:, None]
+        s = tl.where(vis, s, float("-inf"))
+    else:
+        if HAS_BIAS:
+            s += bias_kc * 1.4426950408889634
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+@triton.jit
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
+                qk_scale: tl.constexpr, T, N, HS, G,
+                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+                QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                UPCAST: tl.constexpr, STORE_O32: tl.constexpr):
+    BM: tl.constexpr = QC * C
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles (most routed chunks) first
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // HS
+    hs = bh % HS
+    hn = hs // G
+    rows = pid_m * BM + tl.arange(0, BM)
+    rm = rows < T
+    dk_r = tl.arange(0, BDK)
+    dv_r = tl.arange(0, BDV)
+    q_base = b * T * HS * DK + hs * DK
+    q = tl.load(q_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], mask=rm[:, None] & (dk_r < DK)[None, :],
+                other=0.0)
+    if UPCAST:  # the interpreter's bf16 dot is wrong (NumPy has no bf16): compute in fp32 there
+        q = q.to(tl.float32)
+    acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    c0 = pid_m * QC
+    rbase = (b * (HS // G) + hn) * N
+    n_full = tl.load(cnt_ptr + (b * (HS // G) + hn) * (N + 1) + c0)
+    if WHILE_LOOP:
+        j = 0
+        while j < n_full:
+            kc = tl.load(idx_ptr + rbase + j)
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale,
+                                       T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            j += 1
+    else:
+        for j in range(n_full):
+            kc = tl.load(idx_ptr + rbase + j)
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale,
+                                       T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+    for d in tl.static_range(QC):
+        kc = c0 + d
+        r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
+        bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
+        acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, r_kc, bias_kc, qk_scale,
+                                   T, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    o_base = b * T * HS * DV + hs * DV
+    o_offs = o_base + rows[:, None] * (HS * DV) + dv_r[None, :]
+    tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=rm[:, None] & (dv_r < DV)[None, :])
+    if STORE_O32:  # fp32 copy for the backward's Δ = rowsum(o ⊙ dO) (a bf16 o costs ~2e-3 in the routing grad)
+        tl.store(o32_ptr + o_offs, o, mask=rm[:, None] & (dv_r < DV)[None, :])
+    tl.store(lse_ptr + bh * T + rows, m_i + tl.log2(l_safe), mask=rm)
+
+@triton.jit
+def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
+              DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+              DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    cols = kc * C + tl.arange(0, C)
+    dk_r = tl.arange(0, BDK)
+    dv_r = tl.arange(0, BDV)
+    cm = cols < T
+    k = tl.load(k_ptr + kv_base + cols[:, None] * (HS * DK) + dk_r[None, :],
+                mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
+    v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
+                mask=cm[:, None] & (dv_r < DV)[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if DIAG:
+        qc = rows // C
+        cross = qc > kc
+        vis = ((qc == kc)[:, None] & (rows[:, None] >= cols[None, :])) | (cross & (r_kc > 0))[:, None]
+        vis = vis & cm[None, :]
+        if HAS_BIAS:
+            s += tl.where(cross, bias_kc * 1.4426950408889634, 0.0)[:, None]
+        p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
+    else:
+        if HAS_BIAS:
+            s += bias_kc * 1.4426950408889634
+        p = tl.exp2(s - lse[:, None])
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+@triton.jit
+def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
+               scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
+               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+               QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+               UPCAST: tl.constexpr):
+    BM: tl.constexpr = QC * C
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // HS
+    hs = bh % HS
+    hn = hs // G
+    rows = pid_m * BM + tl.arange(0, BM)
+    rm = rows < T
+    dk_r = tl.arange(0, BDK)
+    dv_r = tl.arange(0, BDV)
+    q_base = b * T * HS * DK + hs * DK
+    o_base = b * T * HS * DV + hs * DV
+    q = tl.load(q_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], mask=rm[:, None] & (dk_r < DK)[None, :],
+                other=0.0)
+    do = tl.load(do_ptr + o_base + rows[:, None] * (HS * DV) + dv_r[None, :],
+                 mask=rm[:, None] & (dv_r < DV)[None, :], other=0.0)
+    lse = tl.load(lse_ptr + bh * T + rows, mask=rm, other=0.0)
+    delta = tl.load(delta_ptr + bh * T + rows, mask=rm, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    dq = tl.zeros([BM, BDK], dtype=tl.float32)
+    c0 = pid_m * QC
+    rbase = (b * (HS // G) + hn) * N
+    n_full = tl.load(cnt_ptr + (b * (HS // G) + hn) * (N + 1) + c0)
+    if WHILE_LOOP:
+        j = 0
+        while j < n_full:
+            kc = tl.load(idx_ptr + rbase + j)
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale, T, HS,
+                           DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            j += 1
+    else:
+        for j in range(n_full):
+            kc = tl.load(idx_ptr + rbase + j)
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale, T, HS,
+                           DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+    for d in tl.static_range(QC):
+        kc = c0 + d
+        r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
+        bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
+        dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
+                       DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
+    tl.store(dq_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
+             mask=rm[:, None] & (dk_r < DK)[None, :])
+
+@triton.jit
+def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows, cols, bias_kc,
+               qk_scale, T, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+               DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    dk_r = tl.arange(0, BDK)
+    dv_r = tl.arange(0, BDV)
+    rm = rows < T
+    q = tl.load(q_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], mask=rm[:, None] & (dk_r < DK)[None, :],
+                other=0.0)
+    do = tl.load(do_ptr + o_base + rows[:, None] * (HS * DV) + dv_r[None, :],
+                 mask=rm[:, None] & (dv_r < DV)[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(lse_ptr + bh * T + rows, mask=rm, other=0.0)
+    delta = tl.load(delta_ptr + bh * T + rows, mask=rm, other=0.0)
+    sT = tl.dot(k, tl.trans(q)) * qk_scale  # [keys, queries]
+    if DIAG:
+        vis = (rows[None, :] >= cols[:, None]) & rm[None, :]
+    else:
+        vis = rm[None, :]
+        if HAS_BIAS:
+            sT += bias_kc * 1.4426950408889634
+    pT = tl.where(vis, tl.exp2(sT - lse[None, :]), 0.0)
+    dv += tl.dot(pT.to(do.dtype), do)
+    dpT = tl.dot(v, tl.trans(do))
+    dsT = pT * (dpT - delta[None, :])
+    dk += tl.dot(dsT.to(q.dtype), q)
+    if not DIAG:
+        dsum += tl.sum(dsT, 1)
+    return dk, dv, dsum
+
+@triton.jit
+def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
+                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+                QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                UPCAST: tl.constexpr):
+    kc = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // HS
+    hs = bh % HS
+    hn = hs // G
+    cols = kc * C + tl.arange(0, C)
+    cm = cols < T
+    dk_r = tl.arange(0, BDK)
+    dv_r = tl.arange(0, BDV)
+    q_base = b * T * HS * DK + hs * DK
+    o_base = b * T * HS * DV + hs * DV
+    k = tl.load(k_ptr + q_base + cols[:, None] * (HS * DK) + dk_r[None, :], mask=cm[:, None] & (dk_r < DK)[None, :],
+                other=0.0)
+    v = tl.load(v_ptr + o_base + cols[:, None] * (HS * DV) + dv_r[None, :], mask=cm[:, None] & (dv_r < DV)[None, :],
+                other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([C, BDK], dtype=tl.float32)
+    dv = tl.zeros([C, BDV], dtype=tl.float32)
+    dsum = tl.zeros([C], dtype=tl.float32)
+    rbase = (b * (HS // G) + hn) * N
+    bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+    for d in tl.static_range(C // QB):  # own chunk, causal
+        rows = kc * C + d * QB + tl.arange(0, QB)
+        dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows,
+                                  cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST)
+    r_kc = tl.load(r_ptr + rbase + kc)
+    start = (kc + 1) * C
+    n_tiles = tl.where(r_kc > 0, tl.cdiv(T - start, QB), 0)
+    if WHILE_LOOP:
+        i = 0
+        while i < n_tiles:
+            r_i = start + i * QB + tl.arange(0, QB)
+            dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
+                                      r_i, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                      UPCAST)
+            i += 1
+    else:
+        for i in range(n_tiles):  # r_i, not rows: an i64 T (inductor) would re-type the loop-carried rows
+            r_i = start + i * QB + tl.arange(0, QB)
+            dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
+                                      r_i, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                      UPCAST)
+    tl.store(dk_ptr + q_base + cols[:, None] * (HS * DK) + dk_r[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
+             mask=cm[:, None] & (dk_r < DK)[None, :])
+    tl.store(dv_ptr + o_base + cols[:, None] * (HS * DV) + dv_r[None, :], dv.to(dv_ptr.dtype.element_ty),
+             mask=cm[:, None] & (dv_r < DV)[None, :])
+    tl.store(dbias_ptr + bh * N + kc, tl.sum(dsum, 0))

@@ -1,0 +1,34 @@
+"""The one backend dispatcher of every op: "reference" | "triton" | "auto" (plus an op's extra names) decided once.
+
+Each public op (``ops/<op>/__init__.py``) calls ``resolve_backend`` with its allowed names and whether its Triton
+kernels would run these inputs, then runs the form the returned name stands for. The error message for an unknown
+name is built here, from the op's allowed list, so that every op words it the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["DEFAULT_BACKENDS", "resolve_backend"]
+
+DEFAULT_BACKENDS: tuple[str, ...] = ("reference", "triton", "auto")
+
+
+def resolve_backend(
+    name: str, op: str, supported: bool | Callable[[], bool], allowed: tuple[str, ...] = DEFAULT_BACKENDS
+) -> str:
+    """The backend an op runs: ``name`` itself, except ``"auto"`` -> ``"triton"`` when ``supported`` else
+    ``"reference"``.
+
+    ``op`` names the op in the error message. ``supported`` is the op's own rule for "auto" (typically: triton
+    imports, CUDA inputs, and the kernels handle these dtypes and shapes); a callable is called only for "auto", so
+    that its shape checks never run before the op's own input validation. ``allowed`` lists every name the op
+    accepts, its extra forms too (e.g. ``"naive"``, ``"fft"``, ``"flex"``). An unknown name raises ``ValueError``
+    ``"<op>: backend must be one of 'a', 'b', got 'x'"``.
+    """
+    if name not in allowed:
+        raise ValueError(f"{op}: backend must be one of {', '.join(repr(a) for a in allowed)}, got {name!r}")
+    if name == "auto":
+        ok = supported() if callable(supported) else supported
+        return "triton" if ok else "reference"
+    return name

@@ -1,0 +1,57 @@
+"""Launch configuration of the shared diagonal-SSM state scans, as a frozen (hashable, immutable) object.
+
+Fixed settings, no autotuning: the interpreter needs one configuration, and the GPU benchmarks compare variants
+explicitly by passing another ``ScanConfig`` (or an op's subclass) as an argument; nothing here is module state.
+The registered custom ops (``torch.library``) always run the defaults and take only scalars, so ``torch.compile``
+never sees a config object. Each op's kernel configuration subclasses ``ScanConfig`` with its chunk-kernel keys
+(``InterdomainConfig``, ``S4DBilinearConfig``), so one object describes an op's whole launch sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import interpreting
+
+__all__ = ["ScanConfig"]
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """Settings of the state scans (``ssm_scan.py``) and the ones every op's chunk kernels share.
+
+    BMS / BCH: mode / channel block of the sequential state kernels; BCH_DZ: channel block of the state-carry
+    gradient kernel; fuse_dz: reverse scan and state-carry gradient in one launch (``_state_bwd_dz``: H200 session 2,
+    T=32K forward+backward 9.78 -> 8.52 ms, benchmarks/NOTES.md) with channel block BCH_FZ (it holds all M modes;
+    >= 16 for tl.dot) and warps_fz warps (sm_90 AOT: 4 warps spill 584 B, 8 warps 16 B, benchmarks/aot_regs.py);
+    stages: software pipelining depth of the parallel chunk kernels, stages_state of the sequential scans (their
+    loads do not depend on the carried state); dot_prec: input precision of float32 matmuls on the GPU ("tf32",
+    "tf32x3", "ieee"; always "ieee" under the interpreter); poison: fill every kernel-written buffer with NaN before
+    the launch (tests / benchmark checks: an element a kernel skips shows up).
+    """
+
+    BMS: int = 32
+    BCH: int = 32
+    BCH_DZ: int = 64
+    warps_state: int = 4
+    stages_state: int = 2
+    warps_dz: int = 8
+    fuse_dz: bool = True
+    BCH_FZ: int = 16
+    warps_fz: int = 8
+    stages: int = 1
+    dot_prec: str = "tf32"
+    poison: bool = False
+
+    def prec(self) -> str:
+        """The DOT_PREC constexpr of the launches: ``dot_prec`` on the GPU, "ieee" under the interpreter."""
+        return "ieee" if interpreting() else self.dot_prec
+
+    def empty(self, *shape: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """An uninitialised kernel output buffer, NaN-filled when ``poison``."""
+        t = torch.empty(*shape, device=device, dtype=dtype)
+        if self.poison:
+            t.fill_(float("nan"))
+        return t

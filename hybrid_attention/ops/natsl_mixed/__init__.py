@@ -1,0 +1,65 @@
+"""The NAtS-L mixed op: the layer's two branches in one call, the GDN branch (``gated_delta`` with the commit mask)
+and the chunk-routed softmax branch (``chunk_attention``), which share no intermediate.
+
+Its own folder (not ``gated_delta/triton/``) because it composes two ops: it depends on both and belongs to
+neither. On the Triton kernels the GDN branch runs on a synchronised side stream while the softmax kernels fill the
+rest of the GPU (``triton/concurrent.py``); the reference form (``chunk.py``) runs the two PyTorch forms in turn.
+
+Public op: ``natsl_mixed(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, *, ..., backend="triton")``.
+Decision: the default backend is "triton" (not "auto") because its caller, the NAtS-L layer, decides itself when the
+mixed path runs (its ``_concurrent_branches``: CUDA or backend "triton", and ``supported``) and then wants the
+kernels, also under the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.backend import resolve_backend
+from . import triton as triton_backend
+from .chunk import chunk_natsl_mixed
+from .triton import triton_natsl_mixed
+
+__all__ = ["natsl_mixed", "chunk_natsl_mixed", "triton_natsl_mixed", "BACKENDS"]
+
+BACKENDS = ("auto", "reference", "triton")
+_FORMS = {"reference": chunk_natsl_mixed, "triton": triton_natsl_mixed}
+
+
+def natsl_mixed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    commit: torch.Tensor | None,
+    q_attn: torch.Tensor,
+    k_attn: torch.Tensor,
+    v_attn: torch.Tensor,
+    routing: torch.Tensor,
+    *,
+    routing_bias: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    group_size: int = 1,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    decay_uncommitted: bool = True,
+    attn_scale: float | None = None,
+    concurrent: bool = True,
+    backend: str = "triton",
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """GDN branch ``gated_delta(q, k, v, g, beta, commit=...)`` and softmax branch
+    ``chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=...)``.
+
+    Shapes as in the two ops: q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g, beta ``[B, T, H]``, commit
+    ``[B, N, H]``; q_attn, k_attn ``[B, T, Hs, Dk]``, v_attn ``[B, T, Hs, Dv]``, routing / routing_bias
+    ``[B, N, Hs // G]``. Returns ``(o_gdn [B, T, H, V], final_state [B, H, K, V] or None, o_attn [B, T, Hs, Dv])``.
+    ``backend``: "triton" (both Triton ops, ``concurrent`` streams on CUDA), "reference" (both PyTorch chunk forms),
+    "auto" (Triton for CUDA inputs both kernels support).
+    """
+    supported = lambda: q.is_cuda and triton_backend.supported(q, v, q_attn, v_attn, chunk_size)  # noqa: E731
+    fn = _FORMS[resolve_backend(backend, "natsl_mixed", supported, BACKENDS)]
+    return fn(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, routing_bias=routing_bias,
+              chunk_size=chunk_size, group_size=group_size, initial_state=initial_state,
+              output_final_state=output_final_state, decay_uncommitted=decay_uncommitted, attn_scale=attn_scale,
+              concurrent=concurrent)

@@ -1,0 +1,31 @@
+"""The one backend dispatcher (``ops/common/backend.py``) and the common face of every op's ``triton/`` package."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from hybrid_attention.ops.common.backend import resolve_backend
+
+
+def test_resolve_backend_auto_and_names():
+    assert resolve_backend("auto", "op", True) == "triton"
+    assert resolve_backend("auto", "op", False) == "reference"
+    assert resolve_backend("auto", "op", lambda: True) == "triton"
+    assert resolve_backend("naive", "op", True, ("auto", "naive")) == "naive"
+    calls = []
+    assert resolve_backend("reference", "op", lambda: calls.append(1) or True) == "reference"
+    assert calls == []  # the support rule runs only for "auto"
+
+
+def test_resolve_backend_error_lists_the_allowed_names():
+    with pytest.raises(ValueError, match="myop: backend must be one of 'auto', 'naive', got 'x'"):
+        resolve_backend("x", "myop", True, ("auto", "naive"))
+
+
+@pytest.mark.parametrize("op", ["interdomain", "s4d_bilinear", "gated_delta", "chunk_attention", "natsl_mixed"])
+def test_every_triton_package_has_the_same_face(op):
+    pkg = importlib.import_module(f"hybrid_attention.ops.{op}.triton")
+    assert isinstance(pkg.HAS_TRITON, bool) and callable(pkg.supported)
+    assert {"HAS_TRITON", "supported"} <= set(pkg.__all__)
