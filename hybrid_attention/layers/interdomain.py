@@ -250,6 +250,8 @@ class InterdomainAttention(TokenMixer):
                                             b_bar=b_bar.to(cdt), c=c.to(cdt))
             use_kernels = st.ssm.is_cuda if use_kernels is None else use_kernels
             if use_kernels and self.query_readout and st.ssm.dtype == torch.complex64:
+                if not HAS_TRITON:
+                    raise RuntimeError("use_kernels=True needs the 'triton' package (the fused Interdomain step)")
                 static.kernel_params = decode_params(log_lam, b_bar, c, self.readout)
         return static
 
