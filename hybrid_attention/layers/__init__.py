@@ -1,21 +1,34 @@
 """Token mixers, all following the contract in `layers/base.py`."""
 
-from hybrid_attention.layers.base import TokenMixer
-from hybrid_attention.layers.gated_deltanet import GatedDeltaNet, GDNState
-from hybrid_attention.layers.interdomain import InterdomainAttention, InterdomainState, S4DBilinearMixer, S4DMixer
+from hybrid_attention.layers.base import StaticState, TokenMixer, has_static_step
+from hybrid_attention.layers.gated_deltanet import GatedDeltaNet, GDNState, GDNStaticState
+from hybrid_attention.layers.interdomain import (
+    InterdomainAttention,
+    InterdomainState,
+    InterdomainStaticState,
+    S4DBilinearMixer,
+    S4DMixer,
+)
 from hybrid_attention.layers.natsl import NatsLAttention, NatsLState
-from hybrid_attention.layers.softmax import KVState, SoftmaxAttention
+from hybrid_attention.layers.natsl_static import NatsLStaticState
+from hybrid_attention.layers.softmax import KVState, SoftmaxAttention, StaticKVState
 
 __all__ = [
     "GDNState",
+    "GDNStaticState",
     "GatedDeltaNet",
     "InterdomainAttention",
     "InterdomainState",
+    "InterdomainStaticState",
     "KVState",
     "NatsLAttention",
     "NatsLState",
+    "NatsLStaticState",
     "S4DBilinearMixer",
     "S4DMixer",
     "SoftmaxAttention",
+    "StaticKVState",
+    "StaticState",
     "TokenMixer",
+    "has_static_step",
 ]

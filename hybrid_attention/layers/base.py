@@ -1,5 +1,7 @@
 """The token-mixer contract shared by every layer (see DESIGN.md).
 
+Training, prefill and eager (Python-side state) decoding:
+
     y, state = layer(x, state=None)              # x: [B, T, hidden]
     state = layer.init_state(batch_size, device=..., dtype=...)
     n = layer.state_size(seq_len)                # real numbers kept per sequence after seq_len tokens
@@ -8,6 +10,25 @@
 (e.g. from `init_state`) continues from it and returns the updated state; the state object is not modified in place,
 so a caller can keep an old state to branch from it. Prefill then one-token decoding, or feeding a sequence in
 arbitrary pieces, reproduces the full forward pass.
+
+Static decoding (serving: `StaticDecoder` captures a whole-model step in a CUDA graph, optionally compiled):
+
+    static = layer.init_static_state(batch_size, max_len, device, dtype)   # preallocated buffers (a StaticState)
+    layer.load_static_state(static, state)       # copy an eager (prefill) state of at most max_len tokens into them
+    y_t = layer.step(x_t, static, pos)           # x_t, y_t: [B, 1, hidden]; pos: 0-d long device tensor
+
+`step` reads and updates only the buffers of `static`, in place, and equals the eager one-token decode
+`layer(x_t, state)` on the same state. It is gpt-fast shaped: no host sync (`.item()`, `.tolist()`, `nonzero`, ...),
+no shape that depends on a tensor value and no Python branch on one, so it traces into one graph
+(`torch.compile(fullgraph=True)`) and captures into a CUDA graph. Positions are device tensors (one position for all
+rows: the rows of a static batch advance together); RoPE reads them through `RotaryEmbedding.at`.
+
+DECISION (chunk ends, named once here): a mixer whose step does extra work at the end of each chunk of C tokens (NAtS-L:
+type the chunk, commit or roll back its GDN writes, keep or drop its K/V) declares C through `step_chunk_size()`, and
+its `step` takes the host-known flag `chunk_end` = "this token completes a chunk" = (position + 1) % C == 0. The caller
+knows every position on the host (it chooses a CUDA graph per pattern of flags), so a step never computes the chunk-end
+work and masks it out, and never branches on the device position. Mixers without chunks return None and ignore the
+flag.
 """
 
 from __future__ import annotations
@@ -16,6 +37,35 @@ from typing import Any
 
 import torch
 from torch import nn
+
+
+class StaticState:
+    """Preallocated decode buffers of one mixer (built by `TokenMixer.init_static_state`), updated in place by `step`.
+
+    The addresses of `buffers()` never change (CUDA graphs read and write them). Constants derived from the layer's
+    weights when the state is built (e.g. discretised SSM parameters) may be kept too: the weights must not change
+    while the static state is used.
+    """
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every static tensor a step reads or writes."""
+        raise NotImplementedError
+
+    def small_buffers(self) -> list[torch.Tensor]:
+        """The buffers a step changes irreversibly (recurrent states, counters): what a caller snapshots and restores
+        around warm-up steps. Large caches are excluded: a step writes them only at the current position, which the
+        next real step overwrites before anything reads it."""
+        return self.buffers()
+
+    def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
+        """Timing only: random contents as if `length` tokens had been seen (costs of a real context of that length,
+        meaningless outputs). softmax_fraction: the kept fraction of complete chunks (NAtS-L; ignored otherwise)."""
+        raise NotImplementedError
+
+    def overflowed(self) -> torch.Tensor | None:
+        """A 0-d bool device tensor when the buffers can overflow (NAtS-L kept more chunks than its capacity; outputs
+        then not valid), else None. Reading its value is a host sync: do it outside the step."""
+        return None
 
 
 class TokenMixer(nn.Module):
@@ -30,7 +80,42 @@ class TokenMixer(nn.Module):
     def forward(self, x: torch.Tensor, state: Any = None, *, output_state: bool | None = None):
         raise NotImplementedError
 
+    # ---------------------------------------------------------------------------------------------------- static
+    def init_static_state(self, batch_size: int, max_len: int, device: torch.device | str | None = None,
+                          dtype: torch.dtype | None = None, *, use_kernels: bool | None = None,
+                          cache_chunks: int | None = None) -> StaticState:
+        """Preallocated buffers for decoding up to `max_len` tokens (prompt included) of `batch_size` rows, zero (the
+        state of an empty prefix). device / dtype: the model's. use_kernels: the fused Triton decode steps (default:
+        on CUDA), used where the state dtype allows. cache_chunks: capacity of a compacted chunk cache in chunks per
+        (row, head) (NAtS-L; default: every chunk of max_len; ignored by other mixers)."""
+        raise NotImplementedError(f"{type(self).__name__} has no static decode step")
+
+    def load_static_state(self, static: StaticState, state: Any) -> None:
+        """Copy the eager state `state` (from `forward(..., output_state=True)`, e.g. a prefill) into `static`."""
+        raise NotImplementedError(f"{type(self).__name__} has no static decode step")
+
+    def step(self, x: torch.Tensor, static: StaticState, pos: torch.Tensor, chunk_end: bool = False) -> torch.Tensor:
+        """One token: x [B, 1, hidden] at position pos (0-d long device tensor) -> y [B, 1, hidden]; `static` is
+        advanced in place. chunk_end: the host-known chunk-end flag (module docstring; ignored without chunks)."""
+        raise NotImplementedError(f"{type(self).__name__} has no static decode step")
+
+    def step_chunk_size(self) -> int | None:
+        """C when `step` does extra work on every C-th token (it then needs `chunk_end`), else None."""
+        return None
+
+
+def has_static_step(mixer: type[TokenMixer] | TokenMixer) -> bool:
+    """Whether a mixer (class or instance) implements the static-decode part of the contract."""
+    cls = mixer if isinstance(mixer, type) else type(mixer)
+    return cls.step is not TokenMixer.step
+
 
 def check_hidden(x: torch.Tensor, hidden_size: int) -> None:
     if x.dim() != 3 or x.shape[-1] != hidden_size:
         raise ValueError(f"x must be [B, T, {hidden_size}], got shape {tuple(x.shape)}")
+
+
+def copy_conv_states(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:
+    """Copy ShortConvolution states [B, channels, K-1] by branch name into the static buffers `dst` (in place)."""
+    for name, new in src.items():
+        dst[name].copy_(new)

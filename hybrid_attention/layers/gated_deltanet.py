@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states
 from hybrid_attention.modules import RMSNorm, ShortConvolution
 from hybrid_attention.ops.gated_delta import gated_delta
+from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
 
 def init_decay_params(a_log: torch.Tensor, dt_bias: torch.Tensor, dt_min=1e-3, dt_max=1e-1, dt_floor=1e-4) -> None:
@@ -46,6 +47,24 @@ class GDNState:
     S: torch.Tensor
     conv: dict[str, torch.Tensor] = field(default_factory=dict)
     offset: int = 0
+
+
+@dataclass
+class GDNStaticState(StaticState):
+    """Static decode buffers of one GDN layer: S [B, H, d_k, d_v] (float32, float64 for float64 models), conv
+    [B, channels, K-1] by branch name; use_kernels: the fused Triton step for a float32 state."""
+
+    S: torch.Tensor
+    conv: dict[str, torch.Tensor]
+    use_kernels: bool
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.S, *self.conv.values()]
+
+    def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
+        self.S.normal_(std=0.1, generator=generator)
+        for buf in self.conv.values():
+            buf.normal_(generator=generator)
 
 
 class GatedDeltaNet(TokenMixer):
@@ -101,24 +120,53 @@ class GatedDeltaNet(TokenMixer):
     def state_size(self, seq_len: int) -> int:
         return self.num_heads * self.head_dim * self.head_v_dim
 
-    def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None):
-        check_hidden(x, self.hidden_size)
-        keep = output_state if output_state is not None else state is not None
+    def _project(self, x: torch.Tensor, conv: dict[str, torch.Tensor] | None, keep: bool):
+        """x [B, T, hidden] -> q, k [B, T, H, d_k], v [B, T, H, d_v], β, g [B, T, H] (float32, float64 for float64
+        inputs), new ShortConv states (empty unless keep) from the states `conv` (None: zeros)."""
         b, t, _ = x.shape
-        new_conv = {}
-        qkv = {}
+        new_conv, qkv = {}, {}
         for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
-            z, new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep)
-            qkv[name] = z
+            qkv[name], new_conv[name] = self.convs[name](proj(x), conv.get(name) if conv else None, keep)
         q = qkv["q"].view(b, t, self.num_heads, self.head_dim)
         k = qkv["k"].view(b, t, self.num_heads, self.head_dim)
         v = qkv["v"].view(b, t, self.num_heads, self.head_v_dim)
         beta = torch.sigmoid(self.b_proj(x).float() if x.dtype != torch.float64 else self.b_proj(x))
         g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
-        o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
-                           output_final_state=keep, backend=self.backend)
+        return q, k, v, beta, g, new_conv
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """o [B, T, H, d_v] -> [B, T, hidden]: head RMSNorm, the optional swish gate, W_o."""
+        b, t, _ = x.shape
         o = self.o_norm(o)
         if self.g_proj is not None:
             o = o * F.silu(self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim))
-        y = self.o_proj(o.reshape(b, t, -1))
+        return self.o_proj(o.reshape(b, t, -1))
+
+    def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None):
+        check_hidden(x, self.hidden_size)
+        keep = output_state if output_state is not None else state is not None
+        t = x.shape[1]
+        q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep)
+        o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
+                           output_final_state=keep, backend=self.backend)
+        y = self._output(o, x)
         return y, (GDNState(S=S, conv=new_conv, offset=(state.offset if state else 0) + t) if keep else None)
+
+    # ---------------------------------------------------------------------------------------------------- static
+    def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,
+                          use_kernels: bool | None = None, cache_chunks: int | None = None) -> GDNStaticState:
+        st = self.init_state(batch_size, device=device, dtype=dtype)
+        return GDNStaticState(S=st.S, conv=st.conv,
+                              use_kernels=st.S.is_cuda if use_kernels is None else use_kernels)
+
+    def load_static_state(self, static: GDNStaticState, state: GDNState) -> None:
+        static.S.copy_(state.S)
+        copy_conv_states(static.conv, state.conv)
+
+    def step(self, x: torch.Tensor, static: GDNStaticState, pos: torch.Tensor,
+             chunk_end: bool = False) -> torch.Tensor:
+        """x [B, 1, hidden] -> [B, 1, hidden]; S and the conv states advanced in place (`gated_delta_step`)."""
+        q, k, v, beta, g, new_conv = self._project(x, static.conv, True)
+        copy_conv_states(static.conv, new_conv)
+        o = gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], static.S, static.use_kernels)
+        return self._output(o[:, None], x)

@@ -30,18 +30,24 @@ Ablation flags (the paper's 125M mechanism cube, Table 4):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states
 from hybrid_attention.modules import HeadRMSNorm, RotaryEmbedding, S4DCore, ShortConvolution, l2_normalize
 from hybrid_attention.ops.interdomain import interdomain
-from hybrid_attention.ops.interdomain.readout import DEFAULT_READOUT, validate_readout
+from hybrid_attention.ops.interdomain.naive import safe_divide
+from hybrid_attention.ops.interdomain.readout import DEFAULT_READOUT, readout_product, validate_readout
+from hybrid_attention.ops.interdomain.triton import HAS_TRITON
 from hybrid_attention.ops.s4d import s4d
 from hybrid_attention.ops.s4d_bilinear import s4d_bilinear
+
+if HAS_TRITON:
+    from hybrid_attention.ops.interdomain.triton.decode import decode_params, interdomain_decode_op
 
 # ε of the ℓ2 norm inside ξ (the paper does not give it; fla's l2norm uses the same value).
 FEATURE_EPS = 1e-6
@@ -60,6 +66,29 @@ class InterdomainState:
     ssm: torch.Tensor
     conv: dict[str, torch.Tensor] = field(default_factory=dict)
     offset: int = 0
+
+
+@dataclass
+class InterdomainStaticState(StaticState):
+    """Static decode buffers of one Interdomain / S4D layer: ssm [B, H, M, R+D(+1)] complex (InterdomainState), conv
+    by branch name; the discretised S4D parameters λ = exp(log λ), B̄ [H, M] and C [H, M, M] in the state's complex
+    dtype (computed once: the weights are frozen while serving); kernel_params: `decode_params` of the fused Triton
+    step, or None when it is not used (it covers the query readout with a complex64 state)."""
+
+    ssm: torch.Tensor
+    conv: dict[str, torch.Tensor]
+    lam: torch.Tensor
+    b_bar: torch.Tensor
+    c: torch.Tensor
+    kernel_params: tuple | None = None
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.ssm, *self.conv.values()]
+
+    def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
+        self.ssm.normal_(std=0.1, generator=generator)
+        for buf in self.conv.values():
+            buf.normal_(generator=generator)
 
 
 class InterdomainAttention(TokenMixer):
@@ -204,6 +233,73 @@ class InterdomainAttention(TokenMixer):
         y = self._output(o, x)
         new_state = InterdomainState(ssm=ssm, conv=new_conv, offset=offset + x.shape[1]) if keep else None
         return y, new_state
+
+    # ---------------------------------------------------------------------------------------------------- static
+    def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,
+                          use_kernels: bool | None = None, cache_chunks: int | None = None) -> InterdomainStaticState:
+        st = self.init_state(batch_size, device=device, dtype=dtype)
+        core = self.ssm
+        if core.log_dt.dtype not in (torch.float32, torch.float64):
+            # bf16 / fp16 weights: complex tensors need float32 parts, so discretise a float32 copy of the (small)
+            # S4D parameters; the state is complex64 for these models anyway (init_state).
+            core = copy.deepcopy(core).float()
+        with torch.no_grad():
+            log_lam, b_bar, c = core()
+            cdt = st.ssm.dtype
+            static = InterdomainStaticState(ssm=st.ssm, conv=st.conv, lam=torch.exp(log_lam.to(cdt)),
+                                            b_bar=b_bar.to(cdt), c=c.to(cdt))
+            use_kernels = st.ssm.is_cuda if use_kernels is None else use_kernels
+            if use_kernels and self.query_readout and st.ssm.dtype == torch.complex64:
+                if not HAS_TRITON:
+                    raise RuntimeError("use_kernels=True needs the 'triton' package (the fused Interdomain step)")
+                static.kernel_params = decode_params(log_lam, b_bar, c, self.readout)
+        return static
+
+    def load_static_state(self, static: InterdomainStaticState, state: InterdomainState) -> None:
+        static.ssm.copy_(state.ssm)
+        copy_conv_states(static.conv, state.conv)
+
+    def step(self, x: torch.Tensor, static: InterdomainStaticState, pos: torch.Tensor,
+             chunk_end: bool = False) -> torch.Tensor:
+        """x [B, 1, hidden] at position pos (RoPE) -> [B, 1, hidden]; the S4D state and conv states advance in place."""
+        b = x.shape[0]
+        new_conv: dict[str, torch.Tensor] = {}
+        key = self._branch(self.key_name, x, static, new_conv, True)
+        q = self._branch("q", x, static, new_conv, True) if self.query_readout else None
+        if self.rotary is not None:
+            key = self.rotary.at(key, pos)
+            q = self.rotary.at(q, pos) if q is not None else None
+        if self.dual_input:
+            key = self._feature_map(key)
+        key, val = self._input_gain(self.key_norm(key),
+                                    self.value_norm(self._branch(self.val_name, x, static, new_conv, True)))
+        copy_conv_states(static.conv, new_conv)
+        if q is not None:
+            q = self._feature_map(q)[:, 0]
+        o = self._core_step(q, key[:, 0], val[:, 0], static).to(x.dtype)
+        return self._output(o.view(b, 1, *o.shape[1:]), x)
+
+    def _core_step(self, q: torch.Tensor | None, key: torch.Tensor, val: torch.Tensor,
+                   static: InterdomainStaticState) -> torch.Tensor:
+        """One token of the S4D core and its readout on q, key [B, H, R] / val [B, H, D] inputs (q None without the
+        query readout); static.ssm is updated in place. -> [B, H, D] (linear contraction: [B, H, R+D])."""
+        if static.kernel_params is not None:
+            lam, bb, kk, readout = static.kernel_params
+            return interdomain_decode_op(q, key, val, lam, bb, kk, static.ssm, self.denominator, readout)
+        r, d = key.shape[-1], val.shape[-1]
+        ssm = static.ssm
+        rdt = torch.float64 if ssm.dtype == torch.complex128 else torch.float32
+        parts = [key, val] + ([torch.ones_like(val[..., :1])] if self.denominator else [])
+        z = torch.cat([p.to(rdt) for p in parts], -1).to(ssm.dtype)  # [B, H, R+D(+1)]
+        ssm.mul_(static.lam[None, :, :, None]).add_(static.b_bar[None, :, :, None] * z[:, :, None, :])
+        y = torch.einsum("hmn,bhnc->bhmc", static.c, ssm)
+        if self.contraction == "linear":  # S4D-only control: Re(wᵀ C X) over all R+D channels
+            return torch.einsum("hm,bhmc->bhc", self.contraction_w.to(y.real.dtype).to(y.dtype), y).real
+        u, gam = y[..., :r], y[..., r:]
+        if q is None:  # bilinear S4D mixer: Re(diag(Uᵀ Γ))
+            return (u * gam).sum(-2).real
+        o = readout_product(u, q.to(rdt).to(ssm.dtype), gam, self.readout)  # [B, H, D(+1)]
+        return safe_divide(o[..., :d], o[..., d:]) if self.denominator else o
 
 
 class S4DMixer(InterdomainAttention):

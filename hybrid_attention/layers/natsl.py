@@ -39,6 +39,7 @@ from torch import nn
 
 from hybrid_attention.layers.base import TokenMixer, check_hidden
 from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
+from hybrid_attention.layers.natsl_static import NatsLStaticStep
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.chunk_attention.triton import supported as triton_chunk_attention_supported
@@ -86,8 +87,9 @@ class NatsLState:
         return int(self.n_kept.max()) * c * kv_per_token + bufs + 2 * self.S[0].numel() + self.g_sum[0].numel()
 
 
-class NatsLAttention(TokenMixer):
-    """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]."""
+class NatsLAttention(NatsLStaticStep, TokenMixer):
+    """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]. Static decode step: `NatsLStaticStep`
+    (layers/natsl_static.py)."""
 
     def __init__(
         self,
@@ -184,9 +186,9 @@ class NatsLAttention(TokenMixer):
             qs, ks = self.rotary(qs, offset), self.rotary(ks, offset)
         return qs, ks
 
-    def _route(self, x_chunks: torch.Tensor, first_chunk: int = 0):
-        """x_chunks [B, N, C, D] complete chunks (the first one is chunk number `first_chunk` of the sequence)
-        -> (hard [B, N, Hn, 2] one-hot, p [B, N, Hn, 2] probabilities)."""
+    def _route(self, x_chunks: torch.Tensor, first_chunk: int | torch.Tensor = 0):
+        """x_chunks [B, N, C, D] complete chunks (the first one is chunk number `first_chunk` of the sequence: an int,
+        or a 0-d integer device tensor in the static step) -> (hard [B, N, Hn, 2] one-hot, p [B, N, Hn, 2])."""
         logits = self.score_proj(x_chunks.mean(2)).view(*x_chunks.shape[:2], self.num_heads, 2)
         logits = logits.double() if logits.dtype == torch.float64 else logits.float()
         if self.sample == "gumbel" and self.training:
@@ -198,13 +200,13 @@ class NatsLAttention(TokenMixer):
             hard = self._forced_routing(hard, first_chunk)
         return hard, p
 
-    def _forced_routing(self, hard: torch.Tensor, first_chunk: int) -> torch.Tensor:
+    def _forced_routing(self, hard: torch.Tensor, first_chunk: int | torch.Tensor) -> torch.Tensor:
         """The one-hot routing [B, N, Hn, 2] imposed by `force_routing` (see __init__)."""
         fr = self.force_routing
         if isinstance(fr, str) and fr in ("softmax", "gdn"):
             sel = torch.full(hard.shape[:-1], fr == "softmax", dtype=torch.bool, device=hard.device)
         elif isinstance(fr, (int, float)) and not isinstance(fr, bool) and 0.0 <= fr <= 1.0:
-            n = torch.arange(first_chunk, first_chunk + hard.shape[1], device=hard.device, dtype=torch.float64)
+            n = first_chunk + torch.arange(hard.shape[1], device=hard.device, dtype=torch.float64)  # chunk numbers
             sel = (torch.floor((n + 1) * fr) > torch.floor(n * fr))[None, :, None].expand(hard.shape[:-1])
         else:
             raise ValueError(f"force_routing must be None, 'softmax', 'gdn' or a fraction in [0, 1], got {fr!r}")
@@ -225,6 +227,11 @@ class NatsLAttention(TokenMixer):
 
     def _heads(self, z, h, d):
         return z.view(*z.shape[:2], h, d)
+
+    def _chunk_softmax_types(self, x_chunk: torch.Tensor, chunk_index: int | torch.Tensor) -> torch.Tensor:
+        """Types of one complete chunk x_chunk [B, C, D] (chunk number chunk_index) -> [B, Hn] bool, True = softmax:
+        the router, or the forced routing."""
+        return self._route(x_chunk[:, None], chunk_index)[0][:, 0, :, SOFTMAX].bool()
 
     # ---------------------------------------------------------------------------------------------------- state
     def init_state(self, batch_size: int, device=None, dtype=None) -> NatsLState:

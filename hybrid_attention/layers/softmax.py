@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden
 from hybrid_attention.modules import RotaryEmbedding
+from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 
 
 @dataclass
@@ -22,6 +23,29 @@ class KVState:
     @property
     def offset(self) -> int:
         return self.k.shape[1]
+
+
+@dataclass
+class StaticKVState(StaticState):
+    """Static KV cache of one softmax layer: k, v [B, H, max_len, D] (RoPE already applied to k); position p holds
+    token p. key_pos [max_len] = 0..max_len-1; zero [1, 1] (the unused second key range of the split-KV kernel)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    key_pos: torch.Tensor
+    zero: torch.Tensor
+    num_splits: int
+    use_kernels: bool
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.k, self.v]
+
+    def small_buffers(self) -> list[torch.Tensor]:
+        return []
+
+    def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
+        self.k[:, :, :length].normal_(generator=generator)
+        self.v[:, :, :length].normal_(generator=generator)
 
 
 class SoftmaxAttention(TokenMixer):
@@ -78,3 +102,40 @@ class SoftmaxAttention(TokenMixer):
         y = self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
         keep = output_state if output_state is not None else state is not None
         return y, (KVState(k, v) if keep else None)
+
+    # ---------------------------------------------------------------------------------------------------- static
+    def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,
+                          use_kernels: bool | None = None, cache_chunks: int | None = None) -> StaticKVState:
+        dtype = dtype or self.q_proj.weight.dtype
+        device = torch.device(device) if device is not None else self.q_proj.weight.device
+        shape = (batch_size, self.num_heads, max_len, self.head_dim)
+        return StaticKVState(
+            k=torch.zeros(shape, device=device, dtype=dtype), v=torch.zeros(shape, device=device, dtype=dtype),
+            key_pos=torch.arange(max_len, device=device), zero=torch.zeros(1, 1, dtype=torch.long, device=device),
+            num_splits=default_num_splits(device, batch_size * self.num_heads, max_len),
+            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels)
+
+    def load_static_state(self, static: StaticKVState, state: KVState) -> None:
+        n = state.offset
+        static.k[:, :, :n].copy_(state.k.transpose(1, 2))
+        static.v[:, :, :n].copy_(state.v.transpose(1, 2))
+
+    def step(self, x: torch.Tensor, static: StaticKVState, pos: torch.Tensor, chunk_end: bool = False) -> torch.Tensor:
+        """x [B, 1, hidden] at position pos -> [B, 1, hidden]; writes K/V at pos, attends to keys 0..pos: the split-KV
+        kernel with `use_kernels` (reads only those keys), else SDPA over the whole buffer with a mask of them."""
+        b = x.shape[0]
+        q = self.q_proj(x).view(b, 1, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, 1, self.num_heads, self.head_dim)
+        v = self.v_proj(x).view(b, 1, self.num_heads, self.head_dim)
+        if self.rotary is not None:
+            q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
+        at = pos.reshape(1)
+        static.k.index_copy_(2, at, k.transpose(1, 2).to(static.k.dtype))
+        static.v.index_copy_(2, at, v.transpose(1, 2).to(static.v.dtype))
+        if static.use_kernels:
+            o = decode_attention(q[:, 0], static.k, static.v, (pos + 1).reshape(1, 1), static.zero, static.zero,
+                                 self.head_dim ** -0.5, static.num_splits)
+        else:
+            mask = (static.key_pos <= pos)[None, None, None, :]  # [1, 1, 1, L]: keys 0..pos
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), static.k, static.v, attn_mask=mask)[:, :, 0]
+        return self.o_proj(o.reshape(b, 1, -1))

@@ -1,6 +1,6 @@
-"""Serving: static-buffer, CUDA-graph capturable decoding of whole models and its latency benchmark."""
+"""Serving: static-buffer, compiled, CUDA-graph capturable decoding of whole models and its latency benchmark. The
+per-mixer one-token steps are part of each mixer's contract (layers/base.py), not of this package."""
 
 from hybrid_attention.serving.decoder import StaticDecoder
-from hybrid_attention.serving.static_layers import STATIC_MIXERS, static_mixer_for
 
-__all__ = ["STATIC_MIXERS", "StaticDecoder", "static_mixer_for"]
+__all__ = ["StaticDecoder"]

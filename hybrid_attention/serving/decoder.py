@@ -1,4 +1,4 @@
-"""StaticDecoder: whole-model decode over static buffers, CUDA-graph capturable.
+"""StaticDecoder: whole-model decode over static buffers, compiled and CUDA-graph capturable.
 
     dec = StaticDecoder(model, batch_size=1, max_length=4096)
     logits = dec.prefill(input_ids)         # [B, V] of the last prompt token (the model's chunked prefill)
@@ -6,14 +6,22 @@
     logits = dec.step(next_ids)             # [B, V]; next_ids [B, 1]
     tokens = dec.generate(input_ids, 64)    # greedy, [B, T0 + 64]
 
+Every layer's mixer brings its own static state and one-token step (the mixer contract, layers/base.py:
+`init_static_state`, `load_static_state`, `step`); this module only chains them with the norms and MLPs, compiles,
+captures and generates. It has no per-mixer code.
+
 Decisions:
-- Graphs per chunk phase: a NAtS-L step that completes a chunk also types it and commits / compacts (extra work), the
-  other steps do not. The host knows every position, so instead of computing the chunk-end work on every token and
-  masking it out, there is one graph per pattern of "this token ends a chunk" over the NAtS-L layers (two graphs
-  when all NAtS-L layers share a chunk size: inside-chunk and chunk-final; one graph for models without NAtS-L).
-  Inside a graph nothing branches on tensor values.
+- Graphs per chunk phase: a mixer with chunks (NAtS-L, `step_chunk_size()`) does extra work in the step that completes
+  a chunk, and takes the host-known flag `chunk_end` (layers/base.py). The host knows every position, so there is one
+  graph per pattern of chunk-end flags over the layers (two graphs when all NAtS-L layers share a chunk size:
+  inside-chunk and chunk-final; one graph for models without NAtS-L). Inside a graph nothing branches on tensor values.
 - The position lives twice: a 0-d long device tensor (read by RoPE, masks and cache writes; advanced in place by the
   captured step) and a host int (`length`) used only for bounds checks and for choosing the graph.
+- compile (default: on CUDA): the whole-model step is `torch.compile(fullgraph=True, dynamic=False)`d once per chunk
+  phase, before the CUDA-graph capture (`capture()` captures the compiled step; inductor's own cudagraphs are never
+  used: `COMPILE_MODE`). Every Triton kernel a step calls is a registered custom op with a fake kernel
+  (ops/decode_attention, ops/gated_delta/triton/decode.py, ops/interdomain/triton/decode.py), so inductor traces
+  around it. compile=False runs the plain step (the CPU default).
 - The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
   the next step.
 """
@@ -24,9 +32,13 @@ import math
 
 import torch
 
-from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.layers.base import StaticState, has_static_step
+from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.models.modeling import HybridForCausalLM
-from hybrid_attention.serving.static_layers import StaticMixer, static_mixer_for
+
+# torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
+# autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
+COMPILE_MODE = "default"
 
 
 class StaticDecoder:
@@ -36,13 +48,14 @@ class StaticDecoder:
     default to the model's and must equal them (convert the model first). use_kernels: fused Triton decode steps
     (default: on CUDA). natsl_cache_chunks: softmax-typed chunks a NAtS-L layer can keep per (row, decision head)
     (default: all complete chunks of max_length; smaller = an expected softmax fraction, cheaper steps; exceeding it
-    is reported by `overflowed()` and makes `generate` raise).
+    is reported by `overflowed()` and makes `generate` raise). compile: `torch.compile` the step (default: on CUDA;
+    see the module docstring); compile_mode: its mode.
     """
 
     def __init__(self, model: HybridForCausalLM, batch_size: int, max_length: int,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 use_kernels: bool | None = None,
-                 natsl_cache_chunks: int | None = None) -> None:
+                 use_kernels: bool | None = None, natsl_cache_chunks: int | None = None,
+                 compile: bool | None = None, compile_mode: str = COMPILE_MODE) -> None:
         for name, val in (("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
@@ -59,18 +72,26 @@ class StaticDecoder:
         self.natsl_cache_chunks = natsl_cache_chunks
         self.device, self.dtype = w.device, dtype
         self.use_kernels = w.is_cuda if use_kernels is None else bool(use_kernels)
-        layers = model.model.layers
-        self.mixers: list[StaticMixer] = [
-            static_mixer_for(blk.mixer, batch_size, max_length, self.device, dtype, self.use_kernels,
-                             natsl_cache_chunks) for blk in layers]
-        # chunk size of each NAtS-L layer (None for other layers): decides which steps are chunk-final
-        self.chunk_sizes = [blk.mixer.chunk_size if isinstance(blk.mixer, NatsLAttention) else None
-                            for blk in layers]
+        mixers = [blk.mixer for blk in model.model.layers]
+        for mixer in mixers:
+            if not has_static_step(mixer):
+                allowed = sorted({cls.__name__ for cls, _ in MIXER_BUILDERS.values() if has_static_step(cls)})
+                names = ", ".join(n for n, (cls, _) in MIXER_BUILDERS.items() if has_static_step(cls))
+                raise ValueError(f"mixer type {type(mixer).__name__} has no static decode step; allowed mixer "
+                                 f"classes: {allowed} (config.layers names: {names})")
+        self.states: list[StaticState] = [
+            mixer.init_static_state(batch_size, max_length, self.device, dtype, use_kernels=self.use_kernels,
+                                    cache_chunks=natsl_cache_chunks) for mixer in mixers]
+        # chunk size of each layer whose step has chunk ends (NAtS-L; None for the others): the chunk-final steps
+        self.chunk_sizes = [mixer.step_chunk_size() for mixer in mixers]
         self.tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)  # static graph input
         self.logits = torch.zeros(batch_size, model.config.vocab_size, dtype=dtype, device=self.device)
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.length = 0
         self.graphs: dict[tuple[bool, ...], torch.cuda.CUDAGraph] = {}
+        self.compile = self.device.type == "cuda" if compile is None else bool(compile)
+        self._run = (torch.compile(self._step_impl, fullgraph=True, dynamic=False, mode=compile_mode)
+                     if self.compile else self._step_impl)
 
     # ------------------------------------------------------------------------------------------------ state
     def _phase(self, length: int) -> tuple[bool, ...]:
@@ -90,7 +111,7 @@ class StaticDecoder:
 
     def overflowed(self) -> bool:
         """True when a NAtS-L layer kept more chunks than `natsl_cache_chunks` (reads device flags: a host sync)."""
-        return any(bool(m.overflow) for m in self.mixers if hasattr(m, "overflow"))
+        return any(bool(flag) for flag in (st.overflowed() for st in self.states) if flag is not None)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
@@ -104,8 +125,8 @@ class StaticDecoder:
         if not 1 <= t0 <= self.max_length:
             raise ValueError(f"prompt length {t0} must be in [1, max_length={self.max_length}]")
         logits, cache = self.model.prefill(input_ids.to(self.device), chunk_size=chunk_size)
-        for mixer, state in zip(self.mixers, cache.states):
-            mixer.load(state, t0)
+        for blk, static, state in zip(self.model.model.layers, self.states, cache.states):
+            blk.mixer.load_static_state(static, state)
         self.set_length(t0)
         self.logits.copy_(logits)
         return self.logits
@@ -120,17 +141,18 @@ class StaticDecoder:
         if not 0 <= length <= self.max_length:
             raise ValueError(f"length must be in [0, max_length={self.max_length}], got {length}")
         gen = torch.Generator(self.device).manual_seed(seed)  # a private generator: the global RNG is untouched
-        for mixer in self.mixers:
-            mixer.fill_random(length, generator=gen, softmax_fraction=softmax_fraction)
+        for static in self.states:
+            static.fill_random(length, gen, softmax_fraction=softmax_fraction)
         self.set_length(length)
 
     # ------------------------------------------------------------------------------------------------ step
     def _step_impl(self, phase: tuple[bool, ...]) -> None:
-        """The capturable step: tokens -> logits, every state buffer advanced in place, pos += 1."""
+        """The capturable (and compiled) step: tokens -> logits, every state buffer advanced in place, pos += 1.
+        phase: per layer, does this token complete a chunk (the mixers' `chunk_end` flags)."""
         m = self.model.model
         h = m.embeddings(self.tokens)
-        for blk, mixer, final in zip(m.layers, self.mixers, phase):
-            h = h + mixer.step(blk.attn_norm(h), self.pos, final)
+        for blk, static, chunk_end in zip(m.layers, self.states, phase):
+            h = h + blk.mixer.step(blk.attn_norm(h), static, self.pos, chunk_end)
             h = h + blk.mlp(blk.mlp_norm(h))
         self.logits.copy_(self.model.lm_head(m.norm(h))[:, 0])
         self.pos.add_(1)
@@ -138,7 +160,7 @@ class StaticDecoder:
     @torch.no_grad()
     def step(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids [B, 1] (the token at position `length`) -> logits [B, V] (static buffer). Replays a captured
-        graph when `capture()` was called, else runs the same code eagerly."""
+        graph when `capture()` was called, else runs the same (compiled or plain) step directly."""
         if tuple(token_ids.shape) != (self.batch_size, 1):
             raise ValueError(f"token_ids must be [batch_size={self.batch_size}, 1], got {tuple(token_ids.shape)}")
         if self.length >= self.max_length:
@@ -148,20 +170,21 @@ class StaticDecoder:
         if self.graphs:
             self.graphs[phase].replay()
         else:
-            self._step_impl(phase)
+            self._run(phase)
         self.length += 1
         return self.logits
 
     @torch.no_grad()
     def capture(self, warmup: int = 2) -> None:
-        """CUDA only: capture one graph per chunk phase. Warm-up runs (Triton compilation, cuBLAS workspaces) happen
-        on a side stream; the recurrent states and counters are snapshotted before and restored after each of them,
-        so capturing does not change the decoder's state (the large caches are only written at the cursor)."""
+        """CUDA only: capture one graph per chunk phase. Warm-up runs (torch.compile, Triton compilation, cuBLAS
+        workspaces) happen on a side stream; the recurrent states and counters are snapshotted before and restored
+        after each of them, so capturing does not change the decoder's state (the large caches are only written at
+        the cursor)."""
         if not self.device.type == "cuda":
             raise ValueError(f"capture() needs a CUDA model, got device {self.device}")
         if self.length >= self.max_length:
             raise ValueError(f"max_length={self.max_length} reached: no room for the warm-up step")
-        small = [self.pos] + [buf for mixer in self.mixers for buf in mixer.small_buffers()]
+        small = [self.pos] + [buf for static in self.states for buf in static.small_buffers()]
         saved = [buf.clone() for buf in small]
 
         def restore() -> None:
@@ -175,12 +198,12 @@ class StaticDecoder:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    self._step_impl(phase)
+                    self._run(phase)
                     restore()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._step_impl(phase)
+                self._run(phase)
             pool = graph.pool()  # graphs share one memory pool: they never run concurrently
             self.graphs[phase] = graph
         restore()

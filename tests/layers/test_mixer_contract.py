@@ -1,5 +1,6 @@
-"""The layer contract (layers/base.py) for every mixer: decode == prefill, pieces == whole, causality, batch rows
-independent, init_state == no state. float64 on CPU, so agreement is to rounding."""
+"""The layer contract (layers/base.py) for every mixer: decode == prefill, pieces == whole, static steps == eager decode
+== full forward, causality, batch rows independent, init_state == no state. float64 on CPU, so agreement is to
+rounding."""
 
 import pytest
 import torch
@@ -34,6 +35,43 @@ def test_prefill_then_decode_matches_full(name):
         y, st = layer(x[:, t : t + 1], st)
         outs.append(y)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=0, atol=1e-10)
+
+
+def _static_steps(layer, x, t0, static):
+    """Static steps over x[:, t0:] (positions as 0-d device tensors, chunk ends from the host position)."""
+    c = layer.step_chunk_size()
+    return torch.cat([layer.step(x[:, t:t + 1], static, torch.tensor(t), c is not None and (t + 1) % c == 0)
+                      for t in range(t0, x.shape[1])], 1)
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+@pytest.mark.parametrize("t0", [9, 12])  # mid-chunk; chunk-aligned for the NAtS-L cases (C = 4)
+def test_static_steps_match_eager_decode_and_full(name, t0):
+    """Prefill t0 tokens, copy the state into static buffers (max_len = T), then one `step` per token: equal to the
+    eager one-token decode and to the full forward pass."""
+    layer, x = _make(name), _x()
+    full, _ = layer(x)
+    _, st = layer(x[:, :t0], layer.init_state(2, dtype=torch.float64))
+    static = layer.init_static_state(2, T, device="cpu", dtype=torch.float64)
+    layer.load_static_state(static, st)
+    eager = []
+    for t in range(t0, T):
+        y, st = layer(x[:, t:t + 1], st)
+        eager.append(y)
+    with torch.no_grad():
+        steps = _static_steps(layer, x, t0, static)
+    torch.testing.assert_close(steps, torch.cat(eager, 1), rtol=0, atol=1e-10)
+    torch.testing.assert_close(steps, full[:, t0:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(MIXER_CASES))
+def test_static_steps_from_empty_state(name):
+    """A fresh static state is the state of an empty prefix: steps from position 0 reproduce the full forward."""
+    layer, x = _make(name), _x()
+    full, _ = layer(x)
+    with torch.no_grad():
+        steps = _static_steps(layer, x, 0, layer.init_static_state(2, T, device="cpu", dtype=torch.float64))
+    torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", sorted(MIXER_CASES))

@@ -89,7 +89,7 @@ def test_natsl_rows_route_differently():
     ids = torch.randint(0, 259, (2, 7 + 4 * C))
     eager, static, cache, dec = eager_and_static(model, ids, 7)
     assert_close(eager, static, 1e-10)
-    for layer_state, mixer in zip(cache.states, dec.mixers):
+    for layer_state, mixer in zip(cache.states, dec.states):
         types = torch.stack(layer_state.history, 1)  # [B, chunks, Hn], True = softmax
         assert types.any() and not types.all(), "test needs both chunk types"
         assert torch.equal(mixer.n_kept, layer_state.n_kept)
@@ -106,8 +106,8 @@ def test_natsl_forced_fraction(fraction):
     ids = torch.randint(0, 259, (2, 5 * C + 3))
     eager, static, cache, dec = eager_and_static(model, ids, 2 * C - 3)
     assert_close(eager, static, 1e-10)
-    assert int(dec.mixers[0].n_kept[0, 0]) == round(5 * fraction)
-    assert torch.equal(dec.mixers[0].n_kept, cache.states[0].n_kept)
+    assert int(dec.states[0].n_kept[0, 0]) == round(5 * fraction)
+    assert torch.equal(dec.states[0].n_kept, cache.states[0].n_kept)
 
 
 @pytest.mark.parametrize("force", ["softmax", "gdn"])
@@ -118,7 +118,7 @@ def test_natsl_forced_routing(force):
     ids = torch.randint(0, 259, (1, 3 * C))  # max_length = 3C: the last chunk completes on the last position
     eager, static, _, dec = eager_and_static(model, ids, 9, extra=0)
     assert_close(eager, static, 1e-10)
-    assert int(dec.mixers[0].n_kept.max()) == (3 if force == "softmax" else 0)
+    assert int(dec.states[0].n_kept.max()) == (3 if force == "softmax" else 0)
     # a capacity of exactly the kept chunks (GDN: none at all) is enough
     eager, static, _, dec = eager_and_static(model, ids, 9, extra=0,
                                              natsl_cache_chunks=3 if force == "softmax" else 0)
@@ -171,7 +171,7 @@ def test_step_has_no_host_sync_and_fixed_addresses():
     model = make_model(["gdn", "natsl", "softmax", "interdomain", "s4d"], dtype=torch.float32, natsl_rope=True)
     dec = StaticDecoder(model, 2, 40)
     dec.prefill(torch.randint(0, 259, (2, 14)))
-    buffers = [dec.tokens, dec.logits, dec.pos] + [b for m in dec.mixers for b in m.buffers()]
+    buffers = [dec.tokens, dec.logits, dec.pos] + [b for m in dec.states for b in m.buffers()]
     ptrs = [b.data_ptr() for b in buffers]
     tok = torch.zeros(2, 1, dtype=torch.long)
     for _ in range(4):  # crosses the chunk end at position 15 (phase: chunk-final)
@@ -252,7 +252,7 @@ def test_bfloat16_interdomain_static_step():
     ref.fill_random(5)
     model16 = copy.deepcopy(model).to(torch.bfloat16)
     dec = StaticDecoder(model16, 1, 8)
-    for a, b in zip(ref.mixers, dec.mixers):
+    for a, b in zip(ref.states, dec.states):
         for x, y in zip(a.buffers(), b.buffers()):
             y.copy_(x)
     dec.set_length(5)
@@ -317,7 +317,7 @@ def test_cuda_graphs_match_eager_decode():
 def test_split_kv_decode_attention(num_splits):
     """The Triton split-KV kernel vs its PyTorch definition: two key ranges per (row, head) with lengths from device
     tensors, empty first ranges, splits that get no key, fp32 and bf16 buffers."""
-    from hybrid_attention.serving.decode_attention import decode_attention, decode_attention_reference
+    from hybrid_attention.ops.decode_attention import decode_attention, decode_attention_reference
 
     b, h, L, d, dv = 2, 3, 90, 24, 40  # non-power-of-2 head sizes
     dev = KERNEL_DEVICE

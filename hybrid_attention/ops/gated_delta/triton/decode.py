@@ -4,6 +4,7 @@ Per (b, h): S ← e^{g} S;  u = β (v - Sᵀ k̂);  S ← S + k̂ uᵀ;  o = sca
 One program per (V tile, b·h) holds its [K, BV] slice of the fp32 state in registers; nothing is allocated when
 ``out`` is given and the state is updated in place, so the call can be captured in a CUDA graph with static buffers.
 The NAtS-L chunk-end commit / rollback stays a ``torch.where`` on the state in the layer (no host sync).
+``gated_delta_step_op`` is the same step registered as a custom op (state mutated, fake kernel) for compiled steps.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import triton.language as tl
 
 from ...common.triton import interpreting
 
-__all__ = ["triton_gated_delta_step"]
+__all__ = ["gated_delta_step_op", "triton_gated_delta_step"]
 
 
 @triton.jit
@@ -81,3 +82,16 @@ def triton_gated_delta_step(
         K=K, V=V, BKF=BKF, BV=BV, USE_L2=use_qk_l2norm, EPS=1e-6, SCALE=scale, num_warps=4,
     )
     return out, state
+
+
+@torch.library.custom_op("hybrid_attention::gated_delta_step", mutates_args=("state",))
+def gated_delta_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        state: torch.Tensor) -> torch.Tensor:
+    """`triton_gated_delta_step` (default scale, q/k ℓ2-normalised) as a registered op: state [B, H, K, V] float32 is
+    updated in place; returns o [B, H, V] in v.dtype. What `torch.compile` sees of the kernel (fake kernel below)."""
+    return triton_gated_delta_step(q, k, v, g, beta, state)[0]
+
+
+@gated_delta_step_op.register_fake
+def _(q, k, v, g, beta, state):
+    return v.new_empty(v.shape)

@@ -11,6 +11,7 @@ training forms).
 Cost O(M(R+D) + M²) per head instead of the O(M²(R+D)) of forming U and Γ. The state is updated IN PLACE (complex64
 buffer [B, H, M, R+D(+1)]), and the output can be written into a caller-provided buffer, so the step captures into a
 CUDA graph with static buffers; its cost does not depend on the context length. Inference only (no autograd).
+``interdomain_decode_op`` is the same step registered as a custom op (state mutated, fake kernel) for compiled steps.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import triton.language as tl
 from ..naive import safe_divide
 from ..readout import DEFAULT_READOUT, readout_operators
 
-__all__ = ["decode_params", "interdomain_decode_step"]
+__all__ = ["decode_params", "interdomain_decode_op", "interdomain_decode_step"]
 
 
 
@@ -182,3 +183,18 @@ def interdomain_decode_step(
             res = out
         return res, state
     return o, state
+
+
+@torch.library.custom_op("hybrid_attention::interdomain_decode_step", mutates_args=("state",))
+def interdomain_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, b: torch.Tensor,
+                          kk: torch.Tensor, state: torch.Tensor, denominator: bool, readout: str) -> torch.Tensor:
+    """`interdomain_decode_step` with params = (lam, b, kk, readout) from `decode_params`, as a registered op: state
+    [B, H, M, R + D (+1)] complex64 is updated in place; returns o [B, H, D] in q.dtype. What `torch.compile` sees of
+    the kernel (fake kernel below)."""
+    return interdomain_decode_step(q, k, v, None, None, None, state, denominator=denominator,
+                                   params=(lam, b, kk, readout))[0]
+
+
+@interdomain_decode_op.register_fake
+def _(q, k, v, lam, b, kk, state, denominator, readout):
+    return q.new_empty(*q.shape[:2], v.shape[-1])

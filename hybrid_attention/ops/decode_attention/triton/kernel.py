@@ -1,21 +1,5 @@
-"""One-query attention over static K/V buffers with device-side lengths (split-KV "flash decoding", Triton).
-
-    o = decode_attention(q, k, v, len1, start2, len2, scale, num_splits)
-
-Per (batch row, head) the keys are the union of two ranges of the buffer: [0, len1) and [start2, start2 + len2),
-with the lengths read from device tensors. Softmax attention uses one range ([0, pos + 1)); NAtS-L uses both (the
-compacted cache prefix [0, n_kept·C) and the current chunk [cap, cap + slot + 1)). The valid keys are treated as one
-virtual sequence of len1 + len2 keys, cut into `num_splits` equal parts, each reduced by its own program (running max,
-sum and weighted values in float32); the parts are then combined with their log-sum-exp weights.
-
-Decisions:
-- Why not SDPA with a boolean mask: it reads the whole buffer (cost of max_length keys whatever the length), and its
-  masked kernel parallelises over (query, head, row) only: with one query and B·H = 16 the GPU is mostly idle at long
-  contexts. Here the work follows the real number of keys and is spread over B·H·num_splits programs.
-- The split bounds are computed inside the kernel from the device lengths (no host sync, graph capturable); only
-  `num_splits` (static) fixes the grid.
-- Inference only, no autograd. The PyTorch reference (`decode_attention_reference`) defines the result.
-"""
+"""The split-KV Triton kernel of `decode_attention` (see the package docstring for the algorithm and decisions).
+Imports triton: imported only through ``..triton`` (guarded)."""
 
 from __future__ import annotations
 
@@ -68,10 +52,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len1_ptr, start2_ptr, len2_ptr, m_ptr, l_
     tl.store(acc_ptr + out * DV + odv, acc, mask=dvm)
 
 
+@torch.library.custom_op("hybrid_attention::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: torch.Tensor, start2: torch.Tensor,
                      len2: torch.Tensor, scale: float, num_splits: int, block_n: int = 64) -> torch.Tensor:
-    """q [B, H, D]; k [B, H, L, D], v [B, H, L, DV] contiguous; len1, start2, len2 [B, H] integer device tensors
-    (len1 + len2 >= 1 everywhere). Returns o [B, H, DV] in v.dtype."""
+    """q [B, H, D]; k [B, H, L, D], v [B, H, L, DV] contiguous; len1, start2, len2 [B, H] (or broadcastable, e.g.
+    [1, 1]) integer device tensors (len1 + len2 >= 1 everywhere). Returns o [B, H, DV] in v.dtype. A registered
+    custom op (fake kernel below), so `torch.compile` traces a step that calls it without looking into Triton."""
     b, h, L, d = k.shape
     dv = v.shape[-1]
     if not (k.is_contiguous() and v.is_contiguous()):
@@ -92,19 +78,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: to
     return o.view(b, h, dv).to(v.dtype)
 
 
-def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: torch.Tensor,
-                               start2: torch.Tensor, len2: torch.Tensor, scale: float) -> torch.Tensor:
-    """The definition of `decode_attention` in PyTorch (masked softmax over the whole buffer). Same shapes."""
-    L = k.shape[2]
-    idx = torch.arange(L, device=k.device)
-    ok = (idx < len1[..., None]) | ((idx >= start2[..., None]) & (idx < (start2 + len2)[..., None]))  # [B, H, L]
-    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    s = torch.einsum("bhd,bhld->bhl", q.to(cdt), k.to(cdt)) * scale
-    p = s.masked_fill(~ok, float("-inf")).softmax(-1)
-    return torch.einsum("bhl,bhld->bhd", p, v.to(cdt)).to(v.dtype)
 
 
-def default_num_splits(device: torch.device, rows_heads: int, max_keys: int) -> int:
-    """Enough programs to fill the GPU about 4 times over, and at least 256 keys per split."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(-(-4 * sms // rows_heads), -(-max_keys // 256)))
+@decode_attention.register_fake
+def _(q, k, v, len1, start2, len2, scale, num_splits, block_n=64):
+    return v.new_empty(k.shape[0], k.shape[1], v.shape[-1])
