@@ -60,10 +60,13 @@ def evaluate_lm(
     ctx = (
         torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     )
+    # Scoring runs eager even when the model was compiled for training (``train.compile``: nn.Module.compile with
+    # dynamic=False): every new window shape would compile again, ~60 s per shape for an Interdomain model on the
+    # H200, which made a 100M-token run overrun its device call; eager inference over the windows takes seconds.
     try:
         for i in range(0, len(windows), batch_size):
             x = windows[i : i + batch_size].to(device)
-            with ctx:
+            with ctx, torch.compiler.set_stance("force_eager"):
                 logits = model(input_ids=x, use_cache=False).logits
             nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), x[:, 1:].flatten(), reduction="sum")
             totals[0] += nll.double().cpu()

@@ -95,7 +95,7 @@ def routing_eval(model, tokens: np.ndarray, seq_len: int, windows: int, device, 
     try:
         for i in range(n):
             ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-            with ctx:
+            with ctx, torch.compiler.set_stance("force_eager"):  # as evaluate_lm: no recompiles per shape
                 model(input_ids=x[i : i + 1].to(device), use_cache=False)
             for layer, f in model.routing_fractions().items():
                 acc.setdefault(layer, []).append(f.detach().float().cpu())

@@ -50,3 +50,27 @@ def test_length_sweep_table_and_plot(tmp_path):
 def test_too_short_for_a_window():
     with pytest.raises(ValueError, match="need at least"):
         evaluate_lm(Uniform(10), np.arange(5), seq_len=10)
+
+
+def test_scoring_a_compiled_model_compiles_nothing():
+    """evaluate_lm runs eager under a model compiled for training: new window shapes must not compile again (on the
+    H200 each recompile of an Interdomain model took ~60 s and cost a 100M-token run its device call)."""
+    from hybrid_attention.models import HybridConfig, HybridForCausalLM
+
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.manual_seed(0)
+    model = HybridForCausalLM(HybridConfig.from_preset("tiny", layers="softmax"))
+    tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, 200)
+    eager = evaluate_lm(model, tokens, 16, batch_size=3)
+    model.compile(backend=counting_backend, dynamic=False)
+    model(input_ids=torch.randint(0, model.config.vocab_size, (2, 8)))  # the training shape: compiles
+    n = len(graphs)
+    assert n > 0
+    scored = evaluate_lm(model, tokens, 16, batch_size=3)
+    assert len(graphs) == n  # nothing compiled for the scoring shapes
+    assert scored.loss == pytest.approx(eager.loss, rel=1e-6)
