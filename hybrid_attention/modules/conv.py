@@ -40,14 +40,28 @@ class ShortConvolution(nn.Module):
         b, t, d = x.shape
         if d != self.channels:
             raise ValueError(f"x must have {self.channels} channels in its last dim, got shape {tuple(x.shape)}")
-        xt = x.transpose(1, 2)  # [B, D, T]
-        if state is None:
-            state = xt.new_zeros(b, d, self.kernel_size - 1)
-        xp = torch.cat([state.to(xt.dtype), xt], dim=-1)  # [B, D, K-1+T]
-        y = F.conv1d(xp, self.weight.to(xt.dtype), groups=d).transpose(1, 2)
+        k = self.kernel_size
+        if torch.compiler.is_compiling():
+            # Compiled (training): the same sum written as K shifted products in the [B, T, D] layout, which inductor
+            # fuses with the activation into one kernel per direction. F.conv1d of a depthwise kernel runs ATen's
+            # generic conv_depthwise2d kernels (not cuDNN) behind two layout copies: 10-18% of a compiled training
+            # step of every mixer on the H200 (benchmarks/NOTES.md, session 5 profile). Eager keeps the one conv1d.
+            past = x.new_zeros(b, k - 1, d) if state is None else state.transpose(1, 2).to(x.dtype)
+            xp = torch.cat([past, x], dim=1)  # [B, K-1+T, D]
+            w = self.weight[:, 0, :].to(x.dtype)  # [D, K]
+            y = xp[:, :t] * w[:, 0]
+            for j in range(1, k):
+                y = y + xp[:, j : j + t] * w[:, j]
+            new_state = xp[:, xp.shape[1] - (k - 1) :].transpose(1, 2).contiguous() if output_final_state else None
+        else:
+            xt = x.transpose(1, 2)  # [B, D, T]
+            if state is None:
+                state = xt.new_zeros(b, d, k - 1)
+            xp = torch.cat([state.to(xt.dtype), xt], dim=-1)  # [B, D, K-1+T]
+            y = F.conv1d(xp, self.weight.to(xt.dtype), groups=d).transpose(1, 2)
+            new_state = xp[..., xp.shape[-1] - (k - 1) :].contiguous() if output_final_state else None
         if self.activation == "silu":
             y = F.silu(y)
-        new_state = xp[..., xp.shape[-1] - (self.kernel_size - 1) :].contiguous() if output_final_state else None
         return y, new_state
 
     def extra_repr(self) -> str:

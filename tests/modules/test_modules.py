@@ -24,6 +24,31 @@ def test_short_conv_pieces_equal_whole(activation):
     torch.testing.assert_close(full, manual)
 
 
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_short_conv_compiled_form_equals_conv1d(activation, with_state):
+    """Under torch.compile the convolution is written as K shifted products (fused by inductor); outputs, final state
+    and every gradient equal the eager F.conv1d form (float64)."""
+    torch.manual_seed(1)
+    conv = ShortConvolution(5, 4, activation).double()
+    x = torch.randn(2, 9, 5, dtype=torch.float64, requires_grad=True)
+    st = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True) if with_state else None
+    compiled = torch.compile(conv, backend="eager", fullgraph=True)
+    results = []
+    for fn in (conv, compiled):
+        y, new = fn(x, st, output_final_state=True)
+        (y * torch.linspace(-1, 1, 5, dtype=torch.float64)).sum().add_((new**2).sum()).backward()
+        grads = [t.grad.clone() for t in (x, conv.weight) + ((st,) if with_state else ())]
+        for t in (x, conv.weight) + ((st,) if with_state else ()):
+            t.grad = None
+        results.append((y.detach(), new.detach(), grads))
+    (y0, s0, g0), (y1, s1, g1) = results
+    torch.testing.assert_close(y1, y0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(s1, s0, rtol=0, atol=0)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_short_conv_rejects_bad_args():
     with pytest.raises(ValueError, match="activation"):
         ShortConvolution(4, 4, "relu")
