@@ -10,7 +10,7 @@ import pytest
 import torch
 from ssm_cases import make_ssm_params, make_state, max_err
 
-from hybrid_attention.ops.s4d import BACKENDS, fft_s4d, naive_s4d, s4d
+from hybrid_attention.ops.s4d import BACKENDS, fft_s4d, naive_s4d, s4d, toeplitz_s4d
 
 F64, C128 = torch.float64, torch.complex128
 
@@ -24,7 +24,7 @@ def make_inputs(Bsz: int, T: int, H: int, R: int, D: int, seed: int):
     return torch.randn(Bsz, T, H, R, dtype=F64, generator=g), torch.randn(Bsz, T, H, D, dtype=F64, generator=g)
 
 
-FNS = [naive_s4d, fft_s4d]
+FNS = [naive_s4d, fft_s4d, toeplitz_s4d]
 
 
 @pytest.mark.parametrize("fn", FNS, ids=lambda f: f.__name__)
@@ -74,12 +74,13 @@ def test_equals_direct_convolution_with_zoh_kernel(with_state):
             if X0 is not None:
                 ref[:, t, h] += torch.einsum("m,bmc->bc", ct * lam ** (t + 1), X0[:, h]).real
     assert ref.abs().max() > 1e-1
-    for name in ("naive", "fft"):
+    for name in ("naive", "fft", "toeplitz"):
         y, _ = s4d(a, b, log_lam, Bbar, C, w, initial_state=X0, backend=name)
         assert max_err(y, ref) < 1e-10, name
 
 
-def test_fft_equals_naive_values_and_gradients():
+@pytest.mark.parametrize("fast", [fft_s4d, toeplitz_s4d], ids=lambda f: f.__name__)
+def test_fast_forms_equal_naive_values_and_gradients(fast):
     Bsz, T, H, R, D, M = 2, 37, 2, 3, 5, 6
     log_lam, B, C, w = make_params(H, M, 11)
     a, b = make_inputs(Bsz, T, H, R, D, 12)
@@ -88,12 +89,12 @@ def test_fft_equals_naive_values_and_gradients():
     dy = torch.randn(Bsz, T, H, R + D, dtype=F64, generator=g)
     dfin = torch.randn(Bsz, H, M, R + D, dtype=C128, generator=g)
     outs = {}
-    for fn in FNS:
+    for fn in (naive_s4d, fast):
         leaves = [x.clone().requires_grad_() for x in (a, b, log_lam, B, C, w, init)]
         y, fin = fn(*leaves[:6], initial_state=leaves[6], output_final_state=True)
         loss = (y * dy).sum() + (fin.conj() * dfin).real.sum()
         outs[fn.__name__] = (y.detach(), fin.detach(), torch.autograd.grad(loss, leaves))
-    (y_n, f_n, g_n), (y_f, f_f, g_f) = outs["naive_s4d"], outs["fft_s4d"]
+    (y_n, f_n, g_n), (y_f, f_f, g_f) = outs["naive_s4d"], outs[fast.__name__]
     assert y_f.shape == (Bsz, T, H, R + D) and y_f.dtype == F64
     assert f_f.shape == (Bsz, H, M, R + D) and f_f.dtype == C128
     assert y_n.abs().max() > 1e-1
@@ -209,14 +210,55 @@ def test_bf16_inputs(backend):
 def test_backends_dispatch():
     log_lam, B, C, w = make_params(2, 4, 71)
     a, b = make_inputs(1, 9, 2, 2, 3, 72)
-    assert BACKENDS == ("auto", "reference", "naive", "triton", "fft")
+    assert BACKENDS == ("auto", "reference", "naive", "triton", "fft", "toeplitz")
+    assert torch.equal(s4d(a, b, log_lam, B, C, w, backend="toeplitz")[0], toeplitz_s4d(a, b, log_lam, B, C, w)[0])
     assert torch.equal(s4d(a, b, log_lam, B, C, w, backend="naive")[0], naive_s4d(a, b, log_lam, B, C, w)[0])
     y_fft = fft_s4d(a, b, log_lam, B, C, w)[0]
     for backend in ("auto", "reference", "triton", "fft"):
         assert torch.equal(s4d(a, b, log_lam, B, C, w, chunk_size=4, backend=backend)[0], y_fft), backend
-    msg = "backend must be one of 'auto', 'reference', 'naive', 'triton', 'fft', got 'cuda'"
+    msg = "backend must be one of 'auto', 'reference', 'naive', 'triton', 'fft', 'toeplitz', got 'cuda'"
     with pytest.raises(ValueError, match=msg):
         s4d(a, b, log_lam, B, C, w, backend="cuda")
+
+
+def test_toeplitz_under_bf16_autocast():
+    """Under bf16 autocast the Toeplitz matmuls run in bf16 (a decided precision, like a Linear layer): outputs and
+    gradients within bf16 rounding of the float64 definition; outside autocast they run in float32."""
+    Bsz, T, H, R, D, M = 2, 70, 2, 3, 4, 8
+    log_lam, B, C, w = make_params(H, M, 91, im_max=100.0)
+    lo = [x.to(torch.complex64) for x in (log_lam, B, C)]
+    a, b = (x.float().requires_grad_() for x in make_inputs(Bsz, T, H, R, D, 92))
+    ref, _ = naive_s4d(a.detach().double(), b.detach().double(), *(x.to(C128) for x in lo), w.double())
+    scale = ref.abs().max().item()
+    assert scale > 1e-1
+    y32, _ = toeplitz_s4d(a, b, *lo, w.float())
+    assert max_err(y32.double(), ref) < 1e-5 * scale
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = toeplitz_s4d(a, b, *lo, w.float())
+    err = max_err(y.double(), ref) / scale
+    assert 1e-5 < err < 2e-2  # bf16 operands: visibly not float32, within bf16 rounding
+    (y * ref.float()).sum().backward()
+    ga = a.grad.clone()
+    a.grad = None
+    (y32 * ref.float()).sum().backward()
+    assert max_err(ga.double(), a.grad.double()) < 2e-2 * a.grad.abs().max().item()
+
+
+@pytest.mark.parametrize("fast", [fft_s4d, toeplitz_s4d], ids=lambda f: f.__name__)
+def test_states_under_bf16_autocast(fast):
+    """Initial and final states under bf16 autocast (a prefill in the training precision): the state terms run in
+    float32 (torch.complex refused the bf16 einsums autocast made of them)."""
+    Bsz, T, H, R, D, M = 1, 33, 2, 2, 3, 6
+    log_lam, B, C, w = make_params(H, M, 95)
+    lo = [x.to(torch.complex64) for x in (log_lam, B, C)]
+    a, b = (x.float() for x in make_inputs(Bsz, T, H, R, D, 96))
+    init = make_state(Bsz, H, M, R + D, 97).to(torch.complex64)
+    _, s_ref = naive_s4d(a.double(), b.double(), *(x.to(C128) for x in lo), w.double(), initial_state=init.to(C128),
+                         output_final_state=True)  # fmt: skip
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, s = fast(a, b, *lo, w.float(), initial_state=init, output_final_state=True)
+    assert s.dtype == torch.complex64 and torch.isfinite(y).all()
+    assert max_err(s.to(C128), s_ref) < 1e-4 * s_ref.abs().max().item()
 
 
 def _bad_cases():
@@ -256,9 +298,10 @@ def test_bad_w_message():
 
 
 @pytest.mark.slow  # ~2 s, most of it dynamo's first-use set-up; aot_eager keeps it off inductor's C++ build
-def test_torch_compile_smoke():
-    """fft_s4d under torch.compile on CPU, forward and backward. The aot_eager backend traces through dynamo and
-    AOTAutograd (graph breaks allowed) without inductor's C++ build, which takes minutes on a 2-core CI machine;
+@pytest.mark.parametrize("fast", [fft_s4d, toeplitz_s4d], ids=lambda f: f.__name__)
+def test_torch_compile_smoke(fast):
+    """fft_s4d / toeplitz_s4d under torch.compile on CPU, forward and backward. The aot_eager backend traces through
+    dynamo and AOTAutograd (graph breaks allowed) without inductor's C++ build, (minutes on a 2-core CI machine);
     inductor itself also runs (complex ops fall back to eager) but is not exercised here."""
     if not torch._dynamo.is_dynamo_supported():
         pytest.skip("torch.compile is not supported on this platform")
@@ -268,7 +311,7 @@ def test_torch_compile_smoke():
     init = make_state(Bsz, H, M, R + D, 83).to(torch.complex64)
 
     def fn(a, b, log_lam, B, C, w, init):
-        return fft_s4d(a, b, log_lam, B, C, w, initial_state=init, output_final_state=True)
+        return fast(a, b, log_lam, B, C, w, initial_state=init, output_final_state=True)
 
     torch._dynamo.reset()
     leaves = [x.clone().requires_grad_() for x in (a, b, log_lam, B, C, w, init)]

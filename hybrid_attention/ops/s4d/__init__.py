@@ -4,14 +4,18 @@ Per batch and head, the complex diagonal S4D state of Interdomain Attention, X_t
 inputs z_t = [a_t ; b_t] ∈ R^{R+D}, is read out linearly: y_t = Re(wᵀ C X_t) ∈ R^{R+D}, with C the shared M×M
 readout and w ∈ R^M per head the paper's extra H·M parameters. Being linear in the state, the layer is an S4-style
 convolution: y = K_h * z per channel with K_h(l) = Re(c̃ᵀ (λ^l ⊙ B)), c̃ = Cᵀw (plus the decaying response to an
-initial state). See naive.py for the definition and fft.py for the fast path.
+initial state). See naive.py for the definition, conv_form.py for the convolution view, fft.py (the default fast
+path) and toeplitz.py (the convolution as a dense Toeplitz matmul on tensor cores, for training lengths) for the
+convolutions.
 
 The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) that used to live here is kept as the stronger
 ``s4d_bilinear`` baseline in ``hybrid_attention.ops.s4d_bilinear``.
 
-Backends: "naive" runs the token loop (the definition); every other name ("auto", "reference", "triton", "fft")
-runs the FFT convolution ``fft_s4d``, the fast path on every device. There is no Triton kernel: cuFFT already runs
-the convolution, and the names are accepted so that layers passing their usual backend names keep working.
+Backends: "naive" runs the token loop (the definition); "toeplitz" the dense-Toeplitz convolution
+``toeplitz_s4d`` (opt-in until it is timed against the FFT on the GPU: "auto" does not pick it); every other name
+("auto", "reference", "triton", "fft") runs the FFT convolution ``fft_s4d``, the fast path on every device. There
+is no Triton kernel: cuFFT already runs the convolution, and the names are accepted so that layers passing their
+usual backend names keep working.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from ..common.backend import resolve_backend
 from ..common.ssm import validate_chunk_size
 from .fft import fft_s4d
 from .naive import naive_s4d
+from .toeplitz import toeplitz_s4d
 
-__all__ = ["s4d", "naive_s4d", "fft_s4d", "BACKENDS"]
+__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "BACKENDS"]
 
-BACKENDS = ("auto", "reference", "naive", "triton", "fft")
+BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz")
 
 
 def s4d(
@@ -47,7 +52,8 @@ def s4d(
     (discretised); C ``[H, M, M]`` complex; w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex.
     Returns ``(y [B, T, H, R + D] in a.dtype, final_state or None)``. See ``naive_s4d`` for the definition.
 
-    ``backend``: "naive" runs the token loop; "auto", "reference", "triton" and "fft" all run ``fft_s4d`` (the FFT
+    ``backend``: "naive" runs the token loop; "toeplitz" runs ``toeplitz_s4d``; "auto", "reference", "triton" and
+    "fft" all run ``fft_s4d`` (the FFT
     convolution is the fast path on CPU and GPU; there is no Triton kernel because cuFFT already runs the
     convolution). ``chunk_size`` is accepted for signature compatibility with the other ops and validated (a
     positive int), but unused.
@@ -55,5 +61,5 @@ def s4d(
     # no Triton kernel: "auto" resolves to "reference", and every name but "naive" runs the FFT convolution
     backend = resolve_backend(backend, "s4d", False, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
-    fn = naive_s4d if backend == "naive" else fft_s4d
+    fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d}.get(backend, fft_s4d)
     return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state)

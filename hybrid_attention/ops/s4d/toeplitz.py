@@ -1,0 +1,99 @@
+"""Dense-Toeplitz form of the S4D-only control: the causal convolution as one lower-triangular matmul per head.
+
+Same contract as ``naive_s4d``; the kernel, initial-state and final-state terms are those of ``conv_form.py``. The
+convolution y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c] is written as y_h = T_h z_h with the lower-triangular
+Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
+as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
+bound by memory traffic and eager complex elementwise work; benchmarks/NOTES.md, session 5 profile). Memory: one
+[H, T, T] matrix per call (T = 1024, H = 8: 32 MB in float32), so it is meant for T <= ~4K.
+
+Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
+training's bf16 autocast, like every Linear layer: the kernel K is then rounded to bf16, relative 2^-9), otherwise
+in the compute dtype (float32, or float64 for float64 inputs). The backward is written out (``_ToeplitzConv``):
+dz = T_hᵀ dy, and dK[h, l] = Σ_t G_h[t, t-l] with G_h = Σ_{b,c} dy z ᵀ (one matmul, then sums along its
+diagonals through a strided view), so no scatter of T² entries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .conv_form import conv_s4d
+
+__all__ = ["toeplitz_s4d", "toeplitz_convolve"]
+
+
+def _toeplitz(K: torch.Tensor) -> torch.Tensor:
+    """Lower-triangular Toeplitz matrices T[h, t, s] = K[h, t-s] for s <= t, else 0: ``[H, T, T]`` from K ``[H, T]``."""
+    T = K.shape[-1]
+    lag = torch.arange(T, device=K.device)[:, None] - torch.arange(T, device=K.device)[None, :]
+    return torch.where(lag >= 0, K[:, lag.clamp(min=0)], K.new_zeros(()))
+
+
+def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
+    """S[h, l] = Σ_{t>=l} G[h, t, t-l] for l = 0..T-1 (sums along the lower diagonals): ``[H, T]`` from ``[H, T, T]``.
+
+    With G zero-padded below to [H, 2T, T], element (h, t'+l, t') sits at offset h·2T² + l·T + t'·(T+1): a strided
+    view [H, T (l), T (t')] whose rows beyond T fall into the padding."""
+    H, T, _ = G.shape
+    Gp = torch.cat([G, G.new_zeros(H, T, T)], dim=1).contiguous()
+    return Gp.as_strided((H, T, T), (2 * T * T, T, T + 1)).sum(-1)
+
+
+def _mm_dtype(z: torch.Tensor) -> torch.dtype:
+    dev = z.device.type
+    if torch.is_autocast_enabled(dev) and z.dtype == torch.float32:
+        return torch.get_autocast_dtype(dev)
+    return z.dtype
+
+
+class _ToeplitzConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+        dt = _mm_dtype(z)
+        ctx.save_for_backward(z, K)
+        ctx.mm_dtype = dt
+        Bsz, T, H, C = z.shape
+        with torch.autocast(z.device.type, enabled=False):
+            zh = z.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)  # [H, T, B·C]
+            y = torch.matmul(_toeplitz(K.to(dt)), zh)  # [H, T, B·C]
+        return y.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        z, K = ctx.saved_tensors
+        dt = ctx.mm_dtype
+        Bsz, T, H, C = z.shape
+        with torch.autocast(z.device.type, enabled=False):
+            dyh = dy.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
+            dz = dK = None
+            if ctx.needs_input_grad[0]:
+                dz = torch.matmul(_toeplitz(K.to(dt)).transpose(1, 2), dyh)
+                dz = dz.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
+            if ctx.needs_input_grad[1]:
+                zh = z.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
+                G = torch.matmul(dyh, zh.transpose(1, 2))  # [H, T (t), T (s)] = Σ_{b,c} dy[t] z[s]
+                dK = _diagonal_sums(G.to(K.dtype))
+        return dz, dK
+
+
+def toeplitz_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """Causal convolution along time as a Toeplitz matmul: y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c].
+    z ``[B, T, H, C]``, K ``[H, T]`` (same real dtype); returns ``[B, T, H, C]`` in z's dtype."""
+    return _ToeplitzConv.apply(z, K)
+
+
+def toeplitz_s4d(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    log_lam: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """S4D-only control through a dense Toeplitz matmul (equal to ``naive_s4d`` to rounding); shapes of ``conv_s4d``."""
+    return conv_s4d(toeplitz_convolve, a, b, log_lam, B, C, w, initial_state=initial_state,
+                    output_final_state=output_final_state)
