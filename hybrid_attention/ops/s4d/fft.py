@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..common.ssm import compute_dtypes, prepare_ssm_params
+from ..common.varlen import per_document
 from .naive import validate_s4d_inputs
 
 __all__ = ["fft_s4d", "fft_size", "ssm_kernel"]
@@ -73,6 +74,7 @@ def ssm_kernel(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, w: torch
     return _kernel(*_tables(log_lam, B, C, w, L))
 
 
+@per_document(tokens=("a", "b"))
 def fft_s4d(
     a: torch.Tensor,
     b: torch.Tensor,
