@@ -148,6 +148,27 @@ class StreamingBatches:
         self._it = None
 
 
+def document_offsets(rows: torch.Tensor, sep_id: int) -> torch.Tensor:
+    """Document boundaries of packed rows ``[B, L]`` (documents end with the separator ``sep_id``, and every row
+    starts a new one): ``cu_seqlens [N + 1]`` int32 of the flattened row ``[1, B*L]`` (``ops/common/varlen.py``).
+    A document cut by a row end continues in no other row: its two parts are two documents."""
+    b, seq_len = rows.shape
+    flat = rows.reshape(-1)
+    ends = (flat == sep_id).nonzero()[:, 0] + 1  # a document ends after its separator
+    row_starts = torch.arange(0, b * seq_len + 1, seq_len, device=rows.device)
+    return torch.unique(torch.cat([row_starts, ends])).to(torch.int32)  # sorted, duplicates merged
+
+
+def varlen_inputs(rows: torch.Tensor, sep_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``data.pack: varlen`` inputs of a batch of packed rows ``[B, L]``: (input_ids ``[1, B*L]``, labels
+    ``[1, B*L]`` with -100 at each row start except the first, so that no row predicts the next one's first token
+    (the same targets as the ``[B, L]`` batch), cu_seqlens ``[N + 1]`` from ``document_offsets``)."""
+    b, seq_len = rows.shape
+    labels = rows.clone()
+    labels[1:, 0] = -100
+    return rows.reshape(1, -1), labels.reshape(1, -1), document_offsets(rows, sep_id)
+
+
 def local_slice(batch: torch.Tensor, grad_accum: int, rank: int, world_size: int) -> torch.Tensor:
     """This rank's micro-batches of a global batch: [grad_accum*world*micro, L] -> [grad_accum, micro, L].
 

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybrid_attention.ops.common.varlen import positions_in_document, validate_cu_seqlens
+
 
 class StaticState:
     """Preallocated decode buffers of one mixer (built by `TokenMixer.init_static_state`), updated in place by `step`.
@@ -77,7 +79,10 @@ class TokenMixer(nn.Module):
     def state_size(self, seq_len: int) -> int:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, state: Any = None, *, output_state: bool | None = None):
+    def forward(self, x: torch.Tensor, state: Any = None, *, output_state: bool | None = None,
+                cu_seqlens: torch.Tensor | None = None):
+        """x [B, T, hidden] -> (y [B, T, hidden], state or None). cu_seqlens [N + 1]: packed documents in one row
+        (B == 1), nothing crosses a boundary (``packed_positions``)."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------------------- static
@@ -113,6 +118,20 @@ def has_static_step(mixer: type[TokenMixer] | TokenMixer) -> bool:
 def check_hidden(x: torch.Tensor, hidden_size: int) -> None:
     if x.dim() != 3 or x.shape[-1] != hidden_size:
         raise ValueError(f"x must be [B, T, {hidden_size}], got shape {tuple(x.shape)}")
+
+
+def packed_positions(x: torch.Tensor, state: Any, keep: bool, cu_seqlens: torch.Tensor, name: str) -> torch.Tensor:
+    """Check a packed call (x [1, T, hidden] of documents at the offsets ``cu_seqlens [N + 1]``, see
+    ``ops/common/varlen.py``) and return each token's position in its document ``[T]`` (RoPE restarts at 0).
+
+    DECISION: packed documents run from an empty state and return none (training and scoring); a state or
+    ``output_state`` with ``cu_seqlens`` raises ``ValueError`` naming the layer.
+    """
+    validate_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
+    if state is not None or keep:
+        raise ValueError(f"{name}: cu_seqlens runs packed documents from an empty state; state / output_state "
+                         f"are not supported with it")
+    return positions_in_document(cu_seqlens)
 
 
 def copy_conv_states(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:

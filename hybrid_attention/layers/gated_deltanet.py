@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states
+from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states, packed_positions
 from hybrid_attention.modules import RMSNorm, ShortConvolution
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
@@ -120,13 +120,16 @@ class GatedDeltaNet(TokenMixer):
     def state_size(self, seq_len: int) -> int:
         return self.num_heads * self.head_dim * self.head_v_dim
 
-    def _project(self, x: torch.Tensor, conv: dict[str, torch.Tensor] | None, keep: bool):
+    def _project(self, x: torch.Tensor, conv: dict[str, torch.Tensor] | None, keep: bool,
+                 cu_seqlens: torch.Tensor | None = None):
         """x [B, T, hidden] -> q, k [B, T, H, d_k], v [B, T, H, d_v], β, g [B, T, H] (float32, float64 for float64
-        inputs), new ShortConv states (empty unless keep) from the states `conv` (None: zeros)."""
+        inputs), new ShortConv states (empty unless keep) from the states `conv` (None: zeros); cu_seqlens: packed
+        documents (the convolutions restart at each)."""
         b, t, _ = x.shape
         new_conv, qkv = {}, {}
         for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
-            qkv[name], new_conv[name] = self.convs[name](proj(x), conv.get(name) if conv else None, keep)
+            qkv[name], new_conv[name] = self.convs[name](proj(x), conv.get(name) if conv else None, keep,
+                                                         cu_seqlens=cu_seqlens)
         q = qkv["q"].view(b, t, self.num_heads, self.head_dim)
         k = qkv["k"].view(b, t, self.num_heads, self.head_dim)
         v = qkv["v"].view(b, t, self.num_heads, self.head_v_dim)
@@ -142,13 +145,16 @@ class GatedDeltaNet(TokenMixer):
             o = o * F.silu(self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim))
         return self.o_proj(o.reshape(b, t, -1))
 
-    def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None):
+    def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None,
+                cu_seqlens: torch.Tensor | None = None):
         check_hidden(x, self.hidden_size)
         keep = output_state if output_state is not None else state is not None
         t = x.shape[1]
-        q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep)
+        if cu_seqlens is not None:
+            packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
+        q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep, cu_seqlens)
         o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
-                           output_final_state=keep, backend=self.backend)
+                           output_final_state=keep, backend=self.backend, cu_seqlens=cu_seqlens)
         y = self._output(o, x)
         return y, (GDNState(S=S, conv=new_conv, offset=(state.offset if state else 0) + t) if keep else None)
 

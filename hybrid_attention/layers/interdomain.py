@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states
+from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states, packed_positions
 from hybrid_attention.modules import HeadRMSNorm, RotaryEmbedding, S4DCore, ShortConvolution, l2_normalize
 from hybrid_attention.ops.interdomain import interdomain
 from hybrid_attention.ops.interdomain.naive import safe_divide
@@ -174,15 +174,21 @@ class InterdomainAttention(TokenMixer):
         """2·H·M·(R+d_h) real numbers (complex state counted as 2 reals; conv buffers of K-1 tokens excluded)."""
         return 2 * self.num_heads * self.state_dim * (self.feature_dim + self.head_dim)
 
-    def _branch(self, name: str, x: torch.Tensor, state: InterdomainState | None, new_conv: dict, keep: bool):
-        """Projection (+ ShortConv if the branch has one), split into heads: [B, T, H, d_h]."""
+    def _branch(self, name: str, x: torch.Tensor, state: InterdomainState | None, new_conv: dict, keep: bool,
+                cu_seqlens: torch.Tensor | None = None):
+        """Projection (+ ShortConv if the branch has one, restarting at each packed document), split into heads:
+        [B, T, H, d_h]."""
         z = self.proj[name](x)
         if name in self.convs:
-            z, new_conv[name] = self.convs[name](z, state.conv.get(name) if state else None, output_final_state=keep)
+            z, new_conv[name] = self.convs[name](z, state.conv.get(name) if state else None, output_final_state=keep,
+                                                 cu_seqlens=cu_seqlens)
         return z.view(*x.shape[:2], self.num_heads, self.head_dim)
 
-    def _rope(self, z: torch.Tensor, offset: int) -> torch.Tensor:
-        return self.rotary(z, offset) if self.rotary is not None else z
+    def _rope(self, z: torch.Tensor, offset: int, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """RoPE at positions offset.., or at the positions pos [T] (packed documents) when given."""
+        if self.rotary is None:
+            return z
+        return self.rotary(z, offset) if pos is None else self.rotary.at(z, pos)
 
     @staticmethod
     def _feature_map(z: torch.Tensor) -> torch.Tensor:
@@ -194,18 +200,15 @@ class InterdomainAttention(TokenMixer):
         g = self.ssm.input_gain().to(key.dtype)
         return key * g[: self.feature_dim], val * g[self.feature_dim :]
 
-    def _core(self, q, key, val, log_lam, b_bar, c, init, keep: bool):
+    def _core(self, q, key, val, log_lam, b_bar, c, init, keep: bool, cu_seqlens: torch.Tensor | None = None):
         """The S4D core and its readout on [B, T, H, *] inputs -> (o [B, T, H, D or R+D], final state)."""
+        kw = dict(initial_state=init, output_final_state=keep, chunk_size=self.chunk_size, backend=self.backend,
+                  cu_seqlens=cu_seqlens)
         if self.query_readout:
-            return interdomain(
-                q, key, val, log_lam, b_bar, c, denominator=self.denominator, initial_state=init,
-                output_final_state=keep, chunk_size=self.chunk_size, backend=self.backend, readout=self.readout,
-            )
+            return interdomain(q, key, val, log_lam, b_bar, c, denominator=self.denominator, readout=self.readout, **kw)
         if self.contraction == "linear":
-            return s4d(key, val, log_lam, b_bar, c, self.contraction_w, initial_state=init, output_final_state=keep,
-                       chunk_size=self.chunk_size, backend=self.backend)
-        return s4d_bilinear(key, val, log_lam, b_bar, c, initial_state=init, output_final_state=keep,
-                            chunk_size=self.chunk_size, backend=self.backend)
+            return s4d(key, val, log_lam, b_bar, c, self.contraction_w, **kw)
+        return s4d_bilinear(key, val, log_lam, b_bar, c, **kw)
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """[B, T, H, *] core output -> [B, T, hidden]: C_out (bilinear contraction), the optional gate, W_O."""
@@ -216,20 +219,23 @@ class InterdomainAttention(TokenMixer):
             o = torch.sigmoid(self.g_proj(x)) * o  # σ gate as written in the paper's equation (off by default)
         return self.o_proj(o)
 
-    def forward(self, x: torch.Tensor, state: InterdomainState | None = None, *, output_state: bool | None = None):
+    def forward(self, x: torch.Tensor, state: InterdomainState | None = None, *, output_state: bool | None = None,
+                cu_seqlens: torch.Tensor | None = None):
         check_hidden(x, self.hidden_size)
         keep = output_state if output_state is not None else state is not None
         offset = state.offset if state is not None else 0
+        pos = None if cu_seqlens is None else packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
         new_conv: dict[str, torch.Tensor] = {}
+        cu = cu_seqlens
 
-        key = self._rope(self._branch(self.key_name, x, state, new_conv, keep), offset)
+        key = self._rope(self._branch(self.key_name, x, state, new_conv, keep, cu), offset, pos)
         if self.dual_input:
             key = self._feature_map(key)
         key, val = self._input_gain(self.key_norm(key), self.value_norm(self._branch(self.val_name, x, state, new_conv,
-                                                                                      keep)))
-        q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep), offset)) \
+                                                                                      keep, cu)))
+        q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep, cu), offset, pos)) \
             if self.query_readout else None
-        o, ssm = self._core(q, key, val, *self.ssm(), state.ssm if state is not None else None, keep)
+        o, ssm = self._core(q, key, val, *self.ssm(), state.ssm if state is not None else None, keep, cu)
         y = self._output(o, x)
         new_state = InterdomainState(ssm=ssm, conv=new_conv, offset=offset + x.shape[1]) if keep else None
         return y, new_state

@@ -37,12 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import TokenMixer, check_hidden
+from hybrid_attention.layers.base import TokenMixer, check_hidden, packed_positions
 from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
 from hybrid_attention.layers.natsl_static import NatsLStaticStep
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.chunk_attention.triton import supported as triton_chunk_attention_supported
+from hybrid_attention.ops.common.varlen import chunk_layout, chunk_offsets, document_ids, positions_in_document
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as GDN_TRITON
 from hybrid_attention.ops.gated_delta.triton import supported as gdn_triton_supported
@@ -165,24 +166,29 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         init_decay_params(self.A_log, self.dt_bias)
 
     # ---------------------------------------------------------------------------------------------------- helpers
-    def _project(self, x, state, keep):
-        """Shared projections. Returns q, k, v (post conv), β, g, z, and new conv states."""
+    def _project(self, x, state, keep, cu_seqlens=None):
+        """Shared projections. Returns q, k, v (post conv; restarting at each packed document), β, g, z, and new
+        conv states."""
         b, t, _ = x.shape
         new_conv = {}
         out = {}
         for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
-            out[name], new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep)
+            out[name], new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep,
+                                                         cu_seqlens=cu_seqlens)
         fdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         beta = torch.sigmoid(self.b_proj(x).to(fdt))
         g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
         return out["q"], out["k"], out["v"], beta, g, new_conv
 
-    def _attn_qk(self, q, k, offset):
-        """Softmax-branch heads: the same channels split finely, QK-RMSNorm, optional RoPE. [B, T, Hs, d_ks]."""
+    def _attn_qk(self, q, k, offset, pos=None):
+        """Softmax-branch heads: the same channels split finely, QK-RMSNorm, optional RoPE (at positions offset..,
+        or at pos [T] for packed documents). [B, T, Hs, d_ks]."""
         b, t, _ = q.shape
         qs = self.q_norm(q.view(b, t, self.num_attn_heads, self.attn_head_dim))
         ks = self.k_norm(k.view(b, t, self.num_attn_heads, self.attn_head_dim))
-        if self.rotary is not None:
+        if self.rotary is not None and pos is not None:
+            qs, ks = self.rotary.at(qs, pos), self.rotary.at(ks, pos)
+        elif self.rotary is not None:
             qs, ks = self.rotary(qs, offset), self.rotary(ks, offset)
         return qs, ks
 
@@ -292,20 +298,44 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st.valid[bi, hi, si] = True
 
     # ---------------------------------------------------------------------------------------------------- forward
-    def forward(self, x: torch.Tensor, state: NatsLState | None = None, *, output_state: bool | None = None):
+    def forward(self, x: torch.Tensor, state: NatsLState | None = None, *, output_state: bool | None = None,
+                cu_seqlens: torch.Tensor | None = None):
         check_hidden(x, self.hidden_size)
         keep = output_state if output_state is not None else state is not None
+        if cu_seqlens is not None:  # packed documents: chunks restart at each document start, routing per document
+            pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
+            return self._forward_parallel(x, state, keep, cu_seqlens, pos)
         if state is not None and state.offset > 0:
             return self._forward_continue(x, state)
         return self._forward_parallel(x, state, keep)
 
-    def _forward_parallel(self, x, state, keep):
-        """From an empty state: whole-sequence chunk ops (training path). Builds the decode state if `keep`."""
+    def _complete_chunks(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None):
+        """The complete chunks x_full [B, N_full, C, D] of x [B, T, D] (per document with cu_seqlens: chunks restart
+        at each document start), the number of all chunks N (a partial chunk ends every document whose length is
+        not a multiple of C) and place(vals [B, N_full, Hn], fill) -> [B, N, Hn], the values of the complete chunks
+        in chunk order, `fill` for the partial ones (which get no type)."""
+        b, t, d = x.shape
+        c = self.chunk_size
+        if cu_seqlens is None:
+            n_full, n_all = t // c, -(-t // c)
+            return (x[:, : n_full * c].reshape(b, n_full, c, d), n_all,
+                    lambda vals, fill: F.pad(vals, (0, 0, 0, n_all - n_full), value=fill))
+        starts, lens = chunk_layout(cu_seqlens, c)
+        full = (lens == c).nonzero()[:, 0]  # one host sync: the number of complete chunks
+        x_full = x[:, starts[full][:, None] + torch.arange(c, device=x.device)]  # [B, N_full, C, D]
+        n_all = starts.numel()
+        return x_full, n_all, lambda vals, fill: vals.new_full((b, n_all, vals.shape[2]), fill).index_copy(1, full,
+                                                                                                          vals)
+
+    def _forward_parallel(self, x, state, keep, cu_seqlens=None, pos=None):
+        """From an empty state: whole-sequence chunk ops (training path). Builds the decode state if `keep`.
+        cu_seqlens / pos: packed documents (no state) and each token's position in its document."""
         b, t, _ = x.shape
         c, hl, hs = self.chunk_size, self.num_heads, self.num_attn_heads
-        q, k, v, beta, g, new_conv = self._project(x, state, keep)
-        n_full, n_all = t // c, -(-t // c)
-        hard, p = self._route(x[:, : n_full * c].reshape(b, n_full, c, self.hidden_size))
+        q, k, v, beta, g, new_conv = self._project(x, state, keep, cu_seqlens)
+        x_full, n_all, place = self._complete_chunks(x, cu_seqlens)
+        n_full = x_full.shape[1]
+        hard, p = self._route(x_full)
         self.last_routing = hard[..., SOFTMAX].detach().bool()
         if n_full:
             self.routing_fraction = hard[..., SOFTMAX].detach().float().mean((0, 1))
@@ -315,16 +345,17 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         if not self.counterfactual_grad:
             st_grad = st_grad * hard
         m = hard + st_grad  # [B, N_full, Hn, 2]
-        pad = n_all - n_full  # the partial last chunk: no type (no later query); commit 1 / routing 0 are inert
-        commit = F.pad(m[..., GDN], (0, 0, 0, pad), value=1.0)
-        route_sa = F.pad(hard[..., SOFTMAX], (0, 0, 0, pad), value=0.0)
-        bias = F.pad(m[..., SOFTMAX] - m[..., SOFTMAX].detach(), (0, 0, 0, pad), value=0.0)
+        # partial chunks: no type (no later query of their document); commit 1 / routing 0 are inert
+        commit = place(m[..., GDN], 1.0)
+        route_sa = place(hard[..., SOFTMAX], 0.0)
+        bias = place(m[..., SOFTMAX] - m[..., SOFTMAX].detach(), 0.0)
 
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)
-        qs, ks = self._attn_qk(q, k, 0)
+        qs, ks = self._attn_qk(q, k, 0, pos)
         vs = self._heads(v, hs, self.attn_head_v_dim)
         gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend)
+        varlen = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         o_sa = None
         if keep:  # state at the start of the partial chunk = final state of the complete chunks
             nc = n_full * c
@@ -333,20 +364,20 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             o2, S = gated_delta(qg[:, nc:], kg[:, nc:], vg[:, nc:], g[:, nc:], beta[:, nc:], initial_state=S_full,
                                 output_final_state=True, **gdn_kw)
             o_gdn = torch.cat([o1, o2], 1)
-        elif self._concurrent_branches(qg, vg, qs, vs):
+        elif cu_seqlens is None and self._concurrent_branches(qg, vg, qs, vs):
             # DECISION: on CUDA with the Triton kernels, the two branches run on two synchronised streams
             # (ops/natsl_mixed/triton/; identical results, 16K: 6.3 vs 7.4 ms forward+backward on the H200).
             o_gdn, _, o_sa = natsl_mixed(qg, kg, vg, g, beta, commit, qs, ks, vs, route_sa, routing_bias=bias,
                                          chunk_size=c, group_size=self.group,
                                          decay_uncommitted=self.decay_uncommitted)
         else:
-            o_gdn, _ = gated_delta(qg, kg, vg, g, beta, commit=commit, **gdn_kw)
+            o_gdn, _ = gated_delta(qg, kg, vg, g, beta, commit=commit, **gdn_kw, **varlen)
 
         if o_sa is None and self.counterfactual_grad and self.training:
-            o_sa = self._dense_counterfactual_attention(qs, ks, vs, m[..., SOFTMAX], n_all)
+            o_sa = self._dense_counterfactual_attention(qs, ks, vs, place(m[..., SOFTMAX], 0.0), cu_seqlens)
         elif o_sa is None:
             o_sa = chunk_attention(qs, ks, vs, route_sa, chunk_size=c, group_size=self.group, routing_bias=bias,
-                                   backend=self.backend)
+                                   backend=self.backend, **varlen)
         y = self._fuse(x, q, o_gdn.reshape(b, t, hs, self.attn_head_v_dim), o_sa)
         if not keep:
             return y, None
@@ -371,16 +402,19 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         c = self.chunk_size
         return GDN_TRITON and gdn_triton_supported(qg, vg, c) and triton_chunk_attention_supported(qs, vs, c)
 
-    def _dense_counterfactual_attention(self, qs, ks, vs, m_sa, n_all):
+    def _dense_counterfactual_attention(self, qs, ks, vs, m_chunk, cu_seqlens=None):
         """Dense softmax with multiplicative key weights: 1 inside the query's own chunk (causal), m ∈ {0, 1} (with
-        its straight-through gradient) for keys of earlier chunks. Forward-identical to chunk_attention; the gradient
-        reaches every earlier chunk, unselected ones included (their would-be Σ dS). O(T²) memory: analysis only."""
+        its straight-through gradient, m_chunk [B, N, Hn] over all chunks) for keys of earlier chunks (of the same
+        document with cu_seqlens). Forward-identical to chunk_attention; the gradient reaches every earlier chunk,
+        unselected ones included (their would-be Σ dS). O(T²) memory: analysis only."""
         t, d, c = qs.shape[1], qs.shape[-1], self.chunk_size
         pos = torch.arange(t, device=qs.device)
-        chunk = pos // c
+        chunk, doc = pos // c, torch.zeros_like(pos)
+        if cu_seqlens is not None:  # chunk numbers over all documents (they restart at each document start)
+            doc = document_ids(cu_seqlens)
+            chunk = positions_in_document(cu_seqlens) // c + chunk_offsets(cu_seqlens, c)[doc]
         same = (chunk[:, None] == chunk[None, :]) & (pos[:, None] >= pos[None, :])  # [T, T]
-        earlier = chunk[:, None] > chunk[None, :]
-        m_chunk = F.pad(m_sa, (0, 0, 0, n_all - m_sa.shape[1]), value=0.0)  # [B, N, Hn]
+        earlier = (chunk[:, None] > chunk[None, :]) & (doc[:, None] == doc[None, :])
         m_key = m_chunk[:, chunk].repeat_interleave(self.group, dim=-1).permute(0, 2, 1)  # [B, Hs, T]
         weight = same.to(qs.dtype) + earlier.to(qs.dtype) * m_key[:, :, None, :]  # [B, Hs, T, T]
         s = torch.einsum("bthd,bshd->bhts", qs, ks) * d**-0.5

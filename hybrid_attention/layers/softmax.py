@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden
+from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, packed_positions
 from hybrid_attention.modules import RotaryEmbedding
+from hybrid_attention.ops.common.varlen import document_ids
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 
 
@@ -80,13 +81,17 @@ class SoftmaxAttention(TokenMixer):
     def state_size(self, seq_len: int) -> int:
         return 2 * self.num_heads * self.head_dim * seq_len
 
-    def forward(self, x: torch.Tensor, state: KVState | None = None, *, output_state: bool | None = None):
+    def forward(self, x: torch.Tensor, state: KVState | None = None, *, output_state: bool | None = None,
+                cu_seqlens: torch.Tensor | None = None):
         check_hidden(x, self.hidden_size)
         b, t, _ = x.shape
+        keep = output_state if output_state is not None else state is not None
         offset = state.offset if state is not None else 0
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.num_heads, self.head_dim)
+        if cu_seqlens is not None:
+            return self._forward_packed(x, q, k, v, state, keep, cu_seqlens), None
         if self.rotary is not None:
             q, k = self.rotary(q, offset), self.rotary(k, offset)
         if state is not None:
@@ -100,8 +105,19 @@ class SoftmaxAttention(TokenMixer):
             mask = torch.arange(offset + t, device=x.device)[None, :] <= qpos
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
         y = self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        keep = output_state if output_state is not None else state is not None
         return y, (KVState(k, v) if keep else None)
+
+    def _forward_packed(self, x, q, k, v, state, keep: bool, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Packed documents (q, k, v [1, T, H, D]): RoPE positions restart at 0 per document and a query attends
+        causally inside its own document only (a block-diagonal causal mask) -> y [1, T, hidden]."""
+        pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
+        if self.rotary is not None:
+            q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
+        doc = document_ids(cu_seqlens)
+        idx = torch.arange(x.shape[1], device=x.device)
+        mask = (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])  # [T, T]
+        o = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), attn_mask=mask)
+        return self.o_proj(o.transpose(1, 2).reshape(*x.shape[:2], -1))
 
     # ---------------------------------------------------------------------------------------------------- static
     def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,

@@ -60,8 +60,10 @@ class HybridBlock(nn.Module):
         self.mixer.o_proj._is_residual_out = True
         self.mlp.down_proj._is_residual_out = True
 
-    def forward(self, h: torch.Tensor, state=None, output_state: bool = False):
-        y, state = self.mixer(self.attn_norm(h), state, output_state=output_state)
+    def forward(self, h: torch.Tensor, state=None, output_state: bool = False,
+                cu_seqlens: torch.Tensor | None = None):
+        y, state = self.mixer(self.attn_norm(h), state, output_state=output_state,
+                              **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
         h = h + y
         h = h + self.mlp(self.mlp_norm(h))
         return h, state
@@ -117,7 +119,7 @@ class HybridModel(HybridPreTrainedModel):
         return HybridCache([blk.mixer.init_state(batch_size, device=device, dtype=dtype) for blk in self.layers])
 
     def forward(self, input_ids=None, inputs_embeds=None, cache: HybridCache | None = None, use_cache: bool = False,
-                output_hidden_states: bool = False):
+                output_hidden_states: bool = False, cu_seqlens: torch.Tensor | None = None):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -126,7 +128,8 @@ class HybridModel(HybridPreTrainedModel):
         hidden = [h] if output_hidden_states else None
         new_states = []
         for i, blk in enumerate(self.layers):
-            h, st = blk(h, cache.states[i] if cache is not None else None, output_state=use_cache)
+            h, st = blk(h, cache.states[i] if cache is not None else None, output_state=use_cache,
+                        cu_seqlens=cu_seqlens)
             new_states.append(st)
             if hidden is not None:
                 hidden.append(h)
@@ -206,8 +209,14 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         return_dict: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
         **kwargs,
     ) -> HybridCausalLMOutput:
+        """cu_seqlens [N + 1]: packed documents in one row (input_ids [1, T], ``ops/common/varlen.py``): every layer
+        restarts at each document (states, convolutions, attention, RoPE positions, NAtS-L chunks). DECISION: the
+        offsets are passed explicitly (fla's rule: an explicit cu_seqlens wins); they are not derived from
+        position_ids. Packed calls run without a cache (use_cache defaults to False; True raises in the layers).
+        Labels are used as given: the trainer decides what the last token of a document predicts."""
         # transformers <= 5.2x passes past_key_values=, newer releases pass cache=: accept both, refuse a conflict.
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("got different objects for cache= and past_key_values=; pass one of them")
@@ -218,9 +227,9 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         if attention_mask is not None and not bool((attention_mask != 0).all()):
             raise ValueError("padding (zeros in attention_mask) is not supported: batch sequences of equal length")
         if use_cache is None:
-            use_cache = cache is not None or (self.config.use_cache and not self.training)
+            use_cache = cache is not None or (self.config.use_cache and not self.training and cu_seqlens is None)
         h, new_cache, hidden = self.model(input_ids, inputs_embeds, cache=cache, use_cache=use_cache,
-                                          output_hidden_states=bool(output_hidden_states))
+                                          output_hidden_states=bool(output_hidden_states), cu_seqlens=cu_seqlens)
         h = h[:, -logits_to_keep:] if logits_to_keep else h
         logits = self.lm_head(h)
         loss = None

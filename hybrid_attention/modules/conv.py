@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid_attention.ops.common.varlen import positions_in_document, validate_cu_seqlens
+
 
 class ShortConvolution(nn.Module):
     """Causal depthwise 1-D convolution over time, no bias, optional SiLU.
@@ -14,6 +16,10 @@ class ShortConvolution(nn.Module):
 
     `state` holds the last K-1 inputs (oldest first); `None` means zeros (start of a sequence). Feeding a sequence in
     pieces with the state carried gives exactly the output of one call.
+
+    `cu_seqlens [N + 1]` (packed documents, B == 1, ``ops/common/varlen.py``): every document starts from a zero
+    history (no input leaks across a boundary); `state` must be None, and the final states are per document
+    ``[N, D, K-1]`` (the last K-1 inputs of each document, zeros before its start).
     """
 
     def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None) -> None:
@@ -35,13 +41,16 @@ class ShortConvolution(nn.Module):
         return torch.zeros(batch_size, self.channels, self.kernel_size - 1, device=device, dtype=dtype)
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False
+        self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False, *,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, d = x.shape
         if d != self.channels:
             raise ValueError(f"x must have {self.channels} channels in its last dim, got shape {tuple(x.shape)}")
         k = self.kernel_size
-        if torch.compiler.is_compiling():
+        if cu_seqlens is not None:
+            y, new_state = self._forward_packed(x, state, output_final_state, cu_seqlens)
+        elif torch.compiler.is_compiling():
             # Compiled (training): the same sum written as K shifted products in the [B, T, D] layout, which inductor
             # fuses with the activation into one kernel per direction. F.conv1d of a depthwise kernel runs ATen's
             # generic conv_depthwise2d kernels (not cuDNN) behind two layout copies: 10-18% of a compiled training
@@ -63,6 +72,28 @@ class ShortConvolution(nn.Module):
         if self.activation == "silu":
             y = F.silu(y)
         return y, new_state
+
+    def _forward_packed(self, x: torch.Tensor, state: torch.Tensor | None, output_final_state: bool,
+                        cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Packed documents x [1, T, D]: the K lagged products, each lag masked where it would reach before the
+        token's document start -> (y [1, T, D] before the activation, final states [N, D, K-1] or None)."""
+        if state is not None:
+            raise ValueError("state must be None with cu_seqlens (every document starts from a zero history)")
+        t, k = x.shape[1], self.kernel_size
+        validate_cu_seqlens(cu_seqlens, t, x.shape[0])
+        pos = positions_in_document(cu_seqlens)[None, :, None]  # [1, T, 1]
+        w = self.weight[:, 0, :].to(x.dtype)  # [D, K]; lag j multiplies w[:, K-1-j]
+        y = x * w[:, k - 1]
+        for j in range(1, min(k, t + 1)):
+            shifted = torch.cat([x.new_zeros(1, j, x.shape[2]), x[:, : t - j]], dim=1)
+            y = y + shifted * (pos >= j).to(x.dtype) * w[:, k - 1 - j]
+        if not output_final_state:
+            return y, None
+        starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+        idx = ends[:, None] - (k - 1) + torch.arange(k - 1, device=x.device)  # [N, K-1]
+        ok = (idx >= starts[:, None]).to(x.dtype)
+        last = x[0, idx.clamp(min=0)] * ok[..., None]  # [N, K-1, D]
+        return y, last.transpose(1, 2).contiguous()
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"

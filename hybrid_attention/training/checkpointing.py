@@ -17,11 +17,12 @@ from torch.utils.checkpoint import checkpoint
 __all__ = ["enable_block_checkpointing", "disable_block_checkpointing", "checkpointed_blocks"]
 
 
-def _checkpointed_forward(self, h: torch.Tensor, state=None, output_state: bool = False):
+def _checkpointed_forward(self, h: torch.Tensor, state=None, output_state: bool = False,
+                          cu_seqlens: torch.Tensor | None = None):
     plain = type(self).forward
     if self.training and torch.is_grad_enabled():
-        return checkpoint(plain, self, h, state, output_state, use_reentrant=False)
-    return plain(self, h, state, output_state)
+        return checkpoint(plain, self, h, state, output_state, cu_seqlens, use_reentrant=False)
+    return plain(self, h, state, output_state, cu_seqlens)
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from hybrid_attention.data.errors import DataError
 from hybrid_attention.data.lm_data import LMData, build_lm_data
-from hybrid_attention.data.packing import local_slice
-from hybrid_attention.data.tokenizer import check_vocab, token_byte_lengths
+from hybrid_attention.data.packing import local_slice, varlen_inputs
+from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byte_lengths
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 
 from .checkpoint import (
@@ -424,6 +424,14 @@ class Trainer:
             raise self._diverged(str(e)) from e
         self.last_checkpoint, self._ckpt_pending = path, False
 
+    def _lm_inputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model inputs of a micro-batch of packed rows x [B, L]: the rows themselves (``data.pack: concat``), or one
+        row of documents with cu_seqlens (``varlen``: every document from a fresh state, the same targets)."""
+        if self.cfg.data.pack != "varlen":
+            return {"input_ids": x, "labels": x}
+        ids, labels, cu = varlen_inputs(x, separator_id(self.data.tokenizer))
+        return {"input_ids": ids, "labels": labels, "cu_seqlens": cu}
+
     def train_step(self) -> float:
         """One optimizer step (skipped when the loss or gradient is not finite); returns the step's mean loss."""
         tc, ctx, cfg, model = self.tc, self.ctx, self.cfg, self.model
@@ -434,7 +442,7 @@ class Trainer:
             x = micro[a].to(ctx.device, non_blocking=True)
             with _no_sync(model, a == self.accum - 1):
                 with torch.autocast(ctx.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext():
-                    loss = model(input_ids=x, labels=x, use_cache=False).loss
+                    loss = model(**self._lm_inputs(x), use_cache=False).loss
                 (loss / self.accum).backward()
             loss_sum += loss.detach().float()
         step_loss = ctx.all_reduce_mean(loss_sum / self.accum)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..common.backend import resolve_backend
+from ..common.varlen import varlen_kwargs
 from . import triton as triton_backend
 from .chunk import chunk_chunk_attention
 from .flex import FLEX_AVAILABLE, build_chunk_block_mask, flex_chunk_attention
@@ -43,6 +44,7 @@ def chunk_attention(
     scale: float | None = None,
     routing_bias: torch.Tensor | None = None,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Chunk attention. q, k ``[B, T, Hs, Dk]``, v ``[B, T, Hs, Dv]``, routing / routing_bias ``[B, N, Hs // G]``.
 
@@ -53,7 +55,13 @@ def chunk_attention(
 
     Decision: ``"auto"`` picks the Triton kernels for CUDA inputs they support (not float64, chunk_size in
     {16, 32, 64, 128}, head dims <= 256) and the reference form otherwise.
+
+    ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): no query reads another document,
+    chunks restart at each document start (routing ``[1, Σ ceil(len_i / chunk_size), Hn]``); reference and naive
+    forms only.
     """
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "chunk_attention", supported, BACKENDS)]
-    return fn(q, k, v, routing, chunk_size=chunk_size, group_size=group_size, scale=scale, routing_bias=routing_bias)
+    fn = _FORMS[resolve_backend(backend, "chunk_attention", supported, BACKENDS, varlen=cu_seqlens is not None,
+                                 no_varlen=("triton", "flex"))]
+    return fn(q, k, v, routing, chunk_size=chunk_size, group_size=group_size, scale=scale, routing_bias=routing_bias,
+              **varlen_kwargs(cu_seqlens))

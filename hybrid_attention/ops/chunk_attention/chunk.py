@@ -12,11 +12,13 @@ import math
 
 import torch
 
+from ..common.varlen import per_document
 from .naive import compute_dtype, routing_to_heads, validate_chunk_attention_inputs
 
 __all__ = ["chunk_chunk_attention"]
 
 
+@per_document(tokens=("q", "k", "v"), chunks=("routing", "routing_bias"), outputs="t")
 def chunk_chunk_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from ..common.varlen import per_document
+
 __all__ = ["naive_chunk_attention", "validate_chunk_attention_inputs", "routing_to_heads", "compute_dtype"]
 
 
@@ -69,6 +71,7 @@ def routing_to_heads(routing: torch.Tensor, group_size: int) -> torch.Tensor:
     return r.repeat_interleave(group_size, dim=2)
 
 
+@per_document(tokens=("q", "k", "v"), chunks=("routing", "routing_bias"), outputs="t")
 def naive_chunk_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -15,7 +15,13 @@ DEFAULT_BACKENDS: tuple[str, ...] = ("reference", "triton", "auto")
 
 
 def resolve_backend(
-    name: str, op: str, supported: bool | Callable[[], bool], allowed: tuple[str, ...] = DEFAULT_BACKENDS
+    name: str,
+    op: str,
+    supported: bool | Callable[[], bool],
+    allowed: tuple[str, ...] = DEFAULT_BACKENDS,
+    *,
+    varlen: bool = False,
+    no_varlen: tuple[str, ...] = ("triton",),
 ) -> str:
     """The backend an op runs: ``name`` itself, except ``"auto"`` -> ``"triton"`` when ``supported`` else
     ``"reference"``.
@@ -25,9 +31,20 @@ def resolve_backend(
     that its shape checks never run before the op's own input validation. ``allowed`` lists every name the op
     accepts, its extra forms too (e.g. ``"naive"``, ``"fft"``, ``"flex"``). An unknown name raises ``ValueError``
     ``"<op>: backend must be one of 'a', 'b', got 'x'"``.
+
+    ``varlen``: the call has ``cu_seqlens`` (packed documents, ``ops/common/varlen.py``). The backends in
+    ``no_varlen`` do not take it yet: "auto" then resolves to "reference", and naming one of them raises
+    ``NotImplementedError`` ``"cu_seqlens is not supported by the <name> backend of <op> yet; use
+    backend='reference'"``.
     """
     if name not in allowed:
         raise ValueError(f"{op}: backend must be one of {', '.join(repr(a) for a in allowed)}, got {name!r}")
+    if varlen and name == "auto":
+        return "reference"
+    if varlen and name in no_varlen:
+        raise NotImplementedError(
+            f"cu_seqlens is not supported by the {name} backend of {op} yet; use backend='reference'"
+        )
     if name == "auto":
         ok = supported() if callable(supported) else supported
         return "triton" if ok else "reference"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..common.backend import resolve_backend
+from ..common.varlen import varlen_kwargs
 from . import triton as triton_backend
 from .chunk import chunk_gated_delta
 from .naive import naive_gated_delta
@@ -36,6 +37,7 @@ def gated_delta(
     use_qk_l2norm: bool = True,
     decay_uncommitted: bool = True,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule with optional per-chunk commit mask.
 
@@ -47,9 +49,13 @@ def gated_delta(
     Triton kernels (forward + backward; CUDA, or CPU under ``TRITON_INTERPRET=1``); ``"auto"`` -> Triton for CUDA
     inputs it supports (not float64, chunk_size in {16, 32, 64, 128}, K <= 256) when Triton is installed, else the
     reference form.
+
+    ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): the state starts fresh at each
+    document (or from ``initial_state [N, H, K, V]``), final states ``[N, H, K, V]``, chunks restart at each
+    document start (commit ``[1, Σ ceil(len_i / chunk_size), H]``); reference and naive forms only.
     """
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "gated_delta", supported, BACKENDS)]
+    fn = _FORMS[resolve_backend(backend, "gated_delta", supported, BACKENDS, varlen=cu_seqlens is not None)]
     # both forms validate their inputs (ValueError naming the argument and the expected shape)
     return fn(
         q,
@@ -64,4 +70,5 @@ def gated_delta(
         output_final_state=output_final_state,
         use_qk_l2norm=use_qk_l2norm,
         decay_uncommitted=decay_uncommitted,
+        **varlen_kwargs(cu_seqlens),
     )

@@ -22,11 +22,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..common.varlen import per_document
 from .naive import compute_dtype, l2norm, validate_gated_delta_inputs
 
 __all__ = ["chunk_gated_delta"]
 
 
+@per_document(tokens=("q", "k", "v", "g", "beta"), chunks=("commit",))
 def chunk_gated_delta(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from ..common.varlen import per_document
+
 __all__ = ["naive_gated_delta", "l2norm", "compute_dtype", "validate_gated_delta_inputs"]
 
 
@@ -68,6 +70,7 @@ def validate_gated_delta_inputs(
         raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}, got {tuple(initial_state.shape)}")
 
 
+@per_document(tokens=("q", "k", "v", "g", "beta"), chunks=("commit",))
 def naive_gated_delta(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -37,6 +37,7 @@ def interdomain(
     chunk_size: int = 64,
     backend: str = "auto",
     readout: str = DEFAULT_READOUT,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core, dispatched to a backend.
 
@@ -47,9 +48,13 @@ def interdomain(
     ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
     when triton imports and no input is float64, else "reference".
+
+    ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): states start fresh at each
+    document (or from ``initial_state [N, ...]``), final states ``[N, ...]``; reference and naive forms only ("auto"
+    falls back to "reference").
     """
     supported = lambda: all(t.is_cuda for t in (q, k, v)) and triton_backend.supported(q, k, v)  # noqa: E731
-    backend = resolve_backend(backend, "interdomain", supported, BACKENDS)
+    backend = resolve_backend(backend, "interdomain", supported, BACKENDS, varlen=cu_seqlens is not None)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     validate_readout(readout)
     if backend == "naive":
@@ -64,6 +69,7 @@ def interdomain(
             initial_state=initial_state,
             output_final_state=output_final_state,
             readout=readout,
+            cu_seqlens=cu_seqlens,
         )
     if backend == "triton":
         return triton_interdomain(
@@ -91,4 +97,5 @@ def interdomain(
         output_final_state=output_final_state,
         chunk_size=chunk_size,
         readout=readout,
+        cu_seqlens=cu_seqlens,
     )

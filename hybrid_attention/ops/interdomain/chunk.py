@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from ..common.ssm import chunk_decays, compute_dtypes, prepare_ssm_params, validate_chunk_size
+from ..common.varlen import per_document
 from .naive import safe_divide, validate_interdomain_inputs
 from .readout import DEFAULT_READOUT, readout_operators, validate_readout
 
@@ -61,6 +62,7 @@ REFERENCE_CHUNK = 32
 # Float" at a gradient addition of the state slices), and miscompiled the SSM-parameter gradients of the similar
 # bilinear S4D reference (ops/s4d_bilinear/chunk.py). On the GPU the Triton custom ops run instead, also opaque.
 @torch.compiler.disable
+@per_document(tokens=("q", "k", "v"))
 def chunk_interdomain(
     q: torch.Tensor,
     k: torch.Tensor,

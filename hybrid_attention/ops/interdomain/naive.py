@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..common.ssm import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
+from ..common.varlen import per_document
 from .readout import DEFAULT_READOUT, readout_product, validate_readout
 
 __all__ = ["DEN_EPS", "naive_interdomain", "validate_interdomain_inputs", "safe_divide"]
@@ -46,6 +47,7 @@ def safe_divide(num: torch.Tensor, den: torch.Tensor, eps: float = DEN_EPS) -> t
     return num / den_safe
 
 
+@per_document(tokens=("q", "k", "v"))
 def naive_interdomain(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..common.backend import resolve_backend
+from ..common.varlen import varlen_kwargs
 from . import triton as triton_backend
 from .chunk import chunk_natsl_mixed
 from .triton import triton_natsl_mixed
@@ -47,6 +48,7 @@ def natsl_mixed(
     attn_scale: float | None = None,
     concurrent: bool = True,
     backend: str = "triton",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """GDN branch ``gated_delta(q, k, v, g, beta, commit=...)`` and softmax branch
     ``chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=...)``.
@@ -55,11 +57,12 @@ def natsl_mixed(
     ``[B, N, H]``; q_attn, k_attn ``[B, T, Hs, Dk]``, v_attn ``[B, T, Hs, Dv]``, routing / routing_bias
     ``[B, N, Hs // G]``. Returns ``(o_gdn [B, T, H, V], final_state [B, H, K, V] or None, o_attn [B, T, Hs, Dv])``.
     ``backend``: "triton" (both Triton ops, ``concurrent`` streams on CUDA), "reference" (both PyTorch chunk forms),
-    "auto" (Triton for CUDA inputs both kernels support).
+    "auto" (Triton for CUDA inputs both kernels support). ``cu_seqlens [N + 1]``: packed documents (B == 1,
+    ``ops/common/varlen.py``), passed to both branches; "reference" only ("auto" falls back to it).
     """
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, q_attn, v_attn, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "natsl_mixed", supported, BACKENDS)]
+    fn = _FORMS[resolve_backend(backend, "natsl_mixed", supported, BACKENDS, varlen=cu_seqlens is not None)]
     return fn(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, routing_bias=routing_bias,
               chunk_size=chunk_size, group_size=group_size, initial_state=initial_state,
               output_final_state=output_final_state, decay_uncommitted=decay_uncommitted, attn_scale=attn_scale,
-              concurrent=concurrent)
+              concurrent=concurrent, **varlen_kwargs(cu_seqlens))

@@ -30,11 +30,14 @@ def chunk_natsl_mixed(
     decay_uncommitted: bool = True,
     attn_scale: float | None = None,
     concurrent: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``chunk_gated_delta`` then ``chunk_chunk_attention``; same contract as ``triton_natsl_mixed`` (``concurrent``
-    is accepted and ignored: the PyTorch forms run on the current stream)."""
+    is accepted and ignored: the PyTorch forms run on the current stream). ``cu_seqlens``: packed documents, passed
+    to both forms (``ops/common/varlen.py``)."""
     o_g, S = chunk_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk_size, initial_state=initial_state,
-                               output_final_state=output_final_state, decay_uncommitted=decay_uncommitted)
+                               output_final_state=output_final_state, decay_uncommitted=decay_uncommitted,
+                               cu_seqlens=cu_seqlens)
     o_a = chunk_chunk_attention(q_attn, k_attn, v_attn, routing, chunk_size=chunk_size, group_size=group_size,
-                                scale=attn_scale, routing_bias=routing_bias)
+                                scale=attn_scale, routing_bias=routing_bias, cu_seqlens=cu_seqlens)
     return o_g, S, o_a

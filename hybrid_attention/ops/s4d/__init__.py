@@ -45,6 +45,7 @@ def s4d(
     output_final_state: bool = False,
     chunk_size: int = 64,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """S4D-only control (linear readout y_t = Re(wᵀ C X_t)), dispatched to a backend.
 
@@ -56,10 +57,12 @@ def s4d(
     "fft" all run ``fft_s4d`` (the FFT
     convolution is the fast path on CPU and GPU; there is no Triton kernel because cuFFT already runs the
     convolution). ``chunk_size`` is accepted for signature compatibility with the other ops and validated (a
-    positive int), but unused.
+    positive int), but unused. ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``), one
+    convolution per document; initial and final states per sequence ``[N, ...]``.
     """
     # no Triton kernel: "auto" resolves to "reference", and every name but "naive" runs the FFT convolution
     backend = resolve_backend(backend, "s4d", False, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d}.get(backend, fft_s4d)
-    return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state)
+    return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
+              cu_seqlens=cu_seqlens)

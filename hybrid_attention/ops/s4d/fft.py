@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.varlen import per_document
 from .conv_form import conv_s4d
 
 __all__ = ["fft_s4d", "fft_size", "fft_convolve"]
@@ -41,6 +42,7 @@ def fft_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return torch.fft.irfft(Zf * Kf.transpose(0, 1)[None, :, :, None], n=n, dim=1)[:, :T]
 
 
+@per_document(tokens=("a", "b"))
 def fft_s4d(
     a: torch.Tensor,
     b: torch.Tensor,

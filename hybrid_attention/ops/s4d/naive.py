@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..common.ssm import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
+from ..common.varlen import per_document
 
 __all__ = ["naive_s4d", "validate_s4d_inputs"]
 
@@ -33,6 +34,7 @@ def validate_s4d_inputs(
         raise ValueError(f"w must be a real floating-point [H, M] = {(H, M)} tensor on {a.device}, got {got}")
 
 
+@per_document(tokens=("a", "b"))
 def naive_s4d(
     a: torch.Tensor,
     b: torch.Tensor,

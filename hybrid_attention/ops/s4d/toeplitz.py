@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.varlen import per_document
 from .conv_form import conv_s4d
 
 __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
@@ -83,6 +84,7 @@ def toeplitz_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return _ToeplitzConv.apply(z, K)
 
 
+@per_document(tokens=("a", "b"))
 def toeplitz_s4d(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -34,6 +34,7 @@ def s4d_bilinear(
     output_final_state: bool = False,
     chunk_size: int = 64,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Bilinear S4D core, dispatched to a backend.
 
@@ -44,13 +45,17 @@ def s4d_bilinear(
     ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs
     when triton imports and no input is float64, else "reference".
+
+    ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): states start fresh at each
+    document (or from ``initial_state [N, ...]``), final states ``[N, ...]``; reference and naive forms only.
     """
     supported = lambda: a.is_cuda and b.is_cuda and triton_backend.supported(a, b)  # noqa: E731
-    backend = resolve_backend(backend, "s4d_bilinear", supported, BACKENDS)
+    backend = resolve_backend(backend, "s4d_bilinear", supported, BACKENDS, varlen=cu_seqlens is not None)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if backend == "naive":
         return naive_s4d_bilinear(
-            a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state
+            a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
         )
     if backend == "triton":
         return triton_s4d_bilinear(
@@ -72,4 +77,5 @@ def s4d_bilinear(
         initial_state=initial_state,
         output_final_state=output_final_state,
         chunk_size=chunk_size,
+        cu_seqlens=cu_seqlens,
     )

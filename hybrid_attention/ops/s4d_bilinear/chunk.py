@@ -25,6 +25,7 @@ import torch
 import torch.utils.checkpoint
 
 from ..common.ssm import chunk_decays, compute_dtypes, prepare_ssm_params, validate_chunk_size
+from ..common.varlen import per_document
 from .naive import validate_s4d_bilinear_inputs
 
 __all__ = ["chunk_s4d_bilinear"]
@@ -47,6 +48,7 @@ def reference_chunk(M: int) -> int:
 # (log Δ, A off by 0.7-12x relative RMS in a compiled 2-layer model; tests/models/test_compile.py), in a pattern that
 # moved with unrelated code changes. The GPU path (Triton custom ops) is opaque to inductor anyway.
 @torch.compiler.disable
+@per_document(tokens=("a", "b"))
 def chunk_s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..common.ssm import compute_dtypes, prepare_ssm_params, validate_ssm_inputs
+from ..common.varlen import per_document
 
 __all__ = ["naive_s4d_bilinear", "validate_s4d_bilinear_inputs"]
 
@@ -35,6 +36,7 @@ def validate_s4d_bilinear_inputs(
         )
 
 
+@per_document(tokens=("a", "b"))
 def naive_s4d_bilinear(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -1,0 +1,192 @@
+"""Variable-length (packed) sequences: the ``cu_seqlens`` convention of every op and layer, decided once here.
+
+Convention (fla's): N documents are concatenated along the time axis of a batch of one row, ``x [1, T, ...]``, and
+``cu_seqlens [N + 1]`` holds their offsets: document i is ``x[:, cu_seqlens[i]:cu_seqlens[i + 1]]``, with
+``cu_seqlens[0] == 0`` and ``cu_seqlens[N] == T``. Nothing crosses a document boundary: recurrent states start fresh
+at each document (or from ``initial_state[i]``, one per sequence: ``[N, ...]``), final states are returned per
+sequence (``[N, ...]``), attention never reads another document, convolutions see zeros before a document start,
+RoPE positions restart at 0, and chunks (of ``chunk_size`` tokens) restart at each document start, so that
+per-chunk inputs (the NAtS-L commit mask / routing) are ``[1, Nc, ...]`` with ``Nc = Σ_i ceil(len_i / chunk_size)``
+in document order.
+
+Decisions:
+- dtype: int32 (fla's) or int64 (what ``torch.cumsum`` returns) are both accepted; any other dtype is an error.
+- Documents are non-empty: the offsets must be strictly increasing (an empty document has no final token, so no
+  final state worth reporting; packers never produce one).
+- The reference forms read the offsets on the host (one sync per call) and run each document as its own sequence
+  (``per_document``): exact by construction, and chunks restart at each document start for free. Triton kernels do
+  not take ``cu_seqlens`` yet (``ops.common.backend.resolve_backend`` refuses them and "auto" falls back).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = [
+    "validate_cu_seqlens",
+    "cu_seqlens_from_lengths",
+    "document_lengths",
+    "document_ids",
+    "positions_in_document",
+    "chunk_offsets",
+    "chunk_layout",
+    "per_document",
+    "varlen_kwargs",
+]
+
+
+def validate_cu_seqlens(
+    cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens"
+) -> list[int]:
+    """Check ``cu_seqlens`` against inputs of ``batch_size`` rows and ``total_len`` tokens; return the offsets as a
+    host list ``[N + 1]``. Raises ``ValueError`` with one line naming the argument."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"{name} must be a 1-d int32 or int64 tensor of offsets, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must have dtype int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{name} must be a 1-d tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
+    if batch_size != 1:
+        raise ValueError(f"{name} requires inputs of batch size 1 (documents packed along T), got B = {batch_size}")
+    offs = [int(o) for o in cu_seqlens.tolist()]
+    if offs[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0] = {offs[0]}")
+    bad = next((i for i in range(1, len(offs)) if offs[i] <= offs[i - 1]), None)
+    if bad is not None:
+        raise ValueError(
+            f"{name} must be strictly increasing (no empty document), got {name}[{bad - 1}] = {offs[bad - 1]} "
+            f">= {name}[{bad}] = {offs[bad]}"
+        )
+    if offs[-1] != total_len:
+        raise ValueError(f"{name} must end at T = {total_len} (the packed length), got {name}[-1] = {offs[-1]}")
+    return offs
+
+
+def cu_seqlens_from_lengths(lengths: Sequence[int] | torch.Tensor, device: torch.device | str | None = None
+                            ) -> torch.Tensor:
+    """Offsets ``[N + 1]`` int32 of documents of the given lengths ``[N]``."""
+    lens = torch.as_tensor(lengths, dtype=torch.int64, device=device)
+    return torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32)
+
+
+def document_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Lengths ``[N]`` (int64) of the documents of ``cu_seqlens [N + 1]``."""
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+
+
+def document_ids(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Document index ``[T]`` (int64) of every packed position."""
+    lens = document_lengths(cu_seqlens)
+    return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens)
+
+
+def positions_in_document(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Position ``[T]`` (int64) of every packed token inside its own document (0 at each document start): the RoPE
+    positions and the convolution masks of packed inputs."""
+    T = int(cu_seqlens[-1])
+    starts = cu_seqlens[:-1].long()[document_ids(cu_seqlens)]
+    return torch.arange(T, device=cu_seqlens.device) - starts
+
+
+def chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Chunk offsets ``[N + 1]`` (int64): document i owns chunks ``[off[i], off[i + 1])`` of the per-chunk inputs,
+    ``ceil(len_i / chunk_size)`` of them (chunks restart at each document start)."""
+    n = (document_lengths(cu_seqlens) + chunk_size - 1) // chunk_size
+    return torch.cat([n.new_zeros(1), n.cumsum(0)])
+
+
+def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk starts per document: ``(starts [Nc], lengths [Nc])`` (int64), the packed position of each chunk's first
+    token and its token count (``chunk_size``, or less for the last chunk of a document), in document order."""
+    lens = document_lengths(cu_seqlens)
+    offs = chunk_offsets(cu_seqlens, chunk_size)
+    doc = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), offs[1:] - offs[:-1])
+    local = torch.arange(doc.numel(), device=cu_seqlens.device) - offs[:-1][doc]  # chunk number inside its document
+    starts = cu_seqlens[:-1].long()[doc] + local * chunk_size
+    return starts, torch.minimum(lens[doc] - local * chunk_size, torch.full_like(starts, chunk_size))
+
+
+def varlen_kwargs(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """``{"cu_seqlens": cu_seqlens}``, or ``{}`` when None: how a public op passes the offsets to a form table whose
+    Triton entries do not take them (the dispatcher has already refused Triton for packed inputs)."""
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+
+
+def _cat_outputs(parts: list, kinds: str):
+    """Join per-document results: kind "t" along T (dim 1), kind "n" per sequence along dim 0 (None stays None)."""
+    joined = []
+    for i, kind in enumerate(kinds):
+        items = [p[i] for p in parts]
+        if items[0] is None:
+            joined.append(None)
+        else:
+            joined.append(torch.cat(items, dim=1 if kind == "t" else 0))
+    return joined
+
+
+def per_document(tokens: tuple[str, ...], chunks: tuple[str, ...] = (), outputs: str = "tn") -> Callable:
+    """Decorator giving an op form a ``cu_seqlens=None`` keyword: with offsets, each document runs as its own sequence
+    of batch one and the results are joined.
+
+    tokens: the per-token arguments ``[1, T, ...]`` (sliced along T; the first one sets T); chunks: the per-chunk
+    arguments ``[1, Nc, ...]`` (sliced by ``chunk_offsets`` with the form's ``chunk_size``); ``initial_state``, when
+    the form takes one, is per sequence ``[N, ...]``. outputs: one letter per returned value (a single "t" = the form
+    returns one tensor), "t" for ``[1, T, ...]`` outputs, "n" for per-sequence ones (final states -> ``[N, ...]``).
+    """
+
+    def wrap(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, cu_seqlens: torch.Tensor | None = None, **kwargs):
+            if cu_seqlens is None:
+                return fn(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arg = bound.arguments
+            first = arg[tokens[0]]
+            if not isinstance(first, torch.Tensor) or first.dim() < 2:
+                raise ValueError(f"{tokens[0]} must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
+            offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
+            n_docs = len(offs) - 1
+            init = arg.get("initial_state")
+            if init is not None and init.shape[0] != n_docs:
+                raise ValueError(
+                    f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
+                    f"got shape {tuple(init.shape)}"
+                )
+            coffs = chunk_offsets(torch.tensor(offs), arg["chunk_size"]).tolist() if chunks else None
+            for name in chunks:
+                x = arg[name]
+                if x is not None and (x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != coffs[-1]):
+                    raise ValueError(
+                        f"{name} must be [1, Nc, ...] with Nc = {coffs[-1]} chunks (chunks restart at each document "
+                        f"start: Σ ceil(len_i / chunk_size)), got shape {tuple(x.shape)}"
+                    )
+            parts = []
+            for i in range(n_docs):
+                doc = dict(arg)
+                for name in tokens:
+                    if arg[name] is not None:
+                        doc[name] = arg[name][:, offs[i] : offs[i + 1]]
+                for name in chunks:
+                    if arg[name] is not None:
+                        doc[name] = arg[name][:, coffs[i] : coffs[i + 1]]
+                if init is not None:
+                    doc["initial_state"] = init[i : i + 1]
+                out = fn(**doc)
+                parts.append(out if len(outputs) > 1 else (out,))
+            joined = _cat_outputs(parts, outputs)
+            return tuple(joined) if len(outputs) > 1 else joined[0]
+
+        params = list(sig.parameters.values())
+        extra = inspect.Parameter("cu_seqlens", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                  annotation="torch.Tensor | None")
+        wrapper.__signature__ = sig.replace(parameters=[*params, extra])  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap

@@ -1,0 +1,95 @@
+"""Packed documents (``cu_seqlens``) through every mixer and the ShortConvolution: one packed call == each document
+alone (float64, 1e-10), outputs and gradients (inputs and parameters)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from mixer_cases import HIDDEN, MIXER_CASES, _natsl
+from torch import nn
+
+from hybrid_attention.modules import ShortConvolution
+from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
+
+F64 = torch.float64
+TOL = 1e-10
+LENGTHS = (1, 3, 4, 9, 2)  # the cases' chunk sizes are 4 and 5: documents below, equal to and across one chunk
+
+CASES: dict[str, Callable[[], nn.Module]] = {**MIXER_CASES, "natsl-counterfactual": _natsl(counterfactual_grad=True)}
+
+
+def _separate(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    offs = cu_seqlens_from_lengths(LENGTHS).tolist()
+    return torch.cat([fn(x[:, offs[i]:offs[i + 1]]) for i in range(len(LENGTHS))], 1)
+
+
+def _check(module: nn.Module, packed: Callable, alone: Callable, x: torch.Tensor) -> None:
+    """Outputs and gradients (w.r.t. x and every parameter) of the packed call and of the separate calls agree."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = packed(xa), _separate(alone, xb)
+    assert ya.shape == yb.shape == x.shape[:2] + ya.shape[2:]
+    assert (ya - yb).abs().max().item() < TOL
+    w = torch.linspace(-1, 1, ya.numel(), dtype=F64).view_as(ya)
+    ga = torch.autograd.grad((ya * w).sum(), [xa, *params], allow_unused=True)
+    gb = torch.autograd.grad((yb * w).sum(), [xb, *params], allow_unused=True)
+    for a, b in zip(ga, gb, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a - b).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_mixer_packed_equals_separate(name: str) -> None:
+    torch.manual_seed(0)
+    layer = CASES[name]().double()
+    x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
+    cu = cu_seqlens_from_lengths(LENGTHS)
+    _check(layer, lambda z: layer(z, cu_seqlens=cu)[0], lambda z: layer(z)[0], x)
+
+
+@pytest.mark.parametrize("force", ["softmax", "gdn"])
+def test_natsl_forced_routing_packed(force: str) -> None:
+    """Every complete chunk softmax (earlier chunks must stay inside their document) or every chunk GDN."""
+    torch.manual_seed(0)
+    layer = CASES["natsl-rope"]().double()
+    layer.force_routing = force
+    x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
+    cu = cu_seqlens_from_lengths(LENGTHS)
+    _check(layer, lambda z: layer(z, cu_seqlens=cu)[0], lambda z: layer(z)[0], x)
+
+
+def test_packed_differs_without_cu_seqlens() -> None:
+    """The check can fail: the same packed row without offsets leaks across documents."""
+    torch.manual_seed(0)
+    layer = CASES["gdn"]().double()
+    x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
+    assert (layer(x)[0] - _separate(lambda z: layer(z)[0], x)).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("compiled_form", [False, True])
+def test_short_conv_packed(compiled_form: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    conv = ShortConvolution(6, 4, "silu").double()
+    x = torch.randn(1, sum(LENGTHS), 6, dtype=F64)
+    cu = cu_seqlens_from_lengths(LENGTHS)
+    if compiled_form:  # the shifted-product form of compiled training is the reference of the separate calls
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    _check(conv, lambda z: conv(z, cu_seqlens=cu)[0], lambda z: conv(z)[0], x)
+    _, states = conv(x, output_final_state=True, cu_seqlens=cu)
+    offs = cu.tolist()
+    ref = torch.cat([conv(x[:, offs[i]:offs[i + 1]], output_final_state=True)[1] for i in range(len(LENGTHS))])
+    assert states.shape == (len(LENGTHS), 6, 3) and (states - ref).abs().max().item() == 0.0
+
+
+def test_layer_refuses_state_with_cu_seqlens() -> None:
+    layer = CASES["gdn"]().double()
+    x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
+    with pytest.raises(ValueError, match="^GatedDeltaNet: cu_seqlens runs packed documents from an empty state"):
+        layer(x, output_state=True, cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
+    with pytest.raises(ValueError, match="^cu_seqlens must end at T = 19"):
+        layer(x, cu_seqlens=cu_seqlens_from_lengths([3, 4]))
+    with pytest.raises(ValueError, match="^state must be None with cu_seqlens"):
+        ShortConvolution(4, 4)(x[..., :4], torch.zeros(1, 4, 3, dtype=F64), cu_seqlens=cu_seqlens_from_lengths([19]))
