@@ -22,6 +22,7 @@ Writes ``$OUT/natsl_gpu.json`` (or ./natsl_gpu.json) and prints one table at the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -37,10 +38,12 @@ from benchmarks.common import DRYRUN, elapsed, fla_gdn, log, rel_rms
 from benchmarks.common import bench_ms as bench
 from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
-from hybrid_attention.ops.chunk_attention.triton import function as attn_gpu
+from hybrid_attention.ops.chunk_attention.triton import DEFAULT_CONFIG as ATTN_DEFAULT
+from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
 from hybrid_attention.ops.gated_delta import gated_delta
-from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
-from hybrid_attention.ops.natsl_mixed import natsl_mixed
+from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG as GDN_DEFAULT
+from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig, triton_gated_delta
+from hybrid_attention.ops.natsl_mixed.triton import triton_natsl_mixed
 
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "420"))
 RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "profile": {}}
@@ -100,10 +103,12 @@ def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True
     return leaves, routing, cot
 
 
-def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
-    """GDN branch + softmax branch. ``concurrent``: ``natsl_mixed`` (GDN on a synchronised side stream)."""
+def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False,
+             gdn_config: GatedDeltaConfig = GDN_DEFAULT, attn_config: ChunkAttentionConfig = ATTN_DEFAULT):
+    """GDN branch + softmax branch. ``concurrent``: ``triton_natsl_mixed`` (GDN on a synchronised side stream) with
+    the launch configurations ``gdn_config`` / ``attn_config``."""
     if concurrent:
-        return natsl_mixed(
+        return triton_natsl_mixed(
             x["q"],
             x["k"],
             x["v"],
@@ -119,6 +124,8 @@ def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
             group_size=G,
             initial_state=x["S0"],
             output_final_state=final_state,
+            gdn_config=gdn_config,
+            attn_config=attn_config,
         )
     o_g, S = gated_delta(
         x["q"],
@@ -141,49 +148,47 @@ def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
 @guarded("correctness")
 def correctness():
     H, K, V, G, C = 2, SHAPE["K"], SHAPE["V"], SHAPE["G"], SHAPE["C"]
-    gdn_fn.POISON = attn_gpu.POISON = True
-    try:
-        for T in CORR_T:
-            for frac in (0.0, 0.3, 1.0):
-                t0 = time.time()
-                leaves, routing, cot = make_inputs(T, H, K, V, G, C, frac, seed=T * 10 + int(frac * 10))
-                names = [n for n, x in leaves.items() if x is not None]
-                res = {}
-                for backend, dt in (("triton", None), ("reference", torch.float64)):
-                    xs = {
-                        n: (x.detach().clone() if dt is None else x.detach().to(dt)).requires_grad_()
-                        if x is not None
-                        else None
-                        for n, x in leaves.items()
-                    }
-                    o_g, S, o_s = natsl_op(xs, routing, backend, C, G, concurrent=backend == "triton")
-                    loss = (
-                        (o_g.double() * cot["do_g"].double()).sum()
-                        + (S.double() * cot["dS"].double()).sum()
-                        + (o_s.double() * cot["do_s"].double()).sum()
-                    )
-                    grads = torch.autograd.grad(loss, [xs[n] for n in names], allow_unused=True)
-                    grads = [torch.zeros_like(xs[n]) if gr is None else gr for n, gr in zip(names, grads)]
-                    res[backend] = dict(
-                        o_gdn=o_g, state=S, o_softmax=o_s, **{"d" + n: gr for n, gr in zip(names, grads)}
-                    )
-                row = dict(T=T, frac=frac)
-                ok = True
-                for key, a in res["triton"].items():
-                    e = rel_rms(a, res["reference"][key])
-                    finite = bool(torch.isfinite(a).all())
-                    lim = 5e-3 if key in ("o_gdn", "state", "o_softmax") else 1e-2
-                    row[key] = e
-                    ok &= finite and e <= lim
-                row["pass"] = ok
-                RESULTS["correctness"].append(row)
-                worst = max((v for k, v in row.items() if k not in ("T", "frac", "pass")), default=0)
-                log(
-                    f"  T={T:6d} frac={frac:.1f} pass={ok} worst={worst:.2e} ({time.time() - t0:.1f}s) "
-                    + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k not in ("T", "frac", "pass"))
+    poisoned = dict(gdn_config=GatedDeltaConfig(poison=True), attn_config=ChunkAttentionConfig(poison=True))
+    for T in CORR_T:
+        for frac in (0.0, 0.3, 1.0):
+            t0 = time.time()
+            leaves, routing, cot = make_inputs(T, H, K, V, G, C, frac, seed=T * 10 + int(frac * 10))
+            names = [n for n, x in leaves.items() if x is not None]
+            res = {}
+            for backend, dt in (("triton", None), ("reference", torch.float64)):
+                xs = {
+                    n: (x.detach().clone() if dt is None else x.detach().to(dt)).requires_grad_()
+                    if x is not None
+                    else None
+                    for n, x in leaves.items()
+                }
+                o_g, S, o_s = natsl_op(xs, routing, backend, C, G, concurrent=backend == "triton",
+                                       **(poisoned if backend == "triton" else {}))
+                loss = (
+                    (o_g.double() * cot["do_g"].double()).sum()
+                    + (S.double() * cot["dS"].double()).sum()
+                    + (o_s.double() * cot["do_s"].double()).sum()
                 )
-    finally:
-        gdn_fn.POISON = attn_gpu.POISON = False
+                grads = torch.autograd.grad(loss, [xs[n] for n in names], allow_unused=True)
+                grads = [torch.zeros_like(xs[n]) if gr is None else gr for n, gr in zip(names, grads)]
+                res[backend] = dict(
+                    o_gdn=o_g, state=S, o_softmax=o_s, **{"d" + n: gr for n, gr in zip(names, grads)}
+                )
+            row = dict(T=T, frac=frac)
+            ok = True
+            for key, a in res["triton"].items():
+                e = rel_rms(a, res["reference"][key])
+                finite = bool(torch.isfinite(a).all())
+                lim = 5e-3 if key in ("o_gdn", "state", "o_softmax") else 1e-2
+                row[key] = e
+                ok &= finite and e <= lim
+            row["pass"] = ok
+            RESULTS["correctness"].append(row)
+            worst = max((v for k, v in row.items() if k not in ("T", "frac", "pass")), default=0)
+            log(
+                f"  T={T:6d} frac={frac:.1f} pass={ok} worst={worst:.2e} ({time.time() - t0:.1f}s) "
+                + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k not in ("T", "frac", "pass"))
+            )
 
 
 @guarded("layer")
@@ -409,7 +414,6 @@ def sweep():
     if DRYRUN:
         return
     H, K, V, G, C = SHAPE["H"], SHAPE["K"], SHAPE["V"], SHAPE["G"], SHAPE["C"]
-    base_a, base_g = dict(attn_gpu.LAUNCH), dict(gdn_fn.LAUNCH)
     attn_variants = [
         {},
         dict(fwd_qc=2, fwd_warps=8, fwd_stages=3),
@@ -437,11 +441,11 @@ def sweep():
             if elapsed() > BUDGET_S:
                 log("  sweep: time budget reached")
                 return
-            attn_gpu.LAUNCH.update(var)
             try:
+                cfg_a = dataclasses.replace(ATTN_DEFAULT, **var)
 
-                def fwd(xs=xs, routing=routing):
-                    return chunk_attention(
+                def fwd(xs=xs, routing=routing, cfg_a=cfg_a):
+                    return triton_chunk_attention(
                         xs["qs"],
                         xs["ks"],
                         xs["vs"],
@@ -449,7 +453,7 @@ def sweep():
                         chunk_size=C,
                         group_size=G,
                         routing_bias=xs["rb"],
-                        backend="triton",
+                        config=cfg_a,
                     )
 
                 tf = bench(fwd, warmup=5, rep=40)
@@ -458,18 +462,15 @@ def sweep():
                 log(f"  T={T} softmax {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
             except Exception as exc:
                 log(f"  T={T} softmax {var}: FAILED {exc!r}")
-            finally:
-                attn_gpu.LAUNCH.clear()
-                attn_gpu.LAUNCH.update(base_a)
         for var in gdn_variants:
             if elapsed() > BUDGET_S:
                 log("  sweep: time budget reached")
                 return
-            gdn_fn.LAUNCH.update(var)
             try:
+                cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
 
-                def gfwd(xs=xs):
-                    return gated_delta(
+                def gfwd(xs=xs, cfg_g=cfg_g):
+                    return triton_gated_delta(
                         xs["q"],
                         xs["k"],
                         xs["v"],
@@ -477,7 +478,7 @@ def sweep():
                         xs["beta"],
                         commit=xs["commit"],
                         chunk_size=C,
-                        backend="triton",
+                        config=cfg_g,
                     )[0]
 
                 tf = bench(gfwd, warmup=5, rep=40)
@@ -486,9 +487,6 @@ def sweep():
                 log(f"  T={T} gdn {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
             except Exception as exc:
                 log(f"  T={T} gdn {var}: FAILED {exc!r}")
-            finally:
-                gdn_fn.LAUNCH.clear()
-                gdn_fn.LAUNCH.update(base_g)
 
 
 def summary():
