@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.common import BenchSettings, bench_parser, elapsed, log, peak_mb, sync
 from benchmarks.common import guarded as _guarded
-from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.layers.natsl_routing import RoutingRecorder, force_routing
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 RESULTS: dict = {"errors": [], "prefill": [], "decode": [], "train": [], "table12": []}
@@ -88,9 +88,7 @@ def build(s: BenchSettings, name: str, dtype: torch.dtype | None = None) -> Hybr
 
 def set_fraction(model: HybridForCausalLM, fraction: float | None) -> None:
     """Force every NAtS-L layer's softmax fraction (None: the router decides)."""
-    for blk in model.model.layers:
-        if isinstance(blk.mixer, NatsLAttention):
-            blk.mixer.force_routing = fraction
+    force_routing(model, fraction)
 
 
 def _free(s: BenchSettings) -> None:
@@ -128,8 +126,9 @@ def _peak_gb(s: BenchSettings, fn, relative: bool = False) -> float:
     return peak_mb(fn, relative=relative) / 1024
 
 
-def _natsl_fraction(model: HybridForCausalLM) -> float:
-    fr = [f.float().mean().item() for f in model.routing_fractions().values()]
+def _natsl_fraction(routing: RoutingRecorder) -> float:
+    """Mean softmax fraction over the NAtS-L layers of the last pass ``routing`` saw (nan without NAtS-L)."""
+    fr = [f.float().mean().item() for f in routing.fractions().values()]
     return sum(fr) / len(fr) if fr else NAN
 
 
@@ -139,6 +138,7 @@ def prefill(s: BenchSettings, lengths: list[int]) -> None:
     dev = s.device
     for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m"):
         model = build(s, name)
+        routing = RoutingRecorder()  # the NAtS-L chunk types of this model's passes
         variants = NATSL_VARIANTS if name.startswith("natsl") else [("", None)]
         for label, fraction in variants:
             set_fraction(model, fraction)
@@ -153,14 +153,16 @@ def prefill(s: BenchSettings, lengths: list[int]) -> None:
                         return model(ids, use_cache=True, logits_to_keep=1)
 
                 try:
-                    ms = _time_ms(s, run, reps=3 if T <= 16384 else 2)
-                    # session-2 run: measured above the memory allocated after building the model, which still
-                    # held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7 GB. Fixed.
-                    gb = _peak_gb(s, run, relative=True)
+                    with routing.attach(model):
+                        ms = _time_ms(s, run, reps=3 if T <= 16384 else 2)
+                        # session-2 run: measured above the memory allocated after building the model, which
+                        # still held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7
+                        # GB. Fixed.
+                        gb = _peak_gb(s, run, relative=True)
                 except torch.OutOfMemoryError:
                     ms, gb = NAN, NAN
                     log(f"prefill {name} T={T}: out of memory")
-                row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(model))
+                row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(routing))
                 RESULTS["prefill"].append(row)
                 log(
                     f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
@@ -229,10 +231,12 @@ def train(s: BenchSettings, T: int, bsz: int) -> None:
             opt.zero_grad(set_to_none=True)
 
         step()  # compile the kernels
-        ms = _time_ms(s, step, reps=5 if dev == "cuda" else 1)
-        peak = _peak_gb(s, step)
+        routing = RoutingRecorder()
+        with routing.attach(model):
+            ms = _time_ms(s, step, reps=5 if dev == "cuda" else 1)
+            peak = _peak_gb(s, step)
         row = dict(
-            model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(model)
+            model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(routing)
         )
         RESULTS["train"].append(row)
         log(
