@@ -10,6 +10,7 @@ reported by triton for the launch). A kernel with > 0 spill bytes or 255 registe
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -86,7 +87,9 @@ def variants(BT: int = 32, M: int = 64, NC: int = 128):
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print the registers, spills and shared memory of every kernel variant (no options)."""
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print(f"sm_90 AOT compile (triton {triton.__version__}), BT=32, M=64, R=D=64")
     for label, fn, cfg, warps, stages in variants():
         r = compile_report(fn, cfg, warps, stages)

@@ -2,24 +2,31 @@
 
 Every benchmark section is a function that appends its rows to a shared ``results`` dict and prints as it goes, so
 that one device call runs everything and a failure in one section still leaves the numbers of the others.
-``BENCH_DRYRUN=1`` (with ``TRITON_INTERPRET=1`` on a CPU machine) runs the sections at tiny shapes: a smoke test of
-the benchmark code itself, not a measurement.
+
+Nothing here reads the environment at import: each script's ``main(argv)`` builds its parser with
+``bench_parser`` (``--dryrun``, ``--budget-s``, ``--out``, ``--quick``, ``--sweep``; the first three default to
+``BENCH_DRYRUN``, ``BENCH_BUDGET_S``, ``OUT``, read there and then), turns the parsed flags into one frozen
+``BenchSettings`` and passes it down to its sections. ``--dryrun`` (with ``TRITON_INTERPRET=1`` on a CPU machine)
+runs the sections at tiny shapes: a smoke test of the benchmark code itself, not a measurement.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 __all__ = [
-    "DRYRUN",
-    "DEVICE",
+    "DEFAULT_BUDGET_S",
+    "BenchSettings",
+    "bench_parser",
     "log",
     "elapsed",
     "guarded",
@@ -27,16 +34,65 @@ __all__ = [
     "peak_mb",
     "rel_rms",
     "sync",
-    "budget_left",
     "fla_gdn",
 ]
 
-DRYRUN = os.environ.get("BENCH_DRYRUN") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() and not DRYRUN else "cpu"
 _T_START = time.time()
-# Soft wall-clock budget (seconds) shared by all sections of one invocation: sections skip their optional parts when
-# it is spent, so that a device call ends inside its time limit with every table printed.
-BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "540"))
+# Soft wall-clock budget (seconds) shared by all sections of one invocation (measured from the process's first import
+# of this module): sections skip their optional parts when it is spent, so that a device call ends inside its time
+# limit with every table printed. A script may pass another default to ``bench_parser``; ``--budget-s`` /
+# ``BENCH_BUDGET_S`` override both.
+DEFAULT_BUDGET_S = 540.0
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The run settings of one benchmark invocation, built once in a script's ``main`` and passed to its sections.
+
+    dryrun: tiny shapes on the CPU (a smoke test of the benchmark code); budget_s: the soft wall-clock budget in
+    seconds (see ``budget_left``); out: the folder the JSON results go to.
+    """
+
+    dryrun: bool = False
+    budget_s: float = DEFAULT_BUDGET_S
+    out: str = "."
+
+    @property
+    def device(self) -> str:
+        """"cuda" when a GPU is visible and this is not a dry run, else "cpu"."""
+        return "cuda" if torch.cuda.is_available() and not self.dryrun else "cpu"
+
+    def budget_left(self) -> float:
+        """Seconds left of ``budget_s`` (since the process started its benchmarks)."""
+        return self.budget_s - elapsed()
+
+    def out_path(self, name: str) -> str:
+        """The path of result file ``name`` under ``out``."""
+        return os.path.join(self.out, name)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchSettings:
+        """The settings of flags parsed by a ``bench_parser`` parser."""
+        return cls(dryrun=args.dryrun, budget_s=args.budget_s, out=args.out)
+
+
+def bench_parser(description: str, budget_s: float = DEFAULT_BUDGET_S, prog: str | None = None
+                 ) -> argparse.ArgumentParser:
+    """The flags every benchmark script takes; call it from ``main`` (the defaults read the environment then).
+
+    ``--quick`` (fewer lengths) and ``--sweep`` (launch-config sweeps where a script has one) are what
+    ``hybrid-attention bench`` passes to every section; ``--dryrun`` defaults to ``BENCH_DRYRUN=1``, ``--budget-s``
+    to ``BENCH_BUDGET_S`` or ``budget_s``, ``--out`` to ``OUT`` or the working directory.
+    """
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--quick", action="store_true", help="fewer lengths / rows")
+    p.add_argument("--sweep", action="store_true", help="also sweep launch configurations where there is a sweep")
+    p.add_argument("--dryrun", action="store_true", default=os.environ.get("BENCH_DRYRUN") == "1",
+                   help="tiny shapes on the CPU: a smoke test of the script (default: BENCH_DRYRUN=1)")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", budget_s)),
+                   help=f"soft wall-clock budget in seconds (default: BENCH_BUDGET_S or {budget_s:g})")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of the JSON results (default: $OUT or .)")
+    return p
 
 
 def log(*args: Any) -> None:
@@ -47,11 +103,6 @@ def log(*args: Any) -> None:
 def elapsed() -> float:
     """Seconds since this process imported the benchmark helpers."""
     return time.time() - _T_START
-
-
-def budget_left() -> float:
-    """Seconds left of ``BENCH_BUDGET_S``."""
-    return BUDGET_S - elapsed()
 
 
 def guarded(results: dict, name: str) -> Callable:
@@ -84,8 +135,8 @@ def sync() -> None:
 
 
 def bench_ms(fn: Callable[[], Any], warmup: int = 10, rep: int = 60, grad_to_none: list | None = None) -> float:
-    """Median milliseconds of ``fn()`` (triton.testing.do_bench on CUDA; one timed call on the CPU dry run)."""
-    if DEVICE == "cuda":
+    """Median milliseconds of ``fn()`` (triton.testing.do_bench on CUDA; one timed call on the CPU: the dry run)."""
+    if torch.cuda.is_available():
         from triton.testing import do_bench
 
         return float(do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median"))
@@ -95,9 +146,9 @@ def bench_ms(fn: Callable[[], Any], warmup: int = 10, rep: int = 60, grad_to_non
 
 
 def peak_mb(fn: Callable[[], Any], relative: bool = True) -> float:
-    """Peak CUDA memory (MB) allocated while ``fn()`` runs (nan on the CPU); with ``relative`` (default), above what
-    was allocated just before (weights and anything else alive), else the absolute peak."""
-    if DEVICE != "cuda":
+    """Peak CUDA memory (MB) allocated while ``fn()`` runs (nan on the CPU: the dry run); with ``relative``
+    (default), above what was allocated just before (weights and anything else alive), else the absolute peak."""
+    if not torch.cuda.is_available():
         fn()
         return float("nan")
     sync()

@@ -10,8 +10,8 @@ runs loss = LM loss of random tokens and its backward in eager mode, then the sa
 (same parameters, same seed), and compares: loss relative difference and the largest relative RMS
 ||g_compiled - g_eager|| / ||g_eager|| over the parameters. Bars (bf16): loss 1e-2 relative, gradients 5e-2.
 One table row per mixer with PASS / FAIL; an exception (compile or run) is caught per mixer and printed on one
-line (FAIL, not fatal). Graph breaks counted by Dynamo are reported (a break is not a failure). With ``$OUT`` set,
-the rows go to ``$OUT/gpu_compile_check.json``. Exit status 0 only if every row passed.
+line (FAIL, not fatal). Graph breaks counted by Dynamo are reported (a break is not a failure). With ``--out`` (default
+``$OUT``) set, the rows go to ``<--out>/gpu_compile_check.json``. Exit status 0 only if every row passed.
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default=None, help="torch.compile mode (default: None)")
     p.add_argument("--fullgraph", action="store_true")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on the GPU")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="folder of gpu_compile_check.json (default: $OUT)")
+    p.add_argument("--traceback", action="store_true", default=bool(os.environ.get("COMPILE_CHECK_TRACEBACK")),
+                   help="print a failing mixer's traceback (default: COMPILE_CHECK_TRACEBACK set)")
     args = p.parse_args(argv)
     from hybrid_attention.models.mixers import MIXER_BUILDERS
 
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             row = compare(name, args, device)
         except Exception as exc:  # noqa: BLE001 - one line per mixer, not fatal
             row = {"mixer": name, "status": "FAIL", "error": one_line(exc)}
-            if os.environ.get("COMPILE_CHECK_TRACEBACK"):
+            if args.traceback:
                 traceback.print_exc()
         rows.append(row)
         if row.get("error"):
@@ -160,10 +163,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{f(r, 'loss_compiled', '.5f')} | {f(r, 'loss_rel', '.2e')} | {f(r, 'grad_rel_rms', '.2e')} | "
               f"{r.get('grad_worst_param') or '-'} | {f(r, 'graph_breaks', 'd')} | {f(r, 'eager_s', '.1f')} | "
               f"{f(r, 'compiled_first_s', '.1f')} | {res} |")
-    out = os.environ.get("OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "gpu_compile_check.json"), "w") as fh:
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_compile_check.json"), "w") as fh:
             json.dump({"device": dev_name, "env": env, "args": vars(args), "rows": rows}, fh, indent=1)
     return 0 if all(r["status"] == "PASS" for r in rows) else 1
 

@@ -14,7 +14,8 @@ Sections (each guarded, so a failure in one still leaves the others' numbers):
      the kernels against the counted FLOP model ``flop_model``;
   4. decode: fused step captured in a CUDA graph (B in {1, 8}) vs graphed SDPA decode over a KV cache of 1K..128K;
   5. compiled kernel resources (registers, spills, shared memory) and a small launch-config sweep if time is left.
-Writes ``$OUT/interdomain_gpu.json`` (or ./interdomain_gpu.json) and prints one short table at the end.
+Writes ``<--out>/interdomain_gpu.json`` (default ``$OUT`` or .) and prints one short table at the end.
+``--dryrun`` (or ``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1``: the correctness section at tiny shapes on the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -30,12 +30,10 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import DEVICE as DEV
-from benchmarks.common import DRYRUN, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
+from benchmarks.common import BenchSettings, bench_parser, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
 from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.interdomain import READOUTS, chunk_interdomain
 
-BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "440"))
 RESULTS: dict = {"errors": []}
 guarded = functools.partial(_guarded, RESULTS)
 CHUNK = {"size": 64}  # kernel chunk length used by the correctness / timing sections (set by the sweep)
@@ -118,15 +116,16 @@ def sdpa_flops(T: int, H: int, d: int, Bsz: int = 1) -> dict:
 
 
 @guarded("ceilings")
-def ceilings():
+def ceilings(s: BenchSettings):
+    dev = s.device
     from triton.testing import do_bench
 
-    x = torch.empty(2 * 1024**3 // 4, device=DEV, dtype=torch.float32).normal_()
+    x = torch.empty(2 * 1024**3 // 4, device=dev, dtype=torch.float32).normal_()
     y = torch.empty_like(x)
     t = do_bench(lambda x=x, y=y: y.copy_(x), warmup=10, rep=50, return_mode="median")
     bw = 2 * x.numel() * 4 / (t * 1e-3) / 1e12
-    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     t2 = do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
     tf = 2 * 8192**3 / (t2 * 1e-3) / 1e12
     a32, b32 = a.float(), b.float()
@@ -139,13 +138,14 @@ def ceilings():
 
 
 @guarded("smoke")
-def smoke():
+def smoke(s: BenchSettings):
     """Tiny run of every kernel (compiles them) with the resource report."""
+    dev = s.device
     from benchmarks.profiling import StageProfiler
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
-    log_lam, B, C = make_params(2, 64, 1, DEV)
-    q, k, v = make_inputs(1, 200, 2, 64, 64, 2, DEV)
+    log_lam, B, C = make_params(2, 64, 1, dev)
+    q, k, v = make_inputs(1, 200, 2, 64, 64, 2, dev)
     leaves = [
         t.clone().requires_grad_()
         for t in (q, k, v, log_lam.to(torch.complex64), B.to(torch.complex64), C.to(torch.complex64))
@@ -165,16 +165,17 @@ def smoke():
 
 
 @guarded("correctness")
-def correctness(quick: bool = False):
+def correctness(s: BenchSettings, quick: bool = False):
+    dev, dryrun = s.device, s.dryrun
     from dataclasses import replace
 
     from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
-    R = D = M = 16 if DRYRUN else 64
+    R = D = M = 16 if dryrun else 64
     rows = []
     cases = [(63, 1, 4), (1000, 1, 4), (4096, 1, 4), (16384, 1, 2)]
-    if DRYRUN:
+    if dryrun:
         cases = [(40, 1, 1), (100, 1, 1)]
     if quick:
         cases = cases[:2]
@@ -182,16 +183,16 @@ def correctness(quick: bool = False):
     # "real" runs both passes
     cases = [(T, Bsz, H, ro) for ro in READOUTS for (T, Bsz, H) in cases]
     for idx, (T, Bsz, H, readout) in enumerate(cases):
-        if elapsed() > BUDGET_S * 0.75:
+        if elapsed() > s.budget_s * 0.75:
             log(f"correctness: skipping T={T} (time)")
             continue
         seed = 100 + idx % (len(cases) // len(READOUTS))  # the same inputs for every readout
-        log_lam, Bp, C = make_params(H, M, seed, DEV)
-        q, k, v = make_inputs(Bsz, T, H, R, D, seed + 1, DEV)
+        log_lam, Bp, C = make_params(H, M, seed, dev)
+        q, k, v = make_inputs(Bsz, T, H, R, D, seed + 1, dev)
         g = torch.Generator().manual_seed(seed + 2)
-        X0 = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, generator=g) * 0.5).to(DEV)
-        do = torch.randn(Bsz, T, H, D, generator=g).to(DEV).to(torch.bfloat16)
-        dfin = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, generator=g) * 1e-2).to(DEV)
+        X0 = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, generator=g) * 0.5).to(dev)
+        do = torch.randn(Bsz, T, H, D, generator=g).to(dev).to(torch.bfloat16)
+        dfin = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, generator=g) * 1e-2).to(dev)
         # float64 reference on the same (bf16-rounded) inputs
         ref_leaves = [
             t.detach().to(torch.float64 if not t.is_complex() else torch.complex128).requires_grad_()
@@ -242,13 +243,14 @@ def correctness(quick: bool = False):
             if ok and prec == "tf32":
                 break  # tf32x3 only when the default precision misses a limit
         del ref_leaves, o_ref, fin_ref, g_ref
-        if DEV == "cuda":
+        if dev == "cuda":
             torch.cuda.empty_cache()
     RESULTS["correctness"] = rows
 
 
 @guarded("timing")
-def timing(Ts):
+def timing(s: BenchSettings, Ts):
+    dev = s.device
     from triton.testing import do_bench
 
     from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
@@ -257,19 +259,19 @@ def timing(Ts):
     H, R, D, M = 16, 64, 64, 64
     cfg = CONFIG["chosen"]
     rows = []
-    log_lam, Bp, C = make_params(H, M, 7, DEV)
+    log_lam, Bp, C = make_params(H, M, 7, dev)
     p_leaves = [
         log_lam.to(torch.complex64).requires_grad_(),
         Bp.to(torch.complex64).requires_grad_(),
         C.to(torch.complex64).requires_grad_(),
     ]
     for T in Ts:
-        if elapsed() > BUDGET_S * 0.9:
+        if elapsed() > s.budget_s * 0.9:
             log(f"timing: skipping T={T} (time)")
             continue
         row = {"T": T}
-        q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, T, DEV))
-        do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
+        q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, T, dev))
+        do = torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16)
         gnone = [q, k, v, *p_leaves]
 
         cs = CHUNK["size"]
@@ -293,8 +295,8 @@ def timing(Ts):
         row["id_fwd_TFLOPs"] = fl["fwd"] / (row["id_fwd_ms"] * 1e-3) / 1e12
         row["id_fb_TFLOPs"] = fl["fwdbwd"] / (row["id_fb_ms"] * 1e-3) / 1e12
         # causal SDPA, same H and head dim
-        qs, ks, vs = (torch.randn(1, H, T, R, device=DEV, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
-        dos = torch.randn(1, H, T, R, device=DEV, dtype=torch.bfloat16)
+        qs, ks, vs = (torch.randn(1, H, T, R, device=dev, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+        dos = torch.randn(1, H, T, R, device=dev, dtype=torch.bfloat16)
 
         def sfwd(qs=qs, ks=ks, vs=vs):
             with torch.no_grad():
@@ -311,7 +313,7 @@ def timing(Ts):
         row["sdpa_fb_TFLOPs"] = sdpa_flops(T, H, R)["fwdbwd"] / (row["sdpa_fb_ms"] * 1e-3) / 1e12
         del qs, ks, vs, dos, do, q, k, v, fwd, fwdbwd, sfwd, sfb, gnone
         torch.cuda.empty_cache()
-        row["fla_gdn_fwd_ms"] = _fla_gdn_fwd_ms(T, H, R)
+        row["fla_gdn_fwd_ms"] = _fla_gdn_fwd_ms(s, T, H, R)
         row["speedup_fwd"] = row["sdpa_fwd_ms"] / row["id_fwd_ms"]
         row["speedup_fb"] = row["sdpa_fb_ms"] / row["id_fb_ms"]
         rows.append(row)
@@ -319,16 +321,17 @@ def timing(Ts):
     RESULTS["timing"] = rows
 
 
-def _fla_gdn_fwd_ms(T: int, H: int, d: int) -> float | None:
+def _fla_gdn_fwd_ms(s: BenchSettings, T: int, H: int, d: int) -> float | None:
     """fla's GDN chunk forward (H heads, d_k = d_v = d, bf16, B=1) when fla is importable, else None."""
+    dev = s.device
     chunk_gated_delta_rule = fla_gdn()
     if chunk_gated_delta_rule is None:
         return None
     from triton.testing import do_bench
 
-    q, k, v = (torch.randn(1, T, H, d, device=DEV, dtype=torch.bfloat16) for _ in range(3))
-    g = -torch.rand(1, T, H, device=DEV) * 0.1
-    beta = torch.rand(1, T, H, device=DEV, dtype=torch.bfloat16)
+    q, k, v = (torch.randn(1, T, H, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    g = -torch.rand(1, T, H, device=dev) * 0.1
+    beta = torch.rand(1, T, H, device=dev, dtype=torch.bfloat16)
     with torch.no_grad():
         return do_bench(
             lambda: chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True),
@@ -339,19 +342,20 @@ def _fla_gdn_fwd_ms(T: int, H: int, d: int) -> float | None:
 
 
 @guarded("decode")
-def decode():
+def decode(s: BenchSettings):
+    dev = s.device
     from triton.testing import do_bench
 
     from hybrid_attention.ops.interdomain.triton.decode import decode_params, interdomain_decode_step
 
     H, R, D, M = 16, 64, 64, 64
-    log_lam, Bp, C = make_params(H, M, 3, DEV)
+    log_lam, Bp, C = make_params(H, M, 3, dev)
     params = decode_params(log_lam, Bp, C)
     rows = []
     for Bsz in (1, 8):
-        q, k, v = (t[:, 0].contiguous() for t in make_inputs(Bsz, 1, H, R, D, Bsz, DEV))
-        state = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex64, device=DEV) * 0.1).contiguous()
-        out = torch.empty(Bsz, H, D, device=DEV, dtype=torch.bfloat16)
+        q, k, v = (t[:, 0].contiguous() for t in make_inputs(Bsz, 1, H, R, D, Bsz, dev))
+        state = (torch.randn(Bsz, H, M, R + D, dtype=torch.complex64, device=dev) * 0.1).contiguous()
+        out = torch.empty(Bsz, H, D, device=dev, dtype=torch.bfloat16)
         for _ in range(3):
             interdomain_decode_step(q, k, v, None, None, None, state, params=params, out=out)
         torch.cuda.synchronize()
@@ -360,10 +364,10 @@ def decode():
             interdomain_decode_step(q, k, v, None, None, None, state, params=params, out=out)
         t_id = do_bench(g.replay, warmup=20, rep=100, return_mode="median")
         for L in (1024, 4096, 16384, 65536, 131072):
-            kc = torch.randn(Bsz, H, L, R, device=DEV, dtype=torch.bfloat16)
-            vc = torch.randn(Bsz, H, L, D, device=DEV, dtype=torch.bfloat16)
-            qd = torch.randn(Bsz, H, 1, R, device=DEV, dtype=torch.bfloat16)
-            so = torch.empty(Bsz, H, 1, D, device=DEV, dtype=torch.bfloat16)
+            kc = torch.randn(Bsz, H, L, R, device=dev, dtype=torch.bfloat16)
+            vc = torch.randn(Bsz, H, L, D, device=dev, dtype=torch.bfloat16)
+            qd = torch.randn(Bsz, H, 1, R, device=dev, dtype=torch.bfloat16)
+            so = torch.empty(Bsz, H, 1, D, device=dev, dtype=torch.bfloat16)
 
             def step(qd=qd, kc=kc, vc=vc, so=so):
                 so.copy_(F.scaled_dot_product_attention(qd, kc, vc))
@@ -383,9 +387,10 @@ def decode():
 
 
 @guarded("sweep")
-def sweep(T: int = 32768):
+def sweep(s: BenchSettings, T: int = 32768):
     """Launch configurations of forward+backward at one T, each with a per-stage breakdown (CUDA events around every
     launch); the fastest forward+backward becomes the configuration of the later sections."""
+    dev = s.device
     from triton.testing import do_bench
 
     from benchmarks.profiling import StageProfiler
@@ -393,14 +398,14 @@ def sweep(T: int = 32768):
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     H, R, D, M = 16, 64, 64, 64
-    log_lam, Bp, C = make_params(H, M, 7, DEV)
+    log_lam, Bp, C = make_params(H, M, 7, dev)
     p_leaves = [
         log_lam.to(torch.complex64).requires_grad_(),
         Bp.to(torch.complex64).requires_grad_(),
         C.to(torch.complex64).requires_grad_(),
     ]
-    q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, 5, DEV))
-    do = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, 5, dev))
+    do = torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16)
     variants = [  # (name, kernel config, chunk length L); BC = sub-chunk rows (BC >= L: band matmuls only)
         # (runs 1-3 measured the split backward, L64 and the dz tile variants slower: NOTES.md; not repeated)
         ("L32_BC32_fused", {"BC": 32, "max_chunk": 32, "bwd_split": False, "fuse_dz": False}, 32),
@@ -409,7 +414,7 @@ def sweep(T: int = 32768):
     ]
     rows = []
     for name, cfg, cs in variants:
-        if elapsed() > BUDGET_S * 0.35:
+        if elapsed() > s.budget_s * 0.35:
             log(f"sweep: stop before {name} (time)")
             break
         config = InterdomainConfig(**cfg)
@@ -496,37 +501,40 @@ def summary():
 
 def main(argv: list[str] | None = None) -> None:
     """Run every section (``--quick``: fewer lengths, no sweep; ``--final``: no smoke/decode sections;
-    ``--correctness-only``: the float64 checks of every readout, nothing timed)."""
-    argv = sys.argv[1:] if argv is None else argv
-    quick = "--quick" in argv
+    ``--correctness-only``: the float64 checks of every readout, nothing timed; the shared flags:
+    ``common.bench_parser``)."""
+    # a budget below common.DEFAULT_BUDGET_S, passed explicitly: the sections' fractions of it (sweep 0.35,
+    # correctness 0.75, timing 0.9) were tuned against 440 s; --budget-s / BENCH_BUDGET_S override it
+    p = bench_parser(__doc__.splitlines()[0], budget_s=440.0)
+    p.add_argument("--final", action="store_true", help="the last run of a lease: no smoke / decode sections")
+    p.add_argument("--correctness-only", action="store_true", help="every readout vs float64, no timings")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    s, quick = BenchSettings.from_args(args), args.quick
     import triton
 
-    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter dry run)"
+    name = torch.cuda.get_device_name() if s.device == "cuda" else "cpu (interpreter dry run)"
     log(f"torch {torch.__version__}, triton {triton.__version__}, {name}")
     RESULTS["env"] = {"torch": torch.__version__, "triton": triton.__version__, "device": name}
-    if DRYRUN:
-        smoke_small = correctness  # noqa: F841
-        correctness(quick=True)
+    if s.dryrun:
+        correctness(s, quick=True)
         summary()
         return
-    final = "--final" in argv  # the last run of a lease: no smoke / decode sections (decode kernel unchanged)
-    if "--correctness-only" in argv:  # every readout vs float64 at T 63 / 1000 / 4096 / 16384, no timings
-        correctness(quick)
-        with open(os.path.join(os.environ.get("OUT", "."), "interdomain_checks.json"), "w") as f:
+    if args.correctness_only:  # every readout vs float64 at T 63 / 1000 / 4096 / 16384, no timings
+        correctness(s, quick)
+        with open(s.out_path("interdomain_checks.json"), "w") as f:
             json.dump(RESULTS, f, indent=1)
         summary()
         return
-    ceilings()
-    if not final:
-        smoke()
+    ceilings(s)
+    if not args.final:  # decode kernel unchanged in the last run of a lease
+        smoke(s)
     if not quick:
-        sweep()
-    correctness(quick)
-    timing([4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
-    if not final:
-        decode()
-    out_dir = os.environ.get("OUT", ".")
-    with open(os.path.join(out_dir, "interdomain_gpu.json"), "w") as f:
+        sweep(s)
+    correctness(s, quick)
+    timing(s, [4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
+    if not args.final:
+        decode(s)
+    with open(s.out_path("interdomain_gpu.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)
     summary()
 

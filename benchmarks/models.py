@@ -17,51 +17,53 @@ Sections (each guarded; random weights, bf16, B=1 unless stated):
      of `interdomain-1.3b` (one pass, and chunked prefill with C = 2048) vs `softmax-1.3b`, bf16, at the paper's
      (B, L) pairs.
 Prints one table per section plus the issue targets (met / missed with the number) and writes
-``$OUT/models_gpu.json``. ``BENCH_DRYRUN=1`` runs it on the CPU with 2-layer stand-ins and tiny lengths.
+``<--out>/models_gpu.json`` (default ``$OUT`` or .). ``--dryrun`` (or ``BENCH_DRYRUN=1``) runs it on the CPU with
+2-layer stand-ins and tiny lengths.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 
 import torch
 
-from benchmarks.common import DEVICE, DRYRUN, budget_left, elapsed, log, peak_mb, sync
+from benchmarks.common import BenchSettings, bench_parser, elapsed, log, peak_mb, sync
 from benchmarks.common import guarded as _guarded
-from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.layers.natsl_routing import RoutingRecorder, force_routing
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 RESULTS: dict = {"errors": [], "prefill": [], "decode": [], "train": [], "table12": []}
 guarded = functools.partial(_guarded, RESULTS)
 
 NAN = float("nan")
-DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-if DRYRUN:
-    # 2-layer stand-ins with the same mixer pattern, tiny lengths: a smoke test of this file, not a measurement
-    _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
-    CONFIGS = {
-        "natsl-hybrid-340m": dict(_TINY, layers=["gdn", "natsl"], mixer_options={"natsl": {"num_attn_heads": 4}}),
-        "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
-        "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
-        "interdomain-1.3b": dict(_TINY, layers=["interdomain", "interdomain"]),
-        "softmax-1.3b": dict(_TINY, layers=["softmax", "softmax"]),
-    }
-    PREFILL_T, DECODE_CTX, TRAIN_T, TRAIN_B = [64, 96], [32, 64], 64, 2
-    TABLE12 = [(2, 64), (1, 128)]
-    TABLE12_CHUNK = 32
-else:
-    CONFIGS = {
-        name: None for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m", "interdomain-1.3b", "softmax-1.3b")
-    }
-    PREFILL_T, DECODE_CTX, TRAIN_T, TRAIN_B = [4096, 16384, 65536, 131072], [1024, 4096, 16384, 65536, 131072], 4096, 4
-    # spec interdomain §5.6, Table 12: (B, L) pairs and the paper's peak prefill GB (softmax SDPA, Interdomain
-    # non-chunked, Interdomain chunked C=2048; None = OOM on the paper's card)
-    TABLE12 = [(8, 4096), (8, 8192), (8, 16384), (16, 4096), (32, 2048), (64, 512)]
-    TABLE12_CHUNK = 2048
+_TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
+_PRESETS = ("natsl-hybrid-340m", "gdn-340m", "transformer-340m", "interdomain-1.3b", "softmax-1.3b")
+# the run's models and lengths by BenchSettings.dryrun. True: 2-layer stand-ins with the same mixer pattern, tiny
+# lengths (a smoke test of this file, not a measurement); False: the presets (configs None) at the issues' lengths,
+# table12: spec interdomain §5.6, Table 12's (B, L) pairs (the paper's peak prefill GB in PAPER_TABLE12)
+SIZES = {
+    True: dict(
+        configs={
+            "natsl-hybrid-340m": dict(_TINY, layers=["gdn", "natsl"], mixer_options={"natsl": {"num_attn_heads": 4}}),
+            "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
+            "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
+            "interdomain-1.3b": dict(_TINY, layers=["interdomain", "interdomain"]),
+            "softmax-1.3b": dict(_TINY, layers=["softmax", "softmax"]),
+        },
+        prefill_t=[64, 96], decode_ctx=[32, 64], train_t=64, train_b=2, table12=[(2, 64), (1, 128)],
+        table12_chunk=32,
+    ),
+    False: dict(
+        configs={name: None for name in _PRESETS},
+        prefill_t=[4096, 16384, 65536, 131072], decode_ctx=[1024, 4096, 16384, 65536, 131072], train_t=4096,
+        train_b=4, table12=[(8, 4096), (8, 8192), (8, 16384), (16, 4096), (32, 2048), (64, 512)], table12_chunk=2048,
+    ),
+}
+# the paper's peak prefill GB of Table 12 (softmax SDPA, Interdomain non-chunked, Interdomain chunked C=2048; None =
+# OOM on the paper's card)
 PAPER_TABLE12 = {
     (8, 4096): (14.65, 24.45, 17.58),
     (8, 8192): (21.42, None, 19.90),
@@ -73,35 +75,38 @@ PAPER_TABLE12 = {
 NATSL_VARIANTS = [("as produced", None), ("forced 0.25", 0.25), ("forced 0.5", 0.5)]
 
 
-def build(name: str, dtype: torch.dtype = DTYPE) -> HybridForCausalLM:
-    """Random-weight model of a preset (or its dry-run stand-in) on the benchmark device, eval mode."""
-    overrides = CONFIGS[name]
+def build(s: BenchSettings, name: str, dtype: torch.dtype | None = None) -> HybridForCausalLM:
+    """Random-weight model of a preset (or its dry-run stand-in) on the benchmark device, eval mode; ``dtype``
+    defaults to bf16 on CUDA, float32 on the CPU."""
+    overrides = SIZES[s.dryrun]["configs"][name]
     cfg = HybridConfig(**overrides) if overrides is not None else HybridConfig.from_preset(name)
+    if dtype is None:
+        dtype = torch.bfloat16 if s.device == "cuda" else torch.float32
     torch.manual_seed(0)
-    return HybridForCausalLM(cfg).to(DEVICE, dtype).eval()
+    return HybridForCausalLM(cfg).to(s.device, dtype).eval()
 
 
 def set_fraction(model: HybridForCausalLM, fraction: float | None) -> None:
     """Force every NAtS-L layer's softmax fraction (None: the router decides)."""
-    for blk in model.model.layers:
-        if isinstance(blk.mixer, NatsLAttention):
-            blk.mixer.force_routing = fraction
+    force_routing(model, fraction)
 
 
-def _free() -> None:
+def _free(s: BenchSettings) -> None:
+    dev = s.device
     sync()
-    if DEVICE == "cuda":
+    if dev == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
 
-def _time_ms(fn, reps: int) -> float:
+def _time_ms(s: BenchSettings, fn, reps: int) -> float:
     """Median wall milliseconds of fn() over `reps` calls after one warm-up call (CUDA events on the GPU)."""
+    dev = s.device
     fn()
     sync()
     times = []
     for _ in range(reps):
-        if DEVICE == "cuda":
+        if dev == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -115,58 +120,64 @@ def _time_ms(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _peak_gb(fn, relative: bool = False) -> float:
+def _peak_gb(s: BenchSettings, fn, relative: bool = False) -> float:
     """Peak allocated GB while fn() runs (see ``peak_mb``; absolute unless `relative`)."""
-    _free()
+    _free(s)
     return peak_mb(fn, relative=relative) / 1024
 
 
-def _natsl_fraction(model: HybridForCausalLM) -> float:
-    fr = [f.float().mean().item() for f in model.routing_fractions().values()]
+def _natsl_fraction(routing: RoutingRecorder) -> float:
+    """Mean softmax fraction over the NAtS-L layers of the last pass ``routing`` saw (nan without NAtS-L)."""
+    fr = [f.float().mean().item() for f in routing.fractions().values()]
     return sum(fr) / len(fr) if fr else NAN
 
 
 # ------------------------------------------------------------------------------------------------------------ prefill
 @guarded("prefill")
-def prefill(lengths: list[int]) -> None:
+def prefill(s: BenchSettings, lengths: list[int]) -> None:
+    dev = s.device
     for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m"):
-        model = build(name)
+        model = build(s, name)
+        routing = RoutingRecorder()  # the NAtS-L chunk types of this model's passes
         variants = NATSL_VARIANTS if name.startswith("natsl") else [("", None)]
         for label, fraction in variants:
             set_fraction(model, fraction)
             for T in lengths:
-                if budget_left() < 60:
+                if s.budget_left() < 60:
                     log(f"prefill: budget spent, skipping {name} {label} T={T}")
                     continue
-                ids = torch.randint(0, model.config.vocab_size, (1, T), device=DEVICE)
+                ids = torch.randint(0, model.config.vocab_size, (1, T), device=dev)
 
                 def run(ids=ids, model=model):
                     with torch.no_grad():
                         return model(ids, use_cache=True, logits_to_keep=1)
 
                 try:
-                    ms = _time_ms(run, reps=3 if T <= 16384 else 2)
-                    # session-2 run: measured above the memory allocated after building the model, which still
-                    # held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7 GB. Fixed.
-                    gb = _peak_gb(run, relative=True)
+                    with routing.attach(model):
+                        ms = _time_ms(s, run, reps=3 if T <= 16384 else 2)
+                        # session-2 run: measured above the memory allocated after building the model, which
+                        # still held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7
+                        # GB. Fixed.
+                        gb = _peak_gb(s, run, relative=True)
                 except torch.OutOfMemoryError:
                     ms, gb = NAN, NAN
                     log(f"prefill {name} T={T}: out of memory")
-                row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(model))
+                row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(routing))
                 RESULTS["prefill"].append(row)
                 log(
                     f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
                     f"softmax fraction {row['fraction']:.3f}"
                 )
                 del run
-                _free()
+                _free(s)
         del model
-        _free()
+        _free(s)
 
 
 # ------------------------------------------------------------------------------------------------------------ decode
 @guarded("decode")
-def decode(contexts: list[int]) -> None:
+def decode(s: BenchSettings, contexts: list[int]) -> None:
+    dev = s.device
     from benchmarks.decode_latency import decode_latency
 
     plan = [
@@ -178,16 +189,16 @@ def decode(contexts: list[int]) -> None:
         ("softmax-1.3b", None, [1, 8]),
     ]
     for name, fraction, batch_sizes in plan:
-        if budget_left() < 60:
+        if s.budget_left() < 60:
             log(f"decode: budget spent, skipping {name}")
             continue
-        model = build(name)
+        model = build(s, name)
         for bsz in batch_sizes:
             # softmax KV at B=8 and 128K would not fit next to everything else: B=8 stops at 16K
             ctx = contexts if bsz == 1 else [c for c in contexts if c <= max(16384, contexts[0])]
             kwargs = {} if fraction is None else {"natsl_softmax_fraction": fraction}
             try:
-                rows = decode_latency(model, ctx, [bsz], graphs=DEVICE == "cuda", **kwargs)
+                rows = decode_latency(model, ctx, [bsz], graphs=dev == "cuda", **kwargs)
             except torch.OutOfMemoryError as exc:
                 log(f"decode {name} B={bsz}: out of memory ({exc})")
                 rows = []
@@ -196,33 +207,36 @@ def decode(contexts: list[int]) -> None:
                 RESULTS["decode"].append(r)
                 log(f"decode {name:<18} frac={fraction} {json.dumps({k: v for k, v in r.items() if k != 'model'})}")
         del model
-        _free()
+        _free(s)
 
 
 # ------------------------------------------------------------------------------------------------------------ training
 @guarded("train")
-def train(T: int, bsz: int) -> None:
+def train(s: BenchSettings, T: int, bsz: int) -> None:
+    dev = s.device
     for name, fraction in (("natsl-hybrid-340m", None), ("gdn-340m", None), ("transformer-340m", None)):
-        if budget_left() < 60:
+        if s.budget_left() < 60:
             log(f"train: budget spent, skipping {name}")
             continue
-        model = build(name, dtype=torch.float32).train()
+        model = build(s, name, dtype=torch.float32).train()
         set_fraction(model, fraction)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE == "cuda")
-        ids = torch.randint(0, model.config.vocab_size, (bsz, T), device=DEVICE)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
+        ids = torch.randint(0, model.config.vocab_size, (bsz, T), device=dev)
 
         def step(model=model, opt=opt, ids=ids):
-            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            with torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
                 loss = model(ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         step()  # compile the kernels
-        ms = _time_ms(step, reps=5 if DEVICE == "cuda" else 1)
-        peak = _peak_gb(step)
+        routing = RoutingRecorder()
+        with routing.attach(model):
+            ms = _time_ms(s, step, reps=5 if dev == "cuda" else 1)
+            peak = _peak_gb(s, step)
         row = dict(
-            model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(model)
+            model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(routing)
         )
         RESULTS["train"].append(row)
         log(
@@ -230,21 +244,22 @@ def train(T: int, bsz: int) -> None:
             f"softmax fraction {row['fraction']:.3f}"
         )
         del model, opt, step  # the closure holds both
-        _free()
+        _free(s)
 
 
 # ------------------------------------------------------------------------------------------------------------ table 12
 @guarded("table12")
-def table12(pairs: list[tuple[int, int]], chunk: int) -> None:
+def table12(s: BenchSettings, pairs: list[tuple[int, int]], chunk: int) -> None:
+    dev = s.device
     for name in ("softmax-1.3b", "interdomain-1.3b"):
-        model = build(name)
+        model = build(s, name)
         modes = [("one pass", None)] + ([(f"chunked C={chunk}", chunk)] if name.startswith("interdomain") else [])
         for label, c in modes:
             for bsz, L in pairs:
-                if budget_left() < 45:
+                if s.budget_left() < 45:
                     log(f"table12: budget spent, skipping {name} {label} B={bsz} L={L}")
                     continue
-                ids = torch.randint(0, model.config.vocab_size, (bsz, L), device=DEVICE)
+                ids = torch.randint(0, model.config.vocab_size, (bsz, L), device=dev)
 
                 def run(ids=ids, c=c, model=model):
                     with torch.no_grad():
@@ -253,16 +268,16 @@ def table12(pairs: list[tuple[int, int]], chunk: int) -> None:
                         return model.prefill(ids, chunk_size=c)
 
                 try:
-                    gb = _peak_gb(run)  # weights included, as in the paper
-                    ms = _time_ms(run, reps=1)
+                    gb = _peak_gb(s, run)  # weights included, as in the paper
+                    ms = _time_ms(s, run, reps=1)
                 except torch.OutOfMemoryError:
                     gb, ms = NAN, NAN
                 RESULTS["table12"].append(dict(model=name, mode=label, B=bsz, L=L, peak_gb=gb, ms=ms))
                 log(f"table12 {name:<16} {label:<14} B={bsz:>2} L={L:>6}: peak {gb:6.2f} GB  {ms:8.1f} ms")
                 del run
-                _free()
+                _free(s)
         del model
-        _free()
+        _free(s)
 
 
 # ------------------------------------------------------------------------------------------------------------ summary
@@ -356,27 +371,26 @@ def summary() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run every section (``--quick``: the two shortest lengths of each; ``--sections a,b``: only those of prefill,
-    decode, train, table12)."""
-    argv = sys.argv[1:] if argv is None else argv
-    quick = "--quick" in argv
-    only = None
-    for i, a in enumerate(argv):
-        if a == "--sections" and i + 1 < len(argv):
-            only = set(argv[i + 1].split(","))
+    decode, train, table12; the shared flags: ``common.bench_parser``)."""
+    p = bench_parser(__doc__.splitlines()[0])
+    p.add_argument("--sections", type=lambda v: set(v.split(",")), help="comma-separated subset of the sections")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    s, quick, only = BenchSettings.from_args(args), args.quick, args.sections
+    sizes = SIZES[s.dryrun]
     log(
-        f"models bench: device={DEVICE} dryrun={DRYRUN} torch={torch.__version__}"
-        + (f" ({torch.cuda.get_device_name()})" if DEVICE == "cuda" else "")
+        f"models bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
+        + (f" ({torch.cuda.get_device_name()})" if s.device == "cuda" else "")
     )
-    lengths = PREFILL_T[:2] if quick else PREFILL_T
+    lengths = sizes["prefill_t"][:2] if quick else sizes["prefill_t"]
     if only is None or "prefill" in only:
-        prefill(lengths)
+        prefill(s, lengths)
     if only is None or "train" in only:
-        train(TRAIN_T, TRAIN_B)
+        train(s, sizes["train_t"], sizes["train_b"])
     if only is None or "decode" in only:
-        decode(DECODE_CTX[:3] if quick else DECODE_CTX)
+        decode(s, sizes["decode_ctx"][:3] if quick else sizes["decode_ctx"])
     if only is None or "table12" in only:
-        table12(TABLE12[:2] if quick else TABLE12, TABLE12_CHUNK)
-    with open(os.path.join(os.environ.get("OUT", "."), "models_gpu.json"), "w") as f:
+        table12(s, sizes["table12"][:2] if quick else sizes["table12"], sizes["table12_chunk"])
+    with open(s.out_path("models_gpu.json"), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
     summary()
 

@@ -16,33 +16,34 @@ Sections (each guarded: a failure in one still leaves the others' numbers):
      (GDN + softmax branch), each branch alone, causal SDPA (16 heads x 64); the official numbers beside ours.
   3. decode: the fused single-token GDN step (CUDA graph) vs a length-1 chunk call;
   4. with --sweep, a small launch-config sweep of the kernels (if time is left).
-Writes ``$OUT/natsl_gpu.json`` (or ./natsl_gpu.json) and prints one table at the end.
-``BENCH_DRYRUN=1 TRITON_INTERPRET=1`` runs the whole script on the CPU at tiny shapes (a smoke test of the script).
+Writes ``<--out>/natsl_gpu.json`` (default ``$OUT`` or .) and prints one table at the end. ``--dryrun`` (or
+``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1`` runs the whole script on the CPU at tiny shapes (a smoke test of the
+script).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
-import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import DEVICE as DEV
-from benchmarks.common import DRYRUN, elapsed, fla_gdn, log, rel_rms
+from benchmarks.common import BenchSettings, bench_parser, elapsed, fla_gdn, log, rel_rms
 from benchmarks.common import bench_ms as bench
 from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
-from hybrid_attention.ops.chunk_attention.triton import function as attn_gpu
+from hybrid_attention.ops.chunk_attention.triton import DEFAULT_CONFIG as ATTN_DEFAULT
+from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
 from hybrid_attention.ops.gated_delta import gated_delta
-from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
-from hybrid_attention.ops.natsl_mixed import natsl_mixed
+from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG as GDN_DEFAULT
+from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig, triton_gated_delta
+from hybrid_attention.ops.natsl_mixed.triton import triton_natsl_mixed
 
-BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "420"))
 RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "profile": {}}
 guarded = functools.partial(_guarded, RESULTS)
 # official NAtS-L kernel on this H200, same shapes (issue 5 / shared notes): ms
@@ -51,32 +52,33 @@ OFFICIAL = {
     16384: dict(fwd=3.44, fb=9.38, sdpa_fb=4.36, fla_gdn_fb=2.66),
     65536: dict(fwd=14.6, fb=66.7, sdpa_fb=68.0, fla_gdn_fb=10.3),
 }
-if DRYRUN:  # tiny shapes for the CPU smoke test
-    SHAPE = dict(H=2, K=32, V=32, G=2, C=16)
-    CORR_T, TIME_T = (63, 100), (64, 128)
-else:
-    SHAPE = dict(H=6, K=128, V=256, G=2, C=64)
-    CORR_T, TIME_T = (63, 1000, 4096, 16384), (4096, 16384, 65536)
+# head shapes and the lengths of the correctness / timing sections, by BenchSettings.dryrun (True: tiny shapes for the
+# CPU smoke test)
+SHAPES = {
+    True: dict(H=2, K=32, V=32, G=2, C=16, corr_t=(63, 100), time_t=(64, 128)),
+    False: dict(H=6, K=128, V=256, G=2, C=64, corr_t=(63, 1000, 4096, 16384), time_t=(4096, 16384, 65536)),
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True):
-    """Random NAtS-L op inputs: GDN q, k, v (+ realistic gates), softmax heads, routing with fraction ``frac``."""
-    gen = torch.Generator(device=DEV).manual_seed(seed)
+def make_inputs(dev: str, T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True):
+    """Random NAtS-L op inputs on device ``dev``: GDN q, k, v (+ realistic gates), softmax heads, routing with
+    fraction ``frac``."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
 
-    def rn(*s, dt=dtype):
-        return torch.randn(*s, generator=gen, device=DEV, dtype=torch.float32).to(dt)
+    def rn(*size, dt=dtype):
+        return torch.randn(*size, generator=gen, device=dev, dtype=torch.float32).to(dt)
 
     B = 1
     Hs = H * G
-    A = torch.empty(H, device=DEV).uniform_(1, 16, generator=gen)
+    A = torch.empty(H, device=dev).uniform_(1, 16, generator=gen)
     dt_bias = torch.log(
-        torch.expm1(torch.exp(torch.empty(H, device=DEV).uniform_(math.log(1e-3), math.log(1e-1), generator=gen)))
+        torch.expm1(torch.exp(torch.empty(H, device=dev).uniform_(math.log(1e-3), math.log(1e-1), generator=gen)))
     )
     g = -A * F.softplus(rn(B, T, H, dt=torch.float32) + dt_bias)  # GDN log-decay, fp32
     beta = torch.sigmoid(rn(B, T, H, dt=torch.float32))
     N, nf = math.ceil(T / C), T // C
-    sm = torch.rand(B, nf, H, generator=gen, device=DEV) < frac  # softmax-typed complete chunks
+    sm = torch.rand(B, nf, H, generator=gen, device=dev) < frac  # softmax-typed complete chunks
     commit = F.pad((~sm).float(), (0, 0, 0, N - nf), value=1.0)  # GDN-typed chunks commit; partial chunk inert
     routing = F.pad(sm, (0, 0, 0, N - nf), value=False)
     leaves = dict(
@@ -90,7 +92,7 @@ def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True
         qs=rn(B, T, Hs, K // G),
         ks=rn(B, T, Hs, K // G),
         vs=rn(B, T, Hs, V // G),
-        rb=torch.zeros(B, N, H, device=DEV),
+        rb=torch.zeros(B, N, H, device=dev),
     )
     cot = dict(
         do_g=rn(B, T, H, V, dt=torch.float32),
@@ -100,10 +102,12 @@ def make_inputs(T, H, K, V, G, C, frac, seed, dtype=torch.bfloat16, with_s0=True
     return leaves, routing, cot
 
 
-def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
-    """GDN branch + softmax branch. ``concurrent``: ``natsl_mixed`` (GDN on a synchronised side stream)."""
+def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False,
+             gdn_config: GatedDeltaConfig = GDN_DEFAULT, attn_config: ChunkAttentionConfig = ATTN_DEFAULT):
+    """GDN branch + softmax branch. ``concurrent``: ``triton_natsl_mixed`` (GDN on a synchronised side stream) with
+    the launch configurations ``gdn_config`` / ``attn_config``."""
     if concurrent:
-        return natsl_mixed(
+        return triton_natsl_mixed(
             x["q"],
             x["k"],
             x["v"],
@@ -119,6 +123,8 @@ def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
             group_size=G,
             initial_state=x["S0"],
             output_final_state=final_state,
+            gdn_config=gdn_config,
+            attn_config=attn_config,
         )
     o_g, S = gated_delta(
         x["q"],
@@ -139,69 +145,70 @@ def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False):
 
 
 @guarded("correctness")
-def correctness():
-    H, K, V, G, C = 2, SHAPE["K"], SHAPE["V"], SHAPE["G"], SHAPE["C"]
-    gdn_fn.POISON = attn_gpu.POISON = True
-    try:
-        for T in CORR_T:
-            for frac in (0.0, 0.3, 1.0):
-                t0 = time.time()
-                leaves, routing, cot = make_inputs(T, H, K, V, G, C, frac, seed=T * 10 + int(frac * 10))
-                names = [n for n, x in leaves.items() if x is not None]
-                res = {}
-                for backend, dt in (("triton", None), ("reference", torch.float64)):
-                    xs = {
-                        n: (x.detach().clone() if dt is None else x.detach().to(dt)).requires_grad_()
-                        if x is not None
-                        else None
-                        for n, x in leaves.items()
-                    }
-                    o_g, S, o_s = natsl_op(xs, routing, backend, C, G, concurrent=backend == "triton")
-                    loss = (
-                        (o_g.double() * cot["do_g"].double()).sum()
-                        + (S.double() * cot["dS"].double()).sum()
-                        + (o_s.double() * cot["do_s"].double()).sum()
-                    )
-                    grads = torch.autograd.grad(loss, [xs[n] for n in names], allow_unused=True)
-                    grads = [torch.zeros_like(xs[n]) if gr is None else gr for n, gr in zip(names, grads)]
-                    res[backend] = dict(
-                        o_gdn=o_g, state=S, o_softmax=o_s, **{"d" + n: gr for n, gr in zip(names, grads)}
-                    )
-                row = dict(T=T, frac=frac)
-                ok = True
-                for key, a in res["triton"].items():
-                    e = rel_rms(a, res["reference"][key])
-                    finite = bool(torch.isfinite(a).all())
-                    lim = 5e-3 if key in ("o_gdn", "state", "o_softmax") else 1e-2
-                    row[key] = e
-                    ok &= finite and e <= lim
-                row["pass"] = ok
-                RESULTS["correctness"].append(row)
-                worst = max((v for k, v in row.items() if k not in ("T", "frac", "pass")), default=0)
-                log(
-                    f"  T={T:6d} frac={frac:.1f} pass={ok} worst={worst:.2e} ({time.time() - t0:.1f}s) "
-                    + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k not in ("T", "frac", "pass"))
+def correctness(s: BenchSettings):
+    shape = SHAPES[s.dryrun]
+    H, K, V, G, C = 2, shape["K"], shape["V"], shape["G"], shape["C"]
+    poisoned = dict(gdn_config=GatedDeltaConfig(poison=True), attn_config=ChunkAttentionConfig(poison=True))
+    for T in shape["corr_t"]:
+        for frac in (0.0, 0.3, 1.0):
+            t0 = time.time()
+            leaves, routing, cot = make_inputs(s.device, T, H, K, V, G, C, frac, seed=T * 10 + int(frac * 10))
+            names = [n for n, x in leaves.items() if x is not None]
+            res = {}
+            for backend, dt in (("triton", None), ("reference", torch.float64)):
+                xs = {
+                    n: (x.detach().clone() if dt is None else x.detach().to(dt)).requires_grad_()
+                    if x is not None
+                    else None
+                    for n, x in leaves.items()
+                }
+                o_g, S, o_s = natsl_op(xs, routing, backend, C, G, concurrent=backend == "triton",
+                                       **(poisoned if backend == "triton" else {}))
+                loss = (
+                    (o_g.double() * cot["do_g"].double()).sum()
+                    + (S.double() * cot["dS"].double()).sum()
+                    + (o_s.double() * cot["do_s"].double()).sum()
                 )
-    finally:
-        gdn_fn.POISON = attn_gpu.POISON = False
+                grads = torch.autograd.grad(loss, [xs[n] for n in names], allow_unused=True)
+                grads = [torch.zeros_like(xs[n]) if gr is None else gr for n, gr in zip(names, grads)]
+                res[backend] = dict(
+                    o_gdn=o_g, state=S, o_softmax=o_s, **{"d" + n: gr for n, gr in zip(names, grads)}
+                )
+            row = dict(T=T, frac=frac)
+            ok = True
+            for key, a in res["triton"].items():
+                e = rel_rms(a, res["reference"][key])
+                finite = bool(torch.isfinite(a).all())
+                lim = 5e-3 if key in ("o_gdn", "state", "o_softmax") else 1e-2
+                row[key] = e
+                ok &= finite and e <= lim
+            row["pass"] = ok
+            RESULTS["correctness"].append(row)
+            worst = max((v for k, v in row.items() if k not in ("T", "frac", "pass")), default=0)
+            log(
+                f"  T={T:6d} frac={frac:.1f} pass={ok} worst={worst:.2e} ({time.time() - t0:.1f}s) "
+                + " ".join(f"{k}={v:.1e}" for k, v in row.items() if k not in ("T", "frac", "pass"))
+            )
 
 
 @guarded("layer")
-def layer_check():
+def layer_check(s: BenchSettings):
     """NAtS-L layer, backend auto (Triton on CUDA) vs reference: output and all parameter / input gradients."""
+    dev = s.device
+    shape = SHAPES[s.dryrun]
     from hybrid_attention.layers.natsl import NatsLAttention
 
     torch.manual_seed(0)
-    C = SHAPE["C"]
-    lay = NatsLAttention(256, num_heads=2, head_dim=64, num_attn_heads=4, chunk_size=C).to(DEV)
-    x = torch.randn(2, 3 * C + 5, 256, device=DEV)
+    C = shape["C"]
+    lay = NatsLAttention(256, num_heads=2, head_dim=64, num_attn_heads=4, chunk_size=C).to(dev)
+    x = torch.randn(2, 3 * C + 5, 256, device=dev)
     outs = {}
     for backend in ("auto", "reference"):
         lay.backend = backend
         lay.zero_grad()
         xx = x.clone().requires_grad_()
         y, _ = lay(xx)
-        (y * torch.sin(torch.arange(y.numel(), device=DEV).view_as(y).float())).sum().backward()
+        (y * torch.sin(torch.arange(y.numel(), device=dev).view_as(y).float())).sum().backward()
         outs[backend] = [y.detach(), xx.grad] + [p.grad.clone() for p in lay.parameters()]
     errs = [rel_rms(a, b) for a, b in zip(outs["auto"], outs["reference"])]
     score = lay.score_proj.weight
@@ -214,24 +221,25 @@ def layer_check():
 
 
 @guarded("fla")
-def fla_check():
+def fla_check(s: BenchSettings):
     """Our Triton GDN forward vs fla's ``chunk_gated_delta_rule`` (plain GDN, no commit mask, q/k L2-normed in the
     kernel, initial state in, final state out), both also against our float64 reference on the same bf16 inputs, so a
     disagreement can be attributed. One row per length in ``RESULTS["fla"]``."""
+    shape = SHAPES[s.dryrun]
     chunk_gated_delta_rule = fla_gdn()
     if chunk_gated_delta_rule is None:
         return
-    H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
-    for T in CORR_T:
+    H, K, V = shape["H"], shape["K"], shape["V"]
+    for T in shape["corr_t"]:
         t0 = time.time()
-        leaves, _, _ = make_inputs(T, H, K, V, SHAPE["G"], SHAPE["C"], 0.0, seed=3 + T, with_s0=True)
+        leaves, _, _ = make_inputs(s.device, T, H, K, V, shape["G"], shape["C"], 0.0, seed=3 + T, with_s0=True)
         q, k, v, g, beta, s0 = (leaves[n] for n in ("q", "k", "v", "g", "beta", "S0"))
         kw = dict(initial_state=s0, output_final_state=True)
-        ours = gated_delta(q, k, v, g, beta, chunk_size=SHAPE["C"], backend="triton", **kw)
+        ours = gated_delta(q, k, v, g, beta, chunk_size=shape["C"], backend="triton", **kw)
         theirs = chunk_gated_delta_rule(q, k, v, g, beta.to(q.dtype), use_qk_l2norm_in_kernel=True, **kw)
         d = torch.float64
         ref = gated_delta(
-            q.to(d), k.to(d), v.to(d), g.to(d), beta.to(d), chunk_size=SHAPE["C"], backend="reference",
+            q.to(d), k.to(d), v.to(d), g.to(d), beta.to(d), chunk_size=shape["C"], backend="reference",
             initial_state=s0.to(d), output_final_state=True,
         )
         row = dict(T=T)
@@ -244,9 +252,11 @@ def fla_check():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def time_op(T, frac=0.3):
-    H, K, V, G, C = SHAPE["H"], SHAPE["K"], SHAPE["V"], SHAPE["G"], SHAPE["C"]
-    leaves, routing, cot = make_inputs(T, H, K, V, G, C, frac, seed=1, with_s0=False)
+def time_op(s: BenchSettings, T, frac=0.3):
+    dev = s.device
+    shape = SHAPES[s.dryrun]
+    H, K, V, G, C = shape["H"], shape["K"], shape["V"], shape["G"], shape["C"]
+    leaves, routing, cot = make_inputs(s.device, T, H, K, V, G, C, frac, seed=1, with_s0=False)
     xs = {n: (x.requires_grad_() if x is not None else None) for n, x in leaves.items()}
     req = [x for x in xs.values() if x is not None]
     dog, dos = cot["do_g"].bfloat16(), cot["do_s"].bfloat16()
@@ -281,11 +291,11 @@ def time_op(T, frac=0.3):
         sm_fwd().backward(dos)
 
     long = T >= 65536
-    if DEV == "cuda":
+    if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     row["op_fwd"] = bench(op_fwd, rep=100)
     row["op_fb"] = bench(op_fb, rep=150 if long else 80, grad_to_none=req)
-    if DEV == "cuda":
+    if dev == "cuda":
         row["op_fb_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     row["cc_fwd"] = bench(cc_fwd, rep=100)
     row["cc_fb"] = bench(cc_fb, rep=150 if long else 80, grad_to_none=req)
@@ -309,15 +319,15 @@ def time_op(T, frac=0.3):
         except Exception as exc:
             log(f"  fla GDN backward: {exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}")
     # causal SDPA, 16 heads x 64
-    qq, kk, vv = (torch.randn(1, 16, T, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    dd = torch.randn(1, 16, T, 64, device=DEV, dtype=torch.bfloat16)
+    qq, kk, vv = (torch.randn(1, 16, T, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dd = torch.randn(1, 16, T, 64, device=dev, dtype=torch.bfloat16)
     row["sdpa_fwd"] = bench(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True))
     row["sdpa_fb"] = bench(
         lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True).backward(dd),
         rep=150 if long else 60,
         grad_to_none=[qq, kk, vv],
     )
-    if DEV == "cuda" and T in (16384, 65536):
+    if dev == "cuda" and T in (16384, 65536):
         RESULTS["profile"][T] = profile(op_fb, T)
     return row
 
@@ -347,26 +357,29 @@ def profile(fn, T, top=12):
 
 
 @guarded("timings")
-def timings():
-    for T in TIME_T:
-        row = time_op(T)
+def timings(s: BenchSettings):
+    shape = SHAPES[s.dryrun]
+    for T in shape["time_t"]:
+        row = time_op(s, T)
         RESULTS["timings"].append(row)
         log("  " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
 
 @guarded("decode")
-def decode():
+def decode(s: BenchSettings):
     """One GDN decoding step at the layer shape (B=1, 6 heads, 128/256): fused Triton step captured in a CUDA graph
     (state updated in place) vs gated_delta on a length-1 chunk (Triton chunk kernels, eager) and its check."""
+    dev = s.device
+    shape = SHAPES[s.dryrun]
     from hybrid_attention.ops.gated_delta.triton import triton_gated_delta_step
 
-    H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
-    gen = torch.Generator(device=DEV).manual_seed(5)
-    q, k = (torch.randn(1, H, K, device=DEV, generator=gen).bfloat16() for _ in range(2))
-    v = torch.randn(1, H, V, device=DEV, generator=gen).bfloat16()
-    g = -torch.rand(1, H, device=DEV, generator=gen)
-    beta = torch.rand(1, H, device=DEV, generator=gen)
-    S0 = torch.randn(1, H, K, V, device=DEV, generator=gen)
+    H, K, V = shape["H"], shape["K"], shape["V"]
+    gen = torch.Generator(device=dev).manual_seed(5)
+    q, k = (torch.randn(1, H, K, device=dev, generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(1, H, V, device=dev, generator=gen).bfloat16()
+    g = -torch.rand(1, H, device=dev, generator=gen)
+    beta = torch.rand(1, H, device=dev, generator=gen)
+    S0 = torch.randn(1, H, K, V, device=dev, generator=gen)
     S = S0.clone()
     o, _ = triton_gated_delta_step(q, k, v, g, beta, S)
     o_ref, S_ref = gated_delta(
@@ -378,7 +391,7 @@ def decode():
     err = max(rel_rms(o, o_ref[:, 0]), rel_rms(S, S_ref))
     out = torch.empty_like(o)
     row = dict(err=err)
-    if DEV == "cuda":
+    if dev == "cuda":
         graph = torch.cuda.CUDAGraph()
         for _ in range(3):
             triton_gated_delta_step(q, k, v, g, beta, S, out=out)
@@ -404,12 +417,13 @@ def decode():
 
 
 @guarded("sweep")
-def sweep():
+def sweep(s: BenchSettings):
     """Launch-config variants of the softmax and GDN kernels (forward+backward of each branch alone)."""
-    if DRYRUN:
+    dryrun = s.dryrun
+    shape = SHAPES[s.dryrun]
+    if dryrun:
         return
-    H, K, V, G, C = SHAPE["H"], SHAPE["K"], SHAPE["V"], SHAPE["G"], SHAPE["C"]
-    base_a, base_g = dict(attn_gpu.LAUNCH), dict(gdn_fn.LAUNCH)
+    H, K, V, G, C = shape["H"], shape["K"], shape["V"], shape["G"], shape["C"]
     attn_variants = [
         {},
         dict(fwd_qc=2, fwd_warps=8, fwd_stages=3),
@@ -429,19 +443,19 @@ def sweep():
         dict(par_warps=4),
     ]
     for T in (16384, 65536):
-        leaves, routing, cot = make_inputs(T, H, K, V, G, C, 0.3, seed=2, with_s0=False)
+        leaves, routing, cot = make_inputs(s.device, T, H, K, V, G, C, 0.3, seed=2, with_s0=False)
         xs = {n: (x.requires_grad_() if x is not None else None) for n, x in leaves.items()}
         req = [x for x in xs.values() if x is not None]
         dos, dog = cot["do_s"].bfloat16(), cot["do_g"].bfloat16()
         for var in attn_variants:
-            if elapsed() > BUDGET_S:
+            if elapsed() > s.budget_s:
                 log("  sweep: time budget reached")
                 return
-            attn_gpu.LAUNCH.update(var)
             try:
+                cfg_a = dataclasses.replace(ATTN_DEFAULT, **var)
 
-                def fwd(xs=xs, routing=routing):
-                    return chunk_attention(
+                def fwd(xs=xs, routing=routing, cfg_a=cfg_a):
+                    return triton_chunk_attention(
                         xs["qs"],
                         xs["ks"],
                         xs["vs"],
@@ -449,7 +463,7 @@ def sweep():
                         chunk_size=C,
                         group_size=G,
                         routing_bias=xs["rb"],
-                        backend="triton",
+                        config=cfg_a,
                     )
 
                 tf = bench(fwd, warmup=5, rep=40)
@@ -458,18 +472,15 @@ def sweep():
                 log(f"  T={T} softmax {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
             except Exception as exc:
                 log(f"  T={T} softmax {var}: FAILED {exc!r}")
-            finally:
-                attn_gpu.LAUNCH.clear()
-                attn_gpu.LAUNCH.update(base_a)
         for var in gdn_variants:
-            if elapsed() > BUDGET_S:
+            if elapsed() > s.budget_s:
                 log("  sweep: time budget reached")
                 return
-            gdn_fn.LAUNCH.update(var)
             try:
+                cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
 
-                def gfwd(xs=xs):
-                    return gated_delta(
+                def gfwd(xs=xs, cfg_g=cfg_g):
+                    return triton_gated_delta(
                         xs["q"],
                         xs["k"],
                         xs["v"],
@@ -477,7 +488,7 @@ def sweep():
                         xs["beta"],
                         commit=xs["commit"],
                         chunk_size=C,
-                        backend="triton",
+                        config=cfg_g,
                     )[0]
 
                 tf = bench(gfwd, warmup=5, rep=40)
@@ -486,17 +497,15 @@ def sweep():
                 log(f"  T={T} gdn {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
             except Exception as exc:
                 log(f"  T={T} gdn {var}: FAILED {exc!r}")
-            finally:
-                gdn_fn.LAUNCH.clear()
-                gdn_fn.LAUNCH.update(base_g)
 
 
-def summary():
+def summary(s: BenchSettings):
+    dev = s.device
     log(
         "\n=== NAtS-L op, natsl-hybrid-340m layer shape (6 GDN heads 128/256 + 12 softmax heads 64/128, chunk 64, "
         "30% softmax), B=1, bf16, ms (median) ==="
     )
-    if DEV == "cuda":
+    if dev == "cuda":
         log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     log(
         "fwd / f+b: 'seq' = gated_delta then chunk_attention on one stream (what the layer calls), 'conc' =\n"
@@ -554,21 +563,25 @@ def summary():
 
 def main(argv: list[str] | None = None) -> None:
     """Run every section (``--sweep``: also the launch-config sweep; ``--checks-only``: the correctness sections
-    only, no timings)."""
-    argv = sys.argv[1:] if argv is None else argv
-    log(f"natsl_gpu: device={DEV} dryrun={DRYRUN} torch={torch.__version__}")
-    correctness()
-    layer_check()
-    fla_check()
-    if "--checks-only" not in argv:
-        timings()
-        decode()
-    if "--sweep" in argv:
-        sweep()
-    out = os.environ.get("OUT", ".")
-    with open(os.path.join(out, "natsl_gpu.json"), "w") as f:
+    only, no timings; the shared flags: ``common.bench_parser``)."""
+    # a budget below common.DEFAULT_BUDGET_S, passed explicitly (the sweep stops when it is spent; this script's
+    # sections were sized for 420 s); --budget-s / BENCH_BUDGET_S override it
+    p = bench_parser(__doc__.splitlines()[0], budget_s=420.0)
+    p.add_argument("--checks-only", action="store_true", help="the correctness sections only, no timings")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    s = BenchSettings.from_args(args)
+    log(f"natsl_gpu: device={s.device} dryrun={s.dryrun} torch={torch.__version__}")
+    correctness(s)
+    layer_check(s)
+    fla_check(s)
+    if not args.checks_only:
+        timings(s)
+        decode(s)
+    if args.sweep:
+        sweep(s)
+    with open(s.out_path("natsl_gpu.json"), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
-    summary()
+    summary(s)
 
 
 if __name__ == "__main__":

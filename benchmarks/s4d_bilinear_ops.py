@@ -15,21 +15,20 @@ Sections (each guarded: a failure in one leaves the others' numbers):
      complex64 parameters; at 16K only when 4K was fast enough) and of the Interdomain Triton op at the same shape
      (R=D=64); then the ``small``-preset-like training shape B=32, T=512, H=8 (forward+backward), with peak memory;
   3. (not with --quick) a launch-config sweep of the readout kernels (channel tile, warps) at B=1, T=4K, H=16.
-Rows go to ``results["s4d_bilinear"]`` (``run``) and, from ``main``, to ``$OUT/s4d_bilinear_gpu.json``. ``BENCH_DRYRUN=1
-TRITON_INTERPRET=1`` runs everything at tiny shapes on the CPU (a smoke test of this file, not a measurement).
+Rows go to ``results["s4d_bilinear"]`` (``run``) and, from ``main``, to ``<--out>/s4d_bilinear_gpu.json`` (default
+``$OUT``). ``--dryrun`` (or ``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1`` runs everything at tiny shapes on the CPU
+(a smoke test of this file, not a measurement).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 
 import torch
 
-from benchmarks.common import DEVICE as DEV
-from benchmarks.common import DRYRUN, bench_ms, budget_left, guarded, log, peak_mb, rel_rms, sync
+from benchmarks.common import BenchSettings, bench_ms, bench_parser, guarded, log, peak_mb, rel_rms, sync
 from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear
 
 __all__ = ["run", "main"]
@@ -71,23 +70,24 @@ def _leaves(*xs: torch.Tensor, real: torch.dtype, cplx: torch.dtype) -> list[tor
     return [x.detach().to(cplx if x.is_complex() else real).requires_grad_() for x in xs]
 
 
-def correctness(results: dict, quick: bool) -> None:
+def correctness(s: BenchSettings, results: dict, quick: bool) -> None:
+    dev, dryrun = s.device, s.dryrun
     from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
     from hybrid_attention.ops.s4d_bilinear.triton.config import DEFAULT_CONFIG, S4DBilinearConfig
 
-    R = M = 16 if DRYRUN else 64
-    H = 1 if DRYRUN else 4
-    lengths = [40] if DRYRUN else ([63, 1000] if quick else [63, 1000, 4096])
+    R = M = 16 if dryrun else 64
+    H = 1 if dryrun else 4
+    lengths = [40] if dryrun else ([63, 1000] if quick else [63, 1000, 4096])
     names = ("o", "final", "da", "db", "dlog_lam", "dB", "dC", "dinit")
     for idx, T in enumerate(lengths):
         seed = 300 + idx
-        log_lam, Bp, C = make_params(H, M, seed, DEV)
+        log_lam, Bp, C = make_params(H, M, seed, dev)
         g = torch.Generator().manual_seed(seed + 1)
-        a = torch.randn(1, T, H, R, generator=g).to(DEV, torch.bfloat16)
-        b = torch.randn(1, T, H, R, generator=g).to(DEV, torch.bfloat16)
-        X0 = (0.5 * torch.randn(1, H, M, 2 * R, dtype=torch.complex128, generator=g)).to(DEV)
-        do = torch.randn(1, T, H, R, generator=g).to(DEV, torch.bfloat16)
-        dfin = (1e-2 * torch.randn(1, H, M, 2 * R, dtype=torch.complex128, generator=g)).to(DEV)
+        a = torch.randn(1, T, H, R, generator=g).to(dev, torch.bfloat16)
+        b = torch.randn(1, T, H, R, generator=g).to(dev, torch.bfloat16)
+        X0 = (0.5 * torch.randn(1, H, M, 2 * R, dtype=torch.complex128, generator=g)).to(dev)
+        do = torch.randn(1, T, H, R, generator=g).to(dev, torch.bfloat16)
+        dfin = (1e-2 * torch.randn(1, H, M, 2 * R, dtype=torch.complex128, generator=g)).to(dev)
         # float64 reference on the same bf16-rounded inputs
         ref = _leaves(a, b, log_lam, Bp, C, X0, real=torch.float64, cplx=torch.complex128)
         o_ref, f_ref = chunk_s4d_bilinear(*ref[:5], initial_state=ref[5], output_final_state=True, chunk_size=64)
@@ -113,12 +113,13 @@ def correctness(results: dict, quick: bool) -> None:
             results["s4d_bilinear"].append(row)
             detail = " ".join(f"{n}={e:.1e}" for n, e in zip(names, errs))
             log(f"s4d_bilinear correctness T={T} (dot {prec}): {'PASS' if ok else 'FAIL'} {detail}")
-            if ok or DRYRUN or prec == "ieee":
+            if ok or dryrun or prec == "ieee":
                 break
 
 
-def _time_pair(fn_fwd, leaves, do) -> tuple[float, float, float]:
+def _time_pair(s: BenchSettings, fn_fwd, leaves, do) -> tuple[float, float, float]:
     """(forward ms, forward+backward ms, peak MB of forward+backward) of ``fn_fwd(*leaves) -> o``."""
+    dev = s.device
 
     def fwd():
         with torch.no_grad():
@@ -129,31 +130,32 @@ def _time_pair(fn_fwd, leaves, do) -> tuple[float, float, float]:
 
     t_f = bench_ms(fwd)
     t_fb = bench_ms(fwdbwd, grad_to_none=leaves)
-    mem = peak_mb(fwdbwd) if DEV == "cuda" else float("nan")  # the CPU dry run skips the extra call
+    mem = peak_mb(fwdbwd) if dev == "cuda" else float("nan")  # the CPU dry run skips the extra call
     for x in leaves:
         x.grad = None
     return t_f, t_fb, mem
 
 
-def timing(results: dict, quick: bool) -> None:
+def timing(s: BenchSettings, results: dict, quick: bool) -> None:
+    dev, dryrun = s.device, s.dryrun
     from hybrid_attention.ops.interdomain.triton import triton_interdomain
     from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
 
-    R = M = 16 if DRYRUN else 64
+    R = M = 16 if dryrun else 64
     shapes = [(1, 4096, 16), (1, 16384, 16), (32, 512, 8)]  # (B, T, H); the last is the `small` training shape
-    if DRYRUN:
+    if dryrun:
         shapes = [(2, 40, 1)]
     elif quick:
         shapes = [(1, 4096, 16), (32, 512, 8)]
     ref_ms_4k = None
     for Bsz, T, H in shapes:
-        if budget_left() < 60:
+        if s.budget_left() < 60:
             log(f"s4d_bilinear timing: skipping B={Bsz} T={T} (time)")
             continue
-        log_lam, Bp, C = make_params(H, M, 7, DEV)
+        log_lam, Bp, C = make_params(H, M, 7, dev)
         g = torch.Generator().manual_seed(8)
-        a, b, q = (torch.randn(Bsz, T, H, R, generator=g).to(DEV, torch.bfloat16) for _ in range(3))
-        do = torch.randn(Bsz, T, H, R, generator=g).to(DEV, torch.bfloat16)
+        a, b, q = (torch.randn(Bsz, T, H, R, generator=g).to(dev, torch.bfloat16) for _ in range(3))
+        do = torch.randn(Bsz, T, H, R, generator=g).to(dev, torch.bfloat16)
         leaves = _leaves(a, b, log_lam, Bp, C, real=torch.bfloat16, cplx=torch.complex64)
         variants = {
             "triton_s4d_bilinear": (lambda *x: triton_s4d_bilinear(*x, chunk_size=64)[0], leaves),
@@ -167,7 +169,7 @@ def timing(results: dict, quick: bool) -> None:
             variants["reference_chunk_s4d_bilinear"] = (lambda *x: chunk_s4d_bilinear(*x, chunk_size=64)[0], leaves)
         for name, (fn, lv) in variants.items():
             try:
-                t_f, t_fb, mem = _time_pair(fn, lv, do)
+                t_f, t_fb, mem = _time_pair(s, fn, lv, do)
             except torch.OutOfMemoryError as exc:  # the reference at long T
                 log(f"s4d_bilinear timing {name} B={Bsz} T={T}: OOM ({exc.__class__.__name__})")
                 torch.cuda.empty_cache()
@@ -191,29 +193,30 @@ def timing(results: dict, quick: bool) -> None:
         sync()
 
 
-def sweep(results: dict) -> None:
+def sweep(s: BenchSettings, results: dict) -> None:
     """Launch-config sweep of triton_s4d_bilinear (channel tile JT x backward warps), forward+backward at B=1,
     T=4096, H=16; each config is checked against the default one before it is timed."""
+    dev, dryrun = s.device, s.dryrun
     from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
     from hybrid_attention.ops.s4d_bilinear.triton.config import S4DBilinearConfig
 
-    R = M = 16 if DRYRUN else 64
-    Bsz, T, H = (1, 40, 1) if DRYRUN else (1, 4096, 16)
-    log_lam, Bp, C = make_params(H, M, 9, DEV)
+    R = M = 16 if dryrun else 64
+    Bsz, T, H = (1, 40, 1) if dryrun else (1, 4096, 16)
+    log_lam, Bp, C = make_params(H, M, 9, dev)
     g = torch.Generator().manual_seed(10)
-    a, b, do = (torch.randn(Bsz, T, H, R, generator=g).to(DEV, torch.bfloat16) for _ in range(3))
+    a, b, do = (torch.randn(Bsz, T, H, R, generator=g).to(dev, torch.bfloat16) for _ in range(3))
     leaves = _leaves(a, b, log_lam, Bp, C, real=torch.bfloat16, cplx=torch.complex64)
     o_def = triton_s4d_bilinear(*leaves)[0].detach().float()
     # (JT, warps_fwd, warps_bwd, bwd_split); JT=64 is left out: the fused backward needs 240 KB of shared memory
     configs = [(32, 4, 8, True), (32, 4, 8, False), (16, 4, 4, True), (16, 4, 4, False), (16, 4, 8, True),
                (32, 8, 4, True), (32, 4, 4, True)]  # fmt: skip
-    for jt, wf, wb, split in configs[:1] if DRYRUN else configs:
-        if budget_left() < 60:
+    for jt, wf, wb, split in configs[:1] if dryrun else configs:
+        if s.budget_left() < 60:
             log("s4d_bilinear sweep: stopping (time)")
             break
         cfg = S4DBilinearConfig(JT=jt, warps_fwd=wf, warps_bwd=wb, bwd_split=split)
         err = rel_rms(triton_s4d_bilinear(*leaves, config=cfg)[0].detach().float(), o_def.double())
-        t_f, t_fb, _ = _time_pair(lambda *x, cfg=cfg: triton_s4d_bilinear(*x, config=cfg)[0], leaves, do)
+        t_f, t_fb, _ = _time_pair(s, lambda *x, cfg=cfg: triton_s4d_bilinear(*x, config=cfg)[0], leaves, do)
         results["s4d_bilinear"].append(
             {"kind": "sweep", "JT": jt, "warps_fwd": wf, "warps_bwd": wb, "bwd_split": split, "B": Bsz, "T": T,
              "H": H, "fwd_ms": t_f, "fwdbwd_ms": t_fb, "diff_vs_default": err}
@@ -237,24 +240,25 @@ def summary(results: dict) -> None:
                 f"{r['peak_mb']:9.1f}")  # fmt: skip
 
 
-def run(results: dict, quick: bool = False) -> None:
+def run(s: BenchSettings, results: dict, quick: bool = False) -> None:
     """Correctness then timings of the bilinear S4D Triton op; appends rows to ``results["s4d_bilinear"]`` and
     prints a table."""
     results.setdefault("s4d_bilinear", [])
-    guarded(results, "s4d_bilinear correctness")(correctness)(results, quick)
-    guarded(results, "s4d_bilinear timing")(timing)(results, quick)
+    guarded(results, "s4d_bilinear correctness")(correctness)(s, results, quick)
+    guarded(results, "s4d_bilinear timing")(timing)(s, results, quick)
     if not quick:
-        guarded(results, "s4d_bilinear sweep")(sweep)(results)
+        guarded(results, "s4d_bilinear sweep")(sweep)(s, results)
     summary(results)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry of ``hybrid-attention bench ops --only s4d_bilinear``: runs ``run`` and writes
-    ``$OUT/s4d_bilinear_gpu.json``."""
-    argv = sys.argv[1:] if argv is None else argv
+    ``<--out>/s4d_bilinear_gpu.json`` (flags: ``common.bench_parser``)."""
+    args = bench_parser(__doc__.splitlines()[0]).parse_args(sys.argv[1:] if argv is None else argv)
+    s = BenchSettings.from_args(args)
     results: dict = {"errors": []}
-    run(results, quick="--quick" in argv)
-    with open(os.path.join(os.environ.get("OUT", "."), "s4d_bilinear_gpu.json"), "w") as f:
+    run(s, results, quick=args.quick)
+    with open(s.out_path("s4d_bilinear_gpu.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 

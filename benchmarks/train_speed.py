@@ -10,8 +10,9 @@ Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile /
 one line and recorded for that row only) and, for the 340M rows, ``eager+ckpt`` (``train.checkpointing``: every
 decoder block under torch.utils.checkpoint), whose peak memory is the point.
 
-Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``WARMUP`` untimed steps (the
-compiled variant compiles in the first), then ``STEPS`` steps timed together with CUDA events: step ms = total / STEPS.
+Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``warmup`` untimed steps (the
+compiled variant compiles in the first), then ``steps`` steps timed together with CUDA events: step ms = total / steps
+(``SIZES``: 3 and 10, 4 with ``--quick``).
 Peak memory = ``torch.cuda.max_memory_allocated()`` over the timed steps (weights, gradients, AdamW states and
 activations), GB = 2^30 bytes.
 
@@ -21,16 +22,17 @@ softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T�
 mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled eager+ckpt``, ``--steps N``, ``--warmup N``. The soft budget
-``BENCH_BUDGET_S`` (default 540 s) skips the remaining rows when spent (recorded as skipped); split a full run over
-several device calls with ``--models``. Prints a markdown table at the end and writes ``$OUT/train_speed.json`` when
-``$OUT`` is set. ``BENCH_DRYRUN=1`` runs it on the CPU with toy widths / lengths (compiled rows use the ``eager``
-Dynamo backend there unless ``BENCH_COMPILE_BACKEND`` says otherwise): a smoke test of this file, not a measurement.
+rows or a 340M preset), ``--variants eager compiled eager+ckpt``, ``--steps N``, ``--warmup N``,
+``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
+``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
+split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
+``<--out>/train_speed.json`` when ``--out`` or ``$OUT`` is set. ``--dryrun`` (or ``BENCH_DRYRUN=1``) runs it on the
+CPU with toy widths / lengths (compiled rows use the ``eager`` Dynamo backend there unless ``--compile-backend`` says
+otherwise): a smoke test of this file, not a measurement.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -40,7 +42,7 @@ import time
 import torch
 import torch._dynamo
 
-from benchmarks.common import DEVICE, DRYRUN, budget_left, elapsed, log, sync
+from benchmarks.common import BenchSettings, bench_parser, elapsed, log, sync
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
@@ -48,48 +50,53 @@ __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
 RESULTS: dict = {"errors": [], "rows": []}
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
 VARIANTS = ("eager", "compiled", "eager+ckpt")
-if DRYRUN:
-    _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
-    SMALL_SHAPES = [(2, 64), (4, 32)]
-    LARGE_SHAPES = [(1, 64)]
-    # 2-layer stand-ins of the 340M presets with the same mixer pattern
-    LARGE_CFG = {
-        "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
-        "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
-        "natsl-hybrid-340m": dict(_TINY, layers=["gdn", "natsl"], mixer_options={"natsl": {"num_attn_heads": 4}}),
-    }
-    WARMUP, STEPS, QUICK_STEPS = 1, 1, 1
-    COMPILE_BACKEND = os.environ.get("BENCH_COMPILE_BACKEND", "eager")
-else:
-    SMALL_SHAPES = [(16, 2048), (32, 512)]
-    LARGE_SHAPES = [(4, 4096)]
-    LARGE_CFG = {name: None for name in LARGE}
-    WARMUP, STEPS, QUICK_STEPS = 3, 10, 4
-    COMPILE_BACKEND = os.environ.get("BENCH_COMPILE_BACKEND", "inductor")
+_TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
+# the run's sizes by BenchSettings.dryrun (True: toy widths / lengths on the CPU; the large rows are 2-layer stand-ins
+# of the 340M presets with the same mixer pattern, None = the preset itself); compile_backend: the default Dynamo
+# backend of the compiled rows (--compile-backend / BENCH_COMPILE_BACKEND override it)
+SIZES = {
+    True: dict(
+        small_shapes=[(2, 64), (4, 32)], large_shapes=[(1, 64)], warmup=1, steps=1, quick_steps=1,
+        compile_backend="eager",
+        large_cfg={
+            "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
+            "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
+            "natsl-hybrid-340m": dict(_TINY, layers=["gdn", "natsl"],
+                                      mixer_options={"natsl": {"num_attn_heads": 4}}),
+        },
+    ),
+    False: dict(
+        small_shapes=[(16, 2048), (32, 512)], large_shapes=[(4, 4096)], warmup=3, steps=10, quick_steps=4,
+        compile_backend="inductor", large_cfg={name: None for name in LARGE},
+    ),
+}
 
 
-def config_of(row_name: str) -> HybridConfig:
-    """The HybridConfig of a row: a mixer name -> ``small`` with all layers that mixer; else a 340M preset."""
+def config_of(row_name: str, dryrun: bool = False) -> HybridConfig:
+    """The HybridConfig of a row: a mixer name -> ``small`` with all layers that mixer; else a 340M preset (their
+    toy stand-ins with ``dryrun``)."""
     if row_name in LARGE:
-        over = LARGE_CFG[row_name]
+        over = SIZES[dryrun]["large_cfg"][row_name]
         return HybridConfig(**over) if over is not None else HybridConfig.from_preset(row_name)
-    if DRYRUN:
+    if dryrun:
         return HybridConfig.from_preset("small", layers=[row_name, row_name], **_TINY)
     return HybridConfig.from_preset("small", layers=row_name)
 
 
-def plan(quick: bool = False, models: list[str] | None = None, variants: list[str] | None = None) -> list[dict]:
-    """The rows to run: (name, B, T, variant) dicts in table order."""
+def plan(quick: bool = False, models: list[str] | None = None, variants: list[str] | None = None,
+         dryrun: bool = False) -> list[dict]:
+    """The rows to run: (name, B, T, variant) dicts in table order (the dry run's shapes with ``dryrun``)."""
     from hybrid_attention.models.mixers import MIXER_BUILDERS
 
+    sizes = SIZES[dryrun]
     variants = list(variants or VARIANTS)
     rows = []
     for mixer in MIXER_BUILDERS:
-        for B, T in SMALL_SHAPES:
+        for B, T in sizes["small_shapes"]:
             rows += [dict(name=mixer, B=B, T=T, variant=v) for v in variants if v != "eager+ckpt"]
     if not quick:
         for name in LARGE:
-            for B, T in LARGE_SHAPES:
+            for B, T in sizes["large_shapes"]:
                 rows += [dict(name=name, B=B, T=T, variant=v) for v in variants]
     if models:
         allowed = sorted(set(MIXER_BUILDERS) | set(LARGE))
@@ -116,7 +123,7 @@ def flops_per_step(model: HybridForCausalLM, B: int, T: int) -> tuple[float, str
 def _free() -> None:
     gc.collect()
     sync()
-    if DEVICE == "cuda":
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
@@ -128,14 +135,16 @@ def _one_line(exc: BaseException, limit: int = 240) -> str:
     return f"{type(exc).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
 
 
-def measure(spec: dict, steps: int, warmup: int) -> dict:
-    """Build, (compile,) warm up and time one row; raises on failure (the caller records it)."""
+def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backend: str) -> dict:
+    """Build, (compile with ``compile_backend``,) warm up and time one row; raises on failure (the caller records
+    it)."""
     from hybrid_attention.training.checkpointing import enable_block_checkpointing
 
+    dev = s.device
     name, B, T, variant = spec["name"], spec["B"], spec["T"], spec["variant"]
-    cfg = config_of(name)
+    cfg = config_of(name, s.dryrun)
     torch.manual_seed(0)
-    model = HybridForCausalLM(cfg).to(DEVICE).float().train()
+    model = HybridForCausalLM(cfg).to(dev).float().train()
     row = dict(spec)
     row["layers"] = _describe(cfg.mixer_types)
     row["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
@@ -145,13 +154,13 @@ def measure(spec: dict, steps: int, warmup: int) -> dict:
     fwd = model
     if variant == "compiled":
         torch._dynamo.reset()
-        fwd = torch.compile(model, backend=COMPILE_BACKEND)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE == "cuda")
-    ids = torch.randint(0, cfg.vocab_size, (B, T), device=DEVICE)
-    amp = DEVICE == "cuda"
+        fwd = torch.compile(model, backend=compile_backend)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
+    ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
+    amp = dev == "cuda"
 
     def step():
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
             loss = fwd(ids, labels=ids).loss
         loss.backward()
         opt.step()
@@ -164,7 +173,7 @@ def measure(spec: dict, steps: int, warmup: int) -> dict:
     sync()
     row["warmup_s"] = time.time() - t0
     row["loss"] = float(loss.detach().float())
-    if DEVICE == "cuda":
+    if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -202,17 +211,19 @@ def _describe(mixers: list[str]) -> str:
     return ", ".join(f"{m} x{n}" for m, n in runs)
 
 
-def run_rows(specs: list[dict], steps: int, warmup: int) -> None:
+def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str) -> None:
+    """Measure every row of ``specs`` into ``RESULTS["rows"]`` (a failed row records its error; rows past the budget
+    are recorded as skipped)."""
     for spec in specs:
         label = f"{spec['name']} B={spec['B']} T={spec['T']} {spec['variant']}"
-        if budget_left() < 30:
+        if s.budget_left() < 30:
             RESULTS["rows"].append({**spec, "error": "skipped (BENCH_BUDGET_S spent)"})
             log(f"train {label}: skipped (budget spent)")
             continue
         _free()
         t0 = time.time()
         try:
-            row = measure(spec, steps, warmup)
+            row = measure(s, spec, steps, warmup, compile_backend)
             log(f"train {label}: {row['step_ms']:9.1f} ms/step {row['tok_s']:10.0f} tok/s {row['tflops']:7.1f} "
                 f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB  [{time.time() - t0:.0f} s]")
         except Exception as exc:  # noqa: BLE001 - one row's failure (compile, OOM) must not stop the table
@@ -240,32 +251,38 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="hybrid-attention bench train", description="training-step speed")
-    p.add_argument("--quick", action="store_true", help="fewer timed steps, only the small-preset rows")
-    p.add_argument("--sweep", action="store_true", help=argparse.SUPPRESS)  # passed by `bench`; nothing to sweep
+    """Run the rows of ``plan`` and print the table (flags: ``common.bench_parser`` and the options above)."""
+    p = bench_parser("training-step speed", prog="hybrid-attention bench train")
+    p.set_defaults(out=os.environ.get("OUT"))  # JSON only when asked for
     p.add_argument("--models", nargs="+", help="row names: mixers (small preset) and/or 340M presets")
     p.add_argument("--variants", nargs="+", choices=VARIANTS)
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
+    p.add_argument("--compile-backend", default=os.environ.get("BENCH_COMPILE_BACKEND"),
+                   help="Dynamo backend of the compiled rows (default: BENCH_COMPILE_BACKEND, else inductor; eager "
+                        "in the dry run)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    steps = a.steps or (QUICK_STEPS if a.quick else STEPS)
-    warmup = a.warmup or WARMUP
-    specs = plan(a.quick, a.models, a.variants)
-    if DEVICE == "cuda":
+    s = BenchSettings(dryrun=a.dryrun, budget_s=a.budget_s, out=a.out or ".")
+    sizes = SIZES[s.dryrun]
+    backend = a.compile_backend or sizes["compile_backend"]
+    steps = a.steps or (sizes["quick_steps"] if a.quick else sizes["steps"])
+    warmup = a.warmup or sizes["warmup"]
+    specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun)
+    cuda = s.device == "cuda"
+    if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
-    log(f"train-speed bench: device={DEVICE} dryrun={DRYRUN} torch={torch.__version__}"
-        + (f" ({torch.cuda.get_device_name()})" if DEVICE == "cuda" else "")
-        + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {COMPILE_BACKEND}")
-    run_rows(specs, steps, warmup)
+    log(f"train-speed bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
+        + (f" ({torch.cuda.get_device_name()})" if cuda else "")
+        + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {backend}")
+    run_rows(s, specs, steps, warmup, backend)
     log(f"\ntraining step (bf16 autocast on CUDA, fused AdamW), {elapsed():.0f} s:")
     log(table(RESULTS["rows"]))
-    out = os.environ.get("OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "train_speed.json"), "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-                       "torch": torch.__version__, "dryrun": DRYRUN, "steps": steps, "warmup": warmup,
-                       "compile_backend": COMPILE_BACKEND, **RESULTS}, fh, indent=1, default=str)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(s.out_path("train_speed.json"), "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu",
+                       "torch": torch.__version__, "dryrun": s.dryrun, "steps": steps, "warmup": warmup,
+                       "compile_backend": backend, **RESULTS}, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":

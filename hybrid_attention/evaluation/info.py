@@ -7,25 +7,21 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hybrid_attention.layers.natsl_routing import RoutingRecorder
+
 ASSUMED_SOFTMAX_FRACTION = 0.5  # NAtS-L state sizes assume half of the chunks routed to softmax unless told
 
 
 def state_size(model: torch.nn.Module, seq_len: int, softmax_fraction: float = ASSUMED_SOFTMAX_FRACTION) -> int:
     """Real numbers of mixer state per sequence after ``seq_len`` tokens, with every NAtS-L layer at the given softmax
-    fraction (its KV cache grows with the fraction of chunks routed to softmax). Unlike ``model.state_size``, this
-    does not depend on which forward pass ran last; ``info`` and the demo's table both use it."""
-    total = 0
-    for blk in model.model.layers:
-        mixer = blk.mixer
-        if hasattr(mixer, "routing_fraction"):  # NAtS-L
-            total += int(mixer.state_size(seq_len, softmax_fraction=softmax_fraction))
-        else:
-            total += int(mixer.state_size(seq_len))
-    return total
+    fraction (its KV cache grows with the fraction of chunks routed to softmax): ``model.state_size`` with one fraction
+    for every NAtS-L layer; ``info`` and the demo's table both use it."""
+    return int(model.state_size(seq_len, {i: softmax_fraction for i in model.routing_layers()}))
 
 
 def has_routing(model: torch.nn.Module) -> bool:
-    return any(hasattr(blk.mixer, "routing_fraction") for blk in model.model.layers)
+    """Whether the model has NAtS-L layers."""
+    return bool(model.routing_layers())
 
 
 def measured_fraction(routing: dict) -> float | None:
@@ -73,8 +69,10 @@ def model_info(
     if sample_text and tok is not None and any(m == "natsl" for m in cfg.mixer_types):
         ids = tok(sample_text, add_special_tokens=False)["input_ids"][:2048]
         model.eval()
-        model(input_ids=torch.tensor([ids], device=next(model.parameters()).device), use_cache=False)
-        info["routing"] = {int(i): f.detach().float().cpu().tolist() for i, f in model.routing_fractions().items()}
+        rec = RoutingRecorder()
+        with rec.attach(model):
+            model(input_ids=torch.tensor([ids], device=next(model.parameters()).device), use_cache=False)
+        info["routing"] = {int(i): f.float().cpu().tolist() for i, f in rec.fractions().items()}
         info["measured_softmax_fraction"] = measured_fraction(info["routing"])
     return info
 

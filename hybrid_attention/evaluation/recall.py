@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, recall_accuracy
 from hybrid_attention.data.passkey import passkey_tokens
 from hybrid_attention.device import resolve_device
+from hybrid_attention.layers.natsl_routing import RoutingRecorder
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.training.config import OptimSection
 from hybrid_attention.training.optimizer import build_optimizer
@@ -105,6 +106,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     g = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
     acc, epoch = 0.0, 0
+    routing = RoutingRecorder()  # the test passes' NAtS-L routing: the softmax fraction of the state size
     for epoch in range(1, cfg.epochs + 1):
         if cfg.fresh_data and epoch > 1:
             x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed + 7919 * epoch)
@@ -118,13 +120,14 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
-        acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
+        with routing.attach(model):
+            acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
         if log:
             log(f"  {mixer} d={d_model} lr={lr:g} epoch {epoch}: loss {loss.item():.3f}, test accuracy {acc:.3f}")
         if acc > cfg.early_stop:
             break
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
-            "state_size": model.state_size(cfg.seq_len), "accuracy": acc, "epochs": epoch,
+            "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
             "seconds": time.perf_counter() - t0}
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hybrid_attention.device import resolve_device
+from hybrid_attention.layers.natsl_routing import RoutingRecorder
 from hybrid_attention.models.mixers import MODEL_REVISION
 
 from .paths import result_path
@@ -86,22 +87,22 @@ def routing_eval(model, tokens: np.ndarray, seq_len: int, windows: int, device, 
     import contextlib
 
     n = min(windows, len(tokens) // seq_len)
-    if n == 0 or not any(hasattr(b.mixer, "routing_fraction") for b in model.model.layers):
+    if n == 0 or not model.routing_layers():
         return {}
     x = torch.from_numpy(np.asarray(tokens[: n * seq_len], dtype=np.int64).reshape(n, seq_len))
-    acc: dict[int, list[torch.Tensor]] = {}
+    rec = RoutingRecorder()
     was = model.training
     model.eval()
     try:
-        for i in range(n):
-            ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-            with ctx, torch.compiler.set_stance("force_eager"):  # as evaluate_lm: no recompiles per shape
-                model(input_ids=x[i : i + 1].to(device), use_cache=False)
-            for layer, f in model.routing_fractions().items():
-                acc.setdefault(layer, []).append(f.detach().float().cpu())
+        with rec.attach(model):
+            for i in range(n):
+                ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+                with ctx, torch.compiler.set_stance("force_eager"):  # as evaluate_lm: no recompiles per shape
+                    model(input_ids=x[i : i + 1].to(device), use_cache=False)
     finally:
         model.train(was)
-    return {str(k): torch.stack(v).mean(0).tolist() for k, v in sorted(acc.items())}
+    acc = {k: rec.pass_fractions(k) for k in model.routing_layers()}
+    return {str(k): torch.stack(v).mean(0).cpu().tolist() for k, v in sorted(acc.items()) if v}
 
 
 def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dict, log) -> dict:
@@ -120,14 +121,17 @@ def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dic
     byte_lengths = token_byte_lengths(res.data.tokenizer)
     L = cfg.data.seq_len
     t1 = time.perf_counter()
-    lengths = length_eval(model, res.data.val_tokens, L, suite.eval.length_multipliers, suite.eval.length_tokens,
-                          device, amp, byte_lengths, batch_tokens=cfg.train.batch_size * L)
-    routing = routing_eval(model, res.data.val_tokens, L, suite.eval.routing_windows, device, amp) \
-        if suite.eval.routing else {}
+    last_pass = RoutingRecorder()  # NAtS-L: the last evaluation pass's softmax fractions are the state size's
+    with last_pass.attach(model):
+        lengths = length_eval(model, res.data.val_tokens, L, suite.eval.length_multipliers, suite.eval.length_tokens,
+                              device, amp, byte_lengths, batch_tokens=cfg.train.batch_size * L)
+        routing = routing_eval(model, res.data.val_tokens, L, suite.eval.routing_windows, device, amp) \
+            if suite.eval.routing else {}
     eval_wall = time.perf_counter() - t1
     val = res.val
     out = {
-        "layers": list(model.config.mixer_types), "params": model.num_parameters(), "state": model.state_size(L),
+        "layers": list(model.config.mixer_types), "params": model.num_parameters(),
+        "state": model.state_size(L, last_pass.mean_fractions()),
         "seq_len": L, "steps": res.steps, "tokens": res.tokens, "train_seconds": res.train_seconds,
         "tokens_per_second": res.tokens_per_second, "skipped_steps": res.skipped_steps,
         "val_loss": val.loss if val else None, "val_ppl": val.ppl if val else None, "val_bpb": val.bpb if val else None,

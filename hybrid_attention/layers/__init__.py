@@ -10,6 +10,7 @@ from hybrid_attention.layers.interdomain import (
     S4DMixer,
 )
 from hybrid_attention.layers.natsl import NatsLAttention, NatsLState
+from hybrid_attention.layers.natsl_routing import RoutingRecorder, RoutingSpec, force_routing
 from hybrid_attention.layers.natsl_static import NatsLStaticState
 from hybrid_attention.layers.softmax import KVState, SoftmaxAttention, StaticKVState
 
@@ -24,11 +25,14 @@ __all__ = [
     "NatsLAttention",
     "NatsLState",
     "NatsLStaticState",
+    "RoutingRecorder",
+    "RoutingSpec",
     "S4DBilinearMixer",
     "S4DMixer",
     "SoftmaxAttention",
     "StaticKVState",
     "StaticState",
     "TokenMixer",
+    "force_routing",
     "has_static_step",
 ]

@@ -27,11 +27,15 @@ Decisions and deviations from the official code (each named once, here):
 - Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
   scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
   the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel").
+- Routing analysis lives outside the layer and its state (layers/natsl_routing.py): forcing is configuration, a
+  frozen `RoutingSpec` in `routing` (the `force_routing` argument, or `force_routing(model, ...)`); the chunk types
+  of a pass go to a `RoutingRecorder` attached for the calls it should see (`with rec.attach(model): ...`), never
+  remembered on the module (`recorders` is empty outside `attach`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +43,7 @@ from torch import nn
 
 from hybrid_attention.layers.base import TokenMixer, check_hidden, packed_positions
 from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
+from hybrid_attention.layers.natsl_routing import GDN, SOFTMAX, RoutingRecorder, RoutingSpec
 from hybrid_attention.layers.natsl_static import NatsLStaticStep
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
@@ -48,8 +53,6 @@ from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as GDN_TRITON
 from hybrid_attention.ops.gated_delta.triton import supported as gdn_triton_supported
 from hybrid_attention.ops.natsl_mixed import natsl_mixed
-
-SOFTMAX, GDN = 0, 1  # op indices of the routing logits (the fusion weights ω use the opposite order: ω₀ = GDN)
 
 
 @dataclass
@@ -78,7 +81,6 @@ class NatsLState:
     valid: torch.Tensor
     n_kept: torch.Tensor
     offset: int = 0
-    history: list = field(default_factory=list)  # per completed chunk: softmax types [B, Hn] (analysis only)
 
     def num_reals(self) -> int:
         """Real numbers held per sequence (compacted KV up to the largest kept count of any row; conv excluded)."""
@@ -110,6 +112,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         sample: str = "argmax",
         counterfactual_grad: bool = False,
         backend: str = "auto",
+        force_routing: str | float | None = None,
     ) -> None:
         super().__init__()
         if weights_from not in ("q", "x"):
@@ -133,11 +136,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.weights_from, self.separate_norms = weights_from, separate_norms
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
-        # None | "softmax" | "gdn" | a softmax fraction p in [0, 1] (chunk n is softmax iff floor((n+1)p) > floor(np):
-        # evenly spaced, the same for every row and head): analysis, tests and speed measurements at a set fraction.
-        self.force_routing: str | float | None = None
-        self.routing_fraction: torch.Tensor | None = None  # [Hn] softmax fraction of the last forward's chunks
-        self.last_routing: torch.Tensor | None = None  # [B, N, Hn] bool, softmax-typed complete chunks
+        self.routing = RoutingSpec(force_routing)  # forced chunk types (configuration; layers/natsl_routing.py)
+        self.recorders: tuple[RoutingRecorder, ...] = ()  # analysis hooks, only inside RoutingRecorder.attach
 
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
@@ -201,22 +201,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             p = F.gumbel_softmax(logits, tau=1.0, hard=False)
         else:
             p = logits.softmax(-1)
-        hard = F.one_hot(p.argmax(-1), 2).to(p.dtype)
-        if self.force_routing is not None:
-            hard = self._forced_routing(hard, first_chunk)
+        hard = self.routing.apply(F.one_hot(p.argmax(-1), 2).to(p.dtype), first_chunk)
         return hard, p
-
-    def _forced_routing(self, hard: torch.Tensor, first_chunk: int | torch.Tensor) -> torch.Tensor:
-        """The one-hot routing [B, N, Hn, 2] imposed by `force_routing` (see __init__)."""
-        fr = self.force_routing
-        if isinstance(fr, str) and fr in ("softmax", "gdn"):
-            sel = torch.full(hard.shape[:-1], fr == "softmax", dtype=torch.bool, device=hard.device)
-        elif isinstance(fr, (int, float)) and not isinstance(fr, bool) and 0.0 <= fr <= 1.0:
-            n = first_chunk + torch.arange(hard.shape[1], device=hard.device, dtype=torch.float64)  # chunk numbers
-            sel = (torch.floor((n + 1) * fr) > torch.floor(n * fr))[None, :, None].expand(hard.shape[:-1])
-        else:
-            raise ValueError(f"force_routing must be None, 'softmax', 'gdn' or a fraction in [0, 1], got {fr!r}")
-        return F.one_hot(torch.where(sel, SOFTMAX, GDN), 2).to(hard.dtype)
 
     def _fuse(self, x, q, o_gdn, o_sa):
         """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]."""
@@ -258,9 +244,9 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
     def state_size(self, seq_len: int, softmax_fraction: float | None = None) -> int:
         """Reals kept after seq_len tokens: (softmax fraction)·(complete chunks)·C·Hs·(d_ks+d_vs) for the compacted
         KV, plus 2·Hl·dk·dv (state and chunk-start copy), the partial chunk's buffers and Σg. The fraction defaults
-        to the last forward pass's measured fraction (0.5, the initial expectation, before any pass)."""
+        to 0.5, the initial expectation (a measured one: ``RoutingRecorder.fraction``)."""
         if softmax_fraction is None:
-            softmax_fraction = float(self.routing_fraction.mean()) if self.routing_fraction is not None else 0.5
+            softmax_fraction = 0.5
         c = self.chunk_size
         full, part = divmod(seq_len, c)
         kv = self.num_attn_heads * (self.attn_head_dim + self.attn_head_v_dim)
@@ -336,9 +322,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         x_full, n_all, place = self._complete_chunks(x, cu_seqlens)
         n_full = x_full.shape[1]
         hard, p = self._route(x_full)
-        self.last_routing = hard[..., SOFTMAX].detach().bool()
-        if n_full:
-            self.routing_fraction = hard[..., SOFTMAX].detach().float().mean((0, 1))
+        for rec in self.recorders:
+            rec.record_pass(self, hard[..., SOFTMAX])
         # Straight-through masks: value = the hard choice; gradient = d/dp of the op's mask derivative, kept only
         # for the selected op unless counterfactual_grad.
         st_grad = p - p.detach()
@@ -387,7 +372,6 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st.x_buf, st.k_buf, st.v_buf = x[:, nc:], ks[:, nc:], vs[:, nc:]
         st.S, st.S_start, st.g_sum = S, S_full, g[:, nc:].sum(1)
         sel = hard[..., SOFTMAX].bool()  # [B, N_full, Hn]
-        st.history = list(sel.unbind(1))
         self._append_chunks(st, ks[:, :nc], vs[:, :nc], sel)
         return y, st
 
@@ -429,7 +413,6 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st = NatsLState(**{**state.__dict__})  # shallow copy; tensors below are replaced, never written in place
         st.k_cache, st.v_cache, st.valid, st.n_kept = (state.k_cache.clone(), state.v_cache.clone(),
                                                        state.valid.clone(), state.n_kept.clone())
-        st.history = list(state.history)
         q, k, v, beta, g, st.conv = self._project(x, state, True)
         qs_all, ks_all = self._attn_qk(q, k, state.offset)
         vs_all = self._heads(v, hs, self.attn_head_v_dim)
@@ -459,7 +442,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
                 st.S = torch.where(is_gdn, st.S, decay * st.S_start)
                 st.S_start, st.g_sum = st.S, torch.zeros_like(st.g_sum)
                 sel = hard[..., SOFTMAX].bool()
-                st.history.append(sel)
+                for rec in self.recorders:
+                    rec.record_chunk(self, sel[:, None])
                 self._append_chunks(st, st.k_buf, st.v_buf, sel[:, None])
                 st.x_buf, st.k_buf, st.v_buf = st.x_buf[:, :0], st.k_buf[:, :0], st.v_buf[:, :0]
         o_gdn = torch.cat(o_gdn, 1).reshape(b, t, hs, self.attn_head_v_dim)

@@ -8,6 +8,7 @@ Untied input/output embeddings by default; N(0, initializer_range) init; GPT-2 r
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.models.cache import HybridCache
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.mixers import build_mixer
@@ -183,18 +185,18 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             cache = out.cache
         return out.logits[:, -1], cache
 
-    def state_size(self, seq_len: int) -> int:
-        """Real numbers of mixer state kept per sequence after seq_len tokens, summed over layers."""
-        return sum(blk.mixer.state_size(seq_len) for blk in self.model.layers)
+    def state_size(self, seq_len: int, softmax_fractions: Mapping[int, float] | None = None) -> int:
+        """Real numbers of mixer state kept per sequence after seq_len tokens, summed over layers; a NAtS-L layer's
+        KV grows with its softmax fraction: ``softmax_fractions[layer index]`` (e.g. measured by a
+        ``RoutingRecorder``), else its default (0.5)."""
+        fractions = softmax_fractions or {}
+        return sum(blk.mixer.state_size(seq_len, softmax_fraction=fractions[i]) if i in fractions
+                   else blk.mixer.state_size(seq_len) for i, blk in enumerate(self.model.layers))
 
-    def routing_fractions(self) -> dict[int, torch.Tensor]:
-        """NAtS-L layers only: {layer index: softmax fraction per decision head} of the last forward pass."""
-        out = {}
-        for i, blk in enumerate(self.model.layers):
-            frac = getattr(blk.mixer, "routing_fraction", None)
-            if frac is not None:
-                out[i] = frac
-        return out
+    def routing_layers(self) -> dict[int, TokenMixer]:
+        """NAtS-L layers only: {layer index: mixer}, the layers a ``RoutingRecorder`` attaches to
+        (``layers/natsl_routing.py``: forced routing and the measured softmax fractions)."""
+        return {i: blk.mixer for i, blk in enumerate(self.model.layers) if isinstance(blk.mixer, NatsLAttention)}
 
     def forward(
         self,

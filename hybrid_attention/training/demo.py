@@ -298,7 +298,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         _retarget(tr, plan.done[m])  # the saved config says how long the run was
         save_config(tr.cfg, Path(tr.tc.out_dir) / "config.yaml")
         res = tr.finish()
-        routing = measured_fraction(res.model.routing_fractions())  # of the last validation batch
+        routing = measured_fraction(res.val_routing)  # of the last validation batch
         sweep = length_sweep(res.model, data.val_tokens, seq_len, (2, 4), max_tokens=eval_tokens, device=device,
                              byte_lengths=byte_lengths, batch_tokens=batch * seq_len)
         sweeps[m] = [{"seq_len": seq_len, "ppl": res.val.ppl}] + sweep

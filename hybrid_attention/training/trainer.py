@@ -8,7 +8,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from hybrid_attention.data.lm_data import LMData, build_lm_data
 from hybrid_attention.data.packing import local_slice, varlen_inputs
 from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byte_lengths
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
+from hybrid_attention.layers.natsl_routing import RoutingRecorder
 
 from .checkpoint import (
     _FULL,
@@ -70,6 +71,7 @@ class TrainResult:
     val: LMScore | None
     skipped_steps: int
     out_dir: Path
+    val_routing: dict[int, list[float]] = field(default_factory=dict)  # NAtS-L: of the last validation batch
 
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -273,6 +275,7 @@ class Trainer:
         self.streak = 0
         self._interval = [0.0, 0, 0, 0.0]  # loss sum, finite steps, tokens, seconds
         self.val: LMScore | None = None
+        self.val_routing: dict[int, list[float]] = {}  # NAtS-L softmax fraction per decision head, by layer
         self.val_step = -1
         self.last_loss = float("nan")
         self.model.train()
@@ -395,15 +398,17 @@ class Trainer:
         """Validation loss/ppl/bpb at the current step (logged, with NAtS-L routing fractions when present)."""
         tc, ctx = self.tc, self.ctx
         model = unwrap(self.model) if tc.parallel == "ddp" else self.model
-        score = evaluate_lm(model, self.data.val_tokens, self.seq_len,
-                            batch_size=max(1, tc.batch_size // (self.accum * ctx.world_size)), device=ctx.device,
-                            byte_lengths=self.byte_lengths, max_tokens=self.cfg.data.val_tokens,
-                            autocast_dtype=self.amp, rank=ctx.rank, world_size=ctx.world_size,
-                            all_reduce_sum=ctx.all_reduce_sum)
+        routing = RoutingRecorder()  # NAtS-L chunk types of the validation passes
+        with routing.attach(self.user_model):
+            score = evaluate_lm(model, self.data.val_tokens, self.seq_len,
+                                batch_size=max(1, tc.batch_size // (self.accum * ctx.world_size)), device=ctx.device,
+                                byte_lengths=self.byte_lengths, max_tokens=self.cfg.data.val_tokens,
+                                autocast_dtype=self.amp, rank=ctx.rank, world_size=ctx.world_size,
+                                all_reduce_sum=ctx.all_reduce_sum)
         record = {"step": self.step, "val_loss": score.loss, "val_ppl": score.ppl, "val_bpb": score.bpb}
-        fractions = self.user_model.routing_fractions()
-        if fractions:
-            record["routing"] = {str(i): f.detach().float().cpu().tolist() for i, f in fractions.items()}
+        self.val_routing = {i: f.float().cpu().tolist() for i, f in routing.fractions().items()}
+        if self.val_routing:
+            record["routing"] = {str(i): f for i, f in self.val_routing.items()}
         self.log.log(record)
         self.val, self.val_step = score, self.step
         if not math.isfinite(score.loss):
@@ -512,7 +517,7 @@ class Trainer:
                                  title=str(self.cfg.model.layers))
         tps = self.state["tokens"] / max(self.state["train_seconds"], 1e-9)
         return TrainResult(self.user_model, self.data, self.step, self.state["tokens"], self.state["train_seconds"],
-                           tps, self.val, self.state["skipped"], self.out_dir)
+                           tps, self.val, self.state["skipped"], self.out_dir, self.val_routing)
 
     def run(self) -> TrainResult:
         while not self.done:

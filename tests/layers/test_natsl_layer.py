@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
+from hybrid_attention.layers.natsl_routing import RoutingRecorder, RoutingSpec
 
 D, HL, DK, HS, C = 24, 2, 8, 4, 4
 G, DKS, DVS = HS // HL, HL * DK // HS, 2 * HL * DK // HS
@@ -94,11 +95,13 @@ def reference(layer: NatsLAttention, x: torch.Tensor, rollback_decay: bool = Tru
 def test_matches_spec_reference(t, kw):
     layer = _layer(**kw)
     x = torch.randn(1, t, D, dtype=torch.float64)
-    y, _ = layer(x)
+    rec = RoutingRecorder()
+    with rec.attach(layer):
+        y, _ = layer(x)
     ref, is_sa = reference(layer, x[0], rollback_decay=kw.get("decay_uncommitted", True))
     torch.testing.assert_close(y[0], ref, rtol=1e-9, atol=1e-10)
     if t // C:
-        assert torch.equal(layer.last_routing[0], is_sa)
+        assert torch.equal(rec.last()[0], is_sa)
     if t == 19:  # the reference test exercises both chunk types
         assert is_sa.any() and (~is_sa).any()
 
@@ -106,31 +109,34 @@ def test_matches_spec_reference(t, kw):
 def test_forced_routing():
     layer = _layer()
     x = torch.randn(2, 17, D, dtype=torch.float64)
-    layer.force_routing = "gdn"
-    y_gdn, _ = layer(x)
-    assert layer.routing_fraction.eq(0).all()
-    layer.force_routing = "softmax"
-    y_sa, _ = layer(x)
-    assert layer.routing_fraction.eq(1).all()
+    rec = RoutingRecorder()
+    layer.routing = RoutingSpec("gdn")
+    with rec.attach(layer):
+        y_gdn, _ = layer(x)
+    assert rec.fraction().eq(0).all()
+    layer.routing = RoutingSpec("softmax")
+    with rec.attach(layer):
+        y_sa, _ = layer(x)
+    assert rec.fraction().eq(1).all()
     assert (y_gdn - y_sa).abs().max() > 1e-6
-    layer.force_routing = "bogus"
     with pytest.raises(ValueError, match="force_routing"):
-        layer(x)
+        RoutingSpec("bogus")
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
 def test_forced_fraction_is_exact_and_the_same_when_decoding(fraction):
     """force_routing = p: chunk n is softmax iff floor((n+1)p) > floor(np); prefill + token-by-token decode (which
     types each chunk on completion) reproduces the full pass, so the pattern follows the absolute chunk index."""
-    layer = _layer()
-    layer.force_routing = fraction
+    layer = _layer(force_routing=fraction)
     n_chunks = 8
     x = torch.randn(2, n_chunks * C + 3, D, dtype=torch.float64)
-    y_full, _ = layer(x)
+    rec = RoutingRecorder()
+    with rec.attach(layer):
+        y_full, _ = layer(x)
     n = torch.arange(n_chunks, dtype=torch.float64)
     expected = torch.floor((n + 1) * fraction) > torch.floor(n * fraction)
-    assert torch.equal(layer.last_routing, expected[None, :, None].expand(2, n_chunks, layer.num_heads))
-    assert layer.routing_fraction.eq(fraction).all()
+    assert torch.equal(rec.last(), expected[None, :, None].expand(2, n_chunks, layer.num_heads))
+    assert rec.fraction().eq(fraction).all()
     split = 2 * C + 5
     y0, st = layer(x[:, :split], layer.init_state(2, dtype=torch.float64))
     ys = [y0]
@@ -139,9 +145,8 @@ def test_forced_fraction_is_exact_and_the_same_when_decoding(fraction):
         ys.append(y_t)
     torch.testing.assert_close(torch.cat(ys, 1), y_full, rtol=1e-9, atol=1e-10)
     assert int(st.n_kept.max()) == int(expected.sum())
-    layer.force_routing = 1.5
     with pytest.raises(ValueError, match="force_routing"):
-        layer(x)
+        RoutingSpec(1.5)
 
 
 def test_all_gdn_softmax_branch_is_intra_chunk_and_gdn_branch_is_plain_gdn():
@@ -166,7 +171,7 @@ def test_all_gdn_softmax_branch_is_intra_chunk_and_gdn_branch_is_plain_gdn():
 
     natsl_mod.chunk_attention, natsl_mod.gated_delta = spy_attn, spy_gdn
     try:
-        layer.force_routing = "gdn"
+        layer.routing = RoutingSpec("gdn")
         layer(x)
         qs, ks, vs, routing = captured["attn"]
         assert not routing.bool().any()
@@ -183,8 +188,7 @@ def test_state_memory_grows_only_with_softmax_chunks():
     x = torch.randn(1, 4 * C * 5 + 3, D, dtype=torch.float64)
     sizes = {}
     for mode in ("gdn", "softmax"):
-        layer = _layer()
-        layer.force_routing = mode
+        layer = _layer(force_routing=mode)
         _, st = layer(x, layer.init_state(1, dtype=torch.float64))
         sizes[mode] = st.num_reals()
         assert st.num_reals() == layer.state_size(x.shape[1], softmax_fraction=1.0 if mode == "softmax" else 0.0)
@@ -277,11 +281,13 @@ def test_decode_with_different_routings_per_row():
     full, _ = layer(x)
     st = layer.init_state(3, dtype=torch.float64)
     outs = []
-    for t in range(x.shape[1]):
-        y, st = layer(x[:, t : t + 1], st)
-        outs.append(y)
+    rec = RoutingRecorder()
+    with rec.attach(layer):
+        for t in range(x.shape[1]):
+            y, st = layer(x[:, t : t + 1], st)
+            outs.append(y)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=0, atol=1e-10)
-    types = torch.stack(st.history, 1)  # [B, N, Hn]
+    types = rec.chunk_types()  # [B, N, Hn]
     assert not (types == types[:1]).all(), "rows should route differently in this test"
 
 
@@ -301,15 +307,17 @@ def test_gumbel_sampling_is_stochastic_in_training_and_argmax_in_eval():
     x = torch.randn(2, 8 * C, D, dtype=torch.float64)
     layer.train()
     routes = set()
-    for _ in range(4):
+    rec = RoutingRecorder()
+    with rec.attach(layer):
+        for _ in range(4):
+            layer(x)
+            routes.add(tuple(rec.last().flatten().tolist()))
+        assert len(routes) > 1
+        layer.eval()
         layer(x)
-        routes.add(tuple(layer.last_routing.flatten().tolist()))
-    assert len(routes) > 1
-    layer.eval()
-    layer(x)
-    r1 = layer.last_routing.clone()
-    layer(x)
-    assert torch.equal(r1, layer.last_routing)
+        r1 = rec.last().clone()
+        layer(x)
+        assert torch.equal(r1, rec.last())
 
 
 def test_triton_backend_layer_matches_reference_with_gradients(monkeypatch):
@@ -321,7 +329,7 @@ def test_triton_backend_layer_matches_reference_with_gradients(monkeypatch):
     ref = NatsLAttention(D, HL, 16, expand_v=2, num_attn_heads=HS, chunk_size=c)
     tri = NatsLAttention(D, HL, 16, expand_v=2, num_attn_heads=HS, chunk_size=c, backend="triton")
     tri.load_state_dict(ref.state_dict())
-    ref.force_routing = tri.force_routing = 0.5
+    ref.routing = tri.routing = RoutingSpec(0.5)
     x = torch.randn(1, 3 * c + 5, D)
     import hybrid_attention.layers.natsl as natsl_mod
 

@@ -10,6 +10,7 @@ import torch
 from mixer_cases import HIDDEN, MIXER_CASES, _natsl
 from torch import nn
 
+from hybrid_attention.layers.natsl_routing import RoutingSpec
 from hybrid_attention.modules import ShortConvolution
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 
@@ -55,7 +56,7 @@ def test_natsl_forced_routing_packed(force: str) -> None:
     """Every complete chunk softmax (earlier chunks must stay inside their document) or every chunk GDN."""
     torch.manual_seed(0)
     layer = CASES["natsl-rope"]().double()
-    layer.force_routing = force
+    layer.routing = RoutingSpec(force)
     x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
     cu = cu_seqlens_from_lengths(LENGTHS)
     _check(layer, lambda z: layer(z, cu_seqlens=cu)[0], lambda z: layer(z)[0], x)

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hybrid_attention  # noqa: F401  (registers the Auto classes)
+from hybrid_attention.layers.natsl_routing import RoutingRecorder
 from hybrid_attention.models import HybridCache, HybridConfig, HybridForCausalLM
 from hybrid_attention.training.param_groups import SSM_LR_CAP, ssm_param_groups
 
@@ -137,9 +138,11 @@ def test_tiny_preset_builds_every_mixer_with_defaults(mixer):
 
 def test_routing_fractions_exposed():
     model = _tiny(HYBRID)
-    assert model.routing_fractions() == {}
-    model(torch.randint(0, 259, (2, 40)))
-    fr = model.routing_fractions()
+    rec = RoutingRecorder()
+    assert rec.fractions() == {}
+    with rec.attach(model):
+        model(torch.randint(0, 259, (2, 40)))
+    fr = rec.fractions()
     assert sorted(fr) == [1, 3] and all(f.shape == (2,) and ((f >= 0) & (f <= 1)).all() for f in fr.values())
 
 

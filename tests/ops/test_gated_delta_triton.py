@@ -15,6 +15,7 @@ import torch
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
+from hybrid_attention.ops.gated_delta.triton import triton_gated_delta
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -49,13 +50,19 @@ def make_case(B, T, H, K, V, C, commit_kind, with_s0, seed):
     return [q, k, v, g, beta, commit, S0], do, dS
 
 
-def run_both(inputs, do, dS, C, decay_uncommitted, use_l2=True):
+def run_both(inputs, do, dS, C, decay_uncommitted, use_l2=True, config=None):
+    """Triton (through ``gated_delta``, or ``triton_gated_delta(config=config)`` when given) and the float64
+    reference on the same inputs: [o, final_state, *input grads] of each."""
     results = []
     for backend, dtype, dev in (("triton", torch.float32, DEVICE), ("reference", torch.float64, "cpu")):
         xs = [x.detach().to(dev, dtype).clone().requires_grad_() if x is not None else None for x in inputs]
         q, k, v, g, beta, commit, S0 = xs
-        o, S = gated_delta(q, k, v, g, beta, commit=commit, chunk_size=C, initial_state=S0, output_final_state=True,
-                           decay_uncommitted=decay_uncommitted, use_qk_l2norm=use_l2, backend=backend)
+        kw = dict(commit=commit, chunk_size=C, initial_state=S0, output_final_state=True,
+                  decay_uncommitted=decay_uncommitted, use_qk_l2norm=use_l2)
+        if config is not None and backend == "triton":
+            o, S = triton_gated_delta(q, k, v, g, beta, config=config, **kw)
+        else:
+            o, S = gated_delta(q, k, v, g, beta, backend=backend, **kw)
         ((o * do.to(dev, dtype)).sum() + (S * dS.to(dev, dtype)).sum()).backward()
         results.append([o, S] + [x.grad if x is not None else None for x in xs])
     return results
@@ -194,16 +201,13 @@ def test_chunk_attention_triton_matches_dense(B, T, Hs, G, C, frac, bias):
         assert _close(a, b, TOL), name
 
 
-def test_poisoned_buffers_are_fully_written(monkeypatch):
+def test_poisoned_buffers_are_fully_written():
     """Every kernel-written buffer starts as NaN: any element a kernel forgets to write would surface."""
-    from hybrid_attention.ops.chunk_attention import chunk_attention
-    from hybrid_attention.ops.chunk_attention.triton import function as attn_gpu
-    from hybrid_attention.ops.gated_delta.triton import function as gdn_fn
+    from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
+    from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig
 
-    monkeypatch.setattr(gdn_fn, "POISON", True)
-    monkeypatch.setattr(attn_gpu, "POISON", True)
     inputs, do, dS = make_case(1, 37, 2, 16, 16, 16, "random", True, seed=21)
-    tri, ref = run_both(inputs, do, dS, 16, True)
+    tri, ref = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(poison=True))
     for name, a, b in zip(NAMES, tri, ref):
         assert torch.isfinite(a).all() and rel(a.cpu(), b) < TOL, name
     q = torch.randn(1, 37, 2, 16, device=DEVICE, requires_grad=True)
@@ -211,7 +215,8 @@ def test_poisoned_buffers_are_fully_written(monkeypatch):
     v = torch.randn(1, 37, 2, 16, device=DEVICE, requires_grad=True)
     rb = torch.zeros(1, 3, 1, device=DEVICE, requires_grad=True)
     routing = torch.tensor([[[True], [False], [True]]], device=DEVICE)
-    o = chunk_attention(q, k, v, routing, chunk_size=16, group_size=2, routing_bias=rb, backend="triton")
+    o = triton_chunk_attention(q, k, v, routing, chunk_size=16, group_size=2, routing_bias=rb,
+                               config=ChunkAttentionConfig(poison=True))
     o.square().sum().backward()
     for t in (o, q.grad, k.grad, v.grad, rb.grad):
         assert torch.isfinite(t).all()

@@ -6,6 +6,7 @@ the full forward pass in tests/models and tests/layers. CUDA graphs cannot run h
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -15,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from benchmarks.decode_latency import decode_latency
 from hybrid_attention.layers.base import TokenMixer
 from hybrid_attention.layers.natsl import NatsLAttention
+from hybrid_attention.layers.natsl_routing import RoutingRecorder, RoutingSpec, force_routing
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving import StaticDecoder
@@ -38,14 +40,18 @@ def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False,
 
 
 @torch.no_grad()
-def eager_and_static(model, ids, t0, use_kernels=False, extra=3, **kwargs):
-    """Logits [N+1, B, V] of eager and static decoding (prefill of t0 tokens, then ids[:, t0:] one at a time)."""
+def eager_and_static(model, ids, t0, use_kernels=False, extra=3, routing=None, **kwargs):
+    """Logits [N+1, B, V] of eager and static decoding (prefill of t0 tokens, then ids[:, t0:] one at a time);
+    ``routing``: a RoutingRecorder that sees the eager calls only (the chunk types of the eager cache, in order)."""
     b, t = ids.shape
-    logits, cache = model.prefill(ids[:, :t0])
+    watch = lambda: routing.attach(model) if routing is not None else contextlib.nullcontext()  # noqa: E731
+    with watch():
+        logits, cache = model.prefill(ids[:, :t0])
     dec = StaticDecoder(model, b, t + extra, use_kernels=use_kernels, **kwargs)
     eager, static = [logits], [dec.prefill(ids[:, :t0]).clone()]
     for i in range(t0, t):
-        out = model(ids[:, i:i + 1], cache=cache, use_cache=True)
+        with watch():
+            out = model(ids[:, i:i + 1], cache=cache, use_cache=True)
         cache = out.cache
         eager.append(out.logits[:, -1])
         static.append(dec.step(ids[:, i:i + 1]).clone())
@@ -87,13 +93,14 @@ def test_natsl_rows_route_differently():
     device-side counts equal the eager layer's."""
     model = make_model(["natsl", "natsl"])
     ids = torch.randint(0, 259, (2, 7 + 4 * C))
-    eager, static, cache, dec = eager_and_static(model, ids, 7)
+    rec = RoutingRecorder()
+    eager, static, cache, dec = eager_and_static(model, ids, 7, routing=rec)
     assert_close(eager, static, 1e-10)
-    for layer_state, mixer in zip(cache.states, dec.states):
-        types = torch.stack(layer_state.history, 1)  # [B, chunks, Hn], True = softmax
+    for i, (layer_state, mixer) in enumerate(zip(cache.states, dec.states)):
+        types = rec.chunk_types(i)  # [B, chunks, Hn], True = softmax
         assert types.any() and not types.all(), "test needs both chunk types"
         assert torch.equal(mixer.n_kept, layer_state.n_kept)
-    types = torch.stack(cache.states[0].history, 1)
+    types = rec.chunk_types(0)
     assert not torch.equal(types[0], types[1]), "test needs rows with different routings"
 
 
@@ -101,8 +108,7 @@ def test_natsl_rows_route_differently():
 def test_natsl_forced_fraction(fraction):
     """A forced softmax fraction types chunk n by its number n (from the device position in the static step)."""
     model = make_model("natsl")
-    for blk in model.model.layers:
-        blk.mixer.force_routing = fraction
+    force_routing(model, fraction)
     ids = torch.randint(0, 259, (2, 5 * C + 3))
     eager, static, cache, dec = eager_and_static(model, ids, 2 * C - 3)
     assert_close(eager, static, 1e-10)
@@ -114,7 +120,7 @@ def test_natsl_forced_fraction(fraction):
 def test_natsl_forced_routing(force):
     """All chunks softmax (cache fills to its capacity) or all GDN (nothing kept, every chunk committed)."""
     model = make_model(["natsl", "softmax"])
-    model.model.layers[0].mixer.force_routing = force
+    model.model.layers[0].mixer.routing = RoutingSpec(force)
     ids = torch.randint(0, 259, (1, 3 * C))  # max_length = 3C: the last chunk completes on the last position
     eager, static, _, dec = eager_and_static(model, ids, 9, extra=0)
     assert_close(eager, static, 1e-10)
@@ -129,8 +135,7 @@ def test_natsl_forced_routing(force):
 @torch.no_grad()
 def test_natsl_capacity_overflow_is_reported():
     model = make_model("natsl")
-    for blk in model.model.layers:
-        blk.mixer.force_routing = "softmax"
+    force_routing(model, "softmax")
     ids = torch.randint(0, 259, (2, 9))
     with pytest.raises(ValueError, match="natsl_cache_chunks=0"):
         StaticDecoder(model, 2, 64, natsl_cache_chunks=0).prefill(torch.randint(0, 259, (2, C + 1)))
@@ -269,7 +274,7 @@ def test_step_traces_as_one_graph(force):
     """torch.compile(fullgraph=True) (tracing only, eager backend) of both step phases: any host sync, data-dependent
     shape or Python branch on a tensor value would be a graph break and raise here."""
     model = make_model(["gdn", "natsl", "softmax", "interdomain", "s4d"], dtype=torch.float32, natsl_rope=True)
-    model.model.layers[1].mixer.force_routing = force
+    model.model.layers[1].mixer.routing = RoutingSpec(force)
     dec = StaticDecoder(model, 2, 40)
     ids = torch.randint(0, 259, (2, 18))
     dec.prefill(ids[:, :14])

@@ -9,28 +9,13 @@ import triton
 
 from ...common.triton import interpreting
 from ..naive import validate_chunk_attention_inputs
+from .config import DEFAULT_CONFIG, ChunkAttentionConfig
 from .kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
 from .support import supported
 
-__all__ = ["triton_chunk_attention", "LAUNCH", "POISON"]
+__all__ = ["triton_chunk_attention"]
 
 LOG2E = 1.4426950408889634
-
-# Launch configuration (C = 64 on the GPU). QC: chunks per query tile of the forward / dq kernels; QB: query rows per
-# step of the dk/dv kernel. The benchmark may override these to compare variants.
-# H200 run 1 (T = 16K / 64K, 30% routed): fwd QC=1/4 warps/3 stages 0.62 / 7.85 ms vs QC=2/8/3 0.88 / 10.8 ms;
-# dq QC=1/4/2 saved 0.25 / 2.8 ms of forward+backward vs QC=2/8/2; dk/dv QB=64/4 warps/2 stages was the best tried.
-LAUNCH = {"fwd_qc": 1, "fwd_warps": 4, "fwd_stages": 3, "dq_qc": 1, "dq_warps": 4, "dq_stages": 2,
-          "dkv_qb": 64, "dkv_warps": 4, "dkv_stages": 2}
-
-
-POISON = False  # tests / benchmarks: fill every kernel-written buffer with NaN first (unwritten elements show up)
-
-
-def _empty(*shape, device, dtype) -> torch.Tensor:
-    if POISON:
-        return torch.full(shape, float("nan"), device=device, dtype=dtype)
-    return torch.empty(*shape, device=device, dtype=dtype)
 
 
 def _routing_lists(routing: torch.Tensor):
@@ -46,73 +31,74 @@ def _p2(x: int) -> int:
     return max(16, triton.next_power_of_2(int(x)))
 
 
-def _qc(C: int, key: str) -> int:
-    return max(1, min(LAUNCH[key], 128 // C)) if C <= 64 else 1
+def _qc(C: int, qc: int) -> int:
+    """Chunks per query tile: the configured ``qc`` capped at 128 // C (1 for C > 64)."""
+    return max(1, min(qc, 128 // C)) if C <= 64 else 1
 
 
-def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, store_o32=False):
+def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=False):
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
     N = math.ceil(T / C)
-    QC = _qc(C, "fwd_qc")
-    o = _empty(B, T, HS, DV, device=q.device, dtype=q.dtype)
-    lse = _empty(B, HS, T, device=q.device, dtype=torch.float32)
-    o32 = _empty(B, T, HS, DV, device=q.device, dtype=torch.float32) if store_o32 else lse
+    QC = _qc(C, config.fwd_qc)
+    o = config.empty(B, T, HS, DV, device=q.device, dtype=q.dtype)
+    lse = config.empty(B, HS, T, device=q.device, dtype=torch.float32)
+    o32 = config.empty(B, T, HS, DV, device=q.device, dtype=torch.float32) if store_o32 else lse
     interp = interpreting()
     _fwd_kernel[(triton.cdiv(T, QC * C), B * HS)](
         q, k, v, o, o32, lse, idx, cnt, r, bias if bias is not None else lse,
         scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        STORE_O32=store_o32, num_warps=LAUNCH["fwd_warps"], num_stages=LAUNCH["fwd_stages"],
+        STORE_O32=store_o32, num_warps=config.fwd_warps, num_stages=config.fwd_stages,
     )
     return o, (o32 if store_o32 else o), lse
 
 
-def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G):
+def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config):
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
     N = math.ceil(T / C)
     interp = interpreting()
     delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()  # [B, HS, T]; o is the fp32 copy
-    dq = _empty(*q.shape, device=q.device, dtype=q.dtype)
-    dk = _empty(*k.shape, device=k.device, dtype=k.dtype)
-    dv = _empty(*v.shape, device=v.device, dtype=v.dtype)
-    dbias = _empty(B, HS, N, device=q.device, dtype=torch.float32)
+    dq = config.empty(*q.shape, device=q.device, dtype=q.dtype)
+    dk = config.empty(*k.shape, device=k.device, dtype=k.dtype)
+    dv = config.empty(*v.shape, device=v.device, dtype=v.dtype)
+    dbias = config.empty(B, HS, N, device=q.device, dtype=torch.float32)
     bias_arg = bias if bias is not None else lse
-    QC = _qc(C, "dq_qc")
+    QC = _qc(C, config.dq_qc)
     _dq_kernel[(triton.cdiv(T, QC * C), B * HS)](
         q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, scale, scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        num_warps=LAUNCH["dq_warps"], num_stages=LAUNCH["dq_stages"],
+        num_warps=config.dq_warps, num_stages=config.dq_stages,
     )
-    QB = min(LAUNCH["dkv_qb"], C)
+    QB = min(config.dkv_qb, C)
     _dkv_kernel[(N, B * HS)](
         q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, scale, scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QB=QB, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        num_warps=LAUNCH["dkv_warps"], num_stages=LAUNCH["dkv_stages"],
+        num_warps=config.dkv_warps, num_stages=config.dkv_stages,
     )
     return dq, dk, dv, dbias
 
 
 class _TritonChunkAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, routing, bias, scale, C, G):
+    def forward(ctx, q, k, v, routing, bias, scale, C, G, config):
         r, idx, cnt = _routing_lists(routing)
-        o, o32, lse = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, store_o32=True)
+        o, o32, lse = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=True)
         ctx.save_for_backward(q, k, v, o32, lse, r, idx, cnt, bias)
-        ctx.cfg = (scale, C, G, bias.dtype if bias is not None else None)
+        ctx.cfg = (scale, C, G, bias.dtype if bias is not None else None, config)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, r, idx, cnt, bias = ctx.saved_tensors
-        scale, C, G, bias_dtype = ctx.cfg
-        dq, dk, dv, dbias = _launch_bwd(q, k, v, o, lse, do.contiguous(), r, idx, cnt, bias, scale, C, G)
+        scale, C, G, bias_dtype, config = ctx.cfg
+        dq, dk, dv, dbias = _launch_bwd(q, k, v, o, lse, do.contiguous(), r, idx, cnt, bias, scale, C, G, config)
         d_bias = None
         if bias_dtype is not None:
             B, HS, N = dbias.shape
             d_bias = dbias.view(B, HS // G, G, N).sum(2).to(bias_dtype)  # [B, Hn, N] like the saved bias
-        return dq, dk, dv, None, d_bias, None, None, None
+        return dq, dk, dv, None, d_bias, None, None, None, None
 
 
 def triton_chunk_attention(
@@ -125,12 +111,14 @@ def triton_chunk_attention(
     group_size: int = 1,
     scale: float | None = None,
     routing_bias: torch.Tensor | None = None,
+    config: ChunkAttentionConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
     """Chunk attention on Triton kernels; same contract as ``naive_chunk_attention``.
 
     Shapes: q, k ``[B, T, Hs, Dk]``; v ``[B, T, Hs, Dv]``; routing, routing_bias ``[B, ceil(T / C), Hs // G]``.
     Returns ``o [B, T, Hs, Dv]`` in ``v.dtype``. Differentiable in q, k, v and ``routing_bias`` (d bias = Σ dS over
     the cross-chunk pairs of the bias's chunk and decision head). q, k, v are computed in a common dtype (q's).
+    ``config``: the launch settings (``config.py``).
     """
     validate_chunk_attention_inputs(q, k, v, routing, chunk_size, group_size, routing_bias)
     if not supported(q, v, chunk_size):
@@ -144,8 +132,8 @@ def triton_chunk_attention(
     q, k, v = (x.to(dt).contiguous() for x in (q, k, v))
     bias = routing_bias.float().transpose(1, 2).contiguous() if routing_bias is not None else None  # [B, Hn, N]
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, routing_bias)):
-        o = _TritonChunkAttention.apply(q, k, v, routing, bias, scale, chunk_size, group_size)
+        o = _TritonChunkAttention.apply(q, k, v, routing, bias, scale, chunk_size, group_size, config)
     else:
         r, idx, cnt = _routing_lists(routing)
-        o, _, _ = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, chunk_size, group_size)
+        o, _, _ = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, chunk_size, group_size, config)
     return o.to(v.dtype) if o.dtype != v.dtype else o

@@ -1,7 +1,9 @@
-"""Launch configuration of the shared diagonal-SSM state scans, as a frozen (hashable, immutable) object.
+"""Launch configurations of the Triton ops as frozen (hashable, immutable) objects: the base every op's config
+shares (``KernelConfig``: NaN-poisoned buffers) and the settings of the shared diagonal-SSM state scans.
 
 Fixed settings, no autotuning: the interpreter needs one configuration, and the GPU benchmarks compare variants
-explicitly by passing another ``ScanConfig`` (or an op's subclass) as an argument; nothing here is module state.
+explicitly by passing another config (``ScanConfig``, an op's subclass, or ``GatedDeltaConfig`` /
+``ChunkAttentionConfig``, which subclass ``KernelConfig``) as an argument; nothing here is module state.
 The registered custom ops (``torch.library``) always run the defaults and take only scalars, so ``torch.compile``
 never sees a config object. Each op's kernel configuration subclasses ``ScanConfig`` with its chunk-kernel keys
 (``InterdomainConfig``, ``S4DBilinearConfig``), so one object describes an op's whole launch sequence.
@@ -9,17 +11,37 @@ never sees a config object. Each op's kernel configuration subclasses ``ScanConf
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from . import interpreting
 
-__all__ = ["ScanConfig"]
+__all__ = ["KernelConfig", "ScanConfig"]
 
 
 @dataclass(frozen=True)
-class ScanConfig:
+class KernelConfig:
+    """What every op's launch configuration has: ``poison`` fills every kernel-written buffer with NaN before the
+    launch (tests / benchmark checks: an element a kernel skips shows up). Keyword-only, so subclasses keep their
+    own positional order."""
+
+    poison: bool = field(default=False, kw_only=True)
+
+    def empty(self, *shape: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """An uninitialised kernel output buffer of ``shape``, NaN-filled when ``poison``."""
+        t = torch.empty(*shape, device=device, dtype=dtype)
+        if self.poison:
+            t.fill_(float("nan"))
+        return t
+
+    def empty_like(self, x: torch.Tensor) -> torch.Tensor:
+        """``empty`` with the shape, device and dtype of ``x``."""
+        return self.empty(*x.shape, device=x.device, dtype=x.dtype)
+
+
+@dataclass(frozen=True)
+class ScanConfig(KernelConfig):
     """Settings of the state scans (``ssm_scan.py``) and the ones every op's chunk kernels share.
 
     BMS / BCH: mode / channel block of the sequential state kernels; BCH_DZ: channel block of the state-carry
@@ -28,8 +50,7 @@ class ScanConfig:
     >= 16 for tl.dot) and warps_fz warps (sm_90 AOT: 4 warps spill 584 B, 8 warps 16 B, benchmarks/aot_regs.py);
     stages: software pipelining depth of the parallel chunk kernels, stages_state of the sequential scans (their
     loads do not depend on the carried state); dot_prec: input precision of float32 matmuls on the GPU ("tf32",
-    "tf32x3", "ieee"; always "ieee" under the interpreter); poison: fill every kernel-written buffer with NaN before
-    the launch (tests / benchmark checks: an element a kernel skips shows up).
+    "tf32x3", "ieee"; always "ieee" under the interpreter); poison: see ``KernelConfig``.
     """
 
     BMS: int = 32
@@ -43,15 +64,7 @@ class ScanConfig:
     warps_fz: int = 8
     stages: int = 1
     dot_prec: str = "tf32"
-    poison: bool = False
 
     def prec(self) -> str:
         """The DOT_PREC constexpr of the launches: ``dot_prec`` on the GPU, "ieee" under the interpreter."""
         return "ieee" if interpreting() else self.dot_prec
-
-    def empty(self, *shape: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """An uninitialised kernel output buffer, NaN-filled when ``poison``."""
-        t = torch.empty(*shape, device=device, dtype=dtype)
-        if self.poison:
-            t.fill_(float("nan"))
-        return t

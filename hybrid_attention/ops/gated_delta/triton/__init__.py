@@ -3,12 +3,14 @@
 Importable without triton: ``HAS_TRITON`` says whether the kernels are available, ``supported(q, v, chunk_size)``
 (``support.py``) whether they handle these inputs, and without triton the entry points raise a clear
 ``RuntimeError``. ``kernels.py`` holds the chunk kernels, ``function.py`` their launches and the autograd Function,
-``decode.py`` the fused single-token step.
+``config.py`` the frozen launch configuration (``GatedDeltaConfig``, passed as ``config=``), ``decode.py`` the fused
+single-token step.
 """
 
 from __future__ import annotations
 
 from ...common.triton import HAS_TRITON, missing
+from .config import DEFAULT_CONFIG, GatedDeltaConfig
 from .support import supported
 
 if HAS_TRITON:
@@ -18,4 +20,6 @@ else:  # pragma: no cover - CPU-only installs without triton
     triton_gated_delta = missing("triton_gated_delta")
     triton_gated_delta_step = missing("triton_gated_delta_step")
 
-__all__ = ["HAS_TRITON", "supported", "triton_gated_delta", "triton_gated_delta_step"]
+__all__ = [
+    "HAS_TRITON", "supported", "GatedDeltaConfig", "DEFAULT_CONFIG", "triton_gated_delta", "triton_gated_delta_step",
+]

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from ...chunk_attention.triton import triton_chunk_attention
-from ...gated_delta.triton import triton_gated_delta
+from ...chunk_attention.triton import DEFAULT_CONFIG as ATTN_DEFAULT
+from ...chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
+from ...gated_delta.triton import DEFAULT_CONFIG as GDN_DEFAULT
+from ...gated_delta.triton import GatedDeltaConfig, triton_gated_delta
 
 __all__ = ["triton_natsl_mixed"]
 
@@ -49,19 +51,21 @@ def triton_natsl_mixed(
     decay_uncommitted: bool = True,
     attn_scale: float | None = None,
     concurrent: bool = True,
+    gdn_config: GatedDeltaConfig = GDN_DEFAULT,
+    attn_config: ChunkAttentionConfig = ATTN_DEFAULT,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """GDN branch ``triton_gated_delta(q, k, v, g, beta, commit=...)`` and softmax branch
-    ``triton_chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=...)``; returns
+    """GDN branch ``triton_gated_delta(q, k, v, g, beta, commit=..., config=gdn_config)`` and softmax branch
+    ``triton_chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=..., config=attn_config)``; returns
     ``(o_gdn [B, T, H, V], final_state or None, o_attn [B, T, Hs, Dv])``. Shapes as in the two ops."""
 
     def gdn():
         return triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk_size,
                                   initial_state=initial_state, output_final_state=output_final_state,
-                                  decay_uncommitted=decay_uncommitted)
+                                  decay_uncommitted=decay_uncommitted, config=gdn_config)
 
     def attn():
         return triton_chunk_attention(q_attn, k_attn, v_attn, routing, chunk_size=chunk_size, group_size=group_size,
-                                      scale=attn_scale, routing_bias=routing_bias)
+                                      scale=attn_scale, routing_bias=routing_bias, config=attn_config)
 
     # Sequential under torch.compile too: inductor cannot functionalise ``record_stream`` (aten::record_stream has an
     # alias annotation), and stream switches inside a traced region are not ours to order there.

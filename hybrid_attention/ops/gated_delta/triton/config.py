@@ -1,0 +1,48 @@
+"""Launch configuration of the Triton gated delta rule (chunk forward / backward) as a frozen object.
+
+Passed as an argument (``triton_gated_delta(..., config=...)``), never module state: the benchmark compares variants
+with ``dataclasses.replace(DEFAULT_CONFIG, seqf_bv=32, ...)``, the tests poison buffers with
+``GatedDeltaConfig(poison=True)``. Tile sizes are capped by the head dims at launch (``function._Tiles``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...common.triton.config import KernelConfig
+
+__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG"]
+
+
+@dataclass(frozen=True)
+class GatedDeltaConfig(KernelConfig):
+    """Tile sizes, warps and stages of the five kernels (one fixed configuration; no autotuning, so the interpreter
+    runs it as is). Chosen from sm_90 compiles on the CPU machine (ptxas -v: no or small spills at 8 warps).
+
+    par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid
+    V / seqf_bv x B*H; H200: 16/4 beat 32/8 and 64/8; 16 with 8 warps hit an illegal memory access in run 2, a
+    codegen issue of that tile/warp combination, not a kernel indexing bug: do not use it); seqb_*: the state
+    backward; bwdk_*: the key-side backward; fin_*: the finishing backward kernel. ``poison``: see ``KernelConfig``.
+    """
+
+    par_bk: int = 64
+    par_bv: int = 64
+    par_warps: int = 8
+    par_stages: int = 1
+    seqf_bv: int = 16
+    seqf_warps: int = 4
+    seqf_stages: int = 1
+    seqb_bv: int = 16
+    seqb_warps: int = 8
+    seqb_stages: int = 1
+    bwdk_bk: int = 64
+    bwdk_bv: int = 32
+    bwdk_warps: int = 8
+    bwdk_stages: int = 1
+    fin_bk: int = 32
+    fin_bv: int = 32
+    fin_warps: int = 8
+    fin_stages: int = 1
+
+
+DEFAULT_CONFIG = GatedDeltaConfig()
