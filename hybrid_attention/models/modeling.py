@@ -276,7 +276,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         """cu_seqlens [N + 1]: packed documents in one row (input_ids [1, T], ``ops/common/varlen.py``): every layer
         restarts at each document (states, convolutions, attention, RoPE positions, NAtS-L chunks). DECISION: the
         offsets are passed explicitly (fla's rule: an explicit cu_seqlens wins); they are not derived from
-        position_ids. Packed calls run without a cache (use_cache defaults to False; True raises in the layers).
+        position_ids. Packed calls start from an empty state (a cache given raises); use_cache defaults to False,
+        True returns a cache whose row i continues document i (``seen_tokens`` = the longest document's length).
         Labels are used as given: the trainer decides what the last token of a document predicts.
         attention_mask [B, T']: left padding (module docstring); labels at padding should be -100."""
         # transformers <= 5.2x passes past_key_values=, newer releases pass cache=: accept both, refuse a conflict.
