@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybrid_attention.ops.common.varlen import positions_in_document, validate_cu_seqlens
+from hybrid_attention.ops.common.varlen import document_lengths, positions_in_document, validate_cu_seqlens
 
 
 class StaticState:
@@ -71,7 +71,14 @@ class StaticState:
 
 
 class TokenMixer(nn.Module):
-    """Base class of the token mixers: documents the contract and holds no parameters."""
+    """Base class of the token mixers: documents the contract and holds no parameters.
+
+    packed_states: whether a packed call (``cu_seqlens``, from an empty state) returns a state with
+    ``output_state=True``: the ordinary batched decode state whose row i continues document i (the prefill of a
+    left-padded batch, ``models/padding.py``). Mixers without it refuse ``output_state`` with ``cu_seqlens``.
+    """
+
+    packed_states: bool = False
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         raise NotImplementedError
@@ -120,18 +127,51 @@ def check_hidden(x: torch.Tensor, hidden_size: int) -> None:
         raise ValueError(f"x must be [B, T, {hidden_size}], got shape {tuple(x.shape)}")
 
 
-def packed_positions(x: torch.Tensor, state: Any, keep: bool, cu_seqlens: torch.Tensor, name: str) -> torch.Tensor:
+def packed_positions(x: torch.Tensor, state: Any, keep: bool, cu_seqlens: torch.Tensor, name: str,
+                     packed_states: bool = False) -> torch.Tensor:
     """Check a packed call (x [1, T, hidden] of documents at the offsets ``cu_seqlens [N + 1]``, see
     ``ops/common/varlen.py``) and return each token's position in its document ``[T]`` (RoPE restarts at 0).
 
-    DECISION: packed documents run from an empty state and return none (training and scoring); a state or
-    ``output_state`` with ``cu_seqlens`` raises ``ValueError`` naming the layer.
+    DECISION: packed documents run from an empty state; a state with ``cu_seqlens`` raises ``ValueError`` naming the
+    layer, and so does ``output_state`` unless the layer returns per-document states (``packed_states``).
     """
     validate_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
-    if state is not None or keep:
+    if state is not None or (keep and not packed_states):
         raise ValueError(f"{name}: cu_seqlens runs packed documents from an empty state; state / output_state "
                          f"are not supported with it")
     return positions_in_document(cu_seqlens)
+
+
+def left_pad(cu_seqlens: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Rows of the documents of ``cu_seqlens [N + 1]`` as a left-padded batch: (width L = the longest document,
+    pad [N] (int64) = L - the length of each), the per-row positions a packed prefill's state keeps."""
+    lens = document_lengths(cu_seqlens)
+    width = int(lens.max())
+    return width, width - lens
+
+
+def right_align(z: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Packed z [1, T, ...] -> [N, L, ...]: document i in the last of its row's L slots (``left_pad``), zeros
+    before it."""
+    width, pad = left_pad(cu_seqlens)
+    valid = torch.arange(width, device=z.device)[None, :] >= pad[:, None]
+    out = z.new_zeros(pad.numel(), width, *z.shape[2:])
+    out[valid] = z[0]
+    return out
+
+
+def row_positions(offset: int, pad: torch.Tensor | None, t: int, device: torch.device) -> torch.Tensor | None:
+    """Positions [B, t] of the next t tokens of rows that hold ``offset`` slots, the first ``pad [B]`` of them
+    padding (None when pad is None: every row at offset..offset+t-1)."""
+    if pad is None:
+        return None
+    return offset - pad[:, None] + torch.arange(t, device=device)[None, :]
+
+
+def refuse_padded(pad: torch.Tensor | None, name: str) -> None:
+    """Static decoding advances every row at one position: refuse a state with per-row positions (``pad``)."""
+    if pad is not None:
+        raise ValueError(f"{name}: static decoding takes states of equal-length rows, not a left-padded prefill's")
 
 
 def copy_conv_states(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states, packed_positions
+from hybrid_attention.layers.base import (
+    StaticState,
+    TokenMixer,
+    check_hidden,
+    copy_conv_states,
+    left_pad,
+    packed_positions,
+)
 from hybrid_attention.modules import RMSNorm, ShortConvolution
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
@@ -68,7 +75,10 @@ class GDNStaticState(StaticState):
 
 
 class GatedDeltaNet(TokenMixer):
-    """fla-equivalent Gated DeltaNet. x [B, T, hidden] -> y [B, T, hidden]; state H·d_k·d_v reals, flat in T."""
+    """fla-equivalent Gated DeltaNet. x [B, T, hidden] -> y [B, T, hidden]; state H·d_k·d_v reals, flat in T.
+    Position-free decode: a packed prefill's per-document states are the rows of the batched state."""
+
+    packed_states = True
 
     def __init__(
         self,
@@ -150,8 +160,9 @@ class GatedDeltaNet(TokenMixer):
         check_hidden(x, self.hidden_size)
         keep = output_state if output_state is not None else state is not None
         t = x.shape[1]
-        if cu_seqlens is not None:
-            packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
+        if cu_seqlens is not None:  # with keep: the final states per document are the rows of the decode state
+            packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
+            t = left_pad(cu_seqlens)[0]
         q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep, cu_seqlens)
         o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
                            output_final_state=keep, backend=self.backend, cu_seqlens=cu_seqlens)

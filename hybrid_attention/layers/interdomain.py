@@ -37,7 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, copy_conv_states, packed_positions
+from hybrid_attention.layers.base import (
+    StaticState,
+    TokenMixer,
+    check_hidden,
+    copy_conv_states,
+    left_pad,
+    packed_positions,
+    refuse_padded,
+    row_positions,
+)
 from hybrid_attention.modules import HeadRMSNorm, RotaryEmbedding, S4DCore, ShortConvolution, l2_normalize
 from hybrid_attention.ops.interdomain import interdomain
 from hybrid_attention.ops.interdomain.naive import safe_divide
@@ -60,12 +69,14 @@ class InterdomainState:
     """Decode state of one Interdomain / S4D layer.
 
     ssm: [B, H, M, R+D(+1)] complex raw S4D state X (before C); conv: last K-1 inputs of each ShortConv, by branch
-    name ("q", "k", "a", "b"), [B, channels, K-1]; offset: tokens seen so far (the RoPE position of the next token).
+    name ("q", "k", "a", "b"), [B, channels, K-1]; offset: tokens seen so far (the RoPE position of the next token);
+    pad [B] (int64) or None: after a left-padded prefill, row b's next position is offset - pad[b].
     """
 
     ssm: torch.Tensor
     conv: dict[str, torch.Tensor] = field(default_factory=dict)
     offset: int = 0
+    pad: torch.Tensor | None = None
 
 
 @dataclass
@@ -94,8 +105,11 @@ class InterdomainStaticState(StaticState):
 class InterdomainAttention(TokenMixer):
     """Interdomain Attention token mixer. x [B, T, hidden] -> y [B, T, hidden].
 
-    State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length.
+    State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed prefill's
+    per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
     """
+
+    packed_states = True
 
     def __init__(
         self,
@@ -185,7 +199,7 @@ class InterdomainAttention(TokenMixer):
         return z.view(*x.shape[:2], self.num_heads, self.head_dim)
 
     def _rope(self, z: torch.Tensor, offset: int, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """RoPE at positions offset.., or at the positions pos [T] (packed documents) when given."""
+        """RoPE at positions offset.., or at the positions pos when given ([T]: packed documents, [B, T]: per row)."""
         if self.rotary is None:
             return z
         return self.rotary(z, offset) if pos is None else self.rotary.at(z, pos)
@@ -224,7 +238,11 @@ class InterdomainAttention(TokenMixer):
         check_hidden(x, self.hidden_size)
         keep = output_state if output_state is not None else state is not None
         offset = state.offset if state is not None else 0
-        pos = None if cu_seqlens is None else packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
+        pad = state.pad if state is not None else None
+        if cu_seqlens is None:
+            pos = row_positions(offset, pad, x.shape[1], x.device)
+        else:
+            pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
         new_conv: dict[str, torch.Tensor] = {}
         cu = cu_seqlens
 
@@ -237,7 +255,10 @@ class InterdomainAttention(TokenMixer):
             if self.query_readout else None
         o, ssm = self._core(q, key, val, *self.ssm(), state.ssm if state is not None else None, keep, cu)
         y = self._output(o, x)
-        new_state = InterdomainState(ssm=ssm, conv=new_conv, offset=offset + x.shape[1]) if keep else None
+        offset = offset + x.shape[1]
+        if keep and cu_seqlens is not None:  # row b = document b, right-aligned in the longest one's width
+            offset, pad = left_pad(cu_seqlens)
+        new_state = InterdomainState(ssm=ssm, conv=new_conv, offset=offset, pad=pad) if keep else None
         return y, new_state
 
     # ---------------------------------------------------------------------------------------------------- static
@@ -262,6 +283,7 @@ class InterdomainAttention(TokenMixer):
         return static
 
     def load_static_state(self, static: InterdomainStaticState, state: InterdomainState) -> None:
+        refuse_padded(state.pad, type(self).__name__)
         static.ssm.copy_(state.ssm)
         copy_conv_states(static.conv, state.conv)
 

@@ -8,7 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_attention.layers.base import StaticState, TokenMixer, check_hidden, packed_positions
+from hybrid_attention.layers.base import (
+    StaticState,
+    TokenMixer,
+    check_hidden,
+    left_pad,
+    packed_positions,
+    refuse_padded,
+    right_align,
+    row_positions,
+)
 from hybrid_attention.modules import RotaryEmbedding
 from hybrid_attention.ops.common.varlen import document_ids
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
@@ -16,10 +25,13 @@ from hybrid_attention.ops.decode_attention import decode_attention, default_num_
 
 @dataclass
 class KVState:
-    """KV cache of one softmax layer: k, v [B, S, H, D] (RoPE already applied to k); `offset` = S tokens seen."""
+    """KV cache of one softmax layer: k, v [B, S, H, D] (RoPE already applied to k); `offset` = S tokens seen.
+    pad [B] (int64) or None: after a left-padded prefill, the first pad[b] slots of row b are empty (never attended)
+    and its next position is offset - pad[b]."""
 
     k: torch.Tensor
     v: torch.Tensor
+    pad: torch.Tensor | None = None
 
     @property
     def offset(self) -> int:
@@ -52,8 +64,11 @@ class StaticKVState(StaticState):
 class SoftmaxAttention(TokenMixer):
     """Multi-head causal softmax attention (SDPA), RoPE on q/k, no biases.
 
-    x [B, T, hidden] -> y [B, T, hidden]; heads: num_heads × head_dim (default hidden / num_heads).
+    x [B, T, hidden] -> y [B, T, hidden]; heads: num_heads × head_dim (default hidden / num_heads). A packed
+    prefill's state holds each document's keys right-aligned in its row (``KVState.pad``).
     """
+
+    packed_states = True
 
     def __init__(
         self,
@@ -91,9 +106,11 @@ class SoftmaxAttention(TokenMixer):
         k = self.k_proj(x).view(b, t, self.num_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.num_heads, self.head_dim)
         if cu_seqlens is not None:
-            return self._forward_packed(x, q, k, v, state, keep, cu_seqlens), None
+            return self._forward_packed(x, q, k, v, state, keep, cu_seqlens)
+        pad = state.pad if state is not None else None
         if self.rotary is not None:
-            q, k = self.rotary(q, offset), self.rotary(k, offset)
+            rows = row_positions(offset, pad, t, x.device)
+            q, k = ((self.rotary(z, offset) if rows is None else self.rotary.at(z, rows)) for z in (q, k))
         if state is not None:
             k = torch.cat([state.k.to(k.dtype), k], dim=1)
             v = torch.cat([state.v.to(v.dtype), v], dim=1)
@@ -102,22 +119,29 @@ class SoftmaxAttention(TokenMixer):
             o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
         else:  # queries sit at positions offset..offset+t-1 of the key axis (bottom-right aligned causal mask)
             qpos = torch.arange(offset, offset + t, device=x.device)[:, None]
-            mask = torch.arange(offset + t, device=x.device)[None, :] <= qpos
+            key = torch.arange(offset + t, device=x.device)
+            mask = key[None, :] <= qpos
+            if pad is not None:  # [B, 1, t, S + t]: and never a row's empty leading slots
+                mask = (mask[None] & (key[None, None, :] >= pad[:, None, None]))[:, None]
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
         y = self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        return y, (KVState(k, v) if keep else None)
+        return y, (KVState(k, v, pad) if keep else None)
 
-    def _forward_packed(self, x, q, k, v, state, keep: bool, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def _forward_packed(self, x, q, k, v, state, keep: bool, cu_seqlens: torch.Tensor
+                        ) -> tuple[torch.Tensor, KVState | None]:
         """Packed documents (q, k, v [1, T, H, D]): RoPE positions restart at 0 per document and a query attends
-        causally inside its own document only (a block-diagonal causal mask) -> y [1, T, hidden]."""
-        pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__)
+        causally inside its own document only (a block-diagonal causal mask) -> (y [1, T, hidden], with keep the
+        KVState [N, L, H, D] of the documents right-aligned in the longest one's width L, else None)."""
+        pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
         if self.rotary is not None:
             q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
         doc = document_ids(cu_seqlens)
         idx = torch.arange(x.shape[1], device=x.device)
         mask = (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])  # [T, T]
         o = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), attn_mask=mask)
-        return self.o_proj(o.transpose(1, 2).reshape(*x.shape[:2], -1))
+        kept = KVState(right_align(k, cu_seqlens), right_align(v, cu_seqlens), left_pad(cu_seqlens)[1]) if keep \
+            else None
+        return self.o_proj(o.transpose(1, 2).reshape(*x.shape[:2], -1)), kept
 
     # ---------------------------------------------------------------------------------------------------- static
     def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,
@@ -132,6 +156,7 @@ class SoftmaxAttention(TokenMixer):
             use_kernels=device.type == "cuda" if use_kernels is None else use_kernels)
 
     def load_static_state(self, static: StaticKVState, state: KVState) -> None:
+        refuse_padded(state.pad, type(self).__name__)
         n = state.offset
         static.k[:, :, :n].copy_(state.k.transpose(1, 2))
         static.v[:, :, :n].copy_(state.v.transpose(1, 2))

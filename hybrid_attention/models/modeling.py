@@ -3,6 +3,20 @@
 Block (pre-norm, Llama style):  h = h + Mixer(RMSNorm(h));  h = h + SwiGLU(RMSNorm(h)).
 Untied input/output embeddings by default; N(0, initializer_range) init; GPT-2 rule for the residual-path outputs
 (mixer o_proj and SwiGLU down_proj get std initializer_range / sqrt(2·L)) when `rescale_residual`.
+
+Left-padded batches (attention_mask with zeros; DECISIONS, the mechanics in ``models/padding.py``):
+- Only left padding (HF ``padding_side="left"``): every row zeros then ones up to the last column; any other mask
+  raises one line naming attention_mask. A mask without zeros is ignored: the unpadded path, bit for bit.
+- Prefill (forward / ``prefill`` / generate's first call, empty cache): the rows' tokens are packed into documents
+  (``cu_seqlens`` from the mask) and run through the packed forward, so padding never reaches a layer or a state;
+  logits and hidden states come back as [B, T, ...] with zeros at the padding. The cache counts the padded width T
+  (``seen_tokens``, what generate() slices by); each layer's state keeps its rows' own positions: softmax keeps row
+  b's keys right-aligned with ``KVState.pad[b]`` empty leading slots masked in attention and RoPE at position
+  offset - pad[b]; Interdomain / S4D keep ``InterdomainState.pad`` for their RoPE; GDN is position-free. NAtS-L (one
+  partial-chunk phase per state) keeps one state per row (``RowStates``): exact, its decode steps run row by row.
+- Decode steps after it: every row advances one token (the mask grows by a column of ones; a zero among the new
+  columns raises). position_ids are accepted and ignored: positions follow from the mask and the states.
+- Static decoding (``StaticDecoder``) takes equal-length rows only (a padded state is refused in one line).
 """
 
 from __future__ import annotations
@@ -17,12 +31,21 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.layers.base import TokenMixer, left_pad
 from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.models.cache import HybridCache
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.mixers import build_mixer
+from hybrid_attention.models.padding import (
+    RowStates,
+    left_padding_lengths,
+    mixer_per_document,
+    mixer_per_row,
+    pack_rows,
+    unpack_rows,
+)
 from hybrid_attention.modules import HeadRMSNorm, RMSNorm, S4DCore, ShortConvolution, SwiGLU
+from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 
 # transformers renamed the cache from `past_key_values` to `cache` (5.2x): newer ModelOutput classes carry a
 # `past_key_values` property aliasing `.cache` and refuse both names in the constructor; older ones read the cache that
@@ -64,8 +87,14 @@ class HybridBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, state=None, output_state: bool = False,
                 cu_seqlens: torch.Tensor | None = None):
-        y, state = self.mixer(self.attn_norm(h), state, output_state=output_state,
-                              **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
+        x = self.attn_norm(h)
+        if isinstance(state, RowStates):
+            y, state = mixer_per_row(self.mixer, x, state, output_state)
+        elif cu_seqlens is not None and output_state and not self.mixer.packed_states:
+            y, state = mixer_per_document(self.mixer, x, cu_seqlens)
+        else:
+            y, state = self.mixer(x, state, output_state=output_state,
+                                  **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
         h = h + y
         h = h + self.mlp(self.mlp_norm(h))
         return h, state
@@ -125,8 +154,11 @@ class HybridModel(HybridPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-        if use_cache and cache is None:
-            cache = self.init_cache(h.shape[0], device=h.device)
+        if cu_seqlens is not None and cache is not None:
+            raise ValueError("cu_seqlens runs packed documents from an empty state: pass no cache")
+        if use_cache and cache is None:  # packed documents: every layer starts from None, cache row i = document i
+            cache = HybridCache([None] * len(self.layers)) if cu_seqlens is not None else \
+                self.init_cache(h.shape[0], device=h.device)
         hidden = [h] if output_hidden_states else None
         new_states = []
         for i, blk in enumerate(self.layers):
@@ -136,7 +168,11 @@ class HybridModel(HybridPreTrainedModel):
             if hidden is not None:
                 hidden.append(h)
         h = self.norm(h)
-        new_cache = HybridCache(new_states, cache.seen_tokens + h.shape[1]) if use_cache else None
+        if not use_cache:
+            new_cache = None
+        else:  # packed: the documents right-aligned in rows of the longest one's width (models/padding.py)
+            new_cache = HybridCache(new_states, left_pad(cu_seqlens)[0] if cu_seqlens is not None else
+                                    cache.seen_tokens + h.shape[1])
         return h, new_cache, (tuple(hidden) if hidden is not None else None)
 
 
@@ -173,17 +209,40 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         return self.model.init_cache(batch_size, device=device, dtype=dtype)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.LongTensor, chunk_size: int = 2048, cache: HybridCache | None = None):
+    def prefill(self, input_ids: torch.LongTensor, chunk_size: int = 2048, cache: HybridCache | None = None,
+                attention_mask: torch.Tensor | None = None):
         """Chunked prefill: feed the prompt in pieces of `chunk_size` tokens with the cache carried between pieces, so
         activation memory is bounded by one piece (for fixed-state mixers the cache itself is constant-size).
-        Returns (logits of the last token [B, vocab], cache). Equal to one full forward pass (layer contract)."""
+        Returns (logits of the last token [B, vocab], cache). Equal to one full forward pass (layer contract).
+        attention_mask [B, T] with left padding: one packed pass (packed calls start from an empty state, so the
+        pieces cannot be chained; ``chunk_size`` is then unused)."""
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if attention_mask is not None and cache is None and left_padding_lengths(attention_mask) is not None:
+            out = self(input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1], out.cache
         cache = cache if cache is not None else self.init_cache(input_ids.shape[0])
         for start in range(0, input_ids.shape[1], chunk_size):
             out = self(input_ids[:, start : start + chunk_size], cache=cache, use_cache=True, logits_to_keep=1)
             cache = out.cache
         return out.logits[:, -1], cache
+
+    @staticmethod
+    def _padded_prefill(attention_mask: torch.Tensor, cache: HybridCache | None, cu_seqlens: torch.Tensor | None,
+                        t: int) -> torch.Tensor | None:
+        """The left-padded mask [B, t] of a prefill to pack, or None: no zero in it (the fast path), or a continuation
+        of a cache (its zeros are the prefill's padding, already in the states; the new columns must be ones)."""
+        if left_padding_lengths(attention_mask) is None:
+            return None
+        if cu_seqlens is not None:
+            raise ValueError("attention_mask with padding and cu_seqlens are exclusive: pass one of them")
+        seen = cache.seen_tokens if cache is not None else 0
+        if attention_mask.shape[1] != seen + t:
+            raise ValueError(f"attention_mask must cover the {seen} cached and {t} new tokens, got "
+                             f"{attention_mask.shape[1]} columns")
+        if seen and not bool((attention_mask[:, seen:] != 0).all()):
+            raise ValueError("attention_mask: padding must precede the prefill (zeros only in its first columns)")
+        return attention_mask if not seen else None
 
     def state_size(self, seq_len: int, softmax_fractions: Mapping[int, float] | None = None) -> int:
         """Real numbers of mixer state kept per sequence after seq_len tokens, summed over layers; a NAtS-L layer's
@@ -217,8 +276,10 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         """cu_seqlens [N + 1]: packed documents in one row (input_ids [1, T], ``ops/common/varlen.py``): every layer
         restarts at each document (states, convolutions, attention, RoPE positions, NAtS-L chunks). DECISION: the
         offsets are passed explicitly (fla's rule: an explicit cu_seqlens wins); they are not derived from
-        position_ids. Packed calls run without a cache (use_cache defaults to False; True raises in the layers).
-        Labels are used as given: the trainer decides what the last token of a document predicts."""
+        position_ids. Packed calls start from an empty state (a cache given raises); use_cache defaults to False,
+        True returns a cache whose row i continues document i (``seen_tokens`` = the longest document's length).
+        Labels are used as given: the trainer decides what the last token of a document predicts.
+        attention_mask [B, T']: left padding (module docstring); labels at padding should be -100."""
         # transformers <= 5.2x passes past_key_values=, newer releases pass cache=: accept both, refuse a conflict.
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("got different objects for cache= and past_key_values=; pass one of them")
@@ -226,12 +287,20 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         if cache is not None and not isinstance(cache, HybridCache):
             raise ValueError(f"cache must be a HybridCache (from model.init_cache or a previous output), got "
                              f"{type(cache).__name__}")
-        if attention_mask is not None and not bool((attention_mask != 0).all()):
-            raise ValueError("padding (zeros in attention_mask) is not supported: batch sequences of equal length")
+        t = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        pad_mask = self._padded_prefill(attention_mask, cache, cu_seqlens, t) if attention_mask is not None else None
         if use_cache is None:
             use_cache = cache is not None or (self.config.use_cache and not self.training and cu_seqlens is None)
+        if pad_mask is not None:  # pack the rows' tokens into documents (module docstring)
+            input_ids, inputs_embeds = (None if z is None else pack_rows(z, pad_mask)
+                                        for z in (input_ids, inputs_embeds))
+            cache, cu_seqlens = None, cu_seqlens_from_lengths((pad_mask != 0).sum(1), device=pad_mask.device)
         h, new_cache, hidden = self.model(input_ids, inputs_embeds, cache=cache, use_cache=use_cache,
                                           output_hidden_states=bool(output_hidden_states), cu_seqlens=cu_seqlens)
+        if pad_mask is not None:
+            h = unpack_rows(h, pad_mask)
+            hidden = None if hidden is None else tuple(unpack_rows(z, pad_mask) for z in hidden)
+            new_cache = None if new_cache is None else HybridCache(new_cache.states, t)  # HF counts the padding
         h = h[:, -logits_to_keep:] if logits_to_keep else h
         logits = self.lm_head(h)
         loss = None

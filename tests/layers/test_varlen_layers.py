@@ -85,11 +85,29 @@ def test_short_conv_packed(compiled_form: bool, monkeypatch: pytest.MonkeyPatch)
     assert states.shape == (len(LENGTHS), 6, 3) and (states - ref).abs().max().item() == 0.0
 
 
+@pytest.mark.parametrize("name", [n for n, make in MIXER_CASES.items() if make().packed_states])
+def test_packed_states_continue_each_document(name: str) -> None:
+    """A packed call's state (output_state): row i continues document i (a left-padded prefill), 3 tokens a row."""
+    torch.manual_seed(0)
+    layer = CASES[name]().double()
+    x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
+    nxt = torch.randn(len(LENGTHS), 3, HIDDEN, dtype=F64)
+    cu = cu_seqlens_from_lengths(LENGTHS)
+    _, state = layer(x, output_state=True, cu_seqlens=cu)
+    y = layer(nxt, state)[0]
+    offs = cu.tolist()
+    for i in range(len(LENGTHS)):
+        _, alone = layer(x[:, offs[i]:offs[i + 1]], output_state=True)
+        assert (y[i] - layer(nxt[i : i + 1], alone)[0][0]).abs().max().item() < TOL
+
+
 def test_layer_refuses_state_with_cu_seqlens() -> None:
     layer = CASES["gdn"]().double()
     x = torch.randn(1, sum(LENGTHS), HIDDEN, dtype=F64)
     with pytest.raises(ValueError, match="^GatedDeltaNet: cu_seqlens runs packed documents from an empty state"):
-        layer(x, output_state=True, cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
+        layer(x, layer.init_state(1, dtype=F64), cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
+    with pytest.raises(ValueError, match="^NatsLAttention: cu_seqlens runs packed documents from an empty state"):
+        CASES["natsl"]().double()(x, output_state=True, cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
     with pytest.raises(ValueError, match="^cu_seqlens must end at T = 19"):
         layer(x, cu_seqlens=cu_seqlens_from_lengths([3, 4]))
     with pytest.raises(ValueError, match="^state must be None with cu_seqlens"):

@@ -90,13 +90,6 @@ def test_loss_and_logits_to_keep():
     assert model(ids, logits_to_keep=1).logits.shape == (2, 1, 259)
 
 
-def test_padding_mask_is_refused():
-    model = _tiny("softmax")
-    ids = torch.randint(0, 259, (2, 4))
-    with pytest.raises(ValueError, match="padding"):
-        model(ids, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
-
-
 def test_residual_init_and_state_size():
     model = HybridForCausalLM(HybridConfig.from_preset("small", layers="interdomain"))
     cfg = model.config

@@ -35,10 +35,19 @@ def test_packed_logits_and_gradients_equal_separate() -> None:
         assert (a is None) == (b is None) and (a is None or (a - b).abs().max().item() < 1e-10)
 
 
-def test_packed_eval_runs_without_cache_and_refuses_one() -> None:
+def test_packed_eval_cache_continues_each_document() -> None:
+    """No cache by default; use_cache=True: row i of the cache continues document i; a cache given is refused."""
     model = _model().eval()
     ids = torch.randint(0, 256, (1, sum(LENGTHS)))
+    nxt = torch.randint(0, 256, (len(LENGTHS), 2))
     cu = cu_seqlens_from_lengths(LENGTHS)
     assert model(ids, cu_seqlens=cu).cache is None
+    cache = model(ids, cu_seqlens=cu, use_cache=True).cache
+    assert cache.seen_tokens == max(LENGTHS)
+    cont = model(nxt, cache=cache).logits
+    offs = cu.tolist()
+    for i in range(len(LENGTHS)):
+        alone = model(torch.cat([ids[:, offs[i]:offs[i + 1]], nxt[i : i + 1]], 1)).logits[0, -2:]
+        assert (cont[i] - alone).abs().max().item() < 1e-10
     with pytest.raises(ValueError, match="cu_seqlens runs packed documents from an empty state"):
-        model(ids, cu_seqlens=cu, use_cache=True)
+        model(ids, cu_seqlens=cu, cache=cache)

@@ -1,0 +1,76 @@
+"""Left-padded batches: the ``attention_mask`` of prompts of different lengths, decided once here.
+
+A left-padded mask ``[B, T]`` holds, in every row, zeros (padding) and then ones (the row's tokens) up to the last
+column: what HF tokenizers produce with ``padding_side="left"`` and what ``generate()`` extends by one column of ones
+per step. Any other mask (a zero after a one, a row without a token) raises one line naming ``attention_mask``.
+
+The prefill of a padded batch packs the valid tokens of each row into one varlen sequence (row i = document i,
+``cu_seqlens`` from the mask, ``ops/common/varlen.py``), runs the packed forward, and scatters the outputs back to
+``[B, T, ...]`` (padding positions hold zeros). Padding is never fed to any layer, so it never touches a state.
+
+Mixers whose packed call returns per-document states (``TokenMixer.packed_states``) assemble their ordinary batched
+decode state from them (row i = document i, per-row positions inside the state). The others (NAtS-L: its partial
+chunk buffer has one phase for all rows) run their prefill one document at a time and keep one state per row
+(``RowStates``): their decode steps then run row by row (exact, not batched).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybrid_attention.layers.base import TokenMixer
+
+
+def left_padding_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """attention_mask [B, T] -> the token count of every row [B] (int64), or None when it holds no zero (the fast
+    path: the mask is then ignored). Raises ``ValueError`` (one line naming attention_mask) unless left padding."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [B, T], got shape {tuple(attention_mask.shape)}")
+    valid = attention_mask != 0
+    if bool(valid.all()):
+        return None
+    bad = (valid[:, :-1] & ~valid[:, 1:]).any(1) | ~valid[:, -1]
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"attention_mask must be left padding (each row: zeros, then ones up to the last column; "
+                         f"padding_side='left'), got row {row} = {attention_mask[row].tolist()}")
+    return valid.sum(1)
+
+
+def pack_rows(z: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The valid tokens of z [B, T, ...] (left padded) in row order: [1, N, ...], N = the mask's count of ones."""
+    return z[attention_mask != 0][None]
+
+
+def unpack_rows(z: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``pack_rows``: z [1, N, ...] -> [B, T, ...], zeros at the padding positions."""
+    valid = attention_mask != 0
+    out = z.new_zeros(*valid.shape, *z.shape[2:])
+    out[valid] = z[0]
+    return out
+
+
+@dataclass
+class RowStates:
+    """One decode state per row (each of batch one) of a mixer without per-document packed states."""
+
+    rows: list[Any]
+
+
+def mixer_per_document(mixer: TokenMixer, x: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              RowStates]:
+    """Packed prefill of a mixer without ``packed_states``: x [1, N, hidden] of documents at cu_seqlens [B + 1],
+    each run alone from an empty state -> (y [1, N, hidden], RowStates of B states)."""
+    offs = cu_seqlens.tolist()
+    outs = [mixer(x[:, a:b], None, output_state=True) for a, b in zip(offs[:-1], offs[1:], strict=True)]
+    return torch.cat([y for y, _ in outs], 1), RowStates([st for _, st in outs])
+
+
+def mixer_per_row(mixer: TokenMixer, x: torch.Tensor, state: RowStates, keep: bool) -> tuple[torch.Tensor,
+                                                                                            RowStates | None]:
+    """Continue every row from its own state: x [B, T, hidden] -> (y [B, T, hidden], RowStates or None)."""
+    outs = [mixer(x[i : i + 1], st, output_state=keep) for i, st in enumerate(state.rows)]
+    return torch.cat([y for y, _ in outs], 0), (RowStates([st for _, st in outs]) if keep else None)
