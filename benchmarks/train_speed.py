@@ -7,8 +7,9 @@ Rows, all in one run and one table (random weights, float32 master weights, bf16
     B×T = 16×2048 and 32×512;
   * the 340M presets ``transformer-340m``, ``gdn-340m``, ``natsl-hybrid-340m`` at B×T = 4×4096 (not with ``--quick``).
 Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile / run failure is caught, printed on
-one line and recorded for that row only) and, for the 340M rows, ``eager+ckpt`` (``train.checkpointing``: every
-decoder block under torch.utils.checkpoint), whose peak memory is the point.
+one line and recorded for that row only), for the 340M rows ``eager+ckpt`` (``train.checkpointing``: every
+decoder block under torch.utils.checkpoint), whose peak memory is the point, and for the first small shape
+``eager+varlen`` (packed documents of a realistic length mix, ``VARIANTS`` below).
 
 Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``warmup`` untimed steps (the
 compiled variant compiles in the first), then ``steps`` steps timed together with CUDA events: step ms = total / steps
@@ -22,7 +23,7 @@ softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T�
 mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled eager+ckpt``, ``--steps N``, ``--warmup N``,
+rows or a 340M preset), ``--variants eager compiled eager+ckpt eager+varlen``, ``--steps N``, ``--warmup N``,
 ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
 split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
@@ -49,7 +50,12 @@ __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
 
 RESULTS: dict = {"errors": [], "rows": []}
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
-VARIANTS = ("eager", "compiled", "eager+ckpt")
+VARIANTS = ("eager", "compiled", "eager+ckpt", "eager+varlen")
+# eager+varlen: the same step on packed documents (``data.pack: varlen``), one row [1, B·T] cut into documents of a
+# web-like length mix (log-normal, median 256 tokens, clipped to [16, T]; seed 0), on the first small shape only. It
+# shows the price of states reset per document: the PyTorch reference forms run per document (no Triton varlen
+# kernels yet) and each layer reads the offsets on the host, so it runs eager.
+DOC_MEDIAN, DOC_SIGMA = 256, 1.0
 _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
 # the run's sizes by BenchSettings.dryrun (True: toy widths / lengths on the CPU; the large rows are 2-layer stand-ins
 # of the 340M presets with the same mixer pattern, None = the preset itself); compile_backend: the default Dynamo
@@ -92,12 +98,13 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
     variants = list(variants or VARIANTS)
     rows = []
     for mixer in MIXER_BUILDERS:
-        for B, T in sizes["small_shapes"]:
-            rows += [dict(name=mixer, B=B, T=T, variant=v) for v in variants if v != "eager+ckpt"]
+        for i, (B, T) in enumerate(sizes["small_shapes"]):
+            rows += [dict(name=mixer, B=B, T=T, variant=v) for v in variants
+                     if v != "eager+ckpt" and (v != "eager+varlen" or i == 0)]
     if not quick:
         for name in LARGE:
             for B, T in sizes["large_shapes"]:
-                rows += [dict(name=name, B=B, T=T, variant=v) for v in variants]
+                rows += [dict(name=name, B=B, T=T, variant=v) for v in variants if v != "eager+varlen"]
     if models:
         allowed = sorted(set(MIXER_BUILDERS) | set(LARGE))
         unknown = [m for m in models if m not in allowed]
@@ -105,6 +112,19 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
             raise ValueError(f"--models accepts {allowed}, got {unknown}")
         rows = [r for r in rows if r["name"] in models]
     return rows
+
+
+def document_mix(total: int, max_len: int, seed: int = 0) -> torch.Tensor:
+    """cu_seqlens [N + 1] (int32) of ``total`` tokens cut into documents of log-normal lengths (median
+    ``DOC_MEDIAN``, σ ``DOC_SIGMA`` in log space) clipped to [16, max_len]; the last document takes the rest."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, left = [], total
+    while left > 0:
+        n = int(torch.exp(torch.randn((), generator=g) * DOC_SIGMA).item() * DOC_MEDIAN)
+        n = min(max(n, 16), max_len, left)
+        lengths.append(n)
+        left -= n
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def flops_per_step(model: HybridForCausalLM, B: int, T: int) -> tuple[float, str]:
@@ -157,11 +177,16 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
         fwd = torch.compile(model, backend=compile_backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
+    extra = {}
+    if variant == "eager+varlen":
+        ids = ids.reshape(1, B * T)
+        extra["cu_seqlens"] = document_mix(B * T, T).to(dev)
+        row["documents"] = int(extra["cu_seqlens"].numel() - 1)
     amp = dev == "cuda"
 
     def step():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
-            loss = fwd(ids, labels=ids).loss
+            loss = fwd(ids, labels=ids, **extra).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import TARGETS
 from benchmarks.train_speed import LARGE, flops_per_step, plan
@@ -25,6 +26,8 @@ def test_plan_covers_every_mixer_and_the_340m_presets():
     small = {(r["name"], r["B"], r["T"], r["variant"]) for r in rows if r["name"] in MIXER_BUILDERS}
     assert {r[0] for r in small} == set(MIXER_BUILDERS)
     assert all(v != "eager+ckpt" for *_, v in small)
+    varlen = {(r[1], r[2]) for r in small if r[3] == "eager+varlen"}
+    assert varlen == {(16, 2048)}  # the first small shape only
     large = [r for r in rows if r["name"] in LARGE]
     assert {r["name"] for r in large} == set(LARGE) and {r["variant"] for r in large} == {"eager", "compiled",
                                                                                           "eager+ckpt"}
@@ -33,6 +36,17 @@ def test_plan_covers_every_mixer_and_the_340m_presets():
     with pytest.raises(ValueError, match="--models accepts"):
         plan(models=["nope"])
     assert TARGETS["train"] == {"train": "train_speed"}
+
+
+def test_document_mix():
+    from benchmarks.train_speed import document_mix
+
+    cu = document_mix(16 * 2048, 2048)
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    assert cu[0] == 0 and cu[-1] == 16 * 2048 and cu.dtype == torch.int32
+    assert all(1 <= n <= 2048 for n in lengths) and all(n >= 16 for n in lengths[:-1])
+    assert 100 < sorted(lengths)[len(lengths) // 2] < 600  # median near 256
+    assert torch.equal(cu, document_mix(16 * 2048, 2048))  # seeded
 
 
 def test_flop_model():
@@ -57,7 +71,8 @@ def test_train_bench_dryrun(tmp_path):
     res = json.loads((tmp_path / "train_speed.json").read_text())
     assert res["errors"] == [], res["errors"]
     got = {(r["name"], r["variant"]) for r in res["rows"]}
-    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("natsl-hybrid-340m", "eager"),
+    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "eager+varlen"), ("natsl-hybrid-340m", "eager"),
                    ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "eager+ckpt")}
     assert all(r["tok_s"] > 0 and r["step_ms"] > 0 for r in res["rows"])
+    assert [r["documents"] > 1 for r in res["rows"] if r["variant"] == "eager+varlen"] == [True]
     assert "| model | layers | B×T | variant |" in proc.stdout
