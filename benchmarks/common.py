@@ -95,6 +95,23 @@ def bench_parser(description: str, budget_s: float = DEFAULT_BUDGET_S, prog: str
     return p
 
 
+def training_step(fwd: Callable, opt: torch.optim.Optimizer, ids: torch.Tensor, amp: bool = True,
+                  **inputs: Any) -> Callable[[], torch.Tensor]:
+    """One full LM training step as a closure: forward (labels = ids) under bf16 autocast when ``amp``, backward,
+    ``opt.step()``, ``zero_grad(set_to_none=True)``; returns the loss. ``inputs``: extra model inputs (cu_seqlens)."""
+    dev = ids.device.type
+
+    def step() -> torch.Tensor:
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
+            loss = fwd(ids, labels=ids, **inputs).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
 def log(*args: Any) -> None:
     """print() with flush (device logs are read as they stream)."""
     print(*args, flush=True)

@@ -1,6 +1,6 @@
 """Where a compiled training step spends its GPU time: the top CUDA kernels of one mixer's model, per step.
 
-    python benchmarks/profile_train.py [--mixers s4d interdomain ...] [--batch 32] [--seq 1024] [--layers 8]
+    python -m benchmarks.profile_train [--mixers s4d interdomain ...] [--batch 32] [--seq 1024] [--layers 8]
         [--vocab 8192] [--steps 3] [--top 15]
 
 Model: the ``small`` preset with every layer the mixer (the credible-scale shape by default: 8 layers, vocabulary
@@ -20,17 +20,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.common import training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
-
-
-def _step_fn(model, compiled, opt, ids):
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = compiled(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
 
 
 def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, steps: int, top: int) -> str:
@@ -41,7 +32,7 @@ def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, ste
     compiled = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(0, vocab, (batch, seq), device="cuda")
-    step = _step_fn(model, compiled, opt, ids)
+    step = training_step(compiled, opt, ids)
     t0 = time.time()
     for _ in range(3):
         step()

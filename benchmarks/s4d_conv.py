@@ -1,6 +1,6 @@
 """The S4D-only control's two convolutions on the GPU: FFT (today's default) vs the dense Toeplitz matmul.
 
-    python benchmarks/s4d_conv.py [--model-steps 10] [--skip-model]
+    python -m benchmarks.s4d_conv [--model-steps 10] [--skip-model]
 
 1. Correctness: ``toeplitz_s4d`` under bf16 autocast (the training setting) and in float32 against ``fft_s4d`` in
    float64 (equal to the token-loop definition to 1e-10, tests/ops/test_s4d_ops.py): relative RMS error of the output
@@ -20,6 +20,7 @@ import statistics
 
 import torch
 
+from benchmarks.common import training_step
 from hybrid_attention.ops.s4d import fft_s4d, toeplitz_s4d
 
 F64 = torch.float64
@@ -124,12 +125,7 @@ def _model_row(label: str, layers: str, opts: dict, steps: int, Bsz: int = 32, T
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(0, 8192, (Bsz, T), device="cuda")
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = compiled(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    step = training_step(compiled, opt, ids)
 
     ms = _time(step, reps=steps, warm=3)
     return f"| {label} | {ms:.1f} | {Bsz * T / ms * 1e3:,.0f} |"

@@ -43,7 +43,7 @@ import time
 import torch
 import torch._dynamo
 
-from benchmarks.common import BenchSettings, bench_parser, elapsed, log, sync
+from benchmarks.common import BenchSettings, bench_parser, elapsed, log, sync, training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
@@ -184,13 +184,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
         row["documents"] = int(extra["cu_seqlens"].numel() - 1)
     amp = dev == "cuda"
 
-    def step():
-        with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
-            loss = fwd(ids, labels=ids, **extra).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    step = training_step(fwd, opt, ids, amp, **extra)
 
     t0 = time.time()
     for _ in range(warmup):
