@@ -175,16 +175,36 @@ def prefill(s: BenchSettings, lengths: list[int]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------ decode
+# HBM bandwidth of the H200 (../shared/notes/h200-measurements.md: ~4.3 TB/s achievable of the 4.8 TB/s peak), the
+# yardstick of the decode rows' GB/s
+HBM_GB_S = 4300.0
+
+
+def stream_floor_gb(model: HybridForCausalLM, context: int, batch_size: int, fraction: float | None) -> float:
+    """GB one decode step must read at least: every parameter except the input embedding (one row of it is read) in
+    its dtype, plus each row's mixer state after ``context`` tokens (``state_size`` at the NAtS-L softmax fraction,
+    0.5 when the router decides) at 2 bytes a number (bf16 KV caches; the recurrent states are float32, so for them
+    this is a floor)."""
+    from hybrid_attention.evaluation.info import state_size
+
+    emb = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if emb is not model.lm_head.weight:  # a tied embedding is read whole by the LM head
+        weights -= emb.numel() * emb.element_size()
+    state = state_size(model, context, 0.5 if fraction is None else fraction) * batch_size * 2
+    return (weights + state) / 1e9
+
+
 @guarded("decode")
 def decode(s: BenchSettings, contexts: list[int]) -> None:
     dev = s.device
     from benchmarks.decode_latency import decode_latency
 
     plan = [
-        ("natsl-hybrid-340m", 0.25, [1]),
+        ("natsl-hybrid-340m", 0.25, [1, 8]),
         ("natsl-hybrid-340m", 0.5, [1]),
-        ("gdn-340m", None, [1]),
-        ("transformer-340m", None, [1]),
+        ("gdn-340m", None, [1, 8]),
+        ("transformer-340m", None, [1, 8]),
         ("interdomain-1.3b", None, [1, 8]),
         ("softmax-1.3b", None, [1, 8]),
     ]
@@ -204,6 +224,9 @@ def decode(s: BenchSettings, contexts: list[int]) -> None:
                 rows = []
             for r in rows:
                 r.update(model=name, fraction=fraction)
+                r["stream_gb"] = stream_floor_gb(model, r["context"], bsz, fraction)
+                ms = r["graph_ms"] or r["eager_ms"]
+                r["gb_s"] = r["stream_gb"] / (ms / 1e3) if ms else None
                 RESULTS["decode"].append(r)
                 log(f"decode {name:<18} frac={fraction} {json.dumps({k: v for k, v in r.items() if k != 'model'})}")
         del model
@@ -311,6 +334,8 @@ def summary() -> None:
             log(
                 f"  {r['model']:<18} frac={r['fraction']} B={r['batch_size']} ctx={r['context']:>6}: graph "
                 f"{_f(r['graph_ms'])} (mean {_f(r['graph_mean_ms'])})  eager {_f(r['eager_ms'])}"
+                + (f"  {r['gb_s']:.0f} GB/s = {r['gb_s'] / HBM_GB_S:.0%} of {HBM_GB_S / 1e3:.1f} TB/s "
+                   f"({r['stream_gb']:.2f} GB floor)" if r.get("gb_s") else "")
                 + (f"  error: {r['error']}" if r.get("error") else "")
             )
     if RESULTS["train"]:
