@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from ..files import hash_file
 from .corpus import Corpus, _add, _check_nonempty
 from .errors import DataError
 
@@ -29,14 +30,6 @@ MANIFEST = "manifest.json"
 MIB = 1 << 20
 _COMPRESSED = (".xz", ".gz", ".zst")
 _KINDS = (".jsonl", ".txt")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _compress(lines: list[bytes], preset: int) -> bytes:
@@ -113,7 +106,7 @@ def verify_manifest(folder: str | os.PathLike) -> dict | None:
         size = f.stat().st_size
         if size != s["bytes"]:
             raise DataError(f"shard {f}: {size} bytes, manifest says {s['bytes']}: incomplete copy, copy it again")
-        digest = sha256_file(f)
+        digest = hash_file(f)[1]
         if digest != s["sha256"]:
             raise DataError(f"shard {f}: sha256 {digest[:16]}... does not match the manifest "
                             f"{s['sha256'][:16]}...: corrupted copy, copy it again")

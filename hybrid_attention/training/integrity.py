@@ -11,7 +11,6 @@ prints it as one ``error: ...`` line (exit status 2) like any other data problem
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hybrid_attention.data.errors import DataError
+from hybrid_attention.files import hash_file
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "hybrid-attention-manifest"
@@ -65,19 +65,6 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
-    """(size in bytes, sha256 hex) of ``path``; ``fsync`` also flushes the file to disk."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return size, h.hexdigest()
 
 
 def write_json_atomic(path: Path, doc: object) -> None:
