@@ -112,6 +112,17 @@ def training_step(fwd: Callable, opt: torch.optim.Optimizer, ids: torch.Tensor, 
     return step
 
 
+def cuda_steps_ms(step: Callable[[], Any], steps: int) -> float:
+    """Mean ms of ``steps`` back-to-back calls of ``step``, timed together with CUDA events (CUDA only)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def log(*args: Any) -> None:
     """print() with flush (device logs are read as they stream)."""
     print(*args, flush=True)

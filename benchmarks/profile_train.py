@@ -20,7 +20,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import training_step
+from benchmarks.common import cuda_steps_ms, training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 
@@ -38,13 +38,7 @@ def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, ste
         step()
     torch.cuda.synchronize()
     warm = time.time() - t0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    step_ms = start.elapsed_time(end) / steps
+    step_ms = cuda_steps_ms(step, steps)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()

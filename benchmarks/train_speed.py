@@ -43,7 +43,7 @@ import time
 import torch
 import torch._dynamo
 
-from benchmarks.common import BenchSettings, bench_parser, elapsed, log, sync, training_step
+from benchmarks.common import BenchSettings, bench_parser, cuda_steps_ms, elapsed, log, sync, training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
@@ -194,13 +194,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     row["loss"] = float(loss.detach().float())
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        end.synchronize()
-        total_ms = start.elapsed_time(end)
+        total_ms = cuda_steps_ms(step, steps) * steps
         row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
     else:
         t1 = time.perf_counter()
