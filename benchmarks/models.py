@@ -196,7 +196,8 @@ def stream_floor_gb(model: HybridForCausalLM, context: int, batch_size: int, fra
 
 
 @guarded("decode")
-def decode(s: BenchSettings, contexts: list[int]) -> None:
+def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = None) -> None:
+    """models: a subset of the plan's preset names (default: all)."""
     dev = s.device
     from benchmarks.decode_latency import decode_latency
 
@@ -208,6 +209,11 @@ def decode(s: BenchSettings, contexts: list[int]) -> None:
         ("interdomain-1.3b", None, [1, 8]),
         ("softmax-1.3b", None, [1, 8]),
     ]
+    if models is not None:
+        unknown = sorted(set(models) - {name for name, _, _ in plan})
+        if unknown:
+            raise ValueError(f"--decode-models: unknown {unknown}; allowed: {sorted({n for n, _, _ in plan})}")
+        plan = [row for row in plan if row[0] in models]
     for name, fraction, batch_sizes in plan:
         if s.budget_left() < 60:
             log(f"decode: budget spent, skipping {name}")
@@ -399,6 +405,9 @@ def main(argv: list[str] | None = None) -> None:
     decode, train, table12; the shared flags: ``common.bench_parser``)."""
     p = bench_parser(__doc__.splitlines()[0])
     p.add_argument("--sections", type=lambda v: set(v.split(",")), help="comma-separated subset of the sections")
+    p.add_argument("--decode-models", type=lambda v: v.split(","), help="comma-separated presets of the decode plan")
+    p.add_argument("--decode-contexts", type=lambda v: [int(c) for c in v.split(",")],
+                   help="comma-separated decode contexts (default: the run's list)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     s, quick, only = BenchSettings.from_args(args), args.quick, args.sections
     sizes = SIZES[s.dryrun]
@@ -412,7 +421,8 @@ def main(argv: list[str] | None = None) -> None:
     if only is None or "train" in only:
         train(s, sizes["train_t"], sizes["train_b"])
     if only is None or "decode" in only:
-        decode(s, sizes["decode_ctx"][:3] if quick else sizes["decode_ctx"])
+        contexts = args.decode_contexts or (sizes["decode_ctx"][:3] if quick else sizes["decode_ctx"])
+        decode(s, contexts, args.decode_models)
     if only is None or "table12" in only:
         table12(s, sizes["table12"][:2] if quick else sizes["table12"], sizes["table12_chunk"])
     with open(s.out_path("models_gpu.json"), "w") as f:

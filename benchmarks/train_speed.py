@@ -34,6 +34,7 @@ otherwise): a smoke test of this file, not a measurement.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -90,8 +91,9 @@ def config_of(row_name: str, dryrun: bool = False) -> HybridConfig:
 
 
 def plan(quick: bool = False, models: list[str] | None = None, variants: list[str] | None = None,
-         dryrun: bool = False) -> list[dict]:
-    """The rows to run: (name, B, T, variant) dicts in table order (the dry run's shapes with ``dryrun``)."""
+         dryrun: bool = False, shapes: list[tuple[int, int]] | None = None) -> list[dict]:
+    """The rows to run: (name, B, T, variant) dicts in table order (the dry run's shapes with ``dryrun``);
+    ``shapes``: keep only the rows of these (B, T)."""
     from hybrid_attention.models.mixers import MIXER_BUILDERS
 
     sizes = SIZES[dryrun]
@@ -111,7 +113,18 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
         if unknown:
             raise ValueError(f"--models accepts {allowed}, got {unknown}")
         rows = [r for r in rows if r["name"] in models]
+    if shapes:
+        rows = [r for r in rows if (r["B"], r["T"]) in set(shapes)]
     return rows
+
+
+def _shape(text: str) -> tuple[int, int]:
+    """'16x2048' -> (16, 2048)."""
+    try:
+        b, t = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes takes BxT such as 16x2048, got {text!r}") from None
+    return b, t
 
 
 def document_mix(total: int, max_len: int, seed: int = 0) -> torch.Tensor:
@@ -269,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(out=os.environ.get("OUT"))  # JSON only when asked for
     p.add_argument("--models", nargs="+", help="row names: mixers (small preset) and/or 340M presets")
     p.add_argument("--variants", nargs="+", choices=VARIANTS)
+    p.add_argument("--shapes", nargs="+", type=_shape, help="only these BxT rows (e.g. 16x2048 4x4096)")
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--compile-backend", default=os.environ.get("BENCH_COMPILE_BACKEND"),
@@ -280,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     backend = a.compile_backend or sizes["compile_backend"]
     steps = a.steps or (sizes["quick_steps"] if a.quick else sizes["steps"])
     warmup = a.warmup or sizes["warmup"]
-    specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun)
+    specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun, shapes=a.shapes)
     cuda = s.device == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -29,6 +29,7 @@ Decisions:
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 
@@ -90,8 +91,17 @@ class StaticDecoder:
         self.length = 0
         self.graphs: dict[tuple[bool, ...], torch.cuda.CUDAGraph] = {}
         self.compile = self.device.type == "cuda" if compile is None else bool(compile)
-        self._run = (torch.compile(self._step_impl, fullgraph=True, dynamic=False, mode=compile_mode)
+        self._run = (torch.compile(self._own_step_impl(), fullgraph=True, dynamic=False, mode=compile_mode)
                      if self.compile else self._step_impl)
+
+    def _own_step_impl(self):
+        """`_step_impl` bound to this decoder through its own code object. Dynamo keeps its compiled graphs per code
+        object, guarded on `self` and every buffer shape: with one shared code object the 9th decoder of a process
+        (another batch size or max_length) would hit `recompile_limit` (8), a hard error under fullgraph=True. Each
+        decoder's graphs belong to it and go with it."""
+        f = StaticDecoder._step_impl
+        own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        return types.MethodType(own, self)
 
     # ------------------------------------------------------------------------------------------------ state
     def _phase(self, length: int) -> tuple[bool, ...]:

@@ -3,6 +3,7 @@ here on the CPU) equals the plain one. CUDA graphs of the compiled step are test
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_static_decode import make_model
 
@@ -30,3 +31,31 @@ def test_inductor_compiled_step_matches_plain_step():
         out = dec.step(ids[:, i:i + 1]).clone()
         assert torch.allclose(out, ref.step(ids[:, i:i + 1]), atol=1e-5, rtol=0)
     assert torch.equal(dec.states[1].n_kept, ref.states[1].n_kept)
+
+
+
+@torch.no_grad()
+def test_many_compiled_decoders_in_one_process():
+    """Each decoder compiles its own step (its own code object): more decoders of different sizes than Dynamo's
+    recompile_limit (8) in one process must not hit the limit (a hard error under fullgraph=True), and each compiled
+    step equals the plain one. Traced with the eager backend (the property is Dynamo's cache, not inductor's code);
+    the control compiles the shared `_step_impl` and must hit the limit."""
+    import torch._dynamo
+
+    model = make_model("softmax", dtype=torch.float32)
+    ids, tok = torch.randint(0, 259, (1, 3)), torch.zeros(1, 1, dtype=torch.long)
+    n = torch._dynamo.config.recompile_limit + 2
+    for i in range(n):
+        dec, ref = StaticDecoder(model, 1, 8 + i, compile=False), StaticDecoder(model, 1, 8 + i, compile=False)
+        dec._run = torch.compile(dec._own_step_impl(), backend="eager", fullgraph=True, dynamic=False)
+        dec.prefill(ids)
+        ref.prefill(ids)
+        assert torch.allclose(dec.step(tok), ref.step(tok), atol=1e-6, rtol=0)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        for i in range(n):
+            dec = StaticDecoder(model, 1, 8 + i, compile=False)
+            dec._run = torch.compile(dec._step_impl, backend="eager", fullgraph=True, dynamic=False)
+            dec.prefill(ids)
+            dec.step(tok)
+    torch._dynamo.reset()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call (<= 10 minutes on an H200) that first checks and then times the training and decode paths
+# (issues 13 and 14), from the repository root:
+#   OUT=/some/dir LIMIT=590 bash benchmarks/gpu_timings.sh
+# 1. correctness, two processes at once (no timing runs beside them): the op and serving test suites on CUDA (the
+#    Triton kernels natively, the compiled + CUDA-graph-captured decode step) and benchmarks.gpu_compile_check
+#    (compiled vs eager loss and gradients of a 2-layer model of every mixer);
+# 2. timings, one process at a time: `bench train` compiled at small B=16 x 2048 for the issue-13 mixers,
+#    benchmarks.s4d_conv (FFT vs Toeplitz, op and compiled model), then decode (StaticDecoder, compiled step captured
+#    in CUDA graphs) of the issue-14 presets at 1K and 128K with whatever time is left (LIMIT, seconds).
+# Each part's log is $OUT/<part>.log; JSON results land in $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=. OUT="${OUT:-.}"
+LIMIT=${LIMIT:-590}
+T0=$(date +%s)
+left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+timeout 230 python -m pytest -q -p no:cacheprovider -n 8 tests/ops tests/serving > "$OUT/pytest_gpu.log" 2>&1 &
+P1=$!
+timeout 230 python -m benchmarks.gpu_compile_check --out "$OUT" > "$OUT/compile_check.log" 2>&1 &
+P2=$!
+wait $P1; echo "== pytest tests/ops tests/serving: exit $? after $(( $(date +%s) - T0 )) s"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20; tail -n 2 "$OUT/pytest_gpu.log"
+wait $P2; echo "== gpu_compile_check: exit $? after $(( $(date +%s) - T0 )) s"; tail -n 12 "$OUT/compile_check.log"
+
+timeout 170 python -m benchmarks.train_speed --models softmax interdomain s4d gdn natsl --variants compiled \
+  --shapes 16x2048 --quick --out "$OUT" > "$OUT/train_speed.log" 2>&1
+echo "== bench train: exit $? after $(( $(date +%s) - T0 )) s"; sed -n '/^| model/,$p' "$OUT/train_speed.log"
+
+timeout 80 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
+echo "== s4d_conv: exit $? after $(( $(date +%s) - T0 )) s"; tail -n 30 "$OUT/s4d_conv.log"
+
+t=$(( $(left) - 10 ))
+if [ "$t" -gt 60 ]; then
+  timeout "$t" python -m benchmarks.models --sections decode --budget-s $(( t - 20 )) \
+    --decode-models natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b --decode-contexts 1024,131072 \
+    --out "$OUT" > "$OUT/decode.log" 2>&1
+  echo "== decode: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "decode |graph|target|missed|met" "$OUT/decode.log" | tail -n 40
+fi
+echo "total $(( $(date +%s) - T0 )) s"
