@@ -84,7 +84,9 @@ class InterdomainStaticState(StaticState):
     """Static decode buffers of one Interdomain / S4D layer: ssm [B, H, M, R+D(+1)] complex (InterdomainState), conv
     by branch name; the discretised S4D parameters λ = exp(log λ), B̄ [H, M] and C [H, M, M] in the state's complex
     dtype (computed once: the weights are frozen while serving); kernel_params: `decode_params` of the fused Triton
-    step, or None when it is not used (it covers the query readout with a complex64 state)."""
+    step, or None when it is not used (it covers the query readout with a complex64 state); ssm_real: the fused
+    step's view of ssm as float32 [..., 2] (`torch.view_as_real`, same storage: the registered op mutates a real
+    tensor, see ops/interdomain/triton/decode.decode_params)."""
 
     ssm: torch.Tensor
     conv: dict[str, torch.Tensor]
@@ -92,6 +94,7 @@ class InterdomainStaticState(StaticState):
     b_bar: torch.Tensor
     c: torch.Tensor
     kernel_params: tuple | None = None
+    ssm_real: torch.Tensor | None = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.ssm, *self.conv.values()]
@@ -280,6 +283,7 @@ class InterdomainAttention(TokenMixer):
                 if not HAS_TRITON:
                     raise RuntimeError("use_kernels=True needs the 'triton' package (the fused Interdomain step)")
                 static.kernel_params = decode_params(log_lam, b_bar, c, self.readout)
+                static.ssm_real = torch.view_as_real(st.ssm)
         return static
 
     def load_static_state(self, static: InterdomainStaticState, state: InterdomainState) -> None:
@@ -313,7 +317,7 @@ class InterdomainAttention(TokenMixer):
         query readout); static.ssm is updated in place. -> [B, H, D] (linear contraction: [B, H, R+D])."""
         if static.kernel_params is not None:
             lam, bb, kk, readout = static.kernel_params
-            return interdomain_decode_op(q, key, val, lam, bb, kk, static.ssm, self.denominator, readout)
+            return interdomain_decode_op(q, key, val, lam, bb, kk, static.ssm_real, self.denominator, readout)
         r, d = key.shape[-1], val.shape[-1]
         ssm = static.ssm
         rdt = torch.float64 if ssm.dtype == torch.complex128 else torch.float32

@@ -40,7 +40,7 @@ def test_interdomain_decode_op(denominator):
     log_lam = torch.complex(-torch.rand(h, m), torch.randn(h, m))
     lam, bb, kk, readout = decode_params(log_lam, 0.3 * torch.randn(h, m, dtype=torch.complex64),
                                          torch.randn(h, m, m, dtype=torch.complex64) / m**0.5, "real")
-    state = 0.1 * torch.randn(b, h, m, r + d + int(denominator), dtype=torch.complex64)
+    state = torch.view_as_real(0.1 * torch.randn(b, h, m, r + d + int(denominator), dtype=torch.complex64))
     q, k, v = torch.randn(b, h, r), torch.randn(b, h, r), torch.randn(b, h, d)
     args = tuple(t.to(DEV) for t in (q, k, v, lam, bb, kk, state))
     torch.library.opcheck(interdomain_decode_op, (*args, denominator, readout))

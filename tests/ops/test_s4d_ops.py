@@ -221,6 +221,24 @@ def test_backends_dispatch():
         s4d(a, b, log_lam, B, C, w, backend="cuda")
 
 
+def test_auto_backend_choice():
+    """"auto": the Toeplitz matmul on CUDA up to AUTO_TOEPLITZ_MAX_T tokens (not float64), the FFT otherwise. CUDA
+    inputs are stood in for by objects with the three attributes the choice reads."""
+    from types import SimpleNamespace
+
+    from hybrid_attention.ops.s4d import AUTO_TOEPLITZ_MAX_T, auto_backend
+
+    def on_cuda(T, dtype):
+        return SimpleNamespace(device=torch.device("cuda"), dtype=dtype, shape=(1, T, 1, 1))
+
+    t = AUTO_TOEPLITZ_MAX_T
+    assert auto_backend(torch.zeros(1, 8, 1, 1)) == "fft"  # CPU
+    assert auto_backend(on_cuda(t, torch.bfloat16)) == "toeplitz"
+    assert auto_backend(on_cuda(t, torch.float32)) == "toeplitz"
+    assert auto_backend(on_cuda(t + 1, torch.bfloat16)) == "fft"
+    assert auto_backend(on_cuda(64, torch.float64)) == "fft"
+
+
 def test_toeplitz_under_bf16_autocast():
     """Under bf16 autocast the Toeplitz matmuls run in bf16 (a decided precision, like a Linear layer): outputs and
     gradients within bf16 rounding of the float64 definition; outside autocast they run in float32."""

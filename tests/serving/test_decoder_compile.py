@@ -59,3 +59,20 @@ def test_many_compiled_decoders_in_one_process():
             dec.prefill(ids)
             dec.step(tok)
     torch._dynamo.reset()
+
+
+@torch.no_grad()
+def test_inductor_compiled_step_with_fused_kernels():
+    """The compiled step over the registered fused decode ops (Triton; the interpreter on the CPU): Interdomain's op
+    mutates its state, which inductor must functionalise (a complex state failed with "auto_functionalized_v2 was not
+    removed" on the H200; the op now takes real views). GDN and softmax beside it; equals the plain step."""
+    model = make_model(["interdomain", "gdn", "softmax"], dtype=torch.float32, readout="real")
+    ids = torch.randint(0, 259, (2, 12))
+    dec = StaticDecoder(model, 2, 16, use_kernels=True, compile=True)
+    ref = StaticDecoder(model, 2, 16, use_kernels=True, compile=False)
+    dec.prefill(ids[:, :9])
+    ref.prefill(ids[:, :9])
+    for i in range(9, 12):
+        out = dec.step(ids[:, i:i + 1]).clone()
+        assert torch.allclose(out, ref.step(ids[:, i:i + 1]), atol=1e-5, rtol=0)
+    assert torch.allclose(dec.states[0].ssm, ref.states[0].ssm, atol=1e-6, rtol=0)

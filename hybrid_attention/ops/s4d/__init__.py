@@ -12,10 +12,9 @@ The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) that used to l
 ``s4d_bilinear`` baseline in ``hybrid_attention.ops.s4d_bilinear``.
 
 Backends: "naive" runs the token loop (the definition); "toeplitz" the dense-Toeplitz convolution
-``toeplitz_s4d`` (opt-in until it is timed against the FFT on the GPU: "auto" does not pick it); every other name
-("auto", "reference", "triton", "fft") runs the FFT convolution ``fft_s4d``, the fast path on every device. There
-is no Triton kernel: cuFFT already runs the convolution, and the names are accepted so that layers passing their
-usual backend names keep working.
+``toeplitz_s4d``; "fft" the FFT convolution ``fft_s4d``; "auto" picks between the two (``AUTO_TOEPLITZ_MAX_T``
+below); "reference" and "triton" run the FFT. There is no Triton kernel: cuFFT and cuBLAS already run the
+convolution, and the names are accepted so that layers passing their usual backend names keep working.
 """
 
 from __future__ import annotations
@@ -28,9 +27,23 @@ from .fft import fft_s4d
 from .naive import naive_s4d
 from .toeplitz import toeplitz_s4d
 
-__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "BACKENDS"]
+__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "auto_backend", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz")
+
+# DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 2048, the FFT above. Evidence, H200 (benchmarks/NOTES.md
+# "Session 6", `python -m benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): Toeplitz 3.19x
+# faster than the FFT at B x T = 64 x 1024, 2.13x at 16 x 2048, 0.85x at 4 x 4096 (its cost grows with T at a fixed
+# token count, the FFT's with log T). Its bf16 error vs float64 was 2.8e-3 (outputs) / <= 3.3e-3 (gradients), inside
+# the kernels' 5e-3 / 1e-2 bars. On the CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
+AUTO_TOEPLITZ_MAX_T = 2048
+
+
+def auto_backend(a: torch.Tensor) -> str:
+    """What "auto" runs for inputs a [B, T, H, R]: "toeplitz" or "fft" (the DECISION above)."""
+    if a.device.type == "cuda" and a.dtype != torch.float64 and a.shape[1] <= AUTO_TOEPLITZ_MAX_T:
+        return "toeplitz"
+    return "fft"
 
 
 def s4d(
@@ -53,16 +66,18 @@ def s4d(
     (discretised); C ``[H, M, M]`` complex; w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex.
     Returns ``(y [B, T, H, R + D] in a.dtype, final_state or None)``. See ``naive_s4d`` for the definition.
 
-    ``backend``: "naive" runs the token loop; "toeplitz" runs ``toeplitz_s4d``; "auto", "reference", "triton" and
-    "fft" all run ``fft_s4d`` (the FFT
-    convolution is the fast path on CPU and GPU; there is no Triton kernel because cuFFT already runs the
-    convolution). ``chunk_size`` is accepted for signature compatibility with the other ops and validated (a
-    positive int), but unused. ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``), one
-    convolution per document; initial and final states per sequence ``[N, ...]``.
+    ``backend``: "naive" runs the token loop; "toeplitz" runs ``toeplitz_s4d``; "reference", "triton" and "fft" run
+    ``fft_s4d``; "auto" runs ``toeplitz_s4d`` on CUDA for T <= ``AUTO_TOEPLITZ_MAX_T`` (non-float64 inputs) and
+    ``fft_s4d`` otherwise (the DECISION above). ``chunk_size`` is accepted for signature compatibility with the
+    other ops and validated (a positive int), but unused. ``cu_seqlens [N + 1]``: packed documents (B == 1,
+    ``ops/common/varlen.py``), one convolution per document; initial and final states per sequence ``[N, ...]``.
     """
-    # no Triton kernel: "auto" resolves to "reference", and every name but "naive" runs the FFT convolution
+    # no Triton kernel: resolve_backend maps "auto" to "reference"; the Toeplitz / FFT choice is made here
+    auto = backend == "auto"
     backend = resolve_backend(backend, "s4d", False, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
+    if auto:
+        backend = auto_backend(a)
     fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d}.get(backend, fft_s4d)
     return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
               cu_seqlens=cu_seqlens)

@@ -108,15 +108,17 @@ def _decode_kernel(
 def decode_params(
     log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, readout: str = DEFAULT_READOUT
 ) -> tuple[torch.Tensor, ...]:
-    """(λ, B, K, readout) in the decode kernel's layouts: λ = exp(log λ) and B as complex64 [H, M] (interleaved), the
-    readout operators (K₁, K₂) as a planar float32 [2, H, 2, M, M] (an absent one is zeros and skipped by the kernel).
-    Compute once per model/layer and pass as ``params`` to every step."""
-    lam = torch.exp(log_lam.to(torch.complex128)).to(torch.complex64).contiguous()
-    Bc = B.to(torch.complex64).contiguous()
+    """(λ, B, K, readout) in the decode kernel's layouts, all real float32: λ = exp(log λ) and B as [H, M, 2]
+    (interleaved real / imaginary parts: ``torch.view_as_real`` of complex64), the readout operators (K₁, K₂) as a
+    planar [2, H, 2, M, M] (an absent one is zeros and skipped by the kernel). Compute once per model/layer and pass
+    as ``params`` to every step. Real tensors because inductor cannot functionalise a registered op over complex
+    tensors ("auto_functionalized_v2 was not removed", seen on the H200): the op below takes and mutates real views."""
+    lam = torch.exp(log_lam.to(torch.complex128)).to(torch.complex64)
+    Bc = B.to(torch.complex64)
     ops = readout_operators(C.to(torch.complex64), readout)
     zero = torch.zeros_like(C, dtype=torch.complex64)
     kk = torch.stack([torch.stack([K.real, K.imag], dim=1) for K in (k if k is not None else zero for k in ops)])
-    return lam, Bc, kk.contiguous(), readout
+    return torch.view_as_real(lam).contiguous(), torch.view_as_real(Bc).contiguous(), kk.contiguous(), readout
 
 
 @torch.no_grad()
@@ -134,23 +136,27 @@ def interdomain_decode_step(
     out: torch.Tensor | None = None,
     readout: str = DEFAULT_READOUT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token: q, k ``[B, H, R]``, v ``[B, H, D]``; state ``[B, H, M, R + D (+1)]`` complex64, updated in place and
-    returned. Returns ``(o [B, H, D] in q.dtype (or ``out``), state)``. Equals ``naive_interdomain`` with T = 1 and
+    """One token: q, k ``[B, H, R]``, v ``[B, H, D]``; state ``[B, H, M, R + D (+1)]`` complex64 (or its
+    ``torch.view_as_real`` float32 [..., 2]), updated in place and returned. Returns
+    ``(o [B, H, D] in q.dtype (or ``out``), state)``. Equals ``naive_interdomain`` with T = 1 and
     ``initial_state=state``. ``params`` = ``decode_params(log_lam, B, C, readout)`` skips recomputing λ and the
     readout operators (then log_lam, B, C and ``readout`` are taken from it and may be None)."""
-    if state.dtype != torch.complex64 or not state.is_contiguous():
-        raise ValueError("state must be a contiguous complex64 tensor [B, H, M, R + D (+1)] (it is updated in place)")
+    state_r = torch.view_as_real(state) if state.dtype == torch.complex64 else state
+    if state_r.dtype != torch.float32 or state_r.shape[-1:] != (2,) or not state_r.is_contiguous():
+        raise ValueError("state must be a contiguous complex64 tensor [B, H, M, R + D (+1)] or its view_as_real "
+                         "float32 [..., 2] (it is updated in place)")
     if params is None:
         params = decode_params(log_lam, B, C, readout)
     lam, Bc, kk, readout = params
     Bsz, H, R = q.shape
     D = v.shape[-1]
-    M = lam.shape[-1]
+    M = lam.shape[-2]
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     Dv = v.shape[-1]
-    if tuple(state.shape) != (Bsz, H, M, R + Dv):
-        raise ValueError(f"state must be [B, H, M, R + D{' + 1' if denominator else ''}], got {tuple(state.shape)}")
+    if tuple(state_r.shape[:-1]) != (Bsz, H, M, R + Dv):
+        raise ValueError(f"state must be [B, H, M, R + D{' + 1' if denominator else ''}] complex, got "
+                         f"{tuple(state_r.shape[:-1])}")
     o = (
         out
         if (out is not None and not denominator)
@@ -161,10 +167,10 @@ def interdomain_decode_step(
         k.contiguous(),
         v.contiguous(),
         o,
-        torch.view_as_real(lam),
-        torch.view_as_real(Bc),
+        lam,
+        Bc,
         kk,
-        torch.view_as_real(state),
+        state_r,
         H,
         M,
         R,
@@ -189,8 +195,8 @@ def interdomain_decode_step(
 def interdomain_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, b: torch.Tensor,
                           kk: torch.Tensor, state: torch.Tensor, denominator: bool, readout: str) -> torch.Tensor:
     """`interdomain_decode_step` with params = (lam, b, kk, readout) from `decode_params`, as a registered op: state
-    [B, H, M, R + D (+1)] complex64 is updated in place; returns o [B, H, D] in q.dtype. What `torch.compile` sees of
-    the kernel (fake kernel below)."""
+    [B, H, M, R + D (+1), 2] float32 (`torch.view_as_real` of the complex64 state, see `decode_params`) is updated in
+    place; returns o [B, H, D] in q.dtype. What `torch.compile` sees of the kernel (fake kernel below)."""
     return interdomain_decode_step(q, k, v, None, None, None, state, denominator=denominator,
                                    params=(lam, b, kk, readout))[0]
 
