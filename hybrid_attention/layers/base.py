@@ -174,7 +174,9 @@ def refuse_padded(pad: torch.Tensor | None, name: str) -> None:
         raise ValueError(f"{name}: static decoding takes states of equal-length rows, not a left-padded prefill's")
 
 
+@torch.no_grad()
 def copy_conv_states(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:
-    """Copy ShortConvolution states [B, channels, K-1] by branch name into the static buffers `dst` (in place)."""
+    """Copy ShortConvolution states [B, channels, K-1] by branch name into the static buffers `dst` (in place; no
+    autograd history: static buffers are inference state, and may be views of one buffer, e.g. GDN's q|k|v)."""
     for name, new in src.items():
         dst[name].copy_(new)

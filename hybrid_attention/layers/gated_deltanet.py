@@ -25,7 +25,7 @@ from hybrid_attention.layers.base import (
     left_pad,
     packed_positions,
 )
-from hybrid_attention.modules import RMSNorm, ShortConvolution
+from hybrid_attention.modules import RMSNorm, ShortConvolution, concat_linear_weights, short_conv_step
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -59,11 +59,18 @@ class GDNState:
 @dataclass
 class GDNStaticState(StaticState):
     """Static decode buffers of one GDN layer: S [B, H, d_k, d_v] (float32, float64 for float64 models), conv
-    [B, channels, K-1] by branch name; use_kernels: the fused Triton step for a float32 state."""
+    [B, channels, K-1] by branch name (views of one buffer conv_qkv [B, 2·d_k·H + d_v·H, K-1], q|k|v); use_kernels:
+    the fused Triton step for a float32 state. The step's fused weights (modules/fused_linear.py): w_in
+    [2·H·d_k + H·d_v + 2H (+ H·d_v), hidden] = q|k|v|a|b(|g) projections, in_sizes their widths, conv_w [channels of
+    q|k|v, K] the three ShortConvolution kernels."""
 
     S: torch.Tensor
     conv: dict[str, torch.Tensor]
     use_kernels: bool
+    conv_qkv: torch.Tensor | None = None
+    w_in: torch.Tensor | None = None
+    in_sizes: list[int] = field(default_factory=list)
+    conv_w: torch.Tensor | None = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.S, *self.conv.values()]
@@ -147,12 +154,14 @@ class GatedDeltaNet(TokenMixer):
         g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
         return q, k, v, beta, g, new_conv
 
-    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """o [B, T, H, d_v] -> [B, T, hidden]: head RMSNorm, the optional swish gate, W_o."""
+    def _output(self, o: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """o [B, T, H, d_v] -> [B, T, hidden]: head RMSNorm, the optional swish gate (g_proj(x), or `gate`
+        [B, T, H·d_v] when the caller projected it already), W_o."""
         b, t, _ = x.shape
         o = self.o_norm(o)
         if self.g_proj is not None:
-            o = o * F.silu(self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim))
+            gate = self.g_proj(x) if gate is None else gate
+            o = o * F.silu(gate.view(b, t, self.num_heads, self.head_v_dim))
         return self.o_proj(o.reshape(b, t, -1))
 
     def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None,
@@ -173,8 +182,18 @@ class GatedDeltaNet(TokenMixer):
     def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,
                           use_kernels: bool | None = None, cache_chunks: int | None = None) -> GDNStaticState:
         st = self.init_state(batch_size, device=device, dtype=dtype)
-        return GDNStaticState(S=st.S, conv=st.conv,
-                              use_kernels=st.S.is_cuda if use_kernels is None else use_kernels)
+        names = ("q", "k", "v")
+        conv_qkv = torch.cat([st.conv[n] for n in names], dim=1)  # one buffer, the branches are views of it
+        ends = torch.tensor([self.convs[n].channels for n in names]).cumsum(0).tolist()
+        # plain slices, not split(): a view from a multi-output op may not be written in place (copy_ under grad mode)
+        views = {n: conv_qkv[:, e - self.convs[n].channels:e] for n, e in zip(names, ends)}
+        projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj]
+        w_in, sizes = concat_linear_weights(projs + ([self.g_proj] if self.g_proj is not None else []))
+        conv_w = torch.cat([self.convs[n].weight[:, 0, :] for n in names]).detach().contiguous()
+        return GDNStaticState(S=st.S, conv=views, conv_qkv=conv_qkv,
+                              use_kernels=st.S.is_cuda if use_kernels is None else use_kernels,
+                              w_in=w_in.to(device=conv_qkv.device, dtype=conv_qkv.dtype), in_sizes=sizes,
+                              conv_w=conv_w.to(device=conv_qkv.device))
 
     def load_static_state(self, static: GDNStaticState, state: GDNState) -> None:
         static.S.copy_(state.S)
@@ -182,8 +201,14 @@ class GatedDeltaNet(TokenMixer):
 
     def step(self, x: torch.Tensor, static: GDNStaticState, pos: torch.Tensor,
              chunk_end: bool = False) -> torch.Tensor:
-        """x [B, 1, hidden] -> [B, 1, hidden]; S and the conv states advanced in place (`gated_delta_step`)."""
-        q, k, v, beta, g, new_conv = self._project(x, static.conv, True)
-        copy_conv_states(static.conv, new_conv)
-        o = gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], static.S, static.use_kernels)
-        return self._output(o[:, None], x)
+        """x [B, 1, hidden] -> [B, 1, hidden]; S and the conv states advanced in place (`gated_delta_step`). One
+        GEMV for all input projections and one convolution over q|k|v (the fused weights of the static state)."""
+        b, h = x.shape[0], self.num_heads
+        z = F.linear(x[:, 0], static.w_in).split(static.in_sizes, -1)  # q, k, v, a, b(, g), each [B, ·]
+        qkv = short_conv_step(torch.cat(z[:3], -1), static.conv_qkv, static.conv_w, "silu")
+        q, k, v = qkv.split(static.in_sizes[:3], -1)
+        beta = torch.sigmoid(z[4].float() if x.dtype != torch.float64 else z[4])
+        g = gdn_decay(z[3], self.A_log, self.dt_bias)
+        o = gated_delta_step(q.view(b, h, self.head_dim), k.view(b, h, self.head_dim),
+                             v.view(b, h, self.head_v_dim), g, beta, static.S, static.use_kernels)
+        return self._output(o[:, None], x, z[5][:, None] if self.g_proj is not None else None)

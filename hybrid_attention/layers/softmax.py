@@ -18,7 +18,7 @@ from hybrid_attention.layers.base import (
     right_align,
     row_positions,
 )
-from hybrid_attention.modules import RotaryEmbedding
+from hybrid_attention.modules import RotaryEmbedding, concat_linear_weights
 from hybrid_attention.ops.common.varlen import document_ids
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 
@@ -41,7 +41,8 @@ class KVState:
 @dataclass
 class StaticKVState(StaticState):
     """Static KV cache of one softmax layer: k, v [B, H, max_len, D] (RoPE already applied to k); position p holds
-    token p. key_pos [max_len] = 0..max_len-1; zero [1, 1] (the unused second key range of the split-KV kernel)."""
+    token p. key_pos [max_len] = 0..max_len-1; zero [1, 1] (the unused second key range of the split-KV kernel);
+    w_qkv [3·H·D, hidden]: the q|k|v projections as one weight (modules/fused_linear.py)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -49,6 +50,7 @@ class StaticKVState(StaticState):
     zero: torch.Tensor
     num_splits: int
     use_kernels: bool
+    w_qkv: torch.Tensor | None = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.k, self.v]
@@ -149,11 +151,13 @@ class SoftmaxAttention(TokenMixer):
         dtype = dtype or self.q_proj.weight.dtype
         device = torch.device(device) if device is not None else self.q_proj.weight.device
         shape = (batch_size, self.num_heads, max_len, self.head_dim)
+        w_qkv, _ = concat_linear_weights([self.q_proj, self.k_proj, self.v_proj])
         return StaticKVState(
             k=torch.zeros(shape, device=device, dtype=dtype), v=torch.zeros(shape, device=device, dtype=dtype),
             key_pos=torch.arange(max_len, device=device), zero=torch.zeros(1, 1, dtype=torch.long, device=device),
             num_splits=default_num_splits(device, batch_size * self.num_heads, max_len),
-            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels)
+            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels,
+            w_qkv=w_qkv.to(device=device, dtype=dtype))
 
     def load_static_state(self, static: StaticKVState, state: KVState) -> None:
         refuse_padded(state.pad, type(self).__name__)
@@ -165,9 +169,7 @@ class SoftmaxAttention(TokenMixer):
         """x [B, 1, hidden] at position pos -> [B, 1, hidden]; writes K/V at pos, attends to keys 0..pos: the split-KV
         kernel with `use_kernels` (reads only those keys), else SDPA over the whole buffer with a mask of them."""
         b = x.shape[0]
-        q = self.q_proj(x).view(b, 1, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, 1, self.num_heads, self.head_dim)
-        v = self.v_proj(x).view(b, 1, self.num_heads, self.head_dim)
+        q, k, v = (z.view(b, 1, self.num_heads, self.head_dim) for z in F.linear(x, static.w_qkv).chunk(3, -1))
         if self.rotary is not None:
             q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
         at = pos.reshape(1)

@@ -1,6 +1,7 @@
 """Small building blocks shared by the token mixers."""
 
-from hybrid_attention.modules.conv import ShortConvolution
+from hybrid_attention.modules.conv import ShortConvolution, short_conv_step
+from hybrid_attention.modules.fused_linear import concat_linear_weights
 from hybrid_attention.modules.mlp import SwiGLU, swiglu_hidden_size
 from hybrid_attention.modules.norm import HeadRMSNorm, RMSNorm, l2_normalize, rms_norm
 from hybrid_attention.modules.rotary import RotaryEmbedding
@@ -13,7 +14,9 @@ __all__ = [
     "S4DCore",
     "ShortConvolution",
     "SwiGLU",
+    "concat_linear_weights",
     "l2_normalize",
     "rms_norm",
+    "short_conv_step",
     "swiglu_hidden_size",
 ]

@@ -9,6 +9,17 @@ from torch import nn
 from hybrid_attention.ops.common.varlen import positions_in_document, validate_cu_seqlens
 
 
+def short_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """One token of a (possibly concatenated) causal depthwise convolution: x [B, C], state [B, C, K-1] (the last K-1
+    inputs, oldest first; updated in place), weight [C, K] -> y [B, C] in x.dtype (SiLU for activation="silu"). Equals
+    `ShortConvolution.forward` on x[:, None] with that state; written as products so that the compiled decode step
+    fuses it with the projection's split and the activation."""
+    window = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K]
+    y = (window * weight.to(x.dtype)).sum(-1)
+    state.copy_(window[..., 1:])
+    return torch.nn.functional.silu(y) if activation == "silu" else y
+
+
 class ShortConvolution(nn.Module):
     """Causal depthwise 1-D convolution over time, no bias, optional SiLU.
 

@@ -22,6 +22,10 @@ Decisions:
   used: `COMPILE_MODE`). Every Triton kernel a step calls is a registered custom op with a fake kernel
   (ops/decode_attention, ops/gated_delta/triton/decode.py, ops/interdomain/triton/decode.py), so inductor traces
   around it. compile=False runs the plain step (the CPU default).
+- Fused projections (modules/fused_linear.py): the static states and the decoder keep concatenated copies of the
+  weights that read one input (a mixer's input projections, each SwiGLU's gate|up), so a step runs one GEMV where the
+  training modules run several (at B = 1 the step is a chain of small kernels; a compiled gdn-340m step went from
+  ~19 to ~8 inductor kernels per layer, counted on the CPU). Cost: that extra copy of the fused weights.
 - The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
   the next step.
 """
@@ -83,6 +87,9 @@ class StaticDecoder:
         self.states: list[StaticState] = [
             mixer.init_static_state(batch_size, max_length, self.device, dtype, use_kernels=self.use_kernels,
                                     cache_chunks=natsl_cache_chunks) for mixer in mixers]
+        # the SwiGLU gate|up of every block as one weight (modules/fused_linear.py: one GEMV instead of two per step;
+        # an extra copy of those weights, made once: the weights are frozen while serving)
+        self.mlp_weights = [blk.mlp.decode_weights().to(device=self.device, dtype=dtype) for blk in model.model.layers]
         # chunk size of each layer whose step has chunk ends (NAtS-L; None for the others): the chunk-final steps
         self.chunk_sizes = [mixer.step_chunk_size() for mixer in mixers]
         self.tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)  # static graph input
@@ -161,9 +168,9 @@ class StaticDecoder:
         phase: per layer, does this token complete a chunk (the mixers' `chunk_end` flags)."""
         m = self.model.model
         h = m.embeddings(self.tokens)
-        for blk, static, chunk_end in zip(m.layers, self.states, phase):
+        for blk, static, chunk_end, gate_up in zip(m.layers, self.states, phase, self.mlp_weights):
             h = h + blk.mixer.step(blk.attn_norm(h), static, self.pos, chunk_end)
-            h = h + blk.mlp(blk.mlp_norm(h))
+            h = h + blk.mlp.forward_fused(blk.mlp_norm(h), gate_up)
         self.logits.copy_(self.model.lm_head(m.norm(h))[:, 0])
         self.pos.add_(1)
 
