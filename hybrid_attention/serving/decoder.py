@@ -259,13 +259,18 @@ class StaticDecoder:
         None: the current mode); graphs of the other mode are kept. Warm-up runs (torch.compile, Triton compilation,
         cuBLAS workspaces) happen on a side stream; the recurrent states and counters are snapshotted before and
         restored after each of them, so capturing does not change the decoder's state (the large caches are only
-        written at the cursor)."""
+        written at the cursor). Capturing the other mode than the current one snapshots every buffer (the caches
+        too: its step writes at its own cursors, e.g. a NAtS-L chunk slot another row still reads)."""
         if not self.device.type == "cuda":
             raise ValueError(f"capture() needs a CUDA model, got device {self.device}")
         if self.length >= self.max_length:
             raise ValueError(f"max_length={self.max_length} reached: no room for the warm-up step")
         per_row = self.per_row if per_row is None else bool(per_row)
-        small = [self.pos, self.row_pos] + [buf for static in self.states for buf in static.small_buffers()]
+        other = per_row != self.per_row
+        if other:  # the other mode's positions may be stale (unused until a prefill sets them): warm up in range
+            (self.row_pos if per_row else self.pos).fill_(self.length)
+        small = [self.pos, self.row_pos] + [buf for static in self.states
+                                            for buf in (static.buffers() if other else static.small_buffers())]
         saved = [buf.clone() for buf in small]
 
         def restore() -> None:

@@ -220,3 +220,28 @@ def test_padded_errors() -> None:
     with pytest.raises(ValueError, match=r"prompt \(10\) \+ max_new_tokens \(4\) exceeds max_length=12"):
         dec.generate(ids, 4, attention_mask=mask)
     dec.generate(ids, 3, attention_mask=mask)  # the longest row fits (10 + 3 - 1 fed tokens <= 12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@torch.no_grad()
+def test_cuda_graphs_of_the_per_row_mode() -> None:
+    """GPU: graphs of both modes captured before any prefill (the per-row one while equal-length), then a padded
+    prefill: replays equal the uncaptured per-row step (fused kernels, compiled by default on CUDA); a mode without
+    graphs is refused in one line."""
+    model = _model(["gdn", "natsl", "softmax", "interdomain"], natsl_rope=True, dtype=torch.float32).cuda()
+    _, ids, mask = _batch(device="cuda")
+    graphs, plain = StaticDecoder(model, 3, 32), StaticDecoder(model, 3, 32, compile=False)
+    graphs.capture()
+    graphs.capture(per_row=True)
+    assert sorted(graphs.graphs) == [(False, (False,) * 4), (False, (False, True, False, False)),
+                                     (True, (False,) * 4), (True, (False, True, False, False))]
+    a, b = graphs.prefill(ids, attention_mask=mask).clone(), plain.prefill(ids, attention_mask=mask).clone()
+    for _ in range(2 * C + 1):
+        nxt = b.argmax(-1, keepdim=True)
+        a, b = graphs.step(nxt).clone(), plain.step(nxt).clone()
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+    only = StaticDecoder(model, 3, 32)
+    only.capture()
+    only.prefill(ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="no CUDA graph for the per-row"):
+        only.step(ids[:, :1])
