@@ -15,20 +15,33 @@ Static decoding (serving: `StaticDecoder` captures a whole-model step in a CUDA 
 
     static = layer.init_static_state(batch_size, max_len, device, dtype)   # preallocated buffers (a StaticState)
     layer.load_static_state(static, state)       # copy an eager (prefill) state of at most max_len tokens into them
-    y_t = layer.step(x_t, static, pos)           # x_t, y_t: [B, 1, hidden]; pos: 0-d long device tensor
+    y_t = layer.step(x_t, static, pos)           # x_t, y_t: [B, 1, hidden]; pos: long device tensor, 0-d or [B]
 
 `step` reads and updates only the buffers of `static`, in place, and equals the eager one-token decode
 `layer(x_t, state)` on the same state. It is gpt-fast shaped: no host sync (`.item()`, `.tolist()`, `nonzero`, ...),
 no shape that depends on a tensor value and no Python branch on one, so it traces into one graph
-(`torch.compile(fullgraph=True)`) and captures into a CUDA graph. Positions are device tensors (one position for all
-rows: the rows of a static batch advance together); RoPE reads them through `RotaryEmbedding.at`.
+(`torch.compile(fullgraph=True)`) and captures into a CUDA graph. Positions are device tensors; RoPE reads them
+through `RotaryEmbedding.at` (`rope_positions`). A step may branch on `pos.dim()` (a shape, fixed per graph):
+
+- pos 0-d: every row at the same position (equal-length prompts; the original path, unchanged).
+- pos [B]: per-row positions (prompts of different lengths, after a left-padded prefill: row b holds its own document
+  from position 0, ``models/padding.py``). Static layout per row: softmax K/V of row b's position p in slot p (the
+  valid keys of row b: 0..pos[b]); recurrent states are per row anyway; NAtS-L's chunk slot is pos[b] mod C.
+  `load_static_state` then takes the packed prefill's state (``KVState.pad``: right-aligned rows are moved to slot 0)
+  or, for a mixer without ``packed_states`` (NAtS-L), one batch-1 state per row through ``StaticState.row(b)``.
 
 DECISION (chunk ends, named once here): a mixer whose step does extra work at the end of each chunk of C tokens (NAtS-L:
 type the chunk, commit or roll back its GDN writes, keep or drop its K/V) declares C through `step_chunk_size()`, and
-its `step` takes the host-known flag `chunk_end` = "this token completes a chunk" = (position + 1) % C == 0. The caller
-knows every position on the host (it chooses a CUDA graph per pattern of flags), so a step never computes the chunk-end
-work and masks it out, and never branches on the device position. Mixers without chunks return None and ignore the
-flag.
+its `step` takes the host-known flag `chunk_end`. With a 0-d pos, chunk_end = "this token completes a chunk" =
+(position + 1) % C == 0: the caller knows every position on the host (it chooses a CUDA graph per pattern of flags), so
+the step never computes the chunk-end work and masks it out, and never branches on the device position. With per-row
+positions ([B]) rows complete chunks at different steps; chunk_end then means "at least one row may complete a chunk
+here" (the host knows every row's length): the step computes the chunk-end work for every row and applies it under the
+device-side per-row mask (pos[b] + 1) % C == 0; chunk_end=False promises that no row completes one. So there are still
+two graphs per chunk size (inside-chunk, chunk-final), and the cost of the per-row design is that a chunk-final step
+does the chunk-end work of all B rows (routing, the S select, the K/V copy of the chunk) to use it for some: with rows
+at distinct phases up to min(B, C) of every C steps are chunk-final instead of one. Mixers without chunks return None
+and ignore the flag.
 """
 
 from __future__ import annotations
@@ -63,6 +76,11 @@ class StaticState:
         """Timing only: random contents as if `length` tokens had been seen (costs of a real context of that length,
         meaningless outputs). softmax_fraction: the kept fraction of complete chunks (NAtS-L; ignored otherwise)."""
         raise NotImplementedError
+
+    def row(self, b: int) -> StaticState:
+        """A view of row b (batch 1, sharing the storage): what `load_static_state` of a mixer without
+        ``packed_states`` fills from the row's own batch-1 prefill state (``models/padding.RowStates``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-row view")
 
     def overflowed(self) -> torch.Tensor | None:
         """A 0-d bool device tensor when the buffers can overflow (NAtS-L kept more chunks than its capacity; outputs
@@ -107,8 +125,9 @@ class TokenMixer(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} has no static decode step")
 
     def step(self, x: torch.Tensor, static: StaticState, pos: torch.Tensor, chunk_end: bool = False) -> torch.Tensor:
-        """One token: x [B, 1, hidden] at position pos (0-d long device tensor) -> y [B, 1, hidden]; `static` is
-        advanced in place. chunk_end: the host-known chunk-end flag (module docstring; ignored without chunks)."""
+        """One token: x [B, 1, hidden] at position pos (long device tensor: 0-d, one position for all rows, or [B],
+        per row) -> y [B, 1, hidden]; `static` is advanced in place. chunk_end: the host-known chunk-end flag (module
+        docstring; ignored without chunks)."""
         raise NotImplementedError(f"{type(self).__name__} has no static decode step")
 
     def step_chunk_size(self) -> int | None:
@@ -168,10 +187,10 @@ def row_positions(offset: int, pad: torch.Tensor | None, t: int, device: torch.d
     return offset - pad[:, None] + torch.arange(t, device=device)[None, :]
 
 
-def refuse_padded(pad: torch.Tensor | None, name: str) -> None:
-    """Static decoding advances every row at one position: refuse a state with per-row positions (``pad``)."""
-    if pad is not None:
-        raise ValueError(f"{name}: static decoding takes states of equal-length rows, not a left-padded prefill's")
+def rope_positions(pos: torch.Tensor) -> torch.Tensor:
+    """A step's positions as `RotaryEmbedding.at` takes them for x [B, 1, H, D]: 0-d stays 0-d (one position for all
+    rows), [B] becomes [B, 1] (one position per row)."""
+    return pos if pos.dim() == 0 else pos[:, None]
 
 
 @torch.no_grad()

@@ -44,7 +44,7 @@ from hybrid_attention.layers.base import (
     copy_conv_states,
     left_pad,
     packed_positions,
-    refuse_padded,
+    rope_positions,
     row_positions,
 )
 from hybrid_attention.modules import (
@@ -314,19 +314,21 @@ class InterdomainAttention(TokenMixer):
         return static
 
     def load_static_state(self, static: InterdomainStaticState, state: InterdomainState) -> None:
-        refuse_padded(state.pad, type(self).__name__)
+        """Copy an eager state (a left-padded prefill's too: its rows are per-row states already; their positions
+        are the caller's per-row `pos`, layers/base.py)."""
         static.ssm.copy_(state.ssm)
         copy_conv_states(static.conv, state.conv)
 
     def step(self, x: torch.Tensor, static: InterdomainStaticState, pos: torch.Tensor,
              chunk_end: bool = False) -> torch.Tensor:
-        """x [B, 1, hidden] at position pos (RoPE) -> [B, 1, hidden]; the S4D state and conv states advance in place."""
+        """x [B, 1, hidden] at position pos (RoPE; 0-d, or [B] per row) -> [B, 1, hidden]; the S4D state and conv
+        states advance in place."""
         b = x.shape[0]
         br = self._branches_step(x, static)
         key, q = br[self.key_name], br.get("q")
         if self.rotary is not None:
-            key = self.rotary.at(key, pos)
-            q = self.rotary.at(q, pos) if q is not None else None
+            key = self.rotary.at(key, rope_positions(pos))
+            q = self.rotary.at(q, rope_positions(pos)) if q is not None else None
         if self.dual_input:
             key = self._feature_map(key)
         key, val = self._input_gain(self.key_norm(key), self.value_norm(br[self.val_name]))

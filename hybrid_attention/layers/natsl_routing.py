@@ -51,16 +51,20 @@ class RoutingSpec:
             raise ValueError(f"force_routing must be None, 'softmax', 'gdn' or a fraction in [0, 1], got {fr!r}")
 
     def apply(self, hard: torch.Tensor, first_chunk: int | torch.Tensor) -> torch.Tensor:
-        """The router's one-hot routing hard [B, N, Hn, 2] of chunks first_chunk.. (an int, or a 0-d integer device
-        tensor in the static step) -> the routing imposed by ``force`` (``hard`` itself when None)."""
+        """The router's one-hot routing hard [B, N, Hn, 2] of chunks first_chunk.. (an int, or an integer device
+        tensor in the static step: 0-d, or [B] with rows at their own chunk numbers) -> the routing imposed by
+        ``force`` (``hard`` itself when None)."""
         fr = self.force
         if fr is None:
             return hard
         if isinstance(fr, str):
             sel = torch.full(hard.shape[:-1], fr == "softmax", dtype=torch.bool, device=hard.device)
         else:
-            n = first_chunk + torch.arange(hard.shape[1], device=hard.device, dtype=torch.float64)  # chunk numbers
-            sel = (torch.floor((n + 1) * fr) > torch.floor(n * fr))[None, :, None].expand(hard.shape[:-1])
+            n = torch.arange(hard.shape[1], device=hard.device, dtype=torch.float64)  # chunk numbers [N] or [B, N]
+            per_row = isinstance(first_chunk, torch.Tensor) and first_chunk.dim() == 1
+            n = first_chunk[:, None] + n[None] if per_row else first_chunk + n
+            sel = torch.floor((n + 1) * fr) > torch.floor(n * fr)
+            sel = (sel[..., None] if per_row else sel[None, :, None]).expand(hard.shape[:-1])
         return F.one_hot(torch.where(sel, SOFTMAX, GDN), 2).to(hard.dtype)
 
 

@@ -16,19 +16,30 @@ Decisions (named once, here):
 - The chunk-end work runs only in steps called with `chunk_end=True` (the host-known flag of layers/base.py). Routing
   at a chunk end: the layer's router, or its forced routing; a forced softmax fraction needs the chunk number, taken
   from the device position.
+- Per-row positions (pos [B], prompts of different lengths; layers/base.py): each row's chunk buffer is at its own
+  phase (row b writes slot pos[b] mod C and sees slots 0..pos[b] mod C of it). A step with chunk_end=True does the
+  chunk-end work for every row and applies it only where (pos[b] + 1) % C == 0 (a device mask; no host sync, no
+  branch): the types are masked to "GDN, not kept" for the other rows, which leaves their S untouched (the commit
+  branch of the select), and S_start / g_sum are reset under the mask. The chunk copy into slot n_kept runs for every
+  row: for a row not at its chunk end it lands in a slot that is not valid (>= n_kept, the spare one when full) and is
+  overwritten by that row's real chunk end, so it needs no mask. Cost: the chunk-final step's work (router, two
+  selects over S, the C-token K/V copy) for all B rows, on every step at which some row ends a chunk (up to
+  min(B, C) of every C steps instead of 1). Chosen over graphs per pattern of ending rows (up to C + 1 graphs, known
+  only after the prefill) and over the chunk-end work in every step (one graph, C times the cost when rows agree).
+  The load of a left-padded prefill takes one batch-1 state per row (`NatsLStaticState.row`).
 - Attention: with `use_kernels`, the split-KV Triton kernel (ops/decode_attention), which reads only the valid keys;
   otherwise SDPA over the whole buffer with a boolean mask of the valid keys. The GDN branch: `gated_delta_step`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from hybrid_attention.layers.base import StaticState, copy_conv_states
+from hybrid_attention.layers.base import StaticState, copy_conv_states, rope_positions
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -97,6 +108,13 @@ class NatsLStaticState(StaticState):
     def overflowed(self) -> torch.Tensor:
         return self.overflow
 
+    def row(self, b: int) -> NatsLStaticState:
+        """Row b as a batch-1 view (the per-row buffers sliced, the flag and constant index tensors shared)."""
+        one = slice(b, b + 1)
+        return replace(self, kv_k=self.kv_k[one], kv_v=self.kv_v[one], x_buf=self.x_buf[one], S=self.S[one],
+                       S_start=self.S_start[one], g_sum=self.g_sum[one], n_kept=self.n_kept[one],
+                       conv={n: t[one] for n, t in self.conv.items()})
+
     def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
         """Timing fill: random K/V and states; every (row, head) keeps round(fraction · complete chunks) chunks."""
         kept = round(softmax_fraction * (length // self.chunk_size))
@@ -163,8 +181,10 @@ class NatsLStaticStep:
 
     def step(self, x: torch.Tensor, static: NatsLStaticState, pos: torch.Tensor,
              chunk_end: bool = False) -> torch.Tensor:
-        """x [B, 1, hidden] at position pos -> [B, 1, hidden]. chunk_end: (pos + 1) % C == 0, known on the host."""
+        """x [B, 1, hidden] at position pos -> [B, 1, hidden]. pos 0-d: chunk_end = (pos + 1) % C == 0, known on the
+        host; pos [B] (per row): chunk_end = some row may complete its chunk (module docstring)."""
         b = x.shape[0]
+        per_row = pos.dim() == 1
         c, hl, hs, grp = self.chunk_size, self.num_heads, self.num_attn_heads, self.group
         q, k, v, beta, g, new_conv = self._project(x, static, True)
         copy_conv_states(static.conv, new_conv)
@@ -177,20 +197,30 @@ class NatsLStaticStep:
         qs = self.q_norm(q.view(b, 1, hs, self.attn_head_dim))
         ks = self.k_norm(k.view(b, 1, hs, self.attn_head_dim))
         if self.rotary is not None:
-            qs, ks = self.rotary.at(qs, pos), self.rotary.at(ks, pos)
+            qs, ks = self.rotary.at(qs, rope_positions(pos)), self.rotary.at(ks, rope_positions(pos))
         vs = v.view(b, 1, hs, self.attn_head_v_dim)
-        slot = torch.remainder(pos, c)
-        at = slot.reshape(1)
-        static.x_buf.index_copy_(1, at, x)
-        static.k_buf.index_copy_(2, at, ks.transpose(1, 2))
-        static.v_buf.index_copy_(2, at, vs.transpose(1, 2))
+        slot = torch.remainder(pos, c)  # 0-d, or [B]: each row's place in its own chunk
+        if per_row:
+            static.x_buf.scatter_(1, slot[:, None, None].expand(b, 1, self.hidden_size), x)
+            static.k_buf.scatter_(2, slot[:, None, None, None].expand(b, hs, 1, self.attn_head_dim),
+                                  ks.transpose(1, 2))
+            static.v_buf.scatter_(2, slot[:, None, None, None].expand(b, hs, 1, self.attn_head_v_dim),
+                                  vs.transpose(1, 2))
+        else:
+            at = slot.reshape(1)
+            static.x_buf.index_copy_(1, at, x)
+            static.k_buf.index_copy_(2, at, ks.transpose(1, 2))
+            static.v_buf.index_copy_(2, at, vs.transpose(1, 2))
         kept_hs = static.n_kept.repeat_interleave(grp, 1)  # [B, Hs]
         if static.use_kernels:  # keys: the cache prefix [0, kept·C) and the chunk [cap, cap + slot]
             o_sa = decode_attention(qs[:, 0], static.kv_k, static.kv_v, kept_hs * c, static.buf_start,
-                                    (slot + 1).reshape(1, 1), self.attn_head_dim ** -0.5, static.num_splits)[:, None]
+                                    (slot + 1).reshape(-1, 1), self.attn_head_dim ** -0.5, static.num_splits)[:, None]
         else:
             cache_ok = static.cache_slot[None, None, :] < kept_hs[:, :, None]  # [B, Hs, cap]
-            buf_ok = (static.chunk_pos <= slot)[None, None, :].expand(b, hs, c)
+            if per_row:
+                buf_ok = (static.chunk_pos[None, :] <= slot[:, None])[:, None, :].expand(b, hs, c)
+            else:
+                buf_ok = (static.chunk_pos <= slot)[None, None, :].expand(b, hs, c)
             mask = torch.cat([cache_ok, buf_ok], -1)[:, :, None, :]  # [B, Hs, 1, cap + C]
             o_sa = F.scaled_dot_product_attention(qs.transpose(1, 2), static.kv_k, static.kv_v, attn_mask=mask,
                                                   scale=self.attn_head_dim ** -0.5).transpose(1, 2)
@@ -200,15 +230,23 @@ class NatsLStaticStep:
         return y
 
     def _finish_static_chunk(self, static: NatsLStaticState, pos: torch.Tensor) -> None:
-        """The C-th token of a chunk arrived: type it, commit or roll back the GDN writes, keep or drop its K/V."""
+        """The C-th token of a chunk arrived: type it, commit or roll back the GDN writes, keep or drop its K/V.
+        pos [B] (per row): only in the rows where (pos + 1) % C == 0 (module docstring)."""
         b = static.x_buf.shape[0]
         c, hs, grp = self.chunk_size, self.num_attn_heads, self.group
         sel = self._chunk_softmax_types(static.x_buf, torch.div(pos, c, rounding_mode="floor"))  # [B, Hn]
+        ends = torch.remainder(pos + 1, c) == 0 if pos.dim() == 1 else None  # [B]: rows completing a chunk
+        if ends is not None:
+            sel = sel & ends[:, None]  # the other rows: "GDN" (S kept as it is), nothing kept
         is_gdn = (~sel)[:, :, None, None]
         decay = torch.exp(static.g_sum)[:, :, None, None] if self.decay_uncommitted else 1.0
         static.S.copy_(torch.where(is_gdn, static.S, decay * static.S_start))
-        static.S_start.copy_(static.S)
-        static.g_sum.zero_()
+        if ends is None:
+            static.S_start.copy_(static.S)
+            static.g_sum.zero_()
+        else:
+            static.S_start.copy_(torch.where(ends[:, None, None, None], static.S, static.S_start))
+            static.g_sum.masked_fill_(ends[:, None], 0.0)
         # slot n_kept, clamped into the spare slot: only an overflow (flagged) lands on a kept chunk
         slot = static.n_kept.clamp(max=static.capacity).repeat_interleave(grp, 1)  # [B, Hs]
         dest = slot[:, :, None] * c + static.chunk_pos  # [B, Hs, C]

@@ -14,8 +14,8 @@ from hybrid_attention.layers.base import (
     check_hidden,
     left_pad,
     packed_positions,
-    refuse_padded,
     right_align,
+    rope_positions,
     row_positions,
 )
 from hybrid_attention.modules import RotaryEmbedding, concat_linear_weights
@@ -160,25 +160,40 @@ class SoftmaxAttention(TokenMixer):
             w_qkv=w_qkv.to(device=device, dtype=dtype))
 
     def load_static_state(self, static: StaticKVState, state: KVState) -> None:
-        refuse_padded(state.pad, type(self).__name__)
-        n = state.offset
-        static.k[:, :, :n].copy_(state.k.transpose(1, 2))
-        static.v[:, :, :n].copy_(state.v.transpose(1, 2))
+        """Copy an eager state; a left-padded prefill's (``state.pad``) row b moves from slots pad[b].. to 0.. (row b's
+        position p in slot p, the per-row layout of layers/base.py; a host sync, outside steps)."""
+        if state.pad is None:
+            n = state.offset
+            static.k[:, :, :n].copy_(state.k.transpose(1, 2))
+            static.v[:, :, :n].copy_(state.v.transpose(1, 2))
+            return
+        for b, p in enumerate(state.pad.tolist()):
+            n = state.offset - p
+            static.k[b, :, :n].copy_(state.k[b, p:].transpose(0, 1))
+            static.v[b, :, :n].copy_(state.v[b, p:].transpose(0, 1))
 
     def step(self, x: torch.Tensor, static: StaticKVState, pos: torch.Tensor, chunk_end: bool = False) -> torch.Tensor:
-        """x [B, 1, hidden] at position pos -> [B, 1, hidden]; writes K/V at pos, attends to keys 0..pos: the split-KV
-        kernel with `use_kernels` (reads only those keys), else SDPA over the whole buffer with a mask of them."""
+        """x [B, 1, hidden] at position pos (0-d, or [B] per row) -> [B, 1, hidden]; writes K/V at pos (row b: slot
+        pos[b]), attends to keys 0..pos (row b: 0..pos[b]): the split-KV kernel with `use_kernels` (reads only those
+        keys), else SDPA over the whole buffer with a mask of them."""
         b = x.shape[0]
+        per_row = pos.dim() == 1
         q, k, v = (z.view(b, 1, self.num_heads, self.head_dim) for z in F.linear(x, static.w_qkv).chunk(3, -1))
         if self.rotary is not None:
-            q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
-        at = pos.reshape(1)
-        static.k.index_copy_(2, at, k.transpose(1, 2).to(static.k.dtype))
-        static.v.index_copy_(2, at, v.transpose(1, 2).to(static.v.dtype))
+            q, k = self.rotary.at(q, rope_positions(pos)), self.rotary.at(k, rope_positions(pos))
+        if per_row:  # row b writes slot pos[b]
+            at = pos[:, None, None, None].expand(b, self.num_heads, 1, self.head_dim)
+            static.k.scatter_(2, at, k.transpose(1, 2).to(static.k.dtype))
+            static.v.scatter_(2, at, v.transpose(1, 2).to(static.v.dtype))
+        else:
+            at = pos.reshape(1)
+            static.k.index_copy_(2, at, k.transpose(1, 2).to(static.k.dtype))
+            static.v.index_copy_(2, at, v.transpose(1, 2).to(static.v.dtype))
         if static.use_kernels:
-            o = decode_attention(q[:, 0], static.k, static.v, (pos + 1).reshape(1, 1), static.zero, static.zero,
+            o = decode_attention(q[:, 0], static.k, static.v, (pos + 1).reshape(-1, 1), static.zero, static.zero,
                                  self.head_dim ** -0.5, static.num_splits)
         else:
-            mask = (static.key_pos <= pos)[None, None, None, :]  # [1, 1, 1, L]: keys 0..pos
+            valid = static.key_pos <= (pos[:, None] if per_row else pos)  # [B, L] or [L]: keys 0..pos
+            mask = valid[:, None, None, :] if per_row else valid[None, None, None, :]
             o = F.scaled_dot_product_attention(q.transpose(1, 2), static.k, static.v, attn_mask=mask)[:, :, 0]
         return self.o_proj(o.reshape(b, 1, -1))

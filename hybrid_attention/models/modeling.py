@@ -15,8 +15,14 @@ Left-padded batches (attention_mask with zeros; DECISIONS, the mechanics in ``mo
   offset - pad[b]; Interdomain / S4D keep ``InterdomainState.pad`` for their RoPE; GDN is position-free. NAtS-L (one
   partial-chunk phase per state) keeps one state per row (``RowStates``): exact, its decode steps run row by row.
 - Decode steps after it: every row advances one token (the mask grows by a column of ones; a zero among the new
-  columns raises). position_ids are accepted and ignored: positions follow from the mask and the states.
-- Static decoding (``StaticDecoder``) takes equal-length rows only (a padded state is refused in one line).
+  columns raises).
+- position_ids (keyword, HF style [B or 1, T']) are validated, never used: every position follows from the mask, the
+  cache (``HybridCache.pad``) or cu_seqlens (row b's own tokens count from 0), and position_ids that disagree at a
+  non-padding token raise one line naming position_ids (``models/padding.check_position_ids``). Not in the signature
+  on purpose: generate() then does not build them every step (a check = a host sync); passed to generate(), they are
+  extended by it and checked at every step.
+- Static decoding (``StaticDecoder``) takes the same left-padded prompts: per-row positions in its static buffers
+  (serving/decoder.py).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.mixers import build_mixer
 from hybrid_attention.models.padding import (
     RowStates,
+    check_position_ids,
     left_padding_lengths,
     mixer_per_document,
     mixer_per_row,
@@ -171,8 +178,8 @@ class HybridModel(HybridPreTrainedModel):
         if not use_cache:
             new_cache = None
         else:  # packed: the documents right-aligned in rows of the longest one's width (models/padding.py)
-            new_cache = HybridCache(new_states, left_pad(cu_seqlens)[0] if cu_seqlens is not None else
-                                    cache.seen_tokens + h.shape[1])
+            new_cache = (HybridCache(new_states, *left_pad(cu_seqlens)) if cu_seqlens is not None else
+                         HybridCache(new_states, cache.seen_tokens + h.shape[1], cache.pad))
         return h, new_cache, (tuple(hidden) if hidden is not None else None)
 
 
@@ -279,7 +286,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         position_ids. Packed calls start from an empty state (a cache given raises); use_cache defaults to False,
         True returns a cache whose row i continues document i (``seen_tokens`` = the longest document's length).
         Labels are used as given: the trainer decides what the last token of a document predicts.
-        attention_mask [B, T']: left padding (module docstring); labels at padding should be -100."""
+        attention_mask [B, T']: left padding (module docstring); labels at padding should be -100.
+        position_ids [B or 1, T'] (in kwargs): checked against the positions above, not used (module docstring)."""
         # transformers <= 5.2x passes past_key_values=, newer releases pass cache=: accept both, refuse a conflict.
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("got different objects for cache= and past_key_values=; pass one of them")
@@ -288,6 +296,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             raise ValueError(f"cache must be a HybridCache (from model.init_cache or a previous output), got "
                              f"{type(cache).__name__}")
         t = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        if (position_ids := kwargs.pop("position_ids", None)) is not None:
+            check_position_ids(position_ids, t, attention_mask, cache, cu_seqlens)
         pad_mask = self._padded_prefill(attention_mask, cache, cu_seqlens, t) if attention_mask is not None else None
         if use_cache is None:
             use_cache = cache is not None or (self.config.use_cache and not self.training and cu_seqlens is None)
@@ -300,7 +310,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         if pad_mask is not None:
             h = unpack_rows(h, pad_mask)
             hidden = None if hidden is None else tuple(unpack_rows(z, pad_mask) for z in hidden)
-            new_cache = None if new_cache is None else HybridCache(new_cache.states, t)  # HF counts the padding
+            if new_cache is not None:  # HF counts the padding: row b's own tokens are the last lens[b] of t
+                new_cache = HybridCache(new_cache.states, t, t - (pad_mask != 0).sum(1))
         h = h[:, -logits_to_keep:] if logits_to_keep else h
         logits = self.lm_head(h)
         loss = None

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hybrid_attention.layers.base import TokenMixer
+from hybrid_attention.ops.common.varlen import positions_in_document
 
 
 def left_padding_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -38,6 +39,40 @@ def left_padding_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
         raise ValueError(f"attention_mask must be left padding (each row: zeros, then ones up to the last column; "
                          f"padding_side='left'), got row {row} = {attention_mask[row].tolist()}")
     return valid.sum(1)
+
+
+def check_position_ids(position_ids: torch.Tensor, t: int, attention_mask: torch.Tensor | None, cache: Any,
+                       cu_seqlens: torch.Tensor | None) -> None:
+    """DECISION: position_ids [B or 1, t] are checked, not used: positions follow from cu_seqlens (each document from
+    0), else the attention_mask [B, seen + t] (row b's k-th token at k - 1, the cumulative count of ones; a mask of
+    another width is not read), else the cache (``HybridCache.next_positions``: seen_tokens - pad[b] onwards; from 0
+    without a cache). Entries at padding (mask 0) are not checked (HF fills them with 0 or 1). Raises ``ValueError``
+    (one line naming position_ids) on a wrong shape or any other mismatch; one host sync."""
+    if position_ids.dim() != 2 or position_ids.shape[1] != t:
+        raise ValueError(f"position_ids must be [batch_size or 1, {t}] (the new tokens), got shape "
+                         f"{tuple(position_ids.shape)}")
+    device = position_ids.device
+    check = None  # [B, t] bool: the entries to compare (None: all)
+    if cu_seqlens is not None:
+        expected = positions_in_document(cu_seqlens).to(device)[None]
+    elif attention_mask is not None and attention_mask.shape[1] == t + (cache.seen_tokens if cache else 0):
+        valid = attention_mask.to(device) != 0
+        expected, check = (valid.cumsum(-1) - 1)[:, -t:], valid[:, -t:]
+    elif cache is not None:
+        expected = cache.next_positions(t, device)
+    else:
+        expected = torch.arange(t, device=device)[None]
+    try:
+        expected, got = torch.broadcast_tensors(expected, position_ids)
+    except RuntimeError:
+        raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} do not match the batch of "
+                         f"{expected.shape[0]} rows") from None
+    wrong = expected != got if check is None else (expected != got) & check.expand_as(got)
+    if bool(wrong.any()):
+        row = int(wrong.any(1).nonzero()[0, 0])
+        raise ValueError(f"position_ids must equal the positions that attention_mask / the cache / cu_seqlens imply "
+                         f"(each row counts its own tokens from 0; padding is not checked): row {row} got "
+                         f"{got[row].tolist()}, expected {expected[row].tolist()}")
 
 
 def pack_rows(z: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@
     dec.capture()                           # CUDA only: one graph per chunk-phase pattern (see below)
     logits = dec.step(next_ids)             # [B, V]; next_ids [B, 1]
     tokens = dec.generate(input_ids, 64)    # greedy, [B, T0 + 64]
+    tokens = dec.generate(ids, 64, attention_mask=mask)   # prompts of different lengths, left padded
 
 Every layer's mixer brings its own static state and one-token step (the mixer contract, layers/base.py:
 `init_static_state`, `load_static_state`, `step`); this module only chains them with the norms and MLPs, compiles,
@@ -17,6 +18,13 @@ Decisions:
   inside-chunk and chunk-final; one graph for models without NAtS-L). Inside a graph nothing branches on tensor values.
 - The position lives twice: a 0-d long device tensor (read by RoPE, masks and cache writes; advanced in place by the
   captured step) and a host int (`length`) used only for bounds checks and for choosing the graph.
+- Prompts of different lengths (`prefill(..., attention_mask=...)` with left padding, models/padding.py): the rows get
+  their own positions, a [B] long device tensor (`row_pos`, advanced in place) beside the host lengths; every mixer
+  step takes it instead of the 0-d one (the per-row layout and NAtS-L's per-row chunk ends: layers/base.py). It is a
+  second mode with its own compiled step and graphs (`per_row`); equal-length prompts (no mask, or one without zeros)
+  keep the 0-d path unchanged. In the per-row mode a layer's chunk-end flag is "some row completes a chunk"; the graphs
+  cover every pattern of those flags over the distinct chunk sizes (two for one size), so one `capture()` in the
+  per-row mode serves any later padded prefill. `length` is then the longest row's length (the bound of the buffers).
 - compile (default: on CUDA): the whole-model step is `torch.compile(fullgraph=True, dynamic=False)`d once per chunk
   phase, before the CUDA-graph capture (`capture()` captures the compiled step; inductor's own cudagraphs are never
   used: `COMPILE_MODE`). Every Triton kernel a step calls is a registered custom op with a fake kernel
@@ -32,6 +40,7 @@ Decisions:
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 
@@ -40,6 +49,7 @@ import torch
 from hybrid_attention.layers.base import StaticState, has_static_step
 from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.models.modeling import HybridForCausalLM
+from hybrid_attention.models.padding import RowStates, left_padding_lengths
 
 # torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
 # autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
@@ -95,11 +105,22 @@ class StaticDecoder:
         self.tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)  # static graph input
         self.logits = torch.zeros(batch_size, model.config.vocab_size, dtype=dtype, device=self.device)
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
+        self.row_pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # per-row mode: [B] positions
         self.length = 0
-        self.graphs: dict[tuple[bool, ...], torch.cuda.CUDAGraph] = {}
+        # per-row mode (a left-padded prefill): row b holds length - row_pad[b] tokens; None: rows of equal length
+        self.row_pad: list[int] | None = None
+        self.graphs: dict[tuple[bool, tuple[bool, ...]], torch.cuda.CUDAGraph] = {}  # (per_row, phase) -> graph
         self.compile = self.device.type == "cuda" if compile is None else bool(compile)
-        self._run = (torch.compile(self._own_step_impl(), fullgraph=True, dynamic=False, mode=compile_mode)
-                     if self.compile else self._step_impl)
+        # one compiled step per mode (each its own code object: the 0-d and [B] positions never share Dynamo's cache)
+        self._run, self._run_rows = (
+            (torch.compile(self._own_step_impl(), fullgraph=True, dynamic=False, mode=compile_mode),
+             torch.compile(self._own_step_impl(), fullgraph=True, dynamic=False, mode=compile_mode))
+            if self.compile else (self._step_impl, self._step_impl))
+
+    @property
+    def per_row(self) -> bool:
+        """Whether the rows have their own lengths (after a left-padded prefill)."""
+        return self.row_pad is not None
 
     def _own_step_impl(self):
         """`_step_impl` bound to this decoder through its own code object. Dynamo keeps its compiled graphs per code
@@ -112,18 +133,27 @@ class StaticDecoder:
 
     # ------------------------------------------------------------------------------------------------ state
     def _phase(self, length: int) -> tuple[bool, ...]:
-        """Per layer: does the token at position `length` complete a NAtS-L chunk?"""
-        return tuple(c is not None and (length + 1) % c == 0 for c in self.chunk_sizes)
+        """Per layer: does the token at position `length` complete a NAtS-L chunk? Per-row mode: does it in some row
+        (row b is at position length - row_pad[b])?"""
+        pads = self.row_pad or [0]
+        return tuple(c is not None and any((length - p + 1) % c == 0 for p in pads) for c in self.chunk_sizes)
 
-    def _all_phases(self) -> list[tuple[bool, ...]]:
+    def _all_phases(self, per_row: bool = False) -> list[tuple[bool, ...]]:
+        """Every phase a step can have: over one period of the chunk sizes; per_row: every pattern of flags over the
+        distinct chunk sizes (rows at any phases)."""
+        if per_row:
+            sizes = sorted({c for c in self.chunk_sizes if c is not None})
+            patterns = (dict(zip(sizes, ends)) for ends in itertools.product((False, True), repeat=len(sizes)))
+            return sorted({tuple(c is not None and ends[c] for c in self.chunk_sizes) for ends in patterns})
         period = math.lcm(*[c for c in self.chunk_sizes if c is not None]) if any(self.chunk_sizes) else 1
         return sorted({self._phase(p) for p in range(period)})
 
     def set_length(self, length: int) -> None:
-        """Declare that the buffers hold `length` tokens (after `fill_random`; prefill sets it itself)."""
+        """Declare that the buffers hold `length` tokens in every row (after `fill_random`; prefill sets it itself)."""
         if not 0 <= length <= self.max_length:
             raise ValueError(f"length must be in [0, max_length={self.max_length}], got {length}")
         self.length = length
+        self.row_pad = None
         self.pos.fill_(length)
 
     def overflowed(self) -> bool:
@@ -131,22 +161,49 @@ class StaticDecoder:
         return any(bool(flag) for flag in (st.overflowed() for st in self.states) if flag is not None)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, chunk_size: int = 2048,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids [B, T0] -> logits [B, V] of the last position. Runs `model.prefill` (chunked, Python-side
-        state) and copies every layer's state into the static buffers."""
+        state) and copies every layer's state into the static buffers. attention_mask [B, T0] (left padding,
+        models/padding.py): prompts of different lengths; with a zero in it the decoder runs in the per-row mode
+        (module docstring) until the next prefill; without one it is ignored."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch_size, T0], got shape {tuple(input_ids.shape)}")
         b, t0 = input_ids.shape
         if b != self.batch_size:
             raise ValueError(f"input_ids has batch size {b}, the decoder was built for batch_size={self.batch_size}")
-        if not 1 <= t0 <= self.max_length:
-            raise ValueError(f"prompt length {t0} must be in [1, max_length={self.max_length}]")
-        logits, cache = self.model.prefill(input_ids.to(self.device), chunk_size=chunk_size)
+        lens = self._row_lengths(input_ids, attention_mask)
+        longest = t0 if lens is None else max(lens)
+        if not 1 <= longest <= self.max_length:
+            raise ValueError(f"prompt length {longest} must be in [1, max_length={self.max_length}]")
+        if lens is None:
+            logits, cache = self.model.prefill(input_ids.to(self.device), chunk_size=chunk_size)
+        else:
+            logits, cache = self.model.prefill(input_ids.to(self.device), chunk_size=chunk_size,
+                                               attention_mask=attention_mask.to(self.device))
         for blk, static, state in zip(self.model.model.layers, self.states, cache.states):
-            blk.mixer.load_static_state(static, state)
-        self.set_length(t0)
+            if isinstance(state, RowStates):  # a mixer without packed states: one batch-1 state per row
+                for row, row_state in enumerate(state.rows):
+                    blk.mixer.load_static_state(static.row(row), row_state)
+            else:
+                blk.mixer.load_static_state(static, state)
+        self.set_length(longest)
+        if lens is not None:
+            self.row_pad = [longest - n for n in lens]
+            self.row_pos.copy_(torch.tensor(lens, dtype=torch.long))
         self.logits.copy_(logits)
         return self.logits
+
+    @staticmethod
+    def _row_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[int] | None:
+        """The prompt lengths of a left-padded attention_mask [B, T0] (host ints), or None without padding."""
+        if attention_mask is None:
+            return None
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
+                             f"{tuple(attention_mask.shape)}")
+        lens = left_padding_lengths(attention_mask)
+        return None if lens is None else lens.tolist()
 
     @torch.no_grad()
     def fill_random(self, length: int, softmax_fraction: float = 0.5, seed: int = 0) -> None:
@@ -163,16 +220,25 @@ class StaticDecoder:
         self.set_length(length)
 
     # ------------------------------------------------------------------------------------------------ step
-    def _step_impl(self, phase: tuple[bool, ...]) -> None:
+    def _step_impl(self, phase: tuple[bool, ...], per_row: bool = False) -> None:
         """The capturable (and compiled) step: tokens -> logits, every state buffer advanced in place, pos += 1.
-        phase: per layer, does this token complete a chunk (the mixers' `chunk_end` flags)."""
+        phase: per layer, does this token complete a chunk (in some row, per_row) (the mixers' `chunk_end` flags);
+        per_row: the [B] positions `row_pos` instead of the 0-d `pos`."""
         m = self.model.model
+        pos = self.row_pos if per_row else self.pos
         h = m.embeddings(self.tokens)
         for blk, static, chunk_end, gate_up in zip(m.layers, self.states, phase, self.mlp_weights):
-            h = h + blk.mixer.step(blk.attn_norm(h), static, self.pos, chunk_end)
+            h = h + blk.mixer.step(blk.attn_norm(h), static, pos, chunk_end)
             h = h + blk.mlp.forward_fused(blk.mlp_norm(h), gate_up)
         self.logits.copy_(self.model.lm_head(m.norm(h))[:, 0])
-        self.pos.add_(1)
+        pos.add_(1)
+
+    def _call(self, phase: tuple[bool, ...], per_row: bool) -> None:
+        """The (compiled or plain) step of the mode."""
+        if per_row:
+            self._run_rows(phase, True)
+        else:
+            self._run(phase)
 
     @torch.no_grad()
     def step(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -183,58 +249,72 @@ class StaticDecoder:
         if self.length >= self.max_length:
             raise ValueError(f"max_length={self.max_length} exceeded: the buffers already hold {self.length} tokens")
         self.tokens.copy_(token_ids)
-        phase = self._phase(self.length)
+        key = (self.per_row, self._phase(self.length))
         if self.graphs:
-            self.graphs[phase].replay()
+            if key not in self.graphs:
+                mode = "per-row (padded prompts)" if self.per_row else "equal-length"
+                raise ValueError(f"no CUDA graph for the {mode} mode: call capture() after this prefill")
+            self.graphs[key].replay()
         else:
-            self._run(phase)
+            self._call(key[1], key[0])
         self.length += 1
         return self.logits
 
     @torch.no_grad()
-    def capture(self, warmup: int = 2) -> None:
-        """CUDA only: capture one graph per chunk phase. Warm-up runs (torch.compile, Triton compilation, cuBLAS
-        workspaces) happen on a side stream; the recurrent states and counters are snapshotted before and restored
-        after each of them, so capturing does not change the decoder's state (the large caches are only written at
-        the cursor)."""
+    def capture(self, warmup: int = 2, per_row: bool | None = None) -> None:
+        """CUDA only: capture one graph per chunk phase of a mode (per_row: the per-row mode of padded prompts;
+        None: the current mode); graphs of the other mode are kept. Warm-up runs (torch.compile, Triton compilation,
+        cuBLAS workspaces) happen on a side stream; the recurrent states and counters are snapshotted before and
+        restored after each of them, so capturing does not change the decoder's state (the large caches are only
+        written at the cursor). Capturing the other mode than the current one snapshots every buffer (the caches
+        too: its step writes at its own cursors, e.g. a NAtS-L chunk slot another row still reads)."""
         if not self.device.type == "cuda":
             raise ValueError(f"capture() needs a CUDA model, got device {self.device}")
         if self.length >= self.max_length:
             raise ValueError(f"max_length={self.max_length} reached: no room for the warm-up step")
-        small = [self.pos] + [buf for static in self.states for buf in static.small_buffers()]
+        per_row = self.per_row if per_row is None else bool(per_row)
+        other = per_row != self.per_row
+        if other:  # the other mode's positions may be stale (unused until a prefill sets them): warm up in range
+            (self.row_pos if per_row else self.pos).fill_(self.length)
+        small = [self.pos, self.row_pos] + [buf for static in self.states
+                                            for buf in (static.buffers() if other else static.small_buffers())]
         saved = [buf.clone() for buf in small]
 
         def restore() -> None:
             for buf, old in zip(small, saved):
                 buf.copy_(old)
 
-        self.graphs = {}
-        pool = None
+        self.graphs = {key: g for key, g in self.graphs.items() if key[0] != per_row}
+        pool = next(iter(self.graphs.values())).pool() if self.graphs else None
         side = torch.cuda.Stream(device=self.device)
-        for phase in self._all_phases():
+        for phase in self._all_phases(per_row):
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    self._run(phase)
+                    self._call(phase, per_row)
                     restore()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._run(phase)
+                self._call(phase, per_row)
             pool = graph.pool()  # graphs share one memory pool: they never run concurrently
-            self.graphs[phase] = graph
+            self.graphs[(per_row, phase)] = graph
         restore()
         torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, chunk_size: int = 2048) -> torch.Tensor:
-        """Greedy decoding: prefill, then `max_new_tokens` steps (graphs when captured). Returns [B, T0 + new]."""
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, chunk_size: int = 2048,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy decoding: prefill, then `max_new_tokens` steps (graphs when captured). Returns [B, T0 + new] (the
+        padding of a left-padded input_ids stays in front). attention_mask [B, T0]: left padding (`prefill`)."""
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if input_ids.shape[-1] + max_new_tokens > self.max_length + 1:
-            raise ValueError(f"prompt ({input_ids.shape[-1]}) + max_new_tokens ({max_new_tokens}) exceeds "
+        lens = self._row_lengths(input_ids, attention_mask) if input_ids.dim() == 2 else None
+        longest = input_ids.shape[-1] if lens is None else max(lens)
+        if longest + max_new_tokens > self.max_length + 1:
+            raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
                              f"max_length={self.max_length} (+ 1: the last token is never fed back)")
-        logits = self.prefill(input_ids, chunk_size=chunk_size)
+        logits = self.prefill(input_ids, chunk_size=chunk_size, attention_mask=attention_mask)
         out = [input_ids.to(self.device)]
         for i in range(max_new_tokens):
             nxt = logits.argmax(-1, keepdim=True)
