@@ -135,7 +135,9 @@ def validate_packed(
     """The packed-input checks every form shares: ``cu_seqlens`` against ``first [B, T, ...]``, each per-chunk input
     of ``chunked`` against ``[1, Nc, ...]``, ``initial_state`` against ``[N, ...]``. Returns the host offsets
     ``[N + 1]`` and, when ``chunk_size`` is given, the host chunk offsets ``[N + 1]`` (else None). Raises
-    ``ValueError`` with one line naming the argument."""
+    ``ValueError`` with one line naming the argument (``first`` is named ``q`` in the message)."""
+    if not isinstance(first, torch.Tensor) or first.dim() < 2:
+        raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
     n_docs = len(offs) - 1
     if initial_state is not None and initial_state.shape[0] != n_docs:
