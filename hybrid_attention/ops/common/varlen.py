@@ -120,8 +120,8 @@ def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int) -> tuple[torch.Tenso
 
 
 def varlen_kwargs(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """``{"cu_seqlens": cu_seqlens}``, or ``{}`` when None: how a public op passes the offsets to a form table whose
-    Triton entries do not take them (the dispatcher has already refused Triton for packed inputs)."""
+    """``{"cu_seqlens": cu_seqlens}``, or ``{}`` when None: how a public op passes the offsets to the form it runs
+    (forms that do not take them are refused for packed inputs by the dispatcher first)."""
     return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
 
 

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from ...common.triton import interpreting
-from ...common.varlen import PackedChunks, packed_chunks, validate_packed
+from ...common.varlen import packed_chunks, validate_packed
 from ..naive import validate_gated_delta_inputs
 from . import kernels as _k
 from .config import DEFAULT_CONFIG, GatedDeltaConfig
@@ -45,16 +45,17 @@ class _Tiles:
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
 
 
-def _seq_grid(B: int, H: int, pk: PackedChunks | None) -> int:
+def _seq_grid(B: int, H: int, doc: torch.Tensor | None) -> int:
     """Programs (sequence, head) of the sequential state kernels: B·H, or N_docs·H for packed documents."""
-    return (pk.n_docs if pk is not None else B) * H
+    return (doc.shape[0] - 1 if doc is not None else B) * H
 
 
 def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final, config,
-                pk: PackedChunks | None = None):
+                tab: torch.Tensor | None = None, doc: torch.Tensor | None = None):
+    """tab [Nc, 4], doc [N + 1]: the ``PackedChunks`` tables of packed documents (both None when not packed)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = pk.n_chunks if pk is not None else triton.cdiv(T, C)  # global chunks (document order when packed)
+    N = tab.shape[0] if tab is not None else triton.cdiv(T, C)  # global chunks (document order when packed)
     Tp = N * C
     cfg = _Tiles(K, V, config)
     dev, f32 = q.device, torch.float32
@@ -65,9 +66,9 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     w = config.empty(B, H, Tp, K, device=dev, dtype=f32)
     u = config.empty(B, H, Tp, V, device=dev, dtype=f32)
     A_scratch = config.empty(B, H, N, C, C, device=dev, dtype=f32)
-    varlen = pk is not None
-    tab = pk.table if varlen else G  # unused pointers when not packed
-    doc = pk.doc_chunks if varlen else G
+    varlen = tab is not None
+    n_seq = _seq_grid(B, H, doc)
+    tab, doc = (tab, doc) if varlen else (G, G)  # unused pointers when not packed
     _k._prep_kernel[(N, B * H)](
         q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, tab, T, H, N, Tp,
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, VARLEN=varlen, **cfg.par,
@@ -75,8 +76,8 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     del A_scratch
     states = config.empty(B, H, N, K, V, device=dev, dtype=f32)
     vn = config.empty(B, H, Tp, V, device=dev, dtype=f32)
-    Sfin = config.empty(_seq_grid(B, H, pk) // H, H, K, V, device=dev, dtype=f32) if need_final else states
-    _k._state_fwd_kernel[(triton.cdiv(V, cfg.BVS), _seq_grid(B, H, pk))](
+    Sfin = config.empty(n_seq // H, H, K, V, device=dev, dtype=f32) if need_final else states
+    _k._state_fwd_kernel[(triton.cdiv(V, cfg.BVS), n_seq)](
         k, w, u, G, rk, commit if commit is not None else G, S0 if S0 is not None else G, states, vn, Sfin,
         tab, doc, T, H, N, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
@@ -93,20 +94,20 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
 
 
 def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_uncommitted, C, config,
-                pk: PackedChunks | None = None):
+                tab: torch.Tensor | None = None, doc: torch.Tensor | None = None):
     G, rq, rk, X, w, states, vn = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = pk.n_chunks if pk is not None else triton.cdiv(T, C)
+    N = tab.shape[0] if tab is not None else triton.cdiv(T, C)
     Tp = N * C
     cfg = _Tiles(K, V, config)
     dev, f32 = q.device, torch.float32
     BH = B * H
     has_commit = commit is not None
     m_arg = commit if has_commit else G
-    varlen = pk is not None
-    tab = pk.table if varlen else G
-    doc = pk.doc_chunks if varlen else G
+    varlen = tab is not None
+    n_seq = _seq_grid(B, H, doc)
+    tab, doc = (tab, doc) if varlen else (G, G)
 
     dvl = config.empty(B, H, Tp, V, device=dev, dtype=f32)
     dPD = config.empty(B, H, N, C, C, device=dev, dtype=f32)
@@ -117,8 +118,8 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     )
     dh = config.empty(B, H, N, K, V, device=dev, dtype=f32)
     dvn = config.empty(B, H, Tp, V, device=dev, dtype=f32)
-    dS0 = config.empty(_seq_grid(B, H, pk) // H, H, K, V, device=dev, dtype=f32)
-    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVB), _seq_grid(B, H, pk))](
+    dS0 = config.empty(n_seq // H, H, K, V, device=dev, dtype=f32)
+    _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVB), n_seq)](
         q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0, tab, doc,
         T, H, N, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVB, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
@@ -160,12 +161,12 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
 
 class _TritonGatedDelta(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final, config, pk):
+    def forward(ctx, q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final, config, tab, doc):
         commit_f = commit.float().contiguous() if commit is not None else None
         o, Sfin, saved = _launch_fwd(q, k, v, g, beta, commit_f, S0, scale, use_l2, decay_uncommitted, C, need_final,
-                                     config, pk)
-        ctx.save_for_backward(q, k, v, beta, commit_f, *saved)
-        ctx.cfg = (scale, use_l2, decay_uncommitted, C, config, pk)  # pk: the index tables, reused by the backward
+                                     config, tab, doc)
+        ctx.save_for_backward(q, k, v, beta, commit_f, tab, doc, *saved)  # tab, doc: reused by the backward
+        ctx.cfg = (scale, use_l2, decay_uncommitted, C, config)
         ctx.dtypes = (g.dtype, beta.dtype, commit.dtype if commit is not None else None,
                       S0.dtype if S0 is not None else None)
         if Sfin is None:
@@ -174,15 +175,15 @@ class _TritonGatedDelta(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dSfin=None):
-        q, k, v, beta, commit_f, *saved = ctx.saved_tensors
-        scale, use_l2, decay_uncommitted, C, config, pk = ctx.cfg
+        q, k, v, beta, commit_f, tab, doc, *saved = ctx.saved_tensors
+        scale, use_l2, decay_uncommitted, C, config = ctx.cfg
         g_dt, b_dt, m_dt, s_dt = ctx.dtypes
         dq, dk, dv, dg, dbeta, dm, dS0 = _launch_bwd(
             q, k, v, beta, commit_f, tuple(saved), do.contiguous(),
-            dSfin.contiguous() if dSfin is not None else None, scale, use_l2, decay_uncommitted, C, config, pk,
+            dSfin.contiguous() if dSfin is not None else None, scale, use_l2, decay_uncommitted, C, config, tab, doc,
         )
         return (dq, dk, dv, dg.to(g_dt), dbeta.to(b_dt), dm.to(m_dt) if m_dt is not None else None,
-                dS0.to(s_dt) if s_dt is not None else None, None, None, None, None, None, None, None)
+                dS0.to(s_dt) if s_dt is not None else None, None, None, None, None, None, None, None, None)
 
 
 def triton_gated_delta(
@@ -213,7 +214,7 @@ def triton_gated_delta(
     including ``commit`` (dm_n = ⟨dS_end(n), ΔS_n⟩, plus (Γ_n - 1)⟨dS_end(n), S_start(n)⟩ when not
     ``decay_uncommitted``) and ``initial_state``. ``config``: the launch settings (``config.py``).
     """
-    pk = None
+    tab = doc = None
     if cu_seqlens is None:
         validate_gated_delta_inputs(q, k, v, g, beta, commit, chunk_size, initial_state)
     else:
@@ -227,6 +228,7 @@ def triton_gated_delta(
             raise ValueError(f"initial_state must be [N, H, K, V] = {(n_docs, H, K, V)} with cu_seqlens, "
                              f"got {tuple(initial_state.shape)}")
         pk = packed_chunks(offs, coffs, chunk_size, q.device)
+        tab, doc = pk.table, pk.doc_chunks
     if not supported(q, v, chunk_size):
         raise ValueError("triton_gated_delta: unsupported inputs (need CUDA or TRITON_INTERPRET=1, not float64, "
                          "chunk_size in {16, 32, 64, 128}, K <= 256)")
@@ -246,12 +248,12 @@ def triton_gated_delta(
     need_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
     if need_grad:
         out = _TritonGatedDelta.apply(q, k, v, g, beta, commit, S0, scale, use_qk_l2norm, decay_uncommitted,
-                                      chunk_size, output_final_state, config, pk)
+                                      chunk_size, output_final_state, config, tab, doc)
         if output_final_state:
             return out[0], out[1]
         return out, None
     commit_f = commit.float().contiguous() if commit is not None else None
     o, Sfin, _ = _launch_fwd(q, k, v, g, beta, commit_f, S0, scale, use_qk_l2norm, decay_uncommitted, chunk_size,
-                             output_final_state, config, pk)
+                             output_final_state, config, tab, doc)
     return o, Sfin
 
