@@ -41,8 +41,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double().cpu() - b.double()).norm() / max(b.double().norm().item(), 1.0)).item()
 
 
-def n_chunks(lengths: tuple[int, ...]) -> int:
-    return sum(math.ceil(n / C) for n in lengths)
+def n_chunks(lengths: tuple[int, ...], chunk: int = C) -> int:
+    return sum(math.ceil(n / chunk) for n in lengths)
 
 
 def _loss(o: torch.Tensor, S: torch.Tensor | None) -> torch.Tensor:
@@ -63,9 +63,10 @@ def _grads(loss: torch.Tensor, xs: list[torch.Tensor | None]) -> list[torch.Tens
 # gated delta
 
 
-def _gdn_inputs(lengths, commit_kind: str, with_s0: bool, seed: int, H: int = 2, K: int = 16, V: int = 32):
+def _gdn_inputs(lengths, commit_kind: str, with_s0: bool, seed: int, H: int = 2, K: int = 16, V: int = 32,
+                chunk: int = C):
     gen = torch.Generator().manual_seed(seed)
-    T, N, Nc = sum(lengths), len(lengths), n_chunks(lengths)
+    T, N, Nc = sum(lengths), len(lengths), n_chunks(lengths, chunk)
     q, k = torch.randn(1, T, H, K, generator=gen), torch.randn(1, T, H, K, generator=gen)
     v = torch.randn(1, T, H, V, generator=gen)
     g = -0.6 * torch.rand(1, T, H, generator=gen)
@@ -76,7 +77,7 @@ def _gdn_inputs(lengths, commit_kind: str, with_s0: bool, seed: int, H: int = 2,
     return [q, k, v, g, beta, commit, S0]
 
 
-def _gdn_separate(xs, lengths, decay_uncommitted: bool):
+def _gdn_separate(xs, lengths, decay_uncommitted: bool, chunk: int = C):
     """Each document alone through the float64 chunk reference, joined: (o [1, T, ...], S [N, ...])."""
     q, k, v, g, beta, commit, S0 = xs
     offs = cu_seqlens_from_lengths(lengths).tolist()
@@ -84,9 +85,9 @@ def _gdn_separate(xs, lengths, decay_uncommitted: bool):
     c0 = 0
     for i, n in enumerate(lengths):
         t = slice(offs[i], offs[i + 1])
-        nc = math.ceil(n / C)
+        nc = math.ceil(n / chunk)
         o, S = chunk_gated_delta(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
-                                 commit=commit[:, c0:c0 + nc] if commit is not None else None, chunk_size=C,
+                                 commit=commit[:, c0:c0 + nc] if commit is not None else None, chunk_size=chunk,
                                  initial_state=S0[i:i + 1] if S0 is not None else None, output_final_state=True,
                                  decay_uncommitted=decay_uncommitted)
         c0 += nc
@@ -102,20 +103,22 @@ def _leaf(x: torch.Tensor | None, dtype: torch.dtype, dev: str) -> torch.Tensor 
 GDN_NAMES = ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dcommit", "dS0"]
 
 
-@pytest.mark.parametrize("commit_kind,decay_uncommitted,with_s0", [
-    ("none", True, False),
-    ("random", True, True),
-    ("relaxed", False, True),
+@pytest.mark.parametrize("commit_kind,decay_uncommitted,with_s0,chunk", [
+    ("none", True, False, C),
+    ("random", True, True, C),
+    ("relaxed", False, True, C),
+    ("relaxed", True, True, 32),  # (1, 5, 16, 37) at C = 32: 1, below, below, across
 ])
-def test_gated_delta_packed_matches_separate(commit_kind: str, decay_uncommitted: bool, with_s0: bool) -> None:
-    inputs = _gdn_inputs(LENGTHS, commit_kind, with_s0, seed=len(commit_kind) + 10 * with_s0)
+def test_gated_delta_packed_matches_separate(commit_kind: str, decay_uncommitted: bool, with_s0: bool,
+                                             chunk: int) -> None:
+    inputs = _gdn_inputs(LENGTHS, commit_kind, with_s0, seed=len(commit_kind) + 10 * with_s0, chunk=chunk)
     ref_xs = [_leaf(x, F64, "cpu") for x in inputs]
-    o_ref, S_ref = _gdn_separate(ref_xs, LENGTHS, decay_uncommitted)
+    o_ref, S_ref = _gdn_separate(ref_xs, LENGTHS, decay_uncommitted, chunk)
     g_ref = _grads(_loss(o_ref, S_ref), ref_xs)
 
     xs = [_leaf(x, torch.float32, DEVICE) for x in inputs]
     q, k, v, g, beta, commit, S0 = xs
-    o, S = triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=C, initial_state=S0,
+    o, S = triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk, initial_state=S0,
                               output_final_state=True, decay_uncommitted=decay_uncommitted,
                               config=GatedDeltaConfig(poison=True), cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
     assert o.shape == o_ref.shape and S.shape == (len(LENGTHS), *S_ref.shape[1:])
@@ -163,20 +166,31 @@ def _attn_inputs(lengths, frac: float, seed: int, Hs: int = 4, G: int = 2, D: in
     return q, k, v, routing, bias
 
 
-@pytest.mark.parametrize("lengths,frac", [(LENGTHS, 0.6), ((40, 19), 1.0)])
-def test_chunk_attention_packed_matches_separate(lengths: tuple[int, ...], frac: float) -> None:
-    G = 2
-    q, k, v, routing, bias = _attn_inputs(lengths, frac, seed=sum(lengths))
+@pytest.mark.parametrize("lengths,frac,G,with_bias,dkv_qb", [
+    (LENGTHS, 0.6, 2, True, 64),
+    ((40, 19), 1.0, 2, True, 64),
+    ((21, 1, 35), 0.7, 1, False, 8),  # dk/dv query steps of 8 < C rows: own chunk in two steps, tiles cross doc ends
+])
+def test_chunk_attention_packed_matches_separate(lengths: tuple[int, ...], frac: float, G: int, with_bias: bool,
+                                                 dkv_qb: int) -> None:
+    q, k, v, routing, bias = _attn_inputs(lengths, frac, seed=sum(lengths), Hs=2 * G, G=G)
     cu = cu_seqlens_from_lengths(lengths)
     ref = [_leaf(x, F64, "cpu") for x in (q, k, v, bias)]
+    if not with_bias:
+        ref[3] = None
     o_ref = naive_chunk_attention(*ref[:3], routing, chunk_size=C, group_size=G, routing_bias=ref[3], cu_seqlens=cu)
     g_ref = _grads(_loss(o_ref, None), ref)
 
     xs = [_leaf(x, torch.float32, DEVICE) for x in (q, k, v, bias)]
+    if not with_bias:
+        xs[3] = None
     o = triton_chunk_attention(*xs[:3], routing.to(DEVICE), chunk_size=C, group_size=G, routing_bias=xs[3],
-                               config=ChunkAttentionConfig(poison=True), cu_seqlens=cu)
+                               config=ChunkAttentionConfig(dkv_qb=dkv_qb, poison=True), cu_seqlens=cu)
     g_tri = _grads(_loss(o.double(), None), xs)
     for name, a, b in zip(["o", "dq", "dk", "dv", "d_routing_bias"], [o, *g_tri], [o_ref, *g_ref], strict=True):
+        if b is None:
+            assert a is None, name
+            continue
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < TOL, (name, rel(a, b))
 
