@@ -95,6 +95,15 @@ def _run_ops():
     routing = torch.tensor([[[1.0], [0.0]]]).expand(B, 2, 1)
     bias = torch.zeros(B, 2, 1, requires_grad=True)
     triton_chunk_attention(qa, ka, va, routing, chunk_size=C, group_size=2, routing_bias=bias).sum().backward()
+    # packed documents (cu_seqlens): the VARLEN specialisations of every gated-delta and chunk-attention kernel
+    cu = torch.tensor([0, 3, T], dtype=torch.int32)
+    o, S = gated_delta(*xs[:5], commit=torch.rand(B, 3, H, requires_grad=True), chunk_size=C,
+                       initial_state=torch.randn(2, H, K, V, requires_grad=True), output_final_state=True,
+                       backend="triton", cu_seqlens=cu)
+    (o.sum() + S.sum()).backward()
+    cu_a = torch.tensor([0, 5, 2 * C], dtype=torch.int32)
+    triton_chunk_attention(qa, ka, va, torch.tensor([[[1.0], [0.0], [1.0]]]), chunk_size=C, group_size=2,
+                           routing_bias=torch.zeros(B, 3, 1, requires_grad=True), cu_seqlens=cu_a).sum().backward()
 
 
 EXPECTED = {

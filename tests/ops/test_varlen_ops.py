@@ -1,5 +1,6 @@
 """Packed documents (``cu_seqlens``) through every op form: packed run == each document run alone (float64, 1e-10),
-outputs, final states and gradients; the one-line errors of bad offsets; Triton refuses, "auto" falls back."""
+outputs, final states and gradients; the one-line errors of bad offsets; flex refuses (the Triton kernels that take
+packed inputs are tested in test_varlen_triton.py)."""
 
 from __future__ import annotations
 
@@ -200,11 +201,9 @@ def test_natsl_mixed_reference_packed() -> None:
     assert (o_a - oa_ref).abs().max().item() < TOL
 
 
-def test_triton_backends_refuse_cu_seqlens() -> None:
+def test_flex_backend_refuses_cu_seqlens() -> None:
+    """(gated_delta's and chunk_attention's Triton kernels take cu_seqlens: tests/ops/test_varlen_triton.py.)"""
     cu = cu_seqlens_from_lengths(LENGTHS)
-    case = CASES["gated_delta"]()
-    with pytest.raises(NotImplementedError, match="cu_seqlens is not supported by the triton backend of gated_delta"):
-        case.call("triton", **case.tok, cu_seqlens=cu)
     attn = CASES["chunk_attention"]()
     with pytest.raises(NotImplementedError, match="flex backend of chunk_attention"):
         attn.call("flex", **attn.tok, **attn.chunk, cu_seqlens=cu)

@@ -57,11 +57,11 @@ def chunk_attention(
     {16, 32, 64, 128}, head dims <= 256) and the reference form otherwise.
 
     ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): no query reads another document,
-    chunks restart at each document start (routing ``[1, Σ ceil(len_i / chunk_size), Hn]``); reference and naive
-    forms only.
+    chunks restart at each document start (routing ``[1, Σ ceil(len_i / chunk_size), Hn]``); reference, naive and
+    Triton forms ("auto" picks Triton for supported CUDA inputs as without ``cu_seqlens``; not "flex").
     """
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
     fn = _FORMS[resolve_backend(backend, "chunk_attention", supported, BACKENDS, varlen=cu_seqlens is not None,
-                                 no_varlen=("triton", "flex"))]
+                                 no_varlen=("flex",))]
     return fn(q, k, v, routing, chunk_size=chunk_size, group_size=group_size, scale=scale, routing_bias=routing_bias,
               **varlen_kwargs(cu_seqlens))

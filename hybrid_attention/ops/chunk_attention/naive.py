@@ -37,8 +37,10 @@ def validate_chunk_attention_inputs(
     chunk_size: int,
     group_size: int,
     routing_bias: torch.Tensor | None,
+    n_chunks: int | None = None,
 ) -> None:
-    """Raise ``ValueError`` naming the offending argument and the expected shape."""
+    """Raise ``ValueError`` naming the offending argument and the expected shape. ``n_chunks``: the chunk count of
+    packed documents (``Σ ceil(len_i / chunk_size)``, ``ops/common/varlen.py``); None = ``ceil(T / chunk_size)``."""
     if q.dim() != 4:
         raise ValueError(f"q must be [B, T, Hs, Dk], got shape {tuple(q.shape)}")
     B, T, Hs, Dk = q.shape
@@ -50,10 +52,11 @@ def validate_chunk_attention_inputs(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1 or Hs % group_size:
         raise ValueError(f"group_size must be a positive int dividing Hs = {Hs}, got {group_size!r}")
-    N, Hn = math.ceil(T / chunk_size), Hs // group_size
+    N, Hn = math.ceil(T / chunk_size) if n_chunks is None else n_chunks, Hs // group_size
     if tuple(routing.shape) != (B, N, Hn):
+        how = "ceil(T / chunk_size)" if n_chunks is None else "Σ ceil(len_i / chunk_size) (cu_seqlens)"
         raise ValueError(
-            f"routing must be [B, N, Hn] = {(B, N, Hn)} with N = ceil(T / chunk_size) and Hn = Hs // group_size, "
+            f"routing must be [B, N, Hn] = {(B, N, Hn)} with N = {how} and Hn = Hs // group_size, "
             f"got {tuple(routing.shape)}"
         )
     if routing_bias is not None and tuple(routing_bias.shape) != (B, N, Hn):

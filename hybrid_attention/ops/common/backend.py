@@ -33,13 +33,14 @@ def resolve_backend(
     ``"<op>: backend must be one of 'a', 'b', got 'x'"``.
 
     ``varlen``: the call has ``cu_seqlens`` (packed documents, ``ops/common/varlen.py``). The backends in
-    ``no_varlen`` do not take it yet: "auto" then resolves to "reference", and naming one of them raises
-    ``NotImplementedError`` ``"cu_seqlens is not supported by the <name> backend of <op> yet; use
-    backend='reference'"``.
+    ``no_varlen`` do not take it yet: "auto" then resolves to "reference" when "triton" is one of them (else by
+    ``supported`` as usual), and naming one of them raises ``NotImplementedError`` ``"cu_seqlens is not supported
+    by the <name> backend of <op> yet; use backend='reference'"``. Ops whose Triton kernels take packed documents
+    (gated_delta, chunk_attention, natsl_mixed) pass a ``no_varlen`` without "triton".
     """
     if name not in allowed:
         raise ValueError(f"{op}: backend must be one of {', '.join(repr(a) for a in allowed)}, got {name!r}")
-    if varlen and name == "auto":
+    if varlen and name == "auto" and "triton" in no_varlen:
         return "reference"
     if varlen and name in no_varlen:
         raise NotImplementedError(

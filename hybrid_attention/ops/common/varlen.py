@@ -14,8 +14,13 @@ Decisions:
 - Documents are non-empty: the offsets must be strictly increasing (an empty document has no final token, so no
   final state worth reporting; packers never produce one).
 - The reference forms read the offsets on the host (one sync per call) and run each document as its own sequence
-  (``per_document``): exact by construction, and chunks restart at each document start for free. Triton kernels do
-  not take ``cu_seqlens`` yet (``ops.common.backend.resolve_backend`` refuses them and "auto" falls back).
+  (``per_document``): exact by construction, and chunks restart at each document start for free.
+- Triton kernels (gated delta, chunk attention) take the packed row whole, with index tables built once per call on
+  the host from the validated offsets (``packed_chunks``): per global chunk (first token, end token, the document's
+  first chunk, the document's end token) and the chunk offsets of the documents, copied to the device in one
+  transfer (pinned, non-blocking on CUDA). The one device -> host sync left is ``validate_cu_seqlens`` reading the
+  offsets (none when the caller passes ``cu_seqlens`` as a CPU tensor). Other ops' Triton kernels do not take
+  ``cu_seqlens`` yet (``ops.common.backend.resolve_backend`` refuses them and "auto" falls back).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +42,9 @@ __all__ = [
     "chunk_layout",
     "per_document",
     "varlen_kwargs",
+    "validate_packed",
+    "PackedChunks",
+    "packed_chunks",
 ]
 
 
@@ -111,9 +120,89 @@ def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int) -> tuple[torch.Tenso
 
 
 def varlen_kwargs(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """``{"cu_seqlens": cu_seqlens}``, or ``{}`` when None: how a public op passes the offsets to a form table whose
-    Triton entries do not take them (the dispatcher has already refused Triton for packed inputs)."""
+    """``{"cu_seqlens": cu_seqlens}``, or ``{}`` when None: how a public op passes the offsets to the form it runs
+    (forms that do not take them are refused for packed inputs by the dispatcher first)."""
     return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+
+
+def validate_packed(
+    cu_seqlens: torch.Tensor,
+    first: torch.Tensor,
+    chunk_size: int | None = None,
+    chunked: dict[str, torch.Tensor | None] | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[list[int], list[int] | None]:
+    """The packed-input checks every form shares: ``cu_seqlens`` against ``first [B, T, ...]``, each per-chunk input
+    of ``chunked`` against ``[1, Nc, ...]``, ``initial_state`` against ``[N, ...]``. Returns the host offsets
+    ``[N + 1]`` and, when ``chunk_size`` is given, the host chunk offsets ``[N + 1]`` (else None). Raises
+    ``ValueError`` with one line naming the argument (``first`` is named ``q`` in the message)."""
+    if not isinstance(first, torch.Tensor) or first.dim() < 2:
+        raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
+    offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
+    n_docs = len(offs) - 1
+    if initial_state is not None and initial_state.shape[0] != n_docs:
+        raise ValueError(
+            f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
+            f"got shape {tuple(initial_state.shape)}"
+        )
+    if chunk_size is None:
+        return offs, None
+    coffs = [0]
+    for a, b in zip(offs[:-1], offs[1:], strict=True):
+        coffs.append(coffs[-1] + (b - a + chunk_size - 1) // chunk_size)
+    for name, x in (chunked or {}).items():
+        if x is not None and (x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != coffs[-1]):
+            raise ValueError(
+                f"{name} must be [1, Nc, ...] with Nc = {coffs[-1]} chunks (chunks restart at each document "
+                f"start: Σ ceil(len_i / chunk_size)), got shape {tuple(x.shape)}"
+            )
+    return offs, coffs
+
+
+@dataclass(frozen=True)
+class PackedChunks:
+    """Index tables of packed documents for the Triton kernels (built once per call by ``packed_chunks``).
+
+    offsets, chunk_offsets: host lists ``[N + 1]`` (tokens / chunks of each document); table: ``[Nc, 4]`` int32 on
+    the device, per global chunk c (document order) ``(first token, end token (exclusive; < first + chunk_size only
+    for a document's last chunk), first chunk of its document, end token of its document)``; doc_chunks: ``[N + 1]``
+    int32 on the device, the chunk offsets (document i owns chunks ``[doc_chunks[i], doc_chunks[i + 1])``)."""
+
+    offsets: list[int]
+    chunk_offsets: list[int]
+    table: torch.Tensor
+    doc_chunks: torch.Tensor
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_chunks(self) -> int:
+        return self.chunk_offsets[-1]
+
+
+def packed_chunks(offsets: Sequence[int], chunk_offsets_: Sequence[int], chunk_size: int,
+                  device: torch.device | str) -> PackedChunks:
+    """``PackedChunks`` of the validated host offsets ``[N + 1]`` and chunk offsets ``[N + 1]`` (from
+    ``validate_packed``): computed on the host (no device sync) and copied to ``device`` in one transfer, from
+    pinned memory without blocking on CUDA."""
+    offs = torch.tensor(list(offsets), dtype=torch.int64)
+    coffs = torch.tensor(list(chunk_offsets_), dtype=torch.int64)
+    n_per_doc = coffs[1:] - coffs[:-1]
+    doc = torch.repeat_interleave(torch.arange(n_per_doc.numel()), n_per_doc)  # [Nc] document of each chunk
+    local = torch.arange(doc.numel()) - coffs[:-1][doc]
+    start = offs[:-1][doc] + local * chunk_size
+    doc_end = offs[1:][doc]
+    table = torch.stack([start, torch.minimum(start + chunk_size, doc_end), coffs[:-1][doc], doc_end], 1)
+    flat = torch.cat([table.reshape(-1), coffs]).to(torch.int32)
+    device = torch.device(device)
+    if device.type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    else:
+        flat = flat.to(device)
+    nc = table.shape[0]
+    return PackedChunks(list(offsets), list(chunk_offsets_), flat[: 4 * nc].view(nc, 4), flat[4 * nc:])
 
 
 def _cat_outputs(parts: list, kinds: str):
@@ -151,22 +240,10 @@ def per_document(tokens: tuple[str, ...], chunks: tuple[str, ...] = (), outputs:
             first = arg[tokens[0]]
             if not isinstance(first, torch.Tensor) or first.dim() < 2:
                 raise ValueError(f"{tokens[0]} must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
-            offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
-            n_docs = len(offs) - 1
             init = arg.get("initial_state")
-            if init is not None and init.shape[0] != n_docs:
-                raise ValueError(
-                    f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
-                    f"got shape {tuple(init.shape)}"
-                )
-            coffs = chunk_offsets(torch.tensor(offs), arg["chunk_size"]).tolist() if chunks else None
-            for name in chunks:
-                x = arg[name]
-                if x is not None and (x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != coffs[-1]):
-                    raise ValueError(
-                        f"{name} must be [1, Nc, ...] with Nc = {coffs[-1]} chunks (chunks restart at each document "
-                        f"start: Σ ceil(len_i / chunk_size)), got shape {tuple(x.shape)}"
-                    )
+            offs, coffs = validate_packed(cu_seqlens, first, arg["chunk_size"] if chunks else None,
+                                          {name: arg[name] for name in chunks}, init)
+            n_docs = len(offs) - 1
             parts = []
             for i in range(n_docs):
                 doc = dict(arg)

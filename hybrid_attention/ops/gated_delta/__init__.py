@@ -52,10 +52,12 @@ def gated_delta(
 
     ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): the state starts fresh at each
     document (or from ``initial_state [N, H, K, V]``), final states ``[N, H, K, V]``, chunks restart at each
-    document start (commit ``[1, Σ ceil(len_i / chunk_size), H]``); reference and naive forms only.
+    document start (commit ``[1, Σ ceil(len_i / chunk_size), H]``); every form, the Triton kernels too ("auto"
+    picks them for supported CUDA inputs as without ``cu_seqlens``).
     """
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "gated_delta", supported, BACKENDS, varlen=cu_seqlens is not None)]
+    fn = _FORMS[resolve_backend(backend, "gated_delta", supported, BACKENDS, varlen=cu_seqlens is not None,
+                                no_varlen=())]
     # both forms validate their inputs (ValueError naming the argument and the expected shape)
     return fn(
         q,

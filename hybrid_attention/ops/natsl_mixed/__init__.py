@@ -58,10 +58,11 @@ def natsl_mixed(
     ``[B, N, Hs // G]``. Returns ``(o_gdn [B, T, H, V], final_state [B, H, K, V] or None, o_attn [B, T, Hs, Dv])``.
     ``backend``: "triton" (both Triton ops, ``concurrent`` streams on CUDA), "reference" (both PyTorch chunk forms),
     "auto" (Triton for CUDA inputs both kernels support). ``cu_seqlens [N + 1]``: packed documents (B == 1,
-    ``ops/common/varlen.py``), passed to both branches; "reference" only ("auto" falls back to it).
+    ``ops/common/varlen.py``), passed to both branches; every backend takes them.
     """
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, q_attn, v_attn, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "natsl_mixed", supported, BACKENDS, varlen=cu_seqlens is not None)]
+    fn = _FORMS[resolve_backend(backend, "natsl_mixed", supported, BACKENDS, varlen=cu_seqlens is not None,
+                                no_varlen=())]
     return fn(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, routing_bias=routing_bias,
               chunk_size=chunk_size, group_size=group_size, initial_state=initial_state,
               output_final_state=output_final_state, decay_uncommitted=decay_uncommitted, attn_scale=attn_scale,

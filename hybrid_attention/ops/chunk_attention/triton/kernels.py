@@ -10,6 +10,16 @@ h = i // G) sees its own chunk causally and every earlier chunk n with routing[b
 * dk/dv: one program per (key chunk, b, head): its own chunk causally, then, only if the chunk is routed, every
   later query tile (unmasked); it also accumulates Σ dS over those later queries = the routing-bias gradient.
 
+Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``), decided once for the three
+kernels: chunks restart at each document start and are numbered globally in document order (routing, bias and
+their gradient ``[1, Nc, Hn]``, Nc = Σ ceil(len_i / C)); a host-built table gives per global chunk
+``(first token, end token, first chunk of its document, end token of its document)``. Query tiles are one chunk
+(QC = 1): one program per (global chunk, head) with the chunk's true rows (masked at a document's partial last
+chunk); the routed chunks of its own document before it are ``idx[cnt[first chunk of the document] : cnt[c]]``
+(the same device-built lists as unpacked: cnt counts routed chunks in global order, idx is ascending). An earlier
+chunk of the same document is always full. dk/dv: one program per (global key chunk, head); its later query rows
+stop at its document's end. So no query ever reads another document.
+
 Softmax statistics in fp32 (log2 domain); dots take the input dtype (bf16 on the GPU) with fp32 accumulation.
 Interpreter-compatible (``TRITON_INTERPRET=1``): runtime-bounded loops become ``while`` loops there (NumPy >= 2.4
 refuses ``int()`` of the interpreter's 1-element scalars), the compiled kernels use ``for`` loops.
@@ -24,13 +34,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
-               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows, rchunk, r_kc, bias_kc, qk_scale,
+               HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
-    cols = kc * C + tl.arange(0, C)
+    """Key chunk kc (tokens col0 .. min(col0 + C, col_end)) into the running softmax of the query rows (of chunks
+    ``rchunk``)."""
+    cols = col0 + tl.arange(0, C)
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
-    cm = cols < T
+    cm = cols < col_end
     k = tl.load(k_ptr + kv_base + cols[:, None] * (HS * DK) + dk_r[None, :],
                 mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
     v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
@@ -40,7 +52,7 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc,
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if DIAG:
-        qc = rows // C
+        qc = rchunk
         cross = qc > kc
         vis = ((qc == kc)[:, None] & (rows[:, None] >= cols[None, :])) | (cross & (r_kc > 0))[:, None]
         vis = vis & cm[None, :]
@@ -59,19 +71,29 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc,
     return acc, m_new, l_i
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr, tab_ptr,
                 qk_scale: tl.constexpr, T, N, HS, G,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-                UPCAST: tl.constexpr, STORE_O32: tl.constexpr):
+                UPCAST: tl.constexpr, STORE_O32: tl.constexpr, VARLEN: tl.constexpr):
     BM: tl.constexpr = QC * C
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles (most routed chunks) first
     bh = tl.program_id(1).to(tl.int64)
     b = bh // HS
     hs = bh % HS
     hn = hs // G
-    rows = pid_m * BM + tl.arange(0, BM)
-    rm = rows < T
+    if VARLEN:  # QC == 1: the tile is global chunk pid_m, its true rows
+        r0 = tl.load(tab_ptr + pid_m * 4)
+        r1 = tl.load(tab_ptr + pid_m * 4 + 1)
+        rows = r0 + tl.arange(0, BM)
+        rm = rows < r1
+        rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
+    else:
+        r0 = pid_m * BM
+        r1 = T
+        rows = pid_m * BM + tl.arange(0, BM)
+        rm = rows < T
+        rchunk = rows // C
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
     q_base = b * T * HS * DK + hs * DK
@@ -84,27 +106,31 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     l_i = tl.zeros([BM], dtype=tl.float32)
     c0 = pid_m * QC
     rbase = (b * (HS // G) + hn) * N
-    n_full = tl.load(cnt_ptr + (b * (HS // G) + hn) * (N + 1) + c0)
+    cbase = (b * (HS // G) + hn) * (N + 1)
+    n_full = tl.load(cnt_ptr + cbase + c0)
+    j0 = tl.load(cnt_ptr + cbase + tl.load(tab_ptr + pid_m * 4 + 2)) if VARLEN else 0  # from its document's start
     if WHILE_LOOP:
-        j = 0
+        j = j0
         while j < n_full:
             kc = tl.load(idx_ptr + rbase + j)
+            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
-            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale,
-                                       T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                                       qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
             j += 1
     else:
-        for j in range(n_full):
+        for j in range(j0, n_full):
             kc = tl.load(idx_ptr + rbase + j)
+            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
-            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale,
-                                       T, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                                       qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
     for d in tl.static_range(QC):
         kc = c0 + d
         r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
         bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
-        acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, rows, r_kc, bias_kc, qk_scale,
-                                   T, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
+        acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, r0 + d * C, r1, rows, rchunk, r_kc,
+                                   bias_kc, qk_scale, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     o_base = b * T * HS * DV + hs * DV
@@ -115,13 +141,13 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     tl.store(lse_ptr + bh * T + rows, m_i + tl.log2(l_safe), mask=rm)
 
 @triton.jit
-def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
-              DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-              DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
-    cols = kc * C + tl.arange(0, C)
+def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows, rchunk, r_kc, bias_kc,
+              qk_scale, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+              C: tl.constexpr, DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    cols = col0 + tl.arange(0, C)
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
-    cm = cols < T
+    cm = cols < col_end
     k = tl.load(k_ptr + kv_base + cols[:, None] * (HS * DK) + dk_r[None, :],
                 mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
     v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
@@ -131,7 +157,7 @@ def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if DIAG:
-        qc = rows // C
+        qc = rchunk
         cross = qc > kc
         vis = ((qc == kc)[:, None] & (rows[:, None] >= cols[None, :])) | (cross & (r_kc > 0))[:, None]
         vis = vis & cm[None, :]
@@ -148,19 +174,29 @@ def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, rows, r_kc, bias
     return dq
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
+def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr, tab_ptr,
                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-               UPCAST: tl.constexpr):
+               UPCAST: tl.constexpr, VARLEN: tl.constexpr):
     BM: tl.constexpr = QC * C
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // HS
     hs = bh % HS
     hn = hs // G
-    rows = pid_m * BM + tl.arange(0, BM)
-    rm = rows < T
+    if VARLEN:  # as in _fwd_kernel
+        r0 = tl.load(tab_ptr + pid_m * 4)
+        r1 = tl.load(tab_ptr + pid_m * 4 + 1)
+        rows = r0 + tl.arange(0, BM)
+        rm = rows < r1
+        rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
+    else:
+        r0 = pid_m * BM
+        r1 = T
+        rows = pid_m * BM + tl.arange(0, BM)
+        rm = rows < T
+        rchunk = rows // C
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
     q_base = b * T * HS * DK + hs * DK
@@ -177,37 +213,42 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
     dq = tl.zeros([BM, BDK], dtype=tl.float32)
     c0 = pid_m * QC
     rbase = (b * (HS // G) + hn) * N
-    n_full = tl.load(cnt_ptr + (b * (HS // G) + hn) * (N + 1) + c0)
+    cbase = (b * (HS // G) + hn) * (N + 1)
+    n_full = tl.load(cnt_ptr + cbase + c0)
+    j0 = tl.load(cnt_ptr + cbase + tl.load(tab_ptr + pid_m * 4 + 2)) if VARLEN else 0
     if WHILE_LOOP:
-        j = 0
+        j = j0
         while j < n_full:
             kc = tl.load(idx_ptr + rbase + j)
+            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
-            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale, T, HS,
-                           DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                           qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
             j += 1
     else:
-        for j in range(n_full):
+        for j in range(j0, n_full):
             kc = tl.load(idx_ptr + rbase + j)
+            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
-            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, 1, bias_kc, qk_scale, T, HS,
-                           DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                           qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
     for d in tl.static_range(QC):
         kc = c0 + d
         r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
         bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
-        dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, rows, r_kc, bias_kc, qk_scale, T, HS,
-                       DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
+        dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, r0 + d * C, r1, rows, rchunk, r_kc, bias_kc,
+                       qk_scale, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
     tl.store(dq_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=rm[:, None] & (dk_r < DK)[None, :])
 
 @triton.jit
-def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows, cols, bias_kc,
-               qk_scale, T, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows, row_end, cols,
+               bias_kc, qk_scale, T, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    """Query rows ``rows`` (valid below ``row_end``) into dk, dv (and Σ dS) of the key chunk ``cols``."""
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
-    rm = rows < T
+    rm = rows < row_end
     q = tl.load(q_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], mask=rm[:, None] & (dk_r < DK)[None, :],
                 other=0.0)
     do = tl.load(do_ptr + o_base + rows[:, None] * (HS * DV) + dv_r[None, :],
@@ -234,18 +275,26 @@ def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_
     return dk, dv, dsum
 
 @triton.jit
-def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr, tab_ptr,
                 scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-                UPCAST: tl.constexpr):
+                UPCAST: tl.constexpr, VARLEN: tl.constexpr):
     kc = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // HS
     hs = bh % HS
     hn = hs // G
-    cols = kc * C + tl.arange(0, C)
-    cm = cols < T
+    if VARLEN:  # key chunk kc's true tokens [c0, c1) and its document's end (the last query row it may serve)
+        c0 = tl.load(tab_ptr + kc * 4)
+        c1 = tl.load(tab_ptr + kc * 4 + 1)
+        d_end = tl.load(tab_ptr + kc * 4 + 3)
+    else:
+        c0 = kc * C
+        c1 = T
+        d_end = T
+    cols = c0 + tl.arange(0, C)
+    cm = cols < c1
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
     q_base = b * T * HS * DK + hs * DK
@@ -263,25 +312,25 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     rbase = (b * (HS // G) + hn) * N
     bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
     for d in tl.static_range(C // QB):  # own chunk, causal
-        rows = kc * C + d * QB + tl.arange(0, QB)
+        rows = c0 + d * QB + tl.arange(0, QB)
         dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows,
-                                  cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST)
+                                  c1, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST)
     r_kc = tl.load(r_ptr + rbase + kc)
-    start = (kc + 1) * C
-    n_tiles = tl.where(r_kc > 0, tl.cdiv(T - start, QB), 0)
+    start = c0 + C  # the later chunks of its document (none after a document's last chunk)
+    n_tiles = tl.where(r_kc > 0, tl.maximum(tl.cdiv(d_end - start, QB), 0), 0)
     if WHILE_LOOP:
         i = 0
         while i < n_tiles:
             r_i = start + i * QB + tl.arange(0, QB)
             dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                      r_i, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                      r_i, d_end, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
                                       UPCAST)
             i += 1
     else:
         for i in range(n_tiles):  # r_i, not rows: an i64 T (inductor) would re-type the loop-carried rows
             r_i = start + i * QB + tl.arange(0, QB)
             dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                      r_i, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
+                                      r_i, d_end, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
                                       UPCAST)
     tl.store(dk_ptr + q_base + cols[:, None] * (HS * DK) + dk_r[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=cm[:, None] & (dk_r < DK)[None, :])

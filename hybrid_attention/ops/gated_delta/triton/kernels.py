@@ -15,6 +15,17 @@ vn) -> ``output`` (parallel). Backward: ``bwd_local`` (parallel: dvn_local = sca
 chunks × K tiles: dq̂, dk̂ slices, dw and the partial sums) -> ``bwd_finish`` (parallel over chunks: WY backward,
 dβ, dG -> dg, dv, dm, l2-norm backward). All state math is fp32; dots take fp32 operands (tf32 on the GPU).
 
+Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``). Decided once for all seven
+kernels: the internal buffers stay indexed by *global* chunk n (document order, chunks restart at each document
+start: Nc = Σ ceil(len_i / C), buffer row n·C + i), only the token rows read from / written to the packed
+``[1, T, ...]`` inputs and outputs move: row i of chunk n is packed token ``table[n, 0] + i``, valid while
+``< table[n, 1]`` (the chunk's true end; the tail of a document's last chunk is the same zero padding as the
+partial last chunk of an unpacked call). Chunk-parallel kernels keep one program per (global chunk, head); the two
+sequential kernels run one program per (document, head) over its chunks ``[doc_chunks[d], doc_chunks[d + 1])``,
+starting from zero or ``initial_state[d]`` and storing ``final_state[d]`` (their gradients likewise). The per-chunk
+commit mask is ``[1, Nc, H]``, read at the global chunk. The tables (``PackedChunks``) are built once per call on
+the host; without ``VARLEN`` the kernels compute the same quantities from n (chunk start n·C, end T).
+
 Interpreter-compatible (TRITON_INTERPRET=1): plain pointer arithmetic with masks, no block pointers, loop indices are
 never cast. Internal buffers use a padded token axis Tp = N·C (rows past T hold the zero padding of ``chunk.py``).
 
@@ -28,6 +39,19 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _chunk_rows(tab_ptr, n, T, C: tl.constexpr, VARLEN: tl.constexpr):
+    """Packed token index ``[C]`` of the rows of global chunk n and their validity mask (row < the chunk's end)."""
+    if VARLEN:
+        t0 = tl.load(tab_ptr + n * 4)
+        t1 = tl.load(tab_ptr + n * 4 + 1)
+    else:
+        t0 = n * C
+        t1 = T
+    tt = t0 + tl.arange(0, C)
+    return tt, tt < t1
 
 
 @triton.jit
@@ -74,20 +98,20 @@ def _inverse_unit_lower(A_scr, X_out, A, C: tl.constexpr):
 @triton.jit
 def _prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-    G_ptr, rq_ptr, rk_ptr, X_ptr, A_ptr, w_ptr, u_ptr,
+    G_ptr, rq_ptr, rk_ptr, X_ptr, A_ptr, w_ptr, u_ptr, tab_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+    USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
     ti = tl.arange(0, C)
-    t = n * C + ti
-    tm = t < T
-    g_t = tl.load(g_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
-    beta_t = tl.load(beta_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    t = n * C + ti  # buffer rows
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)  # packed token rows
+    g_t = tl.load(g_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
+    beta_t = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     G = tl.cumsum(g_t, axis=0)
     tl.store(G_ptr + bh * Tp + t, G)
 
@@ -98,7 +122,7 @@ def _prep_kernel(
     for k0 in range(0, K, BK):
         kc = k0 + tl.arange(0, BK)
         msk = tm[:, None] & (kc < K)[None, :]
-        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        offs = qk_base + tt[:, None] * (H * K) + kc[None, :]
         kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32)
         kk += tl.dot(kt, tl.trans(kt), input_precision=PREC)
         if USE_L2:
@@ -123,28 +147,28 @@ def _prep_kernel(
     for k0 in range(0, K, BK):
         kc = k0 + tl.arange(0, BK)
         km = (kc < K)[None, :]
-        kt = tl.load(k_ptr + qk_base + t[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & km, other=0.0)
+        kt = tl.load(k_ptr + qk_base + tt[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & km, other=0.0)
         wt = tl.dot(X, kt.to(tl.float32) * coef[:, None], input_precision=PREC)
         tl.store(w_ptr + bh * Tp * K + t[:, None] * K + kc[None, :], wt, mask=km)
     v_base = b * T * H * V + h * V
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         vm = (vc < V)[None, :]
-        vt = tl.load(v_ptr + v_base + t[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
+        vt = tl.load(v_ptr + v_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
         ut = tl.dot(X, vt.to(tl.float32) * beta_t[:, None], input_precision=PREC)
         tl.store(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], ut, mask=vm)
 
 
 @triton.jit
 def _state_fwd_step(
-    n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr,
+    n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, tab_ptr,
     bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):
     tl.store(states_ptr + (bh * N + n) * K * V + kv_offs, S, mask=kv_mask)
     t = n * C + tl.arange(0, C)
-    tm = t < T
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
     un = tl.load(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     vn = un - tl.dot(wn, S, input_precision=PREC)
@@ -152,8 +176,8 @@ def _state_fwd_step(
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rkt = tl.load(rk_ptr + bh * Tp + t)
-    kt = tl.load(k_ptr + b * T * H * K + h * K + t[:, None] * (H * K) + kr[None, :], mask=tm[:, None] & km[None, :],
-                 other=0.0)
+    kt = tl.load(k_ptr + b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :],
+                 mask=tm[:, None] & km[None, :], other=0.0)
     kd = kt.to(tl.float32) * (rkt * tl.exp(Gl - Gt))[:, None]
     dS = tl.dot(tl.trans(kd), vn, input_precision=PREC)
     gam = tl.exp(Gl)
@@ -171,20 +195,31 @@ def _state_fwd_step(
 @triton.jit
 def _state_fwd_kernel(
     k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, S0_ptr,
-    states_ptr, vn_ptr, Sfin_ptr,
+    states_ptr, vn_ptr, Sfin_ptr, tab_ptr, doc_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_S0: tl.constexpr, STORE_FINAL: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr,
-    PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, VARLEN: tl.constexpr,
 ):
-    """Sequential chunk recurrence for one V tile: stores S_n (chunk start states), vn, and the final state.
+    """Sequential chunk recurrence for one V tile of one (sequence, head): stores S_n (chunk start states), vn, and
+    the final state. Grid (V / BV, B·H), or (V / BV, N_docs·H) with ``VARLEN`` (chunks ``doc_chunks[d]..[d + 1]``).
 
     WHILE_LOOP (interpreter only): a runtime-bounded ``for`` needs ``int()`` of a 1-element array there, which
     NumPy >= 2.4 refuses; the compiled kernel uses the ``for`` loop (software-pipelined loads)."""
     pv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
+    sh = tl.program_id(1).to(tl.int64)  # (sequence, head): indexes S0 / Sfin
+    if VARLEN:
+        b = sh * 0
+        h = sh % H
+        bh = h  # buffers of the one packed row
+        c0 = tl.load(doc_ptr + sh // H)
+        c1 = tl.load(doc_ptr + sh // H + 1)
+    else:
+        b = sh // H
+        h = sh % H
+        bh = sh
+        c0 = 0
+        c1 = N
     kr = tl.arange(0, BKF)
     km = kr < K
     vc = pv * BV + tl.arange(0, BV)
@@ -192,31 +227,31 @@ def _state_fwd_kernel(
     kv_offs = kr[:, None] * V + vc[None, :]
     kv_mask = km[:, None] & vm[None, :]
     if HAS_S0:
-        S = tl.load(S0_ptr + bh * K * V + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
+        S = tl.load(S0_ptr + sh * K * V + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BKF, BV], dtype=tl.float32)
     if WHILE_LOOP:
-        n = 0
-        while n < N:
-            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr,
+        n = c0
+        while n < c1:
+            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, tab_ptr,
                                 bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
-                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
             n += 1
     else:
-        for n in range(N):
-            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr,
+        for n in range(c0, c1):
+            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, tab_ptr,
                                 bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
-                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
     if STORE_FINAL:
-        tl.store(Sfin_ptr + bh * K * V + kv_offs, S, mask=kv_mask)
+        tl.store(Sfin_ptr + sh * K * V + kv_offs, S, mask=kv_mask)
 
 
 @triton.jit
 def _output_kernel(
-    q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, states_ptr, vn_ptr, o_ptr,
+    q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, states_ptr, vn_ptr, o_ptr, tab_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    SCALE: tl.constexpr,
+    SCALE: tl.constexpr, VARLEN: tl.constexpr,
 ):
     pv = tl.program_id(0)
     n = tl.program_id(1)
@@ -225,7 +260,7 @@ def _output_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tm = t < T
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
     vc = pv * BV + tl.arange(0, BV)
     vm = vc < V
     Gt = tl.load(G_ptr + bh * Tp + t)
@@ -237,7 +272,7 @@ def _output_kernel(
     for k0 in range(0, K, BK):
         kc = k0 + tl.arange(0, BK)
         km = kc < K
-        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        offs = qk_base + tt[:, None] * (H * K) + kc[None, :]
         msk = tm[:, None] & km[None, :]
         qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
         kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
@@ -250,17 +285,17 @@ def _output_kernel(
     vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     acc += tl.dot(P * D, vn, input_precision=PREC)
     o = acc * SCALE
-    tl.store(o_ptr + b * T * H * V + h * V + t[:, None] * (H * V) + vc[None, :], o.to(o_ptr.dtype.element_ty),
+    tl.store(o_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :], o.to(o_ptr.dtype.element_ty),
              mask=tm[:, None] & vm[None, :])
 
 
 @triton.jit
 def _bwd_local_kernel(
     q_ptr, k_ptr, do_ptr, G_ptr, rq_ptr, rk_ptr, vn_ptr,
-    dvl_ptr, dPD_ptr, dG_ptr,
+    dvl_ptr, dPD_ptr, dG_ptr, tab_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    SCALE: tl.constexpr,
+    SCALE: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """dvn_local = scale (P⊙D)ᵀ dO;  dPD = scale (dO vnᵀ) ⊙ D;  dG from D: rowsum(M) - colsum(M), M = dPD ⊙ P."""
     n = tl.program_id(0)
@@ -269,7 +304,7 @@ def _bwd_local_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tm = t < T
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
     Gt = tl.load(G_ptr + bh * Tp + t)
     rq = tl.load(rq_ptr + bh * Tp + t)
     rk = tl.load(rk_ptr + bh * Tp + t)
@@ -277,7 +312,7 @@ def _bwd_local_kernel(
     P = tl.zeros([C, C], dtype=tl.float32)
     for k0 in range(0, K, BK):
         kc = k0 + tl.arange(0, BK)
-        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        offs = qk_base + tt[:, None] * (H * K) + kc[None, :]
         msk = tm[:, None] & (kc < K)[None, :]
         qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
         kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
@@ -290,7 +325,7 @@ def _bwd_local_kernel(
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         vm = (vc < V)[None, :]
-        dO = tl.load(do_ptr + do_base + t[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
+        dO = tl.load(do_ptr + do_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
         dO = dO.to(tl.float32)
         vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm, other=0.0)
         dvl = tl.dot(tl.trans(PD), dO, input_precision=PREC) * SCALE
@@ -305,24 +340,24 @@ def _bwd_local_kernel(
 
 @triton.jit
 def _state_bwd_step(
-    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr,
+    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, tab_ptr,
     scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):
     tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
     t = n * C + tl.arange(0, C)
-    tm = t < T
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rq = tl.load(rq_ptr + bh * Tp + t)
     rk = tl.load(rk_ptr + bh * Tp + t)
-    offs = b * T * H * K + h * K + t[:, None] * (H * K) + kr[None, :]
+    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
     msk = tm[:, None] & km[None, :]
     kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
     qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
-    dO = tl.load(do_ptr + b * T * H * V + h * V + t[:, None] * (H * V) + vc[None, :],
+    dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
                  mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
     dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     gam = tl.exp(Gl)
@@ -345,18 +380,29 @@ def _state_bwd_step(
 @triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dSfin_ptr,
-    dh_ptr, dvn_ptr, dS0_ptr,
+    dh_ptr, dvn_ptr, dS0_ptr, tab_ptr, doc_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
-    WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr,
+    WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
-    dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0."""
+    dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
+    (V tile, sequence / document, head), like ``_state_fwd_kernel``."""
     pv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
+    sh = tl.program_id(1).to(tl.int64)
+    if VARLEN:
+        b = sh * 0
+        h = sh % H
+        bh = h
+        c0 = tl.load(doc_ptr + sh // H)
+        c1 = tl.load(doc_ptr + sh // H + 1)
+    else:
+        b = sh // H
+        h = sh % H
+        bh = sh
+        c0 = 0
+        c1 = N
     kr = tl.arange(0, BKF)
     km = kr < K
     vc = pv * BV + tl.arange(0, BV)
@@ -364,32 +410,32 @@ def _state_bwd_kernel(
     kv_offs = kr[:, None] * V + vc[None, :]
     kv_mask = km[:, None] & vm[None, :]
     if HAS_DSFIN:
-        dS = tl.load(dSfin_ptr + bh * K * V + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
+        dS = tl.load(dSfin_ptr + sh * K * V + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
     else:
         dS = tl.zeros([BKF, BV], dtype=tl.float32)
     if WHILE_LOOP:
         i = 0
-        while i < N:
-            dS = _state_bwd_step(N - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
-                                 dh_ptr, dvn_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
-                                 K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
+        while i < c1 - c0:
+            dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
+                                 dh_ptr, dvn_ptr, tab_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
+                                 T, H, N, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
             i += 1
     else:
-        for i in range(N):
-            dS = _state_bwd_step(N - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
-                                 dh_ptr, dvn_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
-                                 K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC)
-    tl.store(dS0_ptr + bh * K * V + kv_offs, dS, mask=kv_mask)
+        for i in range(c1 - c0):
+            dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
+                                 dh_ptr, dvn_ptr, tab_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
+                                 T, H, N, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+    tl.store(dS0_ptr + sh * K * V + kv_offs, dS, mask=kv_mask)
 
 
 @triton.jit
 def _bwd_k_kernel(
     q_ptr, k_ptr, do_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, states_ptr, dh_ptr, vn_ptr, dvn_ptr,
     dPD_ptr,
-    dqh_ptr, dkh_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr,
+    dqh_ptr, dkh_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr, tab_ptr,
     T, H, N, Tp, NB,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, PREC: tl.constexpr, SCALE: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, PREC: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """One K slice of one chunk: dq̂, dk̂ (all but the A-term), and partial sums for dG, dβ, dX_w, ⟨dh, S⟩, dm."""
     pk = tl.program_id(0)
@@ -399,19 +445,19 @@ def _bwd_k_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tm = t < T
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
     kc = pk * BK + tl.arange(0, BK)
     km = kc < K
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rq = tl.load(rq_ptr + bh * Tp + t)
     rk = tl.load(rk_ptr + bh * Tp + t)
-    beta = tl.load(beta_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     if HAS_COMMIT:
         m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
     else:
         m = 1.0
-    offs = b * T * H * K + h * K + t[:, None] * (H * K) + kc[None, :]
+    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
     msk = tm[:, None] & km[None, :]
     Qk = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
     Kk = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
@@ -425,7 +471,8 @@ def _bwd_k_kernel(
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         vm = vc < V
-        dO = tl.load(do_ptr + do_base + t[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :], other=0.0)
+        dO = tl.load(do_ptr + do_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :],
+                     other=0.0)
         dO = dO.to(tl.float32)
         rows = bh * Tp * V + t[:, None] * V + vc[None, :]
         vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0)
@@ -473,10 +520,11 @@ def _bwd_k_kernel(
 def _bwd_finish_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, dvn_ptr,
     dqh_ptr, dkh_ptr, dGloc_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dm_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dm_ptr, tab_ptr,
     T, H, N, Tp, NB,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKT: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, USE_L2: tl.constexpr, PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -484,12 +532,12 @@ def _bwd_finish_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tm = t < T
+    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rq = tl.load(rq_ptr + bh * Tp + t)
     rk = tl.load(rk_ptr + bh * Tp + t)
-    beta = tl.load(beta_ptr + (b * T + t) * H + h, mask=tm, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     if HAS_COMMIT:
         m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
     else:
@@ -517,7 +565,7 @@ def _bwd_finish_kernel(
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         vm = vc < V
-        io = v_base + t[:, None] * (H * V) + vc[None, :]
+        io = v_base + tt[:, None] * (H * V) + vc[None, :]
         iom = tm[:, None] & vm[None, :]
         vt = tl.load(v_ptr + io, mask=iom, other=0.0).to(tl.float32)
         dvn = tl.load(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
@@ -535,7 +583,7 @@ def _bwd_finish_kernel(
     KK = tl.zeros([C, C], dtype=tl.float32)
     for k0 in range(0, K, BK):
         kc = k0 + tl.arange(0, BK)
-        kt = tl.load(k_ptr + qk_base + t[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & (kc < K)[None, :],
+        kt = tl.load(k_ptr + qk_base + tt[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & (kc < K)[None, :],
                      other=0.0).to(tl.float32) * rk[:, None]
         KK += tl.dot(kt, tl.trans(kt), input_precision=PREC)
     dbeta += tl.sum(dAE * KK, 1)
@@ -557,8 +605,8 @@ def _bwd_finish_kernel(
         dGlast += gam * sig
     dG += tl.where(ti == C - 1, dGlast, 0.0)
     dg = tl.cumsum(dG, axis=0, reverse=True)
-    tl.store(dg_ptr + (b * T + t) * H + h, dg, mask=tm)
-    tl.store(dbeta_ptr + (b * T + t) * H + h, dbeta, mask=tm)
+    tl.store(dg_ptr + (b * T + tt) * H + h, dg, mask=tm)
+    tl.store(dbeta_ptr + (b * T + tt) * H + h, dbeta, mask=tm)
 
     # dk̂ += (dKK + dKKᵀ) k̂, then the l2-norm backward: dk = r (dk̂ - k̂ (k̂·dk̂)); the same for q.
     kdot = tl.zeros([C], dtype=tl.float32)
@@ -567,7 +615,7 @@ def _bwd_finish_kernel(
         for k0 in range(0, K, BK):
             kc = k0 + tl.arange(0, BK)
             km = kc < K
-            offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+            offs = qk_base + tt[:, None] * (H * K) + kc[None, :]
             msk = tm[:, None] & km[None, :]
             kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
             qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
@@ -580,7 +628,7 @@ def _bwd_finish_kernel(
     for k0 in range(0, K, BK):
         kc = k0 + tl.arange(0, BK)
         km = kc < K
-        offs = qk_base + t[:, None] * (H * K) + kc[None, :]
+        offs = qk_base + tt[:, None] * (H * K) + kc[None, :]
         msk = tm[:, None] & km[None, :]
         kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
         qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]

@@ -53,19 +53,25 @@ def triton_natsl_mixed(
     concurrent: bool = True,
     gdn_config: GatedDeltaConfig = GDN_DEFAULT,
     attn_config: ChunkAttentionConfig = ATTN_DEFAULT,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """GDN branch ``triton_gated_delta(q, k, v, g, beta, commit=..., config=gdn_config)`` and softmax branch
     ``triton_chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=..., config=attn_config)``; returns
-    ``(o_gdn [B, T, H, V], final_state or None, o_attn [B, T, Hs, Dv])``. Shapes as in the two ops."""
+    ``(o_gdn [B, T, H, V], final_state or None, o_attn [B, T, Hs, Dv])``. Shapes as in the two ops.
+    ``cu_seqlens [N + 1]``: packed documents, passed to both (read to the host once here, so that neither branch
+    syncs again)."""
+    if cu_seqlens is not None and cu_seqlens.device.type != "cpu":
+        cu_seqlens = cu_seqlens.cpu()  # the one device -> host sync of a packed call
 
     def gdn():
         return triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk_size,
                                   initial_state=initial_state, output_final_state=output_final_state,
-                                  decay_uncommitted=decay_uncommitted, config=gdn_config)
+                                  decay_uncommitted=decay_uncommitted, config=gdn_config, cu_seqlens=cu_seqlens)
 
     def attn():
         return triton_chunk_attention(q_attn, k_attn, v_attn, routing, chunk_size=chunk_size, group_size=group_size,
-                                      scale=attn_scale, routing_bias=routing_bias, config=attn_config)
+                                      scale=attn_scale, routing_bias=routing_bias, config=attn_config,
+                                      cu_seqlens=cu_seqlens)
 
     # Sequential under torch.compile too: inductor cannot functionalise ``record_stream`` (aten::record_stream has an
     # alias annotation), and stream switches inside a traced region are not ours to order there.
