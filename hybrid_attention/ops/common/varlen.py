@@ -20,12 +20,13 @@ Decisions:
   first chunk, the document's end token) and the chunk offsets of the documents, copied to the device in one
   transfer (pinned, non-blocking on CUDA). The one device -> host sync left is ``validate_cu_seqlens`` reading the
   offsets (none when the caller passes ``cu_seqlens`` as a CPU tensor).
-- Triton kernels that take ``cu_seqlens`` (so far the Interdomain op and the complex diagonal-SSM state scans it
-  shares, ``ops/common/triton/ssm_scan*.py``) get a ``ChunkTable`` (``chunk_table``): the offsets as int32, the
-  per-document chunk offsets and a per-chunk index table (document, chunk in the document), built on the device
-  without a host sync. The chunk-parallel grids use the static upper bound ``max_chunks(T, N, chunk_size)`` on the
-  chunk count, so nothing about the grid or the buffer shapes depends on the offsets' values (no sync, and
-  ``torch.compile`` sees static shapes); the rows past the real chunks are empty (they point past their document).
+- The complex diagonal-SSM Triton kernels (Interdomain, bilinear S4D, and the state scans they share,
+  ``ops/common/triton/ssm_scan*.py``) get a ``ChunkTable`` (``chunk_table``): the offsets as int32, the per-document
+  chunk offsets and a per-chunk index table (document, chunk in the document), built on the device without a host
+  sync (a CUDA ``cu_seqlens`` is checked for dtype and shape only: ``check_cu_seqlens``). The chunk-parallel grids
+  use the static upper bound ``max_chunks(T, N, chunk_size)`` on the chunk count, so nothing about the grid or the
+  buffer shapes depends on the offsets' values (no sync, and ``torch.compile`` sees static shapes); the rows past
+  the real chunks are empty (they point past their document).
   Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
 """
 

@@ -37,13 +37,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..varlen import ChunkTable
+from ..varlen import ChunkTable, max_chunks
 from . import interpreting
 from . import ssm_scan_kernels as K
 from .config import ScanConfig
 from .hooks import LaunchHooks
 
-__all__ = ["state_bwd"]
+__all__ = ["state_bwd", "op_table", "check_packed_state"]
 
 
 def _np2(x: int) -> int:
@@ -85,6 +85,27 @@ def _layout(k: torch.Tensor, BT: int, vl: ChunkTable | None) -> tuple[int, int]:
     if vl.chunk_size != BT:
         raise ValueError(f"vl was built for chunks of {vl.chunk_size} tokens, the kernels run {BT}")
     return vl.n_docs, vl.n_rows
+
+
+def op_table(T: int, cu, co, ci, BT: int) -> ChunkTable | None:
+    """The ``ChunkTable`` of a registered op's (cu, co, ci) tensor arguments (all None: dense inputs), its row count
+    checked against T and the kernel chunk length BT."""
+    if cu is None:
+        return None
+    n_rows = max_chunks(T, cu.numel() - 1, BT)
+    if ci is None or co is None or tuple(ci.shape) != (n_rows, 2):
+        raise ValueError(f"chunk table must be [{n_rows}, 2] for chunks of {BT} tokens, got "
+                         f"{None if ci is None else tuple(ci.shape)}")
+    return ChunkTable(cu, co, ci, BT)
+
+
+def check_packed_state(initial_state, n_docs: int) -> None:
+    """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it)."""
+    if initial_state is not None and (initial_state.dim() < 1 or initial_state.shape[0] != n_docs):
+        raise ValueError(
+            f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
+            f"got shape {tuple(initial_state.shape)}"
+        )
 
 
 def _vl_args(k: torch.Tensor, vl: ChunkTable | None, table: str) -> tuple[torch.Tensor, torch.Tensor]:

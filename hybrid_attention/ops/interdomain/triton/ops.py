@@ -38,8 +38,16 @@ from ...common.ssm import validate_chunk_size
 from ...common.triton import interpreting
 from ...common.triton.eager import eager_function
 from ...common.triton.hooks import NO_HOOKS, LaunchHooks
-from ...common.triton.ssm_scan import _np2, _planar, _power_table, _states_fwd, state_bwd
-from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table, max_chunks
+from ...common.triton.ssm_scan import (
+    _np2,
+    _planar,
+    _power_table,
+    _states_fwd,
+    check_packed_state,
+    op_table,
+    state_bwd,
+)
+from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import safe_divide, validate_interdomain_inputs
 from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
 from . import kernels as K
@@ -62,17 +70,6 @@ def _lp_dot(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 and not interpreting()
 
 
-def _table(q: torch.Tensor, cu, co, ci, BT: int) -> ChunkTable | None:
-    """The ``ChunkTable`` of the op's (cu, co, ci) arguments (None: dense), its row count checked against BT."""
-    if cu is None:
-        return None
-    n_rows = max_chunks(q.shape[1], cu.numel() - 1, BT)
-    if ci is None or co is None or tuple(ci.shape) != (n_rows, 2):
-        raise ValueError(f"chunk table must be [{n_rows}, 2] for chunks of {BT} tokens, got "
-                         f"{None if ci is None else tuple(ci.shape)}")
-    return ChunkTable(cu, co, ci, BT)
-
-
 def _vl_ptrs(q: torch.Tensor, vl: ChunkTable | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(cu, chunk indices) pointer arguments of the chunk kernels; dense launches pass q (never read)."""
     return (q, q) if vl is None else (vl.cu, vl.indices)
@@ -86,7 +83,7 @@ def _fwd_impl(
     D = v.shape[-1]
     M = ll.shape[-1]
     BT = kernel_chunk(chunk_size, cfg)
-    vl = _table(q, cu, co, ci, BT)
+    vl = op_table(T, cu, co, ci, BT)
     out_dtype = torch.float32 if out_fp32 else q.dtype
     o = cfg.empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
     if T == 0:
@@ -158,7 +155,7 @@ def _bwd_impl(
             torch.zeros_like(kk),
             dinit if dinit is not None else q.new_empty(0, dtype=f32),
         )
-    vl = _table(q, cu, co, ci, BT)
+    vl = op_table(T, cu, co, ci, BT)
     NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
     n_seq = Bsz if vl is None else vl.n_docs
     cu_p, ci_p = _vl_ptrs(q, vl)
@@ -411,12 +408,8 @@ def triton_interdomain(
     else:  # initial_state is per document: [N, ...] against inputs of batch one
         validate_interdomain_inputs(q, k, v, log_lam, B, C, None, denominator)
         n_docs = check_cu_seqlens(cu_seqlens, q.shape[1], q.shape[0])
+        check_packed_state(initial_state, n_docs)
         if initial_state is not None:
-            if initial_state.dim() < 1 or initial_state.shape[0] != n_docs:
-                raise ValueError(
-                    f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
-                    f"got shape {tuple(initial_state.shape)}"
-                )
             validate_interdomain_inputs(
                 q.expand(n_docs, *q.shape[1:]), k.expand(n_docs, *k.shape[1:]), v.expand(n_docs, *v.shape[1:]),
                 log_lam, B, C, initial_state, denominator,
