@@ -194,11 +194,42 @@ def test_custom_op_opcheck_packed():
     )
 
 
+@pytest.mark.parametrize("fuse_dz", [True, False])
+def test_s4d_bilinear_packed_triton_equals_per_document_reference(fuse_dz):
+    """The bilinear S4D op shares the scans: its readout kernels take the same chunk table (a, b, every gradient,
+    initial / final states per document; one empty table row, NaN-poisoned buffers)."""
+    from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear
+    from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
+    from hybrid_attention.ops.s4d_bilinear.triton.config import S4DBilinearConfig
+
+    lengths, R, M = (1, 15, 16, 17, 3), 16, 16
+    tensors, _, _, cu = _problem(lengths, R, R, M, seed=11)
+    a, _, b, log_lam, B, C, _ = tensors
+    g = torch.Generator().manual_seed(12)
+    X0 = 0.3 * torch.randn(len(lengths), H, M, 2 * R, dtype=C128, generator=g)
+    do, dfin = torch.randn(a.shape, dtype=F64, generator=g), torch.randn(X0.shape, dtype=C128, generator=g)
+    names = ("a", "b", "log_lam", "B", "C", "X0")
+
+    def run(fn, ts, **kw):
+        leaves = [t.clone().requires_grad_() for t in ts]
+        o, fin = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, **kw)
+        loss = (o.to(F64) * do).sum() + (fin.conj() * dfin.to(fin.dtype)).real.sum()
+        return {"o": o, "final": fin, **{"d" + n: x for n, x in zip(names, torch.autograd.grad(loss, leaves))}}
+
+    ref = run(chunk_s4d_bilinear, [a, b, log_lam, B, C, X0], chunk_size=8)
+    cfg = S4DBilinearConfig(fuse_dz=fuse_dz, poison=True)
+    out = run(triton_s4d_bilinear, _f32([a, b, log_lam, B, C, X0]), chunk_size=16, config=cfg)
+    for name in ref:
+        assert torch.isfinite(out[name]).all(), name
+        assert _rel(out[name], ref[name]) < TOL, (name, _rel(out[name], ref[name]))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The varlen launches compile for the GPU (no GPU needed): every kernel launched with IS_VARLEN in a bf16 forward +
-# backward (fused and unfused state-carry gradient) is recorded under the interpreter, then compiled ahead of time for
-# sm_90 in a subprocess without the interpreter, with the signature inductor would give it (ints i64; no Python-float
-# runtime argument is allowed at all). HYBRID_SKIP_AOT=1 skips the compile (about a minute of CPU).
+# backward (Interdomain with the fused and the unfused state-carry gradient, and the bilinear S4D readout kernels) is
+# recorded under the interpreter, then compiled ahead of time for sm_90 in a subprocess without the interpreter, with
+# the signature inductor would give it (ints i64; no Python-float runtime argument is allowed at all).
+# HYBRID_SKIP_AOT=1 skips the compile (about a minute of CPU).
 
 AOT_SCRIPT = """
 import importlib, json, sys
@@ -225,8 +256,10 @@ def _record_varlen_launches(monkeypatch) -> list[dict]:
 
     from hybrid_attention.ops.common.triton import ssm_scan_kernels as scan_k
     from hybrid_attention.ops.interdomain.triton import kernels as chunk_k
+    from hybrid_attention.ops.s4d_bilinear.triton import kernels as s4d_k
+    from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
 
-    kernels = {id(obj): (mod.__name__, name) for mod in (scan_k, chunk_k) for name, obj in vars(mod).items()
+    kernels = {id(obj): (mod.__name__, name) for mod in (scan_k, chunk_k, s4d_k) for name, obj in vars(mod).items()
                if hasattr(obj, "run") and hasattr(obj, "arg_names")}
     launches: list[dict] = []
     cls = type(chunk_k._chunk_fwd)
@@ -248,6 +281,9 @@ def _record_varlen_launches(monkeypatch) -> list[dict]:
     low = [t.to(torch.bfloat16) if i < 3 else t for i, t in enumerate(_f32(tensors))]
     for cfg in (InterdomainConfig(), InterdomainConfig(fuse_dz=False)):
         _run(triton_interdomain, low, do, dfin, chunk_size=32, config=cfg, cu_seqlens=cu)
+    a, b = low[0].detach().requires_grad_(), low[1].detach().requires_grad_()
+    o, _ = triton_s4d_bilinear(a, b, *low[3:6], chunk_size=32, cu_seqlens=cu)
+    o.float().sum().backward()
     monkeypatch.undo()
     return [r for r in launches if r["args"].get("IS_VARLEN")]
 
@@ -260,7 +296,8 @@ def test_varlen_launches_compile_for_sm90(monkeypatch):
 
     launches = _record_varlen_launches(monkeypatch)
     names = {r["kernel"] for r in launches}
-    assert names == {"_state_fwd", "_chunk_fwd", "_chunk_bwd", "_state_bwd_dz", "_state_bwd", "_chunk_dz"}, names
+    assert names == {"_state_fwd", "_chunk_fwd", "_chunk_bwd", "_state_bwd_dz", "_state_bwd", "_chunk_dz",
+                     "_readout_fwd", "_readout_bwd"}, names
     specs, seen = [], set()
     for rec in launches:
         sig, cx = {}, {}
