@@ -262,7 +262,7 @@ def test_custom_op_opcheck():
     init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
         interdomain_fwd_op,
-        (q, k, v, ll, bb, kk, init, 16, False, True, False),
+        (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, False),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
 

@@ -175,7 +175,7 @@ def test_custom_op_opcheck():
     init = torch.randn(1, H, 2, M, 2 * R, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
         s4d_ops.s4d_bilinear_fwd_op,
-        (a, b, ll, bb, cc, kk, init, 16, True),
+        (a, b, ll, bb, cc, kk, init, None, None, None, 16, True),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
 

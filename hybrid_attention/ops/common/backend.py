@@ -36,7 +36,7 @@ def resolve_backend(
     ``no_varlen`` do not take it yet: "auto" then resolves to "reference" when "triton" is one of them (else by
     ``supported`` as usual), and naming one of them raises ``NotImplementedError`` ``"cu_seqlens is not supported
     by the <name> backend of <op> yet; use backend='reference'"``. Ops whose Triton kernels take packed documents
-    (gated_delta, chunk_attention, natsl_mixed) pass a ``no_varlen`` without "triton".
+    (gated_delta, chunk_attention, natsl_mixed, interdomain, s4d_bilinear) pass a ``no_varlen`` without "triton".
     """
     if name not in allowed:
         raise ValueError(f"{op}: backend must be one of {', '.join(repr(a) for a in allowed)}, got {name!r}")

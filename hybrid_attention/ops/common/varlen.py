@@ -19,8 +19,15 @@ Decisions:
   the host from the validated offsets (``packed_chunks``): per global chunk (first token, end token, the document's
   first chunk, the document's end token) and the chunk offsets of the documents, copied to the device in one
   transfer (pinned, non-blocking on CUDA). The one device -> host sync left is ``validate_cu_seqlens`` reading the
-  offsets (none when the caller passes ``cu_seqlens`` as a CPU tensor). Other ops' Triton kernels do not take
-  ``cu_seqlens`` yet (``ops.common.backend.resolve_backend`` refuses them and "auto" falls back).
+  offsets (none when the caller passes ``cu_seqlens`` as a CPU tensor).
+- The complex diagonal-SSM Triton kernels (Interdomain, bilinear S4D, and the state scans they share,
+  ``ops/common/triton/ssm_scan*.py``) get a ``ChunkTable`` (``chunk_table``): the offsets as int32, the per-document
+  chunk offsets and a per-chunk index table (document, chunk in the document), built on the device without a host
+  sync (a CUDA ``cu_seqlens`` is checked for dtype and shape only: ``check_cu_seqlens``). The chunk-parallel grids
+  use the static upper bound ``max_chunks(T, N, chunk_size)`` on the chunk count, so nothing about the grid or the
+  buffer shapes depends on the offsets' values (no sync, and ``torch.compile`` sees static shapes); the rows past
+  the real chunks are empty (they point past their document).
+  Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -45,6 +53,10 @@ __all__ = [
     "validate_packed",
     "PackedChunks",
     "packed_chunks",
+    "ChunkTable",
+    "max_chunks",
+    "chunk_table",
+    "check_cu_seqlens",
 ]
 
 
@@ -117,6 +129,71 @@ def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int) -> tuple[torch.Tenso
     local = torch.arange(doc.numel(), device=cu_seqlens.device) - offs[:-1][doc]  # chunk number inside its document
     starts = cu_seqlens[:-1].long()[doc] + local * chunk_size
     return starts, torch.minimum(lens[doc] - local * chunk_size, torch.full_like(starts, chunk_size))
+
+
+class ChunkTable(NamedTuple):
+    """What the varlen Triton kernels read (all int32, on the inputs' device): ``cu`` the token offsets ``[N + 1]``;
+    ``offsets`` the chunk offsets ``[N + 1]`` (document i owns chunk rows ``[offsets[i], offsets[i + 1])``);
+    ``indices [NT, 2]`` one row (document, chunk index inside the document) per chunk row, ``NT = max_chunks(...)``
+    rows, those past ``offsets[N]`` empty (document N - 1, a chunk index past its end); ``chunk_size`` the chunk
+    length the table was built for."""
+
+    cu: torch.Tensor
+    offsets: torch.Tensor
+    indices: torch.Tensor
+    chunk_size: int
+
+    @property
+    def n_docs(self) -> int:
+        """N, the number of documents."""
+        return self.cu.numel() - 1
+
+    @property
+    def n_rows(self) -> int:
+        """NT, the number of chunk rows (the chunk-parallel grids and the chunk-state buffers)."""
+        return self.indices.shape[0]
+
+
+def max_chunks(total_len: int, n_docs: int, chunk_size: int) -> int:
+    """Upper bound on Σ_i ceil(len_i / chunk_size) over every split of ``total_len`` tokens into ``n_docs`` non-empty
+    documents: ceil(l / L) = floor((l - 1) / L) + 1 and Σ floor(a_i) <= floor(Σ a_i) give floor((T - N) / L) + N.
+    Reached (e.g. N - 1 documents of one token and one of the rest) and at most N - 1 rows above the true count."""
+    return (total_len - n_docs) // chunk_size + n_docs
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens") -> int:
+    """The checks of ``validate_cu_seqlens`` that need no host sync: for a CPU tensor all of them (its values are
+    already on the host); for a device tensor dtype, shape and batch size only (its values are trusted, as fla does:
+    reading them would stall the stream once per call). Returns N. Raises ``ValueError`` naming the argument."""
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu":
+        return len(validate_cu_seqlens(cu_seqlens, total_len, batch_size, name)) - 1
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"{name} must be a 1-d int32 or int64 tensor of offsets, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must have dtype int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{name} must be a 1-d tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
+    if batch_size != 1:
+        raise ValueError(f"{name} requires inputs of batch size 1 (documents packed along T), got B = {batch_size}")
+    if cu_seqlens.numel() - 1 > total_len:
+        raise ValueError(f"{name} holds N = {cu_seqlens.numel() - 1} documents, more than the T = {total_len} tokens")
+    return cu_seqlens.numel() - 1
+
+
+def chunk_table(cu_seqlens: torch.Tensor, total_len: int, chunk_size: int,
+                device: torch.device | str | None = None) -> ChunkTable:
+    """The ``ChunkTable`` of ``cu_seqlens [N + 1]`` (already checked) for chunks of ``chunk_size`` tokens, on
+    ``device`` (default: the offsets' own). Device ops only, no host sync: the row count is ``max_chunks(T, N, L)``,
+    each row's document is found by ``searchsorted`` over the chunk offsets."""
+    cu = cu_seqlens.to(device=device if device is not None else cu_seqlens.device, dtype=torch.int64)
+    n_docs = cu.numel() - 1
+    lens = cu[1:] - cu[:-1]
+    offs = torch.cat([cu.new_zeros(1), ((lens + chunk_size - 1) // chunk_size).cumsum(0)])
+    rows = torch.arange(max_chunks(total_len, n_docs, chunk_size), device=cu.device)
+    doc = torch.searchsorted(offs[1:], rows, right=True).clamp_(max=n_docs - 1)
+    indices = torch.stack([doc, rows - offs[doc]], dim=1)
+    i32 = torch.int32
+    return ChunkTable(cu.to(i32), offs.to(i32), indices.to(i32).contiguous(), chunk_size)
 
 
 def varlen_kwargs(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:

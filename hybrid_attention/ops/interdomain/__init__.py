@@ -50,11 +50,12 @@ def interdomain(
     when triton imports and no input is float64, else "reference".
 
     ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): states start fresh at each
-    document (or from ``initial_state [N, ...]``), final states ``[N, ...]``; reference and naive forms only ("auto"
-    falls back to "reference").
+    document (or from ``initial_state [N, ...]``), final states ``[N, ...]``; every backend takes them ("auto"
+    picks "triton" for CUDA inputs as without them; the Triton kernels read the offsets on the device, no host sync).
     """
     supported = lambda: all(t.is_cuda for t in (q, k, v)) and triton_backend.supported(q, k, v)  # noqa: E731
-    backend = resolve_backend(backend, "interdomain", supported, BACKENDS, varlen=cu_seqlens is not None)
+    backend = resolve_backend(backend, "interdomain", supported, BACKENDS, varlen=cu_seqlens is not None,
+                              no_varlen=())
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     validate_readout(readout)
     if backend == "naive":
@@ -84,6 +85,7 @@ def interdomain(
             output_final_state=output_final_state,
             chunk_size=chunk_size,
             readout=readout,
+            cu_seqlens=cu_seqlens,
         )
     return chunk_interdomain(
         q,

@@ -47,10 +47,12 @@ def s4d_bilinear(
     when triton imports and no input is float64, else "reference".
 
     ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): states start fresh at each
-    document (or from ``initial_state [N, ...]``), final states ``[N, ...]``; reference and naive forms only.
+    document (or from ``initial_state [N, ...]``), final states ``[N, ...]``; every backend takes them ("auto"
+    picks "triton" for CUDA inputs as without them).
     """
     supported = lambda: a.is_cuda and b.is_cuda and triton_backend.supported(a, b)  # noqa: E731
-    backend = resolve_backend(backend, "s4d_bilinear", supported, BACKENDS, varlen=cu_seqlens is not None)
+    backend = resolve_backend(backend, "s4d_bilinear", supported, BACKENDS, varlen=cu_seqlens is not None,
+                              no_varlen=())
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if backend == "naive":
         return naive_s4d_bilinear(
@@ -67,6 +69,7 @@ def s4d_bilinear(
             initial_state=initial_state,
             output_final_state=output_final_state,
             chunk_size=chunk_size,
+            cu_seqlens=cu_seqlens,
         )
     return chunk_s4d_bilinear(
         a,

@@ -16,6 +16,20 @@ Entry points (all take planar float32 tables: a leading re/im axis of size 2):
 Every launcher takes the launch configuration ``cfg`` (a frozen ``config.ScanConfig``) and the launch hooks
 ``hooks`` (``hooks.LaunchHooks``: per-stage timing and kernel records, no-ops unless a benchmark passes its own) as
 arguments; nothing here is mutable module state.
+
+Packed documents (``vl``, a ``ops.common.varlen.ChunkTable``; B == 1): the design of every varlen kernel of these
+scans and of the ops' chunk kernels, decided here once.
+  * Sequential scans (``_state_fwd``, ``_state_bwd``, ``_state_bwd_dz``): one program per (tile, document · head);
+    the program reads its document's token range from ``vl.cu`` and its first chunk row from ``vl.offsets``, starts
+    from zero or ``initial_state[n]``, runs ceil(len_n / BT) chunks (the last one partial) and writes the final state
+    (or d initial_state) of row n. Init / final / their gradients are ``[N, H, 2, M, NC]``, exactly the dense
+    ``[B, H, ...]`` layout with B -> N.
+  * Chunk-parallel kernels (``_chunk_dz`` and the ops' chunk kernels): one program per (chunk row, head[, tile]);
+    the row's (document, chunk in the document) from ``vl.indices`` gives its true start and length
+    (``_chunk_info``). The grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no
+    tokens, read no state and write zero partials.
+  * The chunk-state buffers (``states``, ``dx``, per-chunk partials) are ``[H, vl.n_rows, ...]``: the dense
+    ``[B·H, NT, ...]`` with B = 1; every sum over their chunk axis stays as it is.
 """
 
 from __future__ import annotations
@@ -23,12 +37,13 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..varlen import ChunkTable, max_chunks
 from . import interpreting
 from . import ssm_scan_kernels as K
 from .config import ScanConfig
 from .hooks import LaunchHooks
 
-__all__ = ["state_bwd"]
+__all__ = ["state_bwd", "op_table", "check_packed_state"]
 
 
 def _np2(x: int) -> int:
@@ -63,29 +78,74 @@ def _power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
     return out
 
 
-def _states_fwd(k, v, P, bb, init, BT, store_states: bool, store_final: bool, cfg: ScanConfig, hooks: LaunchHooks):
+def _layout(k: torch.Tensor, BT: int, vl: ChunkTable | None) -> tuple[int, int]:
+    """(sequences, chunk rows) of one call: (B, cdiv(T, BT)) dense, (N, vl.n_rows) packed (B == 1)."""
+    if vl is None:
+        return k.shape[0], triton.cdiv(k.shape[1], BT)
+    if vl.chunk_size != BT:
+        raise ValueError(f"vl was built for chunks of {vl.chunk_size} tokens, the kernels run {BT}")
+    return vl.n_docs, vl.n_rows
+
+
+def op_table(T: int, cu, co, ci, BT: int) -> ChunkTable | None:
+    """The ``ChunkTable`` of a registered op's (cu, co, ci) tensor arguments (all None: dense inputs), its row count
+    checked against T and the kernel chunk length BT."""
+    if cu is None:
+        return None
+    n_rows = max_chunks(T, cu.numel() - 1, BT)
+    if ci is None or co is None or tuple(ci.shape) != (n_rows, 2):
+        raise ValueError(f"chunk table must be [{n_rows}, 2] for chunks of {BT} tokens, got "
+                         f"{None if ci is None else tuple(ci.shape)}")
+    return ChunkTable(cu, co, ci, BT)
+
+
+def check_packed_state(initial_state, n_docs: int) -> None:
+    """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it)."""
+    if initial_state is not None and (initial_state.dim() < 1 or initial_state.shape[0] != n_docs):
+        raise ValueError(
+            f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
+            f"got shape {tuple(initial_state.shape)}"
+        )
+
+
+def _vl_args(k: torch.Tensor, vl: ChunkTable | None, table: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (cu, offsets) or (cu, indices) pointer arguments of a launch; dense calls pass ``k`` (never read)."""
+    if vl is None:
+        return k, k
+    return vl.cu, (vl.offsets if table == "offsets" else vl.indices)
+
+
+def _states_fwd(
+    k, v, P, bb, init, BT, store_states: bool, store_final: bool, cfg: ScanConfig, hooks: LaunchHooks,
+    vl: ChunkTable | None = None,
+):
+    """Forward state scan: (states [B·H, NT, 2, M, NC] (the chunk-entering states), final [B·H, 2, M, NC]); packed
+    (``vl``): states [H, vl.n_rows, ...], final [N·H, ...] (init, when given, [N, H, 2, M, NC] planar)."""
     Bsz, T, H, R = k.shape
     D = v.shape[-1]
     M = bb.shape[-1]
     NC = R + D
-    NT = triton.cdiv(T, BT)
+    n_seq, NT = _layout(k, BT, vl)
     dev = k.device
     states = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev) if store_states else k.new_empty(1)
-    final = cfg.empty(Bsz * H, 2, M, NC, device=dev) if store_final else k.new_empty(1)
+    final = cfg.empty(n_seq * H, 2, M, NC, device=dev) if store_final else k.new_empty(1)
     BMS = min(cfg.BMS, _np2(M))
     BCH = min(cfg.BCH, _np2(NC))
-    grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), Bsz * H)
+    grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), n_seq * H)
     with hooks.stage("state_fwd"):
         h = _launch_state_fwd(
-            grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg
+            grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg,
+            vl,
         )
     hooks.record("state_fwd", h)
     return states, final
 
 
 def _launch_state_fwd(
-    grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg
+    grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg,
+    vl: ChunkTable | None = None,
 ):
+    cu, co = _vl_args(k, vl, "offsets")
     return K._state_fwd[grid](
         k,
         v,
@@ -94,12 +154,15 @@ def _launch_state_fwd(
         init if init is not None else k,
         states,
         final,
+        cu,
+        co,
         T,
         H,
         M,
         R,
         D,
         NT,
+        IS_VARLEN=vl is not None,
         HAS_INIT=init is not None,
         STORE_STATES=store_states,
         STORE_FINAL=store_final,
@@ -114,7 +177,8 @@ def _launch_state_fwd(
 
 
 def _state_bwd_unfused(
-    k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks
+    k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks,
+    vl: ChunkTable | None = None,
 ):
     """Reverse adjoint scan (_state_bwd, writes dXe into dx in place) then the state-carry gradient (_chunk_dz).
     Adds the carry part to dk / dv in place; returns the carry parts of (dB, d log λ), each [H, 2, M]."""
@@ -122,27 +186,31 @@ def _state_bwd_unfused(
     D = v.shape[-1]
     M = bb.shape[-1]
     NC = R + D
-    NT = triton.cdiv(T, BT)
+    n_seq, NT = _layout(k, BT, vl)
     dev = k.device
     BMS = min(cfg.BMS, _np2(M))
     BCH = min(cfg.BCH, _np2(NC))
     n_cb = triton.cdiv(NC, BCH)
-    gl_part2 = cfg.empty(Bsz * H, n_cb, 2, M, device=dev)
+    gl_part2 = cfg.empty(n_seq * H, n_cb, 2, M, device=dev)
     has_df = dfinal is not None
+    cu, co = _vl_args(k, vl, "offsets")
     with hooks.stage("state_bwd"):
-        h = K._state_bwd[(n_cb, triton.cdiv(M, BMS), Bsz * H)](
+        h = K._state_bwd[(n_cb, triton.cdiv(M, BMS), n_seq * H)](
             P,
             states,
             dx,
             dfinal.contiguous() if has_df else dx,
             dinit,
             gl_part2,
+            cu,
+            co,
             T,
             H,
             M,
             R,
             D,
             NT,
+            IS_VARLEN=vl is not None,
             HAS_DFINAL=has_df,
             STORE_DINIT=has_init,
             USE_WHILE=interpreting(),
@@ -157,6 +225,7 @@ def _state_bwd_unfused(
     n_cbz = triton.cdiv(NC, BCHZ)
     gb_part3 = cfg.empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
     gl_part3 = cfg.empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
+    cu, ci = _vl_args(k, vl, "indices")
     with hooks.stage("chunk_dz"):
         h = K._chunk_dz[(NT, Bsz * H, n_cbz)](
             k,
@@ -168,12 +237,15 @@ def _state_bwd_unfused(
             dx,
             gb_part3,
             gl_part3,
+            cu,
+            ci,
             T,
             H,
             M,
             R,
             D,
             NT,
+            IS_VARLEN=vl is not None,
             BT=BT,
             BM=_np2(M),
             BCH=BCHZ,
@@ -184,14 +256,15 @@ def _state_bwd_unfused(
     hooks.record("chunk_dz", h)
     with hooks.stage("host_reduce"):
         dbb = gb_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(dim=(0, 2))
-        dll = gl_part2.view(Bsz, H, n_cb, 2, M).sum(dim=(0, 2)) + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(
+        dll = gl_part2.view(n_seq, H, n_cb, 2, M).sum(dim=(0, 2)) + gl_part3.view(Bsz, H, NT * n_cbz, 2, M).sum(
             dim=(0, 2)
         )
     return dbb, dll
 
 
 def _state_bwd_dz(
-    k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks
+    k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks,
+    vl: ChunkTable | None = None,
 ):
     """Fused reverse adjoint scan + state-carry gradient (one launch of K._state_bwd_dz; dx is only read). Same
     contract as ``_state_bwd_unfused``: adds the carry part to dk / dv in place, writes dX0 into ``dinit`` when
@@ -200,14 +273,15 @@ def _state_bwd_dz(
     D = v.shape[-1]
     M = bb.shape[-1]
     NC = R + D
-    NT = triton.cdiv(T, BT)
+    n_seq, NT = _layout(k, BT, vl)
     BCH = min(cfg.BCH_FZ, _np2(NC))
     n_cb = triton.cdiv(NC, BCH)
-    part = cfg.empty(2, Bsz * H, n_cb, 2, M, device=k.device)  # (dB, d log λ) partials per (b·h, channel block)
+    part = cfg.empty(2, n_seq * H, n_cb, 2, M, device=k.device)  # (dB, d log λ) partials per (seq·h, channel block)
     gb_part, gl_part = part[0], part[1]
     has_df = dfinal is not None
+    cu, co = _vl_args(k, vl, "offsets")
     with hooks.stage("state_bwd_dz"):
-        h = K._state_bwd_dz[(n_cb, Bsz * H)](
+        h = K._state_bwd_dz[(n_cb, n_seq * H)](
             k,
             v,
             dk,
@@ -220,12 +294,15 @@ def _state_bwd_dz(
             dinit,
             gb_part,
             gl_part,
+            cu,
+            co,
             T,
             H,
             M,
             R,
             D,
             NT,
+            IS_VARLEN=vl is not None,
             HAS_DFINAL=has_df,
             STORE_DINIT=has_init,
             USE_WHILE=interpreting(),
@@ -238,7 +315,7 @@ def _state_bwd_dz(
         )
     hooks.record("state_bwd_dz", h)
     with hooks.stage("host_reduce"):
-        red = part.view(2, Bsz, H, n_cb, 2, M).sum(dim=(1, 3))
+        red = part.view(2, n_seq, H, n_cb, 2, M).sum(dim=(1, 3))
     return red[0], red[1]
 
 
@@ -253,9 +330,11 @@ def _planar(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def state_bwd(
-    k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks
+    k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks,
+    vl: ChunkTable | None = None,
 ):
     """The backward state path of both ops: ``_state_bwd_dz`` (one fused launch) when ``cfg.fuse_dz``, else
-    ``_state_bwd_unfused`` (two launches); same contract as either."""
+    ``_state_bwd_unfused`` (two launches); same contract as either (packed documents: ``vl``, dfinal / dinit
+    [N·H, 2, M, NC])."""
     impl = _state_bwd_dz if cfg.fuse_dz else _state_bwd_unfused
-    return impl(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init, BT, cfg, hooks)
+    return impl(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init, BT, cfg, hooks, vl)

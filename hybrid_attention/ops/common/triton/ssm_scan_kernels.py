@@ -24,6 +24,11 @@ Kernels:
                registers, so the adjoint buffer is read once and never written back.
 The local adjoints local_j of the chunk-boundary states (the ``dx`` buffer) come from the op's own backward chunk
 kernel. ``_cmul`` (complex product of real pairs) is also used by the Interdomain chunk kernels.
+
+Packed documents (constexpr IS_VARLEN; the design is in ``ssm_scan.py``): a sequential program takes its document's
+token range, chunk count and first chunk row from ``_seq_info``, a chunk-parallel one its chunk's start and length
+from ``_chunk_info`` (also used by the Interdomain chunk kernels); with IS_VARLEN False both reduce to the dense
+indexing (sequence b = i_bh // H of T tokens, chunk j at row i_bh·NT + j) and the table pointers are never read.
 """
 
 from __future__ import annotations
@@ -35,6 +40,51 @@ import triton.language as tl
 @triton.jit
 def _cmul(a_re, a_im, b_re, b_im):
     return a_re * b_re - a_im * b_im, a_re * b_im + a_im * b_re
+
+
+@triton.jit
+def _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN: tl.constexpr):
+    """Sequence of a sequential-scan program ``i_bh`` (= sequence · H + head): (bos, Tn, nc, slot0) = its first
+    token's row in the flattened [B·T] (or packed [T]) token axis, its length, its chunk count and the index of its
+    first chunk in the chunk-state buffers (rows of 2·M·NC floats). Dense: sequence b = i_bh // H spans rows
+    [b·T, (b+1)·T), chunks at slots i_bh·NT + j. Varlen (B == 1, documents at ``cu [N + 1]``, chunk offsets
+    ``co [N + 1]``): document n = i_bh // H, its chunks at slots h·NT + co[n] + j (NT = the buffers' chunk count)."""
+    if IS_VARLEN:
+        n = i_bh // H
+        bos = tl.load(cu + n).to(tl.int64)
+        Tn = (tl.load(cu + n + 1) - tl.load(cu + n)).to(tl.int32)
+        c0 = tl.load(co + n).to(tl.int64)
+        nc = (tl.load(co + n + 1) - tl.load(co + n)).to(tl.int32)
+        slot0 = (i_bh % H) * NT + c0
+    else:
+        bos = (i_bh // H) * T
+        Tn = T
+        nc = NT
+        slot0 = i_bh * NT
+    return bos, Tn, nc, slot0
+
+
+@triton.jit
+def _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
+    """Chunk of a chunk-parallel program (i_t, i_bh): (tok0, Lj) = its first token's row in the flattened token axis
+    (int64) and its token count. Dense: chunk i_t of sequence i_bh // H. Varlen (B == 1, so i_bh is the head): the
+    chunk-table row ``ci[i_t] = (document, chunk in the document)``; the chunk starts at cu[doc] + BT·local and ends
+    at the document's end at the latest. Rows past the last real chunk (the grid is a sync-free upper bound) point
+    past their document's end: Lj <= 0, every token masked, and the kernels must not read their (never written)
+    chunk state."""
+    if IS_VARLEN:
+        doc = tl.load(ci + 2 * i_t)
+        loc = tl.load(ci + 2 * i_t + 1)
+        bos = tl.load(cu + doc)
+        eos = tl.load(cu + doc + 1)
+        t0 = bos + loc * BT
+        Lj = tl.minimum(eos - t0, BT).to(tl.int32)
+        tok0 = t0.to(tl.int64)
+    else:
+        t0 = i_t * BT
+        Lj = tl.minimum(T - t0, BT)
+        tok0 = (i_bh // H) * T + t0
+    return tok0, Lj
 
 
 @triton.jit
@@ -65,7 +115,7 @@ def _load_z(k_base, v_base, j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.c
 
 @triton.jit
 def _state_fwd_step(
-    j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT, offs_c, offs_s,
+    j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, slot0, H, M, R, D, offs_c, offs_s,
     is_k, is_v, st_off, st_mask, STORE_STATES: tl.constexpr, BT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Full chunk j: store X_j, X_{j+1} = λ^BT ⊙ X_j + E z_j; z_{j+1} is loaded here, one step ahead (the loop
@@ -73,7 +123,7 @@ def _state_fwd_step(
     NC = R + D
     z_next = _load_z(k_base, v_base, j + 1, tl.where(j + 1 < n_full, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT)
     if STORE_STATES:
-        s_base = states + (i_bh * NT + j) * 2 * M * NC
+        s_base = states + (slot0 + j) * 2 * M * NC
         tl.store(s_base + st_off, x_re, mask=st_mask)
         tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
     dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
@@ -92,12 +142,15 @@ def _state_fwd(
     init,
     states,
     final,
+    cu,
+    co,
     T,
     H,
     M,
     R,
     D,
     NT,
+    IS_VARLEN: tl.constexpr,
     HAS_INIT: tl.constexpr,
     STORE_STATES: tl.constexpr,
     STORE_FINAL: tl.constexpr,
@@ -110,8 +163,8 @@ def _state_fwd(
     i_c = tl.program_id(0)
     i_m = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
-    b = i_bh // H
     h = i_bh % H
+    bos, Tn, nc, slot0 = _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN)
     NC = R + D
     LP = BT + 1
     offs_m = i_m * BMS + tl.arange(0, BMS)
@@ -126,8 +179,8 @@ def _state_fwd(
     ptab = P + h * 2 * LP * M
     b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
     b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
-    k_base = k + b * T * H * R + h * R
-    v_base = v + b * T * H * D + h * D
+    k_base = k + bos * H * R + h * R
+    v_base = v + bos * H * D + h * D
     if HAS_INIT:
         x_re = tl.load(init + i_bh * 2 * M * NC + st_off, mask=st_mask, other=0.0)
         x_im = tl.load(init + i_bh * 2 * M * NC + M * NC + st_off, mask=st_mask, other=0.0)
@@ -136,28 +189,28 @@ def _state_fwd(
         x_im = tl.zeros([BMS, BCH], dtype=tl.float32)
     # every full chunk has the same input matrix E and carry λ^BT: computed once, outside the loop
     e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, BT, offs_m, offs_s, mask_m, M, BT)
-    n_full = T // BT
+    n_full = Tn // BT
     z = _load_z(k_base, v_base, 0, tl.where(n_full > 0, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT)
     if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
         j = 0
         while j < n_full:
             x_re, x_im, z = _state_fwd_step(
-                j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+                j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, slot0, H, M, R, D,
                 offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
             )  # fmt: skip
             j += 1
     else:
         for j in range(n_full):
             x_re, x_im, z = _state_fwd_step(
-                j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, i_bh, H, M, R, D, NT,
+                j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, slot0, H, M, R, D,
                 offs_c, offs_s, is_k, is_v, st_off, st_mask, STORE_STATES, BT, DOT_PREC,
             )  # fmt: skip
-    if n_full < NT:  # partial last chunk
-        L_last = T - n_full * BT
+    if n_full < nc:  # partial last chunk
+        L_last = Tn - n_full * BT
         e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, L_last, offs_m, offs_s, mask_m, M, BT)
         z = _load_z(k_base, v_base, n_full, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
         if STORE_STATES:
-            s_base = states + (i_bh * NT + n_full) * 2 * M * NC
+            s_base = states + (slot0 + n_full) * 2 * M * NC
             tl.store(s_base + st_off, x_re, mask=st_mask)
             tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
         dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
@@ -173,23 +226,23 @@ def _state_fwd(
 
 @triton.jit
 def _state_bwd_step(
-    j, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, i_bh, T, M, NC, NT, offs_m, mask_m,
+    j, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, slot0, Tn, M, NC, offs_m, mask_m,
     st_off, st_mask, BT: tl.constexpr,
 ):  # fmt: skip
     """One reverse step on chunk j (its local adjoint loc and state x were prefetched one step earlier); prefetches
     chunk j-1's and returns them."""
     LP = BT + 1
-    pbase = (i_bh * NT + tl.maximum(j - 1, 0)) * 2 * M * NC
+    pbase = (slot0 + tl.maximum(j - 1, 0)) * 2 * M * NC
     # a tensor comparison, not `st_mask & (j > 0)`: the triton 3.9 interpreter gives that scalar-bool mix an int dtype
     pmask = st_mask & ((st_off * 0 + j) > 0)
     nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
     nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
     nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
     nx_im = tl.load(states + pbase + M * NC + st_off, mask=pmask, other=0.0)
-    base = (i_bh * NT + j) * 2 * M * NC
+    base = (slot0 + j) * 2 * M * NC
     tl.store(dx + base + st_off, e_re, mask=st_mask)
     tl.store(dx + base + M * NC + st_off, e_im, mask=st_mask)
-    Lj = tl.minimum(BT, T - j * BT)
+    Lj = tl.minimum(BT, Tn - j * BT)
     l_re = tl.load(ptab + Lj * M + offs_m, mask=mask_m, other=0.0)
     l_im = tl.load(ptab + LP * M + Lj * M + offs_m, mask=mask_m, other=0.0)
     # s = Σ_c conj(X_j) dXe_j ; acc += Lj conj(λ^Lj) s
@@ -211,12 +264,15 @@ def _state_bwd(
     dfinal,
     dinit,
     gl_part,
+    cu,
+    co,
     T,
     H,
     M,
     R,
     D,
     NT,
+    IS_VARLEN: tl.constexpr,
     HAS_DFINAL: tl.constexpr,
     STORE_DINIT: tl.constexpr,
     USE_WHILE: tl.constexpr,
@@ -231,6 +287,7 @@ def _state_bwd(
     i_m = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     h = i_bh % H
+    _, Tn, nc, slot0 = _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN)
     NC = R + D
     LP = BT + 1
     n_cb = tl.num_programs(0)
@@ -249,24 +306,24 @@ def _state_bwd(
         e_im = tl.zeros([BMS, BCH], dtype=tl.float32)
     acc_re = tl.zeros([BMS], dtype=tl.float32)
     acc_im = tl.zeros([BMS], dtype=tl.float32)
-    last = (i_bh * NT + NT - 1) * 2 * M * NC
+    last = (slot0 + nc - 1) * 2 * M * NC
     loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
     loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
     x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
     x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
     if USE_WHILE:
         jj = 0
-        while jj < NT:
+        while jj < nc:
             e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im = _state_bwd_step(
-                NT - 1 - jj, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, i_bh, T, M,
-                NC, NT, offs_m, mask_m, st_off, st_mask, BT,
+                nc - 1 - jj, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, slot0, Tn, M,
+                NC, offs_m, mask_m, st_off, st_mask, BT,
             )  # fmt: skip
             jj += 1
     else:
-        for jj in range(NT):
+        for jj in range(nc):
             e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im = _state_bwd_step(
-                NT - 1 - jj, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, i_bh, T, M,
-                NC, NT, offs_m, mask_m, st_off, st_mask, BT,
+                nc - 1 - jj, e_re, e_im, acc_re, acc_im, loc_re, loc_im, x_re, x_im, dx, states, ptab, slot0, Tn, M,
+                NC, offs_m, mask_m, st_off, st_mask, BT,
             )  # fmt: skip
     if STORE_DINIT:
         tl.store(dinit + i_bh * 2 * M * NC + st_off, e_re, mask=st_mask)
@@ -287,12 +344,15 @@ def _chunk_dz(
     dx,
     gb_part,
     gl_part,
+    cu,
+    ci,
     T,
     H,
     M,
     R,
     D,
     NT,
+    IS_VARLEN: tl.constexpr,
     BT: tl.constexpr,
     BM: tl.constexpr,
     BCH: tl.constexpr,
@@ -303,12 +363,10 @@ def _chunk_dz(
     i_bh = tl.program_id(1).to(tl.int64)
     i_c = tl.program_id(2)
     n_cb = tl.num_programs(2)
-    b = i_bh // H
     h = i_bh % H
+    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     NC = R + D
     LP = BT + 1
-    t0 = i_t * BT
-    Lj = tl.minimum(BT, T - t0)
     offs_s = tl.arange(0, BT)
     offs_m = tl.arange(0, BM)
     offs_c = i_c * BCH + tl.arange(0, BCH)
@@ -327,13 +385,14 @@ def _chunk_dz(
     e_re, e_im = _cmul(p_re, p_im, b_re[None, :], b_im[None, :])
     base = dx + (i_bh * NT + i_t) * 2 * M * NC
     st_off = offs_m[:, None] * NC + offs_c[None, :]
-    st_mask = mask_m[:, None] & mask_c[None, :]
+    # an empty chunk-table row (varlen, Lj <= 0) reads nothing: its partials are zero
+    st_mask = (mask_m & ((offs_m * 0 + Lj) > 0))[:, None] & mask_c[None, :]
     x_re = tl.load(base + st_off, mask=st_mask, other=0.0)
     x_im = tl.load(base + M * NC + st_off, mask=st_mask, other=0.0)
     dz = tl.dot(e_re, x_re, input_precision=DOT_PREC) + tl.dot(e_im, x_im, input_precision=DOT_PREC)
-    rows = t0 + offs_s
-    kofs = b * T * H * R + h * R + rows[:, None] * (H * R) + offs_c[None, :]
-    vofs = b * T * H * D + h * D + rows[:, None] * (H * D) + (offs_c - R)[None, :]
+    rows = tok0 + offs_s
+    kofs = h * R + rows[:, None] * (H * R) + offs_c[None, :]
+    vofs = h * D + rows[:, None] * (H * D) + (offs_c - R)[None, :]
     kmask = ms[:, None] & is_k[None, :]
     vmask = ms[:, None] & is_v[None, :]
     zk = tl.load(k + kofs, mask=kmask, other=0.0)
@@ -414,7 +473,7 @@ def _load_z_dz(k_base, v_base, dk_base, dv_base, j, Lj, H, R, D, offs_c, offs_s,
 @triton.jit
 def _state_bwd_dz_step(
     j, Lj, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re,
-    ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k, is_v, st_off,
+    ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c, offs_s, is_k, is_v, st_off,
     st_mask, BT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Chunk j (Lj tokens) of the fused reverse scan. On entry e = dXe_j, the total adjoint of the state after chunk
@@ -429,7 +488,7 @@ def _state_bwd_dz_step(
     only accumulates (Y inside the matmul accumulator) and the caller applies the factors and reduces once after it:
     no cross-thread reduction, hence no extra barrier, inside the sequential loop."""
     NC = R + D
-    pbase = (i_bh * NT + tl.maximum(j - 1, 0)) * 2 * M * NC
+    pbase = (slot0 + tl.maximum(j - 1, 0)) * 2 * M * NC
     pmask = st_mask & ((st_off * 0 + j) > 0)  # tensor comparison: see _state_bwd_step
     nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
     nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
@@ -489,12 +548,15 @@ def _state_bwd_dz(
     dinit,
     gb_part,
     gl_part,
+    cu,
+    co,
     T,
     H,
     M,
     R,
     D,
     NT,
+    IS_VARLEN: tl.constexpr,
     HAS_DFINAL: tl.constexpr,
     STORE_DINIT: tl.constexpr,
     USE_WHILE: tl.constexpr,
@@ -509,8 +571,8 @@ def _state_bwd_dz(
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     n_cb = tl.num_programs(0)
-    b = i_bh // H
     h = i_bh % H
+    bos, Tn, nc, slot0 = _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN)
     NC = R + D
     LP = BT + 1
     offs_m = tl.arange(0, BM)
@@ -525,33 +587,33 @@ def _state_bwd_dz(
     ptab = P + h * 2 * LP * M
     b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
     b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
-    k_base = k + b * T * H * R + h * R
-    v_base = v + b * T * H * D + h * D
-    dk_base = dk + b * T * H * R + h * R
-    dv_base = dv + b * T * H * D + h * D
+    k_base = k + bos * H * R + h * R
+    v_base = v + bos * H * D + h * D
+    dk_base = dk + bos * H * R + h * R
+    dv_base = dv + bos * H * D + h * D
     if HAS_DFINAL:
         e_re = tl.load(dfinal + i_bh * 2 * M * NC + st_off, mask=st_mask, other=0.0)
         e_im = tl.load(dfinal + i_bh * 2 * M * NC + M * NC + st_off, mask=st_mask, other=0.0)
     else:
         e_re = tl.zeros([BM, BCH], dtype=tl.float32)
         e_im = tl.zeros([BM, BCH], dtype=tl.float32)
-    last = (i_bh * NT + NT - 1) * 2 * M * NC
+    last = (slot0 + nc - 1) * 2 * M * NC
     loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
     loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
     x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
     x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
     # the last chunk (possibly partial) is peeled off and reduced on its own; every other chunk is full and shares
     # one table (loaded once) and the factors n_s, BT conj(λ^BT), so the loop accumulates un-reduced tiles
-    L_last = T - (NT - 1) * BT
+    L_last = Tn - (nc - 1) * BT
     p_re, p_im, nf, l_re, l_im = _dz_table(ptab, L_last, offs_s, offs_m, mask_m, M, BT)
     ay_re = tl.zeros([BT, BM], dtype=tl.float32)
     ay_im = tl.zeros([BT, BM], dtype=tl.float32)
     ax_re = tl.zeros([BM, BCH], dtype=tl.float32)
     ax_im = tl.zeros([BM, BCH], dtype=tl.float32)
-    z, dzl = _load_z_dz(k_base, v_base, dk_base, dv_base, NT - 1, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
+    z, dzl = _load_z_dz(k_base, v_base, dk_base, dv_base, nc - 1, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
     e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
-        NT - 1, L_last, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re,
-        ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c, offs_s, is_k,
+        nc - 1, L_last, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re,
+        ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c, offs_s, is_k,
         is_v, st_off, st_mask, BT, DOT_PREC,
     )  # fmt: skip
     gb_re, gb_im, hs_re, hs_im, acc_re, acc_im = _carry_terms(
@@ -564,18 +626,18 @@ def _state_bwd_dz(
     ax_im = tl.zeros([BM, BCH], dtype=tl.float32)
     if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
         jj = 1
-        while jj < NT:
+        while jj < nc:
             e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
-                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
-                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c,
+                nc - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
+                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c,
                 offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
             jj += 1
     else:
-        for jj in range(1, NT):
+        for jj in range(1, nc):
             e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
-                NT - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
-                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, i_bh, H, M, R, D, NT, offs_c,
+                nc - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
+                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c,
                 offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
     gb2_re, gb2_im, hs2_re, hs2_im, acc2_re, acc2_im = _carry_terms(

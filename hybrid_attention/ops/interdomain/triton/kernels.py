@@ -23,6 +23,13 @@ _state_bwd + _chunk_dz or their fused _state_bwd_dz):
   _chunk_fwd   parallel over (chunk, b·h): outputs o of one chunk from X_j and the chunk's q, k, v.
   _chunk_bwd   parallel over (chunk, b·h): recomputes the chunk forward and produces dq, the chunk-local parts of
                dk/dv, the chunk's contribution to the adjoint of X_j, and per-chunk partial grads of K, B, log λ.
+
+Packed documents (IS_VARLEN, B == 1; the design is in ``ops/common/triton/ssm_scan.py``): program (row, head) takes
+its chunk's true start and length from the chunk table (``_chunk_info``: cu_seqlens ``cu``, per-row (document,
+chunk in the document) ``ci``); chunks restart at each document start, so a chunk never spans two documents and the
+chunk math is unchanged; a document's last chunk is partial (rows / columns past Lj masked). Rows past the real
+chunks (the grid is a static upper bound) have Lj <= 0: they load no token and no chunk state (never written) and
+store zero partials.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...common.triton.ssm_scan_kernels import _cmul
+from ...common.triton.ssm_scan_kernels import _chunk_info, _cmul
 
 
 @triton.jit
@@ -59,12 +66,15 @@ def _chunk_fwd(
     Bp,
     Kp,
     states,
+    cu,
+    ci,
     T,
     H,
     M,
     R,
     D,
     NT,
+    IS_VARLEN: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     BR: tl.constexpr,
@@ -78,13 +88,11 @@ def _chunk_fwd(
     conjugated, r = K conj(p) with K = Cᵀ conj(C) from the host (see ops/interdomain/readout.py)."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    b = i_bh // H
     h = i_bh % H
     NC = R + D
     LP = BT + 1
     HAS_CROSS: tl.constexpr = BT > BC  # BC == BT: one sub-chunk, every decay comes from the band matmuls
-    t0 = i_t * BT
-    Lj = tl.minimum(BT, T - t0)
+    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     offs_s = tl.arange(0, BT)
     offs_tc = tl.arange(0, BC)
     offs_r = tl.arange(0, BR)
@@ -93,12 +101,13 @@ def _chunk_fwd(
     mask_r = offs_r < R
     mask_d = offs_d < D
     mask_m = offs_m < M
+    mask_mx = mask_m & ((offs_m * 0 + Lj) > 0)  # the chunk state exists (an empty varlen row has none)
     col_ok = offs_s < Lj
     ptab = P + h * 2 * LP * M
-    q_base = q + b * T * H * R + h * R + t0 * H * R
-    k_base = k + b * T * H * R + h * R + t0 * H * R
-    v_base = v + b * T * H * D + h * D + t0 * H * D
-    o_base = o + b * T * H * D + h * D + t0 * H * D
+    q_base = q + tok0 * H * R + h * R
+    k_base = k + tok0 * H * R + h * R
+    v_base = v + tok0 * H * D + h * D
+    o_base = o + tok0 * H * D + h * D
     x_base = states + (i_bh * NT + i_t) * 2 * M * NC
     k_base_p = Kp + h * 2 * M * M
 
@@ -143,7 +152,7 @@ def _chunk_fwd(
         pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
-        xm = mask_m[:, None] & mask_r[None, :]
+        xm = mask_mx[:, None] & mask_r[None, :]
         xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
         xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
         qf = qi.to(tl.float32)
@@ -175,7 +184,7 @@ def _chunk_fwd(
         )
         W += _unband(wb, t_abs, offs_tc, offs_s, BC)
         W = tl.where(causal, W, 0.0)
-        vm = mask_m[:, None] & mask_d[None, :]
+        vm = mask_mx[:, None] & mask_d[None, :]
         xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
         xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
         ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
@@ -208,12 +217,15 @@ def _chunk_bwd(
     gk_part,
     gb_part,
     gl_part,
+    cu,
+    ci,
     T,
     H,
     M,
     R,
     D,
     NT,
+    IS_VARLEN: tl.constexpr,
     PART: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
@@ -233,13 +245,11 @@ def _chunk_bwd(
     KEY: tl.constexpr = PART != 1
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    b = i_bh // H
     h = i_bh % H
     NC = R + D
     LP = BT + 1
     HAS_CROSS: tl.constexpr = BT > BC  # BC == BT: one sub-chunk, every decay comes from the band matmuls
-    t0 = i_t * BT
-    Lj = tl.minimum(BT, T - t0)
+    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     offs_s = tl.arange(0, BT)
     offs_tc = tl.arange(0, BC)
     offs_r = tl.arange(0, BR)
@@ -253,9 +263,12 @@ def _chunk_bwd(
     km = mask_m[:, None] & am
     xm = mask_m[:, None] & mask_r[None, :]
     vm = mask_m[:, None] & mask_d[None, :]
+    mask_mx = mask_m & ((offs_m * 0 + Lj) > 0)  # the chunk state exists (an empty varlen row has none)
+    xml = mask_mx[:, None] & mask_r[None, :]  # masks of the chunk-state loads
+    vml = mask_mx[:, None] & mask_d[None, :]
     ptab = P + h * 2 * LP * M
-    tok_r = b * T * H * R + h * R + t0 * H * R
-    tok_d = b * T * H * D + h * D + t0 * H * D
+    tok_r = tok0 * H * R + h * R
+    tok_d = tok0 * H * D + h * D
     x_base = states + (i_bh * NT + i_t) * 2 * M * NC
     k_base_p = Kp + h * 2 * M * M
 
@@ -332,8 +345,8 @@ def _chunk_bwd(
             ptd_im += tl.dot(Sbd, a_im, input_precision=DOT_PREC)
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
-        xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
-        xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
+        xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xml, other=0.0)
+        xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xml, other=0.0)
         u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
         u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
         if VAL:
@@ -395,8 +408,8 @@ def _chunk_bwd(
             dWbd = dWb * dcol
             fwd_re += tl.dot(dWbd, a_re, input_precision=DOT_PREC)
             fwd_im += tl.dot(dWbd, a_im, input_precision=DOT_PREC)
-        xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
-        xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
+        xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vml, other=0.0)
+        xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vml, other=0.0)
         # g_a = dO conj(X0v)^T ; gr = conj(Fw * B) + g_a * conj(Din)
         ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
         ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)

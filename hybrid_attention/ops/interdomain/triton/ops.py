@@ -5,10 +5,16 @@ the op boundary as a *planar* float32 tensor (a leading re/im axis of size 2), s
 real tensors; the conversion to and from complex is done with differentiable torch ops around them.
 
 Registered ops (opaque to ``torch.compile``, with fake implementations for tracing):
-  ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p)
-  -> (o, final)``
+  ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final,
+  conj_p) -> (o, final)``
   ``hybrid_attention::interdomain_bwd(...) -> (dq, dk, dv, dll, dbb, dkk, dinit)``
-with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M], init [B, H, 2, M, R+D] (planar). The readout
+with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M], init [B, H, 2, M, R+D] (planar).
+
+Packed documents (``cu_seqlens``, B == 1; design in ``ops/common/triton/ssm_scan.py``): (cu, co, ci) is the
+``ChunkTable`` of the offsets (int32 cu_seqlens [N+1], chunk offsets [N+1], per-chunk (document, chunk in the
+document) [NT, 2], NT = ``max_chunks(T, N, L)``), built once per call by ``triton_interdomain`` on the device (no host
+sync) and shared by the forward, the backward and both passes of the "real" readout; all three None for dense
+inputs. init / final / dinit are then [N, H, 2, M, R+D]. The readout
 (ops/interdomain/readout.py) sets K and conj_p: "transpose" K = Cᵀ C, conj_p False; "hermitian" K = Cᵀ conj(C),
 conj_p True (r = K conj(p)); "real" is their average, two calls (twice the work of the other two readouts).
 
@@ -32,7 +38,16 @@ from ...common.ssm import validate_chunk_size
 from ...common.triton import interpreting
 from ...common.triton.eager import eager_function
 from ...common.triton.hooks import NO_HOOKS, LaunchHooks
-from ...common.triton.ssm_scan import _np2, _planar, _power_table, _states_fwd, state_bwd
+from ...common.triton.ssm_scan import (
+    _np2,
+    _planar,
+    _power_table,
+    _states_fwd,
+    check_packed_state,
+    op_table,
+    state_bwd,
+)
+from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import safe_divide, validate_interdomain_inputs
 from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
 from . import kernels as K
@@ -55,14 +70,20 @@ def _lp_dot(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 and not interpreting()
 
 
+def _vl_ptrs(q: torch.Tensor, vl: ChunkTable | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu, chunk indices) pointer arguments of the chunk kernels; dense launches pass q (never read)."""
+    return (q, q) if vl is None else (vl.cu, vl.indices)
+
+
 def _fwd_impl(
-    q, k, v, ll, bb, kk, init, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool, *,
+    q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool, *,
     cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
     BT = kernel_chunk(chunk_size, cfg)
+    vl = op_table(T, cu, co, ci, BT)
     out_dtype = torch.float32 if out_fp32 else q.dtype
     o = cfg.empty(Bsz, T, H, D, device=q.device, dtype=out_dtype)
     if T == 0:
@@ -70,9 +91,10 @@ def _fwd_impl(
         return o, (fin if need_final else q.new_empty(0, dtype=torch.float32))
     with hooks.stage("host_prep"):
         P = _power_table(ll, BT)
-    states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final, cfg, hooks)
-    NT = triton.cdiv(T, BT)
+    states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final, cfg, hooks, vl)
+    NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
     BC = min(cfg.BC, BT)
+    cu_p, ci_p = _vl_ptrs(q, vl)
     with hooks.stage("chunk_fwd"):
         h = K._chunk_fwd[(NT, Bsz * H)](
             q,
@@ -83,12 +105,15 @@ def _fwd_impl(
             bb,
             kk,
             states,
+            cu_p,
+            ci_p,
             T,
             H,
             M,
             R,
             D,
             NT,
+            IS_VARLEN=vl is not None,
             BT=BT,
             BC=BC,
             BR=_np2(R),
@@ -101,12 +126,13 @@ def _fwd_impl(
             num_stages=cfg.stages,
         )
     hooks.record("chunk_fwd", h)
-    fin = final.view(Bsz, H, 2, M, R + D) if need_final else q.new_empty(0, dtype=torch.float32)
+    n_seq = Bsz if vl is None else vl.n_docs
+    fin = final.view(n_seq, H, 2, M, R + D) if need_final else q.new_empty(0, dtype=torch.float32)
     return o, fin
 
 
 def _bwd_impl(
-    q, k, v, ll, bb, kk, init, do, dfinal, chunk_size: int, conj_p: bool, *,
+    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size: int, conj_p: bool, *,
     cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = q.shape
@@ -129,10 +155,13 @@ def _bwd_impl(
             torch.zeros_like(kk),
             dinit if dinit is not None else q.new_empty(0, dtype=f32),
         )
-    NT = triton.cdiv(T, BT)
+    vl = op_table(T, cu, co, ci, BT)
+    NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
+    n_seq = Bsz if vl is None else vl.n_docs
+    cu_p, ci_p = _vl_ptrs(q, vl)
     with hooks.stage("host_prep"):
         P = _power_table(ll, BT)
-    states, _ = _states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks)
+    states, _ = _states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks, vl)
     dq = cfg.empty(Bsz, T, H, R, device=dev)
     dk = cfg.empty(Bsz, T, H, R, device=dev)
     dv = cfg.empty(Bsz, T, H, D, device=dev)
@@ -165,12 +194,15 @@ def _bwd_impl(
                 gk_part,
                 gbl[part][0],
                 gbl[part][1],
+                cu_p,
+                ci_p,
                 T,
                 H,
                 M,
                 R,
                 D,
                 NT,
+                IS_VARLEN=vl is not None,
                 PART=part,
                 BT=BT,
                 BC=BC,
@@ -184,8 +216,10 @@ def _bwd_impl(
                 num_stages=cfg.stages,
             )
         hooks.record(f"chunk_bwd{part}", h)
-    dinit = cfg.empty(Bsz * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
-    gb_carry, gl_carry = state_bwd(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks)
+    dinit = cfg.empty(n_seq * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
+    gb_carry, gl_carry = state_bwd(
+        k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks, vl
+    )
     del states
     with hooks.stage("host_reduce"):
         dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
@@ -194,7 +228,7 @@ def _bwd_impl(
             chunk_sum = chunk_sum + val_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
         dbb = chunk_sum[0] + gb_carry
         dll = chunk_sum[1] + gl_carry
-    dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
+    dinit_out = dinit.view(n_seq, H, 2, M, NC) if init is not None else q.new_empty(0, dtype=f32)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dll, dbb, dkk, dinit_out
 
 
@@ -211,21 +245,25 @@ def interdomain_fwd_op(
     bb: torch.Tensor,
     kk: torch.Tensor,
     init: torch.Tensor | None,
+    cu: torch.Tensor | None,
+    co: torch.Tensor | None,
+    ci: torch.Tensor | None,
     chunk_size: int,
     out_fp32: bool,
     need_final: bool,
     conj_p: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p)
+    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, conj_p)
 
 
 @interdomain_fwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, conj_p):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
+    n_seq = Bsz if cu is None else cu.shape[0] - 1
     o = q.new_empty(Bsz, T, H, D, dtype=torch.float32 if out_fp32 else q.dtype)
-    fin = q.new_empty(Bsz, H, 2, M, R + D, dtype=torch.float32) if need_final else q.new_empty(0, dtype=torch.float32)
+    fin = q.new_empty(n_seq, H, 2, M, R + D, dtype=torch.float32) if need_final else q.new_empty(0, dtype=torch.float32)
     return o, fin
 
 
@@ -238,16 +276,19 @@ def interdomain_bwd_op(
     bb: torch.Tensor,
     kk: torch.Tensor,
     init: torch.Tensor | None,
+    cu: torch.Tensor | None,
+    co: torch.Tensor | None,
+    ci: torch.Tensor | None,
     do: torch.Tensor,
     dfinal: torch.Tensor | None,
     chunk_size: int,
     conj_p: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size, conj_p)
+    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, conj_p)
 
 
 @interdomain_bwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size, conj_p):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, conj_p):
     dinit = torch.empty_like(init) if init is not None else q.new_empty(0, dtype=torch.float32)
     return (
         torch.empty_like(q),
@@ -261,8 +302,8 @@ def _(q, k, v, ll, bb, kk, init, do, dfinal, chunk_size, conj_p):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, conj_p = inputs
-    ctx.save_for_backward(q, k, v, ll, bb, kk, init)
+    q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, conj_p = inputs
+    ctx.save_for_backward(q, k, v, ll, bb, kk, init, cu, co, ci)
     ctx.chunk_size = chunk_size
     ctx.conj_p = conj_p
     ctx.need_final = need_final
@@ -272,15 +313,15 @@ def _setup_context(ctx, inputs, output):
 def _grads(ctx, do, dfinal, bwd):
     """Gradients of the forward op's inputs from (do, dfinal), computed by ``bwd`` (the registered backward op, or
     the eager path's ``_bwd_impl`` with its config)."""
-    q, k, v, ll, bb, kk, init = ctx.saved_tensors
+    q, k, v, ll, bb, kk, init, cu, co, ci = ctx.saved_tensors
     if do is None:
         do = torch.zeros(q.shape[:3] + (v.shape[-1],), device=q.device, dtype=q.dtype)
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
     dq, dk, dv, dll, dbb, dkk, dinit = bwd(
-        q, k, v, ll, bb, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size, ctx.conj_p
+        q, k, v, ll, bb, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, ctx.chunk_size, ctx.conj_p
     )
-    return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None, None
+    return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None, None, None, None, None
 
 
 def _backward(ctx, do, dfinal):
@@ -298,10 +339,12 @@ _EagerInterdomain = eager_function(_fwd_impl, _bwd_impl, _setup_context, _grads)
 def interdomain_fwd_planar(
     q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool,
     readout: str = DEFAULT_READOUT, config: InterdomainConfig | None = None, hooks: LaunchHooks | None = None,
+    vl: ChunkTable | None = None,
 ):
     """Differentiable call of the registered op from complex (log_lam, B, C, initial_state) for the "transpose" or
     "hermitian" readout; returns (o, final complex64 or None). With a ``config`` or ``hooks`` it runs the eager path
-    (``common.triton.eager``) with them instead of the registered op."""
+    (``common.triton.eager``) with them instead of the registered op. ``vl``: packed documents (the ``ChunkTable``
+    for the kernel chunk length, initial_state ``[N, H, M, NC]``)."""
     if readout not in ("transpose", "hermitian"):
         raise ValueError(f"interdomain_fwd_planar runs readout 'transpose' or 'hermitian', got {readout!r}")
     ll = _planar(log_lam, 1).contiguous()
@@ -310,7 +353,8 @@ def interdomain_fwd_planar(
     k1, k2 = readout_operators(Cc, readout)  # autograd carries dK to dC
     kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
-    args = (q, k, v, ll, bb, kk, init, chunk_size, out_fp32, need_final, readout == "hermitian")
+    cu, co, ci = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
+    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout == "hermitian")
     if config is None and hooks is None:
         o, fin = interdomain_fwd_op(*args)
     else:
@@ -336,6 +380,7 @@ def triton_interdomain(
     readout: str = DEFAULT_READOUT,
     config: InterdomainConfig | None = None,
     hooks: LaunchHooks | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core on Triton kernels (same contract as ``chunk_interdomain``).
 
@@ -351,9 +396,24 @@ def triton_interdomain(
 
     ``config`` (an ``InterdomainConfig``) and ``hooks`` (``LaunchHooks``) are for benchmarks and tests: given either,
     the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
+
+    ``cu_seqlens [N + 1]`` (int32 / int64): packed documents, q / k / v ``[1, T, H, *]`` (``ops/common/varlen.py``):
+    every document starts from zero or ``initial_state[n]`` (``[N, H, M, R + D(+1)]``), the final state is
+    ``[N, H, M, R + D(+1)]``, chunks restart at each document start. No host sync: a CUDA ``cu_seqlens`` is checked
+    for dtype and shape only (its values are trusted); a CPU one is fully checked, then copied to the device.
     """
     validate_readout(readout)
-    validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
+    if cu_seqlens is None:
+        validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
+    else:  # initial_state is per document: [N, ...] against inputs of batch one
+        validate_interdomain_inputs(q, k, v, log_lam, B, C, None, denominator)
+        n_docs = check_cu_seqlens(cu_seqlens, q.shape[1], q.shape[0])
+        check_packed_state(initial_state, n_docs)
+        if initial_state is not None:
+            validate_interdomain_inputs(
+                q.expand(n_docs, *q.shape[1:]), k.expand(n_docs, *k.shape[1:]), v.expand(n_docs, *v.shape[1:]),
+                log_lam, B, C, initial_state, denominator,
+            )
     validate_chunk_size(chunk_size)
     if any(t.dtype == torch.float64 for t in (q, k, v)):
         raise ValueError("the triton backend computes in float32; use backend='reference' for float64 inputs")
@@ -366,11 +426,14 @@ def triton_interdomain(
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
     out_fp32 = denominator or readout == "real"  # sums and ratios of the passes in float32
     passes = ("transpose", "hermitian") if readout == "real" else (readout,)
+    vl = None
+    if cu_seqlens is not None:  # one chunk table per call, shared by the passes and the backward
+        vl = chunk_table(cu_seqlens, q.shape[1], kernel_chunk(chunk_size, config or DEFAULT_CONFIG), q.device)
     o, final = 0.0, None
     for i, ro in enumerate(passes):
         o_i, f_i = interdomain_fwd_planar(
             q, k, v, log_lam, B, C, initial_state, chunk_size, out_fp32, output_final_state and i == 0, ro,
-            config=config, hooks=hooks,
+            config=config, hooks=hooks, vl=vl,
         )
         o, final = o + o_i / len(passes), (f_i if i == 0 else final)
     if denominator:

@@ -17,6 +17,8 @@ Complex products are real-pair ``tl.dot``s (float32 operands, ``DOT_PREC``); eve
 
 Kernels (grid: chunk, b·h, channel tile of JT channels; design decision: the channel tile is the parallel axis
 because the readout is diagonal in the channel j, so channel tiles never interact):
+  Packed documents (IS_VARLEN, B == 1; design in ``ops/common/triton/ssm_scan.py``): the chunk's true start and
+  length come from the chunk table (``_chunk_info``); an empty row (Lj <= 0) loads no token and no state.
   _readout_fwd  o of one chunk and channel tile; loops over the M output modes m, each a [BT, M] @ [M, JT] state
                 product (P_m X0) and a [BT, BT] @ [BT, JT] Toeplitz product (Kern_m * a), for a and for b.
   _readout_bwd  recomputes Y^a_m, Y^b_m and produces the chunk-local da, db, the chunk's local adjoint of X0 (for
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ...common.triton.ssm_scan_kernels import _chunk_info
 
 
 @triton.jit
@@ -58,28 +62,26 @@ def _mode_y(p_re, p_im, t_re, t_im, x_re, x_im, z, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_setup(a, b, P, states, i_t, i_bh, i_j, T, H, R, NT, M: tl.constexpr, BT: tl.constexpr,
-                 BM: tl.constexpr, JT: tl.constexpr):  # fmt: skip
+def _chunk_setup(a, b, P, states, cu, ci, i_t, i_bh, i_j, T, H, R, NT, IS_VARLEN: tl.constexpr, M: tl.constexpr,
+                 BT: tl.constexpr, BM: tl.constexpr, JT: tl.constexpr):  # fmt: skip
     """Loads shared by both kernels: the chunk's a, b tiles, X0^a, X0^b, the decay rows λ^{τ+1} and index tiles."""
-    bidx = i_bh // H
     h = i_bh % H
     NC = 2 * R
     LP = BT + 1
-    t0 = i_t * BT
-    Lj = tl.minimum(BT, T - t0)
+    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     offs_t = tl.arange(0, BT)
     offs_n = tl.arange(0, BM)
     offs_j = i_j * JT + tl.arange(0, JT)
     mask_t = offs_t < Lj
     mask_n = offs_n < M
     mask_j = offs_j < R
-    tok = bidx * T * H * R + h * R + (t0 + offs_t)[:, None] * (H * R) + offs_j[None, :]
+    tok = h * R + (tok0 + offs_t)[:, None] * (H * R) + offs_j[None, :]
     tmask = mask_t[:, None] & mask_j[None, :]
     za = tl.load(a + tok, mask=tmask, other=0.0).to(tl.float32)
     zb = tl.load(b + tok, mask=tmask, other=0.0).to(tl.float32)
     x_base = states + (i_bh * NT + i_t) * 2 * M * NC
     xoff = offs_n[:, None] * NC + offs_j[None, :]
-    xm = mask_n[:, None] & mask_j[None, :]
+    xm = (mask_n & ((offs_n * 0 + Lj) > 0))[:, None] & mask_j[None, :]  # an empty varlen row has no state
     xa_re = tl.load(x_base + xoff, mask=xm, other=0.0)
     xa_im = tl.load(x_base + M * NC + xoff, mask=xm, other=0.0)
     xb_re = tl.load(x_base + R + xoff, mask=xm, other=0.0)
@@ -104,10 +106,13 @@ def _readout_fwd(
     Cp,
     Kp,
     states,
+    cu,
+    ci,
     T,
     H,
     R,
     NT,
+    IS_VARLEN: tl.constexpr,
     M: tl.constexpr,
     BT: tl.constexpr,
     BM: tl.constexpr,
@@ -118,7 +123,8 @@ def _readout_fwd(
     i_bh = tl.program_id(1).to(tl.int64)
     i_j = tl.program_id(2)
     (h, tok, tmask, za, zb, xoff, xm, xa_re, xa_im, xb_re, xb_im, pw_re, pw_im, causal, ddc, offs_t, offs_n,
-     mask_n) = _chunk_setup(a, b, P, states, i_t, i_bh, i_j, T, H, R, NT, M, BT, BM, JT)  # fmt: skip
+     mask_n) = _chunk_setup(a, b, P, states, cu, ci, i_t, i_bh, i_j, T, H, R, NT, IS_VARLEN, M, BT, BM,
+                            JT)  # fmt: skip
     acc = tl.zeros([BT, JT], dtype=tl.float32)
     # design decision: loop over the output mode m (Y_m is needed only to form the product Y^a_m Y^b_m), so no
     # [BT, M, JT] per-token state tile is ever held; the cost is M small matmul groups per program.
@@ -190,10 +196,13 @@ def _readout_bwd(
     dC,
     dll,
     dK,
+    cu,
+    ci,
     T,
     H,
     R,
     NT,
+    IS_VARLEN: tl.constexpr,
     M: tl.constexpr,
     BT: tl.constexpr,
     BM: tl.constexpr,
@@ -213,7 +222,8 @@ def _readout_bwd(
     i_bh = tl.program_id(1).to(tl.int64)
     i_j = tl.program_id(2)
     (h, tok, tmask, za, zb, xoff, xm, xa_re, xa_im, xb_re, xb_im, pw_re, pw_im, causal, ddc, offs_t, offs_n,
-     mask_n) = _chunk_setup(a, b, P, states, i_t, i_bh, i_j, T, H, R, NT, M, BT, BM, JT)  # fmt: skip
+     mask_n) = _chunk_setup(a, b, P, states, cu, ci, i_t, i_bh, i_j, T, H, R, NT, IS_VARLEN, M, BT, BM,
+                            JT)  # fmt: skip
     dO = tl.load(do + tok, mask=tmask, other=0.0).to(tl.float32)  # zero rows past the chunk end: no gradient there
     da_acc = tl.zeros([BT, JT], dtype=tl.float32)
     db_acc = tl.zeros([BT, JT], dtype=tl.float32)

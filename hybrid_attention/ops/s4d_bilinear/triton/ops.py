@@ -46,7 +46,16 @@ import triton
 from ...common.ssm import validate_chunk_size
 from ...common.triton.eager import eager_function
 from ...common.triton.hooks import NO_HOOKS, LaunchHooks
-from ...common.triton.ssm_scan import _np2, _planar, _power_table, _states_fwd, state_bwd
+from ...common.triton.ssm_scan import (
+    _np2,
+    _planar,
+    _power_table,
+    _states_fwd,
+    check_packed_state,
+    op_table,
+    state_bwd,
+)
+from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import validate_s4d_bilinear_inputs
 from . import kernels as K
 from .config import DEFAULT_CONFIG, S4DBilinearConfig
@@ -64,37 +73,41 @@ def _jt(R: int, cfg: S4DBilinearConfig) -> int:
     return min(cfg.JT, _np2(R))
 
 
-def _states(a, b, ll, bb, init, BT: int, need_final: bool, cfg: S4DBilinearConfig, hooks: LaunchHooks):
-    """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared state scan."""
+def _states(a, b, ll, bb, init, BT: int, need_final: bool, cfg: S4DBilinearConfig, hooks: LaunchHooks,
+            vl: ChunkTable | None = None):
+    """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared state scan (packed: ``vl``)."""
     P = _power_table(ll, BT)
-    states, final = _states_fwd(a, b, P, bb, init, BT, True, need_final, cfg, hooks)
+    states, final = _states_fwd(a, b, P, bb, init, BT, True, need_final, cfg, hooks, vl)
     return P, states, final
 
 
 def _fwd_impl(
-    a, b, ll, bb, cc, kk, init, chunk_size: int, need_final: bool, *,
+    a, b, ll, bb, cc, kk, init, cu, co, ci, chunk_size: int, need_final: bool, *,
     cfg: S4DBilinearConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = a.shape
     M = ll.shape[-1]
     BT = kk.shape[-1]
+    vl = op_table(T, cu, co, ci, BT)
     o = cfg.empty(Bsz, T, H, R, device=a.device, dtype=a.dtype)
     if T == 0:
         fin = init.clone() if init is not None else a.new_zeros(Bsz, H, 2, M, 2 * R, dtype=torch.float32)
         return o, (fin if need_final else a.new_empty(0, dtype=torch.float32))
-    P, states, final = _states(a, b, ll, bb, init, BT, need_final, cfg, hooks)
-    NT = triton.cdiv(T, BT)
+    P, states, final = _states(a, b, ll, bb, init, BT, need_final, cfg, hooks, vl)
+    NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
     JT = _jt(R, cfg)
+    cu_p, ci_p = (a, a) if vl is None else (vl.cu, vl.indices)
     K._readout_fwd[(NT, Bsz * H, triton.cdiv(R, JT))](
-        a, b, o, P, cc, kk, states, T, H, R, NT,
+        a, b, o, P, cc, kk, states, cu_p, ci_p, T, H, R, NT, IS_VARLEN=vl is not None,
         M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
     )  # fmt: skip
-    fin = final.view(Bsz, H, 2, M, 2 * R) if need_final else a.new_empty(0, dtype=torch.float32)
+    n_seq = Bsz if vl is None else vl.n_docs
+    fin = final.view(n_seq, H, 2, M, 2 * R) if need_final else a.new_empty(0, dtype=torch.float32)
     return o, fin
 
 
 def _bwd_impl(
-    a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size: int, *,
+    a, b, ll, bb, cc, kk, init, cu, co, ci, do, dfinal, chunk_size: int, *,
     cfg: S4DBilinearConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = a.shape
@@ -109,9 +122,12 @@ def _bwd_impl(
             dinit = dfinal.clone() if dfinal is not None else torch.zeros_like(init)
         z = torch.zeros_like
         return z(a), z(b), z(ll), z(bb), z(cc), z(kk), dinit
-    P, states, _ = _states(a, b, ll, bb, init, BT, False, cfg, hooks)
+    vl = op_table(T, cu, co, ci, BT)
+    n_seq = Bsz if vl is None else vl.n_docs
+    cu_p, ci_p = (a, a) if vl is None else (vl.cu, vl.indices)
+    P, states, _ = _states(a, b, ll, bb, init, BT, False, cfg, hooks, vl)
     do = do.contiguous()
-    NT = triton.cdiv(T, BT)
+    NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
     JT = _jt(R, cfg)
     da = cfg.empty(Bsz, T, H, R, device=dev)
     db = cfg.empty(Bsz, T, H, R, device=dev)
@@ -123,18 +139,18 @@ def _bwd_impl(
     dll = torch.zeros(H, 2, M, device=dev, dtype=f32)
     for part in (1, 2) if cfg.bwd_split else (0,):
         K._readout_bwd[(NT, Bsz * H, triton.cdiv(R, JT))](
-            a, b, do, da, db, P, cc, kk, states, dx, dC, dll, dK, T, H, R, NT,
+            a, b, do, da, db, P, cc, kk, states, dx, dC, dll, dK, cu_p, ci_p, T, H, R, NT, IS_VARLEN=vl is not None,
             M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), PART=part, num_warps=cfg.warps_bwd,
             num_stages=cfg.stages,
         )  # fmt: skip
     # The shared state path (the common host helpers, with (k, v) = (a, b), following the shared ``fuse_dz``
     # setting): reverse adjoint scan over the chunk-boundary states (d initial_state, the λ^L-carry part of d log λ)
     # and the state-carry gradient, added to da / db in place, with the input-path parts of dB and d log λ.
-    dinit = cfg.empty(Bsz * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
-    dbb, dll_carry = state_bwd(a, b, da, db, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks)
+    dinit = cfg.empty(n_seq * H, 2, M, NC, device=dev) if init is not None else a.new_empty(1, dtype=f32)
+    dbb, dll_carry = state_bwd(a, b, da, db, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks, vl)
     del states
     dll = dll + dll_carry
-    dinit_out = dinit.view(Bsz, H, 2, M, NC) if init is not None else a.new_empty(0, dtype=f32)
+    dinit_out = dinit.view(n_seq, H, 2, M, NC) if init is not None else a.new_empty(0, dtype=f32)
     return da.to(a.dtype), db.to(b.dtype), dll, dbb, dC, dK, dinit_out
 
 
@@ -151,18 +167,22 @@ def s4d_bilinear_fwd_op(
     cc: torch.Tensor,
     kk: torch.Tensor,
     init: torch.Tensor | None,
+    cu: torch.Tensor | None,
+    co: torch.Tensor | None,
+    ci: torch.Tensor | None,
     chunk_size: int,
     need_final: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(a, b, ll, bb, cc, kk, init, chunk_size, need_final)
+    return _fwd_impl(a, b, ll, bb, cc, kk, init, cu, co, ci, chunk_size, need_final)
 
 
 @s4d_bilinear_fwd_op.register_fake
-def _(a, b, ll, bb, cc, kk, init, chunk_size, need_final):
+def _(a, b, ll, bb, cc, kk, init, cu, co, ci, chunk_size, need_final):
     Bsz, T, H, R = a.shape
     M = ll.shape[-1]
+    n_seq = Bsz if cu is None else cu.shape[0] - 1
     o = a.new_empty(Bsz, T, H, R)
-    fin = a.new_empty(Bsz, H, 2, M, 2 * R, dtype=torch.float32) if need_final else a.new_empty(0, dtype=torch.float32)
+    fin = a.new_empty(n_seq, H, 2, M, 2 * R, dtype=torch.float32) if need_final else a.new_empty(0, dtype=torch.float32)
     return o, fin
 
 
@@ -175,23 +195,26 @@ def s4d_bilinear_bwd_op(
     cc: torch.Tensor,
     kk: torch.Tensor,
     init: torch.Tensor | None,
+    cu: torch.Tensor | None,
+    co: torch.Tensor | None,
+    ci: torch.Tensor | None,
     do: torch.Tensor,
     dfinal: torch.Tensor | None,
     chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size)
+    return _bwd_impl(a, b, ll, bb, cc, kk, init, cu, co, ci, do, dfinal, chunk_size)
 
 
 @s4d_bilinear_bwd_op.register_fake
-def _(a, b, ll, bb, cc, kk, init, do, dfinal, chunk_size):
+def _(a, b, ll, bb, cc, kk, init, cu, co, ci, do, dfinal, chunk_size):
     dinit = torch.empty_like(init) if init is not None else a.new_empty(0, dtype=torch.float32)
     e = torch.empty_like
     return e(a), e(b), e(ll), e(bb), e(cc), e(kk), dinit
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, ll, bb, cc, kk, init, chunk_size, need_final = inputs
-    ctx.save_for_backward(a, b, ll, bb, cc, kk, init)
+    a, b, ll, bb, cc, kk, init, cu, co, ci, chunk_size, need_final = inputs
+    ctx.save_for_backward(a, b, ll, bb, cc, kk, init, cu, co, ci)
     ctx.chunk_size = chunk_size
     ctx.need_final = need_final
     ctx.has_init = init is not None
@@ -200,15 +223,15 @@ def _setup_context(ctx, inputs, output):
 def _grads(ctx, do, dfinal, bwd):
     """Gradients of the forward op's inputs from (do, dfinal), computed by ``bwd`` (the registered backward op, or
     the eager path's ``_bwd_impl`` with its config)."""
-    a, b, ll, bb, cc, kk, init = ctx.saved_tensors
+    a, b, ll, bb, cc, kk, init, cu, co, ci = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(a)
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
     da, db, dll, dbb, dcc, dkk, dinit = bwd(
-        a, b, ll, bb, cc, kk, init if ctx.has_init else None, do, dfinal, ctx.chunk_size
+        a, b, ll, bb, cc, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, ctx.chunk_size
     )
-    return da, db, dll, dbb, dcc, dkk, (dinit if ctx.has_init else None), None, None
+    return da, db, dll, dbb, dcc, dkk, (dinit if ctx.has_init else None), None, None, None, None, None
 
 
 def _backward(ctx, do, dfinal):
@@ -245,6 +268,7 @@ def triton_s4d_bilinear(
     chunk_size: int = 64,
     config: S4DBilinearConfig | None = None,
     hooks: LaunchHooks | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Bilinear S4D core on Triton kernels (same contract as ``chunk_s4d_bilinear``).
 
@@ -255,8 +279,18 @@ def triton_s4d_bilinear(
     ``max_chunk`` setting); the result does not depend on it beyond rounding. Differentiable in every tensor input.
     ``config`` (an ``S4DBilinearConfig``) and ``hooks`` (``LaunchHooks``) are for benchmarks and tests: given either,
     the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
+    ``cu_seqlens [N + 1]``: packed documents (a, b ``[1, T, H, R]``; initial / final states ``[N, H, M, 2R]``), as
+    in ``triton_interdomain`` (no host sync; the shared chunk-table design of ``ops/common/triton/ssm_scan.py``).
     """
-    validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
+    if cu_seqlens is None:
+        validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
+    else:
+        validate_s4d_bilinear_inputs(a, b, log_lam, B, C, None)
+        n_docs = check_cu_seqlens(cu_seqlens, a.shape[1], a.shape[0])
+        check_packed_state(initial_state, n_docs)
+        if initial_state is not None:
+            validate_s4d_bilinear_inputs(a.expand(n_docs, *a.shape[1:]), b.expand(n_docs, *b.shape[1:]), log_lam, B,
+                                         C, initial_state)
     validate_chunk_size(chunk_size)
     if any(t.dtype == torch.float64 for t in (a, b)):
         raise ValueError("the triton backend computes in float32; use backend='reference' for float64 inputs")
@@ -272,7 +306,9 @@ def triton_s4d_bilinear(
     C_c = C if C.is_complex() else C.to(torch.complex64)
     kk = _planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
-    args = (a, b, ll, bb, cc, kk, init, chunk_size, output_final_state)
+    vl = chunk_table(cu_seqlens, a.shape[1], BT, a.device) if cu_seqlens is not None else None
+    tab = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
+    args = (a, b, ll, bb, cc, kk, init, *tab, chunk_size, output_final_state)
     if config is None and hooks is None:
         o, fin = s4d_bilinear_fwd_op(*args)
     else:
