@@ -204,17 +204,20 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         hard = self.routing.apply(F.one_hot(p.argmax(-1), 2).to(p.dtype), first_chunk)
         return hard, p
 
-    def _fuse(self, x, q, o_gdn, o_sa):
-        """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]."""
+    def _fuse(self, x, q, o_gdn, o_sa, gate=None, omega=None):
+        """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]; gate = g_proj(x),
+        omega = omega_proj(x) [B, T, ·] when the caller projected them already (the fused decode step)."""
         b, t = x.shape[:2]
-        w = self.omega_proj(q if self.weights_from == "q" else x).view(b, t, self.num_attn_heads, 2)
+        if omega is None:
+            omega = self.omega_proj(q if self.weights_from == "q" else x)
+        w = omega.view(b, t, self.num_attn_heads, 2)
         w = w.float().softmax(-1).to(o_gdn.dtype) if w.dtype != torch.float64 else w.softmax(-1)
         if self.separate_norms:
             y = (w[..., 0:1] * rms_norm(o_gdn, self.norm_eps) * self.gdn_scale
                  + w[..., 1:2] * rms_norm(o_sa, self.norm_eps) * self.attn_scale)
         else:
             y = rms_norm(w[..., 0:1] * o_gdn + w[..., 1:2] * o_sa, self.norm_eps) * self.gdn_scale
-        z = self.g_proj(x).view(b, t, self.num_attn_heads, self.attn_head_v_dim)
+        z = (self.g_proj(x) if gate is None else gate).view(b, t, self.num_attn_heads, self.attn_head_v_dim)
         return self.o_proj((y * F.silu(z)).reshape(b, t, -1))
 
     def _heads(self, z, h, d):

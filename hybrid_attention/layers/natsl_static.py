@@ -33,13 +33,15 @@ Decisions (named once, here):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from hybrid_attention.layers.base import StaticState, copy_conv_states, rope_positions
+from hybrid_attention.layers.gated_deltanet import gdn_decay
+from hybrid_attention.modules import concat_linear_weights, short_conv_step
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -76,6 +78,12 @@ class NatsLStaticState(StaticState):
     capacity: int
     num_splits: int
     use_kernels: bool
+    # the step's fused weights (modules/fused_linear.py): w_in = q|k|v|a|b|g(|omega when it reads x) projections
+    # (in_sizes their widths), conv_w [channels of q|k|v, K]; conv's branches are views of conv_qkv [B, Σ, K-1]
+    conv_qkv: torch.Tensor | None = None
+    conv_w: torch.Tensor | None = None
+    w_in: torch.Tensor | None = None
+    in_sizes: list[int] = field(default_factory=list)
 
     @property
     def cap(self) -> int:
@@ -113,7 +121,8 @@ class NatsLStaticState(StaticState):
         one = slice(b, b + 1)
         return replace(self, kv_k=self.kv_k[one], kv_v=self.kv_v[one], x_buf=self.x_buf[one], S=self.S[one],
                        S_start=self.S_start[one], g_sum=self.g_sum[one], n_kept=self.n_kept[one],
-                       conv={n: t[one] for n, t in self.conv.items()})
+                       conv={n: t[one] for n, t in self.conv.items()},
+                       conv_qkv=None if self.conv_qkv is None else self.conv_qkv[one])
 
     def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
         """Timing fill: random K/V and states; every (row, head) keeps round(fraction · complete chunks) chunks."""
@@ -148,12 +157,20 @@ class NatsLStaticStep:
         device, dtype = st.x_buf.device, st.x_buf.dtype
         capacity = max_len // c if cache_chunks is None else cache_chunks
         cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
+        names = ("q", "k", "v")
+        conv_qkv = torch.cat([st.conv[n] for n in names], dim=1)
+        ends = torch.tensor([self.convs[n].channels for n in names]).cumsum(0).tolist()
+        conv = {n: conv_qkv[:, e - self.convs[n].channels:e] for n, e in zip(names, ends)}  # views of conv_qkv
+        projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj, self.g_proj]
+        w_in, sizes = concat_linear_weights(projs + ([self.omega_proj] if self.weights_from != "q" else []))
+        conv_w = torch.cat([self.convs[n].weight[:, 0, :] for n in names]).detach().contiguous()
         return NatsLStaticState(
             kv_k=torch.zeros(b, hs, cap + c, self.attn_head_dim, device=device, dtype=dtype),
             kv_v=torch.zeros(b, hs, cap + c, self.attn_head_v_dim, device=device, dtype=dtype),
             x_buf=torch.zeros(b, c, self.hidden_size, device=device, dtype=dtype),
             S=st.S, S_start=st.S.clone(), g_sum=st.g_sum, n_kept=st.n_kept,
-            overflow=torch.zeros((), dtype=torch.bool, device=device), conv=st.conv,
+            overflow=torch.zeros((), dtype=torch.bool, device=device), conv=conv, conv_qkv=conv_qkv,
+            conv_w=conv_w.to(device), w_in=w_in.to(device=device, dtype=dtype), in_sizes=sizes,
             cache_slot=torch.arange(cap, device=device) // c, chunk_pos=torch.arange(c, device=device),
             buf_start=torch.full((1, 1), cap, dtype=torch.long, device=device), chunk_size=c, capacity=capacity,
             num_splits=default_num_splits(device, b * hs, cap + c),
@@ -186,8 +203,12 @@ class NatsLStaticStep:
         b = x.shape[0]
         per_row = pos.dim() == 1
         c, hl, hs, grp = self.chunk_size, self.num_heads, self.num_attn_heads, self.group
-        q, k, v, beta, g, new_conv = self._project(x, static, True)
-        copy_conv_states(static.conv, new_conv)
+        # one GEMV for every projection of x, one convolution over q|k|v (the state's fused weights)
+        z = F.linear(x[:, 0], static.w_in).split(static.in_sizes, -1)
+        q, k, v = (t[:, None] for t in short_conv_step(torch.cat(z[:3], -1), static.conv_qkv, static.conv_w,
+                                                         "silu").split(static.in_sizes[:3], -1))
+        beta = torch.sigmoid(z[4].to(torch.float64 if x.dtype == torch.float64 else torch.float32))[:, None]
+        g = gdn_decay(z[3], self.A_log, self.dt_bias)[:, None]
         # GDN branch: every token sees the pseudo-updated state; Σg feeds the decayed rollback at the chunk end.
         o_gdn = gated_delta_step(q.view(b, hl, self.head_dim), k.view(b, hl, self.head_dim),
                                  v.view(b, hl, self.head_v_dim), g[:, 0], beta[:, 0], static.S, static.use_kernels)
@@ -224,7 +245,8 @@ class NatsLStaticStep:
             mask = torch.cat([cache_ok, buf_ok], -1)[:, :, None, :]  # [B, Hs, 1, cap + C]
             o_sa = F.scaled_dot_product_attention(qs.transpose(1, 2), static.kv_k, static.kv_v, attn_mask=mask,
                                                   scale=self.attn_head_dim ** -0.5).transpose(1, 2)
-        y = self._fuse(x, q, o_gdn.reshape(b, 1, hs, self.attn_head_v_dim), o_sa)
+        y = self._fuse(x, q, o_gdn.reshape(b, 1, hs, self.attn_head_v_dim), o_sa, gate=z[5][:, None],
+                       omega=z[6][:, None] if self.weights_from != "q" else None)
         if chunk_end:
             self._finish_static_chunk(static, pos)
         return y
