@@ -1,5 +1,6 @@
 """torch.distributed on CPU (gloo, 2 processes) follows the same loss trajectory as 1 process with the same global
-batch: DDP (with and without gradient accumulation) and FSDP2 (including a checkpoint/resume of the sharded run)."""
+batch: DDP (with and without gradient accumulation) and FSDP2 (including a checkpoint/resume of the sharded run, in two
+processes and in one: 2 -> 1)."""
 
 import json
 import os
@@ -55,3 +56,25 @@ def test_two_gloo_processes_match_one(tmp_path, parallel, grad_accum):
     assert w1.keys() == w2.keys()
     assert all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
     assert (tmp_path / "dist" / "checkpoints" / f"step-{STEPS:08d}" / "rng-rank1.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpoint_resumes_in_one_process(tmp_path):
+    """2 -> 1: a checkpoint written by two FSDP2 processes (each holding half of every weight and moment) resumes in
+    a single process with the same next-step loss and the same trajectory as an uninterrupted single-process run."""
+    extra = ("train.batch_size=8", "train.device=cpu", "train.parallel=fsdp2", "optim.min_lr_ratio=1.0")
+    train(tiny_config(tmp_path / "single", f"train.steps={STEPS}", *extra), quiet=True)
+    _launch(tmp_path / "dist", ("train.steps=2", *extra))
+    state = json.loads((tmp_path / "dist" / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
+    assert state["step"] == 2
+    res = train(tiny_config(tmp_path / "dist", f"train.steps={STEPS}", *extra), resume=True, quiet=True)
+    assert res.steps == STEPS
+    (loss1, val1), (loss2, val2) = _losses(tmp_path / "single"), _losses(tmp_path / "dist")
+    assert len(loss1) == len(loss2) == STEPS
+    assert abs(loss1[2] - loss2[2]) < 1e-5, (loss1, loss2)  # the next step after the checkpoint
+    assert max(abs(a - b) for a, b in zip(loss1, loss2)) < 1e-5, (loss1, loss2)
+    assert abs(val1[-1] - val2[-1]) < 1e-5
+    # the resumed single process wrote its own checkpoint (one RNG file) beside the 2-process one (two)
+    ck = tmp_path / "dist" / "checkpoints"
+    assert (ck / "step-00000002" / "rng-rank1.safetensors").exists()
+    assert not (ck / f"step-{STEPS:08d}" / "rng-rank1.safetensors").exists()
