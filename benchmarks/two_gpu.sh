@@ -4,6 +4,8 @@
 #   OUT=/some/dir LIMIT=560 bash benchmarks/two_gpu.sh
 # and its CPU rehearsal (gloo, `tiny`, a few steps; what tests/bench/test_two_gpu_cpu.py runs):
 #   CPU=1 OUT=/some/dir bash benchmarks/two_gpu.sh
+# As a device call: run(kind="nvidia-h200-x2", timeout_s=600, command="LIMIT=560 bash benchmarks/two_gpu.sh")
+# ($OUT is set there; every file this script leaves in $OUT comes back).
 # For every model of MODELS, at the same global batch and seed (configs/two_gpu.yaml: 50 steps, bf16 autocast over
 # fp32 weights, eager, byte tokenizer, a record per step):
 #   one    one process on GPU 0 (python -m hybrid_attention.cli train ...): the reference
@@ -23,11 +25,18 @@
 # NVSHMEM_DISABLE_NVLS=1 are exported here (and checked in both torchrun workers, $OUT/env_check.log).
 # $OUT gets (flat): versions.txt, commands.txt (every command with its wall time and exit status), <model>_<run>.log,
 # <model>_<run>_metrics.jsonl, <model>_<run>_config.yaml, per_step.txt, table.md, dist_compare.json.
-# Sizing (H200, eager, bf16, estimates from benchmarks/NOTES.md's training-step table, which used B=4 x 4096 and
-# 16 x 2048): transformer-340m at 8 x 4096 = 32K tokens/step ≈ 2 x 184 ms on one GPU (≈ 60 GB peak), ≈ 190 ms on
-# each of two at 4 x 4096; small (interdomain x6) at 16 x 2048 = 32K tokens ≈ 95 ms. Each process also pays
-# ≈ 15-25 s of start-up (imports, CUDA/NCCL init, 309M-parameter init on the CPU) and every 340M checkpoint
-# ≈ 3.7 GB (fp32 weights + AdamW moments, sha256 manifest) ≈ 10-15 s: ≈ 6 minutes in all, 340M first.
+# Sizing (estimates, not yet measured on 2 GPUs): the global batch is 32K tokens for both models, so the per-device
+# half (16K) keeps the GEMMs large next to the gradient all-reduce (DDP: 1.2 GB of fp32 gradients, ≈ 4 ms over NVLink
+# and overlapped with the backward; FSDP2: all-gathers and reduce-scatters of the same size) and the scaling gate
+# measures the parallel speed-up, not start-up or communication latency. benchmarks/NOTES.md's training-step table
+# (eager, bf16, one H200): transformer-340m 184 ms per 4 x 4096 (32 GB peak), so 8 x 4096 ≈ 370 ms on one GPU
+# (≈ 60 GB) and ≈ 190 ms on each of two (here with the 259-token byte vocabulary, 309M parameters, a little less);
+# small (interdomain x6) 95 ms per 16 x 2048. 50 steps: ≈ 20 s, 10 s, 5 s of training per run. Fixed costs per
+# run: ≈ 15-25 s of start-up (imports, CUDA/NCCL init, the 309M-parameter init on the CPU: 3 s here) and per 340M
+# checkpoint (3.5 GB: fp32 weights + AdamW moments + sha256 manifest) 16 s on this project's 2-core CPU machine.
+# 340M: one ≈ 55 s, ddp ≈ 45 s, fsdp2 (two checkpoints) ≈ 60 s, resume (reads + verifies one) ≈ 50 s; small: three
+# runs ≈ 75 s: ≈ 5 minutes in all, the 340M model first. gdn-340m instead (MODELS=gdn-340m/gdn/8x4096): 302 ms per
+# 4 x 4096 and 49 GB peak, so ≈ 30 s of training per one-GPU run and ≈ 95 GB.
 # Every run starts under `timeout` of the time left; one that would start with < 40 s left is skipped (and its rows
 # FAIL as missing). Checkpoints are deleted once a run is done (except fsdp2's step RESUME_AT until the resume ran).
 set -uo pipefail
@@ -66,6 +75,10 @@ RESUME_MODELS=${RESUME_MODELS-${names[0]}}
 if [ -z "${SCALING_MODELS+x}" ]; then
   SCALING_MODELS=""
   for n in "${names[@]}"; do case "$n" in *340m*) SCALING_MODELS="$SCALING_MODELS $n" ;; esac; done
+fi
+if [ "$CPU" != 1 ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -lt 2 ]; then
+  echo "error: CPU=$CPU: this check needs 2 visible GPUs (nvidia-smi -L lists fewer); CPU=1 runs the gloo rehearsal" >&2
+  exit 2
 fi
 if [ "$RESUME_AT" -ge "$STEPS" ] || [ "$RESUME_AT" -lt 1 ]; then
   echo "error: RESUME_AT=$RESUME_AT must be in [1, STEPS=$STEPS)" >&2; exit 2
