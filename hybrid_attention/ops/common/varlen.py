@@ -26,10 +26,10 @@ Decisions:
   directly; the rows after them are empty (they point past their document's end): a kernel reads and writes
   nothing for them (``ops/common/triton/chunk_rows.py``, ``table_row``), so they add nothing to any gradient.
   The host checks need no sync either (``check_cu_seqlens``, ``check_packed``): a CPU ``cu_seqlens`` is checked in
-  full (its values are already on the host), a device one for dtype and shape only (its values are trusted, as fla
-  does), and a per-chunk input for Nc within the bounds every split of T tokens into N documents allows (the
-  kernels mask their per-chunk reads by the input's own row count, so even wrong device offsets read nothing out
-  of bounds). Index reads take the ``ChunkTable`` only; no other table exists.
+  full (its values are already on the host) and the per-chunk inputs for the exact Nc; a device one for dtype and
+  shape only (its values are trusted, as fla does: wrong device offsets are undefined behaviour) and the per-chunk
+  inputs for Nc within the bounds every split of T tokens into N documents allows (``min_chunks``, ``max_chunks``;
+  the kernels read per-chunk inputs masked by their own row count). No other index table exists.
   Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
 """
 

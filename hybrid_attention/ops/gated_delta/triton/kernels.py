@@ -27,9 +27,8 @@ head) and return at once on a spare row (``t1 <= t0``): it reads and writes noth
 gradient. The two sequential kernels run one program per (document, head) over its chunk rows
 ``[offsets[d], offsets[d + 1])`` (real rows only), starting from zero or ``initial_state[d]`` and storing
 ``final_state[d]`` (their gradients likewise). The per-chunk commit mask and its gradient are ``[1, NM, H]`` with
-NM the true Nc (the caller's tensor, checked by ``varlen.check_packed``), read at row n (masked ``n < NM``: never
-out of bounds even for offsets the host did not check). Without ``VARLEN`` the kernels compute the same quantities
-from n (chunk start n·C, end T) and NM = N.
+NM the true Nc (the caller's tensor, checked by ``varlen.check_packed``), read at row n (masked ``n < NM``).
+Without ``VARLEN`` the kernels compute the same quantities from n (chunk start n·C, end T) and NM = N.
 
 Interpreter-compatible (TRITON_INTERPRET=1): plain pointer arithmetic with masks, no block pointers, loop indices are
 never cast. Internal buffers use a padded token axis Tp = N·C (rows past T hold the zero padding of ``chunk.py``).
@@ -212,7 +211,7 @@ def _state_fwd_kernel(
     PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Sequential chunk recurrence for one V tile of one (sequence, head): stores S_n (chunk start states), vn, and
-    the final state. Grid (V / BV, B·H), or (V / BV, N_docs·H) with ``VARLEN`` (chunks ``doc_chunks[d]..[d + 1]``).
+    the final state. Grid (V / BV, B·H), or (V / BV, N_docs·H) with ``VARLEN`` (chunk rows ``offsets[d]..[d + 1]``).
 
     WHILE_LOOP (interpreter only): a runtime-bounded ``for`` needs ``int()`` of a 1-element array there, which
     NumPy >= 2.4 refuses; the compiled kernel uses the ``for`` loop (software-pipelined loads)."""
