@@ -282,6 +282,13 @@ def test_host_side_reads_no_offsets_on_a_device(monkeypatch) -> None:
     # the bounds check of a per-chunk input stands in for the exact one
     with pytest.raises(ValueError, match=r"^commit must be \[1, Nc, \.\.\.\] with Nc in \[4, 7\]"):
         check_packed(cu, q, C, {"commit": torch.empty(1, 8, 2, device="meta")})
+    # ... and it is what the Triton entry points run on device offsets (they fail before any launch here)
+    g = torch.empty(1, T, 2, device="meta")
+    with pytest.raises(ValueError, match=r"^commit must be \[1, Nc, \.\.\.\] with Nc in \[4, 7\]"):
+        triton_gated_delta(q, q, q, g, g, commit=torch.empty(1, 3, 2, device="meta"), chunk_size=C, cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"^routing must be \[1, Nc, \.\.\.\] with Nc in \[4, 7\]"):
+        triton_chunk_attention(q, q, q, torch.empty(1, 8, 1, device="meta"), chunk_size=C, group_size=2,
+                               cu_seqlens=cu)
     assert not reads, reads
     check_packed(cu_seqlens_from_lengths(LENGTHS), q, C, {"commit": commit})  # control: CPU offsets are read
     assert ("tolist", "cpu") in reads
