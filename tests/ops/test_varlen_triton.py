@@ -17,8 +17,9 @@ import torch
 
 from hybrid_attention.ops.chunk_attention import chunk_attention, naive_chunk_attention
 from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
+from hybrid_attention.ops.common import varlen
 from hybrid_attention.ops.common.backend import resolve_backend
-from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths, packed_chunks, validate_packed
+from hybrid_attention.ops.common.varlen import check_packed, chunk_table, cu_seqlens_from_lengths, max_chunks
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig, triton_gated_delta
@@ -243,12 +244,113 @@ def test_dispatch_takes_triton_for_packed_inputs() -> None:
 
 
 def test_packed_chunk_table() -> None:
-    offs, coffs = validate_packed(cu_seqlens_from_lengths((1, 16, 37)), torch.zeros(1, 54), C)
-    assert offs == [0, 1, 17, 54] and coffs == [0, 1, 2, 5]
-    pk = packed_chunks(offs, coffs, C, "cpu")
-    assert pk.table.dtype == torch.int32 and pk.n_docs == 3 and pk.n_chunks == 5
-    assert pk.table.tolist() == [[0, 1, 0, 1], [1, 17, 1, 17], [17, 33, 2, 54], [33, 49, 2, 54], [49, 54, 2, 54]]
-    assert pk.doc_chunks.tolist() == [0, 1, 2, 5]
+    """The one table of every varlen kernel: real rows [0, Nc) are the global chunks in document order, then spare
+    rows pointing past the last document's end (no tokens)."""
+    tab = chunk_table(cu_seqlens_from_lengths((1, 16, 37, 9)), 63, C)
+    assert tab.cu.dtype == tab.offsets.dtype == tab.indices.dtype == torch.int32
+    assert tab.n_docs == 4 and tab.n_rows == max_chunks(63, 4, C) == 7  # Nc = 6: one spare row
+    assert tab.offsets.tolist() == [0, 1, 2, 5, 6]
+    assert tab.indices.tolist() == [[0, 0], [1, 0], [2, 0], [2, 1], [2, 2], [3, 0], [3, 1]]
+    # (first token, end token) of each row as the kernels' table_row reads it: the last row is empty (t0 >= t1)
+    cu = tab.cu.long()
+    t0 = cu[tab.indices[:, 0].long()] + C * tab.indices[:, 1].long()
+    t1 = torch.minimum(t0 + C, cu[tab.indices[:, 0].long() + 1])
+    assert t0.tolist() == [0, 1, 17, 33, 49, 54, 70] and t1.tolist() == [1, 17, 33, 49, 54, 63, 63]
+
+
+def test_host_side_reads_no_offsets_on_a_device(monkeypatch) -> None:
+    """With device offsets the GDN / attention host side (``check_packed`` + ``chunk_table``) reads no value on the
+    host: run on the meta device (no data at all: any .tolist() / .item() / int() of it raises) and with those
+    reads patched to fail; every shape is static. CPU offsets are the control: they are read (checked in full)."""
+    T, N = 59, 4
+    cu = torch.empty(N + 1, dtype=torch.int32, device="meta")
+    q = torch.empty(1, T, 2, 16, device="meta")
+    commit = torch.empty(1, 6, 2, device="meta")
+    reads = []
+    for name in ("tolist", "item", "__int__", "__index__", "__bool__", "cpu", "numpy"):
+        orig = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _orig=orig, _name=name, **kw):
+            reads.append((_name, self.device.type))
+            return _orig(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    assert check_packed(cu, q, C, {"commit": commit}, torch.empty(N, 2, 16, 16, device="meta")) == N
+    tab = chunk_table(cu, T, C)
+    assert tab.indices.shape == (max_chunks(T, N, C), 2) and tab.offsets.shape == tab.cu.shape == (N + 1,)
+    assert tab.indices.device.type == "meta" and not reads, reads
+    # the bounds check of a per-chunk input stands in for the exact one
+    with pytest.raises(ValueError, match=r"^commit must be \[1, Nc, \.\.\.\] with Nc in \[4, 7\]"):
+        check_packed(cu, q, C, {"commit": torch.empty(1, 8, 2, device="meta")})
+    # ... and it is what the Triton entry points run on device offsets (they fail before any launch here)
+    g = torch.empty(1, T, 2, device="meta")
+    with pytest.raises(ValueError, match=r"^commit must be \[1, Nc, \.\.\.\] with Nc in \[4, 7\]"):
+        triton_gated_delta(q, q, q, g, g, commit=torch.empty(1, 3, 2, device="meta"), chunk_size=C, cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"^routing must be \[1, Nc, \.\.\.\] with Nc in \[4, 7\]"):
+        triton_chunk_attention(q, q, q, torch.empty(1, 8, 1, device="meta"), chunk_size=C, group_size=2,
+                               cu_seqlens=cu)
+    assert not reads, reads
+    check_packed(cu_seqlens_from_lengths(LENGTHS), q, C, {"commit": commit})  # control: CPU offsets are read
+    assert ("tolist", "cpu") in reads
+
+
+def test_triton_forms_build_the_one_table(monkeypatch) -> None:
+    """The GDN and attention Triton forms (and natsl_mixed through them) pass the caller's offsets to the one
+    builder as given (no host copy first) and launch their grids over its NT rows."""
+    built = []
+    orig = varlen.chunk_table
+
+    def spy(cu_seqlens, total_len, chunk_size, device=None):
+        built.append(cu_seqlens)
+        return orig(cu_seqlens, total_len, chunk_size, device)
+
+    import hybrid_attention.ops.chunk_attention.triton.function as ca_fn
+    import hybrid_attention.ops.gated_delta.triton.function as gdn_fn
+
+    monkeypatch.setattr(gdn_fn, "chunk_table", spy)
+    monkeypatch.setattr(ca_fn, "chunk_table", spy)
+    lengths = (9, 9, 9, 9)  # Nc = 4, NT = max_chunks(36, 4, 16) = 6: two spare rows
+    gq, gk, gv, g, beta, commit, S0 = (x.to(DEVICE) for x in _gdn_inputs(lengths, "random", True, seed=2, V=16))
+    qa, ka, va, routing, bias = (x.to(DEVICE) for x in _attn_inputs(lengths, 0.6, seed=2))
+    cu = cu_seqlens_from_lengths(lengths).to(DEVICE)
+    with torch.no_grad():
+        natsl_mixed(gq, gk, gv, g, beta, commit, qa, ka, va, routing, routing_bias=bias, chunk_size=C, group_size=2,
+                    initial_state=S0, output_final_state=True, backend="triton", cu_seqlens=cu)
+    assert len(built) == 2 and all(b is cu for b in built)
+
+
+def test_spare_rows_read_and_write_nothing() -> None:
+    """Documents of 9 tokens at C = 16: 4 real chunk rows and 2 spare ones. The spare rows' programs return at once:
+    the packed fp32 run equals the float64 per-document reference, and every output and gradient, poisoned buffers
+    included, is finite and matched (a spare row that wrote into a real document, or a row skipped, would fail)."""
+    lengths = (9, 9, 9, 9)
+    assert max_chunks(36, 4, C) - n_chunks(lengths) == 2
+    inputs = _gdn_inputs(lengths, "relaxed", True, seed=7, V=16)
+    ref_xs = [_leaf(x, F64, "cpu") for x in inputs]
+    o_ref, S_ref = _gdn_separate(ref_xs, lengths, False)
+    g_ref = _grads(_loss(o_ref, S_ref), ref_xs)
+    xs = [_leaf(x, torch.float32, DEVICE) for x in inputs]
+    q, k, v, g, beta, commit, S0 = xs
+    o, S = triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=C, initial_state=S0,
+                              output_final_state=True, decay_uncommitted=False, config=GatedDeltaConfig(poison=True),
+                              cu_seqlens=cu_seqlens_from_lengths(lengths))
+    g_tri = _grads(_loss(o.double(), S.double()), xs)
+    for name, a, b in zip(GDN_NAMES, [o, S, *g_tri], [o_ref, S_ref, *g_ref], strict=True):
+        assert a.shape == b.shape and torch.isfinite(a).all(), name
+        assert rel(a, b) < TOL, (name, rel(a, b))
+
+    qa, ka, va, routing, bias = _attn_inputs(lengths, 1.0, seed=8)
+    cu = cu_seqlens_from_lengths(lengths)
+    ref = [_leaf(x, F64, "cpu") for x in (qa, ka, va, bias)]
+    o_ref = naive_chunk_attention(*ref[:3], routing, chunk_size=C, group_size=2, routing_bias=ref[3], cu_seqlens=cu)
+    g_ref = _grads(_loss(o_ref, None), ref)
+    xs = [_leaf(x, torch.float32, DEVICE) for x in (qa, ka, va, bias)]
+    o = triton_chunk_attention(*xs[:3], routing.to(DEVICE), chunk_size=C, group_size=2, routing_bias=xs[3],
+                               config=ChunkAttentionConfig(poison=True), cu_seqlens=cu)
+    g_tri = _grads(_loss(o.double(), None), xs)
+    for name, a, b in zip(["o", "dq", "dk", "dv", "d_routing_bias"], [o, *g_tri], [o_ref, *g_ref], strict=True):
+        assert a.shape == b.shape and torch.isfinite(a).all(), name
+        assert rel(a, b) < TOL, (name, rel(a, b))
 
 
 def test_bad_packed_inputs_one_line_errors() -> None:

@@ -15,18 +15,21 @@ Decisions:
   final state worth reporting; packers never produce one).
 - The reference forms read the offsets on the host (one sync per call) and run each document as its own sequence
   (``per_document``): exact by construction, and chunks restart at each document start for free.
-- Triton kernels (gated delta, chunk attention) take the packed row whole, with index tables built once per call on
-  the host from the validated offsets (``packed_chunks``): per global chunk (first token, end token, the document's
-  first chunk, the document's end token) and the chunk offsets of the documents, copied to the device in one
-  transfer (pinned, non-blocking on CUDA). The one device -> host sync left is ``validate_cu_seqlens`` reading the
-  offsets (none when the caller passes ``cu_seqlens`` as a CPU tensor).
-- The complex diagonal-SSM Triton kernels (Interdomain, bilinear S4D, and the state scans they share,
-  ``ops/common/triton/ssm_scan*.py``) get a ``ChunkTable`` (``chunk_table``): the offsets as int32, the per-document
-  chunk offsets and a per-chunk index table (document, chunk in the document), built on the device without a host
-  sync (a CUDA ``cu_seqlens`` is checked for dtype and shape only: ``check_cu_seqlens``). The chunk-parallel grids
-  use the static upper bound ``max_chunks(T, N, chunk_size)`` on the chunk count, so nothing about the grid or the
-  buffer shapes depends on the offsets' values (no sync, and ``torch.compile`` sees static shapes); the rows past
-  the real chunks are empty (they point past their document).
+- Every Triton kernel that takes the offsets (gated delta, chunk attention, and through them NAtS-L mixed; the
+  complex diagonal-SSM ones: Interdomain, bilinear S4D and the state scans they share, ``ops/common/triton/
+  ssm_scan*.py``) reads one table design, the ``ChunkTable``, from one builder, ``chunk_table``: the offsets as
+  int32, the per-document chunk offsets and a per-chunk-row index table (document, chunk in the document), built
+  with device ops (``searchsorted``) and no host sync. Its row count is the static upper bound
+  ``max_chunks(T, N, chunk_size)`` (at most N - 1 above the true Nc), so no grid or buffer shape depends on the
+  offsets' values (no sync; ``torch.compile`` and CUDA graphs see static shapes). Rows ``[0, Nc)`` are the real
+  chunks in document order, so row c *is* global chunk c and indexes the ``[1, Nc, ...]`` per-chunk inputs
+  directly; the rows after them are empty (they point past their document's end): a kernel reads and writes
+  nothing for them (``ops/common/triton/chunk_rows.py``, ``table_row``), so they add nothing to any gradient.
+  The host checks need no sync either (``check_cu_seqlens``, ``check_packed``): a CPU ``cu_seqlens`` is checked in
+  full (its values are already on the host) and the per-chunk inputs for the exact Nc; a device one for dtype and
+  shape only (its values are trusted, as fla does: wrong device offsets are undefined behaviour) and the per-chunk
+  inputs for Nc within the bounds every split of T tokens into N documents allows (``min_chunks``, ``max_chunks``;
+  the kernels read per-chunk inputs masked by their own row count). No other index table exists.
   Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
 """
 
@@ -35,7 +38,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -51,12 +53,12 @@ __all__ = [
     "per_document",
     "varlen_kwargs",
     "validate_packed",
-    "PackedChunks",
-    "packed_chunks",
     "ChunkTable",
     "max_chunks",
+    "min_chunks",
     "chunk_table",
     "check_cu_seqlens",
+    "check_packed",
 ]
 
 
@@ -161,6 +163,13 @@ def max_chunks(total_len: int, n_docs: int, chunk_size: int) -> int:
     return (total_len - n_docs) // chunk_size + n_docs
 
 
+def min_chunks(total_len: int, n_docs: int, chunk_size: int) -> int:
+    """Lower bound on Σ_i ceil(len_i / chunk_size) over every split of ``total_len`` tokens into ``n_docs`` non-empty
+    documents: each document has a chunk (N) and Σ ceil(a_i) >= ceil(Σ a_i) (ceil(T / L)). Reached: documents made of
+    whole chunks when N <= ceil(T / L), else N documents of at most L tokens each (T <= (N - 1)·L)."""
+    return max(n_docs, -(-total_len // chunk_size))
+
+
 def check_cu_seqlens(cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens") -> int:
     """The checks of ``validate_cu_seqlens`` that need no host sync: for a CPU tensor all of them (its values are
     already on the host); for a device tensor dtype, shape and batch size only (its values are trusted, as fla does:
@@ -202,6 +211,29 @@ def varlen_kwargs(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
     return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
 
 
+def _check_state(initial_state: torch.Tensor | None, n_docs: int) -> None:
+    """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it)."""
+    if initial_state is not None and (initial_state.dim() < 1 or initial_state.shape[0] != n_docs):
+        raise ValueError(
+            f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
+            f"got shape {tuple(initial_state.shape)}"
+        )
+
+
+def _check_chunked(chunked: dict[str, torch.Tensor | None] | None, lo: int, hi: int) -> None:
+    """Each per-chunk input of ``chunked`` is ``[1, Nc, ...]`` with ``lo <= Nc <= hi`` (``lo == hi``: Nc exact)."""
+    for name, x in (chunked or {}).items():
+        if x is None:
+            continue
+        if x.dim() >= 2 and x.shape[0] == 1 and lo <= x.shape[1] <= hi:
+            continue
+        nc = f"Nc = {lo}" if lo == hi else f"Nc in [{lo}, {hi}] (the offsets are not read on the host)"
+        raise ValueError(
+            f"{name} must be [1, Nc, ...] with {nc} chunks (chunks restart at each document start: "
+            f"Σ ceil(len_i / chunk_size)), got shape {tuple(x.shape)}"
+        )
+
+
 def validate_packed(
     cu_seqlens: torch.Tensor,
     first: torch.Tensor,
@@ -209,77 +241,48 @@ def validate_packed(
     chunked: dict[str, torch.Tensor | None] | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int] | None]:
-    """The packed-input checks every form shares: ``cu_seqlens`` against ``first [B, T, ...]``, each per-chunk input
-    of ``chunked`` against ``[1, Nc, ...]``, ``initial_state`` against ``[N, ...]``. Returns the host offsets
-    ``[N + 1]`` and, when ``chunk_size`` is given, the host chunk offsets ``[N + 1]`` (else None). Raises
-    ``ValueError`` with one line naming the argument (``first`` is named ``q`` in the message)."""
+    """The packed-input checks of the reference forms (``per_document``), which read the offsets on the host:
+    ``cu_seqlens`` against ``first [B, T, ...]``, each per-chunk input of ``chunked`` against ``[1, Nc, ...]``,
+    ``initial_state`` against ``[N, ...]``. Returns the host offsets ``[N + 1]`` and, when ``chunk_size`` is given,
+    the host chunk offsets ``[N + 1]`` (else None). Raises ``ValueError`` with one line naming the argument
+    (``first`` is named ``q`` in the message). The Triton forms use ``check_packed`` (no host sync) instead."""
     if not isinstance(first, torch.Tensor) or first.dim() < 2:
         raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
-    n_docs = len(offs) - 1
-    if initial_state is not None and initial_state.shape[0] != n_docs:
-        raise ValueError(
-            f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
-            f"got shape {tuple(initial_state.shape)}"
-        )
+    _check_state(initial_state, len(offs) - 1)
     if chunk_size is None:
         return offs, None
     coffs = [0]
     for a, b in zip(offs[:-1], offs[1:], strict=True):
         coffs.append(coffs[-1] + (b - a + chunk_size - 1) // chunk_size)
-    for name, x in (chunked or {}).items():
-        if x is not None and (x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != coffs[-1]):
-            raise ValueError(
-                f"{name} must be [1, Nc, ...] with Nc = {coffs[-1]} chunks (chunks restart at each document "
-                f"start: Σ ceil(len_i / chunk_size)), got shape {tuple(x.shape)}"
-            )
+    _check_chunked(chunked, coffs[-1], coffs[-1])
     return offs, coffs
 
 
-@dataclass(frozen=True)
-class PackedChunks:
-    """Index tables of packed documents for the Triton kernels (built once per call by ``packed_chunks``).
-
-    offsets, chunk_offsets: host lists ``[N + 1]`` (tokens / chunks of each document); table: ``[Nc, 4]`` int32 on
-    the device, per global chunk c (document order) ``(first token, end token (exclusive; < first + chunk_size only
-    for a document's last chunk), first chunk of its document, end token of its document)``; doc_chunks: ``[N + 1]``
-    int32 on the device, the chunk offsets (document i owns chunks ``[doc_chunks[i], doc_chunks[i + 1])``)."""
-
-    offsets: list[int]
-    chunk_offsets: list[int]
-    table: torch.Tensor
-    doc_chunks: torch.Tensor
-
-    @property
-    def n_docs(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def n_chunks(self) -> int:
-        return self.chunk_offsets[-1]
-
-
-def packed_chunks(offsets: Sequence[int], chunk_offsets_: Sequence[int], chunk_size: int,
-                  device: torch.device | str) -> PackedChunks:
-    """``PackedChunks`` of the validated host offsets ``[N + 1]`` and chunk offsets ``[N + 1]`` (from
-    ``validate_packed``): computed on the host (no device sync) and copied to ``device`` in one transfer, from
-    pinned memory without blocking on CUDA."""
-    offs = torch.tensor(list(offsets), dtype=torch.int64)
-    coffs = torch.tensor(list(chunk_offsets_), dtype=torch.int64)
-    n_per_doc = coffs[1:] - coffs[:-1]
-    doc = torch.repeat_interleave(torch.arange(n_per_doc.numel()), n_per_doc)  # [Nc] document of each chunk
-    local = torch.arange(doc.numel()) - coffs[:-1][doc]
-    start = offs[:-1][doc] + local * chunk_size
-    doc_end = offs[1:][doc]
-    table = torch.stack([start, torch.minimum(start + chunk_size, doc_end), coffs[:-1][doc], doc_end], 1)
-    flat = torch.cat([table.reshape(-1), coffs]).to(torch.int32)
-    device = torch.device(device)
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
-    else:
-        flat = flat.to(device)
-    nc = table.shape[0]
-    return PackedChunks(list(offsets), list(chunk_offsets_), flat[: 4 * nc].view(nc, 4), flat[4 * nc:])
+def check_packed(
+    cu_seqlens: torch.Tensor,
+    first: torch.Tensor,
+    chunk_size: int,
+    chunked: dict[str, torch.Tensor | None] | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> int:
+    """The packed-input checks of the Triton forms, without a host sync: ``cu_seqlens`` against ``first [B, T, ...]``
+    (``check_cu_seqlens``: in full for a CPU tensor, dtype and shape for a device one), ``initial_state`` against
+    ``[N, ...]``, and each per-chunk input of ``chunked`` against ``[1, Nc, ...]``: Nc exactly for CPU offsets, else
+    ``min_chunks(T, N, L) <= Nc <= max_chunks(T, N, L)`` (the kernels read per-chunk inputs masked by their own row
+    count). Returns N. Raises ``ValueError`` with one line naming the argument (``first`` is named ``q``)."""
+    if not isinstance(first, torch.Tensor) or first.dim() < 2:
+        raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
+    T = first.shape[1]
+    n_docs = check_cu_seqlens(cu_seqlens, T, first.shape[0])
+    _check_state(initial_state, n_docs)
+    if any(x is not None for x in (chunked or {}).values()):
+        if cu_seqlens.device.type == "cpu":  # values on the host already: the exact count, no sync
+            lo = hi = int(chunk_offsets(cu_seqlens, chunk_size)[-1])
+        else:
+            lo, hi = min_chunks(T, n_docs, chunk_size), max_chunks(T, n_docs, chunk_size)
+        _check_chunked(chunked, lo, hi)
+    return n_docs
 
 
 def _cat_outputs(parts: list, kinds: str):

@@ -1,6 +1,6 @@
 """Launches and the autograd Function of the chunk-attention Triton kernels (``kernels.py`` has the algorithm and
-the packed-document (``cu_seqlens``) design: one-chunk query tiles over global chunks, a ``PackedChunks`` table built
-once per call and saved for the backward)."""
+the packed-document (``cu_seqlens``) design: one-chunk query tiles over the rows of a ``ChunkTable`` built once per
+call on the device, no host sync, and saved for the backward)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ...common.triton import interpreting
-from ...common.varlen import packed_chunks, validate_packed
+from ...common.varlen import ChunkTable, check_packed, chunk_table
 from ..naive import validate_chunk_attention_inputs
 from .config import DEFAULT_CONFIG, ChunkAttentionConfig
 from .kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
@@ -39,31 +39,37 @@ def _qc(C: int, qc: int) -> int:
     return max(1, min(qc, 128 // C)) if C <= 64 else 1
 
 
-def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=False, tab: torch.Tensor | None = None):
-    """tab [Nc, 4]: the ``PackedChunks`` table of packed documents (None when not packed)."""
+def _vl_ptrs(vl: ChunkTable | None, unused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu [N + 1], indices [NT, 2], offsets [N + 1]) of the table; ``unused`` three times when not packed."""
+    return (vl.cu, vl.indices, vl.offsets) if vl is not None else (unused, unused, unused)
+
+
+def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=False, vl: ChunkTable | None = None):
+    """vl: the ``ChunkTable`` of packed documents (None when not packed); r, idx, cnt: ``_routing_lists``."""
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
-    N = tab.shape[0] if tab is not None else math.ceil(T / C)
-    QC = _qc(C, config.fwd_qc) if tab is None else 1  # packed: one-chunk query tiles (chunk starts are not aligned)
+    N = r.shape[-1]  # chunks of the routing: ceil(T / C), or the true Nc when packed
+    QC = _qc(C, config.fwd_qc) if vl is None else 1  # packed: one-chunk query tiles (chunk starts are not aligned)
     o = config.empty(B, T, HS, DV, device=q.device, dtype=q.dtype)
     lse = config.empty(B, HS, T, device=q.device, dtype=torch.float32)
     o32 = config.empty(B, T, HS, DV, device=q.device, dtype=torch.float32) if store_o32 else lse
     interp = interpreting()
-    _fwd_kernel[(N if tab is not None else triton.cdiv(T, QC * C), B * HS)](
-        q, k, v, o, o32, lse, idx, cnt, r, bias if bias is not None else lse, tab if tab is not None else idx,
+    _fwd_kernel[(vl.n_rows if vl is not None else triton.cdiv(T, QC * C), B * HS)](
+        q, k, v, o, o32, lse, idx, cnt, r, bias if bias is not None else lse, *_vl_ptrs(vl, idx),
         scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        STORE_O32=store_o32, VARLEN=tab is not None, num_warps=config.fwd_warps, num_stages=config.fwd_stages,
+        STORE_O32=store_o32, VARLEN=vl is not None, num_warps=config.fwd_warps, num_stages=config.fwd_stages,
     )
     return o, (o32 if store_o32 else o), lse
 
 
-def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, tab: torch.Tensor | None = None):
+def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, vl: ChunkTable | None = None):
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
-    varlen = tab is not None
-    N = tab.shape[0] if varlen else math.ceil(T / C)
-    tab = tab if varlen else idx
+    varlen = vl is not None
+    N = r.shape[-1]
+    n_rows = vl.n_rows if varlen else math.ceil(T / C)  # the dk/dv grid: one program per key chunk (row)
+    cu, ci, co = _vl_ptrs(vl, idx)
     interp = interpreting()
     delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()  # [B, HS, T]; o is the fp32 copy
     dq = config.empty(*q.shape, device=q.device, dtype=q.dtype)
@@ -72,14 +78,14 @@ def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, tab
     dbias = config.empty(B, HS, N, device=q.device, dtype=torch.float32)
     bias_arg = bias if bias is not None else lse
     QC = _qc(C, config.dq_qc) if not varlen else 1
-    _dq_kernel[(N if varlen else triton.cdiv(T, QC * C), B * HS)](
-        q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, tab, scale, scale * LOG2E, T, N, HS, G,
+    _dq_kernel[(n_rows if varlen else triton.cdiv(T, QC * C), B * HS)](
+        q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, cu, ci, co, scale, scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
         VARLEN=varlen, num_warps=config.dq_warps, num_stages=config.dq_stages,
     )
     QB = min(config.dkv_qb, C)
-    _dkv_kernel[(N, B * HS)](
-        q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, tab, scale, scale * LOG2E, T, N, HS, G,
+    _dkv_kernel[(n_rows, B * HS)](
+        q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, cu, ci, scale, scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QB=QB, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
         VARLEN=varlen, num_warps=config.dkv_warps, num_stages=config.dkv_stages,
     )
@@ -88,23 +94,25 @@ def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, tab
 
 class _TritonChunkAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, routing, bias, scale, C, G, config, tab):
+    def forward(ctx, q, k, v, routing, bias, scale, C, G, config, cu, co, ci):
+        vl = ChunkTable(cu, co, ci, C) if cu is not None else None  # the three tensors of the call's chunk table
         r, idx, cnt = _routing_lists(routing)
-        o, o32, lse = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=True, tab=tab)
-        ctx.save_for_backward(q, k, v, o32, lse, r, idx, cnt, bias, tab)
+        o, o32, lse = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=True, vl=vl)
+        ctx.save_for_backward(q, k, v, o32, lse, r, idx, cnt, bias, cu, co, ci)
         ctx.cfg = (scale, C, G, bias.dtype if bias is not None else None, config)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, r, idx, cnt, bias, tab = ctx.saved_tensors
+        q, k, v, o, lse, r, idx, cnt, bias, cu, co, ci = ctx.saved_tensors
         scale, C, G, bias_dtype, config = ctx.cfg
-        dq, dk, dv, dbias = _launch_bwd(q, k, v, o, lse, do.contiguous(), r, idx, cnt, bias, scale, C, G, config, tab)
+        vl = ChunkTable(cu, co, ci, C) if cu is not None else None
+        dq, dk, dv, dbias = _launch_bwd(q, k, v, o, lse, do.contiguous(), r, idx, cnt, bias, scale, C, G, config, vl)
         d_bias = None
         if bias_dtype is not None:
             B, HS, N = dbias.shape
             d_bias = dbias.view(B, HS // G, G, N).sum(2).to(bias_dtype)  # [B, Hn, N] like the saved bias
-        return dq, dk, dv, None, d_bias, None, None, None, None, None
+        return dq, dk, dv, None, d_bias, None, None, None, None, None, None, None
 
 
 def triton_chunk_attention(
@@ -126,16 +134,16 @@ def triton_chunk_attention(
     Returns ``o [B, T, Hs, Dv]`` in ``v.dtype``. Differentiable in q, k, v and ``routing_bias`` (d bias = Σ dS over
     the cross-chunk pairs of the bias's chunk and decision head). q, k, v are computed in a common dtype (q's).
     ``config``: the launch settings (``config.py``). ``cu_seqlens [N + 1]``: packed documents (B == 1,
-    ``ops/common/varlen.py``): routing, routing_bias ``[1, Nc, Hs // G]`` with ``Nc = Σ ceil(len_i / C)``; the offsets
-    are read on the host once (no device sync when ``cu_seqlens`` is a CPU tensor).
+    ``ops/common/varlen.py``): routing, routing_bias ``[1, Nc, Hs // G]`` with ``Nc = Σ ceil(len_i / C)``. No host
+    sync: the ``ChunkTable`` is built on the device (``varlen.chunk_table``); a device ``cu_seqlens`` is checked for
+    dtype and shape only and the routing for Nc within its bounds (``varlen.check_packed``), a CPU one fully.
     """
-    tab = None
     if cu_seqlens is None:
         validate_chunk_attention_inputs(q, k, v, routing, chunk_size, group_size, routing_bias)
-    else:
-        offs, coffs = validate_packed(cu_seqlens, q, chunk_size, {"routing": routing, "routing_bias": routing_bias})
-        validate_chunk_attention_inputs(q, k, v, routing, chunk_size, group_size, routing_bias, n_chunks=coffs[-1])
-        tab = packed_chunks(offs, coffs, chunk_size, q.device).table
+    else:  # routing's Nc checked here (exactly, or within bounds for device offsets); the rest below
+        check_packed(cu_seqlens, q, chunk_size, {"routing": routing, "routing_bias": routing_bias})
+        validate_chunk_attention_inputs(q, k, v, routing, chunk_size, group_size, routing_bias,
+                                        n_chunks=routing.shape[1])
     if not supported(q, v, chunk_size):
         raise ValueError("triton_chunk_attention: unsupported inputs (need CUDA or TRITON_INTERPRET=1, not float64, "
                          "chunk_size in {16, 32, 64, 128}, head dims <= 256)")
@@ -146,9 +154,11 @@ def triton_chunk_attention(
     dt = q.dtype
     q, k, v = (x.to(dt).contiguous() for x in (q, k, v))
     bias = routing_bias.float().transpose(1, 2).contiguous() if routing_bias is not None else None  # [B, Hn, N]
+    vl = chunk_table(cu_seqlens, T, chunk_size, q.device) if cu_seqlens is not None else None  # device ops only
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, routing_bias)):
-        o = _TritonChunkAttention.apply(q, k, v, routing, bias, scale, chunk_size, group_size, config, tab)
+        tabs = (vl.cu, vl.offsets, vl.indices) if vl is not None else (None, None, None)
+        o = _TritonChunkAttention.apply(q, k, v, routing, bias, scale, chunk_size, group_size, config, *tabs)
     else:
         r, idx, cnt = _routing_lists(routing)
-        o, _, _ = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, chunk_size, group_size, config, tab=tab)
+        o, _, _ = _launch_fwd(q, k, v, r, idx, cnt, bias, scale, chunk_size, group_size, config, vl=vl)
     return o.to(v.dtype) if o.dtype != v.dtype else o

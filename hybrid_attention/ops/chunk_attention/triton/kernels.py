@@ -12,13 +12,16 @@ h = i // G) sees its own chunk causally and every earlier chunk n with routing[b
 
 Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``), decided once for the three
 kernels: chunks restart at each document start and are numbered globally in document order (routing, bias and
-their gradient ``[1, Nc, Hn]``, Nc = Σ ceil(len_i / C)); a host-built table gives per global chunk
-``(first token, end token, first chunk of its document, end token of its document)``. Query tiles are one chunk
-(QC = 1): one program per (global chunk, head) with the chunk's true rows (masked at a document's partial last
-chunk); the routed chunks of its own document before it are ``idx[cnt[first chunk of the document] : cnt[c]]``
-(the same device-built lists as unpacked: cnt counts routed chunks in global order, idx is ascending). An earlier
-chunk of the same document is always full. dk/dv: one program per (global key chunk, head); its later query rows
-stop at its document's end. So no query ever reads another document.
+their gradient ``[1, N, Hn]`` with N the true Nc = Σ ceil(len_i / C), the caller's tensors); the grids run over the
+rows of the call's ``ChunkTable`` (``varlen.chunk_table``, built on the device, no host sync): its first Nc rows
+are those chunks (row c *is* global chunk c), ``table_row`` gives a row's document and token range, and the up to
+N_docs - 1 spare rows after them have no tokens: their programs return at once (they read and write nothing, and
+store no bias gradient). Query tiles are one chunk (QC = 1): one program per (chunk row, head) with the chunk's
+true rows (masked at a document's partial last chunk); the routed chunks of its own document before it are
+``idx[cnt[offsets[doc]] : cnt[c]]`` (the same device-built lists as unpacked: cnt counts routed chunks in global
+order, idx is ascending; both indices clamped to N, so no read goes past the lists). An earlier chunk of the same
+document is always full. dk/dv: one program per (key chunk row, head); its later query rows stop at its document's
+end ``cu[doc + 1]``. So no query ever reads another document.
 
 Softmax statistics in fp32 (log2 domain); dots take the input dtype (bf16 on the GPU) with fp32 accumulation.
 Interpreter-compatible (``TRITON_INTERPRET=1``): runtime-bounded loops become ``while`` loops there (NumPy >= 2.4
@@ -31,6 +34,15 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ...common.triton.chunk_rows import table_row
+
+
+@triton.jit
+def _chunk_start(cu_ptr, ci_ptr, kc, C: tl.constexpr):
+    """First packed token of global chunk kc (a real chunk: a routed one before the query's)."""
+    _, c0, _ = table_row(cu_ptr, ci_ptr, kc, C)
+    return c0
 
 
 @triton.jit
@@ -71,7 +83,7 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows,
     return acc, m_new, l_i
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr, tab_ptr,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr, cu_ptr, ci_ptr, co_ptr,
                 qk_scale: tl.constexpr, T, N, HS, G,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
@@ -82,9 +94,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     b = bh // HS
     hs = bh % HS
     hn = hs // G
-    if VARLEN:  # QC == 1: the tile is global chunk pid_m, its true rows
-        r0 = tl.load(tab_ptr + pid_m * 4)
-        r1 = tl.load(tab_ptr + pid_m * 4 + 1)
+    if VARLEN:  # QC == 1: the tile is chunk row pid_m (= global chunk pid_m), its true rows
+        doc, r0, r1 = table_row(cu_ptr, ci_ptr, pid_m, C)
+        if r1 <= r0:  # a spare row of the chunk table: no queries, nothing to read or write
+            return
         rows = r0 + tl.arange(0, BM)
         rm = rows < r1
         rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
@@ -107,13 +120,14 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     c0 = pid_m * QC
     rbase = (b * (HS // G) + hn) * N
     cbase = (b * (HS // G) + hn) * (N + 1)
-    n_full = tl.load(cnt_ptr + cbase + c0)
-    j0 = tl.load(cnt_ptr + cbase + tl.load(tab_ptr + pid_m * 4 + 2)) if VARLEN else 0  # from its document's start
+    n_full = tl.load(cnt_ptr + cbase + tl.minimum(c0, N))  # clamped: never past the lists
+    # from its document's first chunk
+    j0 = tl.load(cnt_ptr + cbase + tl.minimum(tl.load(co_ptr + doc), N)) if VARLEN else 0
     if WHILE_LOOP:
         j = j0
         while j < n_full:
             kc = tl.load(idx_ptr + rbase + j)
-            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
             acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
                                        qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
@@ -121,7 +135,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     else:
         for j in range(j0, n_full):
             kc = tl.load(idx_ptr + rbase + j)
-            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
             acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
                                        qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
@@ -174,7 +188,8 @@ def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, col0, col_end, r
     return dq
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr, tab_ptr,
+def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
+               cu_ptr, ci_ptr, co_ptr,
                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
@@ -186,8 +201,9 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
     hs = bh % HS
     hn = hs // G
     if VARLEN:  # as in _fwd_kernel
-        r0 = tl.load(tab_ptr + pid_m * 4)
-        r1 = tl.load(tab_ptr + pid_m * 4 + 1)
+        doc, r0, r1 = table_row(cu_ptr, ci_ptr, pid_m, C)
+        if r1 <= r0:
+            return
         rows = r0 + tl.arange(0, BM)
         rm = rows < r1
         rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
@@ -214,13 +230,13 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
     c0 = pid_m * QC
     rbase = (b * (HS // G) + hn) * N
     cbase = (b * (HS // G) + hn) * (N + 1)
-    n_full = tl.load(cnt_ptr + cbase + c0)
-    j0 = tl.load(cnt_ptr + cbase + tl.load(tab_ptr + pid_m * 4 + 2)) if VARLEN else 0
+    n_full = tl.load(cnt_ptr + cbase + tl.minimum(c0, N))  # clamped: never past the lists
+    j0 = tl.load(cnt_ptr + cbase + tl.minimum(tl.load(co_ptr + doc), N)) if VARLEN else 0
     if WHILE_LOOP:
         j = j0
         while j < n_full:
             kc = tl.load(idx_ptr + rbase + j)
-            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
             dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
                            qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
@@ -228,7 +244,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
     else:
         for j in range(j0, n_full):
             kc = tl.load(idx_ptr + rbase + j)
-            col0 = tl.load(tab_ptr + kc * 4) if VARLEN else kc * C
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
             bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
             dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
                            qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
@@ -275,7 +291,8 @@ def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_
     return dk, dv, dsum
 
 @triton.jit
-def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr, tab_ptr,
+def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                cu_ptr, ci_ptr,
                 scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
@@ -286,9 +303,10 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     hs = bh % HS
     hn = hs // G
     if VARLEN:  # key chunk kc's true tokens [c0, c1) and its document's end (the last query row it may serve)
-        c0 = tl.load(tab_ptr + kc * 4)
-        c1 = tl.load(tab_ptr + kc * 4 + 1)
-        d_end = tl.load(tab_ptr + kc * 4 + 3)
+        doc, c0, c1 = table_row(cu_ptr, ci_ptr, kc, C)
+        if c1 <= c0:  # a spare row: no keys, nothing to read or write (its bias gradient is not stored)
+            return
+        d_end = tl.load(cu_ptr + doc + 1)
     else:
         c0 = kc * C
         c1 = T
@@ -310,12 +328,12 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     dv = tl.zeros([C, BDV], dtype=tl.float32)
     dsum = tl.zeros([C], dtype=tl.float32)
     rbase = (b * (HS // G) + hn) * N
-    bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+    bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
     for d in tl.static_range(C // QB):  # own chunk, causal
         rows = c0 + d * QB + tl.arange(0, QB)
         dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows,
                                   c1, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST)
-    r_kc = tl.load(r_ptr + rbase + kc)
+    r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
     start = c0 + C  # the later chunks of its document (none after a document's last chunk)
     n_tiles = tl.where(r_kc > 0, tl.maximum(tl.cdiv(d_end - start, QB), 0), 0)
     if WHILE_LOOP:
@@ -336,4 +354,4 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
              mask=cm[:, None] & (dk_r < DK)[None, :])
     tl.store(dv_ptr + o_base + cols[:, None] * (HS * DV) + dv_r[None, :], dv.to(dv_ptr.dtype.element_ty),
              mask=cm[:, None] & (dv_r < DV)[None, :])
-    tl.store(dbias_ptr + bh * N + kc, tl.sum(dsum, 0))
+    tl.store(dbias_ptr + bh * N + kc, tl.sum(dsum, 0), mask=kc < N)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..varlen import ChunkTable, max_chunks
+from ..varlen import ChunkTable, _check_state, max_chunks
 from . import interpreting
 from . import ssm_scan_kernels as K
 from .config import ScanConfig
@@ -100,12 +100,9 @@ def op_table(T: int, cu, co, ci, BT: int) -> ChunkTable | None:
 
 
 def check_packed_state(initial_state, n_docs: int) -> None:
-    """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it)."""
-    if initial_state is not None and (initial_state.dim() < 1 or initial_state.shape[0] != n_docs):
-        raise ValueError(
-            f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
-            f"got shape {tuple(initial_state.shape)}"
-        )
+    """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it; the
+    check every Triton form shares, ``varlen.check_packed``)."""
+    _check_state(initial_state, n_docs)
 
 
 def _vl_args(k: torch.Tensor, vl: ChunkTable | None, table: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chunk_rows import table_row
+
 
 @triton.jit
 def _cmul(a_re, a_im, b_re, b_im):
@@ -73,12 +75,8 @@ def _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN: tl.constexpr, BT: tl.constex
     past their document's end: Lj <= 0, every token masked, and the kernels must not read their (never written)
     chunk state."""
     if IS_VARLEN:
-        doc = tl.load(ci + 2 * i_t)
-        loc = tl.load(ci + 2 * i_t + 1)
-        bos = tl.load(cu + doc)
-        eos = tl.load(cu + doc + 1)
-        t0 = bos + loc * BT
-        Lj = tl.minimum(eos - t0, BT).to(tl.int32)
+        _, t0, t1 = table_row(cu, ci, i_t, BT)  # the one reader of the chunk table (common/triton/chunk_rows.py)
+        Lj = (t1 - t0).to(tl.int32)
         tok0 = t0.to(tl.int64)
     else:
         t0 = i_t * BT

@@ -1,6 +1,6 @@
 """Launch wrappers and the autograd Function of the Triton gated delta rule (see ``kernels.py`` for the math and
-the packed-document (``cu_seqlens``) design: global-chunk buffers, ``PackedChunks`` index tables built once per call
-and saved for the backward)."""
+the packed-document (``cu_seqlens``) design: chunk-row buffers over a ``ChunkTable`` built once per call on the
+device, no host sync, and saved for the backward)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import triton
 
 from ...common.triton import interpreting
-from ...common.varlen import packed_chunks, validate_packed
+from ...common.varlen import ChunkTable, check_packed, chunk_table
 from ..naive import validate_gated_delta_inputs
 from . import kernels as _k
 from .config import DEFAULT_CONFIG, GatedDeltaConfig
@@ -45,17 +45,23 @@ class _Tiles:
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
 
 
-def _seq_grid(B: int, H: int, doc: torch.Tensor | None) -> int:
+def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:
     """Programs (sequence, head) of the sequential state kernels: B·H, or N_docs·H for packed documents."""
-    return (doc.shape[0] - 1 if doc is not None else B) * H
+    return (vl.n_docs if vl is not None else B) * H
+
+
+def _vl_ptrs(vl: ChunkTable | None, unused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu [N + 1], indices [NT, 2], offsets [N + 1]) of the table; ``unused`` three times when not packed."""
+    return (vl.cu, vl.indices, vl.offsets) if vl is not None else (unused, unused, unused)
 
 
 def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final, config,
-                tab: torch.Tensor | None = None, doc: torch.Tensor | None = None):
-    """tab [Nc, 4], doc [N + 1]: the ``PackedChunks`` tables of packed documents (both None when not packed)."""
+                vl: ChunkTable | None = None):
+    """vl: the ``ChunkTable`` of packed documents (None when not packed); the buffers have its NT rows."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = tab.shape[0] if tab is not None else triton.cdiv(T, C)  # global chunks (document order when packed)
+    N = vl.n_rows if vl is not None else triton.cdiv(T, C)  # chunk rows (real chunks in document order, then spare)
+    NM = commit.shape[1] if commit is not None else N  # rows of the commit mask (the true Nc when packed)
     Tp = N * C
     cfg = _Tiles(K, V, config)
     dev, f32 = q.device, torch.float32
@@ -66,11 +72,11 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     w = config.empty(B, H, Tp, K, device=dev, dtype=f32)
     u = config.empty(B, H, Tp, V, device=dev, dtype=f32)
     A_scratch = config.empty(B, H, N, C, C, device=dev, dtype=f32)
-    varlen = tab is not None
-    n_seq = _seq_grid(B, H, doc)
-    tab, doc = (tab, doc) if varlen else (G, G)  # unused pointers when not packed
+    varlen = vl is not None
+    n_seq = _seq_grid(B, H, vl)
+    cu, ci, co = _vl_ptrs(vl, G)  # unused pointers when not packed
     _k._prep_kernel[(N, B * H)](
-        q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, tab, T, H, N, Tp,
+        q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, cu, ci, T, H, N, Tp,
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, VARLEN=varlen, **cfg.par,
     )
     del A_scratch
@@ -79,14 +85,14 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     Sfin = config.empty(n_seq // H, H, K, V, device=dev, dtype=f32) if need_final else states
     _k._state_fwd_kernel[(triton.cdiv(V, cfg.BVS), n_seq)](
         k, w, u, G, rk, commit if commit is not None else G, S0 if S0 is not None else G, states, vn, Sfin,
-        tab, doc, T, H, N, Tp,
+        cu, ci, co, T, H, N, NM, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
         STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
         VARLEN=varlen, **cfg.seqf,
     )
     o = config.empty(B, T, H, V, device=dev, dtype=v.dtype)
     _k._output_kernel[(triton.cdiv(V, cfg.BV), N, B * H)](
-        q, k, G, rq, rk, states, vn, o, tab, T, H, N, Tp,
+        q, k, G, rq, rk, states, vn, o, cu, ci, T, H, N, Tp,
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, **cfg.par,
     )
     saved = (G, rq, rk, X, w, states, vn)
@@ -94,34 +100,35 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
 
 
 def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_uncommitted, C, config,
-                tab: torch.Tensor | None = None, doc: torch.Tensor | None = None):
+                vl: ChunkTable | None = None):
     G, rq, rk, X, w, states, vn = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = tab.shape[0] if tab is not None else triton.cdiv(T, C)
+    N = vl.n_rows if vl is not None else triton.cdiv(T, C)
+    NM = commit.shape[1] if commit is not None else N
     Tp = N * C
     cfg = _Tiles(K, V, config)
     dev, f32 = q.device, torch.float32
     BH = B * H
     has_commit = commit is not None
     m_arg = commit if has_commit else G
-    varlen = tab is not None
-    n_seq = _seq_grid(B, H, doc)
-    tab, doc = (tab, doc) if varlen else (G, G)
+    varlen = vl is not None
+    n_seq = _seq_grid(B, H, vl)
+    cu, ci, co = _vl_ptrs(vl, G)
 
     dvl = config.empty(B, H, Tp, V, device=dev, dtype=f32)
     dPD = config.empty(B, H, N, C, C, device=dev, dtype=f32)
     dGloc = config.empty(B, H, Tp, device=dev, dtype=f32)
     _k._bwd_local_kernel[(N, BH)](
-        q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, tab, T, H, N, Tp,
+        q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, cu, ci, T, H, N, Tp,
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, **cfg.par,
     )
     dh = config.empty(B, H, N, K, V, device=dev, dtype=f32)
     dvn = config.empty(B, H, Tp, V, device=dev, dtype=f32)
     dS0 = config.empty(n_seq // H, H, K, V, device=dev, dtype=f32)
     _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVB), n_seq)](
-        q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0, tab, doc,
-        T, H, N, Tp,
+        q, k, w, do, dvl, G, rq, rk, m_arg, dSfin if dSfin is not None else G, dh, dvn, dS0, cu, ci, co,
+        T, H, N, NM, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVB, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
         DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, SCALE=scale, VARLEN=varlen,
         **cfg.seqb,
@@ -136,8 +143,8 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     scp = config.empty(NKT, BH, N, 2, device=dev, dtype=f32)
     _k._bwd_k_kernel[(NKT, N, BH)](
         q, k, do, beta, G, rq, rk, m_arg, X, states, dh, vn, dvn, dPD,
-        dqh, dkh, dGp, dbp, dXp, scp, tab,
-        T, H, N, Tp, BH,
+        dqh, dkh, dGp, dbp, dXp, scp, cu, ci,
+        T, H, N, NM, Tp, BH,
         K=K, V=V, C=C, BK=cfg.BK2, BV=cfg.BV2, HAS_COMMIT=has_commit, PREC=cfg.prec, SCALE=scale, VARLEN=varlen,
         **cfg.bwdk,
     )
@@ -147,12 +154,12 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     dv = config.empty_like(v)
     dg = config.empty(B, T, H, device=dev, dtype=f32)
     dbeta = config.empty(B, T, H, device=dev, dtype=f32)
-    dm = config.empty(B, N, H, device=dev, dtype=f32) if has_commit else None
+    dm = config.empty(B, NM, H, device=dev, dtype=f32) if has_commit else None
     _k._bwd_finish_kernel[(N, BH)](
         q, k, v, beta, G, rq, rk, m_arg, X, dvn,
         dqh, dkh, dGloc, dGp, dbp, dXp, scp,
-        dq, dk, dv, dg, dbeta, dm if dm is not None else dg, tab,
-        T, H, N, Tp, BH,
+        dq, dk, dv, dg, dbeta, dm if dm is not None else dg, cu, ci,
+        T, H, N, NM, Tp, BH,
         K=K, V=V, C=C, BK=cfg.BK3, BV=cfg.BV3, NKT=NKT, HAS_COMMIT=has_commit,
         DECAY_UNCOMMITTED=decay_uncommitted, USE_L2=use_l2, PREC=cfg.prec, VARLEN=varlen, **cfg.fin,
     )
@@ -161,11 +168,12 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
 
 class _TritonGatedDelta(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final, config, tab, doc):
+    def forward(ctx, q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, C, need_final, config, cu, co, ci):
+        vl = ChunkTable(cu, co, ci, C) if cu is not None else None  # the three tensors of the call's chunk table
         commit_f = commit.float().contiguous() if commit is not None else None
         o, Sfin, saved = _launch_fwd(q, k, v, g, beta, commit_f, S0, scale, use_l2, decay_uncommitted, C, need_final,
-                                     config, tab, doc)
-        ctx.save_for_backward(q, k, v, beta, commit_f, tab, doc, *saved)  # tab, doc: reused by the backward
+                                     config, vl)
+        ctx.save_for_backward(q, k, v, beta, commit_f, cu, co, ci, *saved)  # the chunk table: reused by the backward
         ctx.cfg = (scale, use_l2, decay_uncommitted, C, config)
         ctx.dtypes = (g.dtype, beta.dtype, commit.dtype if commit is not None else None,
                       S0.dtype if S0 is not None else None)
@@ -175,15 +183,16 @@ class _TritonGatedDelta(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dSfin=None):
-        q, k, v, beta, commit_f, tab, doc, *saved = ctx.saved_tensors
+        q, k, v, beta, commit_f, cu, co, ci, *saved = ctx.saved_tensors
         scale, use_l2, decay_uncommitted, C, config = ctx.cfg
+        vl = ChunkTable(cu, co, ci, C) if cu is not None else None
         g_dt, b_dt, m_dt, s_dt = ctx.dtypes
         dq, dk, dv, dg, dbeta, dm, dS0 = _launch_bwd(
             q, k, v, beta, commit_f, tuple(saved), do.contiguous(),
-            dSfin.contiguous() if dSfin is not None else None, scale, use_l2, decay_uncommitted, C, config, tab, doc,
+            dSfin.contiguous() if dSfin is not None else None, scale, use_l2, decay_uncommitted, C, config, vl,
         )
         return (dq, dk, dv, dg.to(g_dt), dbeta.to(b_dt), dm.to(m_dt) if m_dt is not None else None,
-                dS0.to(s_dt) if s_dt is not None else None, None, None, None, None, None, None, None, None)
+                dS0.to(s_dt) if s_dt is not None else None, None, None, None, None, None, None, None, None, None)
 
 
 def triton_gated_delta(
@@ -208,27 +217,26 @@ def triton_gated_delta(
     Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; commit ``[B, ceil(T/C), H]``;
     initial_state ``[B, H, K, V]``. Returns ``(o [B, T, H, V] in v.dtype, final_state float32 or None)``.
     ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): commit ``[1, Nc, H]`` with
-    ``Nc = Σ ceil(len_i / C)``, initial_state and final_state ``[N, H, K, V]``; the offsets are read on the host once
-    (no device sync when ``cu_seqlens`` is a CPU tensor).
+    ``Nc = Σ ceil(len_i / C)``, initial_state and final_state ``[N, H, K, V]``. No host sync: the ``ChunkTable`` is
+    built on the device (``varlen.chunk_table``); a device ``cu_seqlens`` is checked for dtype and shape only and
+    commit for Nc within its bounds (``varlen.check_packed``), a CPU one fully.
     Activations may be bf16/fp16/fp32; all state and gate math runs in fp32. Differentiable in every input,
     including ``commit`` (dm_n = ⟨dS_end(n), ΔS_n⟩, plus (Γ_n - 1)⟨dS_end(n), S_start(n)⟩ when not
     ``decay_uncommitted``) and ``initial_state``. ``config``: the launch settings (``config.py``).
     """
-    tab = doc = None
     if cu_seqlens is None:
         validate_gated_delta_inputs(q, k, v, g, beta, commit, chunk_size, initial_state)
     else:
         validate_gated_delta_inputs(q, k, v, g, beta, None, chunk_size, None)
-        offs, coffs = validate_packed(cu_seqlens, q, chunk_size, {"commit": commit}, initial_state)
+        n_docs = check_packed(cu_seqlens, q, chunk_size, {"commit": commit}, initial_state)
         _, _, H, K = q.shape
-        n_docs, nc, V = len(offs) - 1, coffs[-1], v.shape[-1]
-        if commit is not None and tuple(commit.shape) != (1, nc, H):
-            raise ValueError(f"commit must be [1, Nc, H] = {(1, nc, H)} with cu_seqlens, got {tuple(commit.shape)}")
+        V = v.shape[-1]
+        if commit is not None and (commit.dim() != 3 or commit.shape[2] != H):
+            raise ValueError(f"commit must be [1, Nc, H] = {(1, commit.shape[1], H)} with cu_seqlens, "
+                             f"got {tuple(commit.shape)}")
         if initial_state is not None and tuple(initial_state.shape) != (n_docs, H, K, V):
             raise ValueError(f"initial_state must be [N, H, K, V] = {(n_docs, H, K, V)} with cu_seqlens, "
                              f"got {tuple(initial_state.shape)}")
-        pk = packed_chunks(offs, coffs, chunk_size, q.device)
-        tab, doc = pk.table, pk.doc_chunks
     if not supported(q, v, chunk_size):
         raise ValueError("triton_gated_delta: unsupported inputs (need CUDA or TRITON_INTERPRET=1, not float64, "
                          "chunk_size in {16, 32, 64, 128}, K <= 256)")
@@ -243,17 +251,19 @@ def triton_gated_delta(
              else torch.zeros(B, H, K, V, device=q.device, dtype=torch.float32))
         return o, S
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    vl = chunk_table(cu_seqlens, T, chunk_size, q.device) if cu_seqlens is not None else None  # device ops only
     S0 = initial_state.contiguous() if initial_state is not None else None
     args = (q, k, v, g, beta, commit, S0)
     need_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
     if need_grad:
+        tabs = (vl.cu, vl.offsets, vl.indices) if vl is not None else (None, None, None)
         out = _TritonGatedDelta.apply(q, k, v, g, beta, commit, S0, scale, use_qk_l2norm, decay_uncommitted,
-                                      chunk_size, output_final_state, config, tab, doc)
+                                      chunk_size, output_final_state, config, *tabs)
         if output_final_state:
             return out[0], out[1]
         return out, None
     commit_f = commit.float().contiguous() if commit is not None else None
     o, Sfin, _ = _launch_fwd(q, k, v, g, beta, commit_f, S0, scale, use_qk_l2norm, decay_uncommitted, chunk_size,
-                             output_final_state, config, tab, doc)
+                             output_final_state, config, vl)
     return o, Sfin
 

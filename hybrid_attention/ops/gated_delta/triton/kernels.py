@@ -16,15 +16,19 @@ chunks × K tiles: dq̂, dk̂ slices, dw and the partial sums) -> ``bwd_finish``
 dβ, dG -> dg, dv, dm, l2-norm backward). All state math is fp32; dots take fp32 operands (tf32 on the GPU).
 
 Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``). Decided once for all seven
-kernels: the internal buffers stay indexed by *global* chunk n (document order, chunks restart at each document
-start: Nc = Σ ceil(len_i / C), buffer row n·C + i), only the token rows read from / written to the packed
-``[1, T, ...]`` inputs and outputs move: row i of chunk n is packed token ``table[n, 0] + i``, valid while
-``< table[n, 1]`` (the chunk's true end; the tail of a document's last chunk is the same zero padding as the
-partial last chunk of an unpacked call). Chunk-parallel kernels keep one program per (global chunk, head); the two
-sequential kernels run one program per (document, head) over its chunks ``[doc_chunks[d], doc_chunks[d + 1])``,
-starting from zero or ``initial_state[d]`` and storing ``final_state[d]`` (their gradients likewise). The per-chunk
-commit mask is ``[1, Nc, H]``, read at the global chunk. The tables (``PackedChunks``) are built once per call on
-the host; without ``VARLEN`` the kernels compute the same quantities from n (chunk start n·C, end T).
+kernels: the internal buffers are indexed by *chunk row* n of the call's ``ChunkTable`` (``varlen.chunk_table``,
+built on the device, no host sync): its NT = ``max_chunks(T, N, C)`` rows are the real chunks in document order
+(chunks restart at each document start; rows ``[0, Nc)``, Nc = Σ ceil(len_i / C), so row n *is* global chunk n),
+then up to N - 1 spare rows without tokens. Buffer row n·C + i; only the token rows read from / written to the
+packed ``[1, T, ...]`` inputs and outputs move: row i of chunk row n is packed token ``t0 + i``, valid while
+``< t1``, ``(doc, t0, t1) = table_row(cu, indices, n, C)`` (the tail of a document's last chunk is the same zero
+padding as the partial last chunk of an unpacked call). Chunk-parallel kernels keep one program per (chunk row,
+head) and return at once on a spare row (``t1 <= t0``): it reads and writes nothing, so it adds nothing to any
+gradient. The two sequential kernels run one program per (document, head) over its chunk rows
+``[offsets[d], offsets[d + 1])`` (real rows only), starting from zero or ``initial_state[d]`` and storing
+``final_state[d]`` (their gradients likewise). The per-chunk commit mask and its gradient are ``[1, NM, H]`` with
+NM the true Nc (the caller's tensor, checked by ``varlen.check_packed``), read at row n (masked ``n < NM``).
+Without ``VARLEN`` the kernels compute the same quantities from n (chunk start n·C, end T) and NM = N.
 
 Interpreter-compatible (TRITON_INTERPRET=1): plain pointer arithmetic with masks, no block pointers, loop indices are
 never cast. Internal buffers use a padded token axis Tp = N·C (rows past T hold the zero padding of ``chunk.py``).
@@ -40,18 +44,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...common.triton.chunk_rows import table_row
+
 
 @triton.jit
-def _chunk_rows(tab_ptr, n, T, C: tl.constexpr, VARLEN: tl.constexpr):
-    """Packed token index ``[C]`` of the rows of global chunk n and their validity mask (row < the chunk's end)."""
+def _chunk_rows(cu_ptr, ci_ptr, n, T, C: tl.constexpr, VARLEN: tl.constexpr):
+    """Packed token index ``[C]`` of the rows of chunk row n, their validity mask (row < the chunk's end) and the
+    chunk's token range ``[t0, t1)`` (``t1 <= t0``: a spare row of the chunk table)."""
     if VARLEN:
-        t0 = tl.load(tab_ptr + n * 4)
-        t1 = tl.load(tab_ptr + n * 4 + 1)
+        _, t0, t1 = table_row(cu_ptr, ci_ptr, n, C)
     else:
         t0 = n * C
         t1 = T
     tt = t0 + tl.arange(0, C)
-    return tt, tt < t1
+    return tt, tt < t1, t0, t1
 
 
 @triton.jit
@@ -98,7 +104,7 @@ def _inverse_unit_lower(A_scr, X_out, A, C: tl.constexpr):
 @triton.jit
 def _prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-    G_ptr, rq_ptr, rk_ptr, X_ptr, A_ptr, w_ptr, u_ptr, tab_ptr,
+    G_ptr, rq_ptr, rk_ptr, X_ptr, A_ptr, w_ptr, u_ptr, cu_ptr, ci_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -109,7 +115,10 @@ def _prep_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti  # buffer rows
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)  # packed token rows
+    tt, tm, t0, t1 = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)  # packed token rows
+    if VARLEN:
+        if t1 <= t0:  # a spare row of the chunk table: no tokens, nothing to read or write
+            return
     g_t = tl.load(g_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     beta_t = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     G = tl.cumsum(g_t, axis=0)
@@ -161,14 +170,14 @@ def _prep_kernel(
 
 @triton.jit
 def _state_fwd_step(
-    n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, tab_ptr,
-    bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+    n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, cu_ptr, ci_ptr,
+    bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):
     tl.store(states_ptr + (bh * N + n) * K * V + kv_offs, S, mask=kv_mask)
     t = n * C + tl.arange(0, C)
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
+    tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
     un = tl.load(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     vn = un - tl.dot(wn, S, input_precision=PREC)
@@ -182,7 +191,7 @@ def _state_fwd_step(
     dS = tl.dot(tl.trans(kd), vn, input_precision=PREC)
     gam = tl.exp(Gl)
     if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
         if DECAY_UNCOMMITTED:
             S = gam * S + m * dS
         else:
@@ -195,14 +204,14 @@ def _state_fwd_step(
 @triton.jit
 def _state_fwd_kernel(
     k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, S0_ptr,
-    states_ptr, vn_ptr, Sfin_ptr, tab_ptr, doc_ptr,
-    T, H, N, Tp,
+    states_ptr, vn_ptr, Sfin_ptr, cu_ptr, ci_ptr, co_ptr,
+    T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_S0: tl.constexpr, STORE_FINAL: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr,
     PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Sequential chunk recurrence for one V tile of one (sequence, head): stores S_n (chunk start states), vn, and
-    the final state. Grid (V / BV, B·H), or (V / BV, N_docs·H) with ``VARLEN`` (chunks ``doc_chunks[d]..[d + 1]``).
+    the final state. Grid (V / BV, B·H), or (V / BV, N_docs·H) with ``VARLEN`` (chunk rows ``offsets[d]..[d + 1]``).
 
     WHILE_LOOP (interpreter only): a runtime-bounded ``for`` needs ``int()`` of a 1-element array there, which
     NumPy >= 2.4 refuses; the compiled kernel uses the ``for`` loop (software-pipelined loads)."""
@@ -212,8 +221,8 @@ def _state_fwd_kernel(
         b = sh * 0
         h = sh % H
         bh = h  # buffers of the one packed row
-        c0 = tl.load(doc_ptr + sh // H)
-        c1 = tl.load(doc_ptr + sh // H + 1)
+        c0 = tl.load(co_ptr + sh // H)
+        c1 = tl.load(co_ptr + sh // H + 1)
     else:
         b = sh // H
         h = sh % H
@@ -233,14 +242,14 @@ def _state_fwd_kernel(
     if WHILE_LOOP:
         n = c0
         while n < c1:
-            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, tab_ptr,
-                                bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, cu_ptr, ci_ptr,
+                                bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
                                 K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
             n += 1
     else:
         for n in range(c0, c1):
-            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, tab_ptr,
-                                bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+            S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, cu_ptr, ci_ptr,
+                                bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
                                 K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
     if STORE_FINAL:
         tl.store(Sfin_ptr + sh * K * V + kv_offs, S, mask=kv_mask)
@@ -248,7 +257,7 @@ def _state_fwd_kernel(
 
 @triton.jit
 def _output_kernel(
-    q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, states_ptr, vn_ptr, o_ptr, tab_ptr,
+    q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, states_ptr, vn_ptr, o_ptr, cu_ptr, ci_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
     SCALE: tl.constexpr, VARLEN: tl.constexpr,
@@ -260,7 +269,10 @@ def _output_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
+    tt, tm, t0, t1 = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
+    if VARLEN:
+        if t1 <= t0:  # a spare row: nothing to read or write
+            return
     vc = pv * BV + tl.arange(0, BV)
     vm = vc < V
     Gt = tl.load(G_ptr + bh * Tp + t)
@@ -292,7 +304,7 @@ def _output_kernel(
 @triton.jit
 def _bwd_local_kernel(
     q_ptr, k_ptr, do_ptr, G_ptr, rq_ptr, rk_ptr, vn_ptr,
-    dvl_ptr, dPD_ptr, dG_ptr, tab_ptr,
+    dvl_ptr, dPD_ptr, dG_ptr, cu_ptr, ci_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
     SCALE: tl.constexpr, VARLEN: tl.constexpr,
@@ -304,7 +316,10 @@ def _bwd_local_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
+    tt, tm, t0, t1 = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
+    if VARLEN:
+        if t1 <= t0:  # a spare row: nothing to read or write
+            return
     Gt = tl.load(G_ptr + bh * Tp + t)
     rq = tl.load(rq_ptr + bh * Tp + t)
     rk = tl.load(rk_ptr + bh * Tp + t)
@@ -340,14 +355,14 @@ def _bwd_local_kernel(
 
 @triton.jit
 def _state_bwd_step(
-    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, tab_ptr,
-    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, Tp,
+    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, cu_ptr, ci_ptr,
+    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):
     tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
     t = n * C + tl.arange(0, C)
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
+    tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rq = tl.load(rq_ptr + bh * Tp + t)
@@ -362,7 +377,7 @@ def _state_bwd_step(
     dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     gam = tl.exp(Gl)
     if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
         if DECAY_UNCOMMITTED:
             a = gam
         else:
@@ -380,8 +395,8 @@ def _state_bwd_step(
 @triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dSfin_ptr,
-    dh_ptr, dvn_ptr, dS0_ptr, tab_ptr, doc_ptr,
-    T, H, N, Tp,
+    dh_ptr, dvn_ptr, dS0_ptr, cu_ptr, ci_ptr, co_ptr,
+    T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
     WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
@@ -395,8 +410,8 @@ def _state_bwd_kernel(
         b = sh * 0
         h = sh % H
         bh = h
-        c0 = tl.load(doc_ptr + sh // H)
-        c1 = tl.load(doc_ptr + sh // H + 1)
+        c0 = tl.load(co_ptr + sh // H)
+        c1 = tl.load(co_ptr + sh // H + 1)
     else:
         b = sh // H
         h = sh % H
@@ -417,14 +432,14 @@ def _state_bwd_kernel(
         i = 0
         while i < c1 - c0:
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
-                                 dh_ptr, dvn_ptr, tab_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
-                                 T, H, N, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+                                 dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
+                                 T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
             i += 1
     else:
         for i in range(c1 - c0):
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
-                                 dh_ptr, dvn_ptr, tab_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
-                                 T, H, N, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+                                 dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
+                                 T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
     tl.store(dS0_ptr + sh * K * V + kv_offs, dS, mask=kv_mask)
 
 
@@ -432,8 +447,8 @@ def _state_bwd_kernel(
 def _bwd_k_kernel(
     q_ptr, k_ptr, do_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, states_ptr, dh_ptr, vn_ptr, dvn_ptr,
     dPD_ptr,
-    dqh_ptr, dkh_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr, tab_ptr,
-    T, H, N, Tp, NB,
+    dqh_ptr, dkh_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr, cu_ptr, ci_ptr,
+    T, H, N, NM, Tp, NB,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, PREC: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
 ):
@@ -445,7 +460,10 @@ def _bwd_k_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
+    tt, tm, t0, t1 = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
+    if VARLEN:
+        if t1 <= t0:  # a spare row: nothing to read or write
+            return
     kc = pk * BK + tl.arange(0, BK)
     km = kc < K
     Gt = tl.load(G_ptr + bh * Tp + t)
@@ -454,7 +472,7 @@ def _bwd_k_kernel(
     rk = tl.load(rk_ptr + bh * Tp + t)
     beta = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
     else:
         m = 1.0
     offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
@@ -520,8 +538,8 @@ def _bwd_k_kernel(
 def _bwd_finish_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, dvn_ptr,
     dqh_ptr, dkh_ptr, dGloc_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dm_ptr, tab_ptr,
-    T, H, N, Tp, NB,
+    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dm_ptr, cu_ptr, ci_ptr,
+    T, H, N, NM, Tp, NB,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKT: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, USE_L2: tl.constexpr, PREC: tl.constexpr,
     VARLEN: tl.constexpr,
@@ -532,14 +550,17 @@ def _bwd_finish_kernel(
     h = bh % H
     ti = tl.arange(0, C)
     t = n * C + ti
-    tt, tm = _chunk_rows(tab_ptr, n, T, C, VARLEN)
+    tt, tm, t0, t1 = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
+    if VARLEN:
+        if t1 <= t0:  # a spare row: nothing to read or write
+            return
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rq = tl.load(rq_ptr + bh * Tp + t)
     rk = tl.load(rk_ptr + bh * Tp + t)
     beta = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
     if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * N + n) * H + h).to(tl.float32)
+        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
     else:
         m = 1.0
     cc = ti[:, None] * C + ti[None, :]
@@ -600,7 +621,7 @@ def _bwd_finish_kernel(
         else:
             dGlast += m * gam * sig
             dm = kap + (gam - 1.0) * sig
-        tl.store(dm_ptr + (b * N + n) * H + h, dm)
+        tl.store(dm_ptr + (b * NM + n) * H + h, dm, mask=n < NM)
     else:
         dGlast += gam * sig
     dG += tl.where(ti == C - 1, dGlast, 0.0)

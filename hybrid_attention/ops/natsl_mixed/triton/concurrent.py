@@ -58,10 +58,8 @@ def triton_natsl_mixed(
     """GDN branch ``triton_gated_delta(q, k, v, g, beta, commit=..., config=gdn_config)`` and softmax branch
     ``triton_chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=..., config=attn_config)``; returns
     ``(o_gdn [B, T, H, V], final_state or None, o_attn [B, T, Hs, Dv])``. Shapes as in the two ops.
-    ``cu_seqlens [N + 1]``: packed documents, passed to both (read to the host once here, so that neither branch
-    syncs again)."""
-    if cu_seqlens is not None and cu_seqlens.device.type != "cpu":
-        cu_seqlens = cu_seqlens.cpu()  # the one device -> host sync of a packed call
+    ``cu_seqlens [N + 1]``: packed documents, passed to both as given; each branch builds its ``ChunkTable`` on the
+    device (``ops/common/varlen.py``), so a packed call makes no device -> host sync."""
 
     def gdn():
         return triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk_size,
@@ -84,8 +82,8 @@ def triton_natsl_mixed(
     # Inputs made on the caller's stream are read on the side stream, in the forward and (saved for backward) in the
     # backward: recording that use keeps the caching allocator from handing their memory to the caller's stream
     # before the side stream's queued work is done, even if the caller drops its last reference early.
-    for t in (q, k, v, g, beta, commit, initial_state):
-        if t is not None:
+    for t in (q, k, v, g, beta, commit, initial_state, cu_seqlens):  # cu_seqlens: the GDN branch's chunk table
+        if t is not None and t.is_cuda:
             t.record_stream(side)
     with torch.cuda.stream(side):
         o_g, S = gdn()
