@@ -7,9 +7,9 @@ Rows, all in one run and one table (random weights, float32 master weights, bf16
     B×T = 16×2048 and 32×512;
   * the 340M presets ``transformer-340m``, ``gdn-340m``, ``natsl-hybrid-340m`` at B×T = 4×4096 (not with ``--quick``).
 Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile / run failure is caught, printed on
-one line and recorded for that row only), for the 340M rows ``eager+ckpt`` (``train.checkpointing``: every
-decoder block under torch.utils.checkpoint), whose peak memory is the point, and for the first small shape
-``eager+varlen`` (packed documents of a realistic length mix, ``VARIANTS`` below).
+one line and recorded for that row only), for the 340M rows ``eager+ckpt`` and ``compiled+ckpt``
+(``train.checkpointing``: every decoder block under torch.utils.checkpoint), whose peak memory is the point, and for
+the first small shape ``eager+varlen`` (packed documents of a realistic length mix, ``VARIANTS`` below).
 
 Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``warmup`` untimed steps (the
 compiled variant compiles in the first), then ``steps`` steps timed together with CUDA events: step ms = total / steps
@@ -23,8 +23,8 @@ softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T�
 mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled eager+ckpt eager+varlen``, ``--steps N``, ``--warmup N``,
-``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
+rows or a 340M preset), ``--variants eager compiled eager+ckpt compiled+ckpt eager+varlen``, ``--steps N``,
+``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
 split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
 ``<--out>/train_speed.json`` when ``--out`` or ``$OUT`` is set. ``--dryrun`` (or ``BENCH_DRYRUN=1``) runs it on the
@@ -51,7 +51,7 @@ __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
 
 RESULTS: dict = {"errors": [], "rows": []}
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
-VARIANTS = ("eager", "compiled", "eager+ckpt", "eager+varlen")
+VARIANTS = ("eager", "compiled", "eager+ckpt", "compiled+ckpt", "eager+varlen")
 # eager+varlen: the same step on packed documents (``data.pack: varlen``), one row [1, B·T] cut into documents of a
 # web-like length mix (log-normal, median 256 tokens, clipped to [16, T]; seed 0), on the first small shape only. It
 # shows the price of states reset per document: the PyTorch reference forms run per document (no Triton varlen
@@ -102,7 +102,7 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
     for mixer in MIXER_BUILDERS:
         for i, (B, T) in enumerate(sizes["small_shapes"]):
             rows += [dict(name=mixer, B=B, T=T, variant=v) for v in variants
-                     if v != "eager+ckpt" and (v != "eager+varlen" or i == 0)]
+                     if not v.endswith("+ckpt") and (v != "eager+varlen" or i == 0)]
     if not quick:
         for name in LARGE:
             for B, T in sizes["large_shapes"]:
@@ -182,10 +182,10 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     row["layers"] = _describe(cfg.mixer_types)
     row["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     flops, row["flops_model"] = flops_per_step(model, B, T)
-    if variant == "eager+ckpt":
+    if variant.endswith("+ckpt"):
         enable_block_checkpointing(model)
     fwd = model
-    if variant == "compiled":
+    if variant.startswith("compiled"):
         torch._dynamo.reset()
         fwd = torch.compile(model, backend=compile_backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
