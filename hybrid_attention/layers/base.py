@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybrid_attention.ops.common.varlen import document_lengths, positions_in_document, validate_cu_seqlens
+from hybrid_attention.ops.common.varlen import check_cu_seqlens, document_lengths, positions_in_document
 
 
 class StaticState:
@@ -154,11 +154,11 @@ def packed_positions(x: torch.Tensor, state: Any, keep: bool, cu_seqlens: torch.
     DECISION: packed documents run from an empty state; a state with ``cu_seqlens`` raises ``ValueError`` naming the
     layer, and so does ``output_state`` unless the layer returns per-document states (``packed_states``).
     """
-    validate_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
+    check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])  # in full for CPU offsets; no host read of device ones
     if state is not None or (keep and not packed_states):
         raise ValueError(f"{name}: cu_seqlens runs packed documents from an empty state; state / output_state "
                          f"are not supported with it")
-    return positions_in_document(cu_seqlens)
+    return positions_in_document(cu_seqlens, x.shape[1])
 
 
 def left_pad(cu_seqlens: torch.Tensor) -> tuple[int, torch.Tensor]:

@@ -171,7 +171,7 @@ class GatedDeltaNet(TokenMixer):
         t = x.shape[1]
         if cu_seqlens is not None:  # with keep: the final states per document are the rows of the decode state
             packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
-            t = left_pad(cu_seqlens)[0]
+            t = left_pad(cu_seqlens)[0] if keep else t  # the decode state's width (a host read: prefill only)
         q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep, cu_seqlens)
         o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
                            output_final_state=keep, backend=self.backend, cu_seqlens=cu_seqlens)

@@ -398,8 +398,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         pos = torch.arange(t, device=qs.device)
         chunk, doc = pos // c, torch.zeros_like(pos)
         if cu_seqlens is not None:  # chunk numbers over all documents (they restart at each document start)
-            doc = document_ids(cu_seqlens)
-            chunk = positions_in_document(cu_seqlens) // c + chunk_offsets(cu_seqlens, c)[doc]
+            doc = document_ids(cu_seqlens, t)
+            chunk = positions_in_document(cu_seqlens, t) // c + chunk_offsets(cu_seqlens, c)[doc]
         same = (chunk[:, None] == chunk[None, :]) & (pos[:, None] >= pos[None, :])  # [T, T]
         earlier = (chunk[:, None] > chunk[None, :]) & (doc[:, None] == doc[None, :])
         m_key = m_chunk[:, chunk].repeat_interleave(self.group, dim=-1).permute(0, 2, 1)  # [B, Hs, T]

@@ -137,7 +137,7 @@ class SoftmaxAttention(TokenMixer):
         pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
         if self.rotary is not None:
             q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
-        doc = document_ids(cu_seqlens)
+        doc = document_ids(cu_seqlens, x.shape[1])
         idx = torch.arange(x.shape[1], device=x.device)
         mask = (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])  # [T, T]
         o = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), attn_mask=mask)

@@ -101,18 +101,19 @@ def document_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return (cu_seqlens[1:] - cu_seqlens[:-1]).long()
 
 
-def document_ids(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Document index ``[T]`` (int64) of every packed position."""
-    lens = document_lengths(cu_seqlens)
-    return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens)
+def document_ids(cu_seqlens: torch.Tensor, total_len: int | None = None) -> torch.Tensor:
+    """Document index ``[T]`` (int64) of every packed position. ``total_len`` = T when the caller knows it (the
+    inputs' length): then no host read of the offsets (``searchsorted`` on the device, a static output shape)."""
+    T = int(cu_seqlens[-1]) if total_len is None else total_len
+    pos = torch.arange(T, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].long(), pos, right=True)
 
 
-def positions_in_document(cu_seqlens: torch.Tensor) -> torch.Tensor:
+def positions_in_document(cu_seqlens: torch.Tensor, total_len: int | None = None) -> torch.Tensor:
     """Position ``[T]`` (int64) of every packed token inside its own document (0 at each document start): the RoPE
-    positions and the convolution masks of packed inputs."""
-    T = int(cu_seqlens[-1])
-    starts = cu_seqlens[:-1].long()[document_ids(cu_seqlens)]
-    return torch.arange(T, device=cu_seqlens.device) - starts
+    positions and the convolution masks of packed inputs. ``total_len``: as in ``document_ids`` (no host read)."""
+    doc = document_ids(cu_seqlens, total_len)
+    return torch.arange(doc.numel(), device=cu_seqlens.device) - cu_seqlens[:-1].long()[doc]
 
 
 def chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
