@@ -62,11 +62,8 @@ __all__ = [
 ]
 
 
-def validate_cu_seqlens(
-    cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens"
-) -> list[int]:
-    """Check ``cu_seqlens`` against inputs of ``batch_size`` rows and ``total_len`` tokens; return the offsets as a
-    host list ``[N + 1]``. Raises ``ValueError`` with one line naming the argument."""
+def _check_form(cu_seqlens: torch.Tensor, batch_size: int, name: str) -> None:
+    """The checks that read no offset value: type, dtype, shape and the batch size of the inputs."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"{name} must be a 1-d int32 or int64 tensor of offsets, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -75,6 +72,14 @@ def validate_cu_seqlens(
         raise ValueError(f"{name} must be a 1-d tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
     if batch_size != 1:
         raise ValueError(f"{name} requires inputs of batch size 1 (documents packed along T), got B = {batch_size}")
+
+
+def validate_cu_seqlens(
+    cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens"
+) -> list[int]:
+    """Check ``cu_seqlens`` against inputs of ``batch_size`` rows and ``total_len`` tokens; return the offsets as a
+    host list ``[N + 1]``. Raises ``ValueError`` with one line naming the argument."""
+    _check_form(cu_seqlens, batch_size, name)
     offs = [int(o) for o in cu_seqlens.tolist()]
     if offs[0] != 0:
         raise ValueError(f"{name} must start at 0, got {name}[0] = {offs[0]}")
@@ -177,14 +182,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_len: int, batch_size: int =
     reading them would stall the stream once per call). Returns N. Raises ``ValueError`` naming the argument."""
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu":
         return len(validate_cu_seqlens(cu_seqlens, total_len, batch_size, name)) - 1
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise ValueError(f"{name} must be a 1-d int32 or int64 tensor of offsets, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must have dtype int32 or int64, got {cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"{name} must be a 1-d tensor [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
-    if batch_size != 1:
-        raise ValueError(f"{name} requires inputs of batch size 1 (documents packed along T), got B = {batch_size}")
+    _check_form(cu_seqlens, batch_size, name)
     if cu_seqlens.numel() - 1 > total_len:
         raise ValueError(f"{name} holds N = {cu_seqlens.numel() - 1} documents, more than the T = {total_len} tokens")
     return cu_seqlens.numel() - 1
