@@ -25,7 +25,7 @@ from hybrid_attention.layers.base import (
     left_pad,
     packed_positions,
 )
-from hybrid_attention.modules import RMSNorm, ShortConvolution, concat_linear_weights, short_conv_step
+from hybrid_attention.modules import FusedInputs, RMSNorm, ShortConvolution, fuse_inputs
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -59,18 +59,14 @@ class GDNState:
 @dataclass
 class GDNStaticState(StaticState):
     """Static decode buffers of one GDN layer: S [B, H, d_k, d_v] (float32, float64 for float64 models), conv
-    [B, channels, K-1] by branch name (views of one buffer conv_qkv [B, 2·d_k·H + d_v·H, K-1], q|k|v); use_kernels:
-    the fused Triton step for a float32 state. The step's fused weights (modules/fused_linear.py): w_in
-    [2·H·d_k + H·d_v + 2H (+ H·d_v), hidden] = q|k|v|a|b(|g) projections, in_sizes their widths, conv_w [channels of
-    q|k|v, K] the three ShortConvolution kernels."""
+    [B, channels, K-1] by branch name (views of the fused conv state of `inputs`); use_kernels: the fused Triton
+    step for a float32 state; inputs: the step's q|k|v|a|b(|g) projections and q|k|v convolutions fused
+    (modules/fused_linear.py)."""
 
     S: torch.Tensor
     conv: dict[str, torch.Tensor]
     use_kernels: bool
-    conv_qkv: torch.Tensor | None = None
-    w_in: torch.Tensor | None = None
-    in_sizes: list[int] = field(default_factory=list)
-    conv_w: torch.Tensor | None = None
+    inputs: FusedInputs | None = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.S, *self.conv.values()]
@@ -183,17 +179,12 @@ class GatedDeltaNet(TokenMixer):
                           use_kernels: bool | None = None, cache_chunks: int | None = None) -> GDNStaticState:
         st = self.init_state(batch_size, device=device, dtype=dtype)
         names = ("q", "k", "v")
-        conv_qkv = torch.cat([st.conv[n] for n in names], dim=1)  # one buffer, the branches are views of it
-        ends = torch.tensor([self.convs[n].channels for n in names]).cumsum(0).tolist()
-        # plain slices, not split(): a view from a multi-output op may not be written in place (copy_ under grad mode)
-        views = {n: conv_qkv[:, e - self.convs[n].channels:e] for n, e in zip(names, ends)}
         projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj]
-        w_in, sizes = concat_linear_weights(projs + ([self.g_proj] if self.g_proj is not None else []))
-        conv_w = torch.cat([self.convs[n].weight[:, 0, :] for n in names]).detach().contiguous()
-        return GDNStaticState(S=st.S, conv=views, conv_qkv=conv_qkv,
-                              use_kernels=st.S.is_cuda if use_kernels is None else use_kernels,
-                              w_in=w_in.to(device=conv_qkv.device, dtype=conv_qkv.dtype), in_sizes=sizes,
-                              conv_w=conv_w.to(device=conv_qkv.device))
+        inputs, views = fuse_inputs(projs + ([self.g_proj] if self.g_proj is not None else []),
+                                    [self.convs[n] for n in names], [st.conv[n] for n in names],
+                                    st.S.device, st.conv["q"].dtype)
+        return GDNStaticState(S=st.S, conv=dict(zip(names, views)), inputs=inputs,
+                              use_kernels=st.S.is_cuda if use_kernels is None else use_kernels)
 
     def load_static_state(self, static: GDNStaticState, state: GDNState) -> None:
         static.S.copy_(state.S)
@@ -204,9 +195,8 @@ class GatedDeltaNet(TokenMixer):
         """x [B, 1, hidden] -> [B, 1, hidden]; S and the conv states advanced in place (`gated_delta_step`). One
         GEMV for all input projections and one convolution over q|k|v (the fused weights of the static state)."""
         b, h = x.shape[0], self.num_heads
-        z = F.linear(x[:, 0], static.w_in).split(static.in_sizes, -1)  # q, k, v, a, b(, g), each [B, ·]
-        qkv = short_conv_step(torch.cat(z[:3], -1), static.conv_qkv, static.conv_w, "silu")
-        q, k, v = qkv.split(static.in_sizes[:3], -1)
+        z = static.inputs(x[:, 0])  # q, k, v (after their convolution), a, b(, g), each [B, ·]
+        q, k, v = z[:3]
         beta = torch.sigmoid(z[4].float() if x.dtype != torch.float64 else z[4])
         g = gdn_decay(z[3], self.A_log, self.dt_bias)
         o = gated_delta_step(q.view(b, h, self.head_dim), k.view(b, h, self.head_dim),

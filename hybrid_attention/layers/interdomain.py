@@ -48,13 +48,13 @@ from hybrid_attention.layers.base import (
     row_positions,
 )
 from hybrid_attention.modules import (
+    FusedInputs,
     HeadRMSNorm,
     RotaryEmbedding,
     S4DCore,
     ShortConvolution,
-    concat_linear_weights,
+    fuse_inputs,
     l2_normalize,
-    short_conv_step,
 )
 from hybrid_attention.ops.interdomain import interdomain
 from hybrid_attention.ops.interdomain.naive import safe_divide
@@ -94,10 +94,9 @@ class InterdomainStaticState(StaticState):
     dtype (computed once: the weights are frozen while serving); kernel_params: `decode_params` of the fused Triton
     step, or None when it is not used (it covers the query readout with a complex64 state); ssm_real: the fused
     step's view of ssm as float32 [..., 2] (`torch.view_as_real`, same storage: the registered op mutates a real
-    tensor, see ops/interdomain/triton/decode.decode_params). The step's fused weights (modules/fused_linear.py):
-    w_in [Σ widths, hidden] = the branch projections in `proj` order (in_sizes their widths); the convolved branches
-    are a prefix of that order, their states views of one buffer conv_all [B, Σ channels, K-1] with the kernels
-    conv_w [Σ channels, K]."""
+    tensor, see ops/interdomain/triton/decode.decode_params). inputs: the step's branch projections (in `proj` order;
+    the convolved branches lead it) and their convolutions fused (modules/fused_linear.py); conv holds views of its
+    conv state."""
 
     ssm: torch.Tensor
     conv: dict[str, torch.Tensor]
@@ -106,10 +105,7 @@ class InterdomainStaticState(StaticState):
     c: torch.Tensor
     kernel_params: tuple | None = None
     ssm_real: torch.Tensor | None = None
-    conv_all: torch.Tensor | None = None
-    conv_w: torch.Tensor | None = None
-    w_in: torch.Tensor | None = None
-    in_sizes: list[int] = field(default_factory=list)
+    inputs: FusedInputs | None = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.ssm, *self.conv.values()]
@@ -295,16 +291,11 @@ class InterdomainAttention(TokenMixer):
             conv_names = [n for n in names if n in self.convs]
             if names[:len(conv_names)] != conv_names:
                 raise AssertionError(f"convolved branches {conv_names} must lead the projections {names}")
-            conv_all = torch.cat([st.conv[n] for n in conv_names], dim=1)
-            ends = torch.tensor([self.convs[n].channels for n in conv_names]).cumsum(0).tolist()
-            views = {n: conv_all[:, e - self.convs[n].channels:e] for n, e in zip(conv_names, ends)}
-            w_in, sizes = concat_linear_weights([self.proj[n] for n in names])
-            conv_w = torch.cat([self.convs[n].weight[:, 0, :] for n in conv_names]).detach().contiguous()
-            static = InterdomainStaticState(ssm=st.ssm, conv=views, lam=torch.exp(log_lam.to(cdt)),
-                                            b_bar=b_bar.to(cdt), c=c.to(cdt), conv_all=conv_all,
-                                            conv_w=conv_w.to(conv_all.device),
-                                            w_in=w_in.to(device=conv_all.device, dtype=conv_all.dtype),
-                                            in_sizes=sizes)
+            inputs, views = fuse_inputs([self.proj[n] for n in names], [self.convs[n] for n in conv_names],
+                                        [st.conv[n] for n in conv_names], st.ssm.device, st.conv[names[0]].dtype)
+            static = InterdomainStaticState(ssm=st.ssm, conv=dict(zip(conv_names, views)),
+                                            lam=torch.exp(log_lam.to(cdt)), b_bar=b_bar.to(cdt), c=c.to(cdt),
+                                            inputs=inputs)
             use_kernels = st.ssm.is_cuda if use_kernels is None else use_kernels
             if use_kernels and self.query_readout and st.ssm.dtype == torch.complex64:
                 if not HAS_TRITON:
@@ -340,12 +331,9 @@ class InterdomainAttention(TokenMixer):
     def _branches_step(self, x: torch.Tensor, static: InterdomainStaticState) -> dict[str, torch.Tensor]:
         """x [B, 1, hidden] -> every branch (`_branch` for one token) as [B, 1, H, d_h], by name: one GEMV for all
         projections, one convolution over the convolved ones (their states advance in place)."""
-        b, names = x.shape[0], list(self.proj)
-        z = F.linear(x[:, 0], static.w_in).split(static.in_sizes, -1)
-        n = len(static.conv)
-        conv = short_conv_step(torch.cat(z[:n], -1), static.conv_all, static.conv_w, None)
-        conv = conv.split(static.in_sizes[:n], -1)
-        return {name: t.view(b, 1, self.num_heads, self.head_dim) for name, t in zip(names, [*conv, *z[n:]])}
+        b = x.shape[0]
+        return {name: t.view(b, 1, self.num_heads, self.head_dim)
+                for name, t in zip(self.proj, static.inputs(x[:, 0]), strict=True)}
 
     def _core_step(self, q: torch.Tensor | None, key: torch.Tensor, val: torch.Tensor,
                    static: InterdomainStaticState) -> torch.Tensor:

@@ -33,7 +33,7 @@ Decisions (named once, here):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from hybrid_attention.layers.base import StaticState, copy_conv_states, rope_positions
 from hybrid_attention.layers.gated_deltanet import gdn_decay
-from hybrid_attention.modules import concat_linear_weights, short_conv_step
+from hybrid_attention.modules import FusedInputs, fuse_inputs
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -78,12 +78,9 @@ class NatsLStaticState(StaticState):
     capacity: int
     num_splits: int
     use_kernels: bool
-    # the step's fused weights (modules/fused_linear.py): w_in = q|k|v|a|b|g(|omega when it reads x) projections
-    # (in_sizes their widths), conv_w [channels of q|k|v, K]; conv's branches are views of conv_qkv [B, Σ, K-1]
-    conv_qkv: torch.Tensor | None = None
-    conv_w: torch.Tensor | None = None
-    w_in: torch.Tensor | None = None
-    in_sizes: list[int] = field(default_factory=list)
+    # the step's q|k|v|a|b|g(|omega when it reads x) projections and q|k|v convolutions fused
+    # (modules/fused_linear.py); conv's branches are views of its conv state
+    inputs: FusedInputs | None = None
 
     @property
     def cap(self) -> int:
@@ -122,7 +119,8 @@ class NatsLStaticState(StaticState):
         return replace(self, kv_k=self.kv_k[one], kv_v=self.kv_v[one], x_buf=self.x_buf[one], S=self.S[one],
                        S_start=self.S_start[one], g_sum=self.g_sum[one], n_kept=self.n_kept[one],
                        conv={n: t[one] for n, t in self.conv.items()},
-                       conv_qkv=None if self.conv_qkv is None else self.conv_qkv[one])
+                       inputs=None if self.inputs is None else replace(self.inputs,
+                                                                       conv_state=self.inputs.conv_state[one]))
 
     def fill_random(self, length: int, generator: torch.Generator, softmax_fraction: float = 0.5) -> None:
         """Timing fill: random K/V and states; every (row, head) keeps round(fraction · complete chunks) chunks."""
@@ -158,19 +156,15 @@ class NatsLStaticStep:
         capacity = max_len // c if cache_chunks is None else cache_chunks
         cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
         names = ("q", "k", "v")
-        conv_qkv = torch.cat([st.conv[n] for n in names], dim=1)
-        ends = torch.tensor([self.convs[n].channels for n in names]).cumsum(0).tolist()
-        conv = {n: conv_qkv[:, e - self.convs[n].channels:e] for n, e in zip(names, ends)}  # views of conv_qkv
         projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj, self.g_proj]
-        w_in, sizes = concat_linear_weights(projs + ([self.omega_proj] if self.weights_from != "q" else []))
-        conv_w = torch.cat([self.convs[n].weight[:, 0, :] for n in names]).detach().contiguous()
+        inputs, views = fuse_inputs(projs + ([self.omega_proj] if self.weights_from != "q" else []),
+                                    [self.convs[n] for n in names], [st.conv[n] for n in names], device, dtype)
         return NatsLStaticState(
             kv_k=torch.zeros(b, hs, cap + c, self.attn_head_dim, device=device, dtype=dtype),
             kv_v=torch.zeros(b, hs, cap + c, self.attn_head_v_dim, device=device, dtype=dtype),
             x_buf=torch.zeros(b, c, self.hidden_size, device=device, dtype=dtype),
             S=st.S, S_start=st.S.clone(), g_sum=st.g_sum, n_kept=st.n_kept,
-            overflow=torch.zeros((), dtype=torch.bool, device=device), conv=conv, conv_qkv=conv_qkv,
-            conv_w=conv_w.to(device), w_in=w_in.to(device=device, dtype=dtype), in_sizes=sizes,
+            overflow=torch.zeros((), dtype=torch.bool, device=device), conv=dict(zip(names, views)), inputs=inputs,
             cache_slot=torch.arange(cap, device=device) // c, chunk_pos=torch.arange(c, device=device),
             buf_start=torch.full((1, 1), cap, dtype=torch.long, device=device), chunk_size=c, capacity=capacity,
             num_splits=default_num_splits(device, b * hs, cap + c),
@@ -204,9 +198,8 @@ class NatsLStaticStep:
         per_row = pos.dim() == 1
         c, hl, hs, grp = self.chunk_size, self.num_heads, self.num_attn_heads, self.group
         # one GEMV for every projection of x, one convolution over q|k|v (the state's fused weights)
-        z = F.linear(x[:, 0], static.w_in).split(static.in_sizes, -1)
-        q, k, v = (t[:, None] for t in short_conv_step(torch.cat(z[:3], -1), static.conv_qkv, static.conv_w,
-                                                         "silu").split(static.in_sizes[:3], -1))
+        z = static.inputs(x[:, 0])  # q, k, v (after their convolution), a, b, g(, omega), each [B, ·]
+        q, k, v = (t[:, None] for t in z[:3])
         beta = torch.sigmoid(z[4].to(torch.float64 if x.dtype == torch.float64 else torch.float32))[:, None]
         g = gdn_decay(z[3], self.A_log, self.dt_bias)[:, None]
         # GDN branch: every token sees the pseudo-updated state; Σg feeds the decayed rollback at the chunk end.

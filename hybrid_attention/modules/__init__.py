@@ -1,13 +1,14 @@
 """Small building blocks shared by the token mixers."""
 
 from hybrid_attention.modules.conv import ShortConvolution, short_conv_step
-from hybrid_attention.modules.fused_linear import concat_linear_weights
+from hybrid_attention.modules.fused_linear import FusedInputs, concat_linear_weights, fuse_inputs
 from hybrid_attention.modules.mlp import SwiGLU, swiglu_hidden_size
 from hybrid_attention.modules.norm import HeadRMSNorm, RMSNorm, l2_normalize, rms_norm
 from hybrid_attention.modules.rotary import RotaryEmbedding
 from hybrid_attention.modules.s4d import S4DCore
 
 __all__ = [
+    "FusedInputs",
     "HeadRMSNorm",
     "RMSNorm",
     "RotaryEmbedding",
@@ -15,6 +16,7 @@ __all__ = [
     "ShortConvolution",
     "SwiGLU",
     "concat_linear_weights",
+    "fuse_inputs",
     "l2_normalize",
     "rms_norm",
     "short_conv_step",

@@ -46,3 +46,24 @@ def test_swiglu_forward_fused():
     mlp = SwiGLU(12, 20).double()
     x = torch.randn(3, 1, 12, dtype=F64)
     torch.testing.assert_close(mlp.forward_fused(x, mlp.decode_weights()), mlp(x), rtol=0, atol=1e-12)
+
+
+def test_fuse_inputs_equals_the_modules_and_shares_its_conv_state():
+    """FusedInputs == each Linear (+ its ShortConvolution, states carried) token by token; the returned views write
+    into the fused conv state; convs that do not follow the linears are refused."""
+    from hybrid_attention.modules import fuse_inputs
+
+    torch.manual_seed(3)
+    lins = [nn.Linear(8, n, bias=False).double() for n in (6, 4, 3)]
+    convs = [ShortConvolution(n, 4, "silu").double() for n in (6, 4)]
+    states = [torch.randn(2, n, 3, dtype=F64) for n in (6, 4)]
+    fused, views = fuse_inputs(lins, convs, states, "cpu", F64)
+    x = torch.randn(2, 5, 8, dtype=F64)
+    refs = [conv(lin(x), st)[0] for lin, conv, st in zip(lins, convs, states)] + [lins[2](x)]
+    steps = [fused(x[:, t]) for t in range(5)]
+    for i, ref in enumerate(refs):
+        torch.testing.assert_close(torch.stack([s[i] for s in steps], 1), ref, rtol=0, atol=1e-12)
+    views[1].zero_()
+    assert fused.conv_state[:, 6:].abs().max() == 0 and fused.conv_state[:, :6].abs().max() > 0
+    with pytest.raises(ValueError, match="convs must follow the first linears"):
+        fuse_inputs(lins, convs[::-1], states[::-1], "cpu", F64)
