@@ -50,6 +50,7 @@ from hybrid_attention.layers.base import StaticState, has_static_step
 from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.models.padding import RowStates, left_padding_lengths
+from hybrid_attention.ops.common.triton import interpreting
 
 # torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
 # autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
@@ -87,6 +88,9 @@ class StaticDecoder:
         self.natsl_cache_chunks = natsl_cache_chunks
         self.device, self.dtype = w.device, dtype
         self.use_kernels = w.is_cuda if use_kernels is None else bool(use_kernels)
+        if self.use_kernels and not w.is_cuda and not interpreting():
+            raise ValueError(f"use_kernels=True needs a CUDA model or TRITON_INTERPRET=1 (the CPU interpreter); the "
+                             f"model is on {w.device} (use_kernels=False runs the PyTorch step)")
         mixers = [blk.mixer for blk in model.model.layers]
         for mixer in mixers:
             if not has_static_step(mixer):

@@ -314,3 +314,14 @@ def test_flex_compiled_forward_uses_block_lists():
         except Exception as e:  # pragma: no cover - toolchain dependent
             pytest.skip(f"torch.compile(flex_attention) unavailable on this CPU: {type(e).__name__}: {e}")
     assert max_err(o.double(), ref) < 1e-5
+
+
+@pytest.mark.parametrize("qb", [8, 24])
+def test_dkv_query_step_below_a_dot_tile_is_refused(qb: int) -> None:
+    """A dk/dv query step below 16 rows compiles in the interpreter but not for a GPU (tl.dot's smallest tile): one
+    line naming the field, at construction."""
+    from hybrid_attention.ops.chunk_attention.triton.config import ChunkAttentionConfig
+
+    with pytest.raises(ValueError, match=rf"^dkv_qb must be a power of two >= 16 .*got {qb}$"):
+        ChunkAttentionConfig(dkv_qb=qb)
+    assert ChunkAttentionConfig(dkv_qb=16).dkv_qb == 16

@@ -166,12 +166,13 @@ def test_chunk_table():
 )
 def test_bad_arguments(kwargs, msg):
     tensors, _, _, _ = _problem((20,), 16, 16, 16, seed=1, with_state=False)
+    kwargs = {n: t.to(DEV) for n, t in kwargs.items()}  # on the inputs' device: the message under test, not placement
     with pytest.raises(ValueError, match=msg):
         triton_interdomain(*_f32(tensors)[:6], **kwargs)
     q = _f32(tensors)[0]
     with pytest.raises(ValueError, match=r"^cu_seqlens requires inputs of batch size 1"):
-        triton_interdomain(*[q.expand(2, -1, -1, -1).contiguous()] * 2,
-                           torch.randn(2, 20, H, 16), *_f32(tensors)[3:6], cu_seqlens=torch.tensor([0, 20]))
+        triton_interdomain(*[q.expand(2, -1, -1, -1).contiguous()] * 2, torch.randn(2, 20, H, 16, device=DEV),
+                           *_f32(tensors)[3:6], cu_seqlens=torch.tensor([0, 20], device=DEV))
 
 
 def test_custom_op_opcheck_packed():
@@ -213,7 +214,7 @@ def test_s4d_bilinear_packed_triton_equals_per_document_reference(fuse_dz):
     def run(fn, ts, **kw):
         leaves = [t.clone().requires_grad_() for t in ts]
         o, fin = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, **kw)
-        loss = (o.to(F64) * do).sum() + (fin.conj() * dfin.to(fin.dtype)).real.sum()
+        loss = (o.to(F64) * do.to(o.device)).sum() + (fin.conj() * dfin.to(fin.device, fin.dtype)).real.sum()
         return {"o": o, "final": fin, **{"d" + n: x for n, x in zip(names, torch.autograd.grad(loss, leaves))}}
 
     ref = run(chunk_s4d_bilinear, [a, b, log_lam, B, C, X0], chunk_size=8)

@@ -158,23 +158,26 @@ def test_gated_delta_control_without_cu_seqlens_differs() -> None:
 # chunk attention
 
 
-def _attn_inputs(lengths, frac: float, seed: int, Hs: int = 4, G: int = 2, D: int = 16):
+def _attn_inputs(lengths, frac: float, seed: int, Hs: int = 4, G: int = 2, D: int = 16, chunk: int = C):
     gen = torch.Generator().manual_seed(seed)
-    T, Nc = sum(lengths), n_chunks(lengths)
+    T, Nc = sum(lengths), n_chunks(lengths, chunk)
     q, k, v = (torch.randn(1, T, Hs, D, generator=gen) for _ in range(3))
     routing = torch.rand(1, Nc, Hs // G, generator=gen) < frac
     bias = 0.3 * torch.randn(1, Nc, Hs // G, generator=gen)
     return q, k, v, routing, bias
 
 
-@pytest.mark.parametrize("lengths,frac,G,with_bias,dkv_qb", [
-    (LENGTHS, 0.6, 2, True, 64),
-    ((40, 19), 1.0, 2, True, 64),
-    ((21, 1, 35), 0.7, 1, False, 8),  # dk/dv query steps of 8 < C rows: own chunk in two steps, tiles cross doc ends
+@pytest.mark.parametrize("lengths,frac,G,with_bias,dkv_qb,chunk", [
+    (LENGTHS, 0.6, 2, True, 64, C),
+    ((40, 19), 1.0, 2, True, 64, C),
+    # dk/dv query steps of 16 < 32 rows (tl.dot's smallest tile on a GPU is 16): own chunk in two steps, the tiles
+    # cross document ends
+    ((21, 1, 35, 44), 0.7, 1, False, 16, 32),
 ])
 def test_chunk_attention_packed_matches_separate(lengths: tuple[int, ...], frac: float, G: int, with_bias: bool,
-                                                 dkv_qb: int) -> None:
-    q, k, v, routing, bias = _attn_inputs(lengths, frac, seed=sum(lengths), Hs=2 * G, G=G)
+                                                 dkv_qb: int, chunk: int) -> None:
+    C = chunk  # noqa: N806 (the chunk size of this case)
+    q, k, v, routing, bias = _attn_inputs(lengths, frac, seed=sum(lengths), Hs=2 * G, G=G, chunk=C)
     cu = cu_seqlens_from_lengths(lengths)
     ref = [_leaf(x, F64, "cpu") for x in (q, k, v, bias)]
     if not with_bias:

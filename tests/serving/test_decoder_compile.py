@@ -66,8 +66,9 @@ def test_inductor_compiled_step_with_fused_kernels():
     """The compiled step over the registered fused decode ops (Triton; the interpreter on the CPU): Interdomain's op
     mutates its state, which inductor must functionalise (a complex state failed with "auto_functionalized_v2 was not
     removed" on the H200; the op now takes real views). GDN and softmax beside it; equals the plain step."""
-    model = make_model(["interdomain", "gdn", "softmax"], dtype=torch.float32, readout="real")
-    ids = torch.randint(0, 259, (2, 12))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels natively on a GPU, else the interpreter
+    model = make_model(["interdomain", "gdn", "softmax"], dtype=torch.float32, readout="real").to(dev)
+    ids = torch.randint(0, 259, (2, 12), device=dev)
     dec = StaticDecoder(model, 2, 16, use_kernels=True, compile=True)
     ref = StaticDecoder(model, 2, 16, use_kernels=True, compile=False)
     dec.prefill(ids[:, :9])
@@ -76,3 +77,11 @@ def test_inductor_compiled_step_with_fused_kernels():
         out = dec.step(ids[:, i:i + 1]).clone()
         assert torch.allclose(out, ref.step(ids[:, i:i + 1]), atol=1e-5, rtol=0)
     assert torch.allclose(dec.states[0].ssm, ref.states[0].ssm, atol=1e-6, rtol=0)
+
+
+def test_kernels_on_cpu_without_the_interpreter_are_refused(monkeypatch):
+    """use_kernels=True on a CPU model needs the Triton interpreter; without it, one line instead of a Triton launch
+    error on CPU pointers (what the H200 run of the test above showed)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"^use_kernels=True needs a CUDA model or TRITON_INTERPRET=1"):
+        StaticDecoder(make_model("gdn", dtype=torch.float32), 1, 8, use_kernels=True)

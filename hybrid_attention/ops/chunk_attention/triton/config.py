@@ -34,5 +34,10 @@ class ChunkAttentionConfig(KernelConfig):
     dkv_warps: int = 4
     dkv_stages: int = 2
 
+    def __post_init__(self) -> None:
+        # tl.dot's smallest tile is 16 rows on a GPU (the interpreter does not check it: a GPU-only failure).
+        if self.dkv_qb < 16 or self.dkv_qb & (self.dkv_qb - 1):
+            raise ValueError(f"dkv_qb must be a power of two >= 16 (tl.dot's smallest tile), got {self.dkv_qb}")
+
 
 DEFAULT_CONFIG = ChunkAttentionConfig()
