@@ -8,7 +8,11 @@ For every mixer name in ``hybrid_attention.models.mixers.MIXER_BUILDERS`` (read 
 covered) it builds ``HybridConfig.from_preset("small", layers=[name, name])`` with float32 weights in train mode,
 runs loss = LM loss of random tokens and its backward in eager mode, then the same through ``torch.compile(model)``
 (same parameters, same seed), and compares: loss relative difference and the largest relative RMS
-||g_compiled - g_eager|| / ||g_eager|| over the parameters. Bars (bf16): loss 1e-2 relative, gradients 5e-2.
+||g_compiled - g_eager|| / ||g_eager|| over the parameters. Bars (bf16): loss 1e-2 relative; a parameter's gradient
+passes when within 5e-2 of eager, or when it is no further from the float32 eager gradient (autocast off) than twice
+eager bf16's own distance from it (NOISE_RATIO): compiled code is then as accurate as eager at this precision. The
+second rule exists for gradients that sum over every token (GDN's A_log: 5.2e-2 compiled vs eager on the H200, both
+bf16 roundings of the same float32 value); it still fails a wrong compiled gradient, which is far from float32.
 One table row per mixer with PASS / FAIL; an exception (compile or run) is caught per mixer and printed on one
 line (FAIL, not fatal). Graph breaks counted by Dynamo are reported (a break is not a failure). With ``--out`` (default
 ``$OUT``) set, the rows go to ``<--out>/gpu_compile_check.json``. Exit status 0 only if every row passed.
@@ -27,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-LOSS_BAR, GRAD_BAR = 1e-2, 5e-2
+LOSS_BAR, GRAD_BAR, NOISE_RATIO = 1e-2, 5e-2, 2.0
 TINY = dict(hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
 
 
@@ -57,6 +61,32 @@ def loss_and_grads(model, fn, ids, amp: bool, device: str):
     return loss.detach().float().item(), grads
 
 
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| (nan propagates)."""
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def judge_grads(g_c: dict, g_e: dict, g_32: dict | None) -> tuple[bool, float, str | None, float | None]:
+    """(pass, worst compiled-vs-eager rel-RMS, its parameter, worst noise ratio) over the parameters both sides have.
+
+    A gradient passes within GRAD_BAR of eager; outside it, when rel_rms(compiled, fp32) <= NOISE_RATIO ·
+    rel_rms(eager, fp32) (``g_32``: float32 eager gradients; None: the plain bar alone decides). The ratio is None
+    when no gradient needed it."""
+    ok, worst, worst_name, worst_ratio = True, 0.0, None, None
+    for n, ge in g_e.items():
+        if n not in g_c:
+            continue
+        r = rel_rms(g_c[n], ge)
+        if not r < worst:  # nan counts as worst
+            worst, worst_name = r, n
+        if r <= GRAD_BAR:
+            continue
+        ratio = rel_rms(g_c[n], g_32[n]) / max(rel_rms(ge, g_32[n]), 1e-30) if g_32 is not None else float("inf")
+        ok = ok and ratio <= NOISE_RATIO  # nan fails
+        worst_ratio = ratio if worst_ratio is None or not ratio < worst_ratio else worst_ratio
+    return ok, worst, worst_name, worst_ratio
+
+
 def compare(name: str, args, device: str) -> dict:
     import torch._dynamo
 
@@ -78,16 +108,11 @@ def compare(name: str, args, device: str) -> dict:
     row["graph_breaks"] = int(sum(torch._dynamo.utils.counters["graph_break"].values()))
     row["loss_eager"], row["loss_compiled"] = l_e, l_c
     row["loss_rel"] = abs(l_c - l_e) / max(abs(l_e), 1e-30)
-    worst, worst_name = 0.0, None
+    g_32 = loss_and_grads(model, model, ids, False, device)[1] if amp else None  # the float32 reference
     missing = sorted(set(g_e) ^ set(g_c))
-    for n, ge in g_e.items():
-        if n not in g_c:
-            continue
-        r = ((g_c[n] - ge).norm() / ge.norm().clamp_min(1e-30)).item()
-        if not r < worst:  # nan counts as worst
-            worst, worst_name = r, n
-    row["grad_rel_rms"], row["grad_worst_param"] = worst, worst_name
-    ok = row["loss_rel"] <= LOSS_BAR and worst <= GRAD_BAR and not missing
+    grads_ok, worst, worst_name, worst_ratio = judge_grads(g_c, g_e, g_32)
+    row["grad_rel_rms"], row["grad_worst_param"], row["grad_noise_ratio"] = worst, worst_name, worst_ratio
+    ok = row["loss_rel"] <= LOSS_BAR and grads_ok and not missing
     if missing:
         row["error"] = f"gradients missing on one side: {missing[:4]}"
     row["status"] = "PASS" if ok else "FAIL"
@@ -155,14 +180,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(f"| mixer | params (M) | loss eager | loss compiled | loss rel (<= {LOSS_BAR:g}) | "
-          f"grad max rel-RMS (<= {GRAD_BAR:g}) | worst param | graph breaks | eager s | compile+run s | result |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+          f"grad max rel-RMS (<= {GRAD_BAR:g}) | worst param | vs fp32 / eager's (<= {NOISE_RATIO:g}) | "
+          f"graph breaks | eager s | compile+run s | result |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for r in rows:
         res = r["status"] + (f" ({r['error']})" if r.get("error") else "")
         print(f"| {r['mixer']} | {f(r, 'params_m', '.2f')} | {f(r, 'loss_eager', '.5f')} | "
               f"{f(r, 'loss_compiled', '.5f')} | {f(r, 'loss_rel', '.2e')} | {f(r, 'grad_rel_rms', '.2e')} | "
-              f"{r.get('grad_worst_param') or '-'} | {f(r, 'graph_breaks', 'd')} | {f(r, 'eager_s', '.1f')} | "
-              f"{f(r, 'compiled_first_s', '.1f')} | {res} |")
+              f"{r.get('grad_worst_param') or '-'} | {f(r, 'grad_noise_ratio', '.2f')} | "
+              f"{f(r, 'graph_breaks', 'd')} | {f(r, 'eager_s', '.1f')} | {f(r, 'compiled_first_s', '.1f')} | {res} |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gpu_compile_check.json"), "w") as fh:
