@@ -475,11 +475,6 @@ def _bwd_k_kernel(
         m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
     else:
         m = 1.0
-    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
-    msk = tm[:, None] & km[None, :]
-    Qk = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
-    Kk = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
-
     dQt = tl.zeros([C, BK], dtype=tl.float32)
     dw = tl.zeros([C, BK], dtype=tl.float32)
     dKt = tl.zeros([C, BK], dtype=tl.float32)
@@ -504,6 +499,11 @@ def _bwd_k_kernel(
         dKt += tl.dot(vn, tl.trans(dhk), input_precision=PREC)
         sig += tl.sum(Sk * dhk, 1)
 
+    # q̂, k̂ of this K slice: loaded after the V loop, which does not read them (fewer fp32 tiles live in the loop)
+    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
+    msk = tm[:, None] & km[None, :]
+    Qk = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
+    Kk = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
     dPD = tl.load(dPD_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :])
     eG = tl.exp(Gt)
     eL = tl.exp(Gl - Gt)
