@@ -503,6 +503,15 @@ def _chunk_bwd(
             gS = tl.where(causal, gS, 0.0)
             gbv_re = gp_re * din_re + gp_im * din_im
             gbv_im = gp_im * din_re - gp_re * din_im
+            # gB += Σ_t gp conj(pt) ; g log λ += conj(B) Σ_t gp conj(ptD) (pt, ptD recomputed)
+            pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
+            gb_re += tl.sum(gp_re * pt_re + gp_im * pt_im, axis=0)
+            gb_im += tl.sum(gp_im * pt_re - gp_re * pt_im, axis=0)
+            ptd_re, ptd_im = _decay_d(S, Sb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC, HAS_CROSS)
+            h_re = tl.sum(gp_re * ptd_re + gp_im * ptd_im, axis=0)
+            h_im = tl.sum(gp_im * ptd_re - gp_re * ptd_im, axis=0)
+            gl_re += b_re * h_re + b_im * h_im
+            gl_im += b_re * h_im - b_im * h_re
             xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
             xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
             dqi = tl.dot(gS, kc.to(tl.float32), input_precision=DOT_PREC)
@@ -530,15 +539,6 @@ def _chunk_bwd(
             u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
             gl_re += tl.sum(tw * (gbv_re * u_re + gbv_im * u_im), axis=0)
             gl_im += tl.sum(tw * (gbv_im * u_re - gbv_re * u_im), axis=0)
-            # gB += Σ_t gp conj(pt) ; g log λ += conj(B) Σ_t gp conj(ptD) (pt, ptD recomputed)
-            pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
-            gb_re += tl.sum(gp_re * pt_re + gp_im * pt_im, axis=0)
-            gb_im += tl.sum(gp_im * pt_re - gp_re * pt_im, axis=0)
-            ptd_re, ptd_im = _decay_d(S, Sb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC, HAS_CROSS)
-            h_re = tl.sum(gp_re * ptd_re + gp_im * ptd_im, axis=0)
-            h_im = tl.sum(gp_im * ptd_re - gp_re * ptd_im, axis=0)
-            gl_re += b_re * h_re + b_im * h_im
-            gl_im += b_re * h_im - b_im * h_re
 
     if HAS_CROSS:  # several sub-chunks: the accumulated per-chunk outputs
         if KEY:
