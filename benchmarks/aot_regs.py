@@ -1,8 +1,16 @@
 """Registers / spills / shared memory of the state-scan Triton kernels shared by Interdomain and the bilinear S4D op
-(``hybrid_attention.ops.common.triton.ssm_scan_kernels``) for sm_90, compiled ahead of time on a machine without a
-GPU: ``triton.compile`` for GPUTarget("cuda", 90, 64), then the wheel's ``ptxas -v`` on the PTX.
+(``hybrid_attention.ops.common.triton.ssm_scan_kernels``) and of the Interdomain chunk kernels
+(``hybrid_attention.ops.interdomain.triton.kernels``) for sm_90, compiled ahead of time on a machine without a
+GPU: ``triton.compile`` for GPUTarget("cuda", 90, 64), then ``ptxas -v`` (the one triton
+uses for that target) on the PTX.
 
     python benchmarks/aot_regs.py            # the benchmark shape: R = D = M = 64, L = 32, bf16 activations
+    python benchmarks/aot_regs.py --chunk-only --set warps_chunk_fwd=8 --set bwd_split=1   # another config
+
+The chunk kernels compile with the constexprs and warps of the launch in ``interdomain/triton/ops.py`` under
+``DEFAULT_CONFIG`` (GPU: DOT_PREC = dot_prec, LP_DOT for the bf16 q/k), once per readout variant (CONJ_P False:
+"transpose", True: "hermitian"); the forward's output ``o`` is bf16 (the activation dtype; "real" and the
+denominator write float32, which does not change the kernel's tiles).
 
 Prints one line per kernel variant: registers per thread, spill stores / loads (bytes), static shared memory (bytes
 reported by triton for the launch). A kernel with > 0 spill bytes or 255 registers is the first suspect of a slow stage.
@@ -11,6 +19,7 @@ reported by triton for the launch). A kernel with > 0 spill bytes or 255 registe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -19,32 +28,51 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from hybrid_attention.ops.common.triton import ssm_scan_kernels as K  # noqa: E402
+from hybrid_attention.ops.interdomain.triton import kernels as IK  # noqa: E402
+from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG, InterdomainConfig  # noqa: E402
+from hybrid_attention.ops.interdomain.triton.ops import kernel_chunk  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 64)
 INT_ARGS = {"T", "H", "M", "R", "D", "NT"}
 BF16_ARGS = {"q", "k", "v", "do"}  # activations in the benchmark; every buffer the host allocates is float32
+INT_PTR_ARGS = {"cu", "ci"}  # varlen chunk tables (never read by a dense launch)
+# The JIT launch specialises every 16-byte-aligned pointer (torch allocations are) and every int divisible by 16 as
+# tt.divisibility 16, which decides the load/store vector widths (and so the registers); the model dims M, R, D (64
+# here) always are, T / H / NT depend on the call and stay generic.
+DIV16_INTS = {"M", "R", "D"}
 
 
 def _ptxas() -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    """The ptxas triton itself runs for sm_90 (from 3.9 on the wheel's newer ``ptxas-blackwell``: the PTX it emits
+    has a version the legacy ``ptxas`` refuses)."""
+    return get_ptxas(TARGET.arch).path
 
 
-def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int) -> dict:
-    """AOT-compiles ``fn`` (a @triton.jit kernel) for sm_90 and returns {regs, spill_st, spill_ld, smem}."""
+def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, bf16_args: set[str] = BF16_ARGS) -> dict:
+    """AOT-compiles ``fn`` (a @triton.jit kernel) for sm_90 and returns {regs, spill_st, spill_ld, smem}; pointer
+    arguments named in ``bf16_args`` are bf16, ``cu`` / ``ci`` int32, the others float32; pointers and the
+    ``DIV16_INTS`` carry the launch's divisibility-16 specialisation."""
     jit = fn
     sig = {}
-    for name in jit.arg_names:
+    attrs = {}
+    for i, name in enumerate(jit.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name in INT_ARGS:
+            continue
+        if name in INT_ARGS:
             sig[name] = "i32"
+        elif name in INT_PTR_ARGS:
+            sig[name] = "*i32"
         else:
-            sig[name] = "*bf16" if name in BF16_ARGS else "*fp32"
-    src = triton.compiler.ASTSource(fn=jit, signature=sig, constexprs=constexprs)
+            sig[name] = "*bf16" if name in bf16_args else "*fp32"
+        if name not in INT_ARGS or name in DIV16_INTS:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=jit, signature=sig, constexprs=constexprs, attrs=attrs)
     ck = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
@@ -87,14 +115,63 @@ def variants(BT: int = 32, M: int = 64, NC: int = 128):
     )
 
 
+def chunk_variants(
+    cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, R: int = 64, D: int = 64
+):
+    """(label, kernel, constexprs, warps, stages, bf16 args) of the Interdomain chunk kernels as ``ops.py`` launches
+    them on the GPU with ``cfg`` (dense inputs, bf16 q/k/v/do, bf16 o), one per readout variant (CONJ_P) and, for the
+    backward, per launch part (PART 0 fused, or 1 / 2 when ``cfg.bwd_split``)."""
+    BT = kernel_chunk(chunk_size, cfg)
+    common = {
+        "IS_VARLEN": False,
+        "BT": BT,
+        "BC": min(cfg.BC, BT),
+        "BR": triton.next_power_of_2(R),
+        "BD": triton.next_power_of_2(D),
+        "BM": triton.next_power_of_2(M),
+        "DOT_PREC": cfg.dot_prec,
+        "LP_DOT": True,
+    }
+    parts = (1, 2) if cfg.bwd_split else (0,)
+    for conj in (False, True):
+        ro = "herm" if conj else "trans"
+        fwd = {**common, "CONJ_P": conj}
+        label = f"chunk_fwd {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_fwd}"
+        yield label, IK._chunk_fwd, fwd, cfg.warps_chunk_fwd, cfg.stages, BF16_ARGS | {"o"}
+        for part in parts:
+            bwd = {**common, "CONJ_P": conj, "PART": part}
+            label = f"chunk_bwd{part} {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_bwd}"
+            yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS
+
+
+def _print(label: str, r: dict) -> None:
+    spills = f"{r['spill_st']:4d}/{r['spill_ld']:4d} B"
+    print(f"{label:34s} regs {r['regs']:3d}  spill st/ld {spills}  smem {r['smem']} B")
+
+
+def _config(pairs: list[str]) -> InterdomainConfig:
+    """``DEFAULT_CONFIG`` with ``key=value`` overrides (typed as the default's field: int, bool 0/1, str)."""
+    changes = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        old = getattr(DEFAULT_CONFIG, key)
+        changes[key] = bool(int(value)) if isinstance(old, bool) else type(old)(value)
+    return dataclasses.replace(DEFAULT_CONFIG, **changes)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print the registers, spills and shared memory of every kernel variant (no options)."""
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    """Print the registers, spills and shared memory of every kernel variant."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunk-only", action="store_true", help="only the Interdomain chunk kernels")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="InterdomainConfig override")
+    args = ap.parse_args(argv)
+    cfg = _config(args.set)
     print(f"sm_90 AOT compile (triton {triton.__version__}), BT=32, M=64, R=D=64")
-    for label, fn, cfg, warps, stages in variants():
-        r = compile_report(fn, cfg, warps, stages)
-        spills = f"{r['spill_st']:4d}/{r['spill_ld']:4d} B"
-        print(f"{label:34s} regs {r['regs']:3d}  spill st/ld {spills}  smem {r['smem']} B")
+    if not args.chunk_only:
+        for label, fn, cx, warps, stages in variants():
+            _print(label, compile_report(fn, cx, warps, stages))
+    for label, fn, cx, warps, stages, bf16 in chunk_variants(cfg):
+        _print(label, compile_report(fn, cx, warps, stages, bf16))
 
 
 if __name__ == "__main__":

@@ -201,6 +201,57 @@ def _chunk_fwd(
 
 
 @triton.jit
+def _decay(X, Xb, a_re, a_im, g_re, g_im, cross, DOT_PREC: tl.constexpr, HAS_CROSS: tl.constexpr):
+    """Σ_s X[t, s] λ^{t-s} of one sub-chunk's [BC, BT] tile X (Xb = its band): the cross part a · (X[:, :b_i] @ G_i)
+    when HAS_CROSS, plus band(X) @ P[0:BC]. Returns the [BC, BM] (re, im) pair."""
+    if HAS_CROSS:
+        Xx = tl.where(cross[None, :], X, 0.0)
+        y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
+        y_im = tl.dot(Xx, g_im, input_precision=DOT_PREC)
+        o_re, o_im = _cmul(a_re, a_im, y_re, y_im)
+    else:
+        o_re = tl.zeros_like(a_re)
+        o_im = tl.zeros_like(a_im)
+    o_re += tl.dot(Xb, a_re, input_precision=DOT_PREC)
+    o_im += tl.dot(Xb, a_im, input_precision=DOT_PREC)
+    return o_re, o_im
+
+
+@triton.jit
+def _decay_d(X, Xb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC: tl.constexpr, HAS_CROSS: tl.constexpr):
+    """Σ_s X[t, s] (t-s) λ^{t-s} ([BC, BM] re, im), as ``_decay``; (t-s) = (t-b_i) + (b_i-s) on the cross part (tcf:
+    t-b_i per row, gidf: b_i-s per column), the band offset d (dcol) on the diagonal block."""
+    if HAS_CROSS:
+        Xx = tl.where(cross[None, :], X, 0.0)
+        yd_re = tl.dot(Xx, gidf * g_re, input_precision=DOT_PREC)
+        yd_im = tl.dot(Xx, gidf * g_im, input_precision=DOT_PREC)
+        o_re, o_im = _cmul(a_re, a_im, yd_re, yd_im)
+        y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
+        y_im = tl.dot(Xx, g_im, input_precision=DOT_PREC)
+        c_re, c_im = _cmul(a_re, a_im, y_re, y_im)
+        o_re += tcf * c_re
+        o_im += tcf * c_im
+    else:
+        o_re = tl.zeros_like(a_re)
+        o_im = tl.zeros_like(a_im)
+    Xbd = Xb * dcol
+    o_re += tl.dot(Xbd, a_re, input_precision=DOT_PREC)
+    o_im += tl.dot(Xbd, a_im, input_precision=DOT_PREC)
+    return o_re, o_im
+
+
+@triton.jit
+def _put(acc, x, ptrs, mask, ACC: tl.constexpr):
+    """One sub-chunk's contribution x to a per-chunk output: acc + x when ACC (several sub-chunks; the store follows
+    the loop), else x stored now (so no finished tile stays live through the rest of the chunk) and acc returned."""
+    if ACC:
+        acc += x
+    else:
+        tl.store(ptrs, x, mask=mask)
+    return acc
+
+
+@triton.jit
 def _chunk_bwd(
     q,
     k,
@@ -279,6 +330,8 @@ def _chunk_bwd(
     tcf = offs_tc.to(tl.float32)[:, None]
     dcol = offs_tc.to(tl.float32)[None, :]  # the offset d of a band column
 
+    # per-chunk outputs: accumulated over the sub-chunks and stored after the loop when there are several
+    # (HAS_CROSS), else stored as soon as they are final (the accumulators below are then dead)
     if VAL:
         dv_acc = tl.zeros([BT, BD], dtype=tl.float32)
         gk_re = tl.zeros([BM, BM], dtype=tl.float32)
@@ -293,7 +346,17 @@ def _chunk_bwd(
     gb_im = tl.zeros([BM], dtype=tl.float32)
     gl_re = tl.zeros([BM], dtype=tl.float32)
     gl_im = tl.zeros([BM], dtype=tl.float32)
+    dxb = dxloc + (i_bh * NT + i_t) * 2 * M * NC
+    gkb = gk_part + (i_bh * NT + i_t) * 2 * M * M
+    pk = offs_m[:, None] * M + offs_m[None, :]
+    px = offs_m[:, None] * NC
+    pv = offs_s[:, None] * (H * D) + offs_d[None, :]
+    pr = offs_s[:, None] * (H * R) + offs_r[None, :]
+    cmask_r = col_ok[:, None] & mask_r[None, :]
+    cmask_d = col_ok[:, None] & mask_d[None, :]
 
+    # Order (register pressure): every tile is computed next to its uses and the cheap ones (r·B, r·Din, the
+    # forward sums pt / ptD, u = q X0kᵀ) are recomputed where needed again instead of kept live.
     for i in range(BT // BC):
         bi = i * BC
         t_abs = bi + offs_tc
@@ -301,9 +364,7 @@ def _chunk_bwd(
         rmask_r = row_ok[:, None] & mask_r[None, :]
         rmask_d = row_ok[:, None] & mask_d[None, :]
         tw = (t_abs + 1).to(tl.float32)[:, None]
-        kc = tl.load(
-            k + tok_r + offs_s[:, None] * (H * R) + offs_r[None, :], mask=col_ok[:, None] & mask_r[None, :], other=0.0
-        )
+        kc = tl.load(k + tok_r + pr, mask=cmask_r, other=0.0)
         qi = tl.load(q + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], mask=rmask_r, other=0.0)
         qf = qi.to(tl.float32)
         causal = (offs_s[None, :] <= t_abs[:, None]) & row_ok[:, None] & col_ok[None, :]
@@ -312,44 +373,29 @@ def _chunk_bwd(
         else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
             S = tl.dot(qf, tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
         S = tl.where(causal, S, 0.0)
-        # ---- forward recompute: pt = Σ_s S λ^{t-s} (and ptd = Σ_s S (t-s) λ^{t-s} for the key side) ----
-        if HAS_CROSS:
+        Sb = _band(S, t_abs, offs_tc)
+        if HAS_CROSS:  # columns of earlier sub-chunks: λ^{t-s} = λ^{t-b_i} λ^{b_i-s}
             cross = offs_s < bi
-            Sx = tl.where(cross[None, :], S, 0.0)
             gm = cross[:, None] & am
             gidx = tl.where(cross, bi - offs_s, 0)
             g_re = tl.load(ptab + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
             g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
             gidf = gidx.to(tl.float32)[:, None]
-            y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
-            y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
-            pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
-            if KEY:
-                yd_re = tl.dot(Sx, gidf * g_re, input_precision=DOT_PREC)
-                yd_im = tl.dot(Sx, gidf * g_im, input_precision=DOT_PREC)
-                ptd_re, ptd_im = _cmul(a_re, a_im, yd_re, yd_im)
-                ptd_re += tcf * pt_re
-                ptd_im += tcf * pt_im
-        else:
-            pt_re = tl.zeros([BC, BM], dtype=tl.float32)
-            pt_im = tl.zeros([BC, BM], dtype=tl.float32)
-            if KEY:
-                ptd_re = tl.zeros([BC, BM], dtype=tl.float32)
-                ptd_im = tl.zeros([BC, BM], dtype=tl.float32)
-        Sb = _band(S, t_abs, offs_tc)
-        pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
-        pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
-        if KEY:
-            Sbd = Sb * dcol
-            ptd_re += tl.dot(Sbd, a_re, input_precision=DOT_PREC)
-            ptd_im += tl.dot(Sbd, a_im, input_precision=DOT_PREC)
+        else:  # placeholders of the cross terms (never read)
+            cross = col_ok
+            g_re = a_re
+            g_im = a_im
+            gidf = tcf
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
-        xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xml, other=0.0)
-        xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xml, other=0.0)
-        u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
-        u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
-        if VAL:
+        doi = tl.load(do + tok_d + t_abs[:, None] * (H * D) + offs_d[None, :], mask=rmask_d, other=0.0).to(tl.float32)
+
+        if VAL:  # ---- forward recompute: p = B pt + Din u, r = K p (conj(p) for CONJ_P), W ----
+            pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
+            xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
+            xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
+            u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
+            u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
             p_re, p_im = _cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
             du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
             p_re += du_re
@@ -373,72 +419,70 @@ def _chunk_bwd(
             )
             W += _unband(wb, t_abs, offs_tc, offs_s, BC)
             W = tl.where(causal, W, 0.0)
-            ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
+            dv_acc = _put(
+                dv_acc, tl.dot(tl.trans(W), doi, input_precision=DOT_PREC), dv + tok_d + pv, cmask_d, HAS_CROSS
+            )
 
-        # ---- backward of the chunk ----
-        vc = tl.load(
-            v + tok_d + offs_s[:, None] * (H * D) + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0
-        )
-        doi = tl.load(do + tok_d + t_abs[:, None] * (H * D) + offs_d[None, :], mask=rmask_d, other=0.0).to(tl.float32)
+        # ---- backward of the chunk: Fw = Σ_s dW λ^{t-s}, g_a = dO conj(X0v)ᵀ, gr = conj(Fw B) + g_a conj(Din) ----
+        vc = tl.load(v + tok_d + pv, mask=cmask_d, other=0.0)
         dW = tl.where(causal, tl.dot(doi, tl.trans(vc.to(tl.float32)), input_precision=DOT_PREC), 0.0)
-        if VAL:
-            dv_acc += tl.dot(tl.trans(W), doi, input_precision=DOT_PREC)
-        # Fw = Σ_s dW λ^{t-s} (and FwD = Σ_s dW (t-s) λ^{t-s} for the value side)
-        if HAS_CROSS:
-            dWx = tl.where(cross[None, :], dW, 0.0)
-            fy_re = tl.dot(dWx, g_re, input_precision=DOT_PREC)
-            fy_im = tl.dot(dWx, g_im, input_precision=DOT_PREC)
-            fw_re, fw_im = _cmul(a_re, a_im, fy_re, fy_im)
-            if VAL:
-                fyd_re = tl.dot(dWx, gidf * g_re, input_precision=DOT_PREC)
-                fyd_im = tl.dot(dWx, gidf * g_im, input_precision=DOT_PREC)
-                fwd_re, fwd_im = _cmul(a_re, a_im, fyd_re, fyd_im)
-                fwd_re += tcf * fw_re
-                fwd_im += tcf * fw_im
-        else:
-            fw_re = tl.zeros([BC, BM], dtype=tl.float32)
-            fw_im = tl.zeros([BC, BM], dtype=tl.float32)
-            if VAL:
-                fwd_re = tl.zeros([BC, BM], dtype=tl.float32)
-                fwd_im = tl.zeros([BC, BM], dtype=tl.float32)
         dWb = _band(dW, t_abs, offs_tc)
-        fw_re += tl.dot(dWb, a_re, input_precision=DOT_PREC)
-        fw_im += tl.dot(dWb, a_im, input_precision=DOT_PREC)
-        if VAL:
-            dWbd = dWb * dcol
-            fwd_re += tl.dot(dWbd, a_re, input_precision=DOT_PREC)
-            fwd_im += tl.dot(dWbd, a_im, input_precision=DOT_PREC)
-        xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vml, other=0.0)
-        xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vml, other=0.0)
-        # g_a = dO conj(X0v)^T ; gr = conj(Fw * B) + g_a * conj(Din)
+        fw_re, fw_im = _decay(dW, dWb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
+        xv_re = tl.load(x_base + px + R + offs_d[None, :], mask=vml, other=0.0)
+        xv_im = tl.load(x_base + M * NC + px + R + offs_d[None, :], mask=vml, other=0.0)
         ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
         ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)
         fb_re, fb_im = _cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
         gr_re = fb_re + ga_re * din_re + ga_im * din_im
         gr_im = -fb_im + ga_im * din_re - ga_re * din_im
         if VAL:
-            # grad K += gr^T conj(p) ; local adjoint of X0v += conj(a)^T dO
-            gk_re += tl.dot(tl.trans(gr_re), p_re, input_precision=DOT_PREC) + tl.dot(
-                tl.trans(gr_im), p_im, input_precision=DOT_PREC
+            # grad K += grᵀ conj(p) ; gB += conj(Σ_t Fw r)
+            gk_re = _put(
+                gk_re,
+                tl.dot(tl.trans(gr_re), p_re, input_precision=DOT_PREC)
+                + tl.dot(tl.trans(gr_im), p_im, input_precision=DOT_PREC),
+                gkb + pk,
+                km,
+                HAS_CROSS,
             )
-            gk_im += tl.dot(tl.trans(gr_im), p_re, input_precision=DOT_PREC) - tl.dot(
-                tl.trans(gr_re), p_im, input_precision=DOT_PREC
+            gk_im = _put(
+                gk_im,
+                tl.dot(tl.trans(gr_im), p_re, input_precision=DOT_PREC)
+                - tl.dot(tl.trans(gr_re), p_im, input_precision=DOT_PREC),
+                gkb + M * M + pk,
+                km,
+                HAS_CROSS,
             )
-            dxv_re += tl.dot(tl.trans(ai_re), doi, input_precision=DOT_PREC)
-            dxv_im -= tl.dot(tl.trans(ai_im), doi, input_precision=DOT_PREC)
-            # gB += conj(Σ_t Fw r) ; g log λ += conj(Σ_t rp FwD) + Σ_t (t+1) conj(a) g_a
             fr_re, fr_im = _cmul(fw_re, fw_im, r_re, r_im)
             gb_re += tl.sum(fr_re, axis=0)
             gb_im -= tl.sum(fr_im, axis=0)
+            # local adjoint of X0v += conj(a)ᵀ dO, a = r Din ; g log λ += Σ_t (t+1) conj(a) g_a
+            ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
+            dxv_re = _put(
+                dxv_re,
+                tl.dot(tl.trans(ai_re), doi, input_precision=DOT_PREC),
+                dxb + px + R + offs_d[None, :],
+                vm,
+                HAS_CROSS,
+            )
+            dxv_im = _put(
+                dxv_im,
+                -tl.dot(tl.trans(ai_im), doi, input_precision=DOT_PREC),
+                dxb + M * NC + px + R + offs_d[None, :],
+                vm,
+                HAS_CROSS,
+            )
+            gl_re += tl.sum(tw * (ai_re * ga_re + ai_im * ga_im), axis=0)
+            gl_im += tl.sum(tw * (ai_re * ga_im - ai_im * ga_re), axis=0)
+            # g log λ += conj(Σ_t rp FwD), FwD = Σ_s dW (t-s) λ^{t-s}
+            fwd_re, fwd_im = _decay_d(dW, dWb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC, HAS_CROSS)
             rf_re, rf_im = _cmul(rp_re, rp_im, fwd_re, fwd_im)
             gl_re += tl.sum(rf_re, axis=0)
             gl_im -= tl.sum(rf_im, axis=0)
-            gl_re += tl.sum(tw * (ai_re * ga_re + ai_im * ga_im), axis=0)
-            gl_im += tl.sum(tw * (ai_re * ga_im - ai_im * ga_re), axis=0)
         if KEY:
             # gp = gr @ conj(K) ; gS = F2(conj(gp) * B) ; g_b = gp * conj(Din)
-            kk_re = tl.load(k_base_p + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
-            kk_im = tl.load(k_base_p + M * M + offs_m[:, None] * M + offs_m[None, :], mask=km, other=0.0)
+            kk_re = tl.load(k_base_p + pk, mask=km, other=0.0)
+            kk_im = tl.load(k_base_p + M * M + pk, mask=km, other=0.0)
             gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(gr_im, kk_im, input_precision=DOT_PREC)
             gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(gr_re, kk_im, input_precision=DOT_PREC)
             if CONJ_P:
@@ -459,38 +503,54 @@ def _chunk_bwd(
             gS = tl.where(causal, gS, 0.0)
             gbv_re = gp_re * din_re + gp_im * din_im
             gbv_im = gp_im * din_re - gp_re * din_im
-            dqi = tl.dot(gS, kc.to(tl.float32), input_precision=DOT_PREC)
-            dqi += tl.dot(gbv_re, xk_re, input_precision=DOT_PREC) + tl.dot(gbv_im, xk_im, input_precision=DOT_PREC)
-            tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)
-            dk_acc += tl.dot(tl.trans(gS), qf, input_precision=DOT_PREC)
-            dxk_re += tl.dot(tl.trans(gbv_re), qf, input_precision=DOT_PREC)
-            dxk_im += tl.dot(tl.trans(gbv_im), qf, input_precision=DOT_PREC)
-            # gB += Σ_t gp conj(pt) ; g log λ += conj(B) Σ_t gp conj(ptD) + Σ_t (t+1) g_b conj(u)
+            # gB += Σ_t gp conj(pt) ; g log λ += conj(B) Σ_t gp conj(ptD) (pt, ptD recomputed)
+            pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
             gb_re += tl.sum(gp_re * pt_re + gp_im * pt_im, axis=0)
             gb_im += tl.sum(gp_im * pt_re - gp_re * pt_im, axis=0)
+            ptd_re, ptd_im = _decay_d(S, Sb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC, HAS_CROSS)
             h_re = tl.sum(gp_re * ptd_re + gp_im * ptd_im, axis=0)
             h_im = tl.sum(gp_im * ptd_re - gp_re * ptd_im, axis=0)
             gl_re += b_re * h_re + b_im * h_im
             gl_im += b_re * h_im - b_im * h_re
+            xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
+            xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
+            dqi = tl.dot(gS, kc.to(tl.float32), input_precision=DOT_PREC)
+            dqi += tl.dot(gbv_re, xk_re, input_precision=DOT_PREC) + tl.dot(gbv_im, xk_im, input_precision=DOT_PREC)
+            tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)
+            dk_acc = _put(
+                dk_acc, tl.dot(tl.trans(gS), qf, input_precision=DOT_PREC), dk + tok_r + pr, cmask_r, HAS_CROSS
+            )
+            dxk_re = _put(
+                dxk_re,
+                tl.dot(tl.trans(gbv_re), qf, input_precision=DOT_PREC),
+                dxb + px + offs_r[None, :],
+                xm,
+                HAS_CROSS,
+            )
+            dxk_im = _put(
+                dxk_im,
+                tl.dot(tl.trans(gbv_im), qf, input_precision=DOT_PREC),
+                dxb + M * NC + px + offs_r[None, :],
+                xm,
+                HAS_CROSS,
+            )
+            # g log λ += Σ_t (t+1) g_b conj(u), u = q X0kᵀ (recomputed)
+            u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
+            u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
             gl_re += tl.sum(tw * (gbv_re * u_re + gbv_im * u_im), axis=0)
             gl_im += tl.sum(tw * (gbv_im * u_re - gbv_re * u_im), axis=0)
 
-    dxb = dxloc + (i_bh * NT + i_t) * 2 * M * NC
-    if KEY:
-        tl.store(
-            dk + tok_r + offs_s[:, None] * (H * R) + offs_r[None, :], dk_acc, mask=col_ok[:, None] & mask_r[None, :]
-        )
-        tl.store(dxb + offs_m[:, None] * NC + offs_r[None, :], dxk_re, mask=xm)
-        tl.store(dxb + M * NC + offs_m[:, None] * NC + offs_r[None, :], dxk_im, mask=xm)
-    if VAL:
-        tl.store(
-            dv + tok_d + offs_s[:, None] * (H * D) + offs_d[None, :], dv_acc, mask=col_ok[:, None] & mask_d[None, :]
-        )
-        tl.store(dxb + offs_m[:, None] * NC + R + offs_d[None, :], dxv_re, mask=vm)
-        tl.store(dxb + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], dxv_im, mask=vm)
-        gkb = gk_part + (i_bh * NT + i_t) * 2 * M * M
-        tl.store(gkb + offs_m[:, None] * M + offs_m[None, :], gk_re, mask=km)
-        tl.store(gkb + M * M + offs_m[:, None] * M + offs_m[None, :], gk_im, mask=km)
+    if HAS_CROSS:  # several sub-chunks: the accumulated per-chunk outputs
+        if KEY:
+            tl.store(dk + tok_r + pr, dk_acc, mask=cmask_r)
+            tl.store(dxb + px + offs_r[None, :], dxk_re, mask=xm)
+            tl.store(dxb + M * NC + px + offs_r[None, :], dxk_im, mask=xm)
+        if VAL:
+            tl.store(dv + tok_d + pv, dv_acc, mask=cmask_d)
+            tl.store(dxb + px + R + offs_d[None, :], dxv_re, mask=vm)
+            tl.store(dxb + M * NC + px + R + offs_d[None, :], dxv_im, mask=vm)
+            tl.store(gkb + pk, gk_re, mask=km)
+            tl.store(gkb + M * M + pk, gk_im, mask=km)
     pb = (i_bh * NT + i_t) * 2 * M
     tl.store(gb_part + pb + offs_m, gb_re, mask=mask_m)
     tl.store(gb_part + pb + M + offs_m, gb_im, mask=mask_m)
