@@ -12,6 +12,12 @@ The chunk kernels compile with the constexprs and warps of the launch in ``inter
 "transpose", True: "hermitian"); the forward's output ``o`` is bf16 (the activation dtype; "real" and the
 denominator write float32, which does not change the kernel's tiles).
 
+The report is for the triton that runs it. To match the device's compiler (triton 3.6 on the H200; this machine's
+venv may hold another), put that wheel first on the path (it is one `pip install --no-deps --target` away):
+
+    pip install --no-deps --target /tmp/t36 triton==3.6.0
+    PYTHONPATH=/tmp/t36:. python benchmarks/aot_regs.py --chunk-only     # benchmarks/aot_regs_gdn.py likewise
+
 Prints one line per kernel variant: registers per thread, spill stores / loads (bytes), static shared memory (bytes
 reported by triton for the launch). A kernel with > 0 spill bytes or 255 registers is the first suspect of a slow stage.
 """

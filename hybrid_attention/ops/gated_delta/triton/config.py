@@ -18,7 +18,7 @@ __all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG"]
 class GatedDeltaConfig(KernelConfig):
     """Tile sizes, warps and stages of the five kernels (one fixed configuration; no autotuning, so the interpreter
     runs it as is). Chosen from sm_90 compiles on the CPU machine; ``benchmarks/aot_regs_gdn.py`` reports every
-    kernel's registers / spills / shared memory at these launches (triton 3.9: no spills at the 340m or small GDN
+    kernel's registers / spills / shared memory at these launches (triton 3.6, 3.9: no spills at the 340m or small GDN
     shapes; par_warps=4 spills 96-144 B in bwd_local, so the parallel kernels keep 8 warps).
 
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid

@@ -17,17 +17,20 @@ class InterdomainConfig(ScanConfig):
     warps_chunk_bwd: warps of the chunk kernels; max_chunk: kernel chunk length cap (run 2 on the H200: L=32 beat
     L=64, benchmarks/NOTES.md); bwd_split: the backward chunk kernel as two launches (value side, key side).
 
-    Defaults from the sm_90 AOT report (benchmarks/aot_regs.py, triton 3.9, R=D=M=64, L=BC=32; registers / spill
-    stores per thread): forward 8 warps 225 / 0 B (4 warps: 255 / 44 B); backward split 255 / 0 B and 255 / 40 B
-    (fused: 255 / 872 B). Run 3 on the H200 measured the split slower (4.48 vs 3.93 ms at 32K) when both spilled
-    under an older triton (fused 240 B); the split as default is a prediction until the next device run.
+    Defaults: the fastest measured on the H200 (run 3: the one-launch backward 3.93 ms vs split 4.48 ms at 32K,
+    forward at 4 warps). The sm_90 AOT report (benchmarks/aot_regs.py, triton 3.6 = the device's, R=D=M=64,
+    L=BC=32; registers / spill stores per thread, session 7 after the backward reorder) predicts the other choice:
+    forward 4 warps 255 / 52 B vs 8 warps 225 / 0 B; backward one launch 255 / 832 B vs split 255 / 0 B + 255 / 40 B
+    (run 3's split spilled 372 B on its key side). Kept as measured until the A/B runs on the device
+    (``benchmarks/interdomain_ops.py`` sweeps ``L32_BC32_fused``; ``dataclasses.replace(DEFAULT_CONFIG,
+    warps_chunk_fwd=8, bwd_split=True)``).
     """
 
     BC: int = 32
-    warps_chunk_fwd: int = 8
+    warps_chunk_fwd: int = 4
     warps_chunk_bwd: int = 8
     max_chunk: int = 32
-    bwd_split: bool = True
+    bwd_split: bool = False
 
 
 DEFAULT_CONFIG = InterdomainConfig()
