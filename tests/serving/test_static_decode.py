@@ -318,18 +318,22 @@ def test_cuda_graphs_match_eager_decode():
     assert_close(graphs.step(nxt).clone(), plain.step(nxt).clone(), 1e-5)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 7])
-def test_split_kv_decode_attention(num_splits):
+@pytest.mark.parametrize("num_splits,len_dtype,broadcast", [(1, torch.int64, False), (3, torch.int64, False),
+                                                             (7, torch.int32, False), (16, torch.int32, True)])
+def test_split_kv_decode_attention(num_splits, len_dtype, broadcast):
     """The Triton split-KV kernel vs its PyTorch definition: two key ranges per (row, head) with lengths from device
-    tensors, empty first ranges, splits that get no key, fp32 and bf16 buffers."""
+    tensors (int32 or int64, read through their strides: per (row, head) or all broadcast from [1, 1]), empty first
+    ranges, splits that get no key, fp32 and bf16 buffers."""
     from hybrid_attention.ops.decode_attention import decode_attention, decode_attention_reference
 
     b, h, L, d, dv = 2, 3, 90, 24, 40  # non-power-of-2 head sizes
     dev = KERNEL_DEVICE
     q = torch.randn(b, h, d, device=dev)
-    len1 = torch.tensor([[0, 5, 40], [17, 1, 0]], device=dev)
-    start2 = torch.full((1, 1), 60, device=dev)
-    len2 = torch.tensor([[3, 30, 1], [1, 12, 30]], device=dev)
+    len1 = torch.tensor([[0, 5, 40], [17, 1, 0]], device=dev, dtype=len_dtype)
+    start2 = torch.full((1, 1), 60, device=dev, dtype=len_dtype)
+    len2 = torch.tensor([[3, 30, 1], [1, 12, 30]], device=dev, dtype=len_dtype)
+    if broadcast:  # one length for every (row, head); 16 splits of 6 keys: most splits empty
+        len1, len2 = len1[:1, 1:2], len2[1:, 0:1]
     for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         k, v = torch.randn(b, h, L, d, dtype=dt, device=dev), torch.randn(b, h, L, dv, dtype=dt, device=dev)
         o = decode_attention(q.to(dt), k, v, len1, start2, len2, d**-0.5, num_splits, block_n=16)

@@ -9,14 +9,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, len1_ptr, start2_ptr, len2_ptr, m_ptr, l_ptr, acc_ptr, scale, L,
+def _split_kernel(q_ptr, k_ptr, v_ptr, len1_ptr, start2_ptr, len2_ptr, m_ptr, l_ptr, acc_ptr, scale, L, H,
+                  s1b, s1h, s2b, s2h, s3b, s3h,
                   D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                   NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
-    n1 = tl.load(len1_ptr + bh)
-    s2 = tl.load(start2_ptr + bh)
-    n2 = tl.load(len2_ptr + bh)
+    b = bh // H
+    h = bh % H
+    # the lengths are read through the caller's (broadcast) strides, in their own integer dtype: no copies
+    n1 = tl.load(len1_ptr + b * s1b + h * s1h).to(tl.int32)
+    s2 = tl.load(start2_ptr + b * s2b + h * s2h).to(tl.int32)
+    n2 = tl.load(len2_ptr + b * s3b + h * s3h).to(tl.int32)
     total = n1 + n2
     per = tl.cdiv(total, NUM_SPLITS)
     lo = sp * per
@@ -52,12 +56,32 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len1_ptr, start2_ptr, len2_ptr, m_ptr, l_
     tl.store(acc_ptr + out * DV + odv, acc, mask=dvm)
 
 
+@triton.jit
+def _combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, DV: tl.constexpr, BDV: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                    BS: tl.constexpr):
+    """o[bh] = Σ_s e^{m_s - max m} acc_s / Σ_s e^{m_s - max m} l_s (empty splits: m = -inf, weight 0)."""
+    bh = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, BS)
+    sm = sp < NUM_SPLITS
+    odv = tl.arange(0, BDV)
+    dvm = odv < DV
+    m = tl.load(m_ptr + bh * NUM_SPLITS + sp, mask=sm, other=float("-inf"))
+    lsum = tl.load(l_ptr + bh * NUM_SPLITS + sp, mask=sm, other=0.0)
+    acc = tl.load(acc_ptr + (bh * NUM_SPLITS + sp[:, None]) * DV + odv[None, :], mask=sm[:, None] & dvm[None, :],
+                  other=0.0)
+    w = tl.where(sm & (m > float("-inf")), tl.exp(m - tl.max(m, 0)), 0.0)  # >= 1 split holds a key
+    o = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+    tl.store(o_ptr + bh * DV + odv, o.to(o_ptr.dtype.element_ty), mask=dvm)
+
+
 @torch.library.custom_op("hybrid_attention::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: torch.Tensor, start2: torch.Tensor,
                      len2: torch.Tensor, scale: float, num_splits: int, block_n: int = 64) -> torch.Tensor:
     """q [B, H, D]; k [B, H, L, D], v [B, H, L, DV] contiguous; len1, start2, len2 [B, H] (or broadcastable, e.g.
     [1, 1]) integer device tensors (len1 + len2 >= 1 everywhere). Returns o [B, H, DV] in v.dtype. A registered
-    custom op (fake kernel below), so `torch.compile` traces a step that calls it without looking into Triton."""
+    custom op (fake kernel below), so `torch.compile` traces a step that calls it without looking into Triton.
+    Two launches and no other device work (the lengths are read through their broadcast strides, the splits are
+    combined by a kernel): every extra op here ran eagerly inside a compiled, graph-captured decode step."""
     b, h, L, d = k.shape
     dv = v.shape[-1]
     if not (k.is_contiguous() and v.is_contiguous()):
@@ -66,18 +90,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: to
     m = torch.empty(bh, num_splits, device=q.device, dtype=torch.float32)
     lse = torch.empty(bh, num_splits, device=q.device, dtype=torch.float32)
     acc = torch.empty(bh, num_splits, dv, device=q.device, dtype=torch.float32)
-    lens = [t.expand(b, h).reshape(bh).to(torch.int32).contiguous() for t in (len1, start2, len2)]
+    lens = [t.expand(b, h) for t in (len1, start2, len2)]
+    strides = [s for t in lens for s in t.stride()]
     _split_kernel[(bh, num_splits)](
-        q.reshape(bh, d).contiguous(), k, v, *lens, m, lse, acc, float(scale), L,
+        q.reshape(bh, d).contiguous(), k, v, *lens, m, lse, acc, float(scale), L, h, *strides,
         D=d, DV=dv, BD=triton.next_power_of_2(d), BDV=triton.next_power_of_2(dv), NUM_SPLITS=num_splits,
         BLOCK_N=block_n, num_warps=4,
     )
-    # combine the splits: weights exp(m_s - max m) (empty splits have m = -inf, l = 0, acc = 0 -> weight 0)
-    w = torch.exp(m - m.amax(-1, keepdim=True))
-    o = (acc * w[..., None]).sum(1) / (lse * w).sum(1)[:, None]
-    return o.view(b, h, dv).to(v.dtype)
-
-
+    o = torch.empty(b, h, dv, device=q.device, dtype=v.dtype)
+    _combine_kernel[(bh,)](m, lse, acc, o, DV=dv, BDV=triton.next_power_of_2(dv), NUM_SPLITS=num_splits,
+                           BS=max(2, triton.next_power_of_2(num_splits)), num_warps=1)
+    return o
 
 
 @decode_attention.register_fake
