@@ -9,7 +9,8 @@ Rows, all in one run and one table (random weights, float32 master weights, bf16
 Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile / run failure is caught, printed on
 one line and recorded for that row only), for the 340M rows ``eager+ckpt`` and ``compiled+ckpt``
 (``train.checkpointing``: every decoder block under torch.utils.checkpoint), whose peak memory is the point, and for
-the first small shape ``eager+varlen`` (packed documents of a realistic length mix, ``VARIANTS`` below).
+the first small shape ``eager+varlen`` and ``compiled+varlen`` (packed documents of a realistic length mix,
+``VARIANTS`` below).
 
 Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``warmup`` untimed steps (the
 compiled variant compiles in the first), then ``steps`` steps timed together with CUDA events: step ms = total / steps
@@ -23,7 +24,8 @@ softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T�
 mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled eager+ckpt compiled+ckpt eager+varlen``, ``--steps N``,
+rows or a 340M preset), ``--variants eager compiled eager+ckpt compiled+ckpt eager+varlen compiled+varlen``,
+``--steps N``,
 ``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
 split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
@@ -51,11 +53,11 @@ __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
 
 RESULTS: dict = {"errors": [], "rows": []}
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
-VARIANTS = ("eager", "compiled", "eager+ckpt", "compiled+ckpt", "eager+varlen")
-# eager+varlen: the same step on packed documents (``data.pack: varlen``), one row [1, B·T] cut into documents of a
+VARIANTS = ("eager", "compiled", "eager+ckpt", "compiled+ckpt", "eager+varlen", "compiled+varlen")
+# *+varlen: the same step on packed documents (``data.pack: varlen``), one row [1, B·T] cut into documents of a
 # web-like length mix (log-normal, median 256 tokens, clipped to [16, T]; seed 0), on the first small shape only. It
-# shows the price of states reset per document: the PyTorch reference forms run per document (no Triton varlen
-# kernels yet) and each layer reads the offsets on the host, so it runs eager.
+# shows the price of states reset per document: the Triton kernels take the chunk table of the documents (no host
+# read of the offsets, except NAtS-L's chunk layout, so its compiled row has graph breaks).
 DOC_MEDIAN, DOC_SIGMA = 256, 1.0
 _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
 # the run's sizes by BenchSettings.dryrun (True: toy widths / lengths on the CPU; the large rows are 2-layer stand-ins
@@ -102,11 +104,11 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
     for mixer in MIXER_BUILDERS:
         for i, (B, T) in enumerate(sizes["small_shapes"]):
             rows += [dict(name=mixer, B=B, T=T, variant=v) for v in variants
-                     if not v.endswith("+ckpt") and (v != "eager+varlen" or i == 0)]
+                     if not v.endswith("+ckpt") and (not v.endswith("+varlen") or i == 0)]
     if not quick:
         for name in LARGE:
             for B, T in sizes["large_shapes"]:
-                rows += [dict(name=name, B=B, T=T, variant=v) for v in variants if v != "eager+varlen"]
+                rows += [dict(name=name, B=B, T=T, variant=v) for v in variants if not v.endswith("+varlen")]
     if models:
         allowed = sorted(set(MIXER_BUILDERS) | set(LARGE))
         unknown = [m for m in models if m not in allowed]
@@ -191,7 +193,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
     extra = {}
-    if variant == "eager+varlen":
+    if variant.endswith("+varlen"):
         ids = ids.reshape(1, B * T)
         extra["cu_seqlens"] = document_mix(B * T, T).to(dev)
         row["documents"] = int(extra["cu_seqlens"].numel() - 1)

@@ -26,8 +26,8 @@ def test_plan_covers_every_mixer_and_the_340m_presets():
     small = {(r["name"], r["B"], r["T"], r["variant"]) for r in rows if r["name"] in MIXER_BUILDERS}
     assert {r[0] for r in small} == set(MIXER_BUILDERS)
     assert all(not v.endswith("+ckpt") for *_, v in small)
-    varlen = {(r[1], r[2]) for r in small if r[3] == "eager+varlen"}
-    assert varlen == {(16, 2048)}  # the first small shape only
+    for variant in ("eager+varlen", "compiled+varlen"):
+        assert {(r[1], r[2]) for r in small if r[3] == variant} == {(16, 2048)}  # the first small shape only
     large = [r for r in rows if r["name"] in LARGE]
     assert {r["name"] for r in large} == set(LARGE) and {r["variant"] for r in large} == {"eager", "compiled",
                                                                                           "eager+ckpt", "compiled+ckpt"}
@@ -71,9 +71,10 @@ def test_train_bench_dryrun(tmp_path):
     res = json.loads((tmp_path / "train_speed.json").read_text())
     assert res["errors"] == [], res["errors"]
     got = {(r["name"], r["variant"]) for r in res["rows"]}
-    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "eager+varlen"), ("natsl-hybrid-340m", "eager"),
+    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "eager+varlen"), ("gdn", "compiled+varlen"),
+                   ("natsl-hybrid-340m", "eager"),
                    ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "eager+ckpt"),
                    ("natsl-hybrid-340m", "compiled+ckpt")}
     assert all(r["tok_s"] > 0 and r["step_ms"] > 0 for r in res["rows"])
-    assert [r["documents"] > 1 for r in res["rows"] if r["variant"] == "eager+varlen"] == [True]
+    assert [r["documents"] > 1 for r in res["rows"] if r["variant"].endswith("+varlen")] == [True, True]
     assert "| model | layers | B×T | variant |" in proc.stdout
