@@ -19,21 +19,24 @@ __all__ = ["gated_delta_step_op", "triton_gated_delta_step"]
 
 
 @triton.jit
-def _step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, S_ptr, o_ptr, H,
+def _step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, S_ptr, o_ptr, H, sqb, sqh, skb, skh, svb, svh,
                  K: tl.constexpr, V: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
                  USE_L2: tl.constexpr, EPS: tl.constexpr, SCALE: tl.constexpr):
     pv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
     kr = tl.arange(0, BKF)
     km = kr < K
     vc = pv * BV + tl.arange(0, BV)
     vm = vc < V
-    q = tl.load(q_ptr + bh * K + kr, mask=km, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + bh * K + kr, mask=km, other=0.0).to(tl.float32)
+    # q, k, v through their (batch, head) strides: the slices of one fused projection need no copy
+    q = tl.load(q_ptr + b * sqb + h * sqh + kr, mask=km, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + b * skb + h * skh + kr, mask=km, other=0.0).to(tl.float32)
     if USE_L2:
         q = q / tl.sqrt(tl.sum(q * q, 0) + EPS)
         k = k / tl.sqrt(tl.sum(k * k, 0) + EPS)
-    v = tl.load(v_ptr + bh * V + vc, mask=vm, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * svb + h * svh + vc, mask=vm, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + bh).to(tl.float32)
     beta = tl.load(beta_ptr + bh).to(tl.float32)
     offs = bh * K * V + kr[:, None] * V + vc[None, :]
@@ -72,13 +75,15 @@ def triton_gated_delta_step(
     if not (q.is_cuda or interp):
         raise ValueError("triton_gated_delta_step needs CUDA tensors (or TRITON_INTERPRET=1)")
     scale = K**-0.5 if scale is None else float(scale)
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    # the last dim must be dense; (batch, head) strides are free (slices of the fused projection at B > 1)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    g, beta = g.contiguous(), beta.contiguous()
     if out is None:
         out = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
     BKF = max(16, triton.next_power_of_2(K))
     BV = max(16, min(32 if BKF <= 128 else 16, triton.next_power_of_2(V)))
     _step_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, v, g, beta, state, out, H,
+        q, k, v, g, beta, state, out, H, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
         K=K, V=V, BKF=BKF, BV=BV, USE_L2=use_qk_l2norm, EPS=1e-6, SCALE=scale, num_warps=4,
     )
     return out, state
