@@ -24,6 +24,25 @@ from benchmarks.common import cuda_steps_ms, training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 
+def kernel_table(prof, steps: int, top: int, device_type=None) -> tuple[float, float, list[str]]:
+    """(kernel ms per step, launches per step, markdown rows) of a ``torch.profiler`` run over ``steps`` steps: the
+    kernels with the largest total device time (name cut to 70 characters, calls per step, ms per step, share)."""
+    device_type = device_type or torch.autograd.DeviceType.CUDA
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type == device_type:
+            total[ev.name] += (ev.device_time_total if device_type == torch.autograd.DeviceType.CUDA
+                               else ev.cpu_time_total) / 1e3  # ms
+            calls[ev.name] += 1
+    kernel_ms = sum(total.values()) / steps
+    rows = ["| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
+    for name, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        rows.append(f"| {name[:70]} | {calls[name] / steps:.0f} | {ms / steps:.4f} | "
+                    f"{ms / steps / max(kernel_ms, 1e-12):.1%} |")
+    return kernel_ms, sum(calls.values()) / steps, rows
+
+
 def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, steps: int, top: int) -> str:
     """Profile one mixer's compiled training step; returns the printed table (markdown)."""
     cfg = HybridConfig.from_preset("small", layers=mixer, num_hidden_layers=layers, vocab_size=vocab)
@@ -43,18 +62,9 @@ def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, ste
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            total[ev.name] += ev.device_time_total / 1e3  # ms
-            calls[ev.name] += 1
-    kernel_ms = sum(total.values()) / steps
+    kernel_ms, launches, table = kernel_table(prof, steps, top)
     lines = [f"### {mixer}: step {step_ms:.1f} ms ({batch * seq / step_ms * 1e3 / 1e3:.0f}k tok/s), kernels "
-             f"{kernel_ms:.1f} ms/step, {sum(calls.values()) / steps:.0f} launches/step, warm-up {warm:.0f} s",
-             "| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
-    for name, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"| {name[:70]} | {calls[name] / steps:.0f} | {ms / steps:.2f} | {ms / steps / kernel_ms:.1%} |")
+             f"{kernel_ms:.1f} ms/step, {launches:.0f} launches/step, warm-up {warm:.0f} s", *table]
     del model, compiled, opt
     torch.cuda.empty_cache()
     return "\n".join(lines)
