@@ -27,6 +27,12 @@ Decisions and deviations from the official code (each named once, here):
 - Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
   scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
   the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel").
+- Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
+  state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
+  for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
+  (one host sync per layer and prefill, the leanest cache, the state as before), "full" gives every complete chunk a
+  slot (no host sync, e.g. for CUDA-graph capture; outputs identical, decoding from it equal up to the summation
+  order of the masked extra slots). Decoding keeps its one sync per completed chunk (the static step has none).
 - Routing analysis lives outside the layer and its state (layers/natsl_routing.py): forcing is configuration, a
   frozen `RoutingSpec` in `routing` (the `force_routing` argument, or `force_routing(model, ...)`); the chunk types
   of a pass go to a `RoutingRecorder` attached for the calls it should see (`with rec.attach(model): ...`), never
@@ -66,6 +72,7 @@ class NatsLState:
     g_sum          [B, Hl]         Σ g over the partial chunk (the decay a rolled-back chunk still applies)
     k_cache, v_cache [B, Hs, Sc, d] K/V of softmax-typed chunks only, compacted per decision head (slot j of head h
                    holds that head's j-th kept chunk); valid [B, Hn, Sc/C] marks filled slots; n_kept [B, Hn]
+                   (Sc/C >= the largest n_kept: more with prefill_cache="full", or after a cache grew while decoding)
     offset         tokens seen
     """
 
@@ -113,8 +120,11 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         counterfactual_grad: bool = False,
         backend: str = "auto",
         force_routing: str | float | None = None,
+        prefill_cache: str = "trim",
     ) -> None:
         super().__init__()
+        if prefill_cache not in ("trim", "full"):
+            raise ValueError(f"prefill_cache must be one of 'trim', 'full', got {prefill_cache!r}")
         if weights_from not in ("q", "x"):
             raise ValueError(f"weights_from must be one of 'q', 'x', got {weights_from!r}")
         if sample not in ("argmax", "gumbel"):
@@ -136,6 +146,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.weights_from, self.separate_norms = weights_from, separate_norms
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
+        self.prefill_cache = prefill_cache  # the prefill state's cache slots (_prefill_capacity)
         self.routing = RoutingSpec(force_routing)  # forced chunk types (configuration; layers/natsl_routing.py)
         self.recorders: tuple[RoutingRecorder, ...] = ()  # analysis hooks, only inside RoutingRecorder.attach
 
@@ -257,26 +268,39 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         return (kept_tokens * kv + part * (self.hidden_size + kv) + 2 * self.num_heads * self.head_dim
                 * self.head_v_dim + self.num_heads)
 
-    def _append_chunks(self, st: NatsLState, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor) -> None:
+    def _append_chunks(self, st: NatsLState, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor,
+                       capacity: int | None = None) -> None:
         """Append N completed chunks' softmax K/V (k, v [B, N·C, Hs, d]) to the compacted cache of every (row,
         decision head) that typed them softmax (sel [B, N, Hn] bool), in sequence order: slot j of decision head h
-        holds its j-th softmax chunk. The cache grows as needed; one host sync (the new slot count) per call, none per
-        chunk. Used for all complete chunks of a prefill and for each chunk completed while decoding. Mutates `st`
-        (a private copy made by forward)."""
+        holds its j-th softmax chunk. Used for all complete chunks of a prefill and for each chunk completed while
+        decoding. Mutates `st` (a private copy made by forward).
+
+        capacity None (decoding): the cache grows to the largest kept count, read from the device (one host sync per
+        call, none per chunk), and the selected chunks are scattered (``nonzero``, a second one). capacity = a
+        host-known bound on every (row, head)'s kept count after the call (the prefill: ``_prefill_capacity``): the
+        cache gets max(its slots, capacity) slots and each slot gathers its chunk from a fixed-size stable sort of
+        the selection, with no host read; the slots' contents are the same."""
         b, n, hn = sel.shape
         c, g = self.chunk_size, self.group
         dk, dv = k.shape[-1], v.shape[-1]
         sel_l = sel.long()
-        slot = st.n_kept[:, None, :] + sel_l.cumsum(1) - 1  # [B, N, Hn]: slot of each selected chunk
+        kept_before = st.n_kept
         st.n_kept = st.n_kept + sel_l.sum(1)
         have = st.valid.shape[-1]
-        need = int(st.n_kept.max()) if n else have
+        if capacity is not None:
+            need = capacity
+        else:
+            need = int(st.n_kept.max()) if n else have
         if need > have:
             grow = need - have
             st.k_cache = torch.cat([st.k_cache, st.k_cache.new_zeros(b, hn * g, grow * c, dk)], 2)
             st.v_cache = torch.cat([st.v_cache, st.v_cache.new_zeros(b, hn * g, grow * c, dv)], 2)
             st.valid = torch.cat([st.valid, st.valid.new_zeros(b, hn, grow)], 2)
         cap = st.valid.shape[-1]
+        if capacity is not None:
+            self._gather_chunks(st, k, v, sel, kept_before)
+            return
+        slot = kept_before[:, None, :] + sel_l.cumsum(1) - 1  # [B, N, Hn]: slot of each selected chunk
         bi, ni, hi = sel.nonzero(as_tuple=True)
         si = slot[bi, ni, hi]
         kc = st.k_cache.view(b, hn, g, cap, c, dk)  # views: the writes below land in st.k_cache / st.v_cache
@@ -285,6 +309,45 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         kc[bi, hi, :, si] = k.reshape(b, n, c, hn, g, dk)[bi, ni, :, hi].transpose(1, 2)
         vc[bi, hi, :, si] = v.reshape(b, n, c, hn, g, dv)[bi, ni, :, hi].transpose(1, 2)
         st.valid[bi, hi, si] = True
+
+    def _gather_chunks(self, st: NatsLState, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor,
+                       kept_before: torch.Tensor) -> None:
+        """The fixed-size form of `_append_chunks`' scatter (its cache already has room, st.n_kept updated): slot j
+        of (row b, decision head h) with kept_before[b, h] <= j < st.n_kept[b, h] takes the (j - kept_before)-th
+        selected chunk of sel [B, N, Hn] (a stable sort puts the selected ones first, in order), every other slot
+        keeps its contents. k, v [B, N·C, Hs, d]. Shapes depend on the cache's slots only: no host read."""
+        b, n, hn = sel.shape
+        c, g, cap = self.chunk_size, self.group, st.valid.shape[-1]
+        if n == 0 or cap == 0:
+            return
+        order = torch.sort((~sel).to(torch.uint8), dim=1, stable=True).indices  # [B, N, Hn]: selected chunks first
+        j = torch.arange(cap, device=sel.device)[None, :, None]  # [1, cap, 1]
+        rank = j - kept_before[:, None, :]  # [B, cap, Hn]: the slot's rank among this call's selected chunks
+        fill = (rank >= 0) & (j < st.n_kept[:, None, :])  # [B, cap, Hn]
+        src = order.gather(1, rank.clamp(0, n - 1))  # [B, cap, Hn]: the chunk each slot takes
+        for name, z in (("k_cache", k), ("v_cache", v)):
+            d = z.shape[-1]
+            chunks = z.reshape(b, n, c, hn, g, d)
+            idx = src[:, :, None, :, None, None].expand(b, cap, c, hn, g, d)
+            got = chunks.gather(1, idx).permute(0, 3, 4, 1, 2, 5)  # [B, Hn, G, cap, C, d]
+            old = getattr(st, name).view(b, hn, g, cap, c, d)
+            new = torch.where(fill.permute(0, 2, 1)[:, :, None, :, None, None], got.to(old.dtype), old)
+            setattr(st, name, new.reshape(b, hn * g, cap * c, d))
+        st.valid = st.valid | fill.permute(0, 2, 1)
+
+    def _prefill_capacity(self, sel: torch.Tensor) -> int:
+        """Cache slots of a prefill state from an empty one, whose complete chunks are typed sel [B, N_full, Hn]
+        (True = softmax): forced routing -> the host-known kept count (the same for every row and head; no device
+        read); else ``prefill_cache`` "trim" -> the largest kept count of any (row, head) (one host sync, the
+        leanest cache), "full" -> N_full (a slot for every complete chunk; no host sync, (1 - softmax fraction) of
+        the cache unused)."""
+        n_full = sel.shape[1]
+        forced = self.routing.forced_count(n_full)
+        if forced is not None:
+            return forced
+        if self.prefill_cache == "full":
+            return n_full
+        return int(sel.sum(1).max()) if n_full and sel.numel() else 0
 
     # ---------------------------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, state: NatsLState | None = None, *, output_state: bool | None = None,
@@ -375,7 +438,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st.x_buf, st.k_buf, st.v_buf = x[:, nc:], ks[:, nc:], vs[:, nc:]
         st.S, st.S_start, st.g_sum = S, S_full, g[:, nc:].sum(1)
         sel = hard[..., SOFTMAX].bool()  # [B, N_full, Hn]
-        self._append_chunks(st, ks[:, :nc], vs[:, :nc], sel)
+        self._append_chunks(st, ks[:, :nc], vs[:, :nc], sel, capacity=self._prefill_capacity(sel))
         return y, st
 
     def _concurrent_branches(self, qg: torch.Tensor, vg: torch.Tensor, qs: torch.Tensor, vs: torch.Tensor) -> bool:

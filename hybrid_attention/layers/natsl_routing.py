@@ -67,6 +67,14 @@ class RoutingSpec:
             sel = (sel[..., None] if per_row else sel[None, :, None]).expand(hard.shape[:-1])
         return F.one_hot(torch.where(sel, SOFTMAX, GDN), 2).to(hard.dtype)
 
+    def forced_count(self, n_chunks: int) -> int | None:
+        """How many of chunks 0..n_chunks-1 ``force`` types softmax (the same for every row and head), computed on
+        the host with ``apply``'s own formula (no device read); None when the router decides."""
+        if self.force is None:
+            return None
+        hard = torch.zeros(1, n_chunks, 1, 2, dtype=torch.float64)
+        return int(self.apply(hard, 0)[..., SOFTMAX].sum())
+
 
 def _routes(module: nn.Module) -> bool:
     return isinstance(getattr(module, "routing", None), RoutingSpec)

@@ -177,9 +177,11 @@ class NatsLStaticStep:
         if kept > static.capacity:
             raise ValueError(f"the prompt's NAtS-L layer kept {kept} chunks in a row / head, more than "
                              f"natsl_cache_chunks={static.capacity}")
-        sc = min(sc, static.cap)  # the eager cache may have grown past the largest count (slots beyond it are unused)
-        static.k_cache[:, :, :sc].copy_(state.k_cache)
-        static.v_cache[:, :, :sc].copy_(state.v_cache)
+        # the eager cache may have more slots than the largest count (grown while decoding, or a prefill_cache="full"
+        # prefill): the slots beyond it are unused and not copied
+        sc = min(sc, static.cap)
+        static.k_cache[:, :, :sc].copy_(state.k_cache[:, :, :sc])
+        static.v_cache[:, :, :sc].copy_(state.v_cache[:, :, :sc])
         static.k_buf[:, :, :lb].copy_(state.k_buf.transpose(1, 2))
         static.v_buf[:, :, :lb].copy_(state.v_buf.transpose(1, 2))
         static.x_buf[:, :lb].copy_(state.x_buf)

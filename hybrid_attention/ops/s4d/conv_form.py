@@ -18,6 +18,7 @@ are real einsums against the λ tables; no per-token M×(R+D) state is materiali
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -25,7 +26,16 @@ import torch
 from ..common.ssm import compute_dtypes, prepare_ssm_params
 from .naive import validate_s4d_inputs
 
-__all__ = ["conv_s4d", "ssm_kernel", "Convolve"]
+__all__ = ["conv_s4d", "ssm_kernel", "Convolve", "autocast_off"]
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device_type, enabled=False)``, or a no-op where the device type has no autocast (``meta``:
+    the host-sync tests run the layers there, tests/models/test_no_host_sync.py)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
 
 Convolve = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -99,7 +109,7 @@ def conv_s4d(
 
     # The state terms run outside any autocast region, in the compute dtype: under bf16 autocast the einsums would be
     # rounded to bf16 and torch.complex refuses bf16 parts (the final state broke every autocast prefill).
-    with torch.autocast(a.device.type, enabled=False):
+    with autocast_off(a.device.type):
         if X0 is not None:  # Re(Σ_m c̃_m λ_m^{t+1} X0[m, c]) for t = 0..T-1
             Pr, Pi = _cmul(ct.real[:, None, :], ct.imag[:, None, :], Vr[:, 1:], Vi[:, 1:])  # [H, T, M]
             y = y.to(rdtype) + (

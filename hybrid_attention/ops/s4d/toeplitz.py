@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..common.varlen import per_document
-from .conv_form import conv_s4d
+from .conv_form import autocast_off, conv_s4d
 
 __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
 
@@ -43,7 +43,7 @@ def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
 
 def _mm_dtype(z: torch.Tensor) -> torch.dtype:
     dev = z.device.type
-    if torch.is_autocast_enabled(dev) and z.dtype == torch.float32:
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev) and z.dtype == torch.float32:
         return torch.get_autocast_dtype(dev)
     return z.dtype
 
@@ -55,7 +55,7 @@ class _ToeplitzConv(torch.autograd.Function):
         ctx.save_for_backward(z, K)
         ctx.mm_dtype = dt
         Bsz, T, H, C = z.shape
-        with torch.autocast(z.device.type, enabled=False):
+        with autocast_off(z.device.type):
             zh = z.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)  # [H, T, B·C]
             y = torch.matmul(_toeplitz(K.to(dt)), zh)  # [H, T, B·C]
         return y.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
@@ -65,7 +65,7 @@ class _ToeplitzConv(torch.autograd.Function):
         z, K = ctx.saved_tensors
         dt = ctx.mm_dtype
         Bsz, T, H, C = z.shape
-        with torch.autocast(z.device.type, enabled=False):
+        with autocast_off(z.device.type):
             dyh = dy.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
             dz = dK = None
             if ctx.needs_input_grad[0]:

@@ -1,0 +1,127 @@
+"""Whole-model dense forwards read nothing on the host (issue 15): a tiny model of every mixer runs on the ``meta``
+device, where any host read (``.item()``, ``int(tensor)``, ``nonzero``, a data-dependent shape) raises.
+
+The GPU form is what runs: each mixer's backend is "triton" (conftest sets ``TRITON_INTERPRET=1`` on the CPU, so
+the Triton wrappers accept non-CUDA tensors) and every kernel launch is a no-op (``_no_launches``), so the host
+side of the wrappers, the layers and the model runs as on the GPU, minus the kernels themselves (which never read
+back). The S4D mixer has no Triton form; its CUDA "auto" choices (Toeplitz up to 2K tokens, FFT above) run as such.
+The CUDA-only test at the end checks the same calls with ``torch.cuda.set_sync_debug_mode("error")``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.models.configuration import HybridConfig
+from hybrid_attention.models.modeling import HybridForCausalLM
+
+T = 64  # 4 chunks of the tiny preset's 16
+CASES = {
+    "softmax": (["softmax"], {}),
+    "gdn": (["gdn"], {}),
+    "natsl": (["natsl"], {}),
+    "interdomain": (["interdomain"], {}),
+    "s4d-toeplitz": (["s4d"], {"s4d": {"backend": "toeplitz"}}),
+    "s4d-fft": (["s4d"], {"s4d": {"backend": "fft"}}),
+    "s4d_bilinear": (["s4d_bilinear"], {}),
+    "natsl+gdn": (["gdn", "natsl", "gdn", "natsl"], {}),
+}
+
+
+def _model(layers: list[str], options: dict, device: str, backend: str = "triton", **natsl) -> HybridForCausalLM:
+    opts = {name: {"backend": backend} for name in ("gdn", "natsl", "interdomain", "s4d_bilinear")}
+    for name, extra in options.items():
+        opts[name] = {**opts.get(name, {}), **extra}
+    opts["natsl"] = {**opts["natsl"], **natsl}
+    cfg = HybridConfig.from_preset("tiny", layers=layers, num_hidden_layers=len(layers), mixer_options=opts)
+    with torch.device(device):
+        return HybridForCausalLM(cfg)
+
+
+@pytest.fixture
+def _no_launches(monkeypatch):
+    """Every Triton kernel launch (``kernel[grid](...)``) does nothing; returns the list of launched kernel names.
+
+    The diagonal-SSM ops (Interdomain, bilinear S4D) call registered ``torch.library`` ops, whose meta kernel is the
+    shape-only fake: here they call the eager autograd Function instead, which runs the same host implementations
+    and gradient rule with the same default config (``ops/common/triton/eager.py``)."""
+    import triton.runtime.jit as jit
+
+    from hybrid_attention.ops.interdomain.triton import ops as interdomain_ops
+    from hybrid_attention.ops.s4d_bilinear.triton import ops as s4d_bilinear_ops
+
+    launched: list[str] = []
+
+    def getitem(self, grid):
+        launched.append(getattr(self, "__name__", None) or getattr(getattr(self, "fn", None), "__name__", "?"))
+        return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(jit.KernelInterface, "__getitem__", getitem)
+    for mod, op, eager in ((interdomain_ops, "interdomain_fwd_op", "_EagerInterdomain"),
+                           (s4d_bilinear_ops, "s4d_bilinear_fwd_op", "_EagerS4DBilinear")):
+        fn = getattr(mod, eager)
+        monkeypatch.setattr(mod, op, lambda *args, fn=fn, mod=mod: fn.apply(mod.DEFAULT_CONFIG, mod.NO_HOOKS, *args))
+    return launched
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_training_forward_and_backward_read_nothing_on_the_host(case, _no_launches):
+    layers, options = CASES[case]
+    model = _model(layers, options, "meta").train()
+    ids = torch.zeros(2, T, dtype=torch.long, device="meta")
+    out = model(ids, labels=ids)
+    assert out.logits.shape == (2, T, model.config.vocab_size) and out.loss.device.type == "meta"
+    out.loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    if case not in ("softmax", "s4d-toeplitz", "s4d-fft"):
+        assert _no_launches, "the Triton forms did not run"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("natsl", [{"prefill_cache": "full"}, {"force_routing": 0.5}], ids=["router-full", "forced"])
+def test_prefill_with_a_recorder_reads_nothing_on_the_host(case, natsl, _no_launches):
+    """The benchmark's prefill (benchmarks/models.py): ``model(ids, use_cache=True, logits_to_keep=1)`` building the
+    decode state, with a RoutingRecorder attached. NAtS-L: the router's routing with prefill_cache="full", or a
+    forced fraction (its slot count is known on the host)."""
+    layers, options = CASES[case]
+    model = _model(layers, options, "meta", **natsl).eval()
+    ids = torch.zeros(2, T + 5, dtype=torch.long, device="meta")
+    rec = RoutingRecorder()
+    with torch.no_grad(), rec.attach(model):
+        out = model(ids, use_cache=True, logits_to_keep=1)
+    assert out.logits.shape == (2, 1, model.config.vocab_size)
+    assert len(out.cache.states) == len(layers)
+    for key in model.routing_layers():
+        assert rec.last(key).shape == (2, T // 16, model.config.num_heads)
+
+
+def test_the_default_trim_prefill_reads_the_kept_count(_no_launches):
+    """Control: the default prefill_cache="trim" with the router's routing reads the largest kept count (one host
+    sync per NAtS-L layer and prefill, the leanest decode cache); the meta device catches it."""
+    model = _model(["natsl"], {}, "meta").eval()
+    ids = torch.zeros(1, T, dtype=torch.long, device="meta")
+    with torch.no_grad(), pytest.raises((RuntimeError, NotImplementedError)):
+        model(ids, use_cache=True, logits_to_keep=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (sync debug mode)")
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_forward_backward_and_prefill_make_no_sync(case):
+    """CUDA only: the same calls with "auto" backends (the kernels run) raise on any synchronising call."""
+    layers, options = CASES[case]
+    model = _model(layers, options, "cuda", backend="auto", prefill_cache="full")
+    ids = torch.randint(0, model.config.vocab_size, (2, 4 * T), device="cuda")
+    model(ids, labels=ids).loss.backward()  # warm-up: kernel compilation, allocator, cuBLAS handles
+    with torch.no_grad():
+        model(ids, use_cache=True, logits_to_keep=1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(ids, labels=ids).loss.backward()
+        with torch.no_grad():
+            model(ids, use_cache=True, logits_to_keep=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
