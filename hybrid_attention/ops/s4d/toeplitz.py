@@ -34,11 +34,14 @@ def _toeplitz(K: torch.Tensor) -> torch.Tensor:
 def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
     """S[h, l] = Σ_{t>=l} G[h, t, t-l] for l = 0..T-1 (sums along the lower diagonals): ``[H, T]`` from ``[H, T, T]``.
 
-    With G zero-padded below to [H, 2T, T], element (h, t'+l, t') sits at offset h·2T² + l·T + t'·(T+1): a strided
-    view [H, T (l), T (t')] whose rows beyond T fall into the padding."""
+    Each row of G gets T zeros on its left ([H, T, 2T]); element (t, t-l) then sits at offset t·(2T+1) + 1 + l' in a
+    head's block, with l' = T-1-l, and an upper-triangle position (t < l) falls into the zeros. So a strided view
+    [H, T (t), T (l')] with strides (2T², 2T+1, 1) holds every diagonal as a column: summed over t with contiguous
+    (coalesced) reads along l', then flipped back to l. Decision (session 7): the earlier view put the sum along a
+    stride-(T+1) axis, one memory sector per element on a GPU."""
     H, T, _ = G.shape
-    Gp = torch.cat([G, G.new_zeros(H, T, T)], dim=1).contiguous()
-    return Gp.as_strided((H, T, T), (2 * T * T, T, T + 1)).sum(-1)
+    Gp = torch.cat([G.new_zeros(H, T, T), G], dim=2).contiguous()  # [H, T, 2T]
+    return Gp.as_strided((H, T, T), (2 * T * T, 2 * T + 1, 1), 1).sum(1).flip(-1)
 
 
 def _mm_dtype(z: torch.Tensor) -> torch.dtype:
