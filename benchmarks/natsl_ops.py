@@ -431,6 +431,9 @@ def sweep(s: BenchSettings):
         dict(fwd_qc=1, fwd_warps=8, fwd_stages=3),
         dict(dq_qc=1, dq_warps=4, dq_stages=3),
         dict(dkv_qb=32, dkv_warps=4, dkv_stages=3),
+        dict(bwd_mode="one_pass"),  # issue 15: one-pass backward (dq by atomics), QB64 8 warps 2 stages
+        dict(bwd_mode="one_pass", onepass_warps=4),  # sm_90 AOT: spills 188 B at this Dv = 128
+        dict(bwd_mode="one_pass", onepass_qb=32, onepass_warps=4, onepass_stages=1),  # no spills, dq dot mma.sync
     ]
     gdn_variants = [
         {},

@@ -13,7 +13,7 @@ from ...common.triton import interpreting
 from ...common.varlen import ChunkTable, check_packed, chunk_table
 from ..naive import validate_chunk_attention_inputs
 from .config import DEFAULT_CONFIG, ChunkAttentionConfig
-from .kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
+from .kernels import _bwd_kernel, _dkv_kernel, _dq_kernel, _fwd_kernel
 from .support import supported
 
 __all__ = ["triton_chunk_attention"]
@@ -64,6 +64,8 @@ def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=False
 
 
 def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, vl: ChunkTable | None = None):
+    """dq, dk, dv ``[B, T, HS, D*]`` (q / k / v's dtypes) and Σ dS per (b, head, key chunk) ``[B, HS, N]`` fp32,
+    by ``config.bwd_mode``: "two_pass" (dq kernel, then dk/dv kernel) or "one_pass" (``_bwd_kernel``)."""
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
     varlen = vl is not None
@@ -72,22 +74,30 @@ def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, vl:
     cu, ci, co = _vl_ptrs(vl, idx)
     interp = interpreting()
     delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()  # [B, HS, T]; o is the fp32 copy
-    dq = config.empty(*q.shape, device=q.device, dtype=q.dtype)
     dk = config.empty(*k.shape, device=k.device, dtype=k.dtype)
     dv = config.empty(*v.shape, device=v.device, dtype=v.dtype)
     dbias = config.empty(B, HS, N, device=q.device, dtype=torch.float32)
     bias_arg = bias if bias is not None else lse
+    common = dict(DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, HAS_BIAS=bias is not None, WHILE_LOOP=interp,
+                  UPCAST=interp, VARLEN=varlen)
+    if config.bwd_mode == "one_pass":
+        # The atomics add into dq, so its buffer starts at zero whatever config.poison says (every real token
+        # gets its own chunk's share, so nothing is left unwritten there; dk, dv, Σ dS stay poisoned).
+        dq32 = torch.zeros(*q.shape, device=q.device, dtype=torch.float32)
+        _bwd_kernel[(n_rows, B * HS)](
+            q, k, v, do, lse, delta, dq32, dk, dv, dbias, r, bias_arg, cu, ci, scale, scale * LOG2E, T, N, HS, G,
+            QB=min(config.onepass_qb, C), **common, num_warps=config.onepass_warps, num_stages=config.onepass_stages,
+        )
+        return (dq32 if q.dtype == torch.float32 else dq32.to(q.dtype)), dk, dv, dbias
+    dq = config.empty(*q.shape, device=q.device, dtype=q.dtype)
     QC = _qc(C, config.dq_qc) if not varlen else 1
     _dq_kernel[(n_rows if varlen else triton.cdiv(T, QC * C), B * HS)](
         q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, cu, ci, co, scale, scale * LOG2E, T, N, HS, G,
-        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        VARLEN=varlen, num_warps=config.dq_warps, num_stages=config.dq_stages,
+        QC=QC, **common, num_warps=config.dq_warps, num_stages=config.dq_stages,
     )
-    QB = min(config.dkv_qb, C)
     _dkv_kernel[(n_rows, B * HS)](
         q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, cu, ci, scale, scale * LOG2E, T, N, HS, G,
-        DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QB=QB, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        VARLEN=varlen, num_warps=config.dkv_warps, num_stages=config.dkv_stages,
+        QB=min(config.dkv_qb, C), **common, num_warps=config.dkv_warps, num_stages=config.dkv_stages,
     )
     return dq, dk, dv, dbias
 

@@ -9,6 +9,14 @@ h = i // G) sees its own chunk causally and every earlier chunk n with routing[b
   the QC diagonal chunks with the causal + routing mask. Cost ∝ ρ·T²/2 + T·C per head (ρ = routed fraction).
 * dk/dv: one program per (key chunk, b, head): its own chunk causally, then, only if the chunk is routed, every
   later query tile (unmasked); it also accumulates Σ dS over those later queries = the routing-bias gradient.
+  These are the transpose of the forward's block lists: a routed chunk is seen by every later query of its
+  document, an unrouted one only by its own chunk, so the dk/dv walk needs no list.
+* One-pass backward (``_bwd_kernel``, ``ChunkAttentionConfig(bwd_mode="one_pass")``): the dk/dv program (same body,
+  ``_dkv_program``) also computes each query step's dq share dS·K and adds it with relaxed fp32 ``tl.atomic_add``
+  into a zero-initialised fp32 dq buffer (cast to q's dtype by the host), as FlashAttention-2's backward: 5 matmuls
+  per (query step, key chunk) pair instead of the two-pass 3 (dq kernel) + 4 (dk/dv kernel), and no second read of
+  k, v; the price is C·Dk fp32 atomic adds per (query chunk, key chunk) pair, in no fixed order (dq is not
+  bit-reproducible run to run on a GPU).
 
 Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``), decided once for the three
 kernels: chunks restart at each document start and are numbered globally in document order (routing, bias and
@@ -258,15 +266,18 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
              mask=rm[:, None] & (dk_r < DK)[None, :])
 
 @triton.jit
-def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows, row_end, cols,
-               bias_kc, qk_scale, T, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-               DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
-    """Query rows ``rows`` (valid below ``row_end``) into dk, dv (and Σ dS) of the key chunk ``cols``."""
+def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_base, o_base, bh, rows, row_end, cols,
+               bias_kc, scale: tl.constexpr, qk_scale, T, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+               BDV: tl.constexpr, DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
+               DQ_ATOMIC: tl.constexpr):
+    """Query rows ``rows`` (valid below ``row_end``) into dk, dv (and Σ dS) of the key chunk ``cols``; with
+    ``DQ_ATOMIC`` also this key chunk's share dS·K·scale of those rows' dq, added into the fp32 ``dq_ptr``."""
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
     rm = rows < row_end
-    q = tl.load(q_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], mask=rm[:, None] & (dk_r < DK)[None, :],
-                other=0.0)
+    q_offs = q_base + rows[:, None] * (HS * DK) + dk_r[None, :]
+    q_mask = rm[:, None] & (dk_r < DK)[None, :]
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     do = tl.load(do_ptr + o_base + rows[:, None] * (HS * DV) + dv_r[None, :],
                  mask=rm[:, None] & (dv_r < DV)[None, :], other=0.0)
     if UPCAST:
@@ -286,17 +297,23 @@ def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_
     dpT = tl.dot(v, tl.trans(do))
     dsT = pT * (dpT - delta[None, :])
     dk += tl.dot(dsT.to(q.dtype), q)
+    if DQ_ATOMIC:
+        # relaxed: the adds only need to be atomic, no ordering (the host reads dq after the kernel); the default
+        # acq_rel would order every add. Masked rows (past row_end) add nothing; the sum order is not deterministic.
+        dq = tl.dot(tl.trans(dsT).to(k.dtype), k) * scale
+        tl.atomic_add(dq_ptr + q_offs, dq, mask=q_mask, sem="relaxed")
     if not DIAG:
         dsum += tl.sum(dsT, 1)
     return dk, dv, dsum
 
 @triton.jit
-def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
-                cu_ptr, ci_ptr,
-                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
-                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-                UPCAST: tl.constexpr, VARLEN: tl.constexpr):
+def _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                 cu_ptr, ci_ptr, scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
+                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+                 QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr, UPCAST: tl.constexpr,
+                 VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+    """The body of ``_dkv_kernel`` (``DQ_ATOMIC`` False; ``dq_ptr`` unused) and ``_bwd_kernel`` (True): one key
+    chunk (program 0) of one (b, head) (program 1)."""
     kc = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // HS
@@ -331,8 +348,9 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
     for d in tl.static_range(C // QB):  # own chunk, causal
         rows = c0 + d * QB + tl.arange(0, QB)
-        dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh, rows,
-                                  c1, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST)
+        dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_base, o_base, bh,
+                                  rows, c1, cols, bias_kc, scale, qk_scale, T, HS, DK, DV, BDK, BDV, True, HAS_BIAS,
+                                  UPCAST, DQ_ATOMIC)
     r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
     start = c0 + C  # the later chunks of its document (none after a document's last chunk)
     n_tiles = tl.where(r_kc > 0, tl.maximum(tl.cdiv(d_end - start, QB), 0), 0)
@@ -340,18 +358,43 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
         i = 0
         while i < n_tiles:
             r_i = start + i * QB + tl.arange(0, QB)
-            dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                      r_i, d_end, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
-                                      UPCAST)
+            dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_base, o_base,
+                                      bh, r_i, d_end, cols, bias_kc, scale, qk_scale, T, HS, DK, DV, BDK, BDV, False,
+                                      HAS_BIAS, UPCAST, DQ_ATOMIC)
             i += 1
     else:
         for i in range(n_tiles):  # r_i, not rows: an i64 T (inductor) would re-type the loop-carried rows
             r_i = start + i * QB + tl.arange(0, QB)
-            dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, q_base, o_base, bh,
-                                      r_i, d_end, cols, bias_kc, qk_scale, T, HS, DK, DV, BDK, BDV, False, HAS_BIAS,
-                                      UPCAST)
+            dk, dv, dsum = _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_base, o_base,
+                                      bh, r_i, d_end, cols, bias_kc, scale, qk_scale, T, HS, DK, DV, BDK, BDV, False,
+                                      HAS_BIAS, UPCAST, DQ_ATOMIC)
     tl.store(dk_ptr + q_base + cols[:, None] * (HS * DK) + dk_r[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=cm[:, None] & (dk_r < DK)[None, :])
     tl.store(dv_ptr + o_base + cols[:, None] * (HS * DV) + dv_r[None, :], dv.to(dv_ptr.dtype.element_ty),
              mask=cm[:, None] & (dv_r < DV)[None, :])
     tl.store(dbias_ptr + bh * N + kc, tl.sum(dsum, 0), mask=kc < N)
+
+@triton.jit
+def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                cu_ptr, ci_ptr,
+                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
+                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+                QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                UPCAST: tl.constexpr, VARLEN: tl.constexpr):
+    """Two-pass backward, second pass: dk, dv and Σ dS of one key chunk (the dq kernel did dq)."""
+    _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                 cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP, UPCAST,
+                 VARLEN, False)
+
+@triton.jit
+def _bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                cu_ptr, ci_ptr,
+                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
+                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+                QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                UPCAST: tl.constexpr, VARLEN: tl.constexpr):
+    """One-pass backward: dk, dv, Σ dS of one key chunk as ``_dkv_kernel``, plus its dq share added with atomics
+    into ``dq_ptr`` (fp32 ``[B, T, HS, DK]``, zero-initialised by the host)."""
+    _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
+                 cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP, UPCAST,
+                 VARLEN, True)
