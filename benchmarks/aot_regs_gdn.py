@@ -5,13 +5,15 @@ target and ``ptxas`` it uses).
     python benchmarks/aot_regs_gdn.py                 # both shapes, unpacked, no commit mask
     python benchmarks/aot_regs_gdn.py --varlen --commit --shapes 340m
     python benchmarks/aot_regs_gdn.py --set seqf_stages=2 seqb_warps=4   # a variant of DEFAULT_CONFIG
+    python benchmarks/aot_regs_gdn.py --set buffer_dtype=bf16 seqf_bv=64 seqf_warps=8   # bf16 buffers, wide tile
 
 The launches are not copied here: ``function._launch_fwd`` / ``_launch_bwd`` run on meta tensors with the kernels
 swapped for recorders, so every kernel is compiled with exactly the arguments, constexprs (block sizes from
 ``config.py`` through ``function._Tiles``), dtypes, ``num_warps`` / ``num_stages`` the real launch passes, and with
 the JIT's own specialisation (16-byte aligned pointers, ints divisible by 16: ``tt.divisibility`` attributes). Then
 the wheel's ``ptxas -v`` on the PTX. Activations as in the GDN layer: q, k, v and do bf16 (so o, dq, dk, dv bf16), g
-and beta fp32 (``gdn_decay`` / the fp32 sigmoid), every internal buffer fp32.
+and beta fp32 (``gdn_decay`` / the fp32 sigmoid), every internal buffer fp32 (w, u, S_n, vn bf16 with
+``--set buffer_dtype=bf16``).
 
 Shapes: ``340m`` the GDN layer of ``gdn-340m`` / ``natsl-hybrid-340m`` (B=1, T=16384, 6 heads, K=128, V=256,
 chunk 64); ``small`` the ``small`` preset with GDN layers (B=16, T=2048, 8 heads, K=64, V=2K=128, chunk 64). The
@@ -199,15 +201,29 @@ def _tiles(launch: Launch) -> str:
     return " ".join(f"{k}{kw[k]}" for k in ("BK", "BKF", "BV") if k in kw)
 
 
+def parse_set(items: list[str]) -> dict[str, int | str]:
+    """``FIELD=VALUE`` pairs of ``--set``: the value as an int where it parses as one (tile sizes, warps, stages),
+    else the string itself (``buffer_dtype=bf16``); ``GatedDeltaConfig`` validates it."""
+    changes: dict[str, int | str] = {}
+    for item in items:
+        key, val = item.split("=", 1)
+        try:
+            changes[key] = int(val)
+        except ValueError:
+            changes[key] = val
+    return changes
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print one line per kernel and shape (options: --shapes, --varlen, --commit)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--varlen", action="store_true", help="packed documents (B documents of T tokens, B = 1)")
     p.add_argument("--commit", action="store_true", help="with the per-chunk commit mask (NAtS-L)")
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=INT", help="GatedDeltaConfig fields to replace")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="GatedDeltaConfig fields to replace (ints, or a string: buffer_dtype=bf16)")
     a = p.parse_args(argv)
-    changes = {key: int(val) for key, val in (item.split("=", 1) for item in a.set)}
+    changes = parse_set(a.set)
     config = dataclasses.replace(DEFAULT_CONFIG, **changes)
     print(
         f"sm_90 AOT compile (triton {triton.__version__}), DEFAULT_CONFIG {changes or ''}, varlen={a.varlen}, "

@@ -437,6 +437,16 @@ def sweep(s: BenchSettings):
     ]
     gdn_variants = [
         {},
+        # issue 15: bf16 w / u / S_n / vn buffers and bf16 dot operands in state_fwd / output (config.buffer_dtype),
+        # then the state tiles the bf16 buffers make affordable (sm_90 AOT, triton 3.6, 340m + commit, no spills:
+        # 16/4/1 138 regs 22 KB smem, 16/4/2 128 regs 70 KB, 32/4/2 156 regs 74 KB, 64/8/2 178 regs 91 KB; fp32
+        # 16/4/1: 188 regs 45 KB). Grid V / seqf_bv x 6 heads: 96 / 96 / 48 / 24 CTAs on 132 SMs.
+        # Right after the default: timed before seqf_bv=16 / 8 warps (an illegal memory access in run 2, see
+        # config.py), which would take the CUDA context down with it.
+        dict(buffer_dtype="bf16"),
+        dict(buffer_dtype="bf16", seqf_stages=2),
+        dict(buffer_dtype="bf16", seqf_bv=32, seqf_warps=4, seqf_stages=2),
+        dict(buffer_dtype="bf16", seqf_bv=64, seqf_warps=8, seqf_stages=2),
         dict(seqf_bv=16, seqf_warps=8),
         dict(seqf_bv=32, seqf_warps=8),
         dict(seqf_stages=2),
@@ -475,6 +485,20 @@ def sweep(s: BenchSettings):
                 log(f"  T={T} softmax {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
             except Exception as exc:
                 log(f"  T={T} softmax {var}: FAILED {exc!r}")
+        fla_op = fla_gdn()
+        if fla_op is not None and elapsed() <= s.budget_s:  # fla's forward first (no commit mask)
+            try:
+
+                def fla_fwd(xs=xs, fla_op=fla_op):
+                    return fla_op(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype),
+                                  use_qk_l2norm_in_kernel=True)[0]
+
+                tf = bench(fla_fwd, warmup=5, rep=40)
+                RESULTS["sweep"].append(dict(T=T, kind="fla_gdn", var={}, fwd=tf))
+                log(f"  T={T} fla gdn (no commit mask): fwd {tf:.3f}")
+            except Exception as exc:
+                log(f"  T={T} fla gdn: FAILED {exc!r}")
+        o_default = None  # the default variant's output: each variant's rel. RMS difference to it (o_rel)
         for var in gdn_variants:
             if elapsed() > s.budget_s:
                 log("  sweep: time budget reached")
@@ -494,10 +518,15 @@ def sweep(s: BenchSettings):
                         config=cfg_g,
                     )[0]
 
+                with torch.no_grad():
+                    o_var = gfwd().float()
+                if o_default is None:
+                    o_default = o_var
+                o_rel = rel_rms(o_var, o_default)
                 tf = bench(gfwd, warmup=5, rep=40)
                 tfb = bench(lambda gfwd=gfwd, dog=dog: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req)
-                RESULTS["sweep"].append(dict(T=T, kind="gdn", var=var, fwd=tf, fb=tfb))
-                log(f"  T={T} gdn {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
+                RESULTS["sweep"].append(dict(T=T, kind="gdn", var=var, fwd=tf, fb=tfb, o_rel=o_rel))
+                log(f"  T={T} gdn {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f} (o vs default {o_rel:.1e})")
             except Exception as exc:
                 log(f"  T={T} gdn {var}: FAILED {exc!r}")
 

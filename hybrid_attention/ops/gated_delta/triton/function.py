@@ -43,6 +43,10 @@ class _Tiles:
         self.seqb = dict(num_warps=cfg.seqb_warps, num_stages=cfg.seqb_stages)
         self.bwdk = dict(num_warps=cfg.bwdk_warps, num_stages=cfg.bwdk_stages)
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
+        # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)
+        self.bf16 = cfg.buffer_dtype == "bf16"
+        self.buf = torch.bfloat16 if self.bf16 else torch.float32
+        self.lowp = dict(BF16=self.bf16, UPCAST=interp)  # UPCAST: the interpreter's bf16 dot is wrong (no NumPy bf16)
 
 
 def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:
@@ -69,31 +73,32 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     rq = config.empty_like(G)
     rk = config.empty_like(G)
     X = config.empty(B, H, N, C, C, device=dev, dtype=f32)
-    w = config.empty(B, H, Tp, K, device=dev, dtype=f32)
-    u = config.empty(B, H, Tp, V, device=dev, dtype=f32)
+    w = config.empty(B, H, Tp, K, device=dev, dtype=cfg.buf)
+    u = config.empty(B, H, Tp, V, device=dev, dtype=cfg.buf)
     A_scratch = config.empty(B, H, N, C, C, device=dev, dtype=f32)
     varlen = vl is not None
     n_seq = _seq_grid(B, H, vl)
     cu, ci, co = _vl_ptrs(vl, G)  # unused pointers when not packed
     _k._prep_kernel[(N, B * H)](
         q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, cu, ci, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, VARLEN=varlen, **cfg.par,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, VARLEN=varlen, **cfg.lowp,
+        **cfg.par,
     )
     del A_scratch
-    states = config.empty(B, H, N, K, V, device=dev, dtype=f32)
-    vn = config.empty(B, H, Tp, V, device=dev, dtype=f32)
+    states = config.empty(B, H, N, K, V, device=dev, dtype=cfg.buf)
+    vn = config.empty(B, H, Tp, V, device=dev, dtype=cfg.buf)
     Sfin = config.empty(n_seq // H, H, K, V, device=dev, dtype=f32) if need_final else states
     _k._state_fwd_kernel[(triton.cdiv(V, cfg.BVS), n_seq)](
         k, w, u, G, rk, commit if commit is not None else G, S0 if S0 is not None else G, states, vn, Sfin,
         cu, ci, co, T, H, N, NM, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVS, HAS_COMMIT=commit is not None, HAS_S0=S0 is not None,
         STORE_FINAL=need_final, DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp,
-        VARLEN=varlen, **cfg.seqf,
+        VARLEN=varlen, **cfg.lowp, **cfg.seqf,
     )
     o = config.empty(B, T, H, V, device=dev, dtype=v.dtype)
     _k._output_kernel[(triton.cdiv(V, cfg.BV), N, B * H)](
         q, k, G, rq, rk, states, vn, o, cu, ci, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, **cfg.par,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, **cfg.lowp, **cfg.par,
     )
     saved = (G, rq, rk, X, w, states, vn)
     return o, (Sfin if need_final else None), saved

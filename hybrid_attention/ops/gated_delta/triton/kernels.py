@@ -37,6 +37,16 @@ No runtime float arguments: the output scale is the constexpr ``SCALE``. ``torch
 ``function.py`` and inductor re-compiles these kernels, typing Python float runtime arguments fp64; ``fp64 · fp32``
 would promote the fp32 loop-carried states (dS of ``state_bwd``) and Triton refuses the loop. Every accumulator is
 created with an explicit fp32 dtype, and every operand that meets the state is fp32 (activations are cast on load).
+
+bf16 buffers (``BF16``, ``GatedDeltaConfig.buffer_dtype="bf16"``): w, u, S_n and vn are stored bf16 and the dots of
+``state_fwd`` / ``output`` take bf16 operands (``_bf16``: the fp32 value rounded to nearest even, then the dot
+accumulates in fp32); the carried S, every elementwise term of its update and all of ``prep``'s math stay fp32 (prep
+rounds only on store). The backward kernels keep their fp32 path and cast every buffer they load to fp32
+(``.to(tl.float32)``: a no-op on fp32 buffers, so the default launch compiles to the same code). ``UPCAST``
+(interpreter only, GPU value False): the interpreter's ``tl.dot`` multiplies bf16's uint16 storage as integers and
+its fp32 -> bf16 cast truncates, so there ``_bf16`` keeps an fp32 tensor holding the round-to-nearest-even bf16
+value (products of two bf16 values are exact in fp32, so the interpreter's dot is the GPU's bf16 MMA with fp32
+accumulation up to the summation order) and stores of such values into a bf16 buffer are exact.
 """
 
 from __future__ import annotations
@@ -58,6 +68,28 @@ def _chunk_rows(cu_ptr, ci_ptr, n, T, C: tl.constexpr, VARLEN: tl.constexpr):
         t1 = T
     tt = t0 + tl.arange(0, C)
     return tt, tt < t1, t0, t1
+
+
+@triton.jit
+def _bf16(x, BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """x as a bf16 dot operand / bf16-buffer value when ``BF16`` (x itself otherwise: the fp32 path is unchanged).
+
+    GPU: ``x.to(tl.bfloat16)`` (cvt.rn: round to nearest even; a bf16 load passes through). ``UPCAST``
+    (interpreter): an fp32 tensor holding that rounded value (see the module docstring): a bf16 load is cast to fp32
+    (exact); an fp32 value is rounded to nearest even on its bits (NaN kept: poisoned buffers must stay visible)."""
+    if BF16:
+        if UPCAST:
+            if x.dtype == tl.bfloat16:
+                y = x.to(tl.float32)
+            else:
+                bits = x.to(tl.uint32, bitcast=True)
+                rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+                y = tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+        else:
+            y = x.to(tl.bfloat16)
+    else:
+        y = x
+    return y
 
 
 @triton.jit
@@ -107,7 +139,8 @@ def _prep_kernel(
     G_ptr, rq_ptr, rk_ptr, X_ptr, A_ptr, w_ptr, u_ptr, cu_ptr, ci_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
+    USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr, BF16: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -158,14 +191,14 @@ def _prep_kernel(
         km = (kc < K)[None, :]
         kt = tl.load(k_ptr + qk_base + tt[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & km, other=0.0)
         wt = tl.dot(X, kt.to(tl.float32) * coef[:, None], input_precision=PREC)
-        tl.store(w_ptr + bh * Tp * K + t[:, None] * K + kc[None, :], wt, mask=km)
+        tl.store(w_ptr + bh * Tp * K + t[:, None] * K + kc[None, :], _bf16(wt, BF16, UPCAST), mask=km)
     v_base = b * T * H * V + h * V
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         vm = (vc < V)[None, :]
         vt = tl.load(v_ptr + v_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
         ut = tl.dot(X, vt.to(tl.float32) * beta_t[:, None], input_precision=PREC)
-        tl.store(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], ut, mask=vm)
+        tl.store(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], _bf16(ut, BF16, UPCAST), mask=vm)
 
 
 @triton.jit
@@ -174,20 +207,26 @@ def _state_fwd_step(
     bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
+    BF16: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    tl.store(states_ptr + (bh * N + n) * K * V + kv_offs, S, mask=kv_mask)
+    # BF16: S is rounded once and serves as the stored S_n and the operand of w S (fla's h.to(bf16)); S stays fp32
+    Sb = _bf16(S, BF16, UPCAST)
+    tl.store(states_ptr + (bh * N + n) * K * V + kv_offs, Sb, mask=kv_mask)
     t = n * C + tl.arange(0, C)
     tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
     un = tl.load(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-    vn = un - tl.dot(wn, S, input_precision=PREC)
+    vn = un.to(tl.float32) - tl.dot(_bf16(wn, BF16, UPCAST), Sb, input_precision=PREC)
+    # BF16: the rounded vn is both the stored vn (read by output / backward) and the operand of K̃ᵀ vn, so the state
+    # update and the output see the same value
+    vn = _bf16(vn, BF16, UPCAST)
     tl.store(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], vn, mask=vm[None, :])
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
     rkt = tl.load(rk_ptr + bh * Tp + t)
     kt = tl.load(k_ptr + b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :],
                  mask=tm[:, None] & km[None, :], other=0.0)
-    kd = kt.to(tl.float32) * (rkt * tl.exp(Gl - Gt))[:, None]
+    kd = _bf16(kt.to(tl.float32) * (rkt * tl.exp(Gl - Gt))[:, None], BF16, UPCAST)
     dS = tl.dot(tl.trans(kd), vn, input_precision=PREC)
     gam = tl.exp(Gl)
     if HAS_COMMIT:
@@ -208,7 +247,7 @@ def _state_fwd_kernel(
     T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_S0: tl.constexpr, STORE_FINAL: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr,
-    PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, VARLEN: tl.constexpr,
+    PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, VARLEN: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Sequential chunk recurrence for one V tile of one (sequence, head): stores S_n (chunk start states), vn, and
     the final state. Grid (V / BV, B·H), or (V / BV, N_docs·H) with ``VARLEN`` (chunk rows ``offsets[d]..[d + 1]``).
@@ -244,13 +283,13 @@ def _state_fwd_kernel(
         while n < c1:
             S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, cu_ptr, ci_ptr,
                                 bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
-                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN, BF16, UPCAST)
             n += 1
     else:
         for n in range(c0, c1):
             S = _state_fwd_step(n, S, k_ptr, w_ptr, u_ptr, G_ptr, rk_ptr, m_ptr, states_ptr, vn_ptr, cu_ptr, ci_ptr,
                                 bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
-                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+                                K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN, BF16, UPCAST)
     if STORE_FINAL:
         tl.store(Sfin_ptr + sh * K * V + kv_offs, S, mask=kv_mask)
 
@@ -260,7 +299,7 @@ def _output_kernel(
     q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, states_ptr, vn_ptr, o_ptr, cu_ptr, ci_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    SCALE: tl.constexpr, VARLEN: tl.constexpr,
+    SCALE: tl.constexpr, VARLEN: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pv = tl.program_id(0)
     n = tl.program_id(1)
@@ -288,14 +327,14 @@ def _output_kernel(
         msk = tm[:, None] & km[None, :]
         qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
         kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
-        P += tl.dot(qt, tl.trans(kt), input_precision=PREC)
+        P += tl.dot(_bf16(qt, BF16, UPCAST), tl.trans(_bf16(kt, BF16, UPCAST)), input_precision=PREC)
         Sk = tl.load(states_ptr + (bh * N + n) * K * V + kc[:, None] * V + vc[None, :],
                      mask=km[:, None] & vm[None, :], other=0.0)
-        acc += tl.dot(qt * tl.exp(Gt)[:, None], Sk, input_precision=PREC)
+        acc += tl.dot(_bf16(qt * tl.exp(Gt)[:, None], BF16, UPCAST), _bf16(Sk, BF16, UPCAST), input_precision=PREC)
     incl = ti[:, None] >= ti[None, :]
     D = tl.exp(tl.where(incl, Gt[:, None] - Gt[None, :], float("-inf")))
     vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-    acc += tl.dot(P * D, vn, input_precision=PREC)
+    acc += tl.dot(_bf16(P * D, BF16, UPCAST), _bf16(vn, BF16, UPCAST), input_precision=PREC)
     o = acc * SCALE
     tl.store(o_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :], o.to(o_ptr.dtype.element_ty),
              mask=tm[:, None] & vm[None, :])
@@ -342,7 +381,7 @@ def _bwd_local_kernel(
         vm = (vc < V)[None, :]
         dO = tl.load(do_ptr + do_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
         dO = dO.to(tl.float32)
-        vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm, other=0.0)
+        vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm, other=0.0).to(tl.float32)
         dvl = tl.dot(tl.trans(PD), dO, input_precision=PREC) * SCALE
         tl.store(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvl, mask=vm)
         dP += tl.dot(dO, tl.trans(vn), input_precision=PREC)
@@ -371,7 +410,7 @@ def _state_bwd_step(
     msk = tm[:, None] & km[None, :]
     kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
     qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
-    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
+    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
                  mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
     dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
@@ -488,11 +527,11 @@ def _bwd_k_kernel(
                      other=0.0)
         dO = dO.to(tl.float32)
         rows = bh * Tp * V + t[:, None] * V + vc[None, :]
-        vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0)
+        vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0).to(tl.float32)  # bf16 with BF16 buffers
         dvn = tl.load(dvn_ptr + rows, mask=vm[None, :], other=0.0)
         kv = st_base + kc[:, None] * V + vc[None, :]
         kvm = km[:, None] & vm[None, :]
-        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0)
+        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
         dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)
         dQt += tl.dot(dO, tl.trans(Sk), input_precision=PREC)
         dw -= tl.dot(dvn, tl.trans(Sk), input_precision=PREC)
