@@ -33,6 +33,12 @@ Decisions and deviations from the official code (each named once, here):
   (one host sync per layer and prefill, the leanest cache, the state as before), "full" gives every complete chunk a
   slot (no host sync, e.g. for CUDA-graph capture; outputs identical, decoding from it equal up to the summation
   order of the masked extra slots). Decoding keeps its one sync per completed chunk (the static step has none).
+- Packed documents (``cu_seqlens``; issues 15 and 17): the training forward and backward read nothing on the host,
+  device offsets included. The list of complete chunks has the static length T // C (the first rows are the
+  document chunks that have C tokens, in order; a mask marks them), the per-chunk inputs of the ops the sync-free row
+  count ``max_chunks(T, N, C)`` (``ops/common/varlen.py``; rows past Nc ignored): shapes from T, N and C only.
+  Outputs are unchanged (gradients up to the BLAS rounding of a projection over more rows); ``sample="gumbel"``
+  draws noise for the padded rows too. An attached ``RoutingRecorder`` keeps only the real chunks (one host read).
 - Routing analysis lives outside the layer and its state (layers/natsl_routing.py): forcing is configuration, a
   frozen `RoutingSpec` in `routing` (the `force_routing` argument, or `force_routing(model, ...)`); the chunk types
   of a pass go to a `RoutingRecorder` attached for the calls it should see (`with rec.attach(model): ...`), never
@@ -362,22 +368,39 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         return self._forward_parallel(x, state, keep)
 
     def _complete_chunks(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None):
-        """The complete chunks x_full [B, N_full, C, D] of x [B, T, D] (per document with cu_seqlens: chunks restart
-        at each document start), the number of all chunks N (a partial chunk ends every document whose length is
-        not a multiple of C) and place(vals [B, N_full, Hn], fill) -> [B, N, Hn], the values of the complete chunks
-        in chunk order, `fill` for the partial ones (which get no type)."""
+        """The complete chunks of x [B, T, D] (per document with cu_seqlens: chunks restart at each document start).
+
+        Returns (x_full [B, N_full, C, D], valid, R, place): ``place(vals [B, N_full, Hn], fill) -> [B, R, Hn]`` puts
+        the values of the complete chunks at their chunk rows (chunk order) and ``fill`` at the others (partial
+        chunks get no type; so do the spare rows). Dense: N_full = T // C, R = ceil(T / C), valid None (every row of
+        x_full is a chunk). Packed (issue 15, no host read of the offsets): the shapes come from T, N and C alone,
+        N_full = T // C (the most complete chunks T tokens hold) and R = ``max_chunks(T, N, C)`` (the sync-free row
+        count the ops accept, ``ops/common/varlen.py``); valid [N_full] bool marks the rows of x_full that are
+        complete chunks (the first ones, in order; the others hold tokens of no meaning and get no type)."""
         b, t, d = x.shape
         c = self.chunk_size
         if cu_seqlens is None:
             n_full, n_all = t // c, -(-t // c)
-            return (x[:, : n_full * c].reshape(b, n_full, c, d), n_all,
+            return (x[:, : n_full * c].reshape(b, n_full, c, d), None, n_all,
                     lambda vals, fill: F.pad(vals, (0, 0, 0, n_all - n_full), value=fill))
-        starts, lens = chunk_layout(cu_seqlens, c)
-        full = (lens == c).nonzero()[:, 0]  # one host sync: the number of complete chunks
-        x_full = x[:, starts[full][:, None] + torch.arange(c, device=x.device)]  # [B, N_full, C, D]
-        n_all = starts.numel()
-        return x_full, n_all, lambda vals, fill: vals.new_full((b, n_all, vals.shape[2]), fill).index_copy(1, full,
-                                                                                                          vals)
+        starts, lens = chunk_layout(cu_seqlens, c, t)  # [R] each: device ops, spare rows of length 0
+        n_rows, n_full = starts.numel(), t // c
+        complete = lens == c  # [R]
+        seen = complete.long().cumsum(0)  # [R]: complete chunks up to and including each row
+        # row of the j-th complete chunk (j < the true count; else clamped: a spare entry of x_full)
+        src = torch.searchsorted(seen, torch.arange(1, n_full + 1, device=x.device)).clamp_(max=n_rows - 1)
+        valid = torch.arange(n_full, device=x.device) < seen[-1]  # [N_full]
+        pos = (starts[src][:, None] + torch.arange(c, device=x.device)).clamp_(max=t - 1)  # [N_full, C]
+        x_full = x[:, pos]  # [B, N_full, C, D]
+        rank = (seen - 1).clamp_(0, max(n_full - 1, 0))  # [R]: each complete row's entry of x_full
+
+        def place(vals: torch.Tensor, fill: float) -> torch.Tensor:
+            if n_full == 0:  # no complete chunk: every row gets `fill` (pad keeps vals in the graph: zero grads)
+                return F.pad(vals, (0, 0, 0, n_rows), value=fill)
+            got = vals[:, rank]  # [B, R, Hn]
+            return torch.where(complete[None, :, None], got, torch.full_like(got, fill))
+
+        return x_full, valid, n_rows, place
 
     def _forward_parallel(self, x, state, keep, cu_seqlens=None, pos=None):
         """From an empty state: whole-sequence chunk ops (training path). Builds the decode state if `keep`.
@@ -385,11 +408,11 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         b, t, _ = x.shape
         c, hl, hs = self.chunk_size, self.num_heads, self.num_attn_heads
         q, k, v, beta, g, new_conv = self._project(x, state, keep, cu_seqlens)
-        x_full, n_all, place = self._complete_chunks(x, cu_seqlens)
+        x_full, valid, _, place = self._complete_chunks(x, cu_seqlens)
         n_full = x_full.shape[1]
         hard, p = self._route(x_full)
         for rec in self.recorders:
-            rec.record_pass(self, hard[..., SOFTMAX])
+            rec.record_pass(self, hard[..., SOFTMAX], valid)
         # Straight-through masks: value = the hard choice; gradient = d/dp of the op's mask derivative, kept only
         # for the selected op unless counterfactual_grad.
         st_grad = p - p.detach()

@@ -124,10 +124,16 @@ class RoutingRecorder:
                 layer.recorders = tuple(r for r in layer.recorders if r is not self)
 
     # ------------------------------------------------------------------------------------------------ the layer's
-    def record_pass(self, layer: nn.Module, types: torch.Tensor) -> None:
-        """A pass from an empty state typed its complete chunks: types [B, N, Hn] (N may be 0)."""
+    def record_pass(self, layer: nn.Module, types: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """A pass from an empty state typed its complete chunks: types [B, N, Hn] (N may be 0). valid [N] bool: which
+        rows are chunks (a packed pass types a static bound of rows, the complete chunks first, ``NatsLAttention.
+        _complete_chunks``); they are kept, the others dropped: a boolean-mask selection, one host read of the count
+        per recorded pass (a recorder is an analysis hook, attached only on request; without one the layer reads
+        nothing)."""
         key = self._keys[id(layer)]
         types = types.detach().bool()
+        if valid is not None:
+            types = types[:, valid]
         self._passes.setdefault(key, []).append(types)
         self._chunks.setdefault(key, []).append(types)
 

@@ -27,14 +27,22 @@ from hybrid_attention.ops.common.varlen import positions_in_document
 
 def left_padding_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
     """attention_mask [B, T] -> the token count of every row [B] (int64), or None when it holds no zero (the fast
-    path: the mask is then ignored). Raises ``ValueError`` (one line naming attention_mask) unless left padding."""
+    path: the mask is then ignored). Raises ``ValueError`` (one line naming attention_mask) unless left padding.
+
+    DECISION (issue 15): one host read of a device mask per call (both flags at once), not none: which path runs
+    (the batched one, or packing the rows into documents: a data-dependent token count, per-row decode states for
+    NAtS-L) and the error for a bad mask depend on its values. Taking the packed path for every mask would not
+    remove the read (packing sizes by the count of ones) and would make unpadded batches pay the varlen path."""
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be [B, T], got shape {tuple(attention_mask.shape)}")
     valid = attention_mask != 0
-    if bool(valid.all()):
+    if valid.shape[1] == 0:
         return None
     bad = (valid[:, :-1] & ~valid[:, 1:]).any(1) | ~valid[:, -1]
-    if bool(bad.any()):
+    no_zero, any_bad = torch.stack([valid.all(), bad.any()]).tolist()  # one host read
+    if no_zero:
+        return None
+    if any_bad:
         row = int(bad.nonzero()[0, 0])
         raise ValueError(f"attention_mask must be left padding (each row: zeros, then ones up to the last column; "
                          f"padding_side='left'), got row {row} = {attention_mask[row].tolist()}")

@@ -112,3 +112,52 @@ def test_layer_refuses_state_with_cu_seqlens() -> None:
         layer(x, cu_seqlens=cu_seqlens_from_lengths([3, 4]))
     with pytest.raises(ValueError, match="^state must be None with cu_seqlens"):
         ShortConvolution(4, 4)(x[..., :4], torch.zeros(1, 4, 3, dtype=F64), cu_seqlens=cu_seqlens_from_lengths([19]))
+
+
+def test_natsl_packed_recorder_keeps_the_real_chunks() -> None:
+    """The packed pass types a static bound of chunk rows (T // C, the complete chunks first); an attached recorder
+    keeps the real ones: the same types as the documents' separate passes, in document order."""
+    from hybrid_attention.layers.natsl_routing import RoutingRecorder
+
+    torch.manual_seed(0)
+    layer = CASES["natsl"]().double()
+    lengths = (4, 9, 1, 8, 5, 12, 3)  # 1 + 2 + 0 + 2 + 1 + 3 + 0 = 9 complete chunks of 4 < T // C = 10 rows
+    x = torch.randn(1, sum(lengths), HIDDEN, dtype=F64)
+    offs = cu_seqlens_from_lengths(lengths).tolist()
+    rec = RoutingRecorder()
+    with rec.attach(layer):
+        layer(x, cu_seqlens=cu_seqlens_from_lengths(lengths))
+        packed = rec.last()
+        alone = []
+        for a, b in zip(offs[:-1], offs[1:], strict=True):
+            layer(x[:, a:b])
+            alone.append(rec.last())
+    assert sum(lengths) // 4 == 10 and packed.shape == (1, 9, 2)
+    assert torch.equal(packed, torch.cat(alone, 1))
+
+
+def test_natsl_packed_triton_matches_separate() -> None:
+    """backend="triton" (the interpreter on the CPU, fp32): the packed call passes per-chunk inputs of the sync-free
+    row count max_chunks(T, N, C) to the Triton kernels; outputs and gradients equal the documents run alone through
+    the reference ops."""
+    pytest.importorskip("triton")
+    from hybrid_attention.layers import NatsLAttention
+
+    torch.manual_seed(3)
+    kw = dict(num_heads=2, head_dim=16, expand_v=2, num_attn_heads=4, chunk_size=16)
+    ref = NatsLAttention(HIDDEN, **kw)
+    tri = NatsLAttention(HIDDEN, backend="triton", **kw)
+    tri.load_state_dict(ref.state_dict())
+    lengths = (5, 16, 37, 1, 20)  # 4 complete chunks, Nc = 7 chunk rows, max_chunks(79, 5, 16) = 9
+    cu = cu_seqlens_from_lengths(lengths)
+    x = torch.randn(1, sum(lengths), HIDDEN)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya = tri(xa, cu_seqlens=cu)[0]
+    offs = cu.tolist()
+    yb = torch.cat([ref(xb[:, a:b])[0] for a, b in zip(offs[:-1], offs[1:], strict=True)], 1)
+    torch.testing.assert_close(ya, yb, rtol=2e-4, atol=2e-5)
+    w = torch.linspace(-1, 1, ya.numel()).view_as(ya)
+    ga = torch.autograd.grad((ya * w).sum(), [xa, *tri.parameters()])
+    gb = torch.autograd.grad((yb * w).sum(), [xb, *ref.parameters()])
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-4)

@@ -5,7 +5,9 @@ The GPU form is what runs: each mixer's backend is "triton" (conftest sets ``TRI
 the Triton wrappers accept non-CUDA tensors) and every kernel launch is a no-op (``_no_launches``), so the host
 side of the wrappers, the layers and the model runs as on the GPU, minus the kernels themselves (which never read
 back). The S4D mixer has no Triton form; its CUDA "auto" choices (Toeplitz up to 2K tokens, FFT above) run as such.
-The CUDA-only test at the end checks the same calls with ``torch.cuda.set_sync_debug_mode("error")``.
+The CUDA-only tests at the end check the same calls with ``torch.cuda.set_sync_debug_mode("error")``.
+Packed documents (``cu_seqlens``, issue 17): the training call with the offsets on the meta device as well, for every
+mixer with a sync-free packed form (all but S4D's Toeplitz / FFT forms).
 """
 
 from __future__ import annotations
@@ -79,6 +81,42 @@ def test_training_forward_and_backward_read_nothing_on_the_host(case, _no_launch
         assert _no_launches, "the Triton forms did not run"
 
 
+PACKED_NATSL = {"router": {}, "forced": {"force_routing": 0.5}, "counterfactual": {"counterfactual_grad": True}}
+# The S4D mixer (Toeplitz / FFT) runs packed documents through its per-document reference form, which reads the
+# offsets on the host (ops/common/varlen.py, per_document): it has no sync-free packed form yet.
+PACKED_CASES = [case for case in CASES if not case.startswith("s4d-")]
+PACKED_RUNS = [(case, natsl) for case in PACKED_CASES for natsl in PACKED_NATSL
+               if natsl == "router" or "natsl" in CASES[case][0]]
+
+
+@pytest.mark.parametrize("case,natsl", PACKED_RUNS)
+def test_packed_training_forward_and_backward_read_nothing_on_the_host(case, natsl, _no_launches):
+    """Packed documents (issue 17): ``cu_seqlens`` is a meta tensor too, so its values cannot be read; every shape
+    comes from T, N = cu_seqlens.numel() - 1 and the chunk size (NAtS-L: its chunk list padded to the static bounds
+    T // C and ``max_chunks``). NAtS-L: the router's routing, a forced fraction, the counterfactual gradient."""
+    layers, options = CASES[case]
+    model = _model(layers, options, "meta", **PACKED_NATSL[natsl]).train()
+    ids = torch.zeros(1, T, dtype=torch.long, device="meta")
+    cu = torch.empty(5, dtype=torch.int32, device="meta")  # 4 documents
+    out = model(ids, labels=ids, cu_seqlens=cu)
+    assert out.logits.shape == (1, T, model.config.vocab_size) and out.loss.device.type == "meta"
+    out.loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    if case != "softmax":
+        assert _no_launches, "the Triton forms did not run"
+
+
+def test_a_recorder_on_a_packed_pass_reads_the_chunk_count(_no_launches):
+    """Control: a RoutingRecorder attached to a packed pass keeps only its real chunks (the layer pads the list to a
+    static bound), a selection that reads their count on the host; the meta device catches it. Without a recorder
+    the same pass reads nothing (above)."""
+    model = _model(["natsl"], {}, "meta").train()
+    ids = torch.zeros(1, T, dtype=torch.long, device="meta")
+    rec = RoutingRecorder()
+    with rec.attach(model), pytest.raises((RuntimeError, NotImplementedError)):
+        model(ids, cu_seqlens=torch.empty(5, dtype=torch.int32, device="meta"))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("natsl", [{"prefill_cache": "full"}, {"force_routing": 0.5}], ids=["router-full", "forced"])
 def test_prefill_with_a_recorder_reads_nothing_on_the_host(case, natsl, _no_launches):
@@ -122,6 +160,25 @@ def test_cuda_forward_backward_and_prefill_make_no_sync(case):
         model(ids, labels=ids).loss.backward()
         with torch.no_grad():
             model(ids, use_cache=True, logits_to_keep=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (sync debug mode)")
+@pytest.mark.parametrize("case", PACKED_CASES)
+def test_cuda_packed_forward_backward_make_no_sync(case):
+    """CUDA only: the packed training call with device offsets ("auto" backends, the kernels run) raises on any
+    synchronising call."""
+    layers, options = CASES[case]
+    model = _model(layers, options, "cuda", backend="auto")
+    ids = torch.randint(0, model.config.vocab_size, (1, 4 * T), device="cuda")
+    cu = torch.tensor([0, 1, 17, 100, 4 * T], dtype=torch.int32, device="cuda")
+    model(ids, labels=ids, cu_seqlens=cu).loss.backward()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(ids, labels=ids, cu_seqlens=cu).loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -18,6 +18,7 @@ from hybrid_attention.ops.common.varlen import (
     chunk_offsets,
     cu_seqlens_from_lengths,
     document_ids,
+    max_chunks,
     positions_in_document,
     validate_cu_seqlens,
 )
@@ -199,6 +200,49 @@ def test_natsl_mixed_reference_packed() -> None:
     oa_ref, _ = _separate(attn, _leaves(attn, False), False, "naive")
     assert (o_g - og_ref).abs().max().item() < TOL and (S - S_ref).abs().max().item() < TOL
     assert (o_a - oa_ref).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("backend", ["naive", "reference"])
+@pytest.mark.parametrize("name", ["gated_delta-commit", "chunk_attention"])
+def test_per_chunk_inputs_padded_to_max_chunks(name: str, backend: str) -> None:
+    """Per-chunk inputs of the sync-free row count max_chunks(T, N, C) (the NAtS-L layer's packed routing): the rows
+    past Nc are ignored (junk there changes nothing, their gradient is zero); one row more raises."""
+    case = CASES[name]()
+    cu = cu_seqlens_from_lengths(LENGTHS)
+    nc, rows = _n_chunks(), max_chunks(sum(LENGTHS), len(LENGTHS), C)
+    assert rows > nc
+    pad = {n: torch.cat([x, torch.ones_like(x[:, :1]).expand(1, rows - nc, *x.shape[2:])], 1)
+           for n, x in case.chunk.items()}
+    o_ref, _ = case.call(backend, **case.tok, **case.chunk, cu_seqlens=cu)
+    leaves = {n: x.detach().clone().requires_grad_() if x.is_floating_point() else x for n, x in pad.items()}
+    tok = {n: x.detach().clone().requires_grad_() for n, x in case.tok.items()}
+    o, _ = case.call(backend, **tok, **leaves, cu_seqlens=cu)
+    assert torch.equal(o, o_ref)
+    for x in leaves.values():
+        if x.requires_grad:
+            (g,) = torch.autograd.grad(_loss(o, None), x, allow_unused=True)
+            assert g is None or g[:, nc:].abs().max().item() == 0
+    one_more = {n: torch.cat([x, x[:, :1]], 1) for n, x in pad.items()}
+    first = next(iter(case.chunk))
+    with pytest.raises(ValueError, match=rf"^{first} must be \[1, Nc, \.\.\.\] with Nc = {nc} chunks, or up to "
+                                         rf"max_chunks = {rows} rows"):
+        case.call(backend, **case.tok, **one_more, cu_seqlens=cu)
+
+
+def test_chunk_layout_with_the_static_row_count() -> None:
+    """chunk_layout(cu, C, T): max_chunks rows without a host read (meta offsets), the chunks first, then spare rows of
+    length 0."""
+    cu = cu_seqlens_from_lengths([1, 3, 5])
+    starts, lens = chunk_layout(cu, 2, 9)
+    assert starts.numel() == max_chunks(9, 3, 2) == 6  # == Nc here: no spare row
+    assert (starts.tolist(), lens.tolist()) == ([0, 1, 3, 4, 6, 8], [1, 2, 1, 2, 2, 1])
+    cu = cu_seqlens_from_lengths([2, 2, 2, 3])  # Nc = 5, max_chunks = 6
+    starts, lens = chunk_layout(cu, 2, 9)
+    exact = chunk_layout(cu, 2)
+    assert starts[:5].tolist() == exact[0].tolist() and lens[:5].tolist() == exact[1].tolist()
+    assert lens[5:].tolist() == [0] and (starts[5:] >= 9).all()
+    meta = chunk_layout(torch.empty(4, dtype=torch.int32, device="meta"), 2, 9)
+    assert meta[0].shape == meta[1].shape == (6,) and meta[0].device.type == "meta"
 
 
 def test_flex_backend_refuses_cu_seqlens() -> None:

@@ -356,6 +356,34 @@ def test_spare_rows_read_and_write_nothing() -> None:
         assert rel(a, b) < TOL, (name, rel(a, b))
 
 
+def test_per_chunk_inputs_padded_to_max_chunks() -> None:
+    """Per-chunk inputs of max_chunks(T, N, C) rows (the NAtS-L layer's sync-free packed routing) with junk past Nc:
+    the same outputs and gradients of the real inputs and rows as with the exact Nc rows (spare rows never read)."""
+    lengths = (9, 9, 9, 9)  # Nc = 4, max_chunks = 6
+    nc, rows = n_chunks(lengths), max_chunks(36, 4, C)
+    cu = cu_seqlens_from_lengths(lengths).to(DEVICE)
+    junk = lambda x, val: torch.cat([x, torch.full_like(x[:, :1], val).expand(1, rows - nc, *x.shape[2:])], 1)  # noqa: E731
+    inputs = _gdn_inputs(lengths, "relaxed", False, seed=3, V=16)
+    results = []
+    for pad in (False, True):
+        xs = [_leaf(x, torch.float32, DEVICE) for x in inputs]
+        q, k, v, g, beta, commit, _ = xs
+        m = junk(commit, 0.5) if pad else commit
+        o, S = triton_gated_delta(q, k, v, g, beta, commit=m, chunk_size=C, output_final_state=True, cu_seqlens=cu)
+        results.append([o, S, *_grads(_loss(o, S), xs[:6])])
+    for name, a, b in zip(GDN_NAMES, *results, strict=False):
+        assert torch.equal(a, b), name
+    qa, ka, va, routing, bias = _attn_inputs(lengths, 0.6, seed=4)
+    results = []
+    for pad in (False, True):
+        xs = [_leaf(x, torch.float32, DEVICE) for x in (qa, ka, va, bias)]
+        r, b = (junk(routing, True), junk(xs[3], 1.0)) if pad else (routing, xs[3])
+        o = triton_chunk_attention(*xs[:3], r.to(DEVICE), chunk_size=C, group_size=2, routing_bias=b, cu_seqlens=cu)
+        results.append([o, *_grads(_loss(o, None), xs)])
+    for name, a, b in zip(["o", "dq", "dk", "dv", "d_routing_bias"], *results, strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_bad_packed_inputs_one_line_errors() -> None:
     q, k, v, g, beta, commit, S0 = _gdn_inputs(LENGTHS, "random", True, seed=0, V=16)
     cu = cu_seqlens_from_lengths(LENGTHS)

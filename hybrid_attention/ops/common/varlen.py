@@ -30,6 +30,10 @@ Decisions:
   shape only (its values are trusted, as fla does: wrong device offsets are undefined behaviour) and the per-chunk
   inputs for Nc within the bounds every split of T tokens into N documents allows (``min_chunks``, ``max_chunks``;
   the kernels read per-chunk inputs masked by their own row count). No other index table exists.
+- Per-chunk inputs may also have the sync-free row count ``max_chunks(T, N, chunk_size)`` itself, whatever the
+  offsets' device and the form (the NAtS-L layer's packed routing, which cannot know Nc without a host read): rows
+  ``[0, Nc)`` are the chunks, the rows past Nc are ignored (never read by a kernel, sliced off by ``per_document``);
+  their gradient is zero in the reference forms and unspecified (not written) in the Triton ones.
   Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
 """
 
@@ -128,15 +132,29 @@ def chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return torch.cat([n.new_zeros(1), n.cumsum(0)])
 
 
-def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunk starts per document: ``(starts [Nc], lengths [Nc])`` (int64), the packed position of each chunk's first
-    token and its token count (``chunk_size``, or less for the last chunk of a document), in document order."""
-    lens = document_lengths(cu_seqlens)
+def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int, total_len: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk starts per document: ``(starts [R], lengths [R])`` (int64), the packed position of each chunk's first
+    token and its token count (``chunk_size``, or less for the last chunk of a document), in document order.
+
+    ``total_len`` None: R = Nc, the exact chunk count (a data-dependent shape: one host read of device offsets).
+    ``total_len`` = T (the inputs' length): R = ``max_chunks(T, N, chunk_size)`` rows, built with device ops only
+    (``searchsorted``, as ``chunk_table``; no host read): rows ``[0, Nc)`` are the chunks, the spare rows after them
+    have length 0 (their start lies past the last document's end)."""
+    if total_len is None:
+        lens = document_lengths(cu_seqlens)
+        offs = chunk_offsets(cu_seqlens, chunk_size)
+        doc = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), offs[1:] - offs[:-1])
+        local = torch.arange(doc.numel(), device=cu_seqlens.device) - offs[:-1][doc]  # chunk number in its document
+        starts = cu_seqlens[:-1].long()[doc] + local * chunk_size
+        return starts, torch.minimum(lens[doc] - local * chunk_size, torch.full_like(starts, chunk_size))
+    cu = cu_seqlens.long()
+    n_docs = cu.numel() - 1
     offs = chunk_offsets(cu_seqlens, chunk_size)
-    doc = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), offs[1:] - offs[:-1])
-    local = torch.arange(doc.numel(), device=cu_seqlens.device) - offs[:-1][doc]  # chunk number inside its document
-    starts = cu_seqlens[:-1].long()[doc] + local * chunk_size
-    return starts, torch.minimum(lens[doc] - local * chunk_size, torch.full_like(starts, chunk_size))
+    rows = torch.arange(max_chunks(total_len, n_docs, chunk_size), device=cu.device)
+    doc = torch.searchsorted(offs[1:], rows, right=True).clamp_(max=n_docs - 1)
+    starts = cu[doc] + (rows - offs[doc]) * chunk_size
+    return starts, (cu[doc + 1] - starts).clamp(0, chunk_size)
 
 
 class ChunkTable(NamedTuple):
@@ -219,16 +237,21 @@ def _check_state(initial_state: torch.Tensor | None, n_docs: int) -> None:
         )
 
 
-def _check_chunked(chunked: dict[str, torch.Tensor | None] | None, lo: int, hi: int) -> None:
-    """Each per-chunk input of ``chunked`` is ``[1, Nc, ...]`` with ``lo <= Nc <= hi`` (``lo == hi``: Nc exact)."""
+def _check_chunked(chunked: dict[str, torch.Tensor | None] | None, lo: int, hi: int, known: bool = False) -> None:
+    """Each per-chunk input of ``chunked`` is ``[1, M, ...]`` with ``lo <= M <= hi``. ``known``: lo is the true Nc
+    (host offsets) and hi the sync-free row count ``max_chunks`` (the rows past Nc are ignored); else the offsets
+    were not read and [lo, hi] are the bounds ``min_chunks``, ``max_chunks``."""
     for name, x in (chunked or {}).items():
         if x is None:
             continue
         if x.dim() >= 2 and x.shape[0] == 1 and lo <= x.shape[1] <= hi:
             continue
-        nc = f"Nc = {lo}" if lo == hi else f"Nc in [{lo}, {hi}] (the offsets are not read on the host)"
+        if known:
+            nc = f"Nc = {lo} chunks, or up to max_chunks = {hi} rows (the rows past Nc are ignored)"
+        else:
+            nc = f"Nc in [{lo}, {hi}] chunks (the offsets are not read on the host)"
         raise ValueError(
-            f"{name} must be [1, Nc, ...] with {nc} chunks (chunks restart at each document start: "
+            f"{name} must be [1, Nc, ...] with {nc} (chunks restart at each document start: "
             f"Σ ceil(len_i / chunk_size)), got shape {tuple(x.shape)}"
         )
 
@@ -241,10 +264,11 @@ def validate_packed(
     initial_state: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int] | None]:
     """The packed-input checks of the reference forms (``per_document``), which read the offsets on the host:
-    ``cu_seqlens`` against ``first [B, T, ...]``, each per-chunk input of ``chunked`` against ``[1, Nc, ...]``,
-    ``initial_state`` against ``[N, ...]``. Returns the host offsets ``[N + 1]`` and, when ``chunk_size`` is given,
-    the host chunk offsets ``[N + 1]`` (else None). Raises ``ValueError`` with one line naming the argument
-    (``first`` is named ``q`` in the message). The Triton forms use ``check_packed`` (no host sync) instead."""
+    ``cu_seqlens`` against ``first [B, T, ...]``, each per-chunk input of ``chunked`` against ``[1, M, ...]`` with
+    ``Nc <= M <= max_chunks(T, N, L)`` (the rows past Nc are ignored), ``initial_state`` against ``[N, ...]``.
+    Returns the host offsets ``[N + 1]`` and, when ``chunk_size`` is given, the host chunk offsets ``[N + 1]`` (else
+    None). Raises ``ValueError`` with one line naming the argument (``first`` is named ``q`` in the message). The
+    Triton forms use ``check_packed`` (no host sync) instead."""
     if not isinstance(first, torch.Tensor) or first.dim() < 2:
         raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
@@ -254,7 +278,7 @@ def validate_packed(
     coffs = [0]
     for a, b in zip(offs[:-1], offs[1:], strict=True):
         coffs.append(coffs[-1] + (b - a + chunk_size - 1) // chunk_size)
-    _check_chunked(chunked, coffs[-1], coffs[-1])
+    _check_chunked(chunked, coffs[-1], max_chunks(first.shape[1], len(offs) - 1, chunk_size), known=True)
     return offs, coffs
 
 
@@ -267,20 +291,21 @@ def check_packed(
 ) -> int:
     """The packed-input checks of the Triton forms, without a host sync: ``cu_seqlens`` against ``first [B, T, ...]``
     (``check_cu_seqlens``: in full for a CPU tensor, dtype and shape for a device one), ``initial_state`` against
-    ``[N, ...]``, and each per-chunk input of ``chunked`` against ``[1, Nc, ...]``: Nc exactly for CPU offsets, else
-    ``min_chunks(T, N, L) <= Nc <= max_chunks(T, N, L)`` (the kernels read per-chunk inputs masked by their own row
-    count). Returns N. Raises ``ValueError`` with one line naming the argument (``first`` is named ``q``)."""
+    ``[N, ...]``, and each per-chunk input of ``chunked`` against ``[1, M, ...]``: ``Nc <= M <= max_chunks(T, N, L)``
+    for CPU offsets (the rows past Nc are ignored), else ``min_chunks(T, N, L) <= M <= max_chunks(T, N, L)`` (the
+    kernels read per-chunk inputs masked by their own row count). Returns N. Raises ``ValueError`` with one line
+    naming the argument (``first`` is named ``q``)."""
     if not isinstance(first, torch.Tensor) or first.dim() < 2:
         raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     T = first.shape[1]
     n_docs = check_cu_seqlens(cu_seqlens, T, first.shape[0])
     _check_state(initial_state, n_docs)
     if any(x is not None for x in (chunked or {}).values()):
+        hi = max_chunks(T, n_docs, chunk_size)
         if cu_seqlens.device.type == "cpu":  # values on the host already: the exact count, no sync
-            lo = hi = int(chunk_offsets(cu_seqlens, chunk_size)[-1])
+            _check_chunked(chunked, int(chunk_offsets(cu_seqlens, chunk_size)[-1]), hi, known=True)
         else:
-            lo, hi = min_chunks(T, n_docs, chunk_size), max_chunks(T, n_docs, chunk_size)
-        _check_chunked(chunked, lo, hi)
+            _check_chunked(chunked, min_chunks(T, n_docs, chunk_size), hi)
     return n_docs
 
 
