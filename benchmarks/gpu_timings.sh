@@ -9,8 +9,12 @@
 #    benchmarks.s4d_conv (FFT vs Toeplitz, op and compiled model), then decode (StaticDecoder, compiled step captured
 #    in CUDA graphs) of the issue-14 presets at 1K and 128K with whatever time is left (LIMIT, seconds).
 # Each part's log is $OUT/<part>.log; JSON results land in $OUT. Parts and rows by environment (defaults in brackets):
-#   CHECKS=1 [1]  TRAIN_MODELS [softmax interdomain s4d gdn natsl]  S4D_CONV=1 [1]
+#   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]
+#   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  S4D_CONV=1 [1]
+#   PROFILE_TRAIN [none: e.g. "s4d"]  PROFILE_DECODE [none: e.g. "gdn-340m transformer-340m"]
 #   DECODE_MODELS [natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b]  DECODE_CONTEXTS [1024,131072]
+#   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
+#   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
 # Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
 # ≈ 80 s; a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
@@ -22,9 +26,12 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
 if [ "${CHECKS:-1}" = 1 ]; then
-  timeout 230 python -m pytest -q -p no:cacheprovider -n 8 tests/ops tests/serving > "$OUT/pytest_gpu.log" 2>&1 &
+  read -ra pytest_paths <<< "${PYTEST_PATHS:-tests/ops tests/serving}"
+  timeout 230 python -m pytest -q -p no:cacheprovider -n 8 "${pytest_paths[@]}" > "$OUT/pytest_gpu.log" 2>&1 &
   P1=$!
-  timeout 230 python -m benchmarks.gpu_compile_check --out "$OUT" > "$OUT/compile_check.log" 2>&1 &
+  read -ra compile_mixers <<< "${COMPILE_MIXERS:-}"
+  timeout 230 python -m benchmarks.gpu_compile_check --out "$OUT" ${COMPILE_MIXERS:+--mixers "${compile_mixers[@]}"} \
+    > "$OUT/compile_check.log" 2>&1 &
   P2=$!
   wait $P1; echo "== pytest tests/ops tests/serving: exit $? after $(( $(date +%s) - T0 )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20; tail -n 2 "$OUT/pytest_gpu.log"
@@ -33,8 +40,9 @@ fi
 
 read -ra train_models <<< "${TRAIN_MODELS-softmax interdomain s4d gdn natsl}"
 if [ "${#train_models[@]}" -gt 0 ]; then
-  timeout $(( $(left) - 30 )) python -m benchmarks.train_speed --models "${train_models[@]}" --variants compiled \
-    --shapes 16x2048 --quick --out "$OUT" > "$OUT/train_speed.log" 2>&1
+  read -ra train_variants <<< "${TRAIN_VARIANTS:-compiled}"
+  timeout $(( $(left) - 30 )) python -m benchmarks.train_speed --models "${train_models[@]}" \
+    --variants "${train_variants[@]}" --shapes 16x2048 --quick --out "$OUT" > "$OUT/train_speed.log" 2>&1
   echo "== bench train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^train |^\| " "$OUT/train_speed.log"
 fi
 
@@ -43,8 +51,36 @@ if [ "${S4D_CONV:-1}" = 1 ]; then
   echo "== s4d_conv: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||^##" "$OUT/s4d_conv.log"
 fi
 
+if [ -n "${PROFILE_TRAIN:-}" ]; then
+  read -ra profile_mixers <<< "$PROFILE_TRAIN"
+  timeout $(( $(left) - 30 )) python -m benchmarks.profile_train --mixers "${profile_mixers[@]}" \
+    > "$OUT/profile_train.log" 2>&1
+  echo "== profile_train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^###|^\| " "$OUT/profile_train.log"
+fi
+
+if [ -n "${PROFILE_DECODE:-}" ]; then
+  read -ra profile_presets <<< "$PROFILE_DECODE"
+  timeout $(( $(left) - 30 )) python -m benchmarks.profile_decode --presets "${profile_presets[@]}" \
+    > "$OUT/profile_decode.log" 2>&1
+  echo "== profile_decode: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^###|^\| " "$OUT/profile_decode.log"
+fi
+
+if [ -n "${DECODE_AUTOTUNE:-}" ]; then
+  timeout $(( $(left) - 30 )) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
+    --batch-sizes 1 --iters 20 --compile-mode max-autotune-no-cudagraphs > "$OUT/decode_autotune.log" 2>&1
+  echo "== decode max-autotune: exit $? after $(( $(date +%s) - T0 )) s"; grep '^{' "$OUT/decode_autotune.log"
+fi
+
+if [ "${NATSL_SWEEP:-0}" = 1 ]; then
+  sweep_t=$(( $(left) - 10 ))
+  [ -n "${DECODE_MODELS:-}" ] && sweep_t=$(( sweep_t / 2 ))  # leave the decode part half of what is left
+  timeout "$sweep_t" python -m benchmarks.natsl_ops --sweep-only --budget-s $(( sweep_t - 20 )) --out "$OUT" \
+    > "$OUT/natsl_sweep.log" 2>&1
+  echo "== natsl_ops --sweep: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "sweep|^\|" "$OUT/natsl_sweep.log" | tail -40
+fi
+
 t=$(( $(left) - 10 ))
-if [ "$t" -gt 60 ]; then
+if [ "$t" -gt 60 ] && [ "${DECODE_MODELS-x}" != "" ]; then
   timeout "$t" python -m benchmarks.models --sections decode --budget-s $(( t - 20 )) \
     --decode-models "${DECODE_MODELS:-natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b}" \
     --decode-contexts "${DECODE_CONTEXTS:-1024,131072}" \

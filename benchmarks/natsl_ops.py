@@ -600,16 +600,19 @@ def main(argv: list[str] | None = None) -> None:
     # sections were sized for 420 s); --budget-s / BENCH_BUDGET_S override it
     p = bench_parser(__doc__.splitlines()[0], budget_s=420.0)
     p.add_argument("--checks-only", action="store_true", help="the correctness sections only, no timings")
+    p.add_argument("--sweep-only", action="store_true",
+                   help="the launch-config sweep alone (correctness of the variants: the CUDA test suite)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     s = BenchSettings.from_args(args)
     log(f"natsl_gpu: device={s.device} dryrun={s.dryrun} torch={torch.__version__}")
-    correctness(s)
-    layer_check(s)
-    fla_check(s)
-    if not args.checks_only:
-        timings(s)
-        decode(s)
-    if args.sweep:
+    if not args.sweep_only:
+        correctness(s)
+        layer_check(s)
+        fla_check(s)
+        if not args.checks_only:
+            timings(s)
+            decode(s)
+    if args.sweep or args.sweep_only:
         sweep(s)
     with open(s.out_path("natsl_gpu.json"), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
