@@ -133,24 +133,33 @@ def _natsl_fraction(routing: RoutingRecorder) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------ prefill
+PREFILL_MODELS = ("natsl-hybrid-340m", "gdn-340m", "transformer-340m")
+
+
 @guarded("prefill")
-def prefill(s: BenchSettings, lengths: list[int]) -> None:
+def prefill(s: BenchSettings, lengths: list[int], models: list[str] | None = None, compiled: bool = False) -> None:
+    """models: a subset of PREFILL_MODELS (default: all); compiled: the forward under ``torch.compile`` (the glue —
+    norms, gates, short convolutions, projections' epilogues — fused by inductor; one compile per length, in the
+    timing's warm-up call; the rows' variant label gets a "compiled" prefix)."""
     dev = s.device
-    for name in ("natsl-hybrid-340m", "gdn-340m", "transformer-340m"):
+    for name in models or PREFILL_MODELS:
         model = build(s, name)
+        fwd = torch.compile(model, dynamic=False) if compiled else model
         routing = RoutingRecorder()  # the NAtS-L chunk types of this model's passes
         variants = NATSL_VARIANTS if name.startswith("natsl") else [("", None)]
         for label, fraction in variants:
             set_fraction(model, fraction)
+            if compiled:
+                label = f"compiled {label}".strip()
             for T in lengths:
                 if s.budget_left() < 60:
                     log(f"prefill: budget spent, skipping {name} {label} T={T}")
                     continue
                 ids = torch.randint(0, model.config.vocab_size, (1, T), device=dev)
 
-                def run(ids=ids, model=model):
+                def run(ids=ids, fwd=fwd):
                     with torch.no_grad():
-                        return model(ids, use_cache=True, logits_to_keep=1)
+                        return fwd(ids, use_cache=True, logits_to_keep=1)
 
                 try:
                     with routing.attach(model):
@@ -170,7 +179,9 @@ def prefill(s: BenchSettings, lengths: list[int]) -> None:
                 )
                 del run
                 _free(s)
-        del model
+        del model, fwd
+        if compiled:
+            torch._dynamo.reset()
         _free(s)
 
 
@@ -408,16 +419,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-models", type=lambda v: v.split(","), help="comma-separated presets of the decode plan")
     p.add_argument("--decode-contexts", type=lambda v: [int(c) for c in v.split(",")],
                    help="comma-separated decode contexts (default: the run's list)")
+    p.add_argument("--prefill-models", type=lambda v: v.split(","),
+                   help=f"comma-separated presets of the prefill rows (default: {','.join(PREFILL_MODELS)})")
+    p.add_argument("--prefill-lengths", type=lambda v: [int(c) for c in v.split(",")],
+                   help="comma-separated prefill lengths (default: the run's list)")
+    p.add_argument("--prefill-compile", action="store_true", help="prefill through torch.compile(model)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    bad = sorted(set(args.prefill_models or ()) - set(PREFILL_MODELS))
+    if bad:
+        p.error(f"--prefill-models accepts {', '.join(PREFILL_MODELS)}, got {', '.join(bad)}")
     s, quick, only = BenchSettings.from_args(args), args.quick, args.sections
     sizes = SIZES[s.dryrun]
     log(
         f"models bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
         + (f" ({torch.cuda.get_device_name()})" if s.device == "cuda" else "")
     )
-    lengths = sizes["prefill_t"][:2] if quick else sizes["prefill_t"]
+    lengths = args.prefill_lengths or (sizes["prefill_t"][:2] if quick else sizes["prefill_t"])
     if only is None or "prefill" in only:
-        prefill(s, lengths)
+        prefill(s, lengths, args.prefill_models, args.prefill_compile)
     if only is None or "train" in only:
         train(s, sizes["train_t"], sizes["train_b"])
     if only is None or "decode" in only:

@@ -35,6 +35,19 @@ def test_models_bench_dryrun(tmp_path):
     assert "target training tok/s" in out
 
 
+def test_models_bench_compiled_prefill_dryrun(tmp_path):
+    """--prefill-compile: the prefill rows through torch.compile(model) (inductor on the CPU), labelled "compiled"."""
+    env = {**os.environ, "BENCH_DRYRUN": "1", "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.models", "--sections", "prefill", "--prefill-compile",
+                           "--prefill-models", "gdn-340m", "--prefill-lengths", "64"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "models_gpu.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    assert [(r["model"], r["variant"], r["T"]) for r in res["prefill"]] == [("gdn-340m", "compiled", 64)]
+    assert res["prefill"][0]["ms"] > 0
+
+
 @pytest.mark.parametrize("module", ["benchmarks.interdomain_ops"])
 def test_ops_bench_dryrun(tmp_path, module):
     out = _dryrun(module, tmp_path)
