@@ -262,6 +262,27 @@ def test_toeplitz_under_bf16_autocast():
     assert max_err(ga.double(), a.grad.double()) < 2e-2 * a.grad.abs().max().item()
 
 
+def test_toeplitz_saves_its_matmul_operand_in_the_autocast_dtype():
+    """Under bf16 autocast the convolution keeps z for its backward as the bf16 matmul operand, not the float32
+    input (half the activation bytes; the backward used z.to(bf16) anyway, so the gradients are the same)."""
+    from hybrid_attention.ops.s4d.toeplitz import toeplitz_convolve
+
+    z = torch.randn(2, 40, 3, 5, requires_grad=True)
+    K = torch.randn(3, 40, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = toeplitz_convolve(z, K)
+    assert y.dtype == torch.float32
+    assert ((2, 40, 3, 5), torch.bfloat16) in saved and ((2, 40, 3, 5), torch.float32) not in saved
+    y.sum().backward()
+    assert z.grad.dtype == torch.float32 and torch.isfinite(z.grad).all() and torch.isfinite(K.grad).all()
+
+
 @pytest.mark.parametrize("fast", [fft_s4d, toeplitz_s4d], ids=lambda f: f.__name__)
 def test_states_under_bf16_autocast(fast):
     """Initial and final states under bf16 autocast (a prefill in the training precision): the state terms run in

@@ -55,27 +55,28 @@ class _ToeplitzConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
         dt = _mm_dtype(z)
-        ctx.save_for_backward(z, K)
-        ctx.mm_dtype = dt
+        zd = z.to(dt)  # the matmul operand; saved instead of z (bf16 under autocast: half the bytes, same values)
+        ctx.save_for_backward(zd, K)
+        ctx.mm_dtype, ctx.z_dtype = dt, z.dtype
         Bsz, T, H, C = z.shape
         with autocast_off(z.device.type):
-            zh = z.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)  # [H, T, B·C]
+            zh = zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C)  # [H, T, B·C]
             y = torch.matmul(_toeplitz(K.to(dt)), zh)  # [H, T, B·C]
         return y.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        z, K = ctx.saved_tensors
+        zd, K = ctx.saved_tensors  # zd: z in the matmul dtype
         dt = ctx.mm_dtype
-        Bsz, T, H, C = z.shape
-        with autocast_off(z.device.type):
+        Bsz, T, H, C = zd.shape
+        with autocast_off(zd.device.type):
             dyh = dy.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
             dz = dK = None
             if ctx.needs_input_grad[0]:
                 dz = torch.matmul(_toeplitz(K.to(dt)).transpose(1, 2), dyh)
-                dz = dz.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
+                dz = dz.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(ctx.z_dtype)
             if ctx.needs_input_grad[1]:
-                zh = z.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
+                zh = zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
                 G = torch.matmul(dyh, zh.transpose(1, 2))  # [H, T (t), T (s)] = Σ_{b,c} dy[t] z[s]
                 dK = _diagonal_sums(G.to(K.dtype))
         return dz, dK
