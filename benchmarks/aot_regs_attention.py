@@ -34,7 +34,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.aot_regs_gdn import Launch, _Recorder, compile_launch  # noqa: E402
+from benchmarks.aot_regs_gdn import Launch, _Recorder, compile_kernel, compile_launch  # noqa: E402
 from hybrid_attention.ops.chunk_attention.triton import function as F  # noqa: E402
 from hybrid_attention.ops.chunk_attention.triton import kernels as _kernels  # noqa: E402
 from hybrid_attention.ops.chunk_attention.triton.config import DEFAULT_CONFIG, ChunkAttentionConfig  # noqa: E402
@@ -103,18 +103,7 @@ def report(config: ChunkAttentionConfig, shape: dict[str, int], varlen: bool, wa
 def ptx_ops(launch: Launch) -> str:
     """The fp32 atomic / reduction and the matmul instructions of a launch's sm_90 PTX, counted by kind (e.g.
     ``atom.global.gpu.relaxed.add.v4.f32 x16 wgmma x48``: warpgroup MMAs, ``mma`` the mma.sync fallback)."""
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    from benchmarks.aot_regs import TARGET
-
-    fn = launch.fn
-    backend = make_backend(TARGET)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, spec, opts = binder(*launch.args, **launch.kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, spec, opts)
-    ck = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
-    ptx = ck.asm["ptx"]
+    ptx = compile_kernel(launch)[0].asm["ptx"]
     kinds: dict[str, int] = {}
     for m in re.finditer(r"\b((?:red|atom)\.[\w.]*f32|wgmma\.mma_async|mma\.sync)\b", ptx):
         kind = m.group(1).split(".")[0] if "mma" in m.group(1) else m.group(1)

@@ -168,15 +168,21 @@ def _ptxas_report(ptx: str, fp_fusion: bool) -> dict[str, int]:
     return {"regs": regs, "spill_st": int(spill.group(1)), "spill_ld": int(spill.group(2))}
 
 
-def compile_launch(launch: Launch) -> dict[str, int]:
-    """AOT-compiles one recorded launch for sm_90 the way ``JITFunction.run`` would (its binder, specialisation and
-    options) and returns {regs, spill_st, spill_ld, smem, warps, stages, ctas_per_sm}."""
+def compile_kernel(launch: Launch):
+    """(compiled kernel, options) of one recorded launch, AOT for sm_90 the way ``JITFunction.run`` would compile it
+    (its binder, specialisation and options)."""
     fn = launch.fn
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, spec, opts = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, spec, opts)
-    ck = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__), options
+
+
+def compile_launch(launch: Launch) -> dict[str, int]:
+    """AOT-compiles one recorded launch (``compile_kernel``) and returns {regs, spill_st, spill_ld, smem, warps,
+    stages, ctas_per_sm}."""
+    ck, options = compile_kernel(launch)
     r = _ptxas_report(ck.asm["ptx"], options.enable_fp_fusion)
     warps = options.num_warps
     r.update(smem=ck.metadata.shared, warps=warps, stages=options.num_stages)
