@@ -34,12 +34,13 @@ Decisions:
   weights that read one input (a mixer's input projections, each SwiGLU's gate|up), so a step runs one GEMV where the
   training modules run several (at B = 1 the step is a chain of small kernels; a compiled gdn-340m step went from
   ~19 to ~8 inductor kernels per layer, counted on the CPU). Cost: that extra copy of the fused weights.
-- Fused GEMVs (use_kernels, B <= 8, ops/decode_linear): each block's MLP half runs as two Triton launches, RMSNorm +
-  gate|up GEMV + SwiGLU (the norm as the GEMV's prologue, the SwiGLU as its epilogue) and down GEMV + residual add,
-  where the plain step runs five (norm, GEMV, SiLU·mul, GEMV, add; inductor fuses some pointwise neighbours); the
-  final norm + lm_head is one launch too. The mixer half keeps the mixer contract (`step` takes the normed x and
-  runs its own fused input GEMV): fusing the attention norm into that GEMV, or the residual into the output
-  projection, would move the norm and the residual into every mixer's step, so it is not done here.
+- Fused GEMVs (use_kernels, B <= 8, ops/decode_linear): each block's MLP half runs as two Triton launches, the
+  mixer's residual add + RMSNorm + gate|up GEMV + SwiGLU (add and norm as the GEMV's prologue, the SwiGLU as its
+  epilogue) and down GEMV + residual add, where the compiled plain step runs four (add + norm, GEMV, SiLU·mul, GEMV;
+  the down's residual add goes into the next block's norm kernel); the final norm + lm_head is one launch too.
+  The mixer half keeps the mixer contract (`step` takes the normed x and runs its own fused input GEMV): fusing the
+  attention norm into that GEMV, or the residual into the output projection, would move the norm and the residual
+  into every mixer's step, so it is not done here.
 - The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
   the next step.
 """
@@ -59,7 +60,7 @@ from hybrid_attention.models.padding import RowStates, left_padding_lengths
 from hybrid_attention.modules.norm import RMSNorm
 from hybrid_attention.ops.common.triton import interpreting
 from hybrid_attention.ops.decode_linear import MAX_ROWS as DECODE_LINEAR_MAX_ROWS
-from hybrid_attention.ops.decode_linear import linear_residual, norm_linear
+from hybrid_attention.ops.decode_linear import add_norm_linear, linear_residual, norm_linear
 
 # torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
 # autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
@@ -113,8 +114,8 @@ class StaticDecoder:
         # the SwiGLU gate|up of every block as one weight (modules/fused_linear.py: one GEMV instead of two per step;
         # an extra copy of those weights, made once: the weights are frozen while serving)
         self.mlp_weights = [blk.mlp.decode_weights().to(device=self.device, dtype=dtype) for blk in model.model.layers]
-        # use_kernels at decode batch sizes: each block's MLP half as two launches (ops/decode_linear: RMSNorm +
-        # gate|up GEMV + SwiGLU, then down GEMV + residual), and the final norm + lm_head as one
+        # use_kernels at decode batch sizes: each block's MLP half as two launches (ops/decode_linear: the mixer's
+        # residual add + RMSNorm + gate|up GEMV + SwiGLU, then down GEMV + residual), the final norm + lm_head as one
         norms = [blk.mlp_norm for blk in model.model.layers] + [model.model.norm]
         self.fused_mlp = (self.use_kernels and batch_size <= DECODE_LINEAR_MAX_ROWS
                           and all(type(n) is RMSNorm and n.weight is not None for n in norms)
@@ -247,11 +248,13 @@ class StaticDecoder:
         pos = self.row_pos if per_row else self.pos
         h = m.embeddings(self.tokens)
         for blk, static, chunk_end, gate_up in zip(m.layers, self.states, phase, self.mlp_weights):
-            h = h + blk.mixer.step(blk.attn_norm(h), static, pos, chunk_end)
-            if self.fused_mlp:
-                a = norm_linear(h[:, 0], blk.mlp_norm.weight, gate_up, blk.mlp_norm.eps, "swiglu", backend="triton")
-                h = linear_residual(a, blk.mlp.down_proj.weight, h[:, 0], backend="triton")[:, None]
+            y = blk.mixer.step(blk.attn_norm(h), static, pos, chunk_end)
+            if self.fused_mlp:  # h + y, its norm, gate|up and SwiGLU: one launch; down + residual: one
+                h2, a = add_norm_linear(y[:, 0], h[:, 0], blk.mlp_norm.weight, gate_up, blk.mlp_norm.eps, "swiglu",
+                                        backend="triton")
+                h = linear_residual(a, blk.mlp.down_proj.weight, h2, backend="triton")[:, None]
             else:
+                h = h + y
                 h = h + blk.mlp.forward_fused(blk.mlp_norm(h), gate_up)
         if self.fused_mlp:
             self.logits.copy_(norm_linear(h[:, 0], m.norm.weight, self.model.lm_head.weight, m.norm.eps,

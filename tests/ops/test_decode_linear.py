@@ -11,6 +11,8 @@ import torch
 
 from hybrid_attention.ops.common.triton import HAS_TRITON
 from hybrid_attention.ops.decode_linear import (
+    add_norm_linear,
+    add_norm_linear_reference,
     linear_residual,
     linear_residual_reference,
     norm_linear,
@@ -62,6 +64,28 @@ def test_norm_linear(b, act, dtype):
 
 @pytest.mark.parametrize("b", [1, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_add_norm_linear(b, dtype):
+    """The residual add folded into the prologue: h = x + residual (written once, by program 0) and the SwiGLU GEMV
+    of its norm. Several column programs (block_n=16), so h must not depend on which program wrote it."""
+    x, nw, w, _ = _inputs(b, dtype)
+    res = torch.randn_like(x)
+    h, out = add_norm_linear(x, res, nw, w, 1e-5, "swiglu", backend="triton", block_n=16)
+    h_ref, ref = add_norm_linear_reference(x, res, nw, w, 1e-5, "swiglu")
+    assert h.shape == x.shape and out.shape == (b, N // 2)
+    if dtype == torch.bfloat16:  # the interpreter's truncating casts (see test_norm_linear): a bf16 ulp of h
+        assert torch.allclose(h.double(), h_ref.double(), atol=0, rtol=2**-7)
+        exact = _exact(norm_linear_reference, h_ref, nw, w, 1e-5, "swiglu")
+        scale = exact.abs().max().item()
+        err_k = (out.double() - exact).abs().max().item()
+        err_r = (ref.double() - exact).abs().max().item()
+        assert err_k <= err_r + ULPS * 2**-7 * scale, (err_k, err_r, scale)
+    else:
+        tol = 1e-12 if dtype == torch.float64 else 2e-5
+        assert torch.allclose(h, h_ref, atol=tol, rtol=tol) and torch.allclose(out, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("b", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_linear_residual(b, dtype):
     x, _, w, r = _inputs(b, dtype)
     out = linear_residual(x, w, r, backend="triton")
@@ -95,6 +119,7 @@ def test_block_sizes_and_strided_rows():
 
 def test_custom_ops():
     """The registered ops (schema, fake kernels) pass `torch.library.opcheck`."""
+    from hybrid_attention.ops.decode_linear.triton.kernel import add_norm_linear as anl_op
     from hybrid_attention.ops.decode_linear.triton.kernel import linear_residual as lr_op
     from hybrid_attention.ops.decode_linear.triton.kernel import norm_linear as nl_op
 
@@ -102,6 +127,7 @@ def test_custom_ops():
     torch.library.opcheck(nl_op, (x, nw, w, 1e-5, "swiglu", None))
     torch.library.opcheck(nl_op, (x, nw, w, 1e-5, None, 16))
     torch.library.opcheck(lr_op, (x, w, r, None))
+    torch.library.opcheck(anl_op, (x, torch.randn_like(x), nw, w, 1e-5, "swiglu", 16))
 
 
 def test_dispatch_and_errors():
@@ -119,6 +145,8 @@ def test_dispatch_and_errors():
         linear_residual(x[:, :-1], w, r)
     with pytest.raises(ValueError, match="residual must be"):
         linear_residual(x, w, r[:, :-1])
+    with pytest.raises(ValueError, match="residual must be x's shape"):
+        add_norm_linear(x, x[:, :-1], nw, w, 1e-5)
     with pytest.raises(ValueError, match="B <= 8"):
         linear_residual(torch.randn(9, K, device=DEV), w, torch.randn(9, N, device=DEV), backend="triton")
     with pytest.raises(ValueError, match="backend must be one of"):

@@ -1,5 +1,6 @@
-"""The PyTorch definitions of `norm_linear` and `linear_residual` (the test oracles): exactly the plain decode step's
-modules (modules/norm.py `RMSNorm`, `F.linear`, modules/mlp.py's SwiGLU), with their rounding points."""
+"""The PyTorch definitions of `norm_linear`, `add_norm_linear` and `linear_residual` (the test oracles): exactly the
+plain decode step's modules (modules/norm.py `RMSNorm`, `F.linear`, modules/mlp.py's SwiGLU),
+with their rounding points."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ def norm_linear_reference(x: torch.Tensor, norm_weight: torch.Tensor, weight: to
         raise ValueError(f"norm_linear: act must be None or 'swiglu', got {act!r}")
     g, u = y.chunk(2, -1)
     return F.silu(g) * u
+
+
+def add_norm_linear_reference(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                              weight: torch.Tensor, eps: float,
+                              act: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual (x, residual [B, K]) and `norm_linear_reference(h, ...)`: (h [B, K], y)."""
+    h = x + residual
+    return h, norm_linear_reference(h, norm_weight, weight, eps, act)
 
 
 def linear_residual_reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

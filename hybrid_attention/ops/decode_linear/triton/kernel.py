@@ -27,12 +27,13 @@ def block_sizes(b: int, n_out: int, k: int, products: int, block_n: int | None) 
 
 
 @triton.jit
-def _norm_linear_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, sxb, syb, EPS: tl.constexpr,
-                        SWIGLU: tl.constexpr, ACC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+def _norm_linear_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, sxb, srb, shb, syb,
+                        EPS: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, ACC: tl.constexpr,
+                        BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y[:, cols] = act(RMSNorm(x) W[cols]ᵀ) for this program's BLOCK_N columns (SWIGLU: gate columns `cols` and up
     columns `cols + N_OUT`, combined as silu(gate) * up). Every program re-reads the B rows of x (a few KB, L2
-    resident) and computes their norm itself: no extra launch, no normed copy in memory."""
+    resident) and computes their norm itself: no extra launch, no normed copy in memory. HAS_RES: x is first
+    replaced by h = x + residual (rounded to x.dtype, as the plain step's add), which program 0 also stores."""
     pid = tl.program_id(0)
     ob = tl.arange(0, BLOCK_B)
     bm = ob < B
@@ -46,7 +47,12 @@ def _norm_linear_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, sxb, syb, EPS:
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ok
         km = kk < K
-        xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=bm[:, None] & km[None, :], other=0.0).to(ACC)
+        xm = bm[:, None] & km[None, :]
+        xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=xm, other=0.0).to(ACC)
+        if HAS_RES:
+            rv = tl.load(r_ptr + ob[:, None] * srb + kk[None, :], mask=xm, other=0.0).to(ACC)
+            xv = (xv + rv).to(xdt).to(ACC)
+            tl.store(h_ptr + ob[:, None] * shb + kk[None, :], xv.to(h_ptr.dtype.element_ty), mask=xm & (pid == 0))
         ss += tl.sum(xv * xv, 1)
     rstd = 1.0 / tl.sqrt(ss / K + EPS)
     # pass 2: the GEMV over the normed rows; the weights of a column block are read once for all B rows
@@ -57,7 +63,11 @@ def _norm_linear_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, sxb, syb, EPS:
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ok
         km = kk < K
-        xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=bm[:, None] & km[None, :], other=0.0).to(ACC)
+        xm = bm[:, None] & km[None, :]
+        xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=xm, other=0.0).to(ACC)
+        if HAS_RES:
+            rv = tl.load(r_ptr + ob[:, None] * srb + kk[None, :], mask=xm, other=0.0).to(ACC)
+            xv = (xv + rv).to(xdt).to(ACC)
         gain = tl.load(nw_ptr + kk, mask=km, other=0.0).to(xdt).to(ACC)
         # RMSNorm.forward's rounding points: the normed x in x.dtype, then times the gain in x.dtype
         h = ((xv * rstd[:, None]).to(xdt).to(ACC) * gain[None, :]).to(xdt).to(ACC)
@@ -118,22 +128,48 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor
     """x [B, K] (B <= 8), norm_weight [K], weight [N, K] contiguous -> y [B, N] (act None) or [B, N // 2] (act
     "swiglu"), in x.dtype. One launch. A registered custom op (fake kernel below): a compiled decode step treats it
     as one opaque call. Shapes are checked by the dispatcher (``..norm_linear``)."""
+    return _launch_norm_linear(x, None, norm_weight, weight, eps, act, block_n)[0]
+
+
+def _launch_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                        weight: torch.Tensor, eps: float, act: str | None,
+                        block_n: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one launch of `norm_linear` / `add_norm_linear`: (y [B, N or N // 2], h = x + residual [B, K] or None)."""
     x = _rows(x)
     b, k = x.shape
     swiglu = act == "swiglu"
     n_out = weight.shape[0] // 2 if swiglu else weight.shape[0]
     y = torch.empty(b, n_out, device=x.device, dtype=x.dtype)
+    h = None if residual is None else torch.empty_like(x)
+    r = x if residual is None else _rows(residual)
     bb, bn, bk = block_sizes(b, n_out, k, 2 if swiglu else 1, block_n)
     _norm_linear_kernel[(triton.cdiv(n_out, bn),)](
-        x, norm_weight.contiguous(), weight, y, b, k, n_out, x.stride(0), y.stride(0), EPS=float(eps),
-        SWIGLU=swiglu, ACC=_acc(x.dtype), BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+        x, r, y if h is None else h, norm_weight.contiguous(), weight, y, b, k, n_out, x.stride(0), r.stride(0),
+        k, y.stride(0), EPS=float(eps), SWIGLU=swiglu, HAS_RES=residual is not None, ACC=_acc(x.dtype),
+        BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
     )
-    return y
+    return y, h
 
 
 @norm_linear.register_fake
 def _(x, norm_weight, weight, eps, act=None, block_n=None):
     return x.new_empty(x.shape[0], weight.shape[0] // 2 if act == "swiglu" else weight.shape[0])
+
+
+@torch.library.custom_op("hybrid_attention::add_norm_linear", mutates_args=())
+def add_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                    eps: float, act: str | None = None,
+                    block_n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_linear` of h = x + residual (x, residual [B, K]), also returning h: (h [B, K], y). One launch (the
+    residual add of the previous sub-block folded into this GEMV's prologue; program 0 writes h)."""
+    y, h = _launch_norm_linear(x, residual, norm_weight, weight, eps, act, block_n)
+    return h, y
+
+
+@add_norm_linear.register_fake
+def _(x, residual, norm_weight, weight, eps, act=None, block_n=None):
+    n_out = weight.shape[0] // 2 if act == "swiglu" else weight.shape[0]
+    return x.new_empty(x.shape), x.new_empty(x.shape[0], n_out)
 
 
 @torch.library.custom_op("hybrid_attention::linear_residual", mutates_args=())
