@@ -52,7 +52,9 @@ def _norm_linear_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, 
         if HAS_RES:
             rv = tl.load(r_ptr + ob[:, None] * srb + kk[None, :], mask=xm, other=0.0).to(ACC)
             xv = (xv + rv).to(xdt).to(ACC)
-            tl.store(h_ptr + ob[:, None] * shb + kk[None, :], xv.to(h_ptr.dtype.element_ty), mask=xm & (pid == 0))
+            # program 0 writes h (a tensor comparison: the interpreter refuses a mask combined with a scalar bool)
+            hm = xm & (ob[:, None] * 0 + pid == 0)
+            tl.store(h_ptr + ob[:, None] * shb + kk[None, :], xv.to(h_ptr.dtype.element_ty), mask=hm)
         ss += tl.sum(xv * xv, 1)
     rstd = 1.0 / tl.sqrt(ss / K + EPS)
     # pass 2: the GEMV over the normed rows; the weights of a column block are read once for all B rows
