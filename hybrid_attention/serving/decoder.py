@@ -34,6 +34,13 @@ Decisions:
   weights that read one input (a mixer's input projections, each SwiGLU's gate|up), so a step runs one GEMV where the
   training modules run several (at B = 1 the step is a chain of small kernels; a compiled gdn-340m step went from
   ~19 to ~8 inductor kernels per layer, counted on the CPU). Cost: that extra copy of the fused weights.
+- Fused GEMVs (use_kernels, B <= 8, ops/decode_linear): each block's MLP half runs as two Triton launches, the
+  mixer's residual add + RMSNorm + gate|up GEMV + SwiGLU (add and norm as the GEMV's prologue, the SwiGLU as its
+  epilogue) and down GEMV + residual add, where the compiled plain step runs four (add + norm, GEMV, SiLU·mul, GEMV;
+  the down's residual add goes into the next block's norm kernel); the final norm + lm_head is one launch too.
+  The mixer half keeps the mixer contract (`step` takes the normed x and runs its own fused input GEMV): fusing the
+  attention norm into that GEMV, or the residual into the output projection, would move the norm and the residual
+  into every mixer's step, so it is not done here.
 - The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
   the next step.
 """
@@ -50,7 +57,10 @@ from hybrid_attention.layers.base import StaticState, has_static_step
 from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.models.padding import RowStates, left_padding_lengths
+from hybrid_attention.modules.norm import RMSNorm
 from hybrid_attention.ops.common.triton import interpreting
+from hybrid_attention.ops.decode_linear import MAX_ROWS as DECODE_LINEAR_MAX_ROWS
+from hybrid_attention.ops.decode_linear import add_norm_linear, linear_residual, norm_linear
 
 # torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
 # autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
@@ -104,6 +114,12 @@ class StaticDecoder:
         # the SwiGLU gate|up of every block as one weight (modules/fused_linear.py: one GEMV instead of two per step;
         # an extra copy of those weights, made once: the weights are frozen while serving)
         self.mlp_weights = [blk.mlp.decode_weights().to(device=self.device, dtype=dtype) for blk in model.model.layers]
+        # use_kernels at decode batch sizes: each block's MLP half as two launches (ops/decode_linear: the mixer's
+        # residual add + RMSNorm + gate|up GEMV + SwiGLU, then down GEMV + residual), the final norm + lm_head as one
+        norms = [blk.mlp_norm for blk in model.model.layers] + [model.model.norm]
+        self.fused_mlp = (self.use_kernels and batch_size <= DECODE_LINEAR_MAX_ROWS
+                          and all(type(n) is RMSNorm and n.weight is not None for n in norms)
+                          and model.lm_head.bias is None)
         # chunk size of each layer whose step has chunk ends (NAtS-L; None for the others): the chunk-final steps
         self.chunk_sizes = [mixer.step_chunk_size() for mixer in mixers]
         self.tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)  # static graph input
@@ -232,9 +248,19 @@ class StaticDecoder:
         pos = self.row_pos if per_row else self.pos
         h = m.embeddings(self.tokens)
         for blk, static, chunk_end, gate_up in zip(m.layers, self.states, phase, self.mlp_weights):
-            h = h + blk.mixer.step(blk.attn_norm(h), static, pos, chunk_end)
-            h = h + blk.mlp.forward_fused(blk.mlp_norm(h), gate_up)
-        self.logits.copy_(self.model.lm_head(m.norm(h))[:, 0])
+            y = blk.mixer.step(blk.attn_norm(h), static, pos, chunk_end)
+            if self.fused_mlp:  # h + y, its norm, gate|up and SwiGLU: one launch; down + residual: one
+                h2, a = add_norm_linear(y[:, 0], h[:, 0], blk.mlp_norm.weight, gate_up, blk.mlp_norm.eps, "swiglu",
+                                        backend="triton")
+                h = linear_residual(a, blk.mlp.down_proj.weight, h2, backend="triton")[:, None]
+            else:
+                h = h + y
+                h = h + blk.mlp.forward_fused(blk.mlp_norm(h), gate_up)
+        if self.fused_mlp:
+            self.logits.copy_(norm_linear(h[:, 0], m.norm.weight, self.model.lm_head.weight, m.norm.eps,
+                                          backend="triton"))
+        else:
+            self.logits.copy_(self.model.lm_head(m.norm(h))[:, 0])
         pos.add_(1)
 
     def _call(self, phase: tuple[bool, ...], per_row: bool) -> None:

@@ -340,3 +340,37 @@ def test_split_kv_decode_attention(num_splits, len_dtype, broadcast):
         ref = decode_attention_reference(q.to(dt).double(), k.double(), v.double(), len1, start2, len2, d**-0.5)
         assert o.dtype == dt and o.shape == (b, h, dv)
         assert (o.double() - ref).abs().max() < tol
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("batch", [3, 9])
+def test_fused_mlp_gemvs_in_the_step(monkeypatch, batch):
+    """use_kernels at B <= 8: every block's MLP half is ops/decode_linear's two launches (the mixer's residual add +
+    RMSNorm + gate|up + SwiGLU, down + residual) and the final norm + lm_head one; the step equals the plain one.
+    At B = 9 (above the kernels' rows) the decoder keeps the PyTorch MLP."""
+    import hybrid_attention.serving.decoder as decoder_mod
+
+    calls = {"add_norm_linear": 0, "norm_linear": 0, "linear_residual": 0}
+
+    def counted(name):
+        fn = getattr(decoder_mod, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name in calls:
+        monkeypatch.setattr(decoder_mod, name, counted(name))
+    model = make_model(["gdn", "softmax"], dtype=torch.float32).to(KERNEL_DEVICE)
+    ids = torch.randint(0, 259, (batch, 9), device=KERNEL_DEVICE)
+    fused = StaticDecoder(model, batch, 12, use_kernels=True, compile=False)
+    plain = StaticDecoder(model, batch, 12, use_kernels=False, compile=False)
+    assert fused.fused_mlp == (batch <= 8) and not plain.fused_mlp
+    fused.prefill(ids[:, :7])
+    plain.prefill(ids[:, :7])
+    for i in range(7, 9):
+        out = fused.step(ids[:, i:i + 1]).clone()
+        assert_close(out, plain.step(ids[:, i:i + 1]), 2e-4 if KERNEL_DEVICE == "cpu" else 2e-3)
+    n = 2 if batch <= 8 else 0  # steps
+    assert calls == {"add_norm_linear": n * 2, "norm_linear": n, "linear_residual": n * 2}
