@@ -59,11 +59,12 @@ def _natsl_capacity(model: HybridForCausalLM, context: int, steps: int, fraction
 
 def decode_latency(model: HybridForCausalLM, contexts: list[int], batch_sizes: list[int], graphs: bool = True,
                    iters: int = 50, warmup: int = 5, natsl_softmax_fraction: float = 0.5,
-                   compile_mode: str | None = None) -> list[dict]:
+                   compile_mode: str | None = None, fused_gemv: bool | None = None) -> list[dict]:
     """Rows {"batch_size", "context", "eager_ms", "eager_mean_ms", "graph_ms", "graph_mean_ms", "natsl_cache_chunks",
     "error"} (ms per decoded token for the whole batch; graph_* None without CUDA or graphs=False; "error" set, e.g.
     on OOM, instead of failing the sweep). model: a HybridForCausalLM in eval mode on its device and dtype.
-    compile_mode: the StaticDecoder's torch.compile mode (None: its default)."""
+    compile_mode: the StaticDecoder's torch.compile mode (None: its default); fused_gemv: its fused decode GEMVs
+    (None: its default)."""
     if iters < 1 or warmup < 0:
         raise ValueError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
     use_graphs = graphs and model.lm_head.weight.is_cuda
@@ -77,6 +78,8 @@ def decode_latency(model: HybridForCausalLM, contexts: list[int], batch_sizes: l
                 capacity = _natsl_capacity(model, c, iters + warmup, natsl_softmax_fraction)
                 row["natsl_cache_chunks"] = capacity
                 mode = {} if compile_mode is None else {"compile_mode": compile_mode}
+                if fused_gemv is not None:
+                    mode["fused_gemv"] = fused_gemv
                 dec = StaticDecoder(model, b, c + iters + warmup, natsl_cache_chunks=capacity, **mode)
                 dec.fill_random(c, softmax_fraction=natsl_softmax_fraction)
                 t = _time_steps(dec, iters, warmup)
@@ -115,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--compile-mode", default=None,
                     help='StaticDecoder compile mode, e.g. "max-autotune-no-cudagraphs" (default: the decoder\'s)')
+    ap.add_argument("--fused-gemv", action="store_true", help="the StaticDecoder's fused decode GEMVs (opt-in)")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     torch.manual_seed(0)
@@ -122,9 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     model = model.to("cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32)
     rows = decode_latency(model, [int(c) for c in args.contexts.split(",")],
                           [int(b) for b in args.batch_sizes.split(",")], graphs=not args.no_graphs, iters=args.iters,
-                          natsl_softmax_fraction=args.natsl_softmax_fraction, compile_mode=args.compile_mode)
+                          natsl_softmax_fraction=args.natsl_softmax_fraction, compile_mode=args.compile_mode,
+                          fused_gemv=args.fused_gemv or None)
     for row in rows:
-        print(json.dumps({"preset": args.preset, "compile_mode": args.compile_mode, **row}))
+        print(json.dumps({"preset": args.preset, "compile_mode": args.compile_mode, "fused_gemv": args.fused_gemv,
+                          **row}))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,10 @@ from hybrid_attention.ops.decode_linear import add_norm_linear, linear_residual,
 # torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
 # autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
 COMPILE_MODE = "default"
+# DECISION (session 7): the fused decode GEMVs (ops/decode_linear) are opt-in until timed against inductor + cuBLAS
+# on the H200 (`benchmarks.profile_decode --fused-gemv`): they are tested on the CPU interpreter only, and the
+# LM-head and down GEMVs run fewer programs than the GPU has SMs (a possible loss to cuBLAS).
+FUSED_GEMV_DEFAULT = False
 
 
 class StaticDecoder:
@@ -75,13 +79,15 @@ class StaticDecoder:
     (default: on CUDA). natsl_cache_chunks: softmax-typed chunks a NAtS-L layer can keep per (row, decision head)
     (default: all complete chunks of max_length; smaller = an expected softmax fraction, cheaper steps; exceeding it
     is reported by `overflowed()` and makes `generate` raise). compile: `torch.compile` the step (default: on CUDA;
-    see the module docstring); compile_mode: its mode.
+    see the module docstring); compile_mode: its mode. fused_gemv: the MLP halves and the LM head as fused Triton
+    GEMVs (ops/decode_linear; needs use_kernels and batch_size <= 8; default off, see FUSED_GEMV_DEFAULT).
     """
 
     def __init__(self, model: HybridForCausalLM, batch_size: int, max_length: int,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  use_kernels: bool | None = None, natsl_cache_chunks: int | None = None,
-                 compile: bool | None = None, compile_mode: str = COMPILE_MODE) -> None:
+                 compile: bool | None = None, compile_mode: str = COMPILE_MODE,
+                 fused_gemv: bool | None = None) -> None:
         for name, val in (("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
@@ -117,7 +123,8 @@ class StaticDecoder:
         # use_kernels at decode batch sizes: each block's MLP half as two launches (ops/decode_linear: the mixer's
         # residual add + RMSNorm + gate|up GEMV + SwiGLU, then down GEMV + residual), the final norm + lm_head as one
         norms = [blk.mlp_norm for blk in model.model.layers] + [model.model.norm]
-        self.fused_mlp = (self.use_kernels and batch_size <= DECODE_LINEAR_MAX_ROWS
+        fused_gemv = FUSED_GEMV_DEFAULT if fused_gemv is None else bool(fused_gemv)
+        self.fused_mlp = (fused_gemv and self.use_kernels and batch_size <= DECODE_LINEAR_MAX_ROWS
                           and all(type(n) is RMSNorm and n.weight is not None for n in norms)
                           and model.lm_head.bias is None)
         # chunk size of each layer whose step has chunk ends (NAtS-L; None for the others): the chunk-final steps

@@ -69,8 +69,8 @@ def test_inductor_compiled_step_with_fused_kernels():
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels natively on a GPU, else the interpreter
     model = make_model(["interdomain", "gdn", "softmax"], dtype=torch.float32, readout="real").to(dev)
     ids = torch.randint(0, 259, (2, 12), device=dev)
-    dec = StaticDecoder(model, 2, 16, use_kernels=True, compile=True)
-    ref = StaticDecoder(model, 2, 16, use_kernels=True, compile=False)
+    dec = StaticDecoder(model, 2, 16, use_kernels=True, compile=True, fused_gemv=True)
+    ref = StaticDecoder(model, 2, 16, use_kernels=True, compile=False, fused_gemv=True)
     dec.prefill(ids[:, :9])
     ref.prefill(ids[:, :9])
     for i in range(9, 12):

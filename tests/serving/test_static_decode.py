@@ -47,6 +47,7 @@ def eager_and_static(model, ids, t0, use_kernels=False, extra=3, routing=None, *
     watch = lambda: routing.attach(model) if routing is not None else contextlib.nullcontext()  # noqa: E731
     with watch():
         logits, cache = model.prefill(ids[:, :t0])
+    kwargs.setdefault("fused_gemv", use_kernels)  # the kernel runs cover the fused decode GEMVs too (opt-in)
     dec = StaticDecoder(model, b, t + extra, use_kernels=use_kernels, **kwargs)
     eager, static = [logits], [dec.prefill(ids[:, :t0]).clone()]
     for i in range(t0, t):
@@ -364,9 +365,10 @@ def test_fused_mlp_gemvs_in_the_step(monkeypatch, batch):
         monkeypatch.setattr(decoder_mod, name, counted(name))
     model = make_model(["gdn", "softmax"], dtype=torch.float32).to(KERNEL_DEVICE)
     ids = torch.randint(0, 259, (batch, 9), device=KERNEL_DEVICE)
-    fused = StaticDecoder(model, batch, 12, use_kernels=True, compile=False)
-    plain = StaticDecoder(model, batch, 12, use_kernels=False, compile=False)
-    assert fused.fused_mlp == (batch <= 8) and not plain.fused_mlp
+    fused = StaticDecoder(model, batch, 12, use_kernels=True, compile=False, fused_gemv=True)
+    plain = StaticDecoder(model, batch, 12, use_kernels=False, compile=False, fused_gemv=True)
+    assert fused.fused_mlp == (batch <= 8) and not plain.fused_mlp  # the GEMVs need use_kernels
+    assert not StaticDecoder(model, batch, 12, use_kernels=True, compile=False).fused_mlp  # opt-in (not measured)
     fused.prefill(ids[:, :7])
     plain.prefill(ids[:, :7])
     for i in range(7, 9):
