@@ -232,21 +232,8 @@ def test_s4d_bilinear_packed_triton_equals_per_document_reference(fuse_dz):
 # the signature inductor would give it (ints i64; no Python-float runtime argument is allowed at all).
 # HYBRID_SKIP_AOT=1 skips the compile (about a minute of CPU).
 
-AOT_SCRIPT = """
-import importlib, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-failed = []
-for spec in json.load(sys.stdin):
-    fn = getattr(importlib.import_module(spec["module"]), spec["kernel"])
-    src = triton.compiler.ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"])
-    try:
-        triton.compile(src, target=GPUTarget("cuda", 90, 64),
-                       options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
-    except Exception as e:  # noqa: BLE001
-        failed.append(spec["kernel"] + ": " + type(e).__name__ + ": " + " ".join(str(e).split())[-300:])
-print(json.dumps(failed))
-"""
+from test_triton_scalar_args import AOT_SCRIPT  # noqa: E402 (the shared sm_90 compile subprocess)
+
 GPU_CONSTEXPRS = {"USE_WHILE": False, "DOT_PREC": "tf32", "LP_DOT": True}  # interpreter-only values -> the GPU's
 PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
        torch.int64: "*i64"}

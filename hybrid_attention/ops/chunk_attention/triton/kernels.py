@@ -91,6 +91,26 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows,
     return acc, m_new, l_i
 
 @triton.jit
+def _query_tile(cu_ptr, ci_ptr, pid_m, T, C: tl.constexpr, BM: tl.constexpr, VARLEN: tl.constexpr):
+    """(doc, r0, r1, rows [BM], rm [BM], rchunk [BM]) of query tile pid_m: its document (packed; 0 otherwise), token
+    range [r0, r1), row indices, their validity and chunk index. Packed (QC == 1): the tile is chunk row pid_m of the
+    chunk table (= global chunk pid_m) with its true rows; r1 <= r0 marks a spare row (no queries)."""
+    if VARLEN:
+        doc, r0, r1 = table_row(cu_ptr, ci_ptr, pid_m, C)
+        rows = r0 + tl.arange(0, BM)
+        rm = rows < r1
+        rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
+    else:
+        doc = 0
+        r0 = pid_m * BM
+        r1 = T
+        rows = pid_m * BM + tl.arange(0, BM)
+        rm = rows < T
+        rchunk = rows // C
+    return doc, r0, r1, rows, rm, rchunk
+
+
+@triton.jit
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr, cu_ptr, ci_ptr, co_ptr,
                 qk_scale: tl.constexpr, T, N, HS, G,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
@@ -102,19 +122,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     b = bh // HS
     hs = bh % HS
     hn = hs // G
-    if VARLEN:  # QC == 1: the tile is chunk row pid_m (= global chunk pid_m), its true rows
-        doc, r0, r1 = table_row(cu_ptr, ci_ptr, pid_m, C)
+    doc, r0, r1, rows, rm, rchunk = _query_tile(cu_ptr, ci_ptr, pid_m, T, C, BM, VARLEN)
+    if VARLEN:
         if r1 <= r0:  # a spare row of the chunk table: no queries, nothing to read or write
             return
-        rows = r0 + tl.arange(0, BM)
-        rm = rows < r1
-        rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
-    else:
-        r0 = pid_m * BM
-        r1 = T
-        rows = pid_m * BM + tl.arange(0, BM)
-        rm = rows < T
-        rchunk = rows // C
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
     q_base = b * T * HS * DK + hs * DK
@@ -208,19 +219,10 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
     b = bh // HS
     hs = bh % HS
     hn = hs // G
-    if VARLEN:  # as in _fwd_kernel
-        doc, r0, r1 = table_row(cu_ptr, ci_ptr, pid_m, C)
-        if r1 <= r0:
+    doc, r0, r1, rows, rm, rchunk = _query_tile(cu_ptr, ci_ptr, pid_m, T, C, BM, VARLEN)
+    if VARLEN:
+        if r1 <= r0:  # a spare row of the chunk table: no queries, nothing to read or write
             return
-        rows = r0 + tl.arange(0, BM)
-        rm = rows < r1
-        rchunk = tl.zeros([BM], dtype=tl.int32) + pid_m
-    else:
-        r0 = pid_m * BM
-        r1 = T
-        rows = pid_m * BM + tl.arange(0, BM)
-        rm = rows < T
-        rchunk = rows // C
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
     q_base = b * T * HS * DK + hs * DK

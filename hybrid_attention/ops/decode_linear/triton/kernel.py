@@ -27,6 +27,18 @@ def block_sizes(b: int, n_out: int, k: int, products: int, block_n: int | None) 
 
 
 @triton.jit
+def _input_rows(x_ptr, r_ptr, ob, kk, xm, sxb, srb, ACC: tl.constexpr, HAS_RES: tl.constexpr):
+    """The [BLOCK_B, BLOCK_K] input tile at columns kk in ACC: x, or h = x + residual rounded to x's dtype (the
+    residual add of the plain step) when HAS_RES; xm masks the rows and columns."""
+    xdt = x_ptr.dtype.element_ty
+    xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=xm, other=0.0).to(ACC)
+    if HAS_RES:
+        rv = tl.load(r_ptr + ob[:, None] * srb + kk[None, :], mask=xm, other=0.0).to(ACC)
+        xv = (xv + rv).to(xdt).to(ACC)
+    return xv
+
+
+@triton.jit
 def _norm_linear_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, sxb, srb, shb, syb,
                         EPS: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, ACC: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -48,10 +60,8 @@ def _norm_linear_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, 
         kk = k0 + ok
         km = kk < K
         xm = bm[:, None] & km[None, :]
-        xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=xm, other=0.0).to(ACC)
+        xv = _input_rows(x_ptr, r_ptr, ob, kk, xm, sxb, srb, ACC, HAS_RES)
         if HAS_RES:
-            rv = tl.load(r_ptr + ob[:, None] * srb + kk[None, :], mask=xm, other=0.0).to(ACC)
-            xv = (xv + rv).to(xdt).to(ACC)
             # program 0 writes h (a tensor comparison: the interpreter refuses a mask combined with a scalar bool)
             hm = xm & (ob[:, None] * 0 + pid == 0)
             tl.store(h_ptr + ob[:, None] * shb + kk[None, :], xv.to(h_ptr.dtype.element_ty), mask=hm)
@@ -66,10 +76,7 @@ def _norm_linear_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, B, K, N_OUT, 
         kk = k0 + ok
         km = kk < K
         xm = bm[:, None] & km[None, :]
-        xv = tl.load(x_ptr + ob[:, None] * sxb + kk[None, :], mask=xm, other=0.0).to(ACC)
-        if HAS_RES:
-            rv = tl.load(r_ptr + ob[:, None] * srb + kk[None, :], mask=xm, other=0.0).to(ACC)
-            xv = (xv + rv).to(xdt).to(ACC)
+        xv = _input_rows(x_ptr, r_ptr, ob, kk, xm, sxb, srb, ACC, HAS_RES)
         gain = tl.load(nw_ptr + kk, mask=km, other=0.0).to(xdt).to(ACC)
         # RMSNorm.forward's rounding points: the normed x in x.dtype, then times the gain in x.dtype
         h = ((xv * rstd[:, None]).to(xdt).to(ACC) * gain[None, :]).to(xdt).to(ACC)

@@ -93,6 +93,26 @@ def _bf16(x, BF16: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _seq_program(sh, co_ptr, H, N, VARLEN: tl.constexpr):
+    """(b, h, bh, c0, c1) of a sequential state kernel's program sh = (sequence, head): its batch row b, head h, the
+    row bh of the internal buffers and its chunk rows [c0, c1). Packed documents: sequence = document, every document
+    in the one packed row (b = 0, bh = h), its chunk rows [offsets[d], offsets[d + 1]) of the chunk table."""
+    if VARLEN:
+        b = sh * 0
+        h = sh % H
+        bh = h  # buffers of the one packed row
+        c0 = tl.load(co_ptr + sh // H)
+        c1 = tl.load(co_ptr + sh // H + 1)
+    else:
+        b = sh // H
+        h = sh % H
+        bh = sh
+        c0 = 0
+        c1 = N
+    return b, h, bh, c0, c1
+
+
+@triton.jit
 def _inverse_unit_lower(A_scr, X_out, A, C: tl.constexpr):
     """X = (I + A)^{-1} for strictly lower-triangular A [C, C] (C a multiple of 16), exact in fp32.
 
@@ -256,18 +276,7 @@ def _state_fwd_kernel(
     NumPy >= 2.4 refuses; the compiled kernel uses the ``for`` loop (software-pipelined loads)."""
     pv = tl.program_id(0)
     sh = tl.program_id(1).to(tl.int64)  # (sequence, head): indexes S0 / Sfin
-    if VARLEN:
-        b = sh * 0
-        h = sh % H
-        bh = h  # buffers of the one packed row
-        c0 = tl.load(co_ptr + sh // H)
-        c1 = tl.load(co_ptr + sh // H + 1)
-    else:
-        b = sh // H
-        h = sh % H
-        bh = sh
-        c0 = 0
-        c1 = N
+    b, h, bh, c0, c1 = _seq_program(sh, co_ptr, H, N, VARLEN)
     kr = tl.arange(0, BKF)
     km = kr < K
     vc = pv * BV + tl.arange(0, BV)
@@ -444,19 +453,8 @@ def _state_bwd_kernel(
     dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
     (V tile, sequence / document, head), like ``_state_fwd_kernel``."""
     pv = tl.program_id(0)
-    sh = tl.program_id(1).to(tl.int64)
-    if VARLEN:
-        b = sh * 0
-        h = sh % H
-        bh = h
-        c0 = tl.load(co_ptr + sh // H)
-        c1 = tl.load(co_ptr + sh // H + 1)
-    else:
-        b = sh // H
-        h = sh % H
-        bh = sh
-        c0 = 0
-        c1 = N
+    sh = tl.program_id(1).to(tl.int64)  # (sequence, head): indexes S0 / Sfin
+    b, h, bh, c0, c1 = _seq_program(sh, co_ptr, H, N, VARLEN)
     kr = tl.arange(0, BKF)
     km = kr < K
     vc = pv * BV + tl.arange(0, BV)
