@@ -180,6 +180,15 @@ class Row:
         self.result = "FAIL"
         self.notes.append(why)
 
+    def take_diff(self, d: Diff, rtol: float, what: str) -> None:
+        """Record the loss comparison ``d`` and fail on its problems or on a relative difference above rtol
+        (``what``: the message's subject, e.g. "loss")."""
+        self.steps, self.max_abs, self.max_rel, self.worst_step = d.steps, d.max_abs, d.max_rel, d.worst_step
+        for p in d.problems:
+            self.fail(p)
+        if d.steps and d.max_rel > rtol:
+            self.fail(f"{what} differs by {d.max_rel:.2e} relative at step {d.worst_step} (> {rtol:g})")
+
 
 def compare_model(root: Path, model: str, rtol: float = RTOL, resume_rtol: float = RESUME_RTOL,
                   min_scaling: float | None = None, skip: int = SKIP_STEPS, need_resume: bool = False,
@@ -207,12 +216,7 @@ def compare_model(root: Path, model: str, rtol: float = RTOL, resume_rtol: float
             row.fail(f"no {base / name / 'metrics.jsonl'}")
             continue
         dist[name] = run
-        d = loss_diff(ref, run)
-        row.steps, row.max_abs, row.max_rel, row.worst_step = d.steps, d.max_abs, d.max_rel, d.worst_step
-        for p in d.problems:
-            row.fail(p)
-        if d.steps and d.max_rel > rtol:
-            row.fail(f"loss differs by {d.max_rel:.2e} relative at step {d.worst_step} (> {rtol:g})")
+        row.take_diff(loss_diff(ref, run), rtol, "loss")
         row.val_rel = _rel(ref.val_loss, run.val_loss)
         if row.val_rel is None:
             row.fail("no finite final validation loss on both sides")
@@ -255,12 +259,7 @@ def _resume_row(model: str, base: Path, resumed: Run | None, full: Run | None, r
         row.next_abs = abs(b - a)
         if row.next_rel > resume_rtol:
             row.fail(f"next-step loss differs by {row.next_rel:.2e} relative (> {resume_rtol:g})")
-    d = loss_diff(full, resumed, steps=[s for s in sorted(full.loss) if s >= k1])
-    row.steps, row.max_abs, row.max_rel, row.worst_step = d.steps, d.max_abs, d.max_rel, d.worst_step
-    for p in d.problems:
-        row.fail(p)
-    if d.steps and d.max_rel > rtol:
-        row.fail(f"continuation differs by {d.max_rel:.2e} relative at step {d.worst_step} (> {rtol:g})")
+    row.take_diff(loss_diff(full, resumed, steps=[s for s in sorted(full.loss) if s >= k1]), rtol, "continuation")
     row.val_rel = _rel(full.val_loss, resumed.val_loss)
     if row.val_rel is not None and row.val_rel > rtol and steps[-1] == last:
         row.fail(f"final validation loss differs by {row.val_rel:.2e} relative (> {rtol:g})")

@@ -39,6 +39,20 @@ def _exact(fn, *args):
     return fn(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
 
 
+def _assert_matches(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor | None) -> None:
+    """out (kernel) against ref (the plain path, same dtype): float64 to 1e-12, float32 to 2e-5; bf16 (``exact``: the
+    definition in float64 from the same inputs): the kernel's error within the plain path's own plus ULPS bf16 ulps
+    of the result."""
+    if exact is not None:
+        scale = exact.abs().max().item()
+        err_k = (out.double() - exact).abs().max().item()
+        err_r = (ref.double() - exact).abs().max().item()
+        assert err_k <= err_r + ULPS * 2**-7 * scale, (err_k, err_r, scale)
+    else:
+        tol = 1e-12 if out.dtype == torch.float64 else 2e-5
+        assert torch.allclose(out, ref, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("b", [1, 3, 8])
 @pytest.mark.parametrize("act", [None, "swiglu"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -52,14 +66,9 @@ def test_norm_linear(b, act, dtype):
         # float64 definition is the plain bf16 path's own plus a few bf16 ulps of the result: the interpreter's
         # fp32 -> bf16 casts truncate (round toward zero, also with fp_downcast_rounding="rtne": probed on triton's
         # interpreter), where the GPU rounds to nearest like PyTorch
-        exact = _exact(norm_linear_reference, x, nw, w, 1e-5, act)
-        scale = exact.abs().max().item()
-        err_k = (out.double() - exact).abs().max().item()
-        err_r = (ref.double() - exact).abs().max().item()
-        assert err_k <= err_r + ULPS * 2**-7 * scale, (err_k, err_r, scale)
+        _assert_matches(out, ref, _exact(norm_linear_reference, x, nw, w, 1e-5, act))
     else:
-        tol = 1e-12 if dtype == torch.float64 else 2e-5
-        assert torch.allclose(out, ref, atol=tol, rtol=tol)
+        _assert_matches(out, ref, None)
 
 
 @pytest.mark.parametrize("b", [1, 3, 8])
@@ -74,14 +83,10 @@ def test_add_norm_linear(b, dtype):
     assert h.shape == x.shape and out.shape == (b, N // 2)
     if dtype == torch.bfloat16:  # the interpreter's truncating casts (see test_norm_linear): a bf16 ulp of h
         assert torch.allclose(h.double(), h_ref.double(), atol=0, rtol=2**-7)
-        exact = _exact(norm_linear_reference, h_ref, nw, w, 1e-5, "swiglu")
-        scale = exact.abs().max().item()
-        err_k = (out.double() - exact).abs().max().item()
-        err_r = (ref.double() - exact).abs().max().item()
-        assert err_k <= err_r + ULPS * 2**-7 * scale, (err_k, err_r, scale)
+        _assert_matches(out, ref, _exact(norm_linear_reference, h_ref, nw, w, 1e-5, "swiglu"))
     else:
-        tol = 1e-12 if dtype == torch.float64 else 2e-5
-        assert torch.allclose(h, h_ref, atol=tol, rtol=tol) and torch.allclose(out, ref, atol=tol, rtol=tol)
+        _assert_matches(h, h_ref, None)
+        _assert_matches(out, ref, None)
 
 
 @pytest.mark.parametrize("b", [1, 3, 8])
@@ -92,14 +97,9 @@ def test_linear_residual(b, dtype):
     assert out.shape == (b, N) and out.dtype == dtype
     ref = linear_residual_reference(x, w, r)
     if dtype == torch.bfloat16:
-        exact = _exact(linear_residual_reference, x, w, r)
-        scale = exact.abs().max().item()
-        err_k = (out.double() - exact).abs().max().item()
-        err_r = (ref.double() - exact).abs().max().item()
-        assert err_k <= err_r + ULPS * 2**-7 * scale, (err_k, err_r, scale)
+        _assert_matches(out, ref, _exact(linear_residual_reference, x, w, r))
     else:
-        tol = 1e-12 if dtype == torch.float64 else 2e-5
-        assert torch.allclose(out, ref, atol=tol, rtol=tol)
+        _assert_matches(out, ref, None)
 
 
 def test_block_sizes_and_strided_rows():
