@@ -44,3 +44,28 @@ def test_compiled_training_gradients_match_eager(mixer):
     for name, g in g_e.items():
         err = ((g_c[name] - g).norm() / g.norm().clamp(min=1e-12)).item()
         assert err < 1e-3, (name, err)
+
+
+@pytest.mark.parametrize("backend", ["toeplitz", "fft"])
+def test_s4d_autocast_step_traces_without_a_graph_break(monkeypatch, backend):
+    """The s4d convolution forms ask no untraceable autocast question inside a compiled step. torch 2.11's Dynamo
+    cannot trace ``torch.amp.is_autocast_available`` (a C builtin): it broke the compiled s4d step in both forms,
+    the resumed frames hit the recompile limit and ran eagerly on the H200. Stand-in here (torch 2.13 traces the
+    builtin): the query breaks the graph whenever it is called while tracing."""
+
+    def untraceable(device_type: str) -> bool:
+        torch._dynamo.graph_break()
+        return True
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", untraceable)
+    torch._dynamo.reset()
+    model = HybridForCausalLM(HybridConfig.from_preset("tiny", layers=["s4d", "s4d"], num_hidden_layers=2,
+                                                       mixer_options={"s4d": {"backend": backend}})).train()
+    ids = torch.randint(0, 259, (2, 32))
+
+    def loss(ids):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(ids, labels=ids).loss
+
+    explained = torch._dynamo.explain(loss)(ids)
+    assert explained.graph_break_count == 0, [str(r.reason)[:120] for r in explained.break_reasons]

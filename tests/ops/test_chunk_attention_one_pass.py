@@ -38,7 +38,8 @@ ONE_PASS = ChunkAttentionConfig(bwd_mode="one_pass", poison=True)
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative error norm; absolute when the reference norm is below 1 (e.g. dq of a single token is exactly 0)."""
-    return ((a.double().cpu() - b.double()).norm() / max(b.double().norm().item(), 1.0)).item()
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / max(b.norm().item(), 1.0)).item()
 
 
 def _run(xs: list[torch.Tensor | None], routing: torch.Tensor, do: torch.Tensor, C: int, G: int, backend: str,

@@ -29,10 +29,17 @@ from .naive import validate_s4d_inputs
 __all__ = ["conv_s4d", "ssm_kernel", "Convolve", "autocast_off"]
 
 
+# The device types with an autocast, decided once at import: ``torch.amp.is_autocast_available`` is a C builtin that
+# torch 2.11's Dynamo cannot trace. Called inside the compiled s4d step it broke the graph in both convolution forms,
+# the resumed frames hit Dynamo's recompile limit and ran eagerly (H200, session 8: 1867 launches per `small` step,
+# kernels 35 ms of an 81 ms profiled step). A membership test of a constant set traces.
+AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu") if torch.amp.is_autocast_available(d))
+
+
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     """``torch.autocast(device_type, enabled=False)``, or a no-op where the device type has no autocast (``meta``:
     the host-sync tests run the layers there, tests/models/test_no_host_sync.py)."""
-    if torch.amp.is_autocast_available(device_type):
+    if device_type in AUTOCAST_DEVICES:
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..common.varlen import per_document
-from .conv_form import autocast_off, conv_s4d
+from .conv_form import AUTOCAST_DEVICES, autocast_off, conv_s4d
 
 __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
 
@@ -46,7 +46,7 @@ def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
 
 def _mm_dtype(z: torch.Tensor) -> torch.dtype:
     dev = z.device.type
-    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev) and z.dtype == torch.float32:
+    if dev in AUTOCAST_DEVICES and torch.is_autocast_enabled(dev) and z.dtype == torch.float32:
         return torch.get_autocast_dtype(dev)
     return z.dtype
 
