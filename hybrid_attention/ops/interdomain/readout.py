@@ -18,6 +18,11 @@ of stdlib code, 2 seeds, H200, `configs/experiments/interdomain_readout_ab.yaml`
 3.414, hermitian 3.789 / 3.875 (+12.0% / +13.5% paired by seed), real 3.770 / 3.803 (+11.4% / +11.4%). The Hermitian
 form, the one that matches the derivation's Gram kernel, trains clearly worse here, so the default stays the plain
 transpose. This is a small, code-only regime; the credible-scale suite re-runs the A/B before the choice is final.
+The credible-scale A/B reverses it (RESULTS.md C1; 35M parameters, 100M BPE tokens of English prose, H200):
+hermitian 8.189 / 7.982 against transpose 8.865 / 8.601 (−7.4% ± 0.3 paired, 2 of 2 seeds), real 7.884 (seed 0 only,
+−11.1%). The default is not switched yet. The switch waits for real's seed 1, which decides between hermitian and
+real. It must also bump MODEL_REVISION (models/mixers.py), because saved configs do not record the readout, so a
+new default would silently change every stored Interdomain model.
 
 All three are real-linear in the key-side vector p_t = X^k_t q_t ∈ C^M (the chunked forms' contraction of the
 query with the raw key state, X^k before C): o_t = Re(r_tᵀ X^v_t) with r_t = K₁ p_t + K₂ conj(p_t), where
@@ -35,7 +40,8 @@ __all__ = ["READOUTS", "DEFAULT_READOUT", "validate_readout", "readout_operators
 
 READOUTS = ("transpose", "hermitian", "real")
 
-# DECISION: see the module docstring. "transpose" (A/B: transpose beats hermitian by 12-13.5% and real by 11.4%).
+# DECISION: see the module docstring. "transpose" for now (code regime: best by 11-13.5%; credible scale: worst, the
+# switch pending real's second seed).
 DEFAULT_READOUT = "transpose"
 
 
