@@ -105,6 +105,7 @@ class InterdomainStaticState(StaticState):
     c: torch.Tensor
     kernel_params: tuple | None = None
     ssm_real: torch.Tensor | None = None
+    rope: torch.Tensor | None = None  # [max_len, 2, head_dim]: the RoPE table (`RotaryEmbedding.table`) or None
     inputs: FusedInputs | None = None
 
     def buffers(self) -> list[torch.Tensor]:
@@ -295,7 +296,9 @@ class InterdomainAttention(TokenMixer):
                                         [st.conv[n] for n in conv_names], st.ssm.device, st.conv[names[0]].dtype)
             static = InterdomainStaticState(ssm=st.ssm, conv=dict(zip(conv_names, views)),
                                             lam=torch.exp(log_lam.to(cdt)), b_bar=b_bar.to(cdt), c=c.to(cdt),
-                                            inputs=inputs)
+                                            inputs=inputs,
+                                            rope=None if self.rotary is None else
+                                            self.rotary.table(max_len, st.ssm.device, st.conv[names[0]].dtype))
             use_kernels = st.ssm.is_cuda if use_kernels is None else use_kernels
             if use_kernels and self.query_readout and st.ssm.dtype == torch.complex64:
                 if not HAS_TRITON:
@@ -318,8 +321,8 @@ class InterdomainAttention(TokenMixer):
         br = self._branches_step(x, static)
         key, q = br[self.key_name], br.get("q")
         if self.rotary is not None:
-            key = self.rotary.at(key, rope_positions(pos))
-            q = self.rotary.at(q, rope_positions(pos)) if q is not None else None
+            key = self.rotary.at_table(key, static.rope, rope_positions(pos))
+            q = self.rotary.at_table(q, static.rope, rope_positions(pos)) if q is not None else None
         if self.dual_input:
             key = self._feature_map(key)
         key, val = self._input_gain(self.key_norm(key), self.value_norm(br[self.val_name]))

@@ -81,6 +81,7 @@ class NatsLStaticState(StaticState):
     # the step's q|k|v|a|b|g(|omega when it reads x) projections and q|k|v convolutions fused
     # (modules/fused_linear.py); conv's branches are views of its conv state
     inputs: FusedInputs | None = None
+    rope: torch.Tensor | None = None  # [max_len, 2, D]: the RoPE table (`RotaryEmbedding.table`), None without RoPE
 
     @property
     def cap(self) -> int:
@@ -168,7 +169,8 @@ class NatsLStaticStep:
             cache_slot=torch.arange(cap, device=device) // c, chunk_pos=torch.arange(c, device=device),
             buf_start=torch.full((1, 1), cap, dtype=torch.long, device=device), chunk_size=c, capacity=capacity,
             num_splits=default_num_splits(device, b * hs, cap + c),
-            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels)
+            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels,
+            rope=self.rotary.table(max_len, device, dtype) if self.rotary is not None else None)
 
     def load_static_state(self, static: NatsLStaticState, state: NatsLState) -> None:
         """Copy a prefill state; ValueError when it keeps more chunks than the capacity (a host sync, outside steps)."""
@@ -213,7 +215,7 @@ class NatsLStaticStep:
         qs = self.q_norm(q.view(b, 1, hs, self.attn_head_dim))
         ks = self.k_norm(k.view(b, 1, hs, self.attn_head_dim))
         if self.rotary is not None:
-            qs, ks = self.rotary.at(qs, rope_positions(pos)), self.rotary.at(ks, rope_positions(pos))
+            qs, ks = (self.rotary.at_table(z, static.rope, rope_positions(pos)) for z in (qs, ks))
         vs = v.view(b, 1, hs, self.attn_head_v_dim)
         slot = torch.remainder(pos, c)  # 0-d, or [B]: each row's place in its own chunk
         if per_row:

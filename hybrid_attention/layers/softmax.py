@@ -42,7 +42,8 @@ class KVState:
 class StaticKVState(StaticState):
     """Static KV cache of one softmax layer: k, v [B, H, max_len, D] (RoPE already applied to k); position p holds
     token p. key_pos [max_len] = 0..max_len-1; zero [1, 1] (the unused second key range of the split-KV kernel);
-    w_qkv [3·H·D, hidden]: the q|k|v projections as one weight (modules/fused_linear.py)."""
+    w_qkv [3·H·D, hidden]: the q|k|v projections as one weight (modules/fused_linear.py); rope [max_len, 2, D]: the
+    RoPE table (`RotaryEmbedding.table`), None without RoPE."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -51,6 +52,7 @@ class StaticKVState(StaticState):
     num_splits: int
     use_kernels: bool
     w_qkv: torch.Tensor | None = None
+    rope: torch.Tensor | None = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.k, self.v]
@@ -157,7 +159,8 @@ class SoftmaxAttention(TokenMixer):
             key_pos=torch.arange(max_len, device=device), zero=torch.zeros(1, 1, dtype=torch.long, device=device),
             num_splits=default_num_splits(device, batch_size * self.num_heads, max_len),
             use_kernels=device.type == "cuda" if use_kernels is None else use_kernels,
-            w_qkv=w_qkv.to(device=device, dtype=dtype))
+            w_qkv=w_qkv.to(device=device, dtype=dtype),
+            rope=self.rotary.table(max_len, device, dtype) if self.rotary is not None else None)
 
     def load_static_state(self, static: StaticKVState, state: KVState) -> None:
         """Copy an eager state; a left-padded prefill's (``state.pad``) row b moves from slots pad[b].. to 0.. (row b's
@@ -180,7 +183,7 @@ class SoftmaxAttention(TokenMixer):
         per_row = pos.dim() == 1
         q, k, v = (z.view(b, 1, self.num_heads, self.head_dim) for z in F.linear(x, static.w_qkv).chunk(3, -1))
         if self.rotary is not None:
-            q, k = self.rotary.at(q, rope_positions(pos)), self.rotary.at(k, rope_positions(pos))
+            q, k = (self.rotary.at_table(z, static.rope, rope_positions(pos)) for z in (q, k))
         if per_row:  # row b writes slot pos[b]
             at = pos[:, None, None, None].expand(b, self.num_heads, 1, self.head_dim)
             static.k.scatter_(2, at, k.transpose(1, 2).to(static.k.dtype))

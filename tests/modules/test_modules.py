@@ -81,3 +81,20 @@ def test_norms():
 
 def test_swiglu_sizes_match_the_paper():
     assert [swiglu_hidden_size(d) for d in (768, 1024, 1536, 2048)] == [2048, 2816, 4096, 5504]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_rope_table_rows_equal_the_angle_math(dtype):
+    """`at_table` (static decode steps: a row of the precomputed table) gives exactly what `at` computes, for one
+    position, positions [T] and per-row positions [B, T]; one shared table per (dim, theta, length, device, dtype)."""
+    rope = RotaryEmbedding(16, theta=500.0)
+    table = rope.table(300, "cpu", dtype)
+    assert table.shape == (300, 2, 16) and table.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert rope.table(300, "cpu", dtype) is table and rope.table(301, "cpu", dtype) is not table
+    g = torch.Generator().manual_seed(0)
+    for x, pos in [(torch.randn(3, 1, 2, 16, generator=g), torch.tensor(299)),
+                   (torch.randn(2, 5, 2, 16, generator=g), torch.tensor([0, 7, 64, 65, 250])),
+                   (torch.randn(3, 1, 2, 16, generator=g), torch.tensor([[3], [0], [298]]))]:
+        x = x.to(dtype)
+        torch.testing.assert_close(rope.at_table(x, table, pos), rope.at(x, pos), rtol=0, atol=0)
+    assert not torch.equal(rope.at_table(x, table, pos), x)  # it rotates
