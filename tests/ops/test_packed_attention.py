@@ -181,3 +181,54 @@ def test_flash_under_compile_fullgraph():
     torch._dynamo.reset()
     fn = torch.compile(lambda *a: packed_causal_attention(*a, backend="flash"), fullgraph=True)
     _check_flash_against_reference(fn, (3, 250, 1, 90), 64)
+
+
+def test_the_layer_and_mixer_options_pass_their_backend(monkeypatch):
+    """SoftmaxAttention's packed path calls the op with its ``backend`` (mixer_options["softmax"]["backend"])."""
+    from hybrid_attention.layers import softmax as softmax_layer
+    from hybrid_attention.models.configuration import HybridConfig
+    from hybrid_attention.models.modeling import HybridForCausalLM
+
+    seen = []
+
+    def spy(q, k, v, cu_seqlens, *, backend):
+        seen.append(backend)
+        return packed_causal_attention(q, k, v, cu_seqlens, backend=backend)
+
+    monkeypatch.setattr(softmax_layer, "packed_causal_attention", spy)
+    cfg = HybridConfig.from_preset("tiny", layers=["softmax"], num_hidden_layers=1,
+                                   mixer_options={"softmax": {"backend": "reference"}})
+    model = HybridForCausalLM(cfg)
+    ids = torch.zeros(1, 12, dtype=torch.long)
+    model(ids, cu_seqlens=cu_seqlens_from_lengths([5, 7]))
+    layer = SoftmaxAttention(32, num_heads=2).double()
+    layer(torch.randn(1, 12, 32, dtype=F64), cu_seqlens=cu_seqlens_from_lengths([5, 7]))
+    assert seen == ["reference", "auto"]
+
+
+@cuda
+def test_the_layer_takes_the_flash_form_under_autocast_without_a_sync(monkeypatch):
+    """A float32 SoftmaxAttention under CUDA bf16 autocast (the training setup): q, k, v are bf16, so "auto" runs
+    the flash form; forward and backward make no synchronising call (device offsets, max_q = T)."""
+    from hybrid_attention.ops import packed_attention
+
+    ran = []
+    flash = packed_attention._FORMS["flash"]
+    monkeypatch.setitem(packed_attention._FORMS, "flash", lambda *a: ran.append(1) or flash(*a))
+    layer = SoftmaxAttention(128, num_heads=2).cuda()
+    x = torch.randn(1, 300, 128, device="cuda", requires_grad=True)
+    cu = torch.tensor([0, 1, 100, 299, 300], dtype=torch.int32, device="cuda")
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            y, _ = layer(x, cu_seqlens=cu)
+        y.float().square().mean().backward()
+
+    step()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert ran == [1, 1]
