@@ -19,8 +19,9 @@ from hybrid_attention.layers.base import (
     row_positions,
 )
 from hybrid_attention.modules import RotaryEmbedding, concat_linear_weights
-from hybrid_attention.ops.common.varlen import document_ids
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
+from hybrid_attention.ops.packed_attention import BACKENDS as PACKED_BACKENDS
+from hybrid_attention.ops.packed_attention import packed_causal_attention
 
 
 @dataclass
@@ -69,7 +70,9 @@ class SoftmaxAttention(TokenMixer):
     """Multi-head causal softmax attention (SDPA), RoPE on q/k, no biases.
 
     x [B, T, hidden] -> y [B, T, hidden]; heads: num_heads × head_dim (default hidden / num_heads). A packed
-    prefill's state holds each document's keys right-aligned in its row (``KVState.pad``).
+    prefill's state holds each document's keys right-aligned in its row (``KVState.pad``). ``backend``: the form of
+    the packed (``cu_seqlens``) attention, ``ops/packed_attention`` ("auto": FlashAttention varlen for CUDA fp16 /
+    bf16, else the dense-mask reference).
     """
 
     packed_states = True
@@ -81,8 +84,12 @@ class SoftmaxAttention(TokenMixer):
         head_dim: int | None = None,
         rope: bool = True,
         rope_theta: float = 10000.0,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
+        if backend not in PACKED_BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(repr(b) for b in PACKED_BACKENDS)}, got {backend!r}")
+        self.backend = backend
         head_dim = head_dim or hidden_size // num_heads
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         inner = num_heads * head_dim
@@ -134,18 +141,15 @@ class SoftmaxAttention(TokenMixer):
     def _forward_packed(self, x, q, k, v, state, keep: bool, cu_seqlens: torch.Tensor
                         ) -> tuple[torch.Tensor, KVState | None]:
         """Packed documents (q, k, v [1, T, H, D]): RoPE positions restart at 0 per document and a query attends
-        causally inside its own document only (a block-diagonal causal mask) -> (y [1, T, hidden], with keep the
-        KVState [N, L, H, D] of the documents right-aligned in the longest one's width L, else None)."""
+        causally inside its own document only (``packed_causal_attention``, ``self.backend``) -> (y [1, T, hidden],
+        with keep the KVState [N, L, H, D] of the documents right-aligned in the longest one's width L, else None)."""
         pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
         if self.rotary is not None:
             q, k = self.rotary.at(q, pos), self.rotary.at(k, pos)
-        doc = document_ids(cu_seqlens, x.shape[1])
-        idx = torch.arange(x.shape[1], device=x.device)
-        mask = (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])  # [T, T]
-        o = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), attn_mask=mask)
+        o = packed_causal_attention(q, k, v, cu_seqlens, backend=self.backend)  # [1, T, H, D]
         kept = KVState(right_align(k, cu_seqlens), right_align(v, cu_seqlens), left_pad(cu_seqlens)[1]) if keep \
             else None
-        return self.o_proj(o.transpose(1, 2).reshape(*x.shape[:2], -1)), kept
+        return self.o_proj(o.reshape(*x.shape[:2], -1)), kept
 
     # ---------------------------------------------------------------------------------------------------- static
     def init_static_state(self, batch_size: int, max_len: int, device=None, dtype=None, *,
