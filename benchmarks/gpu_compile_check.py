@@ -105,7 +105,9 @@ def compare(name: str, args, device: str) -> dict:
     t0 = time.time()
     l_c, g_c = loss_and_grads(model, compiled, ids, amp, device)
     row["compiled_first_s"] = time.time() - t0
-    row["graph_breaks"] = int(sum(torch._dynamo.utils.counters["graph_break"].values()))
+    breaks = torch._dynamo.utils.counters["graph_break"]  # reason -> count
+    row["graph_breaks"] = int(sum(breaks.values()))
+    row["graph_break_reasons"] = {" ".join(str(k).split())[:240]: int(n) for k, n in breaks.items()}
     row["loss_eager"], row["loss_compiled"] = l_e, l_c
     row["loss_rel"] = abs(l_c - l_e) / max(abs(l_e), 1e-30)
     g_32 = loss_and_grads(model, model, ids, False, device)[1] if amp else None  # the float32 reference
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"  {name}: {row['status']}  loss rel {row['loss_rel']:.2e}  grad rel-RMS {row['grad_rel_rms']:.2e} "
                   f"({row['grad_worst_param']})  compile+run {row['compiled_first_s']:.1f} s", flush=True)
+            for reason, n in row["graph_break_reasons"].items():
+                print(f"    graph break x{n}: {reason}", flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
 
