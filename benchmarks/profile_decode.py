@@ -213,12 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stack-dump-s", type=float, default=60.0,
                    help="with --log-compile: dump every thread's Python stack to stderr this often (0: never)")
     a = p.parse_args(argv)
-    if a.log_compile:
+    if a.log_compile:  # faulthandler writes to the process's fd 2 (sys.stderr may be a capture without one)
         torch._logging.set_logs(recompiles=True, graph_breaks=True)
         if a.stack_dump_s > 0:
-            faulthandler.dump_traceback_later(a.stack_dump_s, repeat=True, file=sys.stderr)
+            faulthandler.dump_traceback_later(a.stack_dump_s, repeat=True, file=sys.__stderr__)
         if hasattr(signal, "SIGTERM"):  # `timeout`'s signal: the stacks at the moment of the kill, then the exit
-            faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
+            faulthandler.register(signal.SIGTERM, file=sys.__stderr__, all_threads=True, chain=True)
     compile_flag = {"auto": None, "on": True, "off": False}[a.compile]
     presets = ["tiny"] if a.dryrun else a.presets
     fused = {"off": [False], "on": [True], "both": [False, True]}[a.fused_gemv]
