@@ -12,7 +12,8 @@
 #   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]
 #   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  S4D_CONV=1 [1]
 #   PROFILE_TRAIN [none: e.g. "s4d"]  PROFILE_DECODE [none: e.g. "gdn-340m transformer-340m"; with and without the
-#   fused decode GEMVs]
+#   fused decode GEMVs]  PROFILE_DECODE_LOG [none: 1 adds --log-compile (per-phase compile / JIT times, stack dumps
+#   every 60 s in $OUT/profile_decode.log)]
 #   DECODE_MODELS [natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b]  DECODE_CONTEXTS [1024,131072]
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
@@ -62,8 +63,9 @@ fi
 if [ -n "${PROFILE_DECODE:-}" ]; then
   read -ra profile_presets <<< "$PROFILE_DECODE"
   timeout $(( $(left) - 30 )) python -m benchmarks.profile_decode --presets "${profile_presets[@]}" --fused-gemv both \
-    > "$OUT/profile_decode.log" 2>&1
-  echo "== profile_decode: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^###|^\| " "$OUT/profile_decode.log"
+    ${PROFILE_DECODE_LOG:+--log-compile} > "$OUT/profile_decode.log" 2>&1
+  echo "== profile_decode: exit $? after $(( $(date +%s) - T0 )) s"
+  grep -E "^###|^\| |^\[log-compile\]" "$OUT/profile_decode.log"
 fi
 
 if [ -n "${DECODE_AUTOTUNE:-}" ]; then
