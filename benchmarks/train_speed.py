@@ -142,16 +142,19 @@ def document_mix(total: int, max_len: int, seed: int = 0) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def flops_per_step(model: HybridForCausalLM, B: int, T: int) -> tuple[float, str]:
-    """Training FLOPs of one step under the model documented above, and its label."""
+def flops_per_step(model: HybridForCausalLM, B: int, T: int,
+                   cu_seqlens: torch.Tensor | None = None) -> tuple[float, str]:
+    """Training FLOPs of one step under the model documented above, and its label. With ``cu_seqlens`` (the varlen
+    rows: B·T tokens packed into documents) the attention term counts Σ len² over the documents instead of B·T²."""
     n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     flops = 6.0 * n * B * T
+    pairs = B * T * T if cu_seqlens is None else float((cu_seqlens[1:] - cu_seqlens[:-1]).double().pow(2).sum())
     attn = 0.0
     for blk in model.model.layers:
         if blk.mixer_type == "softmax":
             m = blk.mixer
             width = getattr(m, "num_heads", model.config.num_heads) * getattr(m, "head_dim", model.config.head_dim)
-            attn += 6.0 * 2.0 * B * T * T * width / 2.0
+            attn += 6.0 * 2.0 * pairs * width / 2.0
     return flops + attn, ("6N+attn" if attn else "6N only")
 
 
@@ -183,7 +186,6 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     row = dict(spec)
     row["layers"] = _describe(cfg.mixer_types)
     row["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
-    flops, row["flops_model"] = flops_per_step(model, B, T)
     if variant.endswith("+ckpt"):
         enable_block_checkpointing(model)
     fwd = model
@@ -192,11 +194,13 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
         fwd = torch.compile(model, backend=compile_backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
-    extra = {}
+    extra, cu = {}, None
     if variant.endswith("+varlen"):
         ids = ids.reshape(1, B * T)
-        extra["cu_seqlens"] = document_mix(B * T, T).to(dev)
-        row["documents"] = int(extra["cu_seqlens"].numel() - 1)
+        cu = document_mix(B * T, T)  # on the host: the FLOP count reads it
+        extra["cu_seqlens"] = cu.to(dev)
+        row["documents"] = int(cu.numel() - 1)
+    flops, row["flops_model"] = flops_per_step(model, B, T, cu)
     amp = dev == "cuda"
 
     step = training_step(fwd, opt, ids, amp, **extra)

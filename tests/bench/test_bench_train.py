@@ -61,6 +61,10 @@ def test_flop_model():
     gdn = HybridForCausalLM(HybridConfig.from_preset("tiny", layers="gdn", hidden_size=32, num_heads=2, head_dim=16,
                                                      chunk_size=8))
     assert flops_per_step(gdn, B, T)[1] == "6N only"
+    # packed documents (the varlen rows): the attention term counts Σ len² (B rows of T = B documents of T: equal)
+    assert flops_per_step(model, B, T, torch.tensor([0, T, 2 * T]))[0] == pytest.approx(flops)
+    halves = torch.tensor([0, T // 2, T, 3 * T // 2, 2 * T])
+    assert flops_per_step(model, B, T, halves)[0] == pytest.approx(6 * n * B * T + 6 * 2 * 4 * (T // 2) ** 2 * 32 / 2)
 
 
 def test_train_bench_dryrun(tmp_path):
