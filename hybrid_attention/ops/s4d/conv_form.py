@@ -33,7 +33,14 @@ __all__ = ["conv_s4d", "ssm_kernel", "Convolve", "autocast_off"]
 # torch 2.11's Dynamo cannot trace. Called inside the compiled s4d step it broke the graph in both convolution forms,
 # the resumed frames hit Dynamo's recompile limit and ran eagerly (H200, session 8: 1867 launches per `small` step,
 # kernels 35 ms of an 81 ms profiled step). A membership test of a constant set traces.
-AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu") if torch.amp.is_autocast_available(d))
+def _has_autocast(device_type: str) -> bool:
+    try:
+        return torch.amp.is_autocast_available(device_type)
+    except (RuntimeError, ValueError):  # a device type this build does not know
+        return False
+
+
+AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu") if _has_autocast(d))
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
