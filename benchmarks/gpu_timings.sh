@@ -17,6 +17,7 @@
 #   DECODE_MODELS [natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b]  DECODE_CONTEXTS [1024,131072]
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
+#   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
 # Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
 # ≈ 80 s; a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
@@ -72,6 +73,11 @@ if [ -n "${DECODE_AUTOTUNE:-}" ]; then
   timeout $(( $(left) - 30 )) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
     --batch-sizes 1 --iters 20 --compile-mode max-autotune-no-cudagraphs > "$OUT/decode_autotune.log" 2>&1
   echo "== decode max-autotune: exit $? after $(( $(date +%s) - T0 )) s"; grep '^{' "$OUT/decode_autotune.log"
+fi
+
+if [ "${DECODE_ATTN_SWEEP:-0}" = 1 ]; then
+  timeout 200 python -m benchmarks.decode_attention_ops --budget-s 180 --out "$OUT" > "$OUT/decode_attention_ops.log" 2>&1
+  echo "== decode_attention_ops: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||FAIL" "$OUT/decode_attention_ops.log" | tail -40
 fi
 
 if [ "${NATSL_SWEEP:-0}" = 1 ]; then
