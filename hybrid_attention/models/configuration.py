@@ -182,6 +182,14 @@ class HybridConfig(PretrainedConfig):
             return opts["readout"]
         return _readout.LEGACY_READOUT if self.config_revision < 1 else _readout.DEFAULT_READOUT
 
+    def to_dict(self) -> dict[str, Any]:
+        """As PretrainedConfig.to_dict (save_pretrained uses it too), with the interdomain readout written in also when
+        layers or mixer_options were changed after construction."""
+        out = super().to_dict()
+        if "interdomain" in self.mixer_types:
+            out["mixer_options"].setdefault("interdomain", {}).setdefault("readout", self.interdomain_readout)
+        return out
+
     def validate_fields(self) -> None:
         """Raise ValueError naming the offending field and the allowed values."""
         allowed = sorted(MIXER_BUILDERS)

@@ -133,3 +133,14 @@ def test_config_without_interdomain_unchanged(layers, saved):
         if isinstance(m, S4DMixer):
             assert not m.query_readout
 
+
+
+def test_readout_recorded_on_save_after_changes(tmp_path, monkeypatch):
+    cfg = HybridConfig.from_preset("tiny", layers="softmax")
+    cfg.layers = "interdomain"  # changed after construction: nothing recorded in mixer_options yet
+    model = HybridForCausalLM(cfg)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["mixer_options"] == {"interdomain": {"readout": DEFAULT_READOUT}}
+    monkeypatch.setattr(readout_mod, "DEFAULT_READOUT", "real" if DEFAULT_READOUT != "real" else "hermitian")
+    assert _readouts(HybridForCausalLM.from_pretrained(tmp_path)) == _readouts(model)
