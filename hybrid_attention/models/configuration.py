@@ -9,6 +9,17 @@ from transformers import PretrainedConfig
 
 from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.modules.mlp import swiglu_hidden_size
+from hybrid_attention.ops.interdomain import readout as _readout
+
+# Revision of the config format (what a config records; what the mixers compute is MODEL_REVISION, models/mixers.py).
+# 0: nothing recorded beyond the fields set. 1: an Interdomain config records its readout in
+# mixer_options["interdomain"]["readout"] (HybridConfig.__init__ writes it in when it is not set).
+# DECISION (how a saved config is told from a fresh one, here only): every new config stores `config_revision`, so
+# every config saved since does too (to_dict / save_pretrained keep the attribute; from_dict, from_pretrained,
+# from_json_file pass it back to __init__). A config dict without it that carries `transformers_version` (written
+# by every to_dict / save_pretrained, passed by no fresh construction) was saved before: revision 0, whose Interdomain
+# readout is LEGACY_READOUT. Without either key the config is fresh (revision 1, DEFAULT_READOUT).
+CONFIG_REVISION = 1
 
 
 def _interdomain_family(hidden: int, layers: int, heads: int, head_dim: int, mixer: str) -> dict[str, Any]:
@@ -92,8 +103,9 @@ class HybridConfig(PretrainedConfig):
 
     `layers` is one mixer name for every layer or a list with one name per layer (then it sets num_hidden_layers);
     names: see `hybrid_attention.models.mixers.MIXER_BUILDERS`. `mixer_options[name]` holds extra constructor
-    arguments of that mixer (e.g. {"interdomain": {"rope": False}}). `state_size` is the S4D basis size M and
-    `chunk_size` the chunk length of the chunked ops.
+    arguments of that mixer (e.g. {"interdomain": {"rope": False}}); with an interdomain layer the config records
+    mixer_options["interdomain"]["readout"] (see `interdomain_readout`, CONFIG_REVISION). `state_size` is the S4D basis
+    size M and `chunk_size` the chunk length of the chunked ops.
     """
 
     model_type = "hybrid_attention"
@@ -142,11 +154,17 @@ class HybridConfig(PretrainedConfig):
         self.rescale_residual = rescale_residual
         self.max_position_embeddings = max_position_embeddings
         self.use_cache = use_cache
+        revision = kwargs.pop("config_revision", None)
+        if revision is None:  # the DECISION at CONFIG_REVISION
+            revision = 0 if "transformers_version" in kwargs else CONFIG_REVISION
         super().__init__(
             tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, **kwargs,
         )
+        self.config_revision = revision
         self.validate_fields()
+        if "interdomain" in self.mixer_types:
+            self.mixer_options.setdefault("interdomain", {}).setdefault("readout", self.interdomain_readout)
 
     @property
     def mixer_types(self) -> list[str]:
@@ -154,6 +172,23 @@ class HybridConfig(PretrainedConfig):
         if isinstance(self.layers, str):
             return [self.layers] * self.num_hidden_layers
         return list(self.layers)
+
+    @property
+    def interdomain_readout(self) -> str:
+        """The readout of the interdomain layers: mixer_options["interdomain"]["readout"] where set, else what a
+        config of this revision means without it (revision 0: LEGACY_READOUT; later: DEFAULT_READOUT)."""
+        opts = self.mixer_options.get("interdomain", {})
+        if "readout" in opts:
+            return opts["readout"]
+        return _readout.LEGACY_READOUT if self.config_revision < 1 else _readout.DEFAULT_READOUT
+
+    def to_dict(self) -> dict[str, Any]:
+        """As PretrainedConfig.to_dict (save_pretrained uses it too), with the interdomain readout written in also when
+        layers or mixer_options were changed after construction."""
+        out = super().to_dict()
+        if "interdomain" in self.mixer_types:
+            out["mixer_options"].setdefault("interdomain", {}).setdefault("readout", self.interdomain_readout)
+        return out
 
     def validate_fields(self) -> None:
         """Raise ValueError naming the offending field and the allowed values."""

@@ -37,7 +37,8 @@ MODEL_REVISION = 2
 
 MIXER_BUILDERS: dict[str, tuple[type[TokenMixer], Callable[[HybridConfig], dict[str, Any]]]] = {
     "softmax": (SoftmaxAttention, lambda cfg: {**_heads(cfg), "rope_theta": cfg.rope_theta}),
-    "interdomain": (InterdomainAttention, _ssm),
+    # the config's readout, never the layer's constructor default (HybridConfig.interdomain_readout)
+    "interdomain": (InterdomainAttention, lambda cfg: {**_ssm(cfg), "readout": cfg.interdomain_readout}),
     "s4d": (S4DMixer, _ssm),  # the paper's S4D-only control (readout linear in the state)
     "s4d_bilinear": (S4DBilinearMixer, _ssm),  # the library's earlier bilinear S4D mixer, a stronger baseline
     "gdn": (GatedDeltaNet, lambda cfg: {**_heads(cfg), "chunk_size": cfg.chunk_size, "norm_eps": cfg.norm_eps}),

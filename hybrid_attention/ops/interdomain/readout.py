@@ -21,8 +21,13 @@ transpose. This is a small, code-only regime; the credible-scale suite re-runs t
 The credible-scale A/B reverses it (RESULTS.md C1; 35M parameters, 100M BPE tokens of English prose, H200):
 hermitian 8.189 / 7.982 against transpose 8.865 / 8.601 (−7.4% ± 0.3 paired, 2 of 2 seeds), real 7.884 (seed 0 only,
 −11.1%). The default is not switched yet. The switch waits for real's seed 1, which decides between hermitian and
-real. It must also bump MODEL_REVISION (models/mixers.py), because saved configs do not record the readout, so a
-new default would silently change every stored Interdomain model.
+real. It is then the one line DEFAULT_READOUT, without a MODEL_REVISION bump: every HybridConfig records its readout
+(models/configuration.py, CONFIG_REVISION), a saved config.json without it reads LEGACY_READOUT, and the suites with
+transpose results pin it (tests/experiments/test_readout_pins.py). The switch still changes every config built fresh
+without a readout: the suites that rely on the default (credible_cube, credible_prose_200m, credible_recall and their
+_cpu twins; none has results yet), configs/*.yaml, and a step checkpoint (checkpoints/step-*) of an older run, which
+is rebuilt from the run's config.yaml, not a config.json: to resume or evaluate one, add
+model.options.mixer_options.interdomain.readout: transpose to that run config.
 
 All three are real-linear in the key-side vector p_t = X^k_t q_t ∈ C^M (the chunked forms' contraction of the
 query with the raw key state, X^k before C): o_t = Re(r_tᵀ X^v_t) with r_t = K₁ p_t + K₂ conj(p_t), where
@@ -36,13 +41,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["READOUTS", "DEFAULT_READOUT", "validate_readout", "readout_operators", "readout_product"]
+__all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", "readout_operators", "readout_product"]
 
 READOUTS = ("transpose", "hermitian", "real")
 
 # DECISION: see the module docstring. "transpose" for now (code regime: best by 11-13.5%; credible scale: worst, the
-# switch pending real's second seed).
+# switch pending real's second seed). Switching it needs no MODEL_REVISION bump (saved configs record the readout).
 DEFAULT_READOUT = "transpose"
+
+# The readout of every Interdomain model saved before configs recorded it (HybridConfig.config_revision 0): a saved
+# config without mixer_options["interdomain"]["readout"] means this one, whatever DEFAULT_READOUT is now. Never change.
+LEGACY_READOUT = "transpose"
 
 
 def validate_readout(readout: str) -> None:
