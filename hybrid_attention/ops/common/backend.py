@@ -22,9 +22,10 @@ def resolve_backend(
     *,
     varlen: bool = False,
     no_varlen: tuple[str, ...] = ("triton",),
+    fast: str = "triton",
 ) -> str:
-    """The backend an op runs: ``name`` itself, except ``"auto"`` -> ``"triton"`` when ``supported`` else
-    ``"reference"``.
+    """The backend an op runs: ``name`` itself, except ``"auto"`` -> ``fast`` (the op's accelerated form: "triton"
+    unless the op names another, e.g. "flash") when ``supported`` else ``"reference"``.
 
     ``op`` names the op in the error message. ``supported`` is the op's own rule for "auto" (typically: triton
     imports, CUDA inputs, and the kernels handle these dtypes and shapes); a callable is called only for "auto", so
@@ -33,14 +34,14 @@ def resolve_backend(
     ``"<op>: backend must be one of 'a', 'b', got 'x'"``.
 
     ``varlen``: the call has ``cu_seqlens`` (packed documents, ``ops/common/varlen.py``). The backends in
-    ``no_varlen`` do not take it yet: "auto" then resolves to "reference" when "triton" is one of them (else by
+    ``no_varlen`` do not take it yet: "auto" then resolves to "reference" when ``fast`` is one of them (else by
     ``supported`` as usual), and naming one of them raises ``NotImplementedError`` ``"cu_seqlens is not supported
     by the <name> backend of <op> yet; use backend='reference'"``. Ops whose Triton kernels take packed documents
     (gated_delta, chunk_attention, natsl_mixed, interdomain, s4d_bilinear) pass a ``no_varlen`` without "triton".
     """
     if name not in allowed:
         raise ValueError(f"{op}: backend must be one of {', '.join(repr(a) for a in allowed)}, got {name!r}")
-    if varlen and name == "auto" and "triton" in no_varlen:
+    if varlen and name == "auto" and fast in no_varlen:
         return "reference"
     if varlen and name in no_varlen:
         raise NotImplementedError(
@@ -48,5 +49,5 @@ def resolve_backend(
         )
     if name == "auto":
         ok = supported() if callable(supported) else supported
-        return "triton" if ok else "reference"
+        return fast if ok else "reference"
     return name

@@ -38,10 +38,9 @@ _FORMS = {"reference": reference_packed_causal_attention, "flash": flash_packed_
 
 
 def resolve_packed_backend(backend: str, q: torch.Tensor) -> str:
-    """The form ``packed_causal_attention`` runs for q: "reference" | "flash" (``resolve_backend``'s "triton", the
-    accelerated form of "auto", is this op's "flash")."""
-    name = resolve_backend(backend, "packed_causal_attention", lambda: supported(q), BACKENDS, no_varlen=())
-    return "flash" if name == "triton" else name
+    """The form ``packed_causal_attention`` runs for q: "reference" | "flash"."""
+    return resolve_backend(backend, "packed_causal_attention", lambda: supported(q), BACKENDS, no_varlen=(),
+                           fast="flash")
 
 
 def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
