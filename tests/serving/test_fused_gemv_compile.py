@@ -3,14 +3,14 @@ whole model, whatever the layer count: no graph break, no recompile over steps, 
 call site (not a frame per layer). Guard for the H200 report (the fused variant of `benchmarks.profile_decode` did
 not finish within ~300 s while the plain one compiled in well under a minute); on the CPU both compile in seconds
 (session 8: gdn-340m widths, 1/2/4 layers, one graph each, the fused inductor compile no slower than the plain one),
-so this pins what the CPU can check. The kernels run under the Triton interpreter."""
+so this pins what the CPU can check. The kernels run on the GPU when there is one, else in the interpreter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch._dynamo
-from test_static_decode import make_model
+from test_static_decode import KERNEL_DEVICE, make_model
 from torch._dynamo.utils import counters
 
 from hybrid_attention.serving import StaticDecoder
@@ -20,7 +20,8 @@ from hybrid_attention.serving import StaticDecoder
 @pytest.mark.parametrize("fused", [False, True])
 @torch.no_grad()
 def test_fused_step_compiles_to_one_graph(layers, fused):
-    model = make_model(["gdn", "softmax", "gdn"][:layers], dtype=torch.float32)
+    # on the GPU when there is one (the kernels refuse CPU tensors outside the interpreter), else in the interpreter
+    model = make_model(["gdn", "softmax", "gdn"][:layers], dtype=torch.float32).to(KERNEL_DEVICE)
     graphs = []
 
     def backend(gm, example_inputs):
@@ -31,7 +32,7 @@ def test_fused_step_compiles_to_one_graph(layers, fused):
     assert dec.fused_mlp == fused
     ref = StaticDecoder(model, 1, 16, use_kernels=True, compile=False, fused_gemv=fused)
     dec._run = torch.compile(dec._own_step_impl(), backend=backend, fullgraph=True, dynamic=False)
-    ids = torch.randint(0, 259, (1, 8))
+    ids = torch.randint(0, 259, (1, 8), device=KERNEL_DEVICE)
     dec.prefill(ids[:, :5])
     ref.prefill(ids[:, :5])
     torch._dynamo.reset()
