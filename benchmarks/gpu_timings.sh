@@ -25,15 +25,18 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. OUT="${OUT:-.}"
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
+# Seconds for the next part: what is left minus a reserve, at least 1. Never 0: `timeout 0` means no limit (session 9:
+# a part that ended exactly at its reserve gave the next one `timeout 0`, and the call ran past the device's limit).
+slot() { local t=$(( $(left) - ${1:-30} )); echo $(( t > 1 ? t : 1 )); }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
 if [ "${CHECKS:-1}" = 1 ]; then
   read -ra pytest_paths <<< "${PYTEST_PATHS:-tests/ops tests/serving}"
-  timeout 230 python -m pytest -q -p no:cacheprovider -n 8 "${pytest_paths[@]}" > "$OUT/pytest_gpu.log" 2>&1 &
+  timeout -k 10 230 python -m pytest -q -p no:cacheprovider -n 8 "${pytest_paths[@]}" > "$OUT/pytest_gpu.log" 2>&1 &
   P1=$!
   read -ra compile_mixers <<< "${COMPILE_MIXERS:-}"
-  timeout 230 python -m benchmarks.gpu_compile_check --out "$OUT" ${COMPILE_MIXERS:+--mixers "${compile_mixers[@]}"} \
+  timeout -k 10 230 python -m benchmarks.gpu_compile_check --out "$OUT" ${COMPILE_MIXERS:+--mixers "${compile_mixers[@]}"} \
     > "$OUT/compile_check.log" 2>&1 &
   P2=$!
   wait $P1; echo "== pytest tests/ops tests/serving: exit $? after $(( $(date +%s) - T0 )) s"
@@ -44,53 +47,53 @@ fi
 read -ra train_models <<< "${TRAIN_MODELS-softmax interdomain s4d gdn natsl}"
 if [ "${#train_models[@]}" -gt 0 ]; then
   read -ra train_variants <<< "${TRAIN_VARIANTS:-compiled}"
-  timeout $(( $(left) - 30 )) python -m benchmarks.train_speed --models "${train_models[@]}" \
+  timeout -k 10 $(slot 30) python -m benchmarks.train_speed --models "${train_models[@]}" \
     --variants "${train_variants[@]}" --shapes 16x2048 --quick --out "$OUT" > "$OUT/train_speed.log" 2>&1
   echo "== bench train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^train |^\| " "$OUT/train_speed.log"
 fi
 
 if [ "${S4D_CONV:-1}" = 1 ]; then
-  timeout 100 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
+  timeout -k 10 100 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
   echo "== s4d_conv: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||^##" "$OUT/s4d_conv.log"
 fi
 
 if [ -n "${PROFILE_TRAIN:-}" ]; then
   read -ra profile_mixers <<< "$PROFILE_TRAIN"
-  timeout $(( $(left) - 30 )) python -m benchmarks.profile_train --mixers "${profile_mixers[@]}" \
+  timeout -k 10 $(slot 30) python -m benchmarks.profile_train --mixers "${profile_mixers[@]}" \
     > "$OUT/profile_train.log" 2>&1
   echo "== profile_train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^###|^\| " "$OUT/profile_train.log"
 fi
 
 if [ -n "${PROFILE_DECODE:-}" ]; then
   read -ra profile_presets <<< "$PROFILE_DECODE"
-  timeout $(( $(left) - 30 )) python -m benchmarks.profile_decode --presets "${profile_presets[@]}" --fused-gemv both \
+  timeout -k 10 $(slot 30) python -m benchmarks.profile_decode --presets "${profile_presets[@]}" --fused-gemv both \
     ${PROFILE_DECODE_LOG:+--log-compile} > "$OUT/profile_decode.log" 2>&1
   echo "== profile_decode: exit $? after $(( $(date +%s) - T0 )) s"
   grep -E "^###|^\| |^\[log-compile\]" "$OUT/profile_decode.log"
 fi
 
 if [ -n "${DECODE_AUTOTUNE:-}" ]; then
-  timeout $(( $(left) - 30 )) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
+  timeout -k 10 $(slot 30) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
     --batch-sizes 1 --iters 20 --compile-mode max-autotune-no-cudagraphs > "$OUT/decode_autotune.log" 2>&1
   echo "== decode max-autotune: exit $? after $(( $(date +%s) - T0 )) s"; grep '^{' "$OUT/decode_autotune.log"
 fi
 
 if [ "${DECODE_ATTN_SWEEP:-0}" = 1 ]; then
-  timeout 200 python -m benchmarks.decode_attention_ops --budget-s 180 --out "$OUT" > "$OUT/decode_attention_ops.log" 2>&1
+  timeout -k 10 200 python -m benchmarks.decode_attention_ops --budget-s 180 --out "$OUT" > "$OUT/decode_attention_ops.log" 2>&1
   echo "== decode_attention_ops: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||FAIL" "$OUT/decode_attention_ops.log" | tail -40
 fi
 
 if [ "${NATSL_SWEEP:-0}" = 1 ]; then
   sweep_t=$(( $(left) - 10 ))
   [ -n "${DECODE_MODELS:-}" ] && sweep_t=$(( sweep_t / 2 ))  # leave the decode part half of what is left
-  timeout "$sweep_t" python -m benchmarks.natsl_ops --sweep-only --budget-s $(( sweep_t - 20 )) --out "$OUT" \
+  timeout -k 10 "$sweep_t" python -m benchmarks.natsl_ops --sweep-only --budget-s $(( sweep_t - 20 )) --out "$OUT" \
     > "$OUT/natsl_sweep.log" 2>&1
   echo "== natsl_ops --sweep: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "sweep|^\|" "$OUT/natsl_sweep.log" | tail -40
 fi
 
 t=$(( $(left) - 10 ))
 if [ "$t" -gt 60 ] && [ "${DECODE_MODELS-x}" != "" ]; then
-  timeout "$t" python -m benchmarks.models --sections decode --budget-s $(( t - 20 )) \
+  timeout -k 10 "$t" python -m benchmarks.models --sections decode --budget-s $(( t - 20 )) \
     --decode-models "${DECODE_MODELS:-natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b}" \
     --decode-contexts "${DECODE_CONTEXTS:-1024,131072}" \
     --out "$OUT" > "$OUT/decode.log" 2>&1

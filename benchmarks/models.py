@@ -208,7 +208,7 @@ def stream_floor_gb(model: HybridForCausalLM, context: int, batch_size: int, fra
 
 @guarded("decode")
 def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = None) -> None:
-    """models: a subset of the plan's preset names (default: all)."""
+    """models: a subset of the plan's preset names, run in the order given (default: all, in the plan's order)."""
     dev = s.device
     from benchmarks.decode_latency import decode_latency
 
@@ -224,7 +224,8 @@ def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = Non
         unknown = sorted(set(models) - {name for name, _, _ in plan})
         if unknown:
             raise ValueError(f"--decode-models: unknown {unknown}; allowed: {sorted({n for n, _, _ in plan})}")
-        plan = [row for row in plan if row[0] in models]
+        # in the caller's order, so that a budget cut drops the last-named preset (session 9 lost the Transformer)
+        plan = [row for name in dict.fromkeys(models) for row in plan if row[0] == name]
     for name, fraction, batch_sizes in plan:
         if s.budget_left() < 60:
             log(f"decode: budget spent, skipping {name}")

@@ -52,3 +52,17 @@ def test_models_bench_compiled_prefill_dryrun(tmp_path):
 def test_ops_bench_dryrun(tmp_path, module):
     out = _dryrun(module, tmp_path)
     assert "FAIL" not in out and "PASS" in out
+
+
+def test_models_bench_decode_follows_the_given_order(tmp_path):
+    """--decode-models runs the presets in the order given, so that a budget cut drops the last-named one."""
+    env = {**os.environ, "BENCH_DRYRUN": "1", "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.models", "--sections", "decode", "--decode-models",
+                           "transformer-340m,natsl-hybrid-340m", "--decode-contexts", "64"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "models_gpu.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    models = [r["model"] for r in res["decode"]]
+    assert models and models == sorted(models, key=["transformer-340m", "natsl-hybrid-340m"].index), models
+    assert set(models) == {"transformer-340m", "natsl-hybrid-340m"}
