@@ -13,20 +13,18 @@ pair by W(τ, τ') = Re Σ_m κ_m(τ) κ_m(τ') (transpose, indefinite), Re Σ_m
 semi-definite Gram kernel, the reading of the derivation's Σ_m φ_m(s) φ_m(s') ≈ δ(s - s') with a complex basis) and
 Σ_m Re κ_m(τ) Re κ_m(τ') (real).
 
-DECISION (the default readout): "transpose". Measured A/B (RESULTS.md section A; `small` preset, 6.55M byte tokens
-of stdlib code, 2 seeds, H200, `configs/experiments/interdomain_readout_ab.yaml`): validation ppl transpose 3.384 /
-3.414, hermitian 3.789 / 3.875 (+12.0% / +13.5% paired by seed), real 3.770 / 3.803 (+11.4% / +11.4%). The Hermitian
-form, the one that matches the derivation's Gram kernel, trains clearly worse here, so the default stays the plain
-transpose. This is a small, code-only regime; the credible-scale suite re-runs the A/B before the choice is final.
-The credible-scale A/B reverses it (RESULTS.md C1; 35M parameters, 100M BPE tokens of English prose, H200):
-hermitian 8.189 / 7.982 against transpose 8.865 / 8.601 (−7.4% ± 0.3 paired, 2 of 2 seeds), real 7.884 (seed 0 only,
-−11.1%). The default is not switched yet. The switch waits for real's seed 1, which decides between hermitian and
-real. It is then the one line DEFAULT_READOUT, without a MODEL_REVISION bump: every HybridConfig records its readout
-(models/configuration.py, CONFIG_REVISION), a saved config.json without it reads LEGACY_READOUT, and the suites with
-transpose results pin it (tests/experiments/test_readout_pins.py). The switch still changes every config built fresh
-without a readout: the suites that rely on the default (credible_cube, credible_prose_200m, credible_recall and their
-_cpu twins; none has results yet), configs/*.yaml, and a step checkpoint (checkpoints/step-*) of an older run, which
-is rebuilt from the run's config.yaml, not a config.json: to resume or evaluate one, add
+DECISION (the default readout): "real", decided by the credible-scale A/B (RESULTS.md C1; 35M parameters, 100M BPE
+tokens of English prose, 2 seeds, H200, `configs/experiments/credible_prose.yaml`): validation ppl real 7.884 / 7.878,
+hermitian 8.189 / 7.982, transpose 8.865 / 8.601. Paired by seed, real is 9.7% ± 1.9 below transpose and 2.5% ± 1.7
+below hermitian, lower in 2 of 2 seeds each time; the linear S4D-only control is 10.338 / 10.267. Its cost is
+training speed: 0.28-0.29M tok/s, against 0.39-0.43M for hermitian and 0.45-0.56M for transpose (each run alone).
+The earlier code regime (RESULTS.md section A; `small`, 6.55M byte tokens of stdlib code) had the reverse order
+(transpose 11-13.5% better than both). It is discounted, because softmax came out worst there, so that regime
+could not rank mixers.
+The models saved before this switch keep their readout. Every HybridConfig records its readout
+(models/configuration.py, CONFIG_REVISION), a saved config.json without one reads LEGACY_READOUT, and the suites with
+transpose results pin it (tests/experiments/test_readout_pins.py). A step checkpoint (checkpoints/step-*) of an older
+run is rebuilt from the run's config.yaml, not from a config.json. To resume or evaluate one, add
 model.options.mixer_options.interdomain.readout: transpose to that run config.
 
 All three are real-linear in the key-side vector p_t = X^k_t q_t ∈ C^M (the chunked forms' contraction of the
@@ -45,9 +43,8 @@ __all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", 
 
 READOUTS = ("transpose", "hermitian", "real")
 
-# DECISION: see the module docstring. "transpose" for now (code regime: best by 11-13.5%; credible scale: worst, the
-# switch pending real's second seed). Switching it needs no MODEL_REVISION bump (saved configs record the readout).
-DEFAULT_READOUT = "transpose"
+# DECISION: see the module docstring. "real": best of the three at the credible scale, 2 of 2 seeds (RESULTS.md C1).
+DEFAULT_READOUT = "real"
 
 # The readout of every Interdomain model saved before configs recorded it (HybridConfig.config_revision 0): a saved
 # config without mixer_options["interdomain"]["readout"] means this one, whatever DEFAULT_READOUT is now. Never change.
