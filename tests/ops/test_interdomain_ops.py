@@ -183,13 +183,15 @@ def test_matches_kernel_view(with_state, denominator):
     o_ref, s_ref = kernel_view_reference(q, k, v, log_lam, B, C, init, denominator)
     assert o_ref.abs().max() > 1e-2
     for fn, kw in ((naive_interdomain, {}), (chunk_interdomain, {"chunk_size": 4})):
-        o, s = fn(q, k, v, log_lam, B, C, denominator=denominator, initial_state=init, output_final_state=True, **kw)
+        # the kernel view above is the plain-transpose readout (no conjugation): name it, whatever the default is
+        o, s = fn(q, k, v, log_lam, B, C, denominator=denominator, initial_state=init, output_final_state=True,
+                  readout="transpose", **kw)
         assert max_err(o, o_ref) < 1e-10, fn.__name__
         assert max_err(s, s_ref) < 1e-10, fn.__name__
 
 
 def test_readout_is_bilinear_not_hermitian():
-    """One token, M = 1: o = Re(q·k · (C B)² · v) (plain square), not |C B|² q·k v (Hermitian)."""
+    """One token, M = 1, readout "transpose": o = Re(q·k · (C B)² · v) (plain square), not |C B|² q·k v (Hermitian)."""
     log_lam = torch.tensor([[-0.5 + 0.3j]], dtype=C128)
     B = torch.tensor([[1.0 + 1.0j]], dtype=C128)
     C = torch.tensor([[[1.0 + 0.0j]]], dtype=C128)
@@ -197,7 +199,7 @@ def test_readout_is_bilinear_not_hermitian():
     k = torch.tensor([[[[2.0]]]], dtype=F64)
     v = torch.tensor([[[[3.0]]]], dtype=F64)
     for fn in (naive_interdomain, chunk_interdomain):
-        o, _ = fn(q, k, v, log_lam, B, C)
+        o, _ = fn(q, k, v, log_lam, B, C, readout="transpose")
         # U = C B k = 2(1+i), Γ = C B v = 3(1+i): Re(U Γ) = 6 Re((1+i)²) = 0 (Hermitian would give 12)
         assert abs(o.item()) < 1e-12
 

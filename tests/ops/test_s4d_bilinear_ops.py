@@ -128,7 +128,8 @@ def test_matches_kernel_view(with_state):
 
 
 def test_is_interdomain_with_identity_query():
-    """o[..., j] of s4d equals channel j of Interdomain with k = a, v = b and the one-hot query e_j."""
+    """o[..., j] of s4d_bilinear equals channel j of Interdomain (plain-transpose readout: the bilinear product
+    Re(diag(UᵀΓ)) has no conjugation) with k = a, v = b and the one-hot query e_j."""
     Bsz, T, H, R, M = 2, 30, 2, 3, 5
     log_lam, B, C = make_params(H, M, 17, im_max=50.0)
     a, b = make_inputs(Bsz, T, H, R, 18)
@@ -136,7 +137,7 @@ def test_is_interdomain_with_identity_query():
     for j in range(R):
         e_j = torch.zeros_like(a)
         e_j[..., j] = 1.0
-        assert max_err(o[..., j], naive_interdomain(e_j, a, b, log_lam, B, C)[0][..., j]) < 1e-10
+        assert max_err(o[..., j], naive_interdomain(e_j, a, b, log_lam, B, C, readout="transpose")[0][..., j]) < 1e-10
 
 
 def test_split_equals_single_call():
