@@ -23,6 +23,9 @@ _state_bwd + _chunk_dz or their fused _state_bwd_dz):
   _chunk_fwd   parallel over (chunk, b·h): outputs o of one chunk from X_j and the chunk's q, k, v.
   _chunk_bwd   parallel over (chunk, b·h): recomputes the chunk forward and produces dq, the chunk-local parts of
                dk/dv, the chunk's contribution to the adjoint of X_j, and per-chunk partial grads of K, B, log λ.
+Readout (ops/interdomain/readout.py): r = K p (CONJ_P False, "transpose"), K conj(p) (CONJ_P, "hermitian"), or any
+real-linear map of p given as four real blocks (REAL_MAP, "real" in one pass: the same number of dots as the complex
+product, with four distinct M x M tiles instead of two; the backward writes the four blocks' partial grads).
 
 Packed documents (IS_VARLEN, B == 1; the design is in ``ops/common/triton/ssm_scan.py``): program (row, head) takes
 its chunk's true start and length from the chunk table (``_chunk_info``: cu_seqlens ``cu``, per-row (document,
