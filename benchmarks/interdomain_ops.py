@@ -12,10 +12,15 @@ Sections (each guarded, so a failure in one still leaves the others' numbers):
   3. timings (triton.testing.do_bench, median): B=1, H=16, d_h=R=64, M=64, bf16, T in {4K, 16K, 32K, 64K, 128K}:
      forward, forward+backward (all 7 gradients), peak memory; causal SDPA with the same H, d_h; achieved TFLOP/s of
      the kernels against the counted FLOP model ``flop_model``;
-  4. decode: fused step captured in a CUDA graph (B in {1, 8}) vs graphed SDPA decode over a KV cache of 1K..128K;
-  5. compiled kernel resources (registers, spills, shared memory) and a small launch-config sweep if time is left.
+  4. real passes: readout="real" as two kernel passes (today's default, ``real_one_pass=False``) vs one pass (the four
+     real blocks, ``real_one_pass=True``) vs "transpose", forward and forward+backward at the timing shapes
+     (T in {4K, 16K, 32K}), after a check of both forms vs float64 and of one pass vs two (o, final state, the 7
+     gradients; the correctness limits); ``--real-passes`` runs only this section;
+  5. decode: fused step captured in a CUDA graph (B in {1, 8}) vs graphed SDPA decode over a KV cache of 1K..128K;
+  6. compiled kernel resources (registers, spills, shared memory) and a small launch-config sweep if time is left.
 Writes ``<--out>/interdomain_gpu.json`` (default ``$OUT`` or .) and prints one short table at the end.
-``--dryrun`` (or ``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1``: the correctness section at tiny shapes on the CPU.
+``--dryrun`` (or ``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1``: the correctness section and the real-passes check at
+tiny shapes on the CPU.
 """
 
 from __future__ import annotations
@@ -321,6 +326,101 @@ def timing(s: BenchSettings, Ts):
     RESULTS["timing"] = rows
 
 
+REAL_VARIANTS = (("real_2pass", "real", False), ("real_1pass", "real", True), ("transpose", "transpose", False))
+
+
+@guarded("real_passes")
+def real_passes(s: BenchSettings, Ts):
+    """readout="real" in two kernel passes vs one (``InterdomainConfig.real_one_pass``) vs "transpose" (the one-pass
+    cost to reach): first o, the final state and the 7 gradients of both forms vs the float64 reference (bf16
+    inputs, an initial state, NaN-poisoned buffers; the one pass must meet the correctness limits, 5e-3 outputs /
+    states, 1e-2 gradients) and the one-pass result vs the two-pass one (``1v2_*``, reported), then forward and
+    forward+backward timings and peak memory at the timing section's shapes (B=1, H=16, R=D=M=64, bf16; nothing
+    timed in a dry run)."""
+    dev, dryrun = s.device, s.dryrun
+    from dataclasses import replace
+
+    from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
+
+    H, R, D, M = (1, 16, 16, 16) if dryrun else (16, 64, 64, 64)
+    base = replace(CONFIG["chosen"] or DEFAULT_CONFIG, real_one_pass=False)
+    cs = CHUNK["size"]
+    # ---- check: both forms vs the float64 reference (the correctness section's inputs at T 4096, H 4), and each other
+    T, Hc = (40, 1) if dryrun else (4096, 4)
+    log_lam, Bp, C = make_params(Hc, M, 11, dev)
+    g = torch.Generator().manual_seed(13)
+    X0 = (torch.randn(1, Hc, M, R + D, dtype=torch.complex128, generator=g) * 0.5).to(dev)
+    inputs = (*make_inputs(1, T, Hc, R, D, 12, dev), log_lam, Bp, C, X0)
+    do_c = torch.randn(1, T, Hc, D, generator=g).to(dev).to(torch.bfloat16)
+    dfin = (torch.randn(1, Hc, M, R + D, dtype=torch.complex128, generator=g) * 1e-2).to(dev)
+
+    def run(fn, dtypes):
+        leaves = [t.detach().to(d).requires_grad_() for t, d in zip(inputs, dtypes)]
+        o, fin = fn(*leaves[:6], initial_state=leaves[6], output_final_state=True, readout="real")
+        loss = (o.to(dtypes[0]) * do_c.to(dtypes[0])).sum() + (fin.conj() * dfin.to(dtypes[3])).real.sum()
+        return [o, fin, *torch.autograd.grad(loss, leaves)]
+
+    ref = run(functools.partial(chunk_interdomain, chunk_size=64), [torch.float64] * 3 + [torch.complex128] * 4)
+    res = {}
+    for one in (False, True):
+        cfg = replace(base, real_one_pass=one, poison=True)
+        fn = functools.partial(triton_interdomain, chunk_size=cs, config=cfg)
+        res[one] = run(fn, [torch.bfloat16] * 3 + [torch.complex64] * 4)
+    sync()
+    names = ["o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"]
+    errs = {n: rel_rms(a, b) for n, a, b in zip(names, res[True], ref)}
+    nan = any(not torch.isfinite(t).all().item() for t in res[True])
+    ok = not nan and all(errs[n] <= (1e-2 if n.startswith("d") else 5e-3) for n in errs)
+    two = {f"2pass_{n}": rel_rms(a, b) for n, a, b in zip(names, res[False], ref)}
+    vs2 = {f"1v2_{n}": rel_rms(a, b.to(torch.complex128 if b.is_complex() else torch.float64))
+           for n, a, b in zip(names, res[True], res[False])}
+    check = {"T": T, "H": Hc, "nan": nan, "pass": ok, **errs, **two, **vs2}
+    RESULTS["real_passes"] = {"check": check, "timing": []}
+    log("real_passes check (1 pass vs float64; 2 pass vs float64; 1 vs 2)",
+        json.dumps({k2: (f"{v2:.2e}" if isinstance(v2, float) else v2) for k2, v2 in check.items()}))
+    del res, ref
+    if dryrun:
+        return
+    from triton.testing import do_bench
+
+    # ---- timings
+    p_leaves = [t.to(torch.complex64).requires_grad_() for t in make_params(H, M, 7, dev)]
+    rows = RESULTS["real_passes"]["timing"]
+    for T in Ts:
+        if elapsed() > s.budget_s * 0.85:
+            log(f"real_passes: skipping T={T} (time)")
+            continue
+        q, k, v = (t.requires_grad_() for t in make_inputs(1, T, H, R, D, T, dev))
+        do = torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16)
+        gnone = [q, k, v, *p_leaves]
+        row = {"T": T}
+        for name, readout, one in REAL_VARIANTS:
+            cfg = replace(base, real_one_pass=one)
+
+            def fwd(q=q, k=k, v=v, readout=readout, cfg=cfg):
+                with torch.no_grad():
+                    return triton_interdomain(q, k, v, *p_leaves, chunk_size=cs, readout=readout, config=cfg)[0]
+
+            def fwdbwd(q=q, k=k, v=v, do=do, readout=readout, cfg=cfg):
+                triton_interdomain(q, k, v, *p_leaves, chunk_size=cs, readout=readout, config=cfg)[0].backward(do)
+
+            fwdbwd()
+            row[f"{name}_fwd_ms"] = do_bench(fwd, warmup=5, rep=40, return_mode="median")
+            row[f"{name}_fb_ms"] = do_bench(fwdbwd, warmup=5, rep=60, grad_to_none=gnone, return_mode="median")
+            for t in gnone:
+                t.grad = None
+            row[f"{name}_fb_MB"] = peak_mb(fwdbwd)
+            for t in gnone:
+                t.grad = None
+        row["speedup_fwd"] = row["real_2pass_fwd_ms"] / row["real_1pass_fwd_ms"]
+        row["speedup_fb"] = row["real_2pass_fb_ms"] / row["real_1pass_fb_ms"]
+        rows.append(row)
+        log("real_passes", json.dumps({k2: round(v2, 4) if isinstance(v2, float) else v2 for k2, v2 in row.items()}))
+        del q, k, v, do, gnone, fwd, fwdbwd
+        torch.cuda.empty_cache()
+
+
 def _fla_gdn_fwd_ms(s: BenchSettings, T: int, H: int, d: int) -> float | None:
     """fla's GDN chunk forward (H heads, d_k = d_v = d, bf16, B=1) when fla is importable, else None."""
     dev = s.device
@@ -487,6 +587,20 @@ def summary():
             f"B{r['B']}@{r['ctx'] // 1024}K: {r['id_ms'] * 1e3:.1f}/{r['sdpa_ms'] * 1e3:.1f}" for r in RESULTS["decode"]
         )
         log(f"decode us/token (interdomain graph / SDPA graph): {line}")
+    rp = RESULTS.get("real_passes")
+    if rp:
+        c = rp["check"]
+        errs = " ".join(f"{n}={c[n]:.1e}" for n in ("o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"))
+        log(f"check real 1-pass   T={c['T']:>5} H={c['H']} {'PASS' if c['pass'] else 'FAIL'} nan={c['nan']} {errs} | "
+            f"2-pass o={c['2pass_o']:.1e} dq={c['2pass_dq']:.1e} | 1 vs 2 o={c['1v2_o']:.1e} dC={c['1v2_dC']:.1e}")
+        if rp["timing"]:
+            log(f"{'T':>6} | {'real 2-pass fwd, f+b':>20} | {'real 1-pass fwd, f+b':>20} | "
+                f"{'transpose fwd, f+b':>18} | {'x fwd':>6} {'x f+b':>6}")
+        for r in rp["timing"]:
+            log(f"{r['T']:>6} | {r['real_2pass_fwd_ms']:9.3f} {r['real_2pass_fb_ms']:10.3f} | "
+                f"{r['real_1pass_fwd_ms']:9.3f} {r['real_1pass_fb_ms']:10.3f} | "
+                f"{r['transpose_fwd_ms']:8.3f} {r['transpose_fb_ms']:9.3f} | "
+                f"{r['speedup_fwd']:6.2f} {r['speedup_fb']:6.2f}")
     for r in RESULTS.get("sweep", []):
         st = " ".join(f"{k2}={v2:.2f}" for k2, v2 in r["stages_ms"].items())
         log(f"sweep T=32K {r['variant']:<18} fwd {r['fwd_ms']:.2f} ms, f+b {r['fb_ms']:.2f} ms | f+b stages: {st}")
@@ -508,6 +622,7 @@ def main(argv: list[str] | None = None) -> None:
     p = bench_parser(__doc__.splitlines()[0], budget_s=440.0)
     p.add_argument("--final", action="store_true", help="the last run of a lease: no smoke / decode sections")
     p.add_argument("--correctness-only", action="store_true", help="every readout vs float64, no timings")
+    p.add_argument("--real-passes", action="store_true", help="only the real-passes section (1 vs 2 passes)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     s, quick = BenchSettings.from_args(args), args.quick
     import triton
@@ -517,6 +632,13 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS["env"] = {"torch": torch.__version__, "triton": triton.__version__, "device": name}
     if s.dryrun:
         correctness(s, quick=True)
+        real_passes(s, [])
+        summary()
+        return
+    if args.real_passes:  # "real" in one kernel pass vs two vs "transpose": check and timings only
+        real_passes(s, [4096, 16384] if quick else [4096, 16384, 32768])
+        with open(s.out_path("interdomain_real_passes.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1)
         summary()
         return
     if args.correctness_only:  # every readout vs float64 at T 63 / 1000 / 4096 / 16384, no timings
@@ -531,6 +653,7 @@ def main(argv: list[str] | None = None) -> None:
     if not quick:
         sweep(s)
     correctness(s, quick)
+    real_passes(s, [4096, 16384] if quick else [4096, 16384, 32768])
     timing(s, [4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
     if not args.final:
         decode(s)

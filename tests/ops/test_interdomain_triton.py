@@ -69,7 +69,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=True, denominator=False,
-             readout="transpose", config=None, **pkw):
+             readout="transpose", config=None, hooks=None, **pkw):
     """Returns {name: (triton value, float64 reference)} for o, the final state and all 7 gradients (the Triton side
     with launch configuration ``config``, an ``InterdomainConfig``; None = the registered op's defaults)."""
     g = torch.Generator().manual_seed(seed)
@@ -95,7 +95,8 @@ def run_both(Bsz, T, H, R, D, M, chunk, seed, *, with_state=True, with_final=Tru
 
     o_ref, fin_ref, g_ref = run(lambda *a, **kw: chunk_interdomain(*a, chunk_size=8, **kw), base)
     f32 = [t.to(DEV, torch.complex64 if t.is_complex() else torch.float32) for t in base]
-    o, fin, gr = run(lambda *a, **kw: triton_interdomain(*a, chunk_size=chunk, config=config, **kw), f32)
+    o, fin, gr = run(lambda *a, **kw: triton_interdomain(*a, chunk_size=chunk, config=config, hooks=hooks, **kw),
+                     f32)
     out = {"o": (o, o_ref)}
     if with_final:
         out["final"] = (fin, fin_ref)
@@ -140,6 +141,125 @@ def test_readouts_match_float64_reference(readout, Bsz, T, H, R, D, M, chunk, de
         assert a.shape == b.shape, name
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < _tol(), (readout, name, rel(a, b))
+
+
+ONE_PASS = dict(real_one_pass=True)  # readout="real" as one kernel pass with the four real blocks (REAL_MAP)
+
+
+@pytest.mark.parametrize(
+    "Bsz,T,H,R,D,M,chunk,denominator,cfg",
+    [
+        (2, 7, 1, 16, 16, 16, 16, False, {}),
+        (1, 37, 2, 12, 20, 10, 16, True, {}),  # odd T, non-power-of-two shapes, the denominator channel
+        (1, 45, 1, 16, 16, 16, 32, False, {"BC": 16, "poison": True}),  # two sub-chunks: block-grad accumulators
+        (1, 40, 1, 12, 20, 10, 32, True, {"bwd_split": True, "poison": True}),  # backward as two launches
+    ],
+)
+def test_real_one_pass_matches_float64_reference(Bsz, T, H, R, D, M, chunk, denominator, cfg):
+    """readout="real" in one pass (real_one_pass): o, final state and the gradients of q, k, v, log λ, B, C and the
+    initial state vs the float64 reference; T never a multiple of the kernel chunk."""
+    config = InterdomainConfig(**ONE_PASS, **cfg)
+    res = run_both(Bsz, T, H, R, D, M, chunk, seed=55 + T + chunk, denominator=denominator, readout="real",
+                   dominant=denominator, config=config)
+    assert {"o", "final", "dX0", "dC"} <= set(res)
+    for name, (a, b) in res.items():
+        assert a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_real_one_pass_equals_two_pass():
+    """The one-pass "real" and the two-pass average agree on the outputs and every gradient (float32 rounding), and
+    the one pass launches each chunk kernel once (the two-pass form twice)."""
+    from hybrid_attention.ops.common.triton.hooks import LaunchHooks
+
+    class Count(LaunchHooks):
+        def __init__(self):
+            self.names = []
+
+        def record(self, name, handle):
+            self.names.append(name)
+
+    out = {}
+    for one in (True, False):
+        hooks = Count()
+        res = run_both(1, 37, 2, 12, 20, 10, 16, seed=8, readout="real",
+                       config=InterdomainConfig(real_one_pass=one), hooks=hooks)
+        out[one] = res
+        assert hooks.names.count("chunk_fwd") == (1 if one else 2)
+        assert hooks.names.count("chunk_bwd0") == (1 if one else 2)
+    for name in out[True]:
+        assert rel(out[True][name][0], out[False][name][0]) < _tol(), name
+
+
+@pytest.mark.parametrize("cfg", [{}, {"BC": 16, "bwd_split": True, "poison": True}])
+def test_real_map_kernels_general_blocks(cfg):
+    """REAL_MAP with four unrelated blocks: the op with the blocks of (K₁, K₂) random complex equals the planar op
+    with K₁ plus the conjugated-p op with K₂, forward and every gradient (dK₁, dK₂ through the blocks). The readout
+    blocks of C are (anti)symmetric; random ones also catch a transposed block or a swapped pair."""
+    from hybrid_attention.ops.common.triton.hooks import NO_HOOKS
+    from hybrid_attention.ops.interdomain.readout import real_linear_blocks
+    from hybrid_attention.ops.interdomain.triton.ops import _EagerInterdomain
+
+    g = torch.Generator().manual_seed(17)
+    H, M, R, D, T = 2, 10, 12, 20, 45
+    config = InterdomainConfig(**cfg)
+    q, k, v = (torch.randn(1, T, H, n, generator=g).to(DEV) for n in (R, R, D))
+    ll = torch.stack([-2 * torch.rand(H, M, generator=g), 5 * torch.randn(H, M, generator=g)], 1).to(DEV)
+    bb = (0.3 * torch.randn(H, 2, M, generator=g)).to(DEV)
+    k1, k2 = (torch.randn(H, M, M, dtype=torch.complex64, generator=g).to(DEV) / M for _ in range(2))
+    init = (0.3 * torch.randn(1, H, 2, M, R + D, generator=g)).to(DEV)
+    do = torch.randn(1, T, H, D, generator=g).to(DEV)
+    dfin = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV)
+
+    def op(leaves, kk, conj_p):
+        q_, k_, v_, ll_, bb_, _, _, init_ = leaves
+        args = (q_, k_, v_, ll_, bb_, kk, init_, None, None, None, 32, True, True, conj_p)
+        return _EagerInterdomain.apply(config, NO_HOOKS, *args)
+
+    def planar(z):
+        return torch.stack([z.real, z.imag], 1).contiguous()
+
+    results = []
+    for one in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, ll, bb, k1, k2, init)]
+        if one:
+            o, fin = op(leaves, real_linear_blocks(leaves[5], leaves[6]).contiguous(), False)
+        else:
+            o1, f1 = op(leaves, planar(leaves[5]), False)
+            o2, _ = op(leaves, planar(leaves[6]), True)
+            o, fin = o1 + o2, f1
+        loss = (o * do).sum() + (fin * dfin).sum()
+        results.append([o, fin, *torch.autograd.grad(loss, leaves)])
+    names = ["o", "final", "dq", "dk", "dv", "dll", "dbb", "dK1", "dK2", "dinit"]
+    for name, a, b in zip(names, *results):
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_registered_op_follows_the_default_real_one_pass(monkeypatch):
+    """Without a config (the registered torch.library ops, the training path), readout="real" takes the number of
+    passes from DEFAULT_CONFIG.real_one_pass: one call of the op with the [H, 4, M, M] blocks when set, two planar
+    calls when not; forward and backward through the registered ops match the float64 reference either way."""
+    import dataclasses
+
+    from hybrid_attention.ops.interdomain.triton import ops
+
+    calls = []
+    real_op = ops.interdomain_fwd_op
+
+    def spy(*args):
+        calls.append(tuple(args[5].shape))
+        return real_op(*args)
+
+    monkeypatch.setattr(ops, "interdomain_fwd_op", spy)
+    for one in (False, True):
+        monkeypatch.setattr(ops, "DEFAULT_CONFIG", dataclasses.replace(ops.DEFAULT_CONFIG, real_one_pass=one))
+        calls.clear()
+        res = run_both(1, 20, 1, 12, 20, 10, 16, seed=3, readout="real")
+        assert [c[1] for c in calls] == ([4] if one else [2, 2]), calls
+        for name, (a, b) in res.items():
+            assert rel(a, b) < _tol(), (one, name, rel(a, b))
 
 
 def test_every_output_element_is_written():
@@ -250,8 +370,10 @@ def test_decode_step_matches_reference(readout):
     assert rel(state, fin_ref) < _tol()
 
 
-def test_custom_op_opcheck():
-    """Schema, fake (meta) implementation and autograd registration of the registered forward op."""
+@pytest.mark.parametrize("planes", [2, 4])
+def test_custom_op_opcheck(planes):
+    """Schema, fake (meta) implementation and autograd registration of the registered forward op (kk planar K, or
+    the four real blocks of the one-pass "real" readout)."""
     from hybrid_attention.ops.interdomain.triton.ops import interdomain_fwd_op
 
     g = torch.Generator().manual_seed(4)
@@ -259,7 +381,7 @@ def test_custom_op_opcheck():
     q, k, v = (torch.randn(1, 9, H, n, generator=g).to(DEV).requires_grad_() for n in (R, R, D))
     ll = torch.stack([-torch.rand(H, M, generator=g), torch.randn(H, M, generator=g)], 1).to(DEV).requires_grad_()
     bb = torch.randn(H, 2, M, generator=g).to(DEV).requires_grad_()
-    kk = (0.2 * torch.randn(H, 2, M, M, generator=g)).to(DEV).requires_grad_()
+    kk = (0.2 * torch.randn(H, planes, M, M, generator=g)).to(DEV).requires_grad_()
     init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
         interdomain_fwd_op,

@@ -3,9 +3,9 @@
 Oracle: the float64 chunked PyTorch form run on each document alone (``chunk_interdomain(..., cu_seqlens=...)``, which
 ``tests/ops/test_varlen_ops.py`` checks against the token loop). The Triton side runs in float32 under the
 interpreter (CPU) or compiled (GPU), on one packed row: outputs, per-document final states and every gradient (q, k,
-v, log λ, B, C, initial_state) for each readout, the denominator channel, both backward state paths (fused and
-unfused), the cross-sub-chunk path, NaN-poisoned buffers. Document lengths 1, below, equal to and across the chunk
-length; T never a multiple of the chunk.
+v, log λ, B, C, initial_state) for each readout ("real" both as two passes and as one), the denominator channel,
+both backward state paths (fused and unfused), the cross-sub-chunk path, NaN-poisoned buffers. Document lengths 1,
+below, equal to and across the chunk length; T never a multiple of the chunk.
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ CASES = [
     pytest.param((32, 40, 20), 12, 20, 10, 32, "hermitian", False, False, dict(BC=16, fuse_dz=False, poison=True),
                  id="hermitian-cross-unfused"),
     pytest.param((5, 33, 2), 16, 16, 16, 16, "real", True, True, dict(poison=True), id="real-denominator"),
+    # "real" as one kernel pass (the four real blocks): with the denominator; and across sub-chunks, split backward
+    pytest.param((5, 33, 2), 16, 16, 16, 16, "real", True, True, dict(poison=True, real_one_pass=True),
+                 id="real-one-pass-denominator"),
+    pytest.param((32, 40, 20), 12, 20, 10, 32, "real", False, True,
+                 dict(BC=16, bwd_split=True, poison=True, real_one_pass=True), id="real-one-pass-cross-split"),
 ]
 
 

@@ -8,15 +8,18 @@ Registered ops (opaque to ``torch.compile``, with fake implementations for traci
   ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final,
   conj_p) -> (o, final)``
   ``hybrid_attention::interdomain_bwd(...) -> (dq, dk, dv, dll, dbb, dkk, dinit)``
-with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M], init [B, H, 2, M, R+D] (planar).
+with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M] (planar complex) or [H, 4, M, M] (the four real
+blocks of a real-linear readout map, ``readout.real_linear_blocks``: the kernels' REAL_MAP, chosen by this shape;
+conj_p must then be False), init [B, H, 2, M, R+D] (planar).
 
 Packed documents (``cu_seqlens``, B == 1; design in ``ops/common/triton/ssm_scan.py``): (cu, co, ci) is the
 ``ChunkTable`` of the offsets (int32 cu_seqlens [N+1], chunk offsets [N+1], per-chunk (document, chunk in the
 document) [NT, 2], NT = ``max_chunks(T, N, L)``), built once per call by ``triton_interdomain`` on the device (no host
-sync) and shared by the forward, the backward and both passes of the "real" readout; all three None for dense
-inputs. init / final / dinit are then [N, H, 2, M, R+D]. The readout
+sync) and shared by the forward, the backward and both passes of the two-pass "real" readout; all three None for
+dense inputs. init / final / dinit are then [N, H, 2, M, R+D]. The readout
 (ops/interdomain/readout.py) sets K and conj_p: "transpose" K = Cᵀ C, conj_p False; "hermitian" K = Cᵀ conj(C),
-conj_p True (r = K conj(p)); "real" is their average, two calls (twice the work of the other two readouts).
+conj_p True (r = K conj(p)); "real" is their average: with ``InterdomainConfig.real_one_pass`` one call with the four
+real blocks of ½ (K₁ p + K₂ conj p) (the cost of one transpose call), else two calls (twice the work).
 
 The chunk-boundary state scans, the power table and the planar conversion are shared with the bilinear S4D op and
 live in ``hybrid_attention.ops.common.triton``; this module launches the Interdomain chunk kernels (``kernels.py``)
@@ -49,7 +52,7 @@ from ...common.triton.ssm_scan import (
 )
 from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import safe_divide, validate_interdomain_inputs
-from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
+from ..readout import DEFAULT_READOUT, readout_operators, real_linear_blocks, validate_readout
 from . import kernels as K
 from .config import DEFAULT_CONFIG, InterdomainConfig
 
@@ -75,6 +78,16 @@ def _vl_ptrs(q: torch.Tensor, vl: ChunkTable | None) -> tuple[torch.Tensor, torc
     return (q, q) if vl is None else (vl.cu, vl.indices)
 
 
+def _real_map(kk: torch.Tensor, conj_p: bool) -> bool:
+    """Whether kk holds the four real blocks of a real-linear readout map ([H, 4, M, M]: the kernels' REAL_MAP) rather
+    than one planar complex K ([H, 2, M, M])."""
+    if kk.dim() != 4 or kk.shape[1] not in (2, 4):
+        raise ValueError(f"kk must be [H, 2, M, M] (planar K) or [H, 4, M, M] (real blocks), got {tuple(kk.shape)}")
+    if kk.shape[1] == 4 and conj_p:
+        raise ValueError("the real blocks include any conjugation: conj_p must be False with kk [H, 4, M, M]")
+    return kk.shape[1] == 4
+
+
 def _fwd_impl(
     q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool, *,
     cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
@@ -82,6 +95,7 @@ def _fwd_impl(
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
+    real_map = _real_map(kk, conj_p)
     BT = kernel_chunk(chunk_size, cfg)
     vl = op_table(T, cu, co, ci, BT)
     out_dtype = torch.float32 if out_fp32 else q.dtype
@@ -122,6 +136,7 @@ def _fwd_impl(
             DOT_PREC=cfg.prec(),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
+            REAL_MAP=real_map,
             num_warps=cfg.warps_chunk_fwd,
             num_stages=cfg.stages,
         )
@@ -139,6 +154,8 @@ def _bwd_impl(
     D = v.shape[-1]
     M = ll.shape[-1]
     NC = R + D
+    real_map = _real_map(kk, conj_p)
+    nkb = kk.shape[1]  # planes of kk (and of its per-chunk gradient): 2 (re, im of K) or 4 (the real blocks)
     BT = kernel_chunk(chunk_size, cfg)
     dev = q.device
     f32 = torch.float32
@@ -166,7 +183,7 @@ def _bwd_impl(
     dk = cfg.empty(Bsz, T, H, R, device=dev)
     dv = cfg.empty(Bsz, T, H, D, device=dev)
     dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
-    gk_part = cfg.empty(Bsz * H, NT, 2, M, M, device=dev)
+    gk_part = cfg.empty(Bsz * H, NT, nkb, M, M, device=dev)
     gbl_part = cfg.empty(2, Bsz * H, NT, 2, M, device=dev)  # per-chunk dB, d log λ partials: one buffer, one reduction
     gb_part, gl_part = gbl_part[0], gbl_part[1]
     BC = min(cfg.BC, BT)
@@ -212,6 +229,7 @@ def _bwd_impl(
                 DOT_PREC=cfg.prec(),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
+                REAL_MAP=real_map,
                 num_warps=cfg.warps_chunk_bwd,
                 num_stages=cfg.stages,
             )
@@ -222,7 +240,7 @@ def _bwd_impl(
     )
     del states
     with hooks.stage("host_reduce"):
-        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
+        dkk = gk_part.view(Bsz, H, NT, nkb, M, M).sum(dim=(0, 2))
         chunk_sum = gbl_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
         if 1 in gbl:  # split backward: the value side wrote its own partials
             chunk_sum = chunk_sum + val_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
@@ -341,17 +359,20 @@ def interdomain_fwd_planar(
     readout: str = DEFAULT_READOUT, config: InterdomainConfig | None = None, hooks: LaunchHooks | None = None,
     vl: ChunkTable | None = None,
 ):
-    """Differentiable call of the registered op from complex (log_lam, B, C, initial_state) for the "transpose" or
-    "hermitian" readout; returns (o, final complex64 or None). With a ``config`` or ``hooks`` it runs the eager path
-    (``common.triton.eager``) with them instead of the registered op. ``vl``: packed documents (the ``ChunkTable``
-    for the kernel chunk length, initial_state ``[N, H, M, NC]``)."""
-    if readout not in ("transpose", "hermitian"):
-        raise ValueError(f"interdomain_fwd_planar runs readout 'transpose' or 'hermitian', got {readout!r}")
+    """Differentiable call of the registered op (one kernel pass) from complex (log_lam, B, C, initial_state) for any
+    readout: "transpose" / "hermitian" with the planar complex K, "real" with the four real blocks of its real-linear
+    map (``real_linear_blocks``); returns (o, final complex64 or None). With a ``config`` or ``hooks`` it runs the eager
+    path (``common.triton.eager``) with them instead of the registered op. ``vl``: packed documents (the
+    ``ChunkTable`` for the kernel chunk length, initial_state ``[N, H, M, NC]``)."""
+    validate_readout(readout)
     ll = _planar(log_lam, 1).contiguous()
     bb = _planar(B, 1).contiguous()
     Cc = C.to(torch.complex64) if C.is_complex() else C.float().to(torch.complex64)
-    k1, k2 = readout_operators(Cc, readout)  # autograd carries dK to dC
-    kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
+    k1, k2 = readout_operators(Cc, readout)  # autograd carries dK (or the blocks' gradient) to dC
+    if readout == "real":
+        kk = real_linear_blocks(k1, k2).contiguous()
+    else:
+        kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
     cu, co, ci = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
     args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout == "hermitian")
@@ -391,8 +412,10 @@ def triton_interdomain(
     ``denominator=True`` appends the constant-1 value channel (v' = [v ; 1]) and runs the same kernels with D + 1
     value channels in float32, then divides num / safe(den) exactly like the reference (see chunk.py).
 
-    ``readout`` "transpose" / "hermitian" is one kernel pass; "real" = ½ (transpose + hermitian) runs both (the
-    readout is linear in r, so the average is exact), at twice the cost.
+    ``readout`` "transpose" / "hermitian" is one kernel pass; "real" = ½ (transpose + hermitian) is one pass with the
+    real-linear blocks when the config's ``real_one_pass`` is set (``config`` or, without one, ``DEFAULT_CONFIG``: the
+    registered op's path follows it too), else it runs both (the readout is linear in r, so the average is exact), at
+    twice the cost.
 
     ``config`` (an ``InterdomainConfig``) and ``hooks`` (``LaunchHooks``) are for benchmarks and tests: given either,
     the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
@@ -424,8 +447,9 @@ def triton_interdomain(
     v = v.to(dt).contiguous()
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
-    out_fp32 = denominator or readout == "real"  # sums and ratios of the passes in float32
-    passes = ("transpose", "hermitian") if readout == "real" else (readout,)
+    one_pass = readout != "real" or (config or DEFAULT_CONFIG).real_one_pass
+    passes = (readout,) if one_pass else ("transpose", "hermitian")
+    out_fp32 = denominator or len(passes) > 1  # sums and ratios of the passes in float32
     vl = None
     if cu_seqlens is not None:  # one chunk table per call, shared by the passes and the backward
         vl = chunk_table(cu_seqlens, q.shape[1], kernel_chunk(chunk_size, config or DEFAULT_CONFIG), q.device)
