@@ -18,6 +18,7 @@
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
 #   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
+#   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
 # Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
 # ≈ 80 s; a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
@@ -76,6 +77,12 @@ if [ -n "${DECODE_AUTOTUNE:-}" ]; then
   timeout -k 10 $(slot 30) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
     --batch-sizes 1 --iters 20 --compile-mode max-autotune-no-cudagraphs > "$OUT/decode_autotune.log" 2>&1
   echo "== decode max-autotune: exit $? after $(( $(date +%s) - T0 )) s"; grep '^{' "$OUT/decode_autotune.log"
+fi
+
+if [ "${INTERDOMAIN_REAL:-0}" = 1 ]; then
+  timeout -k 10 150 python -m benchmarks.interdomain_ops --real-passes --budget-s 130 > "$OUT/interdomain_real.log" 2>&1
+  echo "== interdomain_ops --real-passes: exit $? after $(( $(date +%s) - T0 )) s"
+  grep -E "^real_passes|PASS|FAIL|^\|" "$OUT/interdomain_real.log" | tail -30
 fi
 
 if [ "${DECODE_ATTN_SWEEP:-0}" = 1 ]; then
