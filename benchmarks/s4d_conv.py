@@ -1,15 +1,22 @@
-"""The S4D-only control's two convolutions on the GPU: FFT (today's default) vs the dense Toeplitz matmul.
+"""The S4D-only control's forms on the GPU: FFT (the default), the dense Toeplitz matmul and the chunked form.
 
-    python -m benchmarks.s4d_conv [--model-steps 10] [--skip-model]
+    python -m benchmarks.s4d_conv [--model-steps 10] [--skip-model] [--skip-packed] [--chunk-size 64]
 
-1. Correctness: ``toeplitz_s4d`` under bf16 autocast (the training setting) and in float32 against ``fft_s4d`` in
-   float64 (equal to the token-loop definition to 1e-10, tests/ops/test_s4d_ops.py): relative RMS error of the output
-   and of every gradient, B=2, T=1000, H=4, R=D=64, M=64, random initial state. Bars: 5e-3 outputs, 1e-2 gradients.
-2. Op timing (CUDA events, median of 10 after 3 warm-ups): forward and forward+backward of ``fft_s4d`` and
-   ``toeplitz_s4d``, bf16 inputs under bf16 autocast, H=8, R=D=64, M=64, at the training shapes B×T = 64×1024,
-   16×2048, 4×4096.
-3. Model: compiled training step (bf16 autocast, fused AdamW) of the credible-scale model (small preset, 8 layers,
-   vocabulary 8192, B=32, T=1024) with ``s4d`` layers on each convolution, and a softmax model beside them: tokens/s.
+1. Correctness: ``toeplitz_s4d`` and ``chunk_s4d`` under bf16 autocast (the training setting) and in float32, and
+   ``fft_s4d`` in float32, against ``fft_s4d`` in float64 (equal to the token-loop definition to 1e-10,
+   tests/ops/test_s4d_ops.py, test_s4d_chunk.py): relative RMS error of the output, the final state and every
+   gradient, B=2, T=1000, H=4, R=D=64, M=64, random initial state; and ``chunk_s4d`` on packed documents (B=1,
+   T=4000, the log-normal mix of the varlen rows below) against the float64 FFT run per document. Bars: 5e-3
+   outputs, 1e-2 gradients.
+2. Op timing (CUDA events, median of 10 after 3 warm-ups): forward and forward+backward of ``fft_s4d``,
+   ``toeplitz_s4d`` and ``chunk_s4d`` (``--chunk-size``), bf16 inputs under bf16 autocast, H=8, R=D=64, M=64, at the
+   training shapes B×T = 64×1024, 16×2048, 4×4096.
+3. Packed documents (``--skip-packed`` to leave out): B=1, T=32768 cut into documents of benchmarks/train_speed.py's
+   varlen mix (log-normal, median 256, seed 0), forward+backward under bf16 autocast: ``chunk_s4d`` eager and
+   under ``torch.compile(fullgraph=True)`` (one graph for the whole pack), against the per-document FFT (eager
+   only: compiled, it re-specialises per document length, the recompile storm that motivated the chunked form).
+4. Model: compiled training step (bf16 autocast, fused AdamW) of the credible-scale model (small preset, 8 layers,
+   vocabulary 8192, B=32, T=1024) with ``s4d`` layers on each form, and a softmax model beside them: tokens/s.
 Prints one table per part.
 """
 
@@ -21,7 +28,8 @@ import statistics
 import torch
 
 from benchmarks.common import training_step
-from hybrid_attention.ops.s4d import fft_s4d, toeplitz_s4d
+from benchmarks.train_speed import document_mix
+from hybrid_attention.ops.s4d import chunk_s4d, fft_s4d, toeplitz_s4d
 
 F64 = torch.float64
 
@@ -42,7 +50,7 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).pow(2).mean().sqrt() / ref.double().pow(2).mean().sqrt().clamp_min(1e-30))
 
 
-def correctness() -> str:
+def correctness(chunk_size: int = 64) -> str:
     dev = "cuda"
     Bsz, T, H, R, D, M = 2, 1000, 4, 64, 64, 64
     log_lam, B, C, w = _params(H, M, dev)
@@ -61,14 +69,36 @@ def correctness() -> str:
         loss = (y.to(dy.dtype) * dy).sum() + fin.abs().pow(2).sum().to(dy.dtype)
         return [y.detach(), fin.detach()] + list(torch.autograd.grad(loss, leaves))
 
+    def chunk(*args, **kw):
+        return chunk_s4d(*args, chunk_size=chunk_size, **kw)
+
     ref = run(fft_s4d, F64, False)
     lines = ["| form | " + " | ".join(names) + " | verdict |", "|---|" + "---|" * (len(names) + 1)]
-    for label, fn, dtype, ac in (("toeplitz bf16 autocast", toeplitz_s4d, torch.float32, True),
-                                 ("toeplitz float32", toeplitz_s4d, torch.float32, False),
-                                 ("fft float32", fft_s4d, torch.float32, False)):
-        errs = [_rel(x, r) for x, r in zip(run(fn, dtype, ac), ref)]
+
+    def row(label, got, want):
+        errs = [_rel(x, r) for x, r in zip(got, want)]
         ok = max(errs[:2]) <= 5e-3 and max(errs[2:]) <= 1e-2 and all(e == e for e in errs)
         lines.append(f"| {label} | " + " | ".join(f"{e:.1e}" for e in errs) + f" | {'PASS' if ok else 'FAIL'} |")
+
+    for label, fn, dtype, ac in (("toeplitz bf16 autocast", toeplitz_s4d, torch.float32, True),
+                                 ("toeplitz float32", toeplitz_s4d, torch.float32, False),
+                                 (f"chunk L={chunk_size} bf16 autocast", chunk, torch.float32, True),
+                                 (f"chunk L={chunk_size} float32", chunk, torch.float32, False),
+                                 ("fft float32", fft_s4d, torch.float32, False)):
+        row(label, run(fn, dtype, ac), ref)
+
+    # packed documents: B = 1, T = 4000 of the varlen mix, chunk vs the float64 FFT run per document
+    T_p = 4000
+    cu = document_mix(T_p, T_p).to(dev)
+    n = cu.numel() - 1
+    a = torch.randn(1, T_p, H, R, dtype=F64, device=dev)
+    b = torch.randn(1, T_p, H, D, dtype=F64, device=dev)
+    X0 = torch.randn(n, H, M, R + D, dtype=torch.complex128, device=dev) * 0.1
+    dy = torch.randn(1, T_p, H, R + D, dtype=F64, device=dev)
+    ref = run(lambda *x, **kw: fft_s4d(*x, cu_seqlens=cu, **kw), F64, False)
+    for ac in (True, False):
+        got = run(lambda *x, **kw: chunk(*x, cu_seqlens=cu, **kw), torch.float32, ac)
+        row(f"chunk L={chunk_size} packed ({n} docs) {'bf16 autocast' if ac else 'float32'}", got, ref)
     return "\n".join(lines)
 
 
@@ -100,18 +130,48 @@ def _op_fns(fn, a, b, params):
     return fwd, fwd_bwd
 
 
-def op_timing() -> str:
+def op_timing(chunk_size: int = 64) -> str:
     H, R, D, M = 8, 64, 64, 64
     log_lam, B, C, w = (x.to(torch.complex64) if x.is_complex() else x.float() for x in _params(H, M, "cuda"))
-    lines = ["| B×T | fft fwd ms | toeplitz fwd ms | fft fwd+bwd ms | toeplitz fwd+bwd ms | fwd+bwd ratio |",
-             "|---|---|---|---|---|---|"]
+
+    def chunk(*args, **kw):
+        return chunk_s4d(*args, chunk_size=chunk_size, **kw)
+
+    lines = ["| B×T | fft fwd ms | toeplitz fwd ms | chunk fwd ms | fft fwd+bwd ms | toeplitz fwd+bwd ms | "
+             "chunk fwd+bwd ms | fwd+bwd fft/toeplitz | fwd+bwd toeplitz/chunk |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for Bsz, T in ((64, 1024), (16, 2048), (4, 4096)):
         a = torch.randn(Bsz, T, H, R, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         b = torch.randn(Bsz, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         row = {name: tuple(_time(f) for f in _op_fns(fn, a, b, (log_lam, B, C, w)))
-               for name, fn in (("fft", fft_s4d), ("toeplitz", toeplitz_s4d))}
-        lines.append(f"| {Bsz}×{T} | {row['fft'][0]:.2f} | {row['toeplitz'][0]:.2f} | {row['fft'][1]:.2f} | "
-                     f"{row['toeplitz'][1]:.2f} | {row['fft'][1] / row['toeplitz'][1]:.2f}× |")
+               for name, fn in (("fft", fft_s4d), ("toeplitz", toeplitz_s4d), ("chunk", chunk))}
+        lines.append(f"| {Bsz}×{T} | {row['fft'][0]:.2f} | {row['toeplitz'][0]:.2f} | {row['chunk'][0]:.2f} | "
+                     f"{row['fft'][1]:.2f} | {row['toeplitz'][1]:.2f} | {row['chunk'][1]:.2f} | "
+                     f"{row['fft'][1] / row['toeplitz'][1]:.2f}× | {row['toeplitz'][1] / row['chunk'][1]:.2f}× |")
+    return "\n".join(lines)
+
+
+def packed_timing(chunk_size: int = 64, T: int = 32768) -> str:
+    """Forward+backward on one packed row of T tokens (the varlen mix), bf16 autocast, H=8, R=D=M=64."""
+    H, R, D, M = 8, 64, 64, 64
+    log_lam, B, C, w = (x.to(torch.complex64) if x.is_complex() else x.float() for x in _params(H, M, "cuda"))
+    cu = document_mix(T, T).cuda()
+    a = torch.randn(1, T, H, R, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def chunk(*args, **kw):
+        return chunk_s4d(*args, chunk_size=chunk_size, cu_seqlens=cu, **kw)
+
+    def fft(*args, **kw):
+        return fft_s4d(*args, cu_seqlens=cu, **kw)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(chunk, fullgraph=True)
+    lines = [f"| form (B=1, T={T}, {cu.numel() - 1} documents) | fwd ms | fwd+bwd ms |", "|---|---|---|"]
+    for label, fn in ((f"chunk L={chunk_size} eager", chunk), (f"chunk L={chunk_size} compiled", compiled),
+                      ("fft per document eager", fft)):
+        fwd, fwd_bwd = _op_fns(fn, a, b, (log_lam, B, C, w))
+        lines.append(f"| {label} | {_time(fwd):.2f} | {_time(fwd_bwd):.2f} |")
     return "\n".join(lines)
 
 
@@ -134,7 +194,8 @@ def _model_row(label: str, layers: str, opts: dict, steps: int, Bsz: int = 32, T
 def model_timing(steps: int) -> str:
     lines = ["| model | step ms | tok/s |", "|---|---|---|"]
     for label, layers, opts in (("softmax", "softmax", {}), ("s4d fft", "s4d", {}),
-                                ("s4d toeplitz", "s4d", {"s4d": {"backend": "toeplitz"}})):
+                                ("s4d toeplitz", "s4d", {"s4d": {"backend": "toeplitz"}}),
+                                ("s4d chunk", "s4d", {"s4d": {"backend": "chunk"}})):
         lines.append(_model_row(label, layers, opts, steps))
         torch.cuda.empty_cache()
     return "\n".join(lines)
@@ -144,9 +205,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-steps", type=int, default=10)
     p.add_argument("--skip-model", action="store_true")
+    p.add_argument("--skip-packed", action="store_true")
+    p.add_argument("--chunk-size", type=int, default=64, help="chunk length of chunk_s4d (default 64)")
     a = p.parse_args(argv)
-    print("## s4d convolutions: correctness vs float64 FFT\n" + correctness(), flush=True)
-    print("\n## s4d convolutions: op time (bf16 autocast, H=8, R=D=M=64)\n" + op_timing(), flush=True)
+    print("## s4d forms: correctness vs float64 FFT\n" + correctness(a.chunk_size), flush=True)
+    print("\n## s4d forms: op time (bf16 autocast, H=8, R=D=M=64)\n" + op_timing(a.chunk_size), flush=True)
+    if not a.skip_packed:
+        print("\n## s4d packed documents: fwd+bwd (bf16 autocast, H=8, R=D=M=64)\n" + packed_timing(a.chunk_size),
+              flush=True)
     if not a.skip_model:
         print("\n## compiled training step, small x8 layers, vocab 8192, B=32, T=1024\n" + model_timing(a.model_steps))
 

@@ -4,10 +4,12 @@ device, where any host read (``.item()``, ``int(tensor)``, ``nonzero``, a data-d
 The GPU form is what runs: each mixer's backend is "triton" (conftest sets ``TRITON_INTERPRET=1`` on the CPU, so
 the Triton wrappers accept non-CUDA tensors) and every kernel launch is a no-op (``_no_launches``), so the host
 side of the wrappers, the layers and the model runs as on the GPU, minus the kernels themselves (which never read
-back). The S4D mixer has no Triton form; its CUDA "auto" choices (Toeplitz up to 2K tokens, FFT above) run as such.
+back). The S4D mixer has no Triton form; its CUDA "auto" choices (Toeplitz up to 2K tokens, FFT above) and its chunked
+form run as such.
 The CUDA-only tests at the end check the same calls with ``torch.cuda.set_sync_debug_mode("error")``.
 Packed documents (``cu_seqlens``, issue 17): the training call with the offsets on the meta device as well, for every
-mixer with a sync-free packed form (all but S4D's Toeplitz / FFT forms).
+mixer with a sync-free packed form (all but S4D's Toeplitz / FFT forms; its chunked form, which "auto" runs for
+packed documents, is one).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ CASES = {
     "interdomain": (["interdomain"], {}),
     "s4d-toeplitz": (["s4d"], {"s4d": {"backend": "toeplitz"}}),
     "s4d-fft": (["s4d"], {"s4d": {"backend": "fft"}}),
+    "s4d-chunk": (["s4d"], {"s4d": {"backend": "chunk"}}),
     "s4d_bilinear": (["s4d_bilinear"], {}),
     "natsl+gdn": (["gdn", "natsl", "gdn", "natsl"], {}),
 }
@@ -80,16 +83,18 @@ def test_training_forward_and_backward_read_nothing_on_the_host(case, _no_launch
     assert out.logits.shape == (2, T, model.config.vocab_size) and out.loss.device.type == "meta"
     out.loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    if case not in ("softmax", "s4d-toeplitz", "s4d-fft"):
+    if case not in ("softmax", "s4d-toeplitz", "s4d-fft", "s4d-chunk"):
         assert _no_launches, "the Triton forms did not run"
 
 
 PACKED_NATSL = {"router": {}, "forced": {"force_routing": 0.5}, "counterfactual": {"counterfactual_grad": True}}
-# The S4D mixer (Toeplitz / FFT) runs packed documents through its per-document reference form, which reads the
-# offsets on the host (ops/common/varlen.py, per_document): it has no sync-free packed form yet.
-PACKED_CASES = [case for case in CASES if not case.startswith("s4d-")]
+# The S4D mixer's Toeplitz / FFT forms run packed documents through their per-document reference form, which reads
+# the offsets on the host (ops/common/varlen.py, per_document); its chunked form (ops/s4d/chunk.py) reads nothing,
+# and "auto" (the layer's default, "s4d-auto") runs it for packed documents.
+PACKED_ONLY = {"s4d-auto": (["s4d"], {})}
+PACKED_CASES = [case for case in CASES if case not in ("s4d-toeplitz", "s4d-fft")] + list(PACKED_ONLY)
 PACKED_RUNS = [(case, natsl) for case in PACKED_CASES for natsl in PACKED_NATSL
-               if natsl == "router" or "natsl" in CASES[case][0]]
+               if natsl == "router" or "natsl" in {**CASES, **PACKED_ONLY}[case][0]]
 
 
 @pytest.mark.parametrize("case,natsl", PACKED_RUNS)
@@ -97,7 +102,7 @@ def test_packed_training_forward_and_backward_read_nothing_on_the_host(case, nat
     """Packed documents (issue 17): ``cu_seqlens`` is a meta tensor too, so its values cannot be read; every shape
     comes from T, N = cu_seqlens.numel() - 1 and the chunk size (NAtS-L: its chunk list padded to the static bounds
     T // C and ``max_chunks``). NAtS-L: the router's routing, a forced fraction, the counterfactual gradient."""
-    layers, options = CASES[case]
+    layers, options = {**CASES, **PACKED_ONLY}[case]
     model = _model(layers, options, "meta", **PACKED_NATSL[natsl]).train()
     ids = torch.zeros(1, T, dtype=torch.long, device="meta")
     cu = torch.empty(5, dtype=torch.int32, device="meta")  # 4 documents
@@ -105,7 +110,7 @@ def test_packed_training_forward_and_backward_read_nothing_on_the_host(case, nat
     assert out.logits.shape == (1, T, model.config.vocab_size) and out.loss.device.type == "meta"
     out.loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    if case != "softmax":
+    if case not in ("softmax", "s4d-chunk", "s4d-auto"):
         assert _no_launches, "the Triton forms did not run"
 
 
@@ -173,7 +178,7 @@ def test_cuda_forward_backward_and_prefill_make_no_sync(case):
 def test_cuda_packed_forward_backward_make_no_sync(case):
     """CUDA only: the packed training call with device offsets ("auto" backends, the kernels run) raises on any
     synchronising call."""
-    layers, options = CASES[case]
+    layers, options = {**CASES, **PACKED_ONLY}[case]
     model = _model(layers, options, "cuda", backend="auto")
     ids = torch.randint(0, model.config.vocab_size, (1, 4 * T), device="cuda")
     cu = torch.tensor([0, 1, 17, 100, 4 * T], dtype=torch.int32, device="cuda")

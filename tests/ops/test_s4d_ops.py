@@ -210,13 +210,13 @@ def test_bf16_inputs(backend):
 def test_backends_dispatch():
     log_lam, B, C, w = make_params(2, 4, 71)
     a, b = make_inputs(1, 9, 2, 2, 3, 72)
-    assert BACKENDS == ("auto", "reference", "naive", "triton", "fft", "toeplitz")
+    assert BACKENDS == ("auto", "reference", "naive", "triton", "fft", "toeplitz", "chunk")
     assert torch.equal(s4d(a, b, log_lam, B, C, w, backend="toeplitz")[0], toeplitz_s4d(a, b, log_lam, B, C, w)[0])
     assert torch.equal(s4d(a, b, log_lam, B, C, w, backend="naive")[0], naive_s4d(a, b, log_lam, B, C, w)[0])
     y_fft = fft_s4d(a, b, log_lam, B, C, w)[0]
     for backend in ("auto", "reference", "triton", "fft"):
         assert torch.equal(s4d(a, b, log_lam, B, C, w, chunk_size=4, backend=backend)[0], y_fft), backend
-    msg = "backend must be one of 'auto', 'reference', 'naive', 'triton', 'fft', 'toeplitz', got 'cuda'"
+    msg = "backend must be one of 'auto', 'reference', 'naive', 'triton', 'fft', 'toeplitz', 'chunk', got 'cuda'"
     with pytest.raises(ValueError, match=msg):
         s4d(a, b, log_lam, B, C, w, backend="cuda")
 
@@ -237,6 +237,9 @@ def test_auto_backend_choice():
     assert auto_backend(on_cuda(t, torch.float32)) == "toeplitz"
     assert auto_backend(on_cuda(t + 1, torch.bfloat16)) == "fft"
     assert auto_backend(on_cuda(64, torch.float64)) == "fft"
+    cu = torch.zeros(3, dtype=torch.int32)  # packed documents: the chunked form, whatever the device and length
+    assert auto_backend(torch.zeros(1, 8, 1, 1), cu) == "chunk"
+    assert auto_backend(on_cuda(t, torch.bfloat16), cu) == "chunk"
 
 
 def test_toeplitz_under_bf16_autocast():

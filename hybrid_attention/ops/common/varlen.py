@@ -197,8 +197,11 @@ def min_chunks(total_len: int, n_docs: int, chunk_size: int) -> int:
 def check_cu_seqlens(cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens") -> int:
     """The checks of ``validate_cu_seqlens`` that need no host sync: for a CPU tensor all of them (its values are
     already on the host); for a device tensor dtype, shape and batch size only (its values are trusted, as fla does:
-    reading them would stall the stream once per call). Returns N. Raises ``ValueError`` naming the argument."""
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu":
+    reading them would stall the stream once per call). While torch.compile traces, a CPU tensor gets the device
+    checks too (reading its values there is a graph break: ``fullgraph=True`` refuses it). Returns N. Raises
+    ``ValueError`` naming the argument."""
+    if (isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu"
+            and not torch.compiler.is_compiling()):
         return len(validate_cu_seqlens(cu_seqlens, total_len, batch_size, name)) - 1
     _check_form(cu_seqlens, batch_size, name)
     if cu_seqlens.numel() - 1 > total_len:

@@ -6,14 +6,16 @@ readout and w ∈ R^M per head the paper's extra H·M parameters. Being linear i
 convolution: y = K_h * z per channel with K_h(l) = Re(c̃ᵀ (λ^l ⊙ B)), c̃ = Cᵀw (plus the decaying response to an
 initial state). See naive.py for the definition, conv_form.py for the convolution view, fft.py (the default fast
 path) and toeplitz.py (the convolution as a dense Toeplitz matmul on tensor cores, for training lengths) for the
-convolutions.
+convolutions, chunk.py for the chunked form (a Toeplitz matmul inside chunks, complex states between them: packed
+documents without a per-document loop or a host sync).
 
 The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) that used to live here is kept as the stronger
 ``s4d_bilinear`` baseline in ``hybrid_attention.ops.s4d_bilinear``.
 
 Backends: "naive" runs the token loop (the definition); "toeplitz" the dense-Toeplitz convolution
-``toeplitz_s4d``; "fft" the FFT convolution ``fft_s4d``; "auto" picks between the two (``AUTO_TOEPLITZ_MAX_T``
-below); "reference" and "triton" run the FFT. There is no Triton kernel: cuFFT and cuBLAS already run the
+``toeplitz_s4d``; "fft" the FFT convolution ``fft_s4d``; "chunk" the chunked form ``chunk_s4d``; "auto" picks
+between Toeplitz and FFT (``AUTO_TOEPLITZ_MAX_T`` below), and runs "chunk" for packed documents (``cu_seqlens``);
+"reference" and "triton" run the FFT. There is no Triton kernel: cuFFT and cuBLAS already run the
 convolution, and the names are accepted so that layers passing their usual backend names keep working.
 """
 
@@ -23,24 +25,33 @@ import torch
 
 from ..common.backend import resolve_backend
 from ..common.ssm import validate_chunk_size
+from .chunk import chunk_s4d
 from .fft import fft_s4d
 from .naive import naive_s4d
 from .toeplitz import toeplitz_s4d
 
-__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "auto_backend", "BACKENDS"]
+__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "chunk_s4d", "auto_backend", "BACKENDS"]
 
-BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz")
+BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz", "chunk")
 
 # DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 2048, the FFT above. Evidence, H200 (benchmarks/NOTES.md
 # "Session 6", `python -m benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): Toeplitz 3.19x
 # faster than the FFT at B x T = 64 x 1024, 2.13x at 16 x 2048, 0.85x at 4 x 4096 (its cost grows with T at a fixed
 # token count, the FFT's with log T). Its bf16 error vs float64 was 2.8e-3 (outputs) / <= 3.3e-3 (gradients), inside
 # the kernels' 5e-3 / 1e-2 bars. On the CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
+# DECISION (packed documents, any device): "auto" with cu_seqlens runs "chunk". The Toeplitz / FFT forms run one
+# convolution per document at its own length with host-side offsets (``per_document``): under torch.compile Dynamo
+# re-specialised per document length and the packed s4d training step never finished (H200, B = 1, T = 32768, 82
+# documents); the chunked form has static shapes given T, N and chunk_size and reads nothing on the host. Without
+# cu_seqlens the choice above stands until the chunk rows of benchmarks/s4d_conv.py have been measured on the GPU.
 AUTO_TOEPLITZ_MAX_T = 2048
 
 
-def auto_backend(a: torch.Tensor) -> str:
-    """What "auto" runs for inputs a [B, T, H, R]: "toeplitz" or "fft" (the DECISION above)."""
+def auto_backend(a: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> str:
+    """What "auto" runs for inputs a [B, T, H, R]: "chunk" for packed documents, else "toeplitz" or "fft" (the
+    DECISIONs above)."""
+    if cu_seqlens is not None:
+        return "chunk"
     if a.device.type == "cuda" and a.dtype != torch.float64 and a.shape[1] <= AUTO_TOEPLITZ_MAX_T:
         return "toeplitz"
     return "fft"
@@ -67,17 +78,21 @@ def s4d(
     Returns ``(y [B, T, H, R + D] in a.dtype, final_state or None)``. See ``naive_s4d`` for the definition.
 
     ``backend``: "naive" runs the token loop; "toeplitz" runs ``toeplitz_s4d``; "reference", "triton" and "fft" run
-    ``fft_s4d``; "auto" runs ``toeplitz_s4d`` on CUDA for T <= ``AUTO_TOEPLITZ_MAX_T`` (non-float64 inputs) and
-    ``fft_s4d`` otherwise (the DECISION above). ``chunk_size`` is accepted for signature compatibility with the
-    other ops and validated (a positive int), but unused. ``cu_seqlens [N + 1]``: packed documents (B == 1,
-    ``ops/common/varlen.py``), one convolution per document; initial and final states per sequence ``[N, ...]``.
+    ``fft_s4d``; "chunk" runs ``chunk_s4d``; "auto" runs ``chunk_s4d`` for packed documents, else ``toeplitz_s4d``
+    on CUDA for T <= ``AUTO_TOEPLITZ_MAX_T`` (non-float64 inputs) and ``fft_s4d`` otherwise (the DECISIONs above).
+    ``chunk_size`` (validated for every backend: a positive int) is the chunk length of "chunk" and unused by the
+    others. ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): "chunk" runs them in one
+    pass, the other forms one convolution per document; initial and final states per sequence ``[N, ...]``.
     """
     # no Triton kernel: resolve_backend maps "auto" to "reference"; the Toeplitz / FFT choice is made here
     auto = backend == "auto"
     backend = resolve_backend(backend, "s4d", False, BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     if auto:
-        backend = auto_backend(a)
+        backend = auto_backend(a, cu_seqlens)
+    if backend == "chunk":
+        return chunk_s4d(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
+                         chunk_size=chunk_size, cu_seqlens=cu_seqlens)
     fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d}.get(backend, fft_s4d)
     return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
               cu_seqlens=cu_seqlens)
