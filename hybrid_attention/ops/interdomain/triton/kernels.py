@@ -73,6 +73,20 @@ def _real_map(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
+def _readout_r(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr, REAL_MAP: tl.constexpr):
+    """r from the key-side vector p ([BC, BM] re, im): the four real blocks at kb when REAL_MAP (``_real_map``),
+    else the planar complex K at kb ([2, M, M]): r = p @ Kᵀ, r_t[m] = Σ_n K[m, n] p_t[n] (KT[n, m] = K[m, n])."""
+    if REAL_MAP:
+        r_re, r_im = _real_map(p_re, p_im, kb, offs_m, M, km, DOT_PREC)
+    else:
+        kt_re = tl.load(kb + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
+        kt_im = tl.load(kb + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
+        r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
+        r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
+    return r_re, r_im
+
+
+@triton.jit
 def _chunk_fwd(
     q,
     k,
@@ -185,14 +199,7 @@ def _chunk_fwd(
         if CONJ_P:
             p_im = -p_im
         km = mask_m[:, None] & am
-        if REAL_MAP:
-            r_re, r_im = _real_map(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
-        else:
-            # KT[n, m] = K[m, n] so that r = p @ KT, r_t[m] = Σ_n K[m, n] p_t[n]
-            kt_re = tl.load(k_base_p + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-            kt_im = tl.load(k_base_p + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-            r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
-            r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
+        r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC, REAL_MAP)
         rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
         if HAS_CROSS:
             ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
@@ -430,13 +437,7 @@ def _chunk_bwd(
             p_im += du_im
             if CONJ_P:
                 p_im = -p_im
-            if REAL_MAP:
-                r_re, r_im = _real_map(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
-            else:
-                kt_re = tl.load(k_base_p + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-                kt_im = tl.load(k_base_p + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-                r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
-                r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
+            r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC, REAL_MAP)
             rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
             if HAS_CROSS:
                 ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
