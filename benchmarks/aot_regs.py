@@ -1,11 +1,17 @@
 """Registers / spills / shared memory of the state-scan Triton kernels shared by Interdomain and the bilinear S4D op
-(``hybrid_attention.ops.common.triton.ssm_scan_kernels``) and of the Interdomain chunk kernels
-(``hybrid_attention.ops.interdomain.triton.kernels``) for sm_90, compiled ahead of time on a machine without a
+(``hybrid_attention.ops.common.triton.ssm_scan_kernels``), of the Interdomain chunk kernels
+(``hybrid_attention.ops.interdomain.triton.kernels``) and of the bilinear S4D readout kernels
+(``hybrid_attention.ops.s4d_bilinear.triton.kernels``) for sm_90, compiled ahead of time on a machine without a
 GPU: ``triton.compile`` for GPUTarget("cuda", 90, 64), then ``ptxas -v`` (the one triton
 uses for that target) on the PTX.
 
     python benchmarks/aot_regs.py            # the benchmark shape: R = D = M = 64, L = 32, bf16 activations
     python benchmarks/aot_regs.py --chunk-only --set warps_chunk_fwd=8 --set bwd_split=1   # another config
+    python benchmarks/aot_regs.py --bilinear-only     # only the bilinear S4D readout kernels (S4DBilinearConfig)
+
+The bilinear S4D readout kernels compile as ``s4d_bilinear/triton/ops.py`` launches them under its
+``DEFAULT_CONFIG`` (BT = kernel_chunk(64), JT, warps_fwd / warps_bwd; bf16 a, b, do and o), the backward once per
+launch part (PART 0 fused and PARTs 1 / 2 of the split form, whichever ``bwd_split`` the default has).
 
 The chunk kernels compile with the constexprs and warps of the launch in ``interdomain/triton/ops.py`` under
 ``DEFAULT_CONFIG`` (GPU: DOT_PREC = dot_prec, LP_DOT for the bf16 q/k), once per readout variant (CONJ_P False:
@@ -150,6 +156,25 @@ def chunk_variants(
             yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS
 
 
+def bilinear_variants(chunk_size: int = 64, M: int = 64, R: int = 64):
+    """(label, kernel, constexprs, warps, stages, bf16 args) of the bilinear S4D readout kernels as its ``ops.py``
+    launches them on the GPU under its ``DEFAULT_CONFIG`` (dense inputs), the backward for PART 0, 1 and 2."""
+    from hybrid_attention.ops.s4d_bilinear.triton import kernels as SK
+    from hybrid_attention.ops.s4d_bilinear.triton import ops as sops
+    from hybrid_attention.ops.s4d_bilinear.triton.config import DEFAULT_CONFIG as SCFG
+
+    BT = sops.kernel_chunk(chunk_size, SCFG)
+    JT = min(SCFG.JT, triton.next_power_of_2(R))
+    common = {"IS_VARLEN": False, "M": M, "BT": BT, "BM": triton.next_power_of_2(M), "JT": JT,
+              "DOT_PREC": SCFG.dot_prec}  # fmt: skip
+    act = {"a", "b", "do"}
+    label = f"readout_fwd BT{BT} JT{JT} w{SCFG.warps_fwd}"
+    yield label, SK._readout_fwd, common, SCFG.warps_fwd, SCFG.stages, act | {"o"}
+    for part in (0, 1, 2):
+        label = f"readout_bwd{part} BT{BT} JT{JT} w{SCFG.warps_bwd}"
+        yield label, SK._readout_bwd, {**common, "PART": part}, SCFG.warps_bwd, SCFG.stages, act
+
+
 def _print(label: str, r: dict) -> None:
     spills = f"{r['spill_st']:4d}/{r['spill_ld']:4d} B"
     print(f"{label:34s} regs {r['regs']:3d}  spill st/ld {spills}  smem {r['smem']} B")
@@ -169,15 +194,23 @@ def main(argv: list[str] | None = None) -> None:
     """Print the registers, spills and shared memory of every kernel variant."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunk-only", action="store_true", help="only the Interdomain chunk kernels")
+    ap.add_argument("--bilinear-only", action="store_true", help="only the bilinear S4D readout kernels")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="InterdomainConfig override")
     args = ap.parse_args(argv)
     cfg = _config(args.set)
     print(f"sm_90 AOT compile (triton {triton.__version__}), BT=32, M=64, R=D=64")
+    if args.bilinear_only:
+        for label, fn, cx, warps, stages, bf16 in bilinear_variants():
+            _print(label, compile_report(fn, cx, warps, stages, bf16))
+        return
     if not args.chunk_only:
         for label, fn, cx, warps, stages in variants():
             _print(label, compile_report(fn, cx, warps, stages))
     for label, fn, cx, warps, stages, bf16 in chunk_variants(cfg):
         _print(label, compile_report(fn, cx, warps, stages, bf16))
+    if not args.chunk_only:
+        for label, fn, cx, warps, stages, bf16 in bilinear_variants():
+            _print(label, compile_report(fn, cx, warps, stages, bf16))
 
 
 if __name__ == "__main__":

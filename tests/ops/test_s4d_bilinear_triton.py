@@ -66,17 +66,18 @@ def low(x: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Ten
 
 
 def check_against_reference(a, b, log_lam, B, C, init, *, chunk_size: int, dtype=torch.float32, tol: float = TOL,
-                            config=None):
+                            config=None, cu_seqlens=None):
     """Outputs, final state and the gradient of every input of triton_s4d_bilinear (launch configuration ``config``,
-    an ``S4DBilinearConfig``; None = the registered op's defaults) vs float64 chunk_s4d_bilinear, for a random linear
-    functional of (o, final state)."""
+    an ``S4DBilinearConfig``; None = the registered op's defaults; packed documents if ``cu_seqlens``) vs float64
+    chunk_s4d_bilinear, for a random linear functional of (o, final state)."""
     ref_in = [x.clone().requires_grad_() if x is not None else None for x in (a, b, log_lam, B, C, init)]
     o_ref, s_ref = chunk_s4d_bilinear(
-        *ref_in[:5], initial_state=ref_in[5], output_final_state=True, chunk_size=chunk_size
+        *ref_in[:5], initial_state=ref_in[5], output_final_state=True, chunk_size=chunk_size, cu_seqlens=cu_seqlens
     )
     tri_in = [low(x, dtype) for x in (a, b, log_lam, B, C, init)]
+    cu = cu_seqlens.to(DEV) if cu_seqlens is not None else None
     o, s = triton_s4d_bilinear(*tri_in[:5], initial_state=tri_in[5], output_final_state=True, chunk_size=chunk_size,
-                               config=config)
+                               config=config, cu_seqlens=cu)
     assert o.shape == o_ref.shape and o.dtype == dtype
     assert s.shape == s_ref.shape and s.dtype == torch.complex64
     assert torch.isfinite(o).all() and torch.isfinite(torch.view_as_real(s)).all()
@@ -102,7 +103,7 @@ def check_against_reference(a, b, log_lam, B, C, init, *, chunk_size: int, dtype
 @pytest.mark.parametrize("T", [1, 17, 40])
 def test_triton_matches_reference(T, with_state):
     """T not a multiple of the chunk (16): a partial last chunk, several chunks, one token; two batch rows at T=17
-    (the table gradients are summed over batch, chunks and channel tiles by atomics)."""
+    (the table gradients are summed over batch, chunks and channel tiles)."""
     Bsz = 2 if T == 17 else 1
     check_against_reference(*make_case(Bsz, T, 2, 16, 16, 100 * T + with_state, with_state), chunk_size=16)
 
@@ -118,6 +119,25 @@ def test_triton_other_backward_variants():
     d = DEFAULT_CONFIG
     cfg = S4DBilinearConfig(bwd_split=not d.bwd_split, fuse_dz=not d.fuse_dz)
     check_against_reference(*make_case(1, 21, 2, 16, 16, 3, True), chunk_size=16, config=cfg)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_triton_table_gradients_several_programs(packed):
+    """The table gradients (d log λ, dB, dC) and d initial_state are sums over many readout programs' partial slots:
+    several batch rows (or packed documents, one shorter than a chunk), several chunks with a partial last one
+    (T = 37, chunk 16) and three channel tiles with a masked last one (R = 40, JT = 16), both backward launch forms,
+    every kernel buffer NaN-poisoned first (a slot no program writes would show up)."""
+    H, R, M = 2, 40, 16
+    for split in (True, False):
+        cfg = S4DBilinearConfig(JT=16, bwd_split=split, poison=True)
+        if packed:
+            lengths = (5, 20, 12)
+            a, b, log_lam, B, C, _ = make_case(1, sum(lengths), H, R, M, 31, False)
+            init = 0.3 * torch.randn(len(lengths), H, M, 2 * R, dtype=C128, generator=torch.Generator().manual_seed(32))
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+            check_against_reference(a, b, log_lam, B, C, init, chunk_size=16, config=cfg, cu_seqlens=cu)
+        else:
+            check_against_reference(*make_case(2, 37, H, R, M, 30, True), chunk_size=16, config=cfg)
 
 
 def test_triton_bf16_inputs():

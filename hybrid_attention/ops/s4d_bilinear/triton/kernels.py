@@ -22,9 +22,13 @@ because the readout is diagonal in the channel j, so channel tiles never interac
   _readout_fwd  o of one chunk and channel tile; loops over the M output modes m, each a [BT, M] @ [M, JT] state
                 product (P_m X0) and a [BT, BT] @ [BT, JT] Toeplitz product (Kern_m * a), for a and for b.
   _readout_bwd  recomputes Y^a_m, Y^b_m and produces the chunk-local da, db, the chunk's local adjoint of X0 (for
-                the shared reverse state scan), and atomically accumulated table gradients dC (through P), d log λ
-                (through P) and dKern; by default in two launches (PART 1: da, db, X0 adjoint; PART 2: the table
+                the shared reverse state scan), and the program's share of the table gradients dC (through P),
+                d log λ (through P) and dKern, written to its own slot of a partial buffer (no atomics; the host
+                sums the slots, ``ops.py``); by default in two launches (PART 1: da, db, X0 adjoint; PART 2: the table
                 gradients), each recomputing Y, which holds fewer live tiles than the single launch (PART 0).
+  Partial-buffer slot of program (i_t, i_bh = b·H + h, i_j): index ((h·NB + b)·NT + i_t)·NJ + i_j of [H, NB·NT·NJ]
+  (NB = batch rows, NJ = channel tiles), each slot TAB_W = 2M² + 2M·BT + 2M floats laid out as
+  [dC re | dC im ([M, M] each) | dKern re | dKern im ([M, BT] each) | d log λ re | d log λ im ([M] each)].
 """
 
 from __future__ import annotations
@@ -154,17 +158,17 @@ def _grad_p(ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, DOT_PREC: tl
 
 @triton.jit
 def _table_grads(gl_re, gl_im, ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, za, zb, pw_re, pw_im, p_re,
-                 p_im, tw, bidx, bok, dC, dK, h, m, offs_t, offs_n, mask_n, M: tl.constexpr, BT: tl.constexpr,
+                 p_im, tw, bidx, bok, slot, m, offs_t, offs_n, mask_n, M: tl.constexpr, BT: tl.constexpr,
                  DOT_PREC: tl.constexpr):  # fmt: skip
-    """Row m of dC (through P) and of dKern, accumulated atomically; returns the d log λ accumulator (through P)
-    updated with mode m's term."""
+    """Row m of this program's dC (through P) and dKern partials, stored to its slot (layout in the module
+    docstring); returns the d log λ accumulator (through P) updated with mode m's term."""
     gp_re, gp_im = _grad_p(ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, DOT_PREC)
     # P_m[τ, n] = C[m, n] λ_n^{τ+1} (holomorphic in C): g_C[m, n] = Σ_τ conj(λ_n^{τ+1}) g_P[τ, n]
     gc_re = tl.sum(pw_re * gp_re + pw_im * gp_im, axis=0)
     gc_im = tl.sum(pw_re * gp_im - pw_im * gp_re, axis=0)
-    c_off = h * 2 * M * M + m * M + offs_n
-    tl.atomic_add(dC + c_off, gc_re, mask=mask_n)
-    tl.atomic_add(dC + M * M + c_off, gc_im, mask=mask_n)
+    c_off = m * M + offs_n
+    tl.store(slot + c_off, gc_re, mask=mask_n)
+    tl.store(slot + M * M + c_off, gc_im, mask=mask_n)
     # and g_{log λ_n} += Σ_τ (τ+1) conj(P_m[τ, n]) g_P[τ, n]  (d/d log λ of λ^{τ+1} is (τ+1) λ^{τ+1})
     gl_re += tl.sum(tw * (p_re * gp_re + p_im * gp_im), axis=0)
     gl_im += tl.sum(tw * (p_re * gp_im - p_im * gp_re), axis=0)
@@ -175,9 +179,9 @@ def _table_grads(gl_re, gl_im, ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, 
     gt_im += tl.dot(gb_im, tl.trans(zb), input_precision=DOT_PREC)
     gk_re = tl.sum(tl.where(bok, tl.gather(gt_re, bidx, axis=1), 0.0), axis=0)
     gk_im = tl.sum(tl.where(bok, tl.gather(gt_im, bidx, axis=1), 0.0), axis=0)
-    k_off = h * 2 * M * BT + m * BT + offs_t
-    tl.atomic_add(dK + k_off, gk_re)
-    tl.atomic_add(dK + M * BT + k_off, gk_im)
+    k_off = 2 * M * M + m * BT + offs_t
+    tl.store(slot + k_off, gk_re)
+    tl.store(slot + M * BT + k_off, gk_im)
     return gl_re, gl_im
 
 
@@ -193,9 +197,7 @@ def _readout_bwd(
     Kp,
     states,
     dx,
-    dC,
-    dll,
-    dK,
+    tab,
     cu,
     ci,
     T,
@@ -215,7 +217,10 @@ def _readout_bwd(
 
     PART 0 computes everything; PART 1 only da, db and the X0 adjoint, PART 2 only the table gradients (design
     decision: the split form recomputes Y twice but holds fewer live tiles; compiled for sm_90 the fused form spills
-    ~2.6 KB per thread at JT=32, so both are kept and the benchmark compares them)."""
+    ~2.6 KB per thread at JT=32, so both are kept and the benchmark compares them).
+
+    ``tab``: the table-gradient partial buffer [H, NB·NT·NJ, TAB_W] (module docstring); every program with TAB
+    writes its whole slot (zeros for an empty varlen row), never another program's."""
     INP: tl.constexpr = PART != 2  # da, db, X0 adjoint
     TAB: tl.constexpr = PART != 1  # dC, d log λ, dKern
     i_t = tl.program_id(0)
@@ -237,6 +242,12 @@ def _readout_bwd(
     # band index of the Toeplitz gradient: band[τ, d] = gToe[τ, τ-d] (d <= τ), summed over τ gives dKern[m, d]
     bidx = tl.maximum(offs_t[:, None] - offs_t[None, :], 0)
     bok = offs_t[None, :] <= offs_t[:, None]
+    # design decision: one partial slot per program, reduced by one torch sum on the host (as the Interdomain
+    # backward does), instead of float32 atomics into the [H, 2, M, M]-sized tables: every (chunk, batch row,
+    # channel tile) program of a head added into the same addresses (B·NT·R/JT-fold contention).
+    NB = tl.num_programs(1) // H
+    NJ = tl.num_programs(2)
+    slot = tab + (((h * NB + i_bh // H) * NT + i_t) * NJ + i_j) * (2 * M * M + 2 * M * BT + 2 * M)
     for m in range(M):
         p_re, p_im, t_re, t_im = _mode_tables(Cp, Kp, h, m, pw_re, pw_im, ddc, causal, offs_n, mask_n, M, BT)
         ya_re, ya_im = _mode_y(p_re, p_im, t_re, t_im, xa_re, xa_im, za, DOT_PREC)
@@ -262,7 +273,7 @@ def _readout_bwd(
         if TAB:
             gl_re, gl_im = _table_grads(
                 gl_re, gl_im, ga_re, ga_im, gb_re, gb_im, xa_re, xa_im, xb_re, xb_im, za, zb, pw_re, pw_im, p_re,
-                p_im, tw, bidx, bok, dC, dK, h, m, offs_t, offs_n, mask_n, M, BT, DOT_PREC,
+                p_im, tw, bidx, bok, slot, m, offs_t, offs_n, mask_n, M, BT, DOT_PREC,
             )  # fmt: skip
     # design decision: the chunk-local da / db are written to float32 buffers; the shared state-carry kernel
     # (_chunk_dz) then adds the state path in place.
@@ -276,5 +287,6 @@ def _readout_bwd(
         tl.store(x_base + R + xoff, dxb_re, mask=xm)
         tl.store(x_base + M * NC + R + xoff, dxb_im, mask=xm)
     if TAB:
-        tl.atomic_add(dll + h * 2 * M + offs_n, gl_re, mask=mask_n)
-        tl.atomic_add(dll + h * 2 * M + M + offs_n, gl_im, mask=mask_n)
+        l_off = 2 * M * M + 2 * M * BT + offs_n
+        tl.store(slot + l_off, gl_re, mask=mask_n)
+        tl.store(slot + M + l_off, gl_im, mask=mask_n)

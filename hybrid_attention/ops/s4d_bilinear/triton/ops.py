@@ -20,7 +20,8 @@ Both tables are chunk-invariant. Pipeline (forward):
 Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
   g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then, in ``_readout_bwd``,
   da_local = Re(Toe^H g_{Y^a}) (Toe[τ, s] = Kern[m, τ-s], s <= τ), dX0_local = P^H g_Y, g_P = g_Y X0^H and
-  g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums); then the
+  g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums), each
+  program's share written to its own slot of a partial buffer and the slots summed by one torch reduction; then the
   shared reverse state scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the
   λ^L-carry part of d log λ) and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB,
   d log λ), called through the shared host helper ``state_bwd`` (the fused variant ``_state_bwd_dz`` when the
@@ -31,11 +32,15 @@ ops run ``DEFAULT_CONFIG``; ``triton_s4d_bilinear(..., config=..., hooks=...)`` 
 Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
 to d log λ, dB and dC.
 
-The table gradients are float32 atomic sums over batch, chunks and channel tiles: their summation order (and so
-their last bits) is not deterministic from run to run.
+The table gradients (dC, d log λ, dKern) are float32 sums over batch rows, chunks and channel tiles of per-program
+partials (no atomics): the summation order is fixed by the launch shape, so they are the same from run to run. The
+partial buffer holds H·B·NT·⌈R/JT⌉ slots of 2M² + 2M·BT + 2M floats, i.e. (2M² + 2M·BT + 2M)·4 B·⌈R/JT⌉/BT per
+token and head: 3.1 KB at M = R = 64, BT = JT = 32, so 0.41 GB at B=32, T=512, H=8 and 0.81 GB at B=16, T=2048
+(transient, freed when the backward returns).
 
 Memory: like the Interdomain op, the chunk-boundary states live only inside one op call (recomputed in the
-backward); autograd saves the inputs only; no per-token state is materialised.
+backward); autograd saves the inputs only; no per-token state is materialised (the table-gradient partials above
+are the backward's largest transient buffer).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from ..naive import validate_s4d_bilinear_inputs
 from . import kernels as K
 from .config import DEFAULT_CONFIG, S4DBilinearConfig
 
-__all__ = ["triton_s4d_bilinear", "kernel_chunk", "impulse_table"]
+__all__ = ["triton_s4d_bilinear", "kernel_chunk", "impulse_table", "tab_partial_bytes"]
 
 
 def kernel_chunk(chunk_size: int, cfg: S4DBilinearConfig = DEFAULT_CONFIG) -> int:
@@ -71,6 +76,18 @@ def kernel_chunk(chunk_size: int, cfg: S4DBilinearConfig = DEFAULT_CONFIG) -> in
 
 def _jt(R: int, cfg: S4DBilinearConfig) -> int:
     return min(cfg.JT, _np2(R))
+
+
+def _tab_width(M: int, BT: int) -> int:
+    """Floats per table-gradient partial slot: dC [2, M, M], dKern [2, M, BT], d log λ [2, M]."""
+    return 2 * M * M + 2 * M * BT + 2 * M
+
+
+def tab_partial_bytes(Bsz: int, T: int, H: int, R: int, M: int, chunk_size: int = 64,
+                      cfg: S4DBilinearConfig = DEFAULT_CONFIG) -> int:
+    """Size of the backward's table-gradient partial buffer for dense inputs of this shape (float32)."""
+    BT = kernel_chunk(chunk_size, cfg)
+    return 4 * H * Bsz * triton.cdiv(T, BT) * triton.cdiv(R, _jt(R, cfg)) * _tab_width(M, BT)
 
 
 def _states(a, b, ll, bb, init, BT: int, need_final: bool, cfg: S4DBilinearConfig, hooks: LaunchHooks,
@@ -132,17 +149,22 @@ def _bwd_impl(
     da = cfg.empty(Bsz, T, H, R, device=dev)
     db = cfg.empty(Bsz, T, H, R, device=dev)
     dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
-    # design decision: the table gradients are accumulated with float32 atomics (B·NT·R/JT programs per head add
-    # into [M, M] / [M, BT] / [M] rows) instead of per-program partials, which would need B·H·NT·M² floats.
-    dC = torch.zeros(H, 2, M, M, device=dev, dtype=f32)
-    dK = torch.zeros(H, 2, M, BT, device=dev, dtype=f32)
-    dll = torch.zeros(H, 2, M, device=dev, dtype=f32)
+    NJ = triton.cdiv(R, JT)
+    # Table-gradient partials: one slot per (chunk, batch row, channel tile) program, grouped by head (layout in the
+    # kernels' module docstring), summed below by one reduction (memory: the module docstring).
+    tab = cfg.empty(H, Bsz * NT * NJ, _tab_width(M, BT), device=dev)
     for part in (1, 2) if cfg.bwd_split else (0,):
-        K._readout_bwd[(NT, Bsz * H, triton.cdiv(R, JT))](
-            a, b, do, da, db, P, cc, kk, states, dx, dC, dll, dK, cu_p, ci_p, T, H, R, NT, IS_VARLEN=vl is not None,
+        K._readout_bwd[(NT, Bsz * H, NJ)](
+            a, b, do, da, db, P, cc, kk, states, dx, tab, cu_p, ci_p, T, H, R, NT, IS_VARLEN=vl is not None,
             M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), PART=part, num_warps=cfg.warps_bwd,
             num_stages=cfg.stages,
         )  # fmt: skip
+    tab = tab.sum(dim=1)  # [H, TAB_W]
+    c_end = 2 * M * M
+    # (clones: the op's outputs may not be views of one another)
+    dC = tab[:, :c_end].reshape(H, 2, M, M).clone()
+    dK = tab[:, c_end : c_end + 2 * M * BT].reshape(H, 2, M, BT).clone()
+    dll = tab[:, c_end + 2 * M * BT :].reshape(H, 2, M)  # (a fresh tensor once the carry part is added below)
     # The shared state path (the common host helpers, with (k, v) = (a, b), following the shared ``fuse_dz``
     # setting): reverse adjoint scan over the chunk-boundary states (d initial_state, the λ^L-carry part of d log λ)
     # and the state-carry gradient, added to da / db in place, with the input-path parts of dB and d log λ.
