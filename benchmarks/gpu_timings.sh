@@ -18,6 +18,7 @@
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
 #   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
+#   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
 # Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
 # ≈ 80 s; a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
@@ -54,13 +55,14 @@ if [ "${#train_models[@]}" -gt 0 ]; then
 fi
 
 if [ "${S4D_CONV:-1}" = 1 ]; then
-  timeout -k 10 100 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
+  timeout -k 10 150 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
   echo "== s4d_conv: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||^##" "$OUT/s4d_conv.log"
 fi
 
 if [ -n "${PROFILE_TRAIN:-}" ]; then
   read -ra profile_mixers <<< "$PROFILE_TRAIN"
-  timeout -k 10 $(slot 30) python -m benchmarks.profile_train --mixers "${profile_mixers[@]}" \
+  pt=$(slot 30); [ "$pt" -gt 180 ] && pt=180  # leave the later parts their time
+  timeout -k 10 "$pt" python -m benchmarks.profile_train --mixers "${profile_mixers[@]}" \
     > "$OUT/profile_train.log" 2>&1
   echo "== profile_train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^###|^\| " "$OUT/profile_train.log"
 fi
@@ -77,6 +79,12 @@ if [ -n "${DECODE_AUTOTUNE:-}" ]; then
   timeout -k 10 $(slot 30) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
     --batch-sizes 1 --iters 20 --compile-mode max-autotune-no-cudagraphs > "$OUT/decode_autotune.log" 2>&1
   echo "== decode max-autotune: exit $? after $(( $(date +%s) - T0 )) s"; grep '^{' "$OUT/decode_autotune.log"
+fi
+
+if [ "${S4D_BILINEAR:-0}" = 1 ]; then
+  timeout -k 10 150 python -m benchmarks.s4d_bilinear_ops --quick --budget-s 130 --out "$OUT" > "$OUT/s4d_bilinear.log" 2>&1
+  echo "== s4d_bilinear_ops --quick: exit $? after $(( $(date +%s) - T0 )) s"
+  grep -E "PASS|FAIL|^\|" "$OUT/s4d_bilinear.log" | tail -30
 fi
 
 if [ "${INTERDOMAIN_REAL:-0}" = 1 ]; then
