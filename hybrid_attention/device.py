@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "set_tf32"]
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -28,3 +28,18 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def set_tf32(device: torch.device, enabled: bool) -> None:
+    """On CUDA, whether float32 matmuls and convolutions run on TF32 tensor cores (process-wide
+    ``torch.backends.cuda.matmul.allow_tf32`` / ``torch.backends.cudnn.allow_tf32``); a no-op elsewhere.
+
+    DECISION: training turns it on by default (``train.tf32``, ``RecallConfig.tf32``), as nanoGPT does and as the
+    training benchmark (benchmarks/train_speed.py) always measured. Under bf16 autocast it only reaches the float32
+    matmuls that run with autocast off: the state paths of the S4D-only forms (``ops/s4d``). The recall tasks train
+    in float32, where it reaches every matmul. The suites whose GPU results were trained without it pin
+    ``tf32: false`` so that later seeds and cells keep their recipe (tests/experiments/test_tf32_pins.py).
+    """
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, recall_accuracy
 from hybrid_attention.data.passkey import passkey_tokens
-from hybrid_attention.device import resolve_device
+from hybrid_attention.device import resolve_device, set_tf32
 from hybrid_attention.layers.natsl_routing import RoutingRecorder
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.training.config import OptimSection
@@ -57,6 +57,7 @@ class RecallConfig:
     early_stop: float = 0.99
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    tf32: bool = True  # CUDA: the float32 training's matmuls on TF32 tensor cores (device.set_tf32)
     out_dir: str = "runs/recall"
 
 
@@ -141,6 +142,7 @@ def recall_sweep(cfg: RecallConfig, log=print) -> list[dict]:
     (mixer, d_model)."""
 
     device = resolve_device(cfg.device)
+    set_tf32(device, cfg.tf32)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))

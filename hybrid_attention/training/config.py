@@ -60,6 +60,7 @@ class TrainSection:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
+    tf32: bool = True  # CUDA: float32 matmuls outside autocast on TF32 tensor cores (device.set_tf32)
     checkpointing: bool = False  # activation checkpointing of every decoder block (recomputed in the backward)
     parallel: Literal["ddp", "fsdp2"] = "ddp"  # used when launched with torchrun (WORLD_SIZE > 1)
     eval_every: int = 200  # 0: only at the end

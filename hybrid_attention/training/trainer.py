@@ -21,6 +21,7 @@ from hybrid_attention.data.errors import DataError
 from hybrid_attention.data.lm_data import LMData, build_lm_data
 from hybrid_attention.data.packing import local_slice, varlen_inputs
 from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byte_lengths
+from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 from hybrid_attention.layers.natsl_routing import RoutingRecorder
 
@@ -258,6 +259,7 @@ class Trainer:
             # (torch 2.13: "cannot determine truth value of Relational"; tests/models/test_compile.py)
             self.model.compile(dynamic=False)
         self.amp = _autocast_dtype(tc.precision, ctx.device)
+        set_tf32(ctx.device, tc.tf32)
         self.byte_lengths = token_byte_lengths(tok)
         self.log = MetricsLog(out_dir / "metrics.jsonl", resume_step=self.step if resume else None,
                               enabled=ctx.is_main)
