@@ -47,6 +47,7 @@ import torch
 import torch._dynamo
 
 from benchmarks.common import BenchSettings, bench_parser, cuda_steps_ms, elapsed, log, sync, training_step
+from hybrid_attention.device import set_tf32
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
@@ -302,8 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     warmup = a.warmup or sizes["warmup"]
     specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun, shapes=a.shapes)
     cuda = s.device == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    set_tf32(torch.device(s.device), True)  # as the trainer's default train.tf32
     log(f"train-speed bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
         + (f" ({torch.cuda.get_device_name()})" if cuda else "")
         + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {backend}")
