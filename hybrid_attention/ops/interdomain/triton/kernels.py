@@ -62,12 +62,13 @@ def _unband(Wb, t_abs, offs_tc, offs_s, BC: tl.constexpr):
 
 # DECISION (the one-pass "real" form): r = Cᵀ x with x = Re(C p), two dots to x and two from it, on the two tiles of C
 # (_real_x, _real_cx), replacing the earlier four-block form (r = [[A, Bm], [Cm, Dm]] [Re p; Im p], the blocks built on
-# the host by a ``real_linear_blocks``: four distinct M x M tiles live). The sm_90 AOT report (benchmarks/aot_regs.py
+# the host by the removed readout.real_linear_blocks: four distinct M x M tiles live). The sm_90 AOT report (aot_regs.py
 # --chunk-only, triton 3.6, R = D = M = 64, L = BC = 32, spill stores per thread): forward w4 four-block 255 regs /
 # 228 B, two-tile 255 / 44 B (transpose 255 / 52 B); fused backward w8 1116 B vs 844 B (transpose 832 B); split
 # backward (bwd_split) value side 240 B vs 16 B (transpose 0 B), key side 232 B vs 64 B (transpose 40 B). Variants
 # tried and dropped: gx recomputed on the key side of the fused backward (1180 B), the transposed tiles loaded
-# transposed instead of tl.trans (forward 68 B, fused 868 B, value side 84 B).
+# transposed instead of tl.trans (forward 68 B, fused 868 B, value side 84 B). Decided by the compile report only: not
+# yet timed on the device (benchmarks/interdomain_ops.py, section real_passes).
 @triton.jit
 def _real_x(p_re, p_im, kb, pk, km, M, DOT_PREC: tl.constexpr):
     """x = Re(C p) ([BC, BM], real) from p ([BC, BM] re, im) and the planar C at kb ([2, M, M], C[n, m] at n M + m):
