@@ -15,7 +15,7 @@ launch part (PART 0 fused and PARTs 1 / 2 of the split form, whichever ``bwd_spl
 
 The chunk kernels compile with the constexprs and warps of the launch in ``interdomain/triton/ops.py`` under
 ``DEFAULT_CONFIG`` (GPU: DOT_PREC = dot_prec, LP_DOT for the bf16 q/k), once per readout variant (CONJ_P False:
-"transpose", True: "hermitian"; REAL_MAP: "real" in one pass, the four real blocks); the forward's output ``o`` is
+"transpose", True: "hermitian"; REAL_C: "real" in one pass, r = Cᵀ Re(C p)); the forward's output ``o`` is
 bf16 (the activation dtype; the two-pass "real" and the denominator write float32, which does not change the
 kernel's tiles).
 
@@ -132,7 +132,7 @@ def chunk_variants(
     cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, R: int = 64, D: int = 64
 ):
     """(label, kernel, constexprs, warps, stages, bf16 args) of the Interdomain chunk kernels as ``ops.py`` launches
-    them on the GPU with ``cfg`` (dense inputs, bf16 q/k/v/do, bf16 o), one per readout variant (CONJ_P, REAL_MAP)
+    them on the GPU with ``cfg`` (dense inputs, bf16 q/k/v/do, bf16 o), one per readout variant (CONJ_P, REAL_C)
     and, for the backward, per launch part (PART 0 fused, or 1 / 2 when ``cfg.bwd_split``)."""
     BT = kernel_chunk(chunk_size, cfg)
     common = {
@@ -146,12 +146,12 @@ def chunk_variants(
         "LP_DOT": True,
     }
     parts = (1, 2) if cfg.bwd_split else (0,)
-    for ro, conj, real_map in (("trans", False, False), ("herm", True, False), ("real1", False, True)):
-        fwd = {**common, "CONJ_P": conj, "REAL_MAP": real_map}
+    for ro, conj, real_c in (("trans", False, False), ("herm", True, False), ("real1", False, True)):
+        fwd = {**common, "CONJ_P": conj, "REAL_C": real_c}
         label = f"chunk_fwd {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_fwd}"
         yield label, IK._chunk_fwd, fwd, cfg.warps_chunk_fwd, cfg.stages, BF16_ARGS | {"o"}
         for part in parts:
-            bwd = {**common, "CONJ_P": conj, "REAL_MAP": real_map, "PART": part}
+            bwd = {**common, "CONJ_P": conj, "REAL_C": real_c, "PART": part}
             label = f"chunk_bwd{part} {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_bwd}"
             yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS
 

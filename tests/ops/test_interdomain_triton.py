@@ -143,7 +143,7 @@ def test_readouts_match_float64_reference(readout, Bsz, T, H, R, D, M, chunk, de
         assert rel(a, b) < _tol(), (readout, name, rel(a, b))
 
 
-ONE_PASS = dict(real_one_pass=True)  # readout="real" as one kernel pass with the four real blocks (REAL_MAP)
+ONE_PASS = dict(real_one_pass=True)  # readout="real" as one kernel pass, r = Cᵀ Re(C p) from C (REAL_C)
 
 
 @pytest.mark.parametrize(
@@ -193,12 +193,14 @@ def test_real_one_pass_equals_two_pass():
 
 
 @pytest.mark.parametrize("cfg", [{}, {"BC": 16, "bwd_split": True, "poison": True}])
-def test_real_map_kernels_general_blocks(cfg):
-    """REAL_MAP with four unrelated blocks: the op with the blocks of (K₁, K₂) random complex equals the planar op
-    with K₁ plus the conjugated-p op with K₂, forward and every gradient (dK₁, dK₂ through the blocks). The readout
-    blocks of C are (anti)symmetric; random ones also catch a transposed block or a swapped pair."""
+def test_real_c_kernels_orientation(cfg):
+    """REAL_C with a strongly non-symmetric C (random plus a large upper-triangular part, both planes) and random
+    inputs: the op reading C itself equals the half-sum of the planar op with K₁ = Cᵀ C and the conjugated-p op with
+    K₂ = Cᵀ conj(C), forward and every gradient, dC included. Each of C's two tiles is used in both orientations
+    (x = Re p Re Cᵀ − Im p Im Cᵀ, r = x C; gx, dC, the key side); a tile loaded or a partial stored transposed shows
+    here (checked by planting each such bug)."""
     from hybrid_attention.ops.common.triton.hooks import NO_HOOKS
-    from hybrid_attention.ops.interdomain.readout import real_linear_blocks
+    from hybrid_attention.ops.interdomain.readout import readout_operators
     from hybrid_attention.ops.interdomain.triton.ops import _EagerInterdomain
 
     g = torch.Generator().manual_seed(17)
@@ -207,14 +209,17 @@ def test_real_map_kernels_general_blocks(cfg):
     q, k, v = (torch.randn(1, T, H, n, generator=g).to(DEV) for n in (R, R, D))
     ll = torch.stack([-2 * torch.rand(H, M, generator=g), 5 * torch.randn(H, M, generator=g)], 1).to(DEV)
     bb = (0.3 * torch.randn(H, 2, M, generator=g)).to(DEV)
-    k1, k2 = (torch.randn(H, M, M, dtype=torch.complex64, generator=g).to(DEV) / M for _ in range(2))
+    tri = torch.triu(torch.ones(M, M), 1)
+    C = torch.complex(torch.randn(H, M, M, generator=g) + 2 * tri, torch.randn(H, M, M, generator=g) - 2 * tri) / M
+    assert rel(C, C.transpose(1, 2)) > 1.0  # far from symmetric: a transposed tile changes the result
+    C = C.to(DEV)
     init = (0.3 * torch.randn(1, H, 2, M, R + D, generator=g)).to(DEV)
     do = torch.randn(1, T, H, D, generator=g).to(DEV)
     dfin = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV)
 
-    def op(leaves, kk, conj_p):
-        q_, k_, v_, ll_, bb_, _, _, init_ = leaves
-        args = (q_, k_, v_, ll_, bb_, kk, init_, None, None, None, 32, True, True, conj_p)
+    def op(leaves, kk, readout):
+        q_, k_, v_, ll_, bb_, _, init_ = leaves
+        args = (q_, k_, v_, ll_, bb_, kk, init_, None, None, None, 32, True, True, readout)
         return _EagerInterdomain.apply(config, NO_HOOKS, *args)
 
     def planar(z):
@@ -222,16 +227,17 @@ def test_real_map_kernels_general_blocks(cfg):
 
     results = []
     for one in (True, False):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v, ll, bb, k1, k2, init)]
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, ll, bb, C, init)]
         if one:
-            o, fin = op(leaves, real_linear_blocks(leaves[5], leaves[6]).contiguous(), False)
+            o, fin = op(leaves, planar(leaves[5]), "real")
         else:
-            o1, f1 = op(leaves, planar(leaves[5]), False)
-            o2, _ = op(leaves, planar(leaves[6]), True)
+            k1, k2 = readout_operators(leaves[5], "real")  # the halves: ½ Cᵀ C, ½ Cᵀ conj(C)
+            o1, f1 = op(leaves, planar(k1), "transpose")
+            o2, _ = op(leaves, planar(k2), "hermitian")
             o, fin = o1 + o2, f1
         loss = (o * do).sum() + (fin * dfin).sum()
         results.append([o, fin, *torch.autograd.grad(loss, leaves)])
-    names = ["o", "final", "dq", "dk", "dv", "dll", "dbb", "dK1", "dK2", "dinit"]
+    names = ["o", "final", "dq", "dk", "dv", "dll", "dbb", "dC", "dinit"]
     for name, a, b in zip(names, *results):
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < _tol(), (name, rel(a, b))
@@ -239,8 +245,9 @@ def test_real_map_kernels_general_blocks(cfg):
 
 def test_registered_op_follows_the_default_real_one_pass(monkeypatch):
     """Without a config (the registered torch.library ops, the training path), readout="real" takes the number of
-    passes from DEFAULT_CONFIG.real_one_pass: one call of the op with the [H, 4, M, M] blocks when set, two planar
-    calls when not; forward and backward through the registered ops match the float64 reference either way."""
+    passes from DEFAULT_CONFIG.real_one_pass: one call of the op with readout "real" (kk = C) when set, two calls
+    ("transpose", "hermitian") when not; forward and backward through the registered ops match the float64
+    reference either way."""
     import dataclasses
 
     from hybrid_attention.ops.interdomain.triton import ops
@@ -249,7 +256,7 @@ def test_registered_op_follows_the_default_real_one_pass(monkeypatch):
     real_op = ops.interdomain_fwd_op
 
     def spy(*args):
-        calls.append(tuple(args[5].shape))
+        calls.append(args[-1])
         return real_op(*args)
 
     monkeypatch.setattr(ops, "interdomain_fwd_op", spy)
@@ -257,7 +264,7 @@ def test_registered_op_follows_the_default_real_one_pass(monkeypatch):
         monkeypatch.setattr(ops, "DEFAULT_CONFIG", dataclasses.replace(ops.DEFAULT_CONFIG, real_one_pass=one))
         calls.clear()
         res = run_both(1, 20, 1, 12, 20, 10, 16, seed=3, readout="real")
-        assert [c[1] for c in calls] == ([4] if one else [2, 2]), calls
+        assert calls == (["real"] if one else ["transpose", "hermitian"]), calls
         for name, (a, b) in res.items():
             assert rel(a, b) < _tol(), (one, name, rel(a, b))
 
@@ -370,10 +377,10 @@ def test_decode_step_matches_reference(readout):
     assert rel(state, fin_ref) < _tol()
 
 
-@pytest.mark.parametrize("planes", [2, 4])
-def test_custom_op_opcheck(planes):
+@pytest.mark.parametrize("readout", ["transpose", "real"])
+def test_custom_op_opcheck(readout):
     """Schema, fake (meta) implementation and autograd registration of the registered forward op (kk planar K, or
-    the four real blocks of the one-pass "real" readout)."""
+    the planar C of the one-pass "real" readout)."""
     from hybrid_attention.ops.interdomain.triton.ops import interdomain_fwd_op
 
     g = torch.Generator().manual_seed(4)
@@ -381,11 +388,11 @@ def test_custom_op_opcheck(planes):
     q, k, v = (torch.randn(1, 9, H, n, generator=g).to(DEV).requires_grad_() for n in (R, R, D))
     ll = torch.stack([-torch.rand(H, M, generator=g), torch.randn(H, M, generator=g)], 1).to(DEV).requires_grad_()
     bb = torch.randn(H, 2, M, generator=g).to(DEV).requires_grad_()
-    kk = (0.2 * torch.randn(H, planes, M, M, generator=g)).to(DEV).requires_grad_()
+    kk = (0.2 * torch.randn(H, 2, M, M, generator=g)).to(DEV).requires_grad_()
     init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
         interdomain_fwd_op,
-        (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, False),
+        (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, readout),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
 

@@ -90,7 +90,7 @@ CASES = [
     pytest.param((32, 40, 20), 12, 20, 10, 32, "hermitian", False, False, dict(BC=16, fuse_dz=False, poison=True),
                  id="hermitian-cross-unfused"),
     pytest.param((5, 33, 2), 16, 16, 16, 16, "real", True, True, dict(poison=True), id="real-denominator"),
-    # "real" as one kernel pass (the four real blocks): with the denominator; and across sub-chunks, split backward
+    # "real" as one kernel pass (REAL_C, from C itself): with the denominator; and across sub-chunks, split backward
     pytest.param((5, 33, 2), 16, 16, 16, 16, "real", True, True, dict(poison=True, real_one_pass=True),
                  id="real-one-pass-denominator"),
     pytest.param((32, 40, 20), 12, 20, 10, 32, "real", False, True,
@@ -197,7 +197,7 @@ def test_custom_op_opcheck_packed():
     tab = chunk_table(cu_seqlens_from_lengths(lengths), T, 16, DEV)
     torch.library.opcheck(
         interdomain_fwd_op,
-        (q, k, v, ll, bb, kk, init, tab.cu, tab.offsets, tab.indices, 16, False, True, False),
+        (q, k, v, ll, bb, kk, init, tab.cu, tab.offsets, tab.indices, 16, False, True, "transpose"),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
 

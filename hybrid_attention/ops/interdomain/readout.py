@@ -34,19 +34,19 @@ the chunked PyTorch form, the Triton training kernels and the fused decode step 
 factorisation: the Hermitian form is the conjugate recurrence on the key side, conj(X^k) = the state of (conj λ,
 conj B̄), and since q and the inputs are real that is just conj(p_t).
 
-In real arithmetic, with p = a + i b, every such r is one real-linear map of (a, b): Re r = A a + Bm b,
-Im r = Cm a + Dm b, four real M×M blocks (``real_linear_blocks``; a complex-linear K is the special case
-A = Dm = Re K, Cm = -Bm = Im K). For "real", ½ (K₁ p + K₂ conj p) = ½ [(K₁ + K₂) a + i (K₁ − K₂) b] = Cᵀ Re(C p):
-A = Re Cᵀ Re C, Bm = -Re Cᵀ Im C, Cm = Im Cᵀ Re C, Dm = -Im Cᵀ Im C. The Triton training kernels run "real" in one
-pass through these blocks (``InterdomainConfig.real_one_pass``), at the cost of one transpose pass.
+For "real", ½ (K₁ p + K₂ conj p) = Cᵀ Re(C p): a real vector x = Re(C p) read back through Cᵀ. The Triton training
+kernels run "real" in one pass in this form (``InterdomainConfig.real_one_pass``; the kernels' REAL_C reads the planar
+C itself, two M×M tiles, x = Re p Re Cᵀ − Im p Im Cᵀ, then Re r = x Re C, Im r = x Im C per token row), at the cost of
+one transpose pass; the choice of this form over four real blocks of the map (a, b) -> r is the DECISION in
+triton/kernels.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", "readout_operators", "readout_product",
-           "real_linear_blocks"]
+__all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", "readout_operators",
+           "readout_product"]
 
 READOUTS = ("transpose", "hermitian", "real")
 
@@ -72,19 +72,6 @@ def readout_operators(C: torch.Tensor, readout: str) -> tuple[torch.Tensor | Non
     if readout == "real":
         k1, k2 = 0.5 * k1, 0.5 * k2
     return k1, k2
-
-
-def real_linear_blocks(k1: torch.Tensor | None, k2: torch.Tensor | None) -> torch.Tensor:
-    """The map p -> r = K₁ p + K₂ conj(p) (K₁, K₂ ``[H, M, M]`` complex, either None = 0, as ``readout_operators``
-    returns them) as four real blocks ``[H, 4, M, M]`` (A, Bm, Cm, Dm): Re r = A Re p + Bm Im p,
-    Im r = Cm Re p + Dm Im p. Differentiable (autograd carries the blocks' gradient to K₁, K₂ and so to C)."""
-    if k1 is None and k2 is None:
-        raise ValueError("real_linear_blocks needs K1 or K2")
-    z = torch.zeros_like(k1 if k1 is not None else k2)
-    k1 = z if k1 is None else k1
-    k2 = z if k2 is None else k2
-    s, d = k1 + k2, k1 - k2
-    return torch.stack([s.real, -d.imag, s.imag, d.real], dim=1)
 
 
 def readout_product(U: torch.Tensor, q: torch.Tensor, G: torch.Tensor, readout: str) -> torch.Tensor:

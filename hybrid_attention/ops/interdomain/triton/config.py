@@ -25,13 +25,13 @@ class InterdomainConfig(ScanConfig):
     (``benchmarks/interdomain_ops.py`` sweeps ``L32_BC32_fused``; ``dataclasses.replace(DEFAULT_CONFIG,
     warps_chunk_fwd=8, bwd_split=True)``).
 
-    real_one_pass: how readout="real" runs. True: one forward / backward pass of the chunk kernels with the readout as
-    a real-linear map of the key-side vector (four real M×M blocks, REAL_MAP in kernels.py; readout.py
-    ``real_linear_blocks``), the cost of one transpose pass. False: two passes, "transpose" and "hermitian" with half
-    of each operator, averaged (twice the work; the path measured so far: 0.28M tok/s against 0.50M for transpose,
-    35M model, H200). Opt-in until the one-pass form is measured on the device (``benchmarks/interdomain_ops.py``,
-    section ``real_passes``); the registered op (the training path, which runs ``DEFAULT_CONFIG``) follows this
-    default, so switching is this one line.
+    real_one_pass: how readout="real" runs. True: one forward / backward pass of the chunk kernels with the readout
+    r = Cᵀ Re(C p) of the key-side vector p, from C itself (two M×M tiles, REAL_C in kernels.py, whose DECISION
+    comment holds its compile report), the cost of one transpose pass. False: two passes, "transpose" and "hermitian"
+    with half of each operator, averaged (twice the work; the path measured so far: 0.28M tok/s against 0.50M for
+    transpose, 35M model, H200). Opt-in until the one-pass form is measured on the device
+    (``benchmarks/interdomain_ops.py``, section ``real_passes``); the registered op (the training path, which runs
+    ``DEFAULT_CONFIG``) follows this default, so switching is this one line.
     """
 
     BC: int = 32

@@ -23,9 +23,10 @@ _state_bwd + _chunk_dz or their fused _state_bwd_dz):
   _chunk_fwd   parallel over (chunk, b·h): outputs o of one chunk from X_j and the chunk's q, k, v.
   _chunk_bwd   parallel over (chunk, b·h): recomputes the chunk forward and produces dq, the chunk-local parts of
                dk/dv, the chunk's contribution to the adjoint of X_j, and per-chunk partial grads of K, B, log λ.
-Readout (ops/interdomain/readout.py): r = K p (CONJ_P False, "transpose"), K conj(p) (CONJ_P, "hermitian"), or any
-real-linear map of p given as four real blocks (REAL_MAP, "real" in one pass: the same number of dots as the complex
-product, with four distinct M x M tiles instead of two; the backward writes the four blocks' partial grads).
+Readout (ops/interdomain/readout.py): r = K p (CONJ_P False, "transpose"), K conj(p) (CONJ_P, "hermitian"), or
+r = Cᵀ Re(C p) (REAL_C, "real" in one pass, from C itself: two M x M tiles, Re C and Im C, each used in both
+orientations, as the complex product; the backward writes the per-chunk partials of dC, planar). The choice of this
+form is the DECISION above ``_real_x``.
 
 Packed documents (IS_VARLEN, B == 1; the design is in ``ops/common/triton/ssm_scan.py``): program (row, head) takes
 its chunk's true start and length from the chunk table (``_chunk_info``: cu_seqlens ``cu``, per-row (document,
@@ -59,30 +60,40 @@ def _unband(Wb, t_abs, offs_tc, offs_s, BC: tl.constexpr):
     return tl.where(ok, tl.gather(Wb, tl.minimum(tl.maximum(dd, 0), BC - 1), axis=1), 0.0)
 
 
+# DECISION (the one-pass "real" form): r = Cᵀ x with x = Re(C p), two dots to x and two from it, on the two tiles of C
+# (_real_x, _real_cx), replacing the earlier four-block form (r = [[A, Bm], [Cm, Dm]] [Re p; Im p], the blocks built on
+# the host by the removed readout.real_linear_blocks: four distinct M x M tiles live). The sm_90 AOT report (aot_regs.py
+# --chunk-only, triton 3.6, R = D = M = 64, L = BC = 32, spill stores per thread): forward w4 four-block 255 regs /
+# 228 B, two-tile 255 / 44 B (transpose 255 / 52 B); fused backward w8 1116 B vs 844 B (transpose 832 B); split
+# backward (bwd_split) value side 240 B vs 16 B (transpose 0 B), key side 232 B vs 64 B (transpose 40 B). Variants
+# tried and dropped: gx recomputed on the key side of the fused backward (1180 B), the transposed tiles loaded
+# transposed instead of tl.trans (forward 68 B, fused 868 B, value side 84 B). Decided by the compile report only: not
+# yet timed on the device (benchmarks/interdomain_ops.py, section real_passes).
 @triton.jit
-def _real_map(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr):
-    """r = the real-linear map of the four blocks at kb ([4, M, M], block j at kb + j M M) applied to p ([BC, BM] re,
-    im): Re r = K0 Re p + K1 Im p, Im r = K2 Re p + K3 Im p (r_t[m] = Σ_n (K0[m, n] Re p_t[n] + ...)). Four dots,
-    as the complex product; each block is loaded transposed (KjT[n, m] = Kj[m, n]) next to its one use."""
-    pkt = offs_m[None, :] * M + offs_m[:, None]
-    r_re = tl.dot(p_re, tl.load(kb + pkt, mask=km, other=0.0), input_precision=DOT_PREC)
-    r_re += tl.dot(p_im, tl.load(kb + M * M + pkt, mask=km, other=0.0), input_precision=DOT_PREC)
-    r_im = tl.dot(p_re, tl.load(kb + 2 * M * M + pkt, mask=km, other=0.0), input_precision=DOT_PREC)
-    r_im += tl.dot(p_im, tl.load(kb + 3 * M * M + pkt, mask=km, other=0.0), input_precision=DOT_PREC)
+def _real_x(p_re, p_im, kb, pk, km, M, DOT_PREC: tl.constexpr):
+    """x = Re(C p) ([BC, BM], real) from p ([BC, BM] re, im) and the planar C at kb ([2, M, M], C[n, m] at n M + m):
+    x = Re p ReCᵀ − Im p ImCᵀ (x_t[n] = Σ_m Re(C[n, m] p_t[m]))."""
+    x = tl.dot(p_re, tl.trans(tl.load(kb + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
+    x -= tl.dot(p_im, tl.trans(tl.load(kb + M * M + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
+    return x
+
+
+@triton.jit
+def _real_cx(x, kb, pk, km, M, DOT_PREC: tl.constexpr):
+    """r = Cᵀ x as rows ([BC, BM] re, im): Re r = x ReC, Im r = x ImC (r_t[m] = Σ_n C[n, m] x_t[n])."""
+    r_re = tl.dot(x, tl.load(kb + pk, mask=km, other=0.0), input_precision=DOT_PREC)
+    r_im = tl.dot(x, tl.load(kb + M * M + pk, mask=km, other=0.0), input_precision=DOT_PREC)
     return r_re, r_im
 
 
 @triton.jit
-def _readout_r(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr, REAL_MAP: tl.constexpr):
-    """r from the key-side vector p ([BC, BM] re, im): the four real blocks at kb when REAL_MAP (``_real_map``),
-    else the planar complex K at kb ([2, M, M]): r = p @ Kᵀ, r_t[m] = Σ_n K[m, n] p_t[n] (KT[n, m] = K[m, n])."""
-    if REAL_MAP:
-        r_re, r_im = _real_map(p_re, p_im, kb, offs_m, M, km, DOT_PREC)
-    else:
-        kt_re = tl.load(kb + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-        kt_im = tl.load(kb + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-        r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
-        r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
+def _readout_r(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr):
+    """r from the key-side vector p ([BC, BM] re, im) and the planar complex K at kb ([2, M, M]): r = p @ Kᵀ,
+    r_t[m] = Σ_n K[m, n] p_t[n] (KT[n, m] = K[m, n])."""
+    kt_re = tl.load(kb + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
+    kt_im = tl.load(kb + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
+    r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
+    r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
     return r_re, r_im
 
 
@@ -113,12 +124,12 @@ def _chunk_fwd(
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
     CONJ_P: tl.constexpr,
-    REAL_MAP: tl.constexpr,
+    REAL_C: tl.constexpr,
 ):
     """Outputs of one chunk. CONJ_P (the Hermitian readout): the key-side vector p_t = X^k_t q_t enters the readout
-    conjugated, r = K conj(p) with K = Cᵀ conj(C) from the host (see ops/interdomain/readout.py). REAL_MAP (the
-    "real" readout in one pass; CONJ_P False): Kp holds four real blocks [H, 4, M, M] of a real-linear map,
-    Re r = K0 Re p + K1 Im p, Im r = K2 Re p + K3 Im p (``real_linear_blocks``), instead of one planar complex K."""
+    conjugated, r = K conj(p) with K = Cᵀ conj(C) from the host (see ops/interdomain/readout.py). REAL_C (the
+    "real" readout in one pass; CONJ_P False): Kp holds the planar readout matrix C itself ([H, 2, M, M]) instead of
+    a planar K, and r = Cᵀ Re(C p) (``_real_x``, ``_real_cx``)."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     h = i_bh % H
@@ -142,8 +153,7 @@ def _chunk_fwd(
     v_base = v + tok0 * H * D + h * D
     o_base = o + tok0 * H * D + h * D
     x_base = states + (i_bh * NT + i_t) * 2 * M * NC
-    NKB: tl.constexpr = 4 if REAL_MAP else 2  # planes of Kp per head: four real blocks, or re / im of one K
-    k_base_p = Kp + h * NKB * M * M
+    k_base_p = Kp + h * 2 * M * M  # planar K, or planar C when REAL_C
 
     b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
     b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
@@ -199,7 +209,12 @@ def _chunk_fwd(
         if CONJ_P:
             p_im = -p_im
         km = mask_m[:, None] & am
-        r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC, REAL_MAP)
+        if REAL_C:
+            pk = offs_m[:, None] * M + offs_m[None, :]
+            x = _real_x(p_re, p_im, k_base_p, pk, km, M, DOT_PREC)
+            r_re, r_im = _real_cx(x, k_base_p, pk, km, M, DOT_PREC)
+        else:
+            r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
         rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
         if HAS_CROSS:
             ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
@@ -316,13 +331,13 @@ def _chunk_bwd(
     DOT_PREC: tl.constexpr,
     LP_DOT: tl.constexpr,
     CONJ_P: tl.constexpr,
-    REAL_MAP: tl.constexpr,
+    REAL_C: tl.constexpr,
 ):
     """Backward of one chunk (CONJ_P: the Hermitian readout, as in _chunk_fwd; the gradient w.r.t. p is then the
-    conjugate of the one w.r.t. conj(p)). PART 0 computes everything; PART 1 the value side (dv, the X0v columns of the
-    local adjoint, dK, and the W / inter-chunk-readout terms of dB, d log λ); PART 2 the key side (dq, dk, the X0k
-    columns, the p terms of dB, d log λ). The split halves the live registers (two launches instead of one spilling
-    one)."""
+    conjugate of the one w.r.t. conj(p); REAL_C: Kp is C, gk_part gets the partials of dC). PART 0 computes
+    everything; PART 1 the value side (dv, the X0v columns of the local adjoint, dK, and the W / inter-chunk-readout
+    terms of dB, d log λ); PART 2 the key side (dq, dk, the X0k columns, the p terms of dB, d log λ). The split halves
+    the live registers (two launches instead of one spilling one)."""
     VAL: tl.constexpr = PART != 2
     KEY: tl.constexpr = PART != 1
     i_t = tl.program_id(0)
@@ -352,8 +367,7 @@ def _chunk_bwd(
     tok_r = tok0 * H * R + h * R
     tok_d = tok0 * H * D + h * D
     x_base = states + (i_bh * NT + i_t) * 2 * M * NC
-    NKB: tl.constexpr = 4 if REAL_MAP else 2  # planes of Kp per head: four real blocks, or re / im of one K
-    k_base_p = Kp + h * NKB * M * M
+    k_base_p = Kp + h * 2 * M * M  # planar K, or planar C when REAL_C
 
     b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
     b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
@@ -366,11 +380,8 @@ def _chunk_bwd(
     # (HAS_CROSS), else stored as soon as they are final (the accumulators below are then dead)
     if VAL:
         dv_acc = tl.zeros([BT, BD], dtype=tl.float32)
-        gk_re = tl.zeros([BM, BM], dtype=tl.float32)  # REAL_MAP: grad of the blocks K0, K1, K2 (gk_2), K3 (gk_3)
+        gk_re = tl.zeros([BM, BM], dtype=tl.float32)  # grad of K (of C when REAL_C), planar
         gk_im = tl.zeros([BM, BM], dtype=tl.float32)
-        if REAL_MAP:
-            gk_2 = tl.zeros([BM, BM], dtype=tl.float32)
-            gk_3 = tl.zeros([BM, BM], dtype=tl.float32)
         dxv_re = tl.zeros([BM, BD], dtype=tl.float32)
         dxv_im = tl.zeros([BM, BD], dtype=tl.float32)
     if KEY:
@@ -382,7 +393,7 @@ def _chunk_bwd(
     gl_re = tl.zeros([BM], dtype=tl.float32)
     gl_im = tl.zeros([BM], dtype=tl.float32)
     dxb = dxloc + (i_bh * NT + i_t) * 2 * M * NC
-    gkb = gk_part + (i_bh * NT + i_t) * NKB * M * M
+    gkb = gk_part + (i_bh * NT + i_t) * 2 * M * M
     pk = offs_m[:, None] * M + offs_m[None, :]
     px = offs_m[:, None] * NC
     pv = offs_s[:, None] * (H * D) + offs_d[None, :]
@@ -437,7 +448,11 @@ def _chunk_bwd(
             p_im += du_im
             if CONJ_P:
                 p_im = -p_im
-            r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC, REAL_MAP)
+            if REAL_C:
+                x = _real_x(p_re, p_im, k_base_p, pk, km, M, DOT_PREC)
+                r_re, r_im = _real_cx(x, k_base_p, pk, km, M, DOT_PREC)
+            else:
+                r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
             rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
             if HAS_CROSS:
                 ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
@@ -467,14 +482,27 @@ def _chunk_bwd(
         fb_re, fb_im = _cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
         gr_re = fb_re + ga_re * din_re + ga_im * din_im
         gr_im = -fb_im + ga_im * din_re - ga_re * din_im
+        if REAL_C:  # gr = (∂ℓ/∂Re r, ∂ℓ/∂Im r); gx = ∂ℓ/∂x = gr_re ReCᵀ + gr_im ImCᵀ (x = Re(C p), r = Cᵀ x)
+            gx = tl.dot(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
+            gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
         if VAL:
-            if REAL_MAP:  # grad of the blocks: gK0 += gr_reᵀ Re p, gK1 += gr_reᵀ Im p, gK2 / gK3 the same with gr_im
-                grt_re = tl.trans(gr_re)
-                grt_im = tl.trans(gr_im)
-                gk_re = _put(gk_re, tl.dot(grt_re, p_re, input_precision=DOT_PREC), gkb + pk, km, HAS_CROSS)
-                gk_im = _put(gk_im, tl.dot(grt_re, p_im, input_precision=DOT_PREC), gkb + M * M + pk, km, HAS_CROSS)
-                gk_2 = _put(gk_2, tl.dot(grt_im, p_re, input_precision=DOT_PREC), gkb + 2 * M * M + pk, km, HAS_CROSS)
-                gk_3 = _put(gk_3, tl.dot(grt_im, p_im, input_precision=DOT_PREC), gkb + 3 * M * M + pk, km, HAS_CROSS)
+            if REAL_C:  # grad C[n, m]: Re += Σ_t x[t, n] gr_re[t, m] + gx[t, n] Re p[t, m], Im: gr_im, - Im p
+                xt = tl.trans(x)
+                gxt = tl.trans(gx)
+                gk_re = _put(
+                    gk_re,
+                    tl.dot(xt, gr_re, input_precision=DOT_PREC) + tl.dot(gxt, p_re, input_precision=DOT_PREC),
+                    gkb + pk,
+                    km,
+                    HAS_CROSS,
+                )
+                gk_im = _put(
+                    gk_im,
+                    tl.dot(xt, gr_im, input_precision=DOT_PREC) - tl.dot(gxt, p_im, input_precision=DOT_PREC),
+                    gkb + M * M + pk,
+                    km,
+                    HAS_CROSS,
+                )
             else:
                 # grad K += grᵀ conj(p)
                 gk_re = _put(
@@ -522,11 +550,9 @@ def _chunk_bwd(
             gl_im -= tl.sum(rf_im, axis=0)
         if KEY:
             # gp = gr @ conj(K) ; gS = F2(conj(gp) * B) ; g_b = gp * conj(Din)
-            if REAL_MAP:  # the transposed map: g Re p = gr_re K0 + gr_im K2, g Im p = gr_re K1 + gr_im K3
-                gp_re = tl.dot(gr_re, tl.load(k_base_p + pk, mask=km, other=0.0), input_precision=DOT_PREC)
-                gp_re += tl.dot(gr_im, tl.load(k_base_p + 2 * M * M + pk, mask=km, other=0.0), input_precision=DOT_PREC)
-                gp_im = tl.dot(gr_re, tl.load(k_base_p + M * M + pk, mask=km, other=0.0), input_precision=DOT_PREC)
-                gp_im += tl.dot(gr_im, tl.load(k_base_p + 3 * M * M + pk, mask=km, other=0.0), input_precision=DOT_PREC)
+            if REAL_C:  # g Re p = gx ReC, g Im p = -gx ImC
+                gp_re, gp_im = _real_cx(gx, k_base_p, pk, km, M, DOT_PREC)
+                gp_im = -gp_im
             else:
                 kk_re = tl.load(k_base_p + pk, mask=km, other=0.0)
                 kk_im = tl.load(k_base_p + M * M + pk, mask=km, other=0.0)
@@ -598,9 +624,6 @@ def _chunk_bwd(
             tl.store(dxb + M * NC + px + R + offs_d[None, :], dxv_im, mask=vm)
             tl.store(gkb + pk, gk_re, mask=km)
             tl.store(gkb + M * M + pk, gk_im, mask=km)
-            if REAL_MAP:
-                tl.store(gkb + 2 * M * M + pk, gk_2, mask=km)
-                tl.store(gkb + 3 * M * M + pk, gk_3, mask=km)
     pb = (i_bh * NT + i_t) * 2 * M
     tl.store(gb_part + pb + offs_m, gb_re, mask=mask_m)
     tl.store(gb_part + pb + M + offs_m, gb_im, mask=mask_m)

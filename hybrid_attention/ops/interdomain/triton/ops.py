@@ -6,20 +6,20 @@ real tensors; the conversion to and from complex is done with differentiable tor
 
 Registered ops (opaque to ``torch.compile``, with fake implementations for tracing):
   ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final,
-  conj_p) -> (o, final)``
+  readout) -> (o, final)``
   ``hybrid_attention::interdomain_bwd(...) -> (dq, dk, dv, dll, dbb, dkk, dinit)``
-with ll = log λ [H, 2, M], bb = B [H, 2, M], kk = K [H, 2, M, M] (planar complex) or [H, 4, M, M] (the four real
-blocks of a real-linear readout map, ``readout.real_linear_blocks``: the kernels' REAL_MAP, chosen by this shape;
-conj_p must then be False), init [B, H, 2, M, R+D] (planar).
+with ll = log λ [H, 2, M], bb = B [H, 2, M], kk [H, 2, M, M] planar complex, init [B, H, 2, M, R+D] (planar);
+readout (ops/interdomain/readout.py) says what kk is and how the kernels read it: "transpose" K = Cᵀ C, r = K p;
+"hermitian" K = Cᵀ conj(C), r = K conj(p) (the kernels' CONJ_P); "real" kk = C itself, r = Cᵀ Re(C p)
+= ½ (K₁ p + K₂ conj p) in one pass (the kernels' REAL_C, the cost of one transpose call; dkk is then dC).
 
 Packed documents (``cu_seqlens``, B == 1; design in ``ops/common/triton/ssm_scan.py``): (cu, co, ci) is the
 ``ChunkTable`` of the offsets (int32 cu_seqlens [N+1], chunk offsets [N+1], per-chunk (document, chunk in the
 document) [NT, 2], NT = ``max_chunks(T, N, L)``), built once per call by ``triton_interdomain`` on the device (no host
 sync) and shared by the forward, the backward and both passes of the two-pass "real" readout; all three None for
-dense inputs. init / final / dinit are then [N, H, 2, M, R+D]. The readout
-(ops/interdomain/readout.py) sets K and conj_p: "transpose" K = Cᵀ C, conj_p False; "hermitian" K = Cᵀ conj(C),
-conj_p True (r = K conj(p)); "real" is their average: with ``InterdomainConfig.real_one_pass`` one call with the four
-real blocks of ½ (K₁ p + K₂ conj p) (the cost of one transpose call), else two calls (twice the work).
+dense inputs. init / final / dinit are then [N, H, 2, M, R+D]. readout="real" is the average of "transpose" and
+"hermitian": with ``InterdomainConfig.real_one_pass`` one call of the op with readout "real" (kk = C), else two calls,
+"transpose" and "hermitian" (twice the work).
 
 The chunk-boundary state scans, the power table and the planar conversion are shared with the bilinear S4D op and
 live in ``hybrid_attention.ops.common.triton``; this module launches the Interdomain chunk kernels (``kernels.py``)
@@ -52,7 +52,7 @@ from ...common.triton.ssm_scan import (
 )
 from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import safe_divide, validate_interdomain_inputs
-from ..readout import DEFAULT_READOUT, readout_operators, real_linear_blocks, validate_readout
+from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
 from . import kernels as K
 from .config import DEFAULT_CONFIG, InterdomainConfig
 
@@ -78,24 +78,22 @@ def _vl_ptrs(q: torch.Tensor, vl: ChunkTable | None) -> tuple[torch.Tensor, torc
     return (q, q) if vl is None else (vl.cu, vl.indices)
 
 
-def _real_map(kk: torch.Tensor, conj_p: bool) -> bool:
-    """Whether kk holds the four real blocks of a real-linear readout map ([H, 4, M, M]: the kernels' REAL_MAP) rather
-    than one planar complex K ([H, 2, M, M])."""
-    if kk.dim() != 4 or kk.shape[1] not in (2, 4):
-        raise ValueError(f"kk must be [H, 2, M, M] (planar K) or [H, 4, M, M] (real blocks), got {tuple(kk.shape)}")
-    if kk.shape[1] == 4 and conj_p:
-        raise ValueError("the real blocks include any conjugation: conj_p must be False with kk [H, 4, M, M]")
-    return kk.shape[1] == 4
+def _readout_flags(kk: torch.Tensor, readout: str) -> tuple[bool, bool]:
+    """The kernels' (CONJ_P, REAL_C) for ``readout``; kk must be planar [H, 2, M, M] (K, or C for "real")."""
+    validate_readout(readout)
+    if kk.dim() != 4 or kk.shape[1] != 2:
+        raise ValueError(f"kk must be planar [H, 2, M, M], got {tuple(kk.shape)}")
+    return readout == "hermitian", readout == "real"
 
 
 def _fwd_impl(
-    q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size: int, out_fp32: bool, need_final: bool, conj_p: bool, *,
+    q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size: int, out_fp32: bool, need_final: bool, readout: str, *,
     cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
-    real_map = _real_map(kk, conj_p)
+    conj_p, real_c = _readout_flags(kk, readout)
     BT = kernel_chunk(chunk_size, cfg)
     vl = op_table(T, cu, co, ci, BT)
     out_dtype = torch.float32 if out_fp32 else q.dtype
@@ -136,7 +134,7 @@ def _fwd_impl(
             DOT_PREC=cfg.prec(),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
-            REAL_MAP=real_map,
+            REAL_C=real_c,
             num_warps=cfg.warps_chunk_fwd,
             num_stages=cfg.stages,
         )
@@ -147,15 +145,14 @@ def _fwd_impl(
 
 
 def _bwd_impl(
-    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size: int, conj_p: bool, *,
+    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size: int, readout: str, *,
     cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
     NC = R + D
-    real_map = _real_map(kk, conj_p)
-    nkb = kk.shape[1]  # planes of kk (and of its per-chunk gradient): 2 (re, im of K) or 4 (the real blocks)
+    conj_p, real_c = _readout_flags(kk, readout)
     BT = kernel_chunk(chunk_size, cfg)
     dev = q.device
     f32 = torch.float32
@@ -183,7 +180,7 @@ def _bwd_impl(
     dk = cfg.empty(Bsz, T, H, R, device=dev)
     dv = cfg.empty(Bsz, T, H, D, device=dev)
     dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
-    gk_part = cfg.empty(Bsz * H, NT, nkb, M, M, device=dev)
+    gk_part = cfg.empty(Bsz * H, NT, 2, M, M, device=dev)  # per-chunk dK (dC for "real"), planar
     gbl_part = cfg.empty(2, Bsz * H, NT, 2, M, device=dev)  # per-chunk dB, d log λ partials: one buffer, one reduction
     gb_part, gl_part = gbl_part[0], gbl_part[1]
     BC = min(cfg.BC, BT)
@@ -229,7 +226,7 @@ def _bwd_impl(
                 DOT_PREC=cfg.prec(),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
-                REAL_MAP=real_map,
+                REAL_C=real_c,
                 num_warps=cfg.warps_chunk_bwd,
                 num_stages=cfg.stages,
             )
@@ -240,7 +237,7 @@ def _bwd_impl(
     )
     del states
     with hooks.stage("host_reduce"):
-        dkk = gk_part.view(Bsz, H, NT, nkb, M, M).sum(dim=(0, 2))
+        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
         chunk_sum = gbl_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
         if 1 in gbl:  # split backward: the value side wrote its own partials
             chunk_sum = chunk_sum + val_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
@@ -269,13 +266,13 @@ def interdomain_fwd_op(
     chunk_size: int,
     out_fp32: bool,
     need_final: bool,
-    conj_p: bool,
+    readout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, conj_p)
+    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout)
 
 
 @interdomain_fwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, conj_p):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -300,13 +297,13 @@ def interdomain_bwd_op(
     do: torch.Tensor,
     dfinal: torch.Tensor | None,
     chunk_size: int,
-    conj_p: bool,
+    readout: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, conj_p)
+    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, readout)
 
 
 @interdomain_bwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, conj_p):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, readout):
     dinit = torch.empty_like(init) if init is not None else q.new_empty(0, dtype=torch.float32)
     return (
         torch.empty_like(q),
@@ -320,10 +317,10 @@ def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, chunk_size, conj_p):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, conj_p = inputs
+    q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout = inputs
     ctx.save_for_backward(q, k, v, ll, bb, kk, init, cu, co, ci)
     ctx.chunk_size = chunk_size
-    ctx.conj_p = conj_p
+    ctx.readout = readout
     ctx.need_final = need_final
     ctx.has_init = init is not None
 
@@ -337,7 +334,7 @@ def _grads(ctx, do, dfinal, bwd):
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
     dq, dk, dv, dll, dbb, dkk, dinit = bwd(
-        q, k, v, ll, bb, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, ctx.chunk_size, ctx.conj_p
+        q, k, v, ll, bb, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, ctx.chunk_size, ctx.readout
     )
     return dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), None, None, None, None, None, None, None
 
@@ -360,22 +357,22 @@ def interdomain_fwd_planar(
     vl: ChunkTable | None = None,
 ):
     """Differentiable call of the registered op (one kernel pass) from complex (log_lam, B, C, initial_state) for any
-    readout: "transpose" / "hermitian" with the planar complex K, "real" with the four real blocks of its real-linear
-    map (``real_linear_blocks``); returns (o, final complex64 or None). With a ``config`` or ``hooks`` it runs the eager
-    path (``common.triton.eager``) with them instead of the registered op. ``vl``: packed documents (the
-    ``ChunkTable`` for the kernel chunk length, initial_state ``[N, H, M, NC]``)."""
+    readout: "transpose" / "hermitian" with the planar complex K, "real" with the planar C itself; returns (o, final
+    complex64 or None). With a ``config`` or ``hooks`` it runs the eager path (``common.triton.eager``) with them
+    instead of the registered op. ``vl``: packed documents (the ``ChunkTable`` for the kernel chunk length,
+    initial_state ``[N, H, M, NC]``)."""
     validate_readout(readout)
     ll = _planar(log_lam, 1).contiguous()
     bb = _planar(B, 1).contiguous()
     Cc = C.to(torch.complex64) if C.is_complex() else C.float().to(torch.complex64)
-    k1, k2 = readout_operators(Cc, readout)  # autograd carries dK (or the blocks' gradient) to dC
-    if readout == "real":
-        kk = real_linear_blocks(k1, k2).contiguous()
-    else:
+    if readout == "real":  # the kernels read C itself (REAL_C): dkk is dC, planar
+        kk = _planar(Cc, 1).contiguous()
+    else:  # autograd carries dK to dC
+        k1, k2 = readout_operators(Cc, readout)
         kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
     cu, co, ci = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
-    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout == "hermitian")
+    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout)
     if config is None and hooks is None:
         o, fin = interdomain_fwd_op(*args)
     else:
@@ -412,10 +409,10 @@ def triton_interdomain(
     ``denominator=True`` appends the constant-1 value channel (v' = [v ; 1]) and runs the same kernels with D + 1
     value channels in float32, then divides num / safe(den) exactly like the reference (see chunk.py).
 
-    ``readout`` "transpose" / "hermitian" is one kernel pass; "real" = ½ (transpose + hermitian) is one pass with the
-    real-linear blocks when the config's ``real_one_pass`` is set (``config`` or, without one, ``DEFAULT_CONFIG``: the
-    registered op's path follows it too), else it runs both (the readout is linear in r, so the average is exact), at
-    twice the cost.
+    ``readout`` "transpose" / "hermitian" is one kernel pass; "real" = ½ (transpose + hermitian) is one pass
+    (r = Cᵀ Re(C p), the kernels' REAL_C) when the config's ``real_one_pass`` is set (``config`` or, without one,
+    ``DEFAULT_CONFIG``: the registered op's path follows it too), else it runs both (the readout is linear in r, so
+    the average is exact), at twice the cost.
 
     ``config`` (an ``InterdomainConfig``) and ``hooks`` (``LaunchHooks``) are for benchmarks and tests: given either,
     the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
