@@ -15,6 +15,7 @@
 #   fused decode GEMVs]  PROFILE_DECODE_LOG [none: 1 adds --log-compile (per-phase compile / JIT times, stack dumps
 #   every 60 s in $OUT/profile_decode.log)]
 #   DECODE_MODELS [natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b]  DECODE_CONTEXTS [1024,131072]
+#   DECODE_BATCHES [all rows: 1,8]
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
 #   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
@@ -110,7 +111,7 @@ t=$(( $(left) - 10 ))
 if [ "$t" -gt 60 ] && [ "${DECODE_MODELS-x}" != "" ]; then
   timeout -k 10 "$t" python -m benchmarks.models --sections decode --budget-s $(( t - 20 )) \
     --decode-models "${DECODE_MODELS:-natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b}" \
-    --decode-contexts "${DECODE_CONTEXTS:-1024,131072}" \
+    --decode-contexts "${DECODE_CONTEXTS:-1024,131072}" ${DECODE_BATCHES:+--decode-batch-sizes "$DECODE_BATCHES"} \
     --out "$OUT" > "$OUT/decode.log" 2>&1
   echo "== decode: exit $? after $(( $(date +%s) - T0 )) s"; grep -vE "Warning|warn|online softmax|Online softmax|split the reduction|important use case|^softmax.$|^$" "$OUT/decode.log" | tail -n 30
 fi

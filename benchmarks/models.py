@@ -207,8 +207,11 @@ def stream_floor_gb(model: HybridForCausalLM, context: int, batch_size: int, fra
 
 
 @guarded("decode")
-def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = None) -> None:
-    """models: a subset of the plan's preset names, run in the order given (default: all, in the plan's order)."""
+def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = None,
+           batch_sizes: list[int] | None = None) -> None:
+    """models: a subset of the plan's preset names, run in the order given (default: all, in the plan's order);
+    batch_sizes: only the plan's rows of these batch sizes (default: every row; session 9's call spent its budget on
+    B = 8 rows and never reached the preset it was for)."""
     dev = s.device
     from benchmarks.decode_latency import decode_latency
 
@@ -226,12 +229,15 @@ def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = Non
             raise ValueError(f"--decode-models: unknown {unknown}; allowed: {sorted({n for n, _, _ in plan})}")
         # in the caller's order, so that a budget cut drops the last-named preset (session 9 lost the Transformer)
         plan = [row for name in dict.fromkeys(models) for row in plan if row[0] == name]
-    for name, fraction, batch_sizes in plan:
+    if batch_sizes is not None:
+        plan = [(n, f, [b for b in bs if b in batch_sizes]) for n, f, bs in plan]
+        plan = [row for row in plan if row[2]]
+    for name, fraction, row_batches in plan:
         if s.budget_left() < 60:
             log(f"decode: budget spent, skipping {name}")
             continue
         model = build(s, name)
-        for bsz in batch_sizes:
+        for bsz in row_batches:
             # softmax KV at B=8 and 128K would not fit next to everything else: B=8 stops at 16K
             ctx = contexts if bsz == 1 else [c for c in contexts if c <= max(16384, contexts[0])]
             kwargs = {} if fraction is None else {"natsl_softmax_fraction": fraction}
@@ -420,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-models", type=lambda v: v.split(","), help="comma-separated presets of the decode plan")
     p.add_argument("--decode-contexts", type=lambda v: [int(c) for c in v.split(",")],
                    help="comma-separated decode contexts (default: the run's list)")
+    p.add_argument("--decode-batch-sizes", type=lambda v: [int(c) for c in v.split(",")],
+                   help="comma-separated batch sizes of the decode plan's rows (default: all: 1 and 8)")
     p.add_argument("--prefill-models", type=lambda v: v.split(","),
                    help=f"comma-separated presets of the prefill rows (default: {','.join(PREFILL_MODELS)})")
     p.add_argument("--prefill-lengths", type=lambda v: [int(c) for c in v.split(",")],
@@ -442,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         train(s, sizes["train_t"], sizes["train_b"])
     if only is None or "decode" in only:
         contexts = args.decode_contexts or (sizes["decode_ctx"][:3] if quick else sizes["decode_ctx"])
-        decode(s, contexts, args.decode_models)
+        decode(s, contexts, args.decode_models, args.decode_batch_sizes)
     if only is None or "table12" in only:
         table12(s, sizes["table12"][:2] if quick else sizes["table12"], sizes["table12_chunk"])
     with open(s.out_path("models_gpu.json"), "w") as f:

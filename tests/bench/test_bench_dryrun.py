@@ -66,3 +66,16 @@ def test_models_bench_decode_follows_the_given_order(tmp_path):
     models = [r["model"] for r in res["decode"]]
     assert models and models == sorted(models, key=["transformer-340m", "natsl-hybrid-340m"].index), models
     assert set(models) == {"transformer-340m", "natsl-hybrid-340m"}
+
+
+def test_models_bench_decode_batch_sizes_filter_the_rows(tmp_path):
+    """--decode-batch-sizes 1 keeps only the plan's B = 1 rows (of every preset and NAtS-L fraction asked for)."""
+    env = {**os.environ, "BENCH_DRYRUN": "1", "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.models", "--sections", "decode", "--decode-models",
+                           "natsl-hybrid-340m,transformer-340m", "--decode-contexts", "64", "--decode-batch-sizes",
+                           "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "models_gpu.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    rows = [(r["model"], r["fraction"], r["batch_size"]) for r in res["decode"]]
+    assert rows == [("natsl-hybrid-340m", 0.25, 1), ("natsl-hybrid-340m", 0.5, 1), ("transformer-340m", None, 1)], rows
