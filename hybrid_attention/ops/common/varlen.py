@@ -110,12 +110,19 @@ def document_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return (cu_seqlens[1:] - cu_seqlens[:-1]).long()
 
 
+def bucket_of(offsets: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Index i (int64, shape of ``pos``) with ``offsets[i] <= pos < offsets[i + 1]`` for sorted ``offsets [N + 1]``
+    starting at 0 and ``pos >= 0``: ``searchsorted`` over the *whole* offsets, minus 1. Never over a slice such as
+    ``offsets[1:]``: inductor in torch 2.11 cannot lower ``searchsorted`` whose sorted sequence is a view
+    (``NotImplementedError: SliceView`` from ``get_stride``, H200 session 10; torch 2.13 realizes it first)."""
+    return torch.searchsorted(offsets, pos.to(offsets.dtype), right=True) - 1
+
+
 def document_ids(cu_seqlens: torch.Tensor, total_len: int | None = None) -> torch.Tensor:
     """Document index ``[T]`` (int64) of every packed position. ``total_len`` = T when the caller knows it (the
     inputs' length): then no host read of the offsets (``searchsorted`` on the device, a static output shape)."""
     T = int(cu_seqlens[-1]) if total_len is None else total_len
-    pos = torch.arange(T, device=cu_seqlens.device)
-    return torch.searchsorted(cu_seqlens[1:].long(), pos, right=True)
+    return bucket_of(cu_seqlens, torch.arange(T, device=cu_seqlens.device))
 
 
 def positions_in_document(cu_seqlens: torch.Tensor, total_len: int | None = None) -> torch.Tensor:
@@ -152,7 +159,7 @@ def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int, total_len: int | Non
     n_docs = cu.numel() - 1
     offs = chunk_offsets(cu_seqlens, chunk_size)
     rows = torch.arange(max_chunks(total_len, n_docs, chunk_size), device=cu.device)
-    doc = torch.searchsorted(offs[1:], rows, right=True).clamp_(max=n_docs - 1)
+    doc = bucket_of(offs, rows).clamp_(max=n_docs - 1)
     starts = cu[doc] + (rows - offs[doc]) * chunk_size
     return starts, (cu[doc + 1] - starts).clamp(0, chunk_size)
 
@@ -219,7 +226,7 @@ def chunk_table(cu_seqlens: torch.Tensor, total_len: int, chunk_size: int,
     lens = cu[1:] - cu[:-1]
     offs = torch.cat([cu.new_zeros(1), ((lens + chunk_size - 1) // chunk_size).cumsum(0)])
     rows = torch.arange(max_chunks(total_len, n_docs, chunk_size), device=cu.device)
-    doc = torch.searchsorted(offs[1:], rows, right=True).clamp_(max=n_docs - 1)
+    doc = bucket_of(offs, rows).clamp_(max=n_docs - 1)
     indices = torch.stack([doc, rows - offs[doc]], dim=1)
     i32 = torch.int32
     return ChunkTable(cu.to(i32), offs.to(i32), indices.to(i32).contiguous(), chunk_size)

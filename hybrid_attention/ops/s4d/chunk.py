@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common.ssm import compute_dtypes, validate_chunk_size
-from ..common.varlen import check_cu_seqlens
+from ..common.varlen import bucket_of, check_cu_seqlens
 from .conv_form import _cmul, _kernel, _tables, _vandermonde, autocast_off
 from .naive import validate_s4d_inputs
 
@@ -179,7 +179,7 @@ def chunk_s4d(
     # document tables: per padded token, and per document (start, last token); one document per row without offsets
     if packed:
         cu = cu_seqlens.to(device=dev, dtype=torch.long)
-        tok_doc = torch.searchsorted(cu[1:], torch.arange(Tp, device=dev), right=True)  # [Tp], N on the tail
+        tok_doc = bucket_of(cu_seqlens.to(dev), torch.arange(Tp, device=dev))  # [Tp], N on the tail
         dc = tok_doc.view(NC, L)
         ce = dc[:, -1]  # the document running at each chunk end [NC]
         starts, last = cu[:-1], cu[1:] - 1
