@@ -12,10 +12,11 @@ Sections (each guarded, so a failure in one still leaves the others' numbers):
   3. timings (triton.testing.do_bench, median): B=1, H=16, d_h=R=64, M=64, bf16, T in {4K, 16K, 32K, 64K, 128K}:
      forward, forward+backward (all 7 gradients), peak memory; causal SDPA with the same H, d_h; achieved TFLOP/s of
      the kernels against the counted FLOP model ``flop_model``;
-  4. real passes: readout="real" as two kernel passes (today's default, ``real_one_pass=False``) vs one pass
-     (r = Cᵀ Re(C p) on the two tiles of C, ``real_one_pass=True``) vs "transpose", forward and forward+backward at
-     the timing shapes (T in {4K, 16K, 32K}), after a check of both forms vs float64 and of one pass vs two (o,
-     final state, the 7 gradients; the correctness limits); ``--real-passes`` runs only this section;
+  4. real passes: readout="real" as two kernel passes (``real_one_pass=False``) vs one pass (r = Cᵀ Re(C p) on the
+     two tiles of C, ``real_one_pass=True``, the default since session 10) vs "transpose", forward and
+     forward+backward at the timing shapes (T in {4K, 16K, 32K}), after a check of both forms vs float64 and of
+     one pass vs two (o, final state, the 7 gradients; the correctness limits); ``--real-passes`` runs only this
+     section;
   5. decode: fused step captured in a CUDA graph (B in {1, 8}) vs graphed SDPA decode over a KV cache of 1K..128K;
   6. compiled kernel resources (registers, spills, shared memory) and a small launch-config sweep if time is left.
 Writes ``<--out>/interdomain_gpu.json`` (default ``$OUT`` or .) and prints one short table at the end.

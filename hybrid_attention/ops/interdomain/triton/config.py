@@ -28,10 +28,14 @@ class InterdomainConfig(ScanConfig):
     real_one_pass: how readout="real" runs. True: one forward / backward pass of the chunk kernels with the readout
     r = Cᵀ Re(C p) of the key-side vector p, from C itself (two M×M tiles, REAL_C in kernels.py, whose DECISION
     comment holds its compile report), the cost of one transpose pass. False: two passes, "transpose" and "hermitian"
-    with half of each operator, averaged (twice the work; the path measured so far: 0.28M tok/s against 0.50M for
-    transpose, 35M model, H200). Opt-in until the one-pass form is measured on the device
-    (``benchmarks/interdomain_ops.py``, section ``real_passes``); the registered op (the training path, which runs
-    ``DEFAULT_CONFIG``) follows this default, so switching is this one line.
+    with half of each operator, averaged (twice the work).
+    DECISION (session 10, H200, same op check): one pass is the default. Op fwd+bwd 2.18 / 4.60 / 9.05 ms against
+    7.36 / 9.21 / 18.01 ms for two passes at T = 4K / 16K / 32K (transpose 2.79 / 4.47 / 8.76); the `small` x6
+    training step at 16 x 2048 compiled 42.4 ms against 67.7 ms. Precision: within the 5e-3 bar at the training
+    shape (T = 1000 and 4096, R = D = M = 64: worst 2.7e-3 / 3.6e-3, two-pass 3.4e-3 at 4096); at tiny shapes with a
+    dominant slow mode (the denominator tests) tf32 dots make its dq 2.2e-2 (two-pass 3.2e-3), ieee dots 7e-6
+    (benchmarks/interdomain_real_precision.py; NOTES session 10). The registered op (the training path, which runs
+    ``DEFAULT_CONFIG``) follows this default.
     """
 
     BC: int = 32
@@ -39,7 +43,7 @@ class InterdomainConfig(ScanConfig):
     warps_chunk_bwd: int = 8
     max_chunk: int = 32
     bwd_split: bool = False
-    real_one_pass: bool = False
+    real_one_pass: bool = True
 
 
 DEFAULT_CONFIG = InterdomainConfig()
