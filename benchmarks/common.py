@@ -96,12 +96,15 @@ def bench_parser(description: str, budget_s: float = DEFAULT_BUDGET_S, prog: str
 
 
 def training_step(fwd: Callable, opt: torch.optim.Optimizer, ids: torch.Tensor, amp: bool = True,
-                  **inputs: Any) -> Callable[[], torch.Tensor]:
+                  graphs: bool = False, **inputs: Any) -> Callable[[], torch.Tensor]:
     """One full LM training step as a closure: forward (labels = ids) under bf16 autocast when ``amp``, backward,
-    ``opt.step()``, ``zero_grad(set_to_none=True)``; returns the loss. ``inputs``: extra model inputs (cu_seqlens)."""
+    ``opt.step()``, ``zero_grad(set_to_none=True)``; returns the loss. ``inputs``: extra model inputs (cu_seqlens).
+    ``graphs``: ``fwd`` is compiled with CUDA graphs (mode "reduce-overhead"): each step starts a new cudagraph step."""
     dev = ids.device.type
 
     def step() -> torch.Tensor:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
             loss = fwd(ids, labels=ids, **inputs).loss
         loss.backward()

@@ -7,10 +7,10 @@ Rows, all in one run and one table (random weights, float32 master weights, bf16
     B×T = 16×2048 and 32×512;
   * the 340M presets ``transformer-340m``, ``gdn-340m``, ``natsl-hybrid-340m`` at B×T = 4×4096 (not with ``--quick``).
 Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile / run failure is caught, printed on
-one line and recorded for that row only), for the 340M rows ``eager+ckpt`` and ``compiled+ckpt``
-(``train.checkpointing``: every decoder block under torch.utils.checkpoint), whose peak memory is the point, and for
-the first small shape ``eager+varlen`` and ``compiled+varlen`` (packed documents of a realistic length mix,
-``VARIANTS`` below).
+one line and recorded for that row only), ``compiled+graphs`` (mode "reduce-overhead": CUDA graphs), for the 340M
+rows ``eager+ckpt`` and ``compiled+ckpt`` (``train.checkpointing``: every decoder block under
+torch.utils.checkpoint), whose peak memory is the point, and for the first small shape ``eager+varlen`` and
+``compiled+varlen`` (packed documents of a realistic length mix, ``VARIANTS`` below).
 
 Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``warmup`` untimed steps (the
 compiled variant compiles in the first), then ``steps`` steps timed together with CUDA events: step ms = total / steps
@@ -24,7 +24,8 @@ softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T�
 mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled eager+ckpt compiled+ckpt eager+varlen compiled+varlen``,
+rows or a 340M preset), ``--variants eager compiled compiled+graphs eager+ckpt compiled+ckpt eager+varlen
+compiled+varlen``,
 ``--steps N``,
 ``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
@@ -54,7 +55,9 @@ __all__ = ["main", "plan", "flops_per_step", "RESULTS"]
 
 RESULTS: dict = {"errors": [], "rows": []}
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
-VARIANTS = ("eager", "compiled", "eager+ckpt", "compiled+ckpt", "eager+varlen", "compiled+varlen")
+VARIANTS = ("eager", "compiled", "compiled+graphs", "eager+ckpt", "compiled+ckpt", "eager+varlen", "compiled+varlen")
+# compiled+graphs: torch.compile(mode="reduce-overhead"), the forward and backward replayed as CUDA graphs
+# (``train.compile_mode``); the optimizer step stays outside, as in the trainer.
 # *+varlen: the same step on packed documents (``data.pack: varlen``), one row [1, B·T] cut into documents of a
 # web-like length mix (log-normal, median 256 tokens, clipped to [16, T]; seed 0), on the first small shape only. It
 # shows the price of states reset per document: the Triton kernels take the chunk table of the documents (no host
@@ -190,9 +193,10 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     if variant.endswith("+ckpt"):
         enable_block_checkpointing(model)
     fwd = model
+    graphs = variant == "compiled+graphs"
     if variant.startswith("compiled"):
         torch._dynamo.reset()
-        fwd = torch.compile(model, backend=compile_backend)
+        fwd = torch.compile(model, backend=compile_backend, mode="reduce-overhead" if graphs else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
     extra, cu = {}, None
@@ -204,7 +208,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     flops, row["flops_model"] = flops_per_step(model, B, T, cu)
     amp = dev == "cuda"
 
-    step = training_step(fwd, opt, ids, amp, **extra)
+    step = training_step(fwd, opt, ids, amp, graphs=graphs, **extra)
 
     t0 = time.time()
     for _ in range(warmup):
@@ -264,7 +268,7 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
             RESULTS["errors"].append(f"{label}: {row['error']}")
             log(f"train {label}: FAILED {row['error']}")
         RESULTS["rows"].append(row)
-        if spec["variant"] == "compiled":
+        if spec["variant"].startswith("compiled"):
             torch._dynamo.reset()
         _free()
 

@@ -60,6 +60,10 @@ class TrainSection:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
+    # torch.compile mode when compile is on. "reduce-overhead": the compiled forward and backward replay as CUDA graphs
+    # (one launch per graph instead of ~1500 per step for the `small` s4d model, whose step was host-bound on the
+    # H200: 50.1 ms with 27.2 ms of kernels, benchmarks/NOTES.md session 10); CUDA and one process only.
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     tf32: bool = True  # CUDA: float32 matmuls outside autocast on TF32 tensor cores (device.set_tf32)
     checkpointing: bool = False  # activation checkpointing of every decoder block (recomputed in the backward)
     parallel: Literal["ddp", "fsdp2"] = "ddp"  # used when launched with torchrun (WORLD_SIZE > 1)

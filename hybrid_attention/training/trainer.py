@@ -207,6 +207,11 @@ class Trainer:
         if existing and not resume:
             raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} already has checkpoints; pass "
                               "--resume to continue that run or choose another train.out_dir")
+        self._graphs = tc.compile and tc.compile_mode == "reduce-overhead"
+        if self._graphs and ctx.world_size > 1:
+            raise ConfigError(f"config error: train.compile_mode = 'reduce-overhead' (CUDA graphs) runs in one "
+                              f"process only, got {ctx.world_size}; allowed with torchrun: default, "
+                              "max-autotune-no-cudagraphs")
         if tc.batch_size % (tc.grad_accum * ctx.world_size):
             raise ConfigError(f"config error: train.batch_size = {tc.batch_size} is not divisible by grad_accum * "
                               f"world_size = {tc.grad_accum * ctx.world_size}")
@@ -257,7 +262,7 @@ class Trainer:
             # static shapes: training uses one (batch, length); evaluation at other lengths recompiles once per shape
             # instead of switching to automatic dynamic shapes, whose recompile failed in inductor on the CPU
             # (torch 2.13: "cannot determine truth value of Relational"; tests/models/test_compile.py)
-            self.model.compile(dynamic=False)
+            self.model.compile(dynamic=False, mode=None if tc.compile_mode == "default" else tc.compile_mode)
         self.amp = _autocast_dtype(tc.precision, ctx.device)
         set_tf32(ctx.device, tc.tf32)
         self.byte_lengths = token_byte_lengths(tok)
@@ -447,6 +452,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=ctx.device)
         for a in range(self.accum):
             x = micro[a].to(ctx.device, non_blocking=True)
+            if self._graphs:  # a new iteration: the previous replay's outputs (loss, gradients) are consumed
+                torch.compiler.cudagraph_mark_step_begin()
             with _no_sync(model, a == self.accum - 1):
                 with torch.autocast(ctx.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext():
                     loss = model(**self._lm_inputs(x), use_cache=False).loss

@@ -30,6 +30,7 @@ def test_plan_covers_every_mixer_and_the_340m_presets():
         assert {(r[1], r[2]) for r in small if r[3] == variant} == {(16, 2048)}  # the first small shape only
     large = [r for r in rows if r["name"] in LARGE]
     assert {r["name"] for r in large} == set(LARGE) and {r["variant"] for r in large} == {"eager", "compiled",
+                                                                                          "compiled+graphs",
                                                                                           "eager+ckpt", "compiled+ckpt"}
     assert not [r for r in plan(quick=True) if r["name"] in LARGE]
     assert {r["name"] for r in plan(models=["gdn", "gdn-340m"])} == {"gdn", "gdn-340m"}
@@ -75,9 +76,9 @@ def test_train_bench_dryrun(tmp_path):
     res = json.loads((tmp_path / "train_speed.json").read_text())
     assert res["errors"] == [], res["errors"]
     got = {(r["name"], r["variant"]) for r in res["rows"]}
-    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "eager+varlen"), ("gdn", "compiled+varlen"),
-                   ("natsl-hybrid-340m", "eager"),
-                   ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "eager+ckpt"),
+    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "compiled+graphs"), ("gdn", "eager+varlen"),
+                   ("gdn", "compiled+varlen"), ("natsl-hybrid-340m", "eager"),
+                   ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "compiled+graphs"), ("natsl-hybrid-340m", "eager+ckpt"),
                    ("natsl-hybrid-340m", "compiled+ckpt")}
     assert all(r["tok_s"] > 0 and r["step_ms"] > 0 for r in res["rows"])
     assert [r["documents"] > 1 for r in res["rows"] if r["variant"].endswith("+varlen")] == [True, True]

@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
         ("train.steps=1.5", r"train.steps = 1.5 is not an integer"),
         ("train.steps=0", r"train.steps = 0 must be > 0"),
         ("train.compile=maybe", r"train.compile = 'maybe' is not true/false"),
+        ("train.compile_mode=fast", r"train.compile_mode = 'fast' is not allowed; allowed values: default, "
+                                    r"reduce-overhead, max-autotune-no-cudagraphs"),
         ("model.layers=transformer", r"model: layers\[0\] = 'transformer' is not a mixer; allowed values"),
         ("model.preset=huge", r"model.preset = 'huge' is not allowed; allowed values: .*tiny"),
         ("data.tokenizer=/does/not/exist", r"allowed values: byte, bpe, or an existing tokenizer directory"),
