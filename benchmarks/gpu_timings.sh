@@ -22,7 +22,8 @@
 #   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
 # Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
-# ≈ 80 s; a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
+# ≈ 80 s (session 10: ≈ 45 s for the op tables, then the packed and the four compiled model rows: > 170 s, so
+# 260 s); a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. OUT="${OUT:-.}"
 LIMIT=${LIMIT:-590}
@@ -56,7 +57,7 @@ if [ "${#train_models[@]}" -gt 0 ]; then
 fi
 
 if [ "${S4D_CONV:-1}" = 1 ]; then
-  timeout -k 10 150 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
+  timeout -k 10 260 python -m benchmarks.s4d_conv --model-steps 5 > "$OUT/s4d_conv.log" 2>&1
   echo "== s4d_conv: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||^##" "$OUT/s4d_conv.log"
 fi
 
