@@ -1,6 +1,6 @@
 """What inductor makes of a compiled training step, counted on the CPU: a proxy for the GPU's kernel launches.
 
-    python -m benchmarks.compile_graph_stats [--mixers s4d interdomain] [--batch 1] [--seq 64] [--no-amp]
+    python -m benchmarks.compile_graph_stats [--mixers s4d interdomain] [--batch 1] [--seq 64] [--no-amp] [--tiny]
 
 For each mixer it builds the 2-layer ``small`` preset of that mixer (``HybridConfig.from_preset("small",
 layers=[m, m])``, as ``benchmarks/gpu_compile_check.py`` does), compiles it with ``torch.compile`` (inductor, on
@@ -22,7 +22,8 @@ the CPU), runs one forward (LM loss, bf16 autocast unless ``--no-amp``) and its 
 The backend each mixer runs is the one "auto" picks on the GPU at training lengths (``GPU_BACKENDS``): the Toeplitz
 S4D form (T <= 2048) and the Triton Interdomain op, run here through the Triton interpreter (``TRITON_INTERPRET=1``
 is set before the kernels are imported when no GPU is present). Counts do not depend on T (static shapes), so short
-sequences keep the interpreter fast. The caches of inductor are disabled so that every graph is compiled and counted.
+sequences keep the interpreter fast (``--tiny``: toy widths too, same counts). The caches of inductor are disabled
+so that every graph is compiled and counted.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ import torch
 if not torch.cuda.is_available():  # the Triton Interdomain op runs through the interpreter on a CPU machine
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-__all__ = ["GraphStats", "complex_nodes", "wrapper_calls", "measure", "main", "GPU_BACKENDS"]
+__all__ = ["GraphStats", "complex_nodes", "wrapper_calls", "measure", "main", "GPU_BACKENDS", "TINY"]
 
 # DECISION: the backend of each mixer is the one "auto" picks on CUDA for the benchmark's B x T = 16 x 2048
 # (ops/s4d/__init__.py AUTO_TOEPLITZ_MAX_T, ops/interdomain/__init__.py), not the CPU's, so that the counted graph is
 # the GPU's graph.
 GPU_BACKENDS = {"s4d": "toeplitz", "interdomain": "triton"}
+# toy widths (as benchmarks/gpu_compile_check.py's --cpu-smoke): the node counts do not depend on the widths
+TINY = dict(hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
 
 
 @dataclass
@@ -134,25 +137,27 @@ def _counting_backend(stats: GraphStats):
     return backend
 
 
-def build_model(mixer: str, backend: str | None = None) -> torch.nn.Module:
-    """The 2-layer ``small`` preset of one mixer (float32 weights, train mode), its layers on ``backend``."""
+def build_model(mixer: str, backend: str | None = None, **overrides) -> torch.nn.Module:
+    """The 2-layer ``small`` preset of one mixer (float32 weights, train mode), its layers on ``backend``;
+    ``overrides``: further ``HybridConfig`` fields (``TINY`` widths for the tests)."""
     from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
     opts = {} if backend is None else {mixer: {"backend": backend}}
-    cfg = HybridConfig.from_preset("small", layers=[mixer, mixer], mixer_options=opts)
+    cfg = HybridConfig.from_preset("small", layers=[mixer, mixer], mixer_options=opts, **overrides)
     torch.manual_seed(0)
     return HybridForCausalLM(cfg).float().train()
 
 
-def measure(mixer: str, *, batch: int = 1, seq: int = 64, amp: bool = True,
-            backend: str | None = None) -> GraphStats:
-    """Compile one model of ``mixer`` with the counting inductor backend, run forward + backward once, count."""
+def measure(mixer: str, *, batch: int = 1, seq: int = 64, amp: bool = True, backend: str | None = None,
+            **overrides) -> GraphStats:
+    """Compile one model of ``mixer`` with the counting inductor backend, run forward + backward once, count.
+    ``backend``: the mixer's op backend (default ``GPU_BACKENDS``); ``overrides``: ``HybridConfig`` fields."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
     from torch._inductor import metrics
 
     backend = GPU_BACKENDS.get(mixer) if backend is None else backend
-    model = build_model(mixer, backend)
+    model = build_model(mixer, backend, **overrides)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq))
     stats = GraphStats()
     torch._dynamo.reset()
@@ -184,8 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--no-amp", action="store_true", help="float32 instead of bf16 autocast")
     p.add_argument("--ops", action="store_true", help="also list the complex nodes by ATen op")
+    p.add_argument("--tiny", action="store_true", help="toy widths (TINY) instead of the small preset's")
     args = p.parse_args(argv)
-    rows = {m: measure(m, batch=args.batch, seq=args.seq, amp=not args.no_amp) for m in args.mixers}
+    over = TINY if args.tiny else {}
+    rows = {m: measure(m, batch=args.batch, seq=args.seq, amp=not args.no_amp, **over) for m in args.mixers}
     print(format_table(rows))
     if args.ops:
         for name, s in rows.items():
