@@ -229,6 +229,13 @@ class InterdomainAttention(TokenMixer):
         g = self.ssm.input_gain().to(key.dtype)
         return key * g[: self.feature_dim], val * g[self.feature_dim :]
 
+    def _ssm_params(self) -> tuple:
+        """(log λ, B̄, C) for the core op: ``Planar`` (real, imaginary) pairs for the query readout and the linear
+        contraction, whose ops take them (no complex op in the compiled training graph: inductor runs every complex
+        op as an unfused eager kernel); complex tensors for the bilinear contraction (``s4d_bilinear`` has not been
+        moved to planar arithmetic)."""
+        return self.ssm() if self.contraction == "bilinear" else self.ssm.planar()
+
     def _core(self, q, key, val, log_lam, b_bar, c, init, keep: bool, cu_seqlens: torch.Tensor | None = None):
         """The S4D core and its readout on [B, T, H, *] inputs -> (o [B, T, H, D or R+D], final state)."""
         kw = dict(initial_state=init, output_final_state=keep, chunk_size=self.chunk_size, backend=self.backend,
@@ -268,7 +275,7 @@ class InterdomainAttention(TokenMixer):
                                                                                       keep, cu)))
         q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep, cu), offset, pos)) \
             if self.query_readout else None
-        o, ssm = self._core(q, key, val, *self.ssm(), state.ssm if state is not None else None, keep, cu)
+        o, ssm = self._core(q, key, val, *self._ssm_params(), state.ssm if state is not None else None, keep, cu)
         y = self._output(o, x)
         offset = offset + x.shape[1]
         if keep and cu_seqlens is not None:  # row b = document b, right-aligned in the longest one's width

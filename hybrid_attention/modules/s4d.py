@@ -32,6 +32,8 @@ import math
 import torch
 from torch import nn
 
+from hybrid_attention.ops.common.planar import Planar, as_complex, cdiv, cexpm1
+
 SSM_PARAM_NAMES = ("log_dt", "A_log_re", "A_im", "B", "C")
 
 
@@ -47,7 +49,9 @@ class S4DCore(nn.Module):
     """Per-head complex diagonal SSM parameters.
 
     forward() -> (log_lam [H, M] complex, B_bar [H, M] complex, C [H, M, M] complex), complex64 for float32
-    parameters and complex128 for float64 parameters; input_gain() -> B [channels] real.
+    parameters and complex128 for float64 parameters; planar() -> the same three as ``Planar`` (real, imaginary)
+    pairs of float32 (float64) tensors, what the layers' training path uses (no complex op for torch.compile);
+    input_gain() -> B [channels] real.
     """
 
     def __init__(self, num_heads: int, state_size: int = 64, channels: int = 1, dt_min: float = 1e-3,
@@ -96,20 +100,32 @@ class S4DCore(nn.Module):
 
     def A(self) -> torch.Tensor:
         """Continuous-time A: [H, M] complex (Re < 0)."""
-        return torch.complex(-torch.exp(self._real(self.A_log_re)), self._real(self.A_im))
+        a = self.A_planar()
+        return torch.complex(a.re, a.im)
+
+    def A_planar(self) -> Planar:
+        """Continuous-time A as (Re, Im) [H, M] real: (-exp(A_log_re), A_im)."""
+        return Planar(-torch.exp(self._real(self.A_log_re)), self._real(self.A_im))
 
     def input_gain(self) -> torch.Tensor:
         """B: the real per-channel gain of the SSM input, [channels] (see the DECISION on B above)."""
         return self.B
 
-    def forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (log λ [H, M], B̄ [H, M], C [H, M, M]), complex64 (complex128 for float64 parameters)."""
-        a = self.A()
+    def planar(self) -> tuple[Planar, Planar, Planar]:
+        """-> (log λ [H, M], B̄ [H, M], C [H, M, M]) as Planar (real, imaginary) pairs in the parameters' float dtype
+        (float32 for bf16/fp16 ones): the discretisation in real arithmetic, equal to ``forward()`` to rounding."""
+        a = self.A_planar()
         dt = torch.exp(self._real(self.log_dt))[:, None]
-        log_lam = a * dt  # log Λ = Δ A
-        b_bar = torch.expm1(log_lam) / a  # ZOH of the unit per-mode input
-        c = torch.view_as_complex(self._real(self.C).contiguous())
-        return log_lam, b_bar, c
+        log_lam = a.map(lambda t: t * dt)  # log Λ = Δ A (Δ real)
+        b_bar = cdiv(cexpm1(log_lam), a)  # ZOH of the unit per-mode input: (exp(ΔA) - 1) / A
+        c = self._real(self.C)
+        return log_lam, b_bar, Planar(c[..., 0], c[..., 1])
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (log λ [H, M], B̄ [H, M], C [H, M, M]), complex64 (complex128 for float64 parameters): ``planar()``
+        as complex tensors (the decode path and the complex oracles take these)."""
+        cdtype = torch.complex128 if self.A_log_re.dtype == torch.float64 else torch.complex64
+        return tuple(as_complex(p, cdtype) for p in self.planar())
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, M={self.state_size}, channels={self.channels}, "

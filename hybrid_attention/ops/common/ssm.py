@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["compute_dtypes", "validate_ssm_inputs", "prepare_ssm_params", "validate_chunk_size", "chunk_decays"]
+from .planar import Planar, as_complex, as_planar
+
+__all__ = ["compute_dtypes", "validate_ssm_inputs", "prepare_ssm_params", "prepare_planar_params",
+           "validate_chunk_size", "chunk_decays"]
 
 
 def compute_dtypes(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
@@ -41,7 +44,8 @@ def validate_ssm_inputs(
     """Raise ``ValueError`` naming the offending argument and its expected shape.
 
     key ``[B, T, H, R]`` and value ``[B, T, H, D]`` real; log_lam, B ``[H, M]``; C ``[H, M, M]``;
-    initial_state ``[B, H, M, R + D + extra_channels]``; all on the key's device.
+    initial_state ``[B, H, M, R + D + extra_channels]``; all on the key's device. log_lam, B and C may be complex
+    tensors or ``Planar`` (real, imaginary) pairs of real floating-point tensors of one shape.
     """
     for name, x in ((key_name, key), (value_name, value)):
         if x.dim() != 4:
@@ -56,6 +60,8 @@ def validate_ssm_inputs(
             f"got {tuple(value.shape)}"
         )
     D = value.shape[-1]
+    for name, x in (("log_lam", log_lam), ("B", B), ("C", C)):
+        _check_planar(name, x)
     if log_lam.dim() != 2 or log_lam.shape[0] != H:
         raise ValueError(f"log_lam must be [H, M] with H = {H}, got {tuple(log_lam.shape)}")
     M = log_lam.shape[1]
@@ -76,11 +82,33 @@ def validate_ssm_inputs(
             )
 
 
+def _check_planar(name: str, x: torch.Tensor | Planar) -> None:
+    """Raise ``ValueError`` unless a ``Planar`` x has real floating-point parts of one shape, dtype and device."""
+    if not isinstance(x, Planar):
+        return
+    re, im = x
+    ok = isinstance(re, torch.Tensor) and isinstance(im, torch.Tensor)
+    if not (ok and re.is_floating_point() and im.is_floating_point() and re.shape == im.shape
+            and re.dtype == im.dtype and re.device == im.device):
+        got = [(tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else repr(t) for t in x]
+        raise ValueError(f"{name} as Planar must be two real floating-point tensors of one shape, dtype and device, "
+                         f"got {got}")
+
+
 def prepare_ssm_params(
-    log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cdtype: torch.dtype
+    log_lam: torch.Tensor | Planar, B: torch.Tensor | Planar, C: torch.Tensor | Planar, cdtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cast (log_lam, B, C) to the complex compute dtype (a real tensor becomes complex with zero imaginary part)."""
-    return log_lam.to(cdtype), B.to(cdtype), C.to(cdtype)
+    """Cast (log_lam, B, C) to the complex compute dtype (a real tensor becomes complex with zero imaginary part, a
+    ``Planar`` pair is joined): the complex oracles' form."""
+    return as_complex(log_lam, cdtype), as_complex(B, cdtype), as_complex(C, cdtype)
+
+
+def prepare_planar_params(
+    log_lam: torch.Tensor | Planar, B: torch.Tensor | Planar, C: torch.Tensor | Planar, rdtype: torch.dtype
+) -> tuple[Planar, Planar, Planar]:
+    """(log_lam, B, C) as ``Planar`` pairs of the real ``rdtype`` (complex tensors split, real ones get a zero
+    imaginary part): the form of the compiled paths, which keep complex dtypes out of their graphs."""
+    return as_planar(log_lam, rdtype), as_planar(B, rdtype), as_planar(C, rdtype)
 
 
 def validate_chunk_size(chunk_size: int) -> None:

@@ -43,7 +43,10 @@ def interdomain(
 
     Shapes: q, k ``[B, T, H, R]`` real; v ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex (discretised);
     C ``[H, M, M]`` complex; initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``) complex.
-    Returns ``(o [B, T, H, D] in q.dtype, final_state or None)``. See ``naive_interdomain`` for the definition.
+    log_lam, B and C may also be ``Planar`` (real, imaginary) pairs (``ops/common/planar.py``; ``S4DCore.planar()``):
+    the "triton" glue then runs no complex op unless a state is passed in or returned; "naive" and "reference" join
+    them into complex tensors (they are the oracles). Returns ``(o [B, T, H, D] in q.dtype, final_state or None)``.
+    See ``naive_interdomain`` for the definition.
 
     ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs

@@ -45,8 +45,11 @@ from __future__ import annotations
 
 import torch
 
+from ..common.planar import Planar
+from ..s4d.conv_form import autocast_off
+
 __all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", "readout_operators",
-           "readout_product"]
+           "planar_readout_operator", "readout_product"]
 
 READOUTS = ("transpose", "hermitian", "real")
 
@@ -72,6 +75,26 @@ def readout_operators(C: torch.Tensor, readout: str) -> tuple[torch.Tensor | Non
     if readout == "real":
         k1, k2 = 0.5 * k1, 0.5 * k2
     return k1, k2
+
+
+def planar_readout_operator(C: Planar, readout: str) -> Planar:
+    """The one operator of a one-operator readout in real arithmetic: K₁ = Cᵀ C ("transpose") or K₂ = Cᵀ conj(C)
+    ("hermitian"), ``Planar`` [H, M, M] from C ``Planar`` [H, M, M] (equal to ``readout_operators`` to rounding).
+    With C = Cr + i·Ci: K₁ = (CrᵀCr - CiᵀCi) + i(CrᵀCi + CiᵀCr), K₂ = (CrᵀCr + CiᵀCi) + i(CiᵀCr - CrᵀCi)."""
+    if readout not in ("transpose", "hermitian"):
+        raise ValueError(f"planar_readout_operator takes readout 'transpose' or 'hermitian', got {readout!r}")
+    M = C.shape[-1]
+    # DECISION: outside autocast, in C's own dtype: the complex form this replaces was never autocast (complex
+    # matmuls are not autocast-eligible), and a bf16 K would round the readout operator (2^-9 relative).
+    # DECISION: one batched matmul of Y = [Cr, Ci] ([H, M, 2M]) with itself, YᵀY = [[CrᵀCr, CrᵀCi], [CiᵀCr, CiᵀCi]],
+    # gives the four real blocks in one launch (forward and backward) instead of four.
+    with autocast_off(C.device.type):
+        y = torch.cat([C.re, C.im], dim=-1)
+        g = y.transpose(1, 2) @ y  # [H, 2M, 2M]
+    rr, ri, ir, ii = g[:, :M, :M], g[:, :M, M:], g[:, M:, :M], g[:, M:, M:]
+    if readout == "transpose":
+        return Planar(rr - ii, ri + ir)
+    return Planar(rr + ii, ir - ri)
 
 
 def readout_product(U: torch.Tensor, q: torch.Tensor, G: torch.Tensor, readout: str) -> torch.Tensor:

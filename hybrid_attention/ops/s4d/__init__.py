@@ -75,7 +75,10 @@ def s4d(
 
     Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real (R may differ from D); log_lam, B ``[H, M]`` complex
     (discretised); C ``[H, M, M]`` complex; w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex.
-    Returns ``(y [B, T, H, R + D] in a.dtype, final_state or None)``. See ``naive_s4d`` for the definition.
+    log_lam, B and C may also be ``Planar`` (real, imaginary) pairs (``ops/common/planar.py``; ``S4DCore.planar()``):
+    the fast forms then run no complex op unless a state is passed in or returned (what the layers' compiled
+    training path relies on). Returns ``(y [B, T, H, R + D] in a.dtype, final_state or None)``. See ``naive_s4d``
+    for the definition.
 
     ``backend``: "naive" runs the token loop; "toeplitz" runs ``toeplitz_s4d``; "reference", "triton" and "fft" run
     ``fft_s4d``; "chunk" runs ``chunk_s4d``; "auto" runs ``chunk_s4d`` for packed documents, else ``toeplitz_s4d``

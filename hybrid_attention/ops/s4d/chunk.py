@@ -53,6 +53,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..common.planar import Planar, as_planar
 from ..common.ssm import compute_dtypes, validate_chunk_size
 from ..common.varlen import bucket_of, check_cu_seqlens
 from .conv_form import _cmul, _kernel, _tables, _vandermonde, autocast_off
@@ -73,10 +74,10 @@ def _lower_toeplitz(v: torch.Tensor) -> torch.Tensor:
     return torch.where(lag >= 0, v[..., lag.clamp(min=0)], v.new_zeros(()))
 
 
-def _decay_scan(xr: torch.Tensor, xi: torch.Tensor, log_mu: torch.Tensor, ids: torch.Tensor | None,
+def _decay_scan(xr: torch.Tensor, xi: torch.Tensor, log_mu: Planar, ids: torch.Tensor | None,
                 rdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """S_n = Σ_{j <= n, ids[j] == ids[n]} μ^{n-j} x_j along dim 2 of the planar complex x (xr, xi ``[H, M, N, Y]``),
-    μ = exp(log_mu) (complex128 ``[H, M]``, |μ| < 1); ids ``[N]`` (int64 >= 0, equal ids contiguous) or None (one
+    μ = exp(log_mu) (planar float64 ``[H, M]``, |μ| < 1); ids ``[N]`` (int64 >= 0, equal ids contiguous) or None (one
     sequence). Blocks of SCAN_BLOCK: a masked lag matmul inside each, the block-end states recursed with μ^G."""
     H, M, N, Y = xr.shape
     G = min(N, SCAN_BLOCK)
@@ -98,7 +99,8 @@ def _decay_scan(xr: torch.Tensor, xi: torch.Tensor, log_mu: torch.Tensor, ids: t
     Sr = torch.matmul(Wr, xr) - torch.matmul(Wi, xi)  # [H, M, NG, G, Y]
     Si = torch.matmul(Wr, xi) + torch.matmul(Wi, xr)
     if NG > 1:
-        Pr, Pi = _decay_scan(Sr[:, :, :, -1], Si[:, :, :, -1], log_mu * G, None if idg is None else idg[:, -1],
+        Pr, Pi = _decay_scan(Sr[:, :, :, -1], Si[:, :, :, -1], log_mu.map(lambda t: t * G),
+                             None if idg is None else idg[:, -1],
                              rdtype)  # block-end states [H, M, NG, Y]
         Pr, Pi = F.pad(Pr[:, :, :-1], (0, 0, 1, 0)), F.pad(Pi[:, :, :-1], (0, 0, 1, 0))  # carried into block g
         Dr, Di = Vr[:, :, None, 1:], Vi[:, :, None, 1:]  # μ^{i+1}: [H, M, 1, G]
@@ -144,8 +146,9 @@ def chunk_s4d(
     """S4D-only control in chunks of ``chunk_size`` tokens (equal to ``naive_s4d`` to rounding; the module docstring
     has the design).
 
-    Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex;
-    w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex (``[N, ...]`` with ``cu_seqlens [N + 1]``, B == 1).
+    Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex
+    (or each a ``Planar`` pair of real tensors: no complex op then without states); w ``[H, M]`` real;
+    initial_state ``[B, H, M, R + D]`` complex (``[N, ...]`` with ``cu_seqlens [N + 1]``, B == 1).
     Any T >= 0, any positive ``chunk_size``. Returns ``y [B, T, H, R + D]`` in ``a.dtype`` and the final state
     (``[B, ...]``, or ``[N, ...]`` per sequence; complex128 for float64 inputs, else complex64) or ``None``.
     """
@@ -172,8 +175,8 @@ def chunk_s4d(
     Tp = NC * L
     z = torch.cat([a.to(rdtype), b.to(rdtype)], dim=-1)  # [B, T, H, C]
     z = F.pad(z, (0, 0, 0, 0, 0, Tp - T)).view(Bsz, NC, L, H, Cn)
-    ct, Bc, Vr, Vi = _tables(log_lam, B, C, w, L + 1)  # float64: c̃, B [H, M]; λ^l, l = 0..L [H, L + 1, M]
-    ll = log_lam.to(torch.complex128)
+    ct, Bc, Vr, Vi = _tables(log_lam, B, C, w, L + 1)  # float64: c̃, B [H, M] planar; λ^l, l = 0..L [H, L + 1, M]
+    ll = as_planar(log_lam, torch.float64)
     rows = torch.arange(L, device=dev)
 
     # document tables: per padded token, and per document (start, last token); one document per row without offsets
@@ -203,7 +206,7 @@ def chunk_s4d(
 
     with autocast_off(dev.type):  # 3.-5.: the states, in the compute dtype (conv_form.py's decision)
         # 3. chunk-end states b_n [H, M, NC, B, C] (planar), then the chunk-level scan S_n
-        Wbr, Wbi = _cmul(Bc.real[:, None, :], Bc.imag[:, None, :], Vr[:, :L].flip(1), Vi[:, :L].flip(1))  # [H, L, M]
+        Wbr, Wbi = _cmul(Bc.re[:, None, :], Bc.im[:, None, :], Vr[:, :L].flip(1), Vi[:, :L].flip(1))  # [H, L, M]
         zb = z if not packed else z * (dc == ce[:, None]).to(rdtype)[None, :, :, None, None]
         bb = torch.einsum("hsm,xnshc->hmnxc", torch.cat([Wbr, Wbi], -1).to(rdtype), zb)  # [H, 2M, NC, B, C]
         br, bi = bb[:, :M], bb[:, M:]
@@ -223,11 +226,11 @@ def chunk_s4d(
                 add_r, add_i = (Ur * Xr - Ui * Xi)[:, :, None], (Ur * Xi + Ui * Xr)[:, :, None]
                 br = torch.cat([br[:, :, :1] + add_r, br[:, :, 1:]], dim=2)
                 bi = torch.cat([bi[:, :, :1] + add_i, bi[:, :, 1:]], dim=2)
-        Sr, Si = _decay_scan(br.reshape(H, M, NC, Bsz * Cn), bi.reshape(H, M, NC, Bsz * Cn), ll * L,
+        Sr, Si = _decay_scan(br.reshape(H, M, NC, Bsz * Cn), bi.reshape(H, M, NC, Bsz * Cn), ll.map(lambda t: t * L),
                              ce if packed else None, rdtype)  # [H, M, NC, B·C]
 
         # 4. inter-chunk readout Re(Σ_m c̃_m λ_m^{p+1} S_{n-1}), for the tokens of the document that ran at n - 1
-        Pr, Pi = _cmul(ct.real[:, None, :], ct.imag[:, None, :], Vr[:, 1:], Vi[:, 1:])  # [H, L, M]
+        Pr, Pi = _cmul(ct.re[:, None, :], ct.im[:, None, :], Vr[:, 1:], Vi[:, 1:])  # [H, L, M]
         P = torch.cat([Pr, -Pi], -1).to(rdtype)  # [H, L, 2M]: Re(P S) = Pr Sr - Pi Si
         Sp = F.pad(torch.cat([Sr, Si], 1)[:, :, :-1], (0, 0, 1, 0)).view(H, 2 * M, NC, Bsz, Cn)  # S_{n-1}, 0 at n = 0
         y_inter = torch.einsum("hpm,hmnxc->xnphc", P, Sp)  # [B, NC, L, H, C]
@@ -260,7 +263,7 @@ def chunk_s4d(
             if packed:
                 valid = valid & (dc[n_end] == torch.arange(n_docs, device=dev)[:, None])
             lg = lag.clamp(min=0)
-            Wfr, Wfi = _cmul(Bc.real[:, None, None, :], Bc.imag[:, None, None, :], Vr[:, lg], Vi[:, lg])  # [H,Nd,L,M]
+            Wfr, Wfi = _cmul(Bc.re[:, None, None, :], Bc.im[:, None, None, :], Vr[:, lg], Vi[:, lg])  # [H,Nd,L,M]
             vm = valid.to(rdtype)[None, :, :, None]
             Wf = torch.cat([Wfr, Wfi], -1).to(rdtype) * vm  # [H, Nd, L, 2M]
             fb = torch.einsum("hism,xishc->xihmc", Wf, z[:, n_end])  # [B, Nd, H, 2M, C]

@@ -23,7 +23,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..common.ssm import compute_dtypes, prepare_ssm_params
+from ..common.planar import Planar, cexp_scaled
+from ..common.planar import cmul as _cmul
+from ..common.ssm import compute_dtypes, prepare_planar_params
 from .naive import validate_s4d_inputs
 
 __all__ = ["conv_s4d", "ssm_kernel", "Convolve", "autocast_off"]
@@ -54,33 +56,30 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
 Convolve = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _vandermonde(log_lam: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Re, Im) of λ^l = exp(l·log_lam) for l = 0..L-1, float64 ``[H, L, M]`` (log_lam complex128 ``[H, M]``)."""
+def _vandermonde(log_lam: Planar, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Re, Im) of λ^l = exp(l·log_lam) for l = 0..L-1, float64 ``[H, L, M]`` (log_lam planar float64 ``[H, M]``)."""
     ll = torch.arange(L, device=log_lam.device, dtype=torch.float64)[None, :, None]
-    mag = torch.exp(log_lam.real[:, None, :] * ll)
-    phase = log_lam.imag[:, None, :] * ll
-    return mag * torch.cos(phase), mag * torch.sin(phase)
+    return cexp_scaled(log_lam.map(lambda t: t[:, None, :]), ll)
 
 
-def _cmul(xr, xi, yr, yi):
-    return xr * yr - xi * yi, xr * yi + xi * yr
+def _tables(log_lam, B, C, w, L: int) -> tuple[Planar, Planar, torch.Tensor, torch.Tensor]:
+    """float64 planar tables: c̃ = Cᵀw and B (``Planar`` ``[H, M]``) and (Re, Im) of λ^l for l = 0..L-1
+    (``[H, L, M]``). log_lam, B, C: complex tensors or ``Planar`` pairs (``prepare_planar_params``)."""
+    ll, Bp, Cp = prepare_planar_params(log_lam, B, C, torch.float64)
+    w64 = w.to(torch.float64)
+    ct = Cp.map(lambda t: torch.einsum("hm,hmn->hn", w64, t))  # w real: Cᵀw part by part
+    return ct, Bp, *_vandermonde(ll, L)
 
 
-def _tables(log_lam, B, C, w, L: int):
-    """float64 tables: c̃ = Cᵀw and B (complex128 ``[H, M]``) and (Re, Im) of λ^l for l = 0..L-1 (``[H, L, M]``)."""
-    ll, Bc, Cc = prepare_ssm_params(log_lam, B, C, torch.complex128)
-    ct = torch.einsum("hm,hmn->hn", w.to(torch.float64).to(torch.complex128), Cc)
-    return ct, Bc, *_vandermonde(ll, L)
-
-
-def _kernel(ct, Bc, Vr, Vi) -> torch.Tensor:
+def _kernel(ct: Planar, Bc: Planar, Vr: torch.Tensor, Vi: torch.Tensor) -> torch.Tensor:
     """K_h(l) = Re(Σ_m c̃_m B_m λ_m^l) for the rows l of (Vr, Vi): float64 ``[H, L]``."""
-    g = ct * Bc
-    return torch.einsum("hn,hln->hl", g.real, Vr) - torch.einsum("hn,hln->hl", g.imag, Vi)
+    gr, gi = _cmul(ct.re, ct.im, Bc.re, Bc.im)
+    return torch.einsum("hn,hln->hl", gr, Vr) - torch.einsum("hn,hln->hl", gi, Vi)
 
 
 def ssm_kernel(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, w: torch.Tensor, L: int) -> torch.Tensor:
-    """The convolution kernel K_h(l) = Re(Σ_m c̃_m B_m λ_m^l), c̃_h = C_hᵀ w_h, l = 0..L-1: float64 ``[H, L]``."""
+    """The convolution kernel K_h(l) = Re(Σ_m c̃_m B_m λ_m^l), c̃_h = C_hᵀ w_h, l = 0..L-1: float64 ``[H, L]``.
+    log_lam, B, C: complex tensors or ``Planar`` pairs."""
     return _kernel(*_tables(log_lam, B, C, w, L))
 
 
@@ -98,9 +97,11 @@ def conv_s4d(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """S4D-only control as the causal convolution ``convolve(z, K)`` (equal to ``naive_s4d`` to rounding).
 
-    Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex;
-    w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex. Any T >= 0. Returns ``y [B, T, H, R + D]`` in
-    ``a.dtype`` and the final raw state X_T (complex128 for float64 inputs, else complex64) or ``None``.
+    Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex
+    (or each a ``Planar`` pair of real tensors: no complex op then on the path without states); w ``[H, M]`` real;
+    initial_state ``[B, H, M, R + D]`` complex. Any T >= 0. Returns ``y [B, T, H, R + D]`` in ``a.dtype`` and the
+    final raw state X_T (complex128 for float64 inputs, else complex64) or ``None``: the states are complex by
+    contract, split or joined only here, at the boundary.
     """
     validate_s4d_inputs(a, b, log_lam, B, C, w, initial_state)
     Bsz, T, H, R = a.shape
@@ -125,7 +126,7 @@ def conv_s4d(
     # rounded to bf16 and torch.complex refuses bf16 parts (the final state broke every autocast prefill).
     with autocast_off(a.device.type):
         if X0 is not None:  # Re(Σ_m c̃_m λ_m^{t+1} X0[m, c]) for t = 0..T-1
-            Pr, Pi = _cmul(ct.real[:, None, :], ct.imag[:, None, :], Vr[:, 1:], Vi[:, 1:])  # [H, T, M]
+            Pr, Pi = _cmul(ct.re[:, None, :], ct.im[:, None, :], Vr[:, 1:], Vi[:, 1:])  # [H, T, M]
             y = y.to(rdtype) + (
                 torch.einsum("htm,bhmc->bthc", Pr.to(rdtype), X0.real)
                 - torch.einsum("htm,bhmc->bthc", Pi.to(rdtype), X0.imag)
@@ -133,7 +134,7 @@ def conv_s4d(
 
         final = None
         if output_final_state:  # X_T = λ^T ⊙ X0 + Σ_s λ^{T-1-s} B z_sᵀ
-            Wr, Wi = _cmul(Bc.real[:, None, :], Bc.imag[:, None, :], Vr[:, :T].flip(1), Vi[:, :T].flip(1))  # [H,T,M]
+            Wr, Wi = _cmul(Bc.re[:, None, :], Bc.im[:, None, :], Vr[:, :T].flip(1), Vi[:, :T].flip(1))  # [H, T, M]
             final = torch.complex(
                 torch.einsum("hsm,bshc->bhmc", Wr.to(rdtype), z), torch.einsum("hsm,bshc->bhmc", Wi.to(rdtype), z)
             )

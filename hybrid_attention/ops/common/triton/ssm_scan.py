@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..planar import Planar
 from ..varlen import ChunkTable, _check_state, max_chunks
 from . import interpreting
 from . import ssm_scan_kernels as K
@@ -316,10 +317,13 @@ def _state_bwd_dz(
     return red[0], red[1]
 
 
-def _planar(x: torch.Tensor, dim: int) -> torch.Tensor:
+def _planar(x: torch.Tensor | Planar, dim: int) -> torch.Tensor:
     """complex -> contiguous float32 with a new re/im axis at ``dim`` (differentiable); real input gets a zero
-    imaginary plane. A complex64 input costs one copy forward and one backward (view_as_real + movedim), where
-    stacking .real / .imag cost one forward and three backward."""
+    imaginary plane; a ``Planar`` pair is stacked (real ops only: no complex op in a compiled graph). A complex64
+    input costs one copy forward and one backward (view_as_real + movedim), where stacking .real / .imag cost one
+    forward and three backward."""
+    if isinstance(x, Planar):
+        return torch.stack([x.re.float(), x.im.float()], dim=dim)
     if x.is_complex():
         return torch.view_as_real(x.to(torch.complex64)).movedim(-1, dim).contiguous()
     x = x.float()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ...common.planar import Planar
 from ...common.ssm import validate_chunk_size
 from ...common.triton import interpreting
 from ...common.triton.eager import eager_function
@@ -52,7 +53,7 @@ from ...common.triton.ssm_scan import (
 )
 from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import safe_divide, validate_interdomain_inputs
-from ..readout import DEFAULT_READOUT, readout_operators, validate_readout
+from ..readout import DEFAULT_READOUT, planar_readout_operator, readout_operators, validate_readout
 from . import kernels as K
 from .config import DEFAULT_CONFIG, InterdomainConfig
 
@@ -351,25 +352,33 @@ _EagerInterdomain = eager_function(_fwd_impl, _bwd_impl, _setup_context, _grads)
 # public function
 
 
+def _readout_table(C: torch.Tensor | Planar, readout: str) -> torch.Tensor | Planar:
+    """What the kernels read as kk (before ``_planar``): C itself for "real" (REAL_C: dkk is dC), else the readout's
+    operator K (autograd carries dK to dC). A ``Planar`` C stays planar (real matmuls: no complex op in a compiled
+    graph); a complex or real tensor C goes through the complex ``readout_operators``."""
+    if isinstance(C, Planar):
+        return C.to(torch.float32) if readout == "real" else planar_readout_operator(C.to(torch.float32), readout)
+    Cc = C.to(torch.complex64) if C.is_complex() else C.float().to(torch.complex64)
+    if readout == "real":
+        return Cc
+    k1, k2 = readout_operators(Cc, readout)
+    return k1 if k1 is not None else k2
+
+
 def interdomain_fwd_planar(
     q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool,
     readout: str = DEFAULT_READOUT, config: InterdomainConfig | None = None, hooks: LaunchHooks | None = None,
     vl: ChunkTable | None = None,
 ):
     """Differentiable call of the registered op (one kernel pass) from complex (log_lam, B, C, initial_state) for any
-    readout: "transpose" / "hermitian" with the planar complex K, "real" with the planar C itself; returns (o, final
-    complex64 or None). With a ``config`` or ``hooks`` it runs the eager path (``common.triton.eager``) with them
-    instead of the registered op. ``vl``: packed documents (the ``ChunkTable`` for the kernel chunk length,
-    initial_state ``[N, H, M, NC]``)."""
+    readout ("transpose" / "hermitian" with the planar complex K, "real" with the planar C itself); log_lam, B, C may
+    be ``Planar`` pairs instead (no complex op before the op then). Returns (o, final complex64 or None). With a
+    ``config`` or ``hooks`` it runs the eager path (``common.triton.eager``) with them instead of the registered op.
+    ``vl``: packed documents (the ``ChunkTable`` for the kernel chunk length, initial_state ``[N, H, M, NC]``)."""
     validate_readout(readout)
     ll = _planar(log_lam, 1).contiguous()
     bb = _planar(B, 1).contiguous()
-    Cc = C.to(torch.complex64) if C.is_complex() else C.float().to(torch.complex64)
-    if readout == "real":  # the kernels read C itself (REAL_C): dkk is dC, planar
-        kk = _planar(Cc, 1).contiguous()
-    else:  # autograd carries dK to dC
-        k1, k2 = readout_operators(Cc, readout)
-        kk = _planar(k1 if k1 is not None else k2, 1).contiguous()
+    kk = _planar(_readout_table(C, readout), 1).contiguous()
     init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
     cu, co, ci = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
     args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout)
