@@ -78,8 +78,8 @@ def test_train_bench_dryrun(tmp_path):
     got = {(r["name"], r["variant"]) for r in res["rows"]}
     assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "compiled+graphs"), ("gdn", "eager+varlen"),
                    ("gdn", "compiled+varlen"), ("natsl-hybrid-340m", "eager"),
-                   ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "compiled+graphs"), ("natsl-hybrid-340m", "eager+ckpt"),
-                   ("natsl-hybrid-340m", "compiled+ckpt")}
+                   ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "compiled+graphs"),
+                   ("natsl-hybrid-340m", "eager+ckpt"), ("natsl-hybrid-340m", "compiled+ckpt")}
     assert all(r["tok_s"] > 0 and r["step_ms"] > 0 for r in res["rows"])
     assert [r["documents"] > 1 for r in res["rows"] if r["variant"].endswith("+varlen")] == [True, True]
     assert "| model | layers | B×T | variant |" in proc.stdout
