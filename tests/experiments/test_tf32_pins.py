@@ -1,10 +1,12 @@
-"""The suites whose GPU results were trained without TF32 pin ``tf32: false`` (hybrid_attention/device.py,
-``set_tf32``): the default turned on later must not change what their cells (later seeds, resumed runs) train. A
-suite with results has a ``results/<suite>_gpu`` directory."""
+"""The suites with GPU results train every cell with the TF32 setting their results were trained with
+(hybrid_attention/device.py, ``set_tf32``): a later change of the default must not change what their cells (later
+seeds, resumed runs) train. A suite with results has a ``results/<suite>_gpu`` directory; a stored run config
+(``cells/<cell>/seed<k>/config.yaml``) without a ``tf32`` key predates the option, when the trainer never set TF32."""
 
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hybrid_attention.evaluation.recall import RecallConfig
 from hybrid_attention.experiments import load_suite
@@ -23,16 +25,36 @@ def test_every_suite_with_gpu_results_is_listed():
     assert "credible_prose" in WITH_GPU_RESULTS and "recall" in WITH_GPU_RESULTS, WITH_GPU_RESULTS
 
 
+def recorded_tf32(name: str) -> bool:
+    """The TF32 setting of the stored runs of ``results/<name>_gpu`` (one value for all of them)."""
+    values = {bool((yaml.safe_load(p.read_text()).get("train") or {}).get("tf32", False))
+              for p in (ROOT / "results" / f"{name}_gpu").glob("cells/*/seed*/config.yaml")}
+    assert len(values) <= 1, f"{name}: stored runs disagree on tf32"
+    return values.pop() if values else False
+
+
+def test_recorded_tf32_reads_the_stored_configs():
+    assert recorded_tf32("credible_cube") is True  # trained after the default turned on (session 10)
+    assert recorded_tf32("credible_prose") is False  # its configs predate the key
+
+
 @pytest.mark.parametrize("name", WITH_GPU_RESULTS)
-def test_suites_with_gpu_results_pin_tf32_off(name):
+def test_suites_with_gpu_results_pin_their_tf32(name):
     suite = load_suite(ROOT / "configs" / "experiments" / f"{name}.yaml")
+    want = recorded_tf32(name)
     checked = 0
     for cell in suite.cells:
         for seed in suite.cell_seeds(cell):
             if suite.uses_lm(cell):
-                assert suite.run_config(cell, seed, Path("/tmp/unused")).train.tf32 is False, (cell.name, seed)
+                assert suite.run_config(cell, seed, Path("/tmp/unused")).train.tf32 is want, (cell.name, seed)
                 checked += 1
             for task in suite.recall_configs(cell, seed).values():
-                assert from_dict(RecallConfig, task).tf32 is False, (cell.name, seed)
+                assert from_dict(RecallConfig, task).tf32 is want, (cell.name, seed)
                 checked += 1
     assert checked, f"{name}: no cell checked"
+
+
+def test_pins_are_explicit():
+    """Each suite with GPU results writes its tf32 in its YAML (not inherited from the default)."""
+    for name in WITH_GPU_RESULTS:
+        assert "tf32:" in (ROOT / "configs" / "experiments" / f"{name}.yaml").read_text(), name
