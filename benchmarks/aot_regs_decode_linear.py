@@ -12,6 +12,7 @@ specialisation (B stays a generic i32: a conservative stand-in for the JIT's B =
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -55,10 +56,14 @@ def _report(fn, constexprs: dict, ints: dict[str, int], num_warps: int = 4) -> d
             "spill_ld": int(spill.group(2)), "smem": ck.metadata.shared}
 
 
-def main() -> None:
-    """One line per kernel, shape and batch size."""
+def main(argv: list[str] | None = None) -> None:
+    """One line per kernel, shape and batch size (``--batch-sizes``: default 1 and 8)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], metavar="B",
+                   help="decode batch sizes to compile for (default: 1 8)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
     print(f"sm_90 AOT compile (triton {triton.__version__}), gdn-340m decode GEMVs, bf16")
-    for b in (1, 8):
+    for b in args.batch_sizes:
         for label, n_out, k, swiglu in (("add+gate|up+swiglu", INTER, HIDDEN, True),
                                         ("lm_head", VOCAB, HIDDEN, False)):
             bb, bn, bk = DK.block_sizes(b, n_out, k, 2 if swiglu else 1, None)

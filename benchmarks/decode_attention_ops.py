@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from benchmarks.common import BenchSettings, bench_parser, log
+from benchmarks.common import DECODE_ATTENTION_BUDGET_S, BenchSettings, bench_parser, log
 from hybrid_attention.ops.decode_attention import decode_attention, decode_attention_reference, default_num_splits
 
 SHAPES_GPU = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 131072)]  # (B, context)
@@ -115,7 +115,7 @@ def sweep(s: BenchSettings) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = bench_parser(__doc__.splitlines()[0], budget_s=240.0).parse_args(argv)
+    args = bench_parser(__doc__.splitlines()[0], budget_s=DECODE_ATTENTION_BUDGET_S).parse_args(argv)
     s = BenchSettings.from_args(args)
     t0 = time.time()
     log("## decode attention: correctness against the float32 reference")

@@ -36,12 +36,20 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import BenchSettings, bench_parser, elapsed, fla_gdn, log, peak_mb, rel_rms, sync
-from benchmarks.common import guarded as _guarded
+from benchmarks.common import (
+    INTERDOMAIN_OPS_BUDGET_S,
+    BenchSettings,
+    bench_parser,
+    elapsed,
+    fla_gdn,
+    log,
+    peak_mb,
+    rel_rms,
+    section,
+    sync,
+)
 from hybrid_attention.ops.interdomain import READOUTS, chunk_interdomain
 
-RESULTS: dict = {"errors": []}
-guarded = functools.partial(_guarded, RESULTS)
 CHUNK = {"size": 64}  # kernel chunk length used by the correctness / timing sections (set by the sweep)
 # launch configuration of the later sections (an InterdomainConfig; None = the registered op's defaults; set by the
 # sweep)
@@ -121,8 +129,8 @@ def sdpa_flops(T: int, H: int, d: int, Bsz: int = 1) -> dict:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-@guarded("ceilings")
-def ceilings(s: BenchSettings):
+@section("ceilings")
+def ceilings(results: dict, s: BenchSettings):
     dev = s.device
     from triton.testing import do_bench
 
@@ -139,12 +147,12 @@ def ceilings(s: BenchSettings):
     t3 = do_bench(lambda: a32 @ b32, warmup=10, rep=100, return_mode="median")
     torch.backends.cuda.matmul.allow_tf32 = False
     tf32 = 2 * 8192**3 / (t3 * 1e-3) / 1e12
-    RESULTS["ceilings"] = {"copy_TBps": bw, "bf16_TFLOPs": tf, "tf32_TFLOPs": tf32}
+    results["ceilings"] = {"copy_TBps": bw, "bf16_TFLOPs": tf, "tf32_TFLOPs": tf32}
     log(f"ceilings: copy {bw:.2f} TB/s (read+write), bf16 matmul {tf:.0f} TFLOP/s, tf32 matmul {tf32:.0f} TFLOP/s")
 
 
-@guarded("smoke")
-def smoke(s: BenchSettings):
+@section("smoke")
+def smoke(results: dict, s: BenchSettings):
     """Tiny run of every kernel (compiles them) with the resource report."""
     dev = s.device
     from benchmarks.profiling import StageProfiler
@@ -166,12 +174,12 @@ def smoke(s: BenchSettings):
     sync()
     log(f"smoke backward (compile) {time.time() - t0:.1f} s")
     res = {name: {"regs": r, "spills": sp, "shared": sh} for name, (r, sp, sh) in prof.resources().items()}
-    RESULTS["kernels"] = res
+    results["kernels"] = res
     log("kernel resources:", json.dumps(res))
 
 
-@guarded("correctness")
-def correctness(s: BenchSettings, quick: bool = False):
+@section("correctness")
+def correctness(results: dict, s: BenchSettings, quick: bool = False):
     dev, dryrun = s.device, s.dryrun
     from dataclasses import replace
 
@@ -251,11 +259,11 @@ def correctness(s: BenchSettings, quick: bool = False):
         del ref_leaves, o_ref, fin_ref, g_ref
         if dev == "cuda":
             torch.cuda.empty_cache()
-    RESULTS["correctness"] = rows
+    results["correctness"] = rows
 
 
-@guarded("timing")
-def timing(s: BenchSettings, Ts):
+@section("timing")
+def timing(results: dict, s: BenchSettings, Ts):
     dev = s.device
     from triton.testing import do_bench
 
@@ -324,14 +332,14 @@ def timing(s: BenchSettings, Ts):
         row["speedup_fb"] = row["sdpa_fb_ms"] / row["id_fb_ms"]
         rows.append(row)
         log("timing", json.dumps({k2: round(v2, 4) if isinstance(v2, float) else v2 for k2, v2 in row.items()}))
-    RESULTS["timing"] = rows
+    results["timing"] = rows
 
 
 REAL_VARIANTS = (("real_2pass", "real", False), ("real_1pass", "real", True), ("transpose", "transpose", False))
 
 
-@guarded("real_passes")
-def real_passes(s: BenchSettings, Ts):
+@section("real_passes")
+def real_passes(results: dict, s: BenchSettings, Ts):
     """readout="real" in two kernel passes vs one (``InterdomainConfig.real_one_pass``) vs "transpose" (the one-pass
     cost to reach): first o, the final state and the 7 gradients of both forms vs the float64 reference (bf16
     inputs, an initial state, NaN-poisoned buffers; the one pass must meet the correctness limits, 5e-3 outputs /
@@ -377,7 +385,7 @@ def real_passes(s: BenchSettings, Ts):
     vs2 = {f"1v2_{n}": rel_rms(a, b.to(torch.complex128 if b.is_complex() else torch.float64))
            for n, a, b in zip(names, res[True], res[False])}
     check = {"T": T, "H": Hc, "nan": nan, "pass": ok, **errs, **two, **vs2}
-    RESULTS["real_passes"] = {"check": check, "timing": []}
+    results["real_passes"] = {"check": check, "timing": []}
     log("real_passes check (1 pass vs float64; 2 pass vs float64; 1 vs 2)",
         json.dumps({k2: (f"{v2:.2e}" if isinstance(v2, float) else v2) for k2, v2 in check.items()}))
     del res, ref
@@ -387,7 +395,7 @@ def real_passes(s: BenchSettings, Ts):
 
     # ---- timings
     p_leaves = [t.to(torch.complex64).requires_grad_() for t in make_params(H, M, 7, dev)]
-    rows = RESULTS["real_passes"]["timing"]
+    rows = results["real_passes"]["timing"]
     for T in Ts:
         if elapsed() > s.budget_s * 0.85:
             log(f"real_passes: skipping T={T} (time)")
@@ -442,8 +450,8 @@ def _fla_gdn_fwd_ms(s: BenchSettings, T: int, H: int, d: int) -> float | None:
         )
 
 
-@guarded("decode")
-def decode(s: BenchSettings):
+@section("decode")
+def decode(results: dict, s: BenchSettings):
     dev = s.device
     from triton.testing import do_bench
 
@@ -484,11 +492,11 @@ def decode(s: BenchSettings):
             log("decode", json.dumps(rows[-1]))
             del kc, vc, gs
         torch.cuda.empty_cache()
-    RESULTS["decode"] = rows
+    results["decode"] = rows
 
 
-@guarded("sweep")
-def sweep(s: BenchSettings, T: int = 32768):
+@section("sweep")
+def sweep(results: dict, s: BenchSettings, T: int = 32768):
     """Launch configurations of forward+backward at one T, each with a per-stage breakdown (CUDA events around every
     launch); the fastest forward+backward becomes the configuration of the later sections."""
     dev = s.device
@@ -547,35 +555,35 @@ def sweep(s: BenchSettings, T: int = 32768):
             traceback.print_exc()
         for t in (q, k, v, *p_leaves):
             t.grad = None
-    RESULTS["sweep"] = rows
+    results["sweep"] = rows
     if rows:
         best = min(rows, key=lambda r: r["fb_ms"])
         chosen = InterdomainConfig(**best["cfg"])
         CONFIG["chosen"] = None if chosen == DEFAULT_CONFIG else chosen
         CHUNK["size"] = best["chunk"]
-        RESULTS["chosen"] = {"variant": best["variant"], "cfg": best["cfg"], "chunk": best["chunk"]}
+        results["chosen"] = {"variant": best["variant"], "cfg": best["cfg"], "chunk": best["chunk"]}
         log(f"sweep: using {best['variant']} for the following sections")
 
 
-def summary():
+def summary(results: dict):
     log("\n================ Interdomain (Triton) vs causal SDPA, H200, bf16, B=1, H=16, d_h=R=M=64 ================")
-    if "ceilings" in RESULTS:
-        c = RESULTS["ceilings"]
+    if "ceilings" in results:
+        c = results["ceilings"]
         log(
             f"ceilings: copy {c['copy_TBps']:.2f} TB/s, bf16 mm {c['bf16_TFLOPs']:.0f} TF/s, "
             f"tf32 mm {c['tf32_TFLOPs']:.0f} TF/s"
         )
-    for r in RESULTS.get("correctness", []):
+    for r in results.get("correctness", []):
         errs = " ".join(f"{n}={r[n]:.1e}" for n in ("o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"))
         verdict = "PASS" if r["pass"] else "FAIL"
         ro = r.get("readout", "transpose")
         log(f"check {ro:<9} T={r['T']:>5} H={r['H']} {r['prec']:<6} {verdict} nan={r['nan']} {errs}")
-    if RESULTS.get("timing"):
+    if results.get("timing"):
         log(
             f"{'T':>6} | {'ID fwd':>8} {'ID f+b':>8} | {'SDPA fwd':>8} {'SDPA f+b':>9} | {'x fwd':>6} {'x f+b':>6} | "
             f"{'ID MB':>7} {'SDPA MB':>7} | {'ID TF/s f, f+b':>14}"
         )
-        for r in RESULTS["timing"]:
+        for r in results["timing"]:
             log(
                 f"{r['T']:>6} | {r['id_fwd_ms']:8.3f} {r['id_fb_ms']:8.3f} | "
                 f"{r['sdpa_fwd_ms']:8.3f} {r['sdpa_fb_ms']:9.3f} | "
@@ -583,12 +591,12 @@ def summary():
                 f"{r['id_fwd_TFLOPs']:6.1f} {r['id_fb_TFLOPs']:6.1f}"
                 + (f" | fla GDN fwd {r['fla_gdn_fwd_ms']:.3f}" if r.get("fla_gdn_fwd_ms") else "")
             )
-    if RESULTS.get("decode"):
+    if results.get("decode"):
         line = " ".join(
-            f"B{r['B']}@{r['ctx'] // 1024}K: {r['id_ms'] * 1e3:.1f}/{r['sdpa_ms'] * 1e3:.1f}" for r in RESULTS["decode"]
+            f"B{r['B']}@{r['ctx'] // 1024}K: {r['id_ms'] * 1e3:.1f}/{r['sdpa_ms'] * 1e3:.1f}" for r in results["decode"]
         )
         log(f"decode us/token (interdomain graph / SDPA graph): {line}")
-    rp = RESULTS.get("real_passes")
+    rp = results.get("real_passes")
     if rp:
         c = rp["check"]
         errs = " ".join(f"{n}={c[n]:.1e}" for n in ("o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"))
@@ -602,15 +610,15 @@ def summary():
                 f"{r['real_1pass_fwd_ms']:9.3f} {r['real_1pass_fb_ms']:10.3f} | "
                 f"{r['transpose_fwd_ms']:8.3f} {r['transpose_fb_ms']:9.3f} | "
                 f"{r['speedup_fwd']:6.2f} {r['speedup_fb']:6.2f}")
-    for r in RESULTS.get("sweep", []):
+    for r in results.get("sweep", []):
         st = " ".join(f"{k2}={v2:.2f}" for k2, v2 in r["stages_ms"].items())
         log(f"sweep T=32K {r['variant']:<18} fwd {r['fwd_ms']:.2f} ms, f+b {r['fb_ms']:.2f} ms | f+b stages: {st}")
-    if RESULTS.get("chosen"):
-        log(f"chosen: {RESULTS['chosen']}")
-    if RESULTS.get("kernels"):
-        log("kernels: " + json.dumps(RESULTS["kernels"]))
-    if RESULTS["errors"]:
-        log("ERRORS: " + " | ".join(RESULTS["errors"]))
+    if results.get("chosen"):
+        log(f"chosen: {results['chosen']}")
+    if results.get("kernels"):
+        log("kernels: " + json.dumps(results["kernels"]))
+    if results["errors"]:
+        log("ERRORS: " + " | ".join(results["errors"]))
     log(f"total {elapsed():.0f} s")
 
 
@@ -618,49 +626,50 @@ def main(argv: list[str] | None = None) -> None:
     """Run every section (``--quick``: fewer lengths, no sweep; ``--final``: no smoke/decode sections;
     ``--correctness-only``: the float64 checks of every readout, nothing timed; the shared flags:
     ``common.bench_parser``)."""
-    # a budget below common.DEFAULT_BUDGET_S, passed explicitly: the sections' fractions of it (sweep 0.35,
-    # correctness 0.75, timing 0.9) were tuned against 440 s; --budget-s / BENCH_BUDGET_S override it
-    p = bench_parser(__doc__.splitlines()[0], budget_s=440.0)
+    # a budget below common.DEFAULT_BUDGET_S (common.INTERDOMAIN_OPS_BUDGET_S, 440 s: the sections' fractions of it
+    # were tuned against it); --budget-s / BENCH_BUDGET_S override it
+    p = bench_parser(__doc__.splitlines()[0], budget_s=INTERDOMAIN_OPS_BUDGET_S)
     p.add_argument("--final", action="store_true", help="the last run of a lease: no smoke / decode sections")
     p.add_argument("--correctness-only", action="store_true", help="every readout vs float64, no timings")
     p.add_argument("--real-passes", action="store_true", help="only the real-passes section (1 vs 2 passes)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    results: dict = {"errors": []}  # this run's JSON (every section writes into it; local to the run)
     s, quick = BenchSettings.from_args(args), args.quick
     import triton
 
     name = torch.cuda.get_device_name() if s.device == "cuda" else "cpu (interpreter dry run)"
     log(f"torch {torch.__version__}, triton {triton.__version__}, {name}")
-    RESULTS["env"] = {"torch": torch.__version__, "triton": triton.__version__, "device": name}
+    results["env"] = {"torch": torch.__version__, "triton": triton.__version__, "device": name}
     if s.dryrun:
-        correctness(s, quick=True)
-        real_passes(s, [])
-        summary()
+        correctness(results, s, quick=True)
+        real_passes(results, s, [])
+        summary(results)
         return
     if args.real_passes:  # "real" in one kernel pass vs two vs "transpose": check and timings only
-        real_passes(s, [4096, 16384] if quick else [4096, 16384, 32768])
+        real_passes(results, s, [4096, 16384] if quick else [4096, 16384, 32768])
         with open(s.out_path("interdomain_real_passes.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1)
-        summary()
+            json.dump(results, f, indent=1)
+        summary(results)
         return
     if args.correctness_only:  # every readout vs float64 at T 63 / 1000 / 4096 / 16384, no timings
-        correctness(s, quick)
+        correctness(results, s, quick)
         with open(s.out_path("interdomain_checks.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1)
-        summary()
+            json.dump(results, f, indent=1)
+        summary(results)
         return
-    ceilings(s)
+    ceilings(results, s)
     if not args.final:  # decode kernel unchanged in the last run of a lease
-        smoke(s)
+        smoke(results, s)
     if not quick:
-        sweep(s)
-    correctness(s, quick)
-    real_passes(s, [4096, 16384] if quick else [4096, 16384, 32768])
-    timing(s, [4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
+        sweep(results, s)
+    correctness(results, s, quick)
+    real_passes(results, s, [4096, 16384] if quick else [4096, 16384, 32768])
+    timing(results, s, [4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
     if not args.final:
-        decode(s)
+        decode(results, s)
     with open(s.out_path("interdomain_gpu.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1)
-    summary()
+        json.dump(results, f, indent=1)
+    summary(results)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ From the repository root, on a GPU:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,15 +30,21 @@ CASES = [
 ]
 
 
-def main() -> None:
-    """Print one row per (case, passes, dot precision): the worst relative RMS error and the dq error."""
+def main(argv: list[str] | None = None) -> None:
+    """Print one row per (case, passes, dot precision): the worst relative RMS error and the dq error
+    (``--cases``: indices into ``CASES``, default all)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", type=int, nargs="+", choices=range(len(CASES)), metavar="I",
+                   help=f"indices into CASES (0..{len(CASES) - 1}; default: all)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    cases = CASES if args.cases is None else [CASES[i] for i in args.cases]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "ops"))
     from test_interdomain_triton import rel, run_both  # noqa: E402  (the test oracle itself)
 
     print(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}; rel RMS vs float64, bar 5e-3")
     print("| case (B,T,H,R,D,M,chunk,den) | passes | dots | dq | worst | worst field |")
     print("|---|---|---|---:|---:|---|")
-    for *shape, den, cfg in CASES:
+    for *shape, den, cfg in cases:
         for one in (True, False):
             for prec in ("tf32", "ieee"):
                 config = replace(DEFAULT_CONFIG, real_one_pass=one, dot_prec=prec, **cfg)

@@ -23,20 +23,15 @@ Prints one table per section plus the issue targets (met / missed with the numbe
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
 
 import torch
 
-from benchmarks.common import BenchSettings, bench_parser, elapsed, log, peak_mb, sync
-from benchmarks.common import guarded as _guarded
+from benchmarks.common import BenchSettings, bench_parser, elapsed, log, peak_mb, section, sync
 from hybrid_attention.layers.natsl_routing import RoutingRecorder, force_routing
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
-
-RESULTS: dict = {"errors": [], "prefill": [], "decode": [], "train": [], "table12": []}
-guarded = functools.partial(_guarded, RESULTS)
 
 NAN = float("nan")
 _TINY = dict(vocab_size=259, hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
@@ -136,8 +131,9 @@ def _natsl_fraction(routing: RoutingRecorder) -> float:
 PREFILL_MODELS = ("natsl-hybrid-340m", "gdn-340m", "transformer-340m")
 
 
-@guarded("prefill")
-def prefill(s: BenchSettings, lengths: list[int], models: list[str] | None = None, compiled: bool = False) -> None:
+@section("prefill")
+def prefill(results: dict, s: BenchSettings, lengths: list[int], models: list[str] | None = None,
+            compiled: bool = False) -> None:
     """models: a subset of PREFILL_MODELS (default: all); compiled: the forward under ``torch.compile`` (the glue —
     norms, gates, short convolutions, projections' epilogues — fused by inductor; one compile per length, in the
     timing's warm-up call; the rows' variant label gets a "compiled" prefix)."""
@@ -172,7 +168,7 @@ def prefill(s: BenchSettings, lengths: list[int], models: list[str] | None = Non
                     ms, gb = NAN, NAN
                     log(f"prefill {name} T={T}: out of memory")
                 row = dict(model=name, variant=label, T=T, ms=ms, peak_gb=gb, fraction=_natsl_fraction(routing))
-                RESULTS["prefill"].append(row)
+                results["prefill"].append(row)
                 log(
                     f"prefill {name:<18} {label:<12} T={T:>6}: {ms:9.1f} ms  peak {gb:6.2f} GB  "
                     f"softmax fraction {row['fraction']:.3f}"
@@ -206,8 +202,8 @@ def stream_floor_gb(model: HybridForCausalLM, context: int, batch_size: int, fra
     return (weights + state) / 1e9
 
 
-@guarded("decode")
-def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = None,
+@section("decode")
+def decode(results: dict, s: BenchSettings, contexts: list[int], models: list[str] | None = None,
            batch_sizes: list[int] | None = None) -> None:
     """models: a subset of the plan's preset names, run in the order given (default: all, in the plan's order);
     batch_sizes: only the plan's rows of these batch sizes (default: every row; session 9's call spent its budget on
@@ -251,15 +247,15 @@ def decode(s: BenchSettings, contexts: list[int], models: list[str] | None = Non
                 r["stream_gb"] = stream_floor_gb(model, r["context"], bsz, fraction)
                 ms = r["graph_ms"] or r["eager_ms"]
                 r["gb_s"] = r["stream_gb"] / (ms / 1e3) if ms else None
-                RESULTS["decode"].append(r)
+                results["decode"].append(r)
                 log(f"decode {name:<18} frac={fraction} {json.dumps({k: v for k, v in r.items() if k != 'model'})}")
         del model
         _free(s)
 
 
 # ------------------------------------------------------------------------------------------------------------ training
-@guarded("train")
-def train(s: BenchSettings, T: int, bsz: int) -> None:
+@section("train")
+def train(results: dict, s: BenchSettings, T: int, bsz: int) -> None:
     dev = s.device
     for name, fraction in (("natsl-hybrid-340m", None), ("gdn-340m", None), ("transformer-340m", None)):
         if s.budget_left() < 60:
@@ -285,7 +281,7 @@ def train(s: BenchSettings, T: int, bsz: int) -> None:
         row = dict(
             model=name, T=T, B=bsz, ms=ms, tok_s=bsz * T / ms * 1e3, peak_gb=peak, fraction=_natsl_fraction(routing)
         )
-        RESULTS["train"].append(row)
+        results["train"].append(row)
         log(
             f"train {name:<18} B={bsz} T={T}: {ms:8.1f} ms/step  {row['tok_s']:10.0f} tok/s  peak {peak:.1f} GB  "
             f"softmax fraction {row['fraction']:.3f}"
@@ -295,8 +291,8 @@ def train(s: BenchSettings, T: int, bsz: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------ table 12
-@guarded("table12")
-def table12(s: BenchSettings, pairs: list[tuple[int, int]], chunk: int) -> None:
+@section("table12")
+def table12(results: dict, s: BenchSettings, pairs: list[tuple[int, int]], chunk: int) -> None:
     dev = s.device
     for name in ("softmax-1.3b", "interdomain-1.3b"):
         model = build(s, name)
@@ -319,7 +315,7 @@ def table12(s: BenchSettings, pairs: list[tuple[int, int]], chunk: int) -> None:
                     ms = _time_ms(s, run, reps=1)
                 except torch.OutOfMemoryError:
                     gb, ms = NAN, NAN
-                RESULTS["table12"].append(dict(model=name, mode=label, B=bsz, L=L, peak_gb=gb, ms=ms))
+                results["table12"].append(dict(model=name, mode=label, B=bsz, L=L, peak_gb=gb, ms=ms))
                 log(f"table12 {name:<16} {label:<14} B={bsz:>2} L={L:>6}: peak {gb:6.2f} GB  {ms:8.1f} ms")
                 del run
                 _free(s)
@@ -343,18 +339,18 @@ def _verdict(ok: bool) -> str:
     return "MET" if ok else "MISSED"
 
 
-def summary() -> None:
+def summary(results: dict) -> None:
     log("\n================ models (random weights, bf16) ================")
-    if RESULTS["prefill"]:
+    if results["prefill"]:
         log("prefill (one pass building the decode state, B=1): ms / peak GB above the weights")
-        for r in RESULTS["prefill"]:
+        for r in results["prefill"]:
             log(
                 f"  {r['model']:<18} {r['variant']:<12} T={r['T']:>6}  {r['ms']:9.1f} ms  {r['peak_gb']:6.2f} GB"
                 f"  fraction {r['fraction']:.3f}"
             )
-    if RESULTS["decode"]:
+    if results["decode"]:
         log("decode ms/token (graph):")
-        for r in RESULTS["decode"]:
+        for r in results["decode"]:
             log(
                 f"  {r['model']:<18} frac={r['fraction']} B={r['batch_size']} ctx={r['context']:>6}: graph "
                 f"{_f(r['graph_ms'])} (mean {_f(r['graph_mean_ms'])})  eager {_f(r['eager_ms'])}"
@@ -362,20 +358,20 @@ def summary() -> None:
                    f"({r['stream_gb']:.2f} GB floor)" if r.get("gb_s") else "")
                 + (f"  error: {r['error']}" if r.get("error") else "")
             )
-    if RESULTS["train"]:
+    if results["train"]:
         log("training step (B x T tokens, bf16 autocast, AdamW):")
-        for r in RESULTS["train"]:
+        for r in results["train"]:
             log(f"  {r['model']:<18} {r['tok_s']:10.0f} tok/s  ({r['ms']:.1f} ms, peak {r['peak_gb']:.1f} GB)")
-    if RESULTS["table12"]:
+    if results["table12"]:
         log("Table 12 (peak prefill GB incl. weights; paper: softmax / interdomain one pass / chunked):")
-        for r in RESULTS["table12"]:
+        for r in results["table12"]:
             paper = PAPER_TABLE12.get((r["B"], r["L"]))
             log(
                 f"  {r['model']:<16} {r['mode']:<14} B={r['B']:>2} L={r['L']:>6}: {r['peak_gb']:6.2f} GB "
                 f"({r['ms']:.0f} ms)  paper {paper}"
             )
     # issue targets
-    P, D, Tr = RESULTS["prefill"], RESULTS["decode"], RESULTS["train"]
+    P, D, Tr = results["prefill"], results["decode"], results["train"]
     T_top = max((r["T"] for r in P), default=None)
     if T_top:
         tf = _get(P, model="transformer-340m", T=T_top)
@@ -413,8 +409,8 @@ def summary() -> None:
     if na and gd:
         s = na["tok_s"] / gd["tok_s"]
         log(f"target training tok/s NAtS-L Hybrid / GDN = {s:.2f} (>= 0.8: {_verdict(s >= 0.8)})")
-    if RESULTS["errors"]:
-        log("ERRORS: " + " | ".join(RESULTS["errors"]))
+    if results["errors"]:
+        log("ERRORS: " + " | ".join(results["errors"]))
     log(f"total {elapsed():.0f} s")
 
 
@@ -434,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated prefill lengths (default: the run's list)")
     p.add_argument("--prefill-compile", action="store_true", help="prefill through torch.compile(model)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    # this run's JSON (every section appends its rows to it; local to the run, not module state)
+    results: dict = {"errors": [], "prefill": [], "decode": [], "train": [], "table12": []}
     bad = sorted(set(args.prefill_models or ()) - set(PREFILL_MODELS))
     if bad:
         p.error(f"--prefill-models accepts {', '.join(PREFILL_MODELS)}, got {', '.join(bad)}")
@@ -445,17 +443,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     lengths = args.prefill_lengths or (sizes["prefill_t"][:2] if quick else sizes["prefill_t"])
     if only is None or "prefill" in only:
-        prefill(s, lengths, args.prefill_models, args.prefill_compile)
+        prefill(results, s, lengths, args.prefill_models, args.prefill_compile)
     if only is None or "train" in only:
-        train(s, sizes["train_t"], sizes["train_b"])
+        train(results, s, sizes["train_t"], sizes["train_b"])
     if only is None or "decode" in only:
         contexts = args.decode_contexts or (sizes["decode_ctx"][:3] if quick else sizes["decode_ctx"])
-        decode(s, contexts, args.decode_models, args.decode_batch_sizes)
+        decode(results, s, contexts, args.decode_models, args.decode_batch_sizes)
     if only is None or "table12" in only:
-        table12(s, sizes["table12"][:2] if quick else sizes["table12"], sizes["table12_chunk"])
+        table12(results, s, sizes["table12"][:2] if quick else sizes["table12"], sizes["table12_chunk"])
     with open(s.out_path("models_gpu.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
-    summary()
+        json.dump(results, f, indent=1, default=str)
+    summary(results)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import BenchSettings, bench_parser, elapsed, fla_gdn, log, rel_rms
+from benchmarks.common import NATSL_OPS_BUDGET_S, BenchSettings, bench_parser, elapsed, fla_gdn, log, rel_rms
 from benchmarks.common import bench_ms as bench
 from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
@@ -596,9 +596,9 @@ def summary(s: BenchSettings):
 def main(argv: list[str] | None = None) -> None:
     """Run every section (``--sweep``: also the launch-config sweep; ``--checks-only``: the correctness sections
     only, no timings; the shared flags: ``common.bench_parser``)."""
-    # a budget below common.DEFAULT_BUDGET_S, passed explicitly (the sweep stops when it is spent; this script's
-    # sections were sized for 420 s); --budget-s / BENCH_BUDGET_S override it
-    p = bench_parser(__doc__.splitlines()[0], budget_s=420.0)
+    # a budget below common.DEFAULT_BUDGET_S (common.NATSL_OPS_BUDGET_S, 420 s: the sweep stops when it is spent;
+    # this script's sections were sized for it); --budget-s / BENCH_BUDGET_S override it
+    p = bench_parser(__doc__.splitlines()[0], budget_s=NATSL_OPS_BUDGET_S)
     p.add_argument("--checks-only", action="store_true", help="the correctness sections only, no timings")
     p.add_argument("--sweep-only", action="store_true",
                    help="the launch-config sweep alone (correctness of the variants: the CUDA test suite)")

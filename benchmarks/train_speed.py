@@ -51,9 +51,8 @@ from benchmarks.common import BenchSettings, bench_parser, cuda_steps_ms, elapse
 from hybrid_attention.device import set_tf32
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
-__all__ = ["main", "plan", "flops_per_step", "RESULTS"]
+__all__ = ["main", "plan", "flops_per_step"]
 
-RESULTS: dict = {"errors": [], "rows": []}
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
 VARIANTS = ("eager", "compiled", "compiled+graphs", "eager+ckpt", "compiled+ckpt", "eager+varlen", "compiled+varlen")
 # compiled+graphs: torch.compile(mode="reduce-overhead"), the forward and backward replayed as CUDA graphs
@@ -248,13 +247,14 @@ def _describe(mixers: list[str]) -> str:
     return ", ".join(f"{m} x{n}" for m, n in runs)
 
 
-def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str) -> None:
-    """Measure every row of ``specs`` into ``RESULTS["rows"]`` (a failed row records its error; rows past the budget
-    are recorded as skipped)."""
+def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str) -> dict:
+    """Measure every row of ``specs``: this run's results ``{"errors": [...], "rows": [...]}`` (a failed row records
+    its error; rows past the budget are recorded as skipped)."""
+    results: dict = {"errors": [], "rows": []}
     for spec in specs:
         label = f"{spec['name']} B={spec['B']} T={spec['T']} {spec['variant']}"
         if s.budget_left() < 30:
-            RESULTS["rows"].append({**spec, "error": "skipped (BENCH_BUDGET_S spent)"})
+            results["rows"].append({**spec, "error": "skipped (BENCH_BUDGET_S spent)"})
             log(f"train {label}: skipped (budget spent)")
             continue
         _free()
@@ -265,12 +265,13 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
                 f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB  [{time.time() - t0:.0f} s]")
         except Exception as exc:  # noqa: BLE001 - one row's failure (compile, OOM) must not stop the table
             row = {**spec, "error": _one_line(exc)}
-            RESULTS["errors"].append(f"{label}: {row['error']}")
+            results["errors"].append(f"{label}: {row['error']}")
             log(f"train {label}: FAILED {row['error']}")
-        RESULTS["rows"].append(row)
+        results["rows"].append(row)
         if spec["variant"].startswith("compiled"):
             torch._dynamo.reset()
         _free()
+    return results
 
 
 def table(rows: list[dict]) -> str:
@@ -311,15 +312,15 @@ def main(argv: list[str] | None = None) -> None:
     log(f"train-speed bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
         + (f" ({torch.cuda.get_device_name()})" if cuda else "")
         + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {backend}")
-    run_rows(s, specs, steps, warmup, backend)
+    results = run_rows(s, specs, steps, warmup, backend)
     log(f"\ntraining step (bf16 autocast on CUDA, fused AdamW), {elapsed():.0f} s:")
-    log(table(RESULTS["rows"]))
+    log(table(results["rows"]))
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(s.out_path("train_speed.json"), "w") as fh:
             json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu",
                        "torch": torch.__version__, "dryrun": s.dryrun, "steps": steps, "warmup": warmup,
-                       "compile_backend": backend, **RESULTS}, fh, indent=1, default=str)
+                       "compile_backend": backend, **results}, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":

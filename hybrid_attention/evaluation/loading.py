@@ -20,10 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerBase
 
+import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
 from hybrid_attention.data.errors import DataError
 from hybrid_attention.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer, load_tokenizer
+from hybrid_attention.models import HybridForCausalLM
+from hybrid_attention.training.checkpoint import check_fits, newest_intact, one_line, read_model_tensors, vocab_size_of
+from hybrid_attention.training.config import load_config, model_config
 from hybrid_attention.training.integrity import (
     MANIFEST,
     CheckpointDamaged,
@@ -92,11 +97,6 @@ def _find_tokenizer(*dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] 
 
 def _load_hf(d: Path):
     """HybridForCausalLM.from_pretrained(d), after the manifest check; every failure as one CheckpointError."""
-    from safetensors import SafetensorError
-
-    from hybrid_attention.models import HybridForCausalLM
-    from hybrid_attention.training.checkpoint import one_line
-
     verify_manifest(d, required=("config.json", "model.safetensors"))
     try:
         with _quiet_hf():
@@ -114,10 +114,6 @@ def _load_hf(d: Path):
 
 
 def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict, verified: bool, log: Callable[[str], None]):
-    from hybrid_attention.models import HybridForCausalLM
-    from hybrid_attention.training.checkpoint import check_fits, vocab_size_of
-    from hybrid_attention.training.config import model_config
-
     if not verified:
         log(f"warning: {ckpt} has no manifest.json (written by an older version): loaded without size/checksum "
             "verification")
@@ -143,10 +139,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
                log: Callable[[str], None] | None = None) -> LoadedModel:
     """Load for evaluation. Raises DataError with the path when nothing loadable is there (CheckpointError when
     something is there but damaged or not fitting); ``log`` gets the note / warning lines (default: stderr)."""
-    import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
-    from hybrid_attention.training.checkpoint import newest_intact, read_model_tensors
-    from hybrid_attention.training.config import load_config
-
     log = log or _stderr
     path = Path(path)
     if not path.exists():

@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..training.plots import save_figure  # noqa: E402
+from ..training.trainer import describe_layers  # noqa: E402
 from .paths import result_path  # noqa: E402
 from .suite import Suite  # noqa: E402
 
@@ -244,8 +245,6 @@ def markdown(doc: dict, plots: list[str]) -> str:
 
 
 def _layers(layers: list[str]) -> str:
-    from hybrid_attention.training.trainer import describe_layers
-
     return describe_layers(layers)
 
 

@@ -7,6 +7,7 @@ Layout under ``out_dir``: ``cells/<cell>/seed<k>/`` (the training run: config, m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -17,9 +18,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hybrid_attention.data.lm_data import LMData, build_lm_data
+from hybrid_attention.data.packing import ShuffledBatches
+from hybrid_attention.data.tokenizer import token_byte_lengths
 from hybrid_attention.device import resolve_device
+from hybrid_attention.evaluation.perplexity import evaluate_lm
+from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
 from hybrid_attention.layers.natsl_routing import RoutingRecorder
 from hybrid_attention.models.mixers import MODEL_REVISION
+from hybrid_attention.training.config_schema import from_dict
+from hybrid_attention.training.trainer import train
 
 from .paths import result_path
 from .report import collect, write_report
@@ -44,9 +52,6 @@ def _write_json(path: Path, obj) -> None:
 def _cached_data(cfg, cache: dict):
     """One corpus + tokenizer per data config (the stdlib corpus takes seconds to read); every run gets its own
     shuffled batch stream with its own seed, as a fresh ``build_lm_data`` would."""
-    from hybrid_attention.data.lm_data import LMData, build_lm_data
-    from hybrid_attention.data.packing import ShuffledBatches
-
     key = json.dumps({"data": vars(cfg.data), "batch": cfg.train.batch_size}, sort_keys=True, default=str)
     if cfg.data.source != "stdlib" and cfg.data.source != "local":
         return None  # streaming sources: let the trainer build its own
@@ -62,10 +67,6 @@ def _cached_data(cfg, cache: dict):
 def length_eval(model, tokens: np.ndarray, train_len: int, multipliers, max_tokens: int, device, amp,
                 byte_lengths, batch_tokens: int) -> list[dict]:
     """Perplexity at ``round(m * train_len)`` for each multiplier on the same token prefix (windows start fresh)."""
-    import contextlib
-
-    from hybrid_attention.evaluation.perplexity import evaluate_lm
-
     lengths = [int(round(m * train_len)) for m in multipliers]
     budget = max(max_tokens, max(lengths))
     rows = []
@@ -84,8 +85,6 @@ def length_eval(model, tokens: np.ndarray, train_len: int, multipliers, max_toke
 @torch.no_grad()
 def routing_eval(model, tokens: np.ndarray, seq_len: int, windows: int, device, amp) -> dict[str, list[float]]:
     """{layer: softmax fraction per decision head}, averaged over ``windows`` validation windows (eval mode)."""
-    import contextlib
-
     n = min(windows, len(tokens) // seq_len)
     if n == 0 or not model.routing_layers():
         return {}
@@ -106,9 +105,6 @@ def routing_eval(model, tokens: np.ndarray, seq_len: int, windows: int, device, 
 
 
 def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dict, log) -> dict:
-    from hybrid_attention.data.tokenizer import token_byte_lengths
-    from hybrid_attention.training.trainer import train
-
     cfg = suite.run_config(cell, seed, run_dir)
     data = _cached_data(cfg, cache)
     resumed = (run_dir / "checkpoints").exists()
@@ -145,9 +141,6 @@ def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dic
 
 
 def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict:
-    from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
-    from hybrid_attention.training.config_schema import from_dict
-
     out = {}
     for task, d in suite.recall_configs(cell, seed).items():
         path = run_dir / f"recall_{task}.json"

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_attention.evaluation.recall import RecallConfig
 from hybrid_attention.training.config import RunConfig, check
 from hybrid_attention.training.config_schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping
 
@@ -123,8 +124,6 @@ def load_suite(path: str | os.PathLike, overrides: list[str] = ()) -> Suite:
         if suite.uses_lm(c):
             suite.run_config(c, suite.seeds[0], Path(suite.out_dir) / "check")
     if suite.recall_tasks:
-        from hybrid_attention.evaluation.recall import RecallConfig
-
         for c in suite.cells:
             for task, d in suite.recall_configs(c, 0).items():
                 from_dict(RecallConfig, d, f"recall_tasks.{task}.")

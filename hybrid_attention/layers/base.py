@@ -98,14 +98,16 @@ class TokenMixer(nn.Module):
 
     packed_states: bool = False
 
-    def init_state(self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def init_state(self, batch_size: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> Any:
+        """The state of an empty prefix (the mixer's own state type)."""
         raise NotImplementedError
 
     def state_size(self, seq_len: int) -> int:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, state: Any = None, *, output_state: bool | None = None,
-                cu_seqlens: torch.Tensor | None = None):
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, Any | None]:
         """x [B, T, hidden] -> (y [B, T, hidden], state or None). cu_seqlens [N + 1]: packed documents in one row
         (B == 1), nothing crosses a boundary (``packed_positions``)."""
         raise NotImplementedError

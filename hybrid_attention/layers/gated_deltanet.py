@@ -26,6 +26,7 @@ from hybrid_attention.layers.base import (
     packed_positions,
 )
 from hybrid_attention.modules import FusedInputs, RMSNorm, ShortConvolution, fuse_inputs
+from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -184,7 +185,7 @@ class GatedDeltaNet(TokenMixer):
                                     [self.convs[n] for n in names], [st.conv[n] for n in names],
                                     st.S.device, st.conv["q"].dtype)
         return GDNStaticState(S=st.S, conv=dict(zip(names, views)), inputs=inputs,
-                              use_kernels=st.S.is_cuda if use_kernels is None else use_kernels)
+                              use_kernels=resolve_use_kernels(use_kernels, "GatedDeltaNet.step", st.S.is_cuda))
 
     def load_static_state(self, static: GDNStaticState, state: GDNState) -> None:
         static.S.copy_(state.S)

@@ -59,12 +59,12 @@ from hybrid_attention.layers.natsl_routing import GDN, SOFTMAX, RoutingRecorder,
 from hybrid_attention.layers.natsl_static import NatsLStaticStep
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
-from hybrid_attention.ops.chunk_attention.triton import supported as triton_chunk_attention_supported
+from hybrid_attention.ops.common.backend import resolve_backend
 from hybrid_attention.ops.common.varlen import chunk_layout, chunk_offsets, document_ids, positions_in_document
 from hybrid_attention.ops.gated_delta import gated_delta
-from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as GDN_TRITON
-from hybrid_attention.ops.gated_delta.triton import supported as gdn_triton_supported
+from hybrid_attention.ops.natsl_mixed import BACKENDS as NATSL_MIXED_BACKENDS
 from hybrid_attention.ops.natsl_mixed import natsl_mixed
+from hybrid_attention.ops.natsl_mixed.triton import supported as natsl_mixed_supported
 
 
 @dataclass
@@ -465,15 +465,15 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         return y, st
 
     def _concurrent_branches(self, qg: torch.Tensor, vg: torch.Tensor, qs: torch.Tensor, vs: torch.Tensor) -> bool:
-        """Whether the no-state path runs both branches through `natsl_mixed`: backend "triton" (on the CPU: the
-        interpreter, one stream), or "auto" with CUDA inputs, both Triton ops supporting the shapes, and not the
-        (dense, analysis-only) counterfactual gradient."""
-        if self.counterfactual_grad and self.training:
+        """Whether the no-state path runs both branches through `natsl_mixed`: both Triton ops supporting the shapes
+        (``natsl_mixed``'s ``supported``), not the (dense, analysis-only) counterfactual gradient, and backend
+        "triton" (on the CPU: the interpreter, one stream) or "auto" with CUDA inputs (``resolve_backend``, the rule
+        ``natsl_mixed`` itself applies to "auto"). Other backend names ("naive") run the two ops separately."""
+        if self.counterfactual_grad and self.training or self.backend not in NATSL_MIXED_BACKENDS:
             return False
-        if not (self.backend == "triton" or (self.backend == "auto" and qg.is_cuda)):
+        if not natsl_mixed_supported(qg, vg, qs, vs, self.chunk_size):  # both Triton ops (and triton imports)
             return False
-        c = self.chunk_size
-        return GDN_TRITON and gdn_triton_supported(qg, vg, c) and triton_chunk_attention_supported(qs, vs, c)
+        return resolve_backend(self.backend, "natsl_mixed", qg.is_cuda, NATSL_MIXED_BACKENDS) == "triton"
 
     def _dense_counterfactual_attention(self, qs, ks, vs, m_chunk, cu_seqlens=None):
         """Dense softmax with multiplicative key weights: 1 inside the query's own chunk (causal), m ∈ {0, 1} (with

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from hybrid_attention.layers.base import StaticState, copy_conv_states, rope_positions
 from hybrid_attention.layers.gated_deltanet import gdn_decay
 from hybrid_attention.modules import FusedInputs, fuse_inputs
+from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
@@ -169,7 +170,7 @@ class NatsLStaticStep:
             cache_slot=torch.arange(cap, device=device) // c, chunk_pos=torch.arange(c, device=device),
             buf_start=torch.full((1, 1), cap, dtype=torch.long, device=device), chunk_size=c, capacity=capacity,
             num_splits=default_num_splits(device, b * hs, cap + c),
-            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels,
+            use_kernels=resolve_use_kernels(use_kernels, "NatsLAttention.step", device.type == "cuda"),
             rope=self.rotary.table(max_len, device, dtype) if self.rotary is not None else None)
 
     def load_static_state(self, static: NatsLStaticState, state: NatsLState) -> None:

@@ -19,6 +19,7 @@ from hybrid_attention.layers.base import (
     row_positions,
 )
 from hybrid_attention.modules import RotaryEmbedding, concat_linear_weights
+from hybrid_attention.ops.common.backend import resolve_use_kernels, validate_backend
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 from hybrid_attention.ops.packed_attention import BACKENDS as PACKED_BACKENDS
 from hybrid_attention.ops.packed_attention import packed_causal_attention
@@ -87,8 +88,7 @@ class SoftmaxAttention(TokenMixer):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        if backend not in PACKED_BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(repr(b) for b in PACKED_BACKENDS)}, got {backend!r}")
+        validate_backend(backend, type(self).__name__, PACKED_BACKENDS)
         self.backend = backend
         head_dim = head_dim or hidden_size // num_heads
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
@@ -162,7 +162,7 @@ class SoftmaxAttention(TokenMixer):
             k=torch.zeros(shape, device=device, dtype=dtype), v=torch.zeros(shape, device=device, dtype=dtype),
             key_pos=torch.arange(max_len, device=device), zero=torch.zeros(1, 1, dtype=torch.long, device=device),
             num_splits=default_num_splits(device, batch_size * self.num_heads, max_len),
-            use_kernels=device.type == "cuda" if use_kernels is None else use_kernels,
+            use_kernels=resolve_use_kernels(use_kernels, "decode_attention", device.type == "cuda"),
             w_qkv=w_qkv.to(device=device, dtype=dtype),
             rope=self.rotary.table(max_len, device, dtype) if self.rotary is not None else None)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
+import torch
 from transformers import PretrainedConfig
 
 from hybrid_attention.models.mixers import MIXER_BUILDERS
@@ -82,10 +84,6 @@ PRESETS.update({
 def mixer_option_names(cls: type) -> list[str]:
     """The keyword arguments a mixer class accepts after ``hidden_size``: its ``__init__`` parameters and, where it
     forwards ``**kwargs``, those of the parent class it forwards to (e.g. S4DMixer -> InterdomainAttention)."""
-    import inspect
-
-    import torch
-
     names: list[str] = []
     for klass in cls.__mro__:
         if "__init__" not in vars(klass) or klass in (torch.nn.Module, object):

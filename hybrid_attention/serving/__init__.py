@@ -1,5 +1,6 @@
-"""Serving: static-buffer, compiled, CUDA-graph capturable decoding of whole models and its latency benchmark. The
-per-mixer one-token steps are part of each mixer's contract (layers/base.py), not of this package."""
+"""Serving: static-buffer, compiled, CUDA-graph capturable decoding of whole models (``StaticDecoder``). Its latency
+benchmark is ``benchmarks/decode_latency.py``. The per-mixer one-token steps are part of each mixer's contract
+(layers/base.py), not of this package."""
 
 from hybrid_attention.serving.decoder import StaticDecoder
 

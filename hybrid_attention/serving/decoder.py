@@ -58,6 +58,7 @@ from hybrid_attention.models.mixers import MIXER_BUILDERS
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.models.padding import RowStates, left_padding_lengths
 from hybrid_attention.modules.norm import RMSNorm
+from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.common.triton import interpreting
 from hybrid_attention.ops.decode_linear import MAX_ROWS as DECODE_LINEAR_MAX_ROWS
 from hybrid_attention.ops.decode_linear import add_norm_linear, linear_residual, norm_linear
@@ -103,7 +104,7 @@ class StaticDecoder:
         self.model, self.batch_size, self.max_length = model, batch_size, max_length
         self.natsl_cache_chunks = natsl_cache_chunks
         self.device, self.dtype = w.device, dtype
-        self.use_kernels = w.is_cuda if use_kernels is None else bool(use_kernels)
+        self.use_kernels = resolve_use_kernels(use_kernels, "StaticDecoder", w.is_cuda)
         if self.use_kernels and not w.is_cuda and not interpreting():
             raise ValueError(f"use_kernels=True needs a CUDA model or TRITON_INTERPRET=1 (the CPU interpreter); the "
                              f"model is on {w.device} (use_kernels=False runs the PyTorch step)")

@@ -11,15 +11,18 @@ Overrides on the command line: ``train.steps=200 model.layers=[softmax,s4d]`` (v
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 
 from hybrid_attention.data.config import DataConfig
+from hybrid_attention.models import PRESETS, HybridConfig, HybridForCausalLM
 
 from .config_schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping, to_dict
 
@@ -124,8 +127,6 @@ def check(cfg: RunConfig) -> RunConfig:
 
 def model_config(section: ModelSection, vocab_size: int | None = None):
     """The HybridConfig of a model section (``vocab_size`` from the tokenizer unless set in options)."""
-    from hybrid_attention.models import PRESETS, HybridConfig
-
     if section.preset not in PRESETS:
         raise ConfigError(f"config error: model.preset = {section.preset!r} is not allowed; allowed values: "
                           + ", ".join(sorted(PRESETS)))
@@ -140,10 +141,6 @@ def model_config(section: ModelSection, vocab_size: int | None = None):
 
 
 def _hybrid_config_fields() -> list[str]:
-    import inspect
-
-    from hybrid_attention.models import HybridConfig
-
     params = inspect.signature(HybridConfig.__init__).parameters.values()
     return [p.name for p in params if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
 
@@ -172,10 +169,6 @@ def _check_options(options: dict) -> None:
 
 def check_model(section: ModelSection) -> None:
     """Build the model on the meta device (no memory, no compute) so that layer-level errors surface up front."""
-    import torch
-
-    from hybrid_attention.models import HybridForCausalLM
-
     cfg = model_config(section)
     try:
         with torch.device("meta"):

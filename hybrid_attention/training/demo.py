@@ -33,6 +33,7 @@ from hybrid_attention.data.config import DataConfig
 from hybrid_attention.data.lm_data import LMData, build_lm_data
 from hybrid_attention.data.packing import ShuffledBatches
 from hybrid_attention.data.tokenizer import token_byte_lengths
+from hybrid_attention.device import resolve_device
 
 from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, model_config, save_config
 from .config_schema import ConfigError
@@ -206,7 +207,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     from hybrid_attention.evaluation.length_sweep import length_sweep
     from hybrid_attention.evaluation.tables import format_table
 
-    from .distributed import DistContext, resolve_device
+    from .distributed import DistContext
     from .trainer import Trainer
 
     _check_options(opts)

@@ -24,6 +24,7 @@ from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byt
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.models import HybridForCausalLM
 
 from .checkpoint import (
     _FULL,
@@ -197,8 +198,6 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, resume: bool = False, data: LMData | None = None,
                  quiet: bool = False):
-        from hybrid_attention.models import HybridForCausalLM
-
         self.cfg, self.tc, self.ctx, self.quiet = cfg, cfg.train, ctx, quiet
         tc = self.tc
         self.out_dir = out_dir = Path(tc.out_dir)

@@ -451,15 +451,15 @@ def test_fused_state_carry_gradient_odd_shapes_poisoned():
 def test_power_table_is_the_rounded_float64_power():
     """The host power table equals exp(n log λ) evaluated in complex128 and rounded to float32, also for phases
     n·Im log λ ~ 3e4 where a float32 product would be off by ~1e-3 rad."""
-    from hybrid_attention.ops.common.triton.ssm_scan import _planar, _power_table
+    from hybrid_attention.ops.common.triton.ssm_scan import planar, power_table
 
     g = torch.Generator().manual_seed(12)
     log_lam = torch.complex(
         -5 * torch.rand(3, 10, generator=g, dtype=F64), 1000 * torch.randn(3, 10, generator=g, dtype=F64)
     )
-    ll = _planar(log_lam, 1)
+    ll = planar(log_lam, 1)
     assert ll.dtype == torch.float32 and ll.shape == (3, 2, 10) and ll.is_contiguous()
-    P = _power_table(ll, 32)
+    P = power_table(ll, 32)
     lam64 = torch.complex(ll[:, 0].double(), ll[:, 1].double())
     ref = torch.exp(torch.arange(33, dtype=F64)[None, :, None] * lam64[:, None, :]).to(torch.complex64)
     assert P.shape == (3, 2, 33, 10) and P.is_contiguous()

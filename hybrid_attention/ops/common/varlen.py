@@ -63,6 +63,7 @@ __all__ = [
     "chunk_table",
     "check_cu_seqlens",
     "check_packed",
+    "check_initial_state",
 ]
 
 
@@ -238,8 +239,9 @@ def varlen_kwargs(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
     return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
 
 
-def _check_state(initial_state: torch.Tensor | None, n_docs: int) -> None:
-    """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it)."""
+def check_initial_state(initial_state: torch.Tensor | None, n_docs: int) -> None:
+    """With cu_seqlens the initial state holds one state per document: ``initial_state [N, ...]`` with N =
+    ``n_docs`` (ValueError naming it); None passes."""
     if initial_state is not None and (initial_state.dim() < 1 or initial_state.shape[0] != n_docs):
         raise ValueError(
             f"initial_state must hold one state per sequence with cu_seqlens: [N, ...] with N = {n_docs}, "
@@ -282,7 +284,7 @@ def validate_packed(
     if not isinstance(first, torch.Tensor) or first.dim() < 2:
         raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     offs = validate_cu_seqlens(cu_seqlens, first.shape[1], first.shape[0])
-    _check_state(initial_state, len(offs) - 1)
+    check_initial_state(initial_state, len(offs) - 1)
     if chunk_size is None:
         return offs, None
     coffs = [0]
@@ -309,7 +311,7 @@ def check_packed(
         raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     T = first.shape[1]
     n_docs = check_cu_seqlens(cu_seqlens, T, first.shape[0])
-    _check_state(initial_state, n_docs)
+    check_initial_state(initial_state, n_docs)
     if any(x is not None for x in (chunked or {}).values()):
         hi = max_chunks(T, n_docs, chunk_size)
         if cu_seqlens.device.type == "cpu":  # values on the host already: the exact count, no sync

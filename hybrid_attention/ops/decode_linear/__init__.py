@@ -37,24 +37,14 @@ import torch
 from ..common.backend import resolve_backend
 from ..common.triton import HAS_TRITON
 from .naive import add_norm_linear_reference, linear_residual_reference, norm_linear_reference
+from .triton import MAX_ROWS, supported
 from .triton import add_norm_linear as _add_norm_linear_triton
 from .triton import linear_residual as _linear_residual_triton
 from .triton import norm_linear as _norm_linear_triton
 
 __all__ = ["HAS_TRITON", "MAX_ROWS", "add_norm_linear", "add_norm_linear_reference", "linear_residual",
            "linear_residual_reference", "norm_linear",
-           "norm_linear_reference", "supported"]
-
-MAX_ROWS = 8  # the kernels keep all rows of x in one program: decode batch sizes only
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """Whether the Triton kernels run these inputs natively: triton imports, CUDA tensors of one floating dtype
-    (float16 / bfloat16 / float32 / float64), B <= MAX_ROWS rows, contiguous weights. Under the interpreter CPU
-    tensors run too, but only when asked for by name (backend="triton"), as every op here."""
-    return (HAS_TRITON and x.is_cuda and x.dtype in _DTYPES and x.shape[0] <= MAX_ROWS
-            and all(w.is_cuda and w.dtype == x.dtype and w.is_contiguous() for w in weights))
+           "norm_linear_reference", "supported"]  # MAX_ROWS and supported: re-exported from triton/support.py
 
 
 def _check(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.backend import resolve_backend
 from .naive import l2norm
 from .triton import HAS_TRITON
 
@@ -23,7 +24,10 @@ __all__ = ["gated_delta_step"]
 def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      S: torch.Tensor, use_kernels: bool) -> torch.Tensor:
     """q, k [B, H, K]; v [B, H, V]; g, beta [B, H]; S [B, H, K, V] updated in place. Returns o [B, H, V] in v.dtype."""
-    if use_kernels and S.dtype == torch.float32:
+    # use_kernels is the caller's choice (layers: resolve_use_kernels); with it, "auto" runs the kernel on a float32
+    # state only (the fused step's state dtype), the PyTorch math on any other
+    if resolve_backend("auto" if use_kernels else "reference", "gated_delta_step", S.dtype == torch.float32) \
+            == "triton":
         return gated_delta_step_op(q, k, v, g.float(), beta.float(), S)
     dt = S.dtype
     qn, kn = l2norm(q.to(dt)), l2norm(k.to(dt))

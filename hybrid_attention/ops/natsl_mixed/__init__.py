@@ -7,8 +7,8 @@ rest of the GPU (``triton/concurrent.py``); the reference form (``chunk.py``) ru
 
 Public op: ``natsl_mixed(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, *, ..., backend="triton")``.
 Decision: the default backend is "triton" (not "auto") because its caller, the NAtS-L layer, decides itself when the
-mixed path runs (its ``_concurrent_branches``: CUDA or backend "triton", and ``supported``) and then wants the
-kernels, also under the CPU interpreter.
+mixed path runs (its ``_concurrent_branches``: ``supported``, and backend "triton" or "auto" resolved by
+``resolve_backend`` on CUDA inputs) and then wants the kernels, also under the CPU interpreter.
 """
 
 from __future__ import annotations

@@ -15,24 +15,27 @@ The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) that used to l
 Backends: "naive" runs the token loop (the definition); "toeplitz" the dense-Toeplitz convolution
 ``toeplitz_s4d``; "fft" the FFT convolution ``fft_s4d``; "chunk" the chunked form ``chunk_s4d``; "auto" picks
 between Toeplitz and FFT (``AUTO_TOEPLITZ_MAX_T`` below), and runs "chunk" for packed documents (``cu_seqlens``);
-"reference" and "triton" run the FFT. There is no Triton kernel: cuFFT and cuBLAS already run the
-convolution, and the names are accepted so that layers passing their usual backend names keep working.
+"reference" and "triton" are aliases of "fft" (``FFT_ALIASES``). There is no Triton kernel: cuFFT and cuBLAS already
+run the convolution. "triton" is accepted on purpose, for configuration compatibility: the Interdomain layer passes
+its one ``backend`` to whichever core it runs (``layers/interdomain.py``), so a model configured with
+``backend: triton`` and the linear contraction runs the FFT here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.backend import resolve_backend
+from ..common.backend import resolve_backend, validate_backend
 from ..common.ssm import validate_chunk_size
 from .chunk import chunk_s4d
 from .fft import fft_s4d
 from .naive import naive_s4d
 from .toeplitz import toeplitz_s4d
 
-__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "chunk_s4d", "auto_backend", "BACKENDS"]
+__all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "chunk_s4d", "auto_backend", "BACKENDS", "FFT_ALIASES"]
 
 BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz", "chunk")
+FFT_ALIASES = ("reference", "triton")  # the names that run the FFT form (see the module docstring)
 
 # DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 2048, the FFT above. Evidence, H200 (benchmarks/NOTES.md
 # "Session 6", `python -m benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): Toeplitz 3.19x
@@ -87,15 +90,16 @@ def s4d(
     others. ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): "chunk" runs them in one
     pass, the other forms one convolution per document; initial and final states per sequence ``[N, ...]``.
     """
-    # no Triton kernel: resolve_backend maps "auto" to "reference"; the Toeplitz / FFT choice is made here
-    auto = backend == "auto"
-    backend = resolve_backend(backend, "s4d", False, BACKENDS)
+    # "auto" is decided once, by auto_backend (every form runs every input, so "auto" is always "supported"; every
+    # form takes cu_seqlens). The name is validated before chunk_size and auto_backend runs after both, as before.
+    validate_backend(backend, "s4d", BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
-    if auto:
-        backend = auto_backend(a, cu_seqlens)
+    backend = resolve_backend(backend, "s4d", True, BACKENDS, fast=lambda: auto_backend(a, cu_seqlens))
+    if backend in FFT_ALIASES:
+        backend = "fft"
     if backend == "chunk":
         return chunk_s4d(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
                          chunk_size=chunk_size, cu_seqlens=cu_seqlens)
-    fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d}.get(backend, fft_s4d)
+    fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d}[backend]
     return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
               cu_seqlens=cu_seqlens)

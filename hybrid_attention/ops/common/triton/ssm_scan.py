@@ -7,9 +7,10 @@ diagonal state X_t = λ ⊙ X_{t-1} + B z_tᵀ across chunk boundaries and diffe
 kernels. The linear S4D op (``hybrid_attention.ops.s4d``) is an FFT convolution and does not use this module.
 
 Entry points (all take planar float32 tables: a leading re/im axis of size 2):
-  ``_planar``             complex -> planar float32 (differentiable).
-  ``_power_table``        P = λ^n, n = 0..BT, [H, 2, BT+1, M], computed in float64.
-  ``_states_fwd``         forward scan: the chunk-entering states [B·H, NT, 2, M, NC] and / or the final state.
+  ``planar``              complex -> planar float32 (differentiable).
+  ``power_table``         P = λ^n, n = 0..BT, [H, 2, BT+1, M], computed in float64.
+  ``states_fwd``          forward scan: the chunk-entering states [B·H, NT, 2, M, NC] and / or the final state.
+  ``pow2_block``          the power-of-two block size (>= 16) covering a dimension, for the ops' launches too.
   ``_state_bwd_unfused``  reverse adjoint scan (``_state_bwd``) then the state-carry gradient (``_chunk_dz``).
   ``_state_bwd_dz``       the same in one fused launch (``_state_bwd_dz``).
   ``state_bwd``           one of the two, as ``cfg.fuse_dz`` says.
@@ -26,7 +27,7 @@ scans and of the ops' chunk kernels, decided here once.
     ``[B, H, ...]`` layout with B -> N.
   * Chunk-parallel kernels (``_chunk_dz`` and the ops' chunk kernels): one program per (chunk row, head[, tile]);
     the row's (document, chunk in the document) from ``vl.indices`` gives its true start and length
-    (``_chunk_info``). The grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no
+    (``chunk_info``). The grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no
     tokens, read no state and write zero partials.
   * The chunk-state buffers (``states``, ``dx``, per-chunk partials) are ``[H, vl.n_rows, ...]``: the dense
     ``[B·H, NT, ...]`` with B = 1; every sum over their chunk axis stays as it is.
@@ -38,16 +39,18 @@ import torch
 import triton
 
 from ..planar import Planar
-from ..varlen import ChunkTable, _check_state, max_chunks
+from ..varlen import ChunkTable, check_initial_state, max_chunks
 from . import interpreting
 from . import ssm_scan_kernels as K
 from .config import ScanConfig
 from .hooks import LaunchHooks
 
-__all__ = ["state_bwd", "op_table", "check_packed_state"]
+__all__ = ["planar", "power_table", "states_fwd", "state_bwd", "pow2_block", "op_table", "check_packed_state"]
 
 
-def _np2(x: int) -> int:
+def pow2_block(x: int) -> int:
+    """The block size covering a dimension of size ``x`` in one tile: the next power of two, at least 16 (the
+    smallest ``tl.dot`` operand side)."""
     return max(16, triton.next_power_of_2(x))
 
 
@@ -63,7 +66,7 @@ def _arange64(n: int, device: torch.device) -> torch.Tensor:
     return _ARANGE[key]
 
 
-def _power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
+def power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
     """P[h, :, n, m] = (re, im) of λ^n = exp(n log λ), n = 0..BT, computed in float64 then rounded: [H, 2, BT+1, M].
 
     ll: planar log λ [H, 2, M] (float32). Four device ops (cast, multiply, exp, rounding copy into the planar layout)
@@ -103,7 +106,7 @@ def op_table(T: int, cu, co, ci, BT: int) -> ChunkTable | None:
 def check_packed_state(initial_state, n_docs: int) -> None:
     """With cu_seqlens the initial state holds one state per document: ``[N, ...]`` (ValueError naming it; the
     check every Triton form shares, ``varlen.check_packed``)."""
-    _check_state(initial_state, n_docs)
+    check_initial_state(initial_state, n_docs)
 
 
 def _vl_args(k: torch.Tensor, vl: ChunkTable | None, table: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,12 +116,16 @@ def _vl_args(k: torch.Tensor, vl: ChunkTable | None, table: str) -> tuple[torch.
     return vl.cu, (vl.offsets if table == "offsets" else vl.indices)
 
 
-def _states_fwd(
+def states_fwd(
     k, v, P, bb, init, BT, store_states: bool, store_final: bool, cfg: ScanConfig, hooks: LaunchHooks,
     vl: ChunkTable | None = None,
 ):
-    """Forward state scan: (states [B·H, NT, 2, M, NC] (the chunk-entering states), final [B·H, 2, M, NC]); packed
-    (``vl``): states [H, vl.n_rows, ...], final [N·H, ...] (init, when given, [N, H, 2, M, NC] planar)."""
+    """Forward state scan over k [B, T, H, R], v [B, T, H, D] (channels z = [k | v], NC = R + D), the power table
+    P [H, 2, BT+1, M] (``power_table``), the planar input gain bb [H, 2, M] and the optional planar initial state
+    init [B, H, 2, M, NC] (None: zero), chunk length BT: (states [B·H, NT, 2, M, NC] (the chunk-entering states;
+    with ``store_states``), final [B·H, 2, M, NC] (with ``store_final``); the ones not stored are 1-element
+    placeholders); packed (``vl``): states [H, vl.n_rows, ...], final [N·H, ...] (init, when given,
+    [N, H, 2, M, NC] planar)."""
     Bsz, T, H, R = k.shape
     D = v.shape[-1]
     M = bb.shape[-1]
@@ -127,8 +134,8 @@ def _states_fwd(
     dev = k.device
     states = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev) if store_states else k.new_empty(1)
     final = cfg.empty(n_seq * H, 2, M, NC, device=dev) if store_final else k.new_empty(1)
-    BMS = min(cfg.BMS, _np2(M))
-    BCH = min(cfg.BCH, _np2(NC))
+    BMS = min(cfg.BMS, pow2_block(M))
+    BCH = min(cfg.BCH, pow2_block(NC))
     grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), n_seq * H)
     with hooks.stage("state_fwd"):
         h = _launch_state_fwd(
@@ -186,8 +193,8 @@ def _state_bwd_unfused(
     NC = R + D
     n_seq, NT = _layout(k, BT, vl)
     dev = k.device
-    BMS = min(cfg.BMS, _np2(M))
-    BCH = min(cfg.BCH, _np2(NC))
+    BMS = min(cfg.BMS, pow2_block(M))
+    BCH = min(cfg.BCH, pow2_block(NC))
     n_cb = triton.cdiv(NC, BCH)
     gl_part2 = cfg.empty(n_seq * H, n_cb, 2, M, device=dev)
     has_df = dfinal is not None
@@ -219,7 +226,7 @@ def _state_bwd_unfused(
             num_stages=cfg.stages_state,
         )
     hooks.record("state_bwd", h)
-    BCHZ = min(cfg.BCH_DZ, _np2(NC))
+    BCHZ = min(cfg.BCH_DZ, pow2_block(NC))
     n_cbz = triton.cdiv(NC, BCHZ)
     gb_part3 = cfg.empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
     gl_part3 = cfg.empty(Bsz * H, NT, n_cbz, 2, M, device=dev)
@@ -245,7 +252,7 @@ def _state_bwd_unfused(
             NT,
             IS_VARLEN=vl is not None,
             BT=BT,
-            BM=_np2(M),
+            BM=pow2_block(M),
             BCH=BCHZ,
             DOT_PREC=cfg.prec(),
             num_warps=cfg.warps_dz,
@@ -272,7 +279,7 @@ def _state_bwd_dz(
     M = bb.shape[-1]
     NC = R + D
     n_seq, NT = _layout(k, BT, vl)
-    BCH = min(cfg.BCH_FZ, _np2(NC))
+    BCH = min(cfg.BCH_FZ, pow2_block(NC))
     n_cb = triton.cdiv(NC, BCH)
     part = cfg.empty(2, n_seq * H, n_cb, 2, M, device=k.device)  # (dB, d log λ) partials per (seq·h, channel block)
     gb_part, gl_part = part[0], part[1]
@@ -305,7 +312,7 @@ def _state_bwd_dz(
             STORE_DINIT=has_init,
             USE_WHILE=interpreting(),
             BT=BT,
-            BM=_np2(M),
+            BM=pow2_block(M),
             BCH=BCH,
             DOT_PREC=cfg.prec(),
             num_warps=cfg.warps_fz,
@@ -317,7 +324,7 @@ def _state_bwd_dz(
     return red[0], red[1]
 
 
-def _planar(x: torch.Tensor | Planar, dim: int) -> torch.Tensor:
+def planar(x: torch.Tensor | Planar, dim: int) -> torch.Tensor:
     """complex -> contiguous float32 with a new re/im axis at ``dim`` (differentiable); real input gets a zero
     imaginary plane; a ``Planar`` pair is stacked (real ops only: no complex op in a compiled graph). A complex64
     input costs one copy forward and one backward (view_as_real + movedim), where stacking .real / .imag cost one

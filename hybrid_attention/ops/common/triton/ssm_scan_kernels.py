@@ -23,11 +23,11 @@ Kernels:
                each program holding all M modes: the carry part of dk/dv/B/log λ is produced while dXe_j is in
                registers, so the adjoint buffer is read once and never written back.
 The local adjoints local_j of the chunk-boundary states (the ``dx`` buffer) come from the op's own backward chunk
-kernel. ``_cmul`` (complex product of real pairs) is also used by the Interdomain chunk kernels.
+kernel. ``cmul`` (complex product of real pairs) is also used by the Interdomain chunk kernels.
 
 Packed documents (constexpr IS_VARLEN; the design is in ``ssm_scan.py``): a sequential program takes its document's
 token range, chunk count and first chunk row from ``_seq_info``, a chunk-parallel one its chunk's start and length
-from ``_chunk_info`` (also used by the Interdomain chunk kernels); with IS_VARLEN False both reduce to the dense
+from ``chunk_info`` (also used by the Interdomain chunk kernels); with IS_VARLEN False both reduce to the dense
 indexing (sequence b = i_bh // H of T tokens, chunk j at row i_bh·NT + j) and the table pointers are never read.
 """
 
@@ -38,9 +38,13 @@ import triton.language as tl
 
 from .chunk_rows import table_row
 
+__all__ = ["cmul", "chunk_info"]  # the helpers the ops' chunk kernels call; the scan kernels are used via ssm_scan.py
+
 
 @triton.jit
-def _cmul(a_re, a_im, b_re, b_im):
+def cmul(a_re, a_im, b_re, b_im):
+    """(re, im) of the complex product (a_re + i a_im)(b_re + i b_im), elementwise on tiles of any one
+    (broadcastable) shape: the two real tiles of the result in that shape."""
     return a_re * b_re - a_im * b_im, a_re * b_im + a_im * b_re
 
 
@@ -67,7 +71,7 @@ def _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
+def chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
     """Chunk of a chunk-parallel program (i_t, i_bh): (tok0, Lj) = its first token's row in the flattened token axis
     (int64) and its token count. Dense: chunk i_t of sequence i_bh // H. Varlen (B == 1, so i_bh is the head): the
     chunk-table row ``ci[i_t] = (document, chunk in the document)``; the chunk starts at cu[doc] + BT·local and ends
@@ -362,7 +366,7 @@ def _chunk_dz(
     i_c = tl.program_id(2)
     n_cb = tl.num_programs(2)
     h = i_bh % H
-    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
+    tok0, Lj = chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     NC = R + D
     LP = BT + 1
     offs_s = tl.arange(0, BT)
@@ -380,7 +384,7 @@ def _chunk_dz(
     p_im = tl.load(ptab + LP * M + n[:, None] * M + offs_m[None, :], mask=pm, other=0.0)
     b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
     b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
-    e_re, e_im = _cmul(p_re, p_im, b_re[None, :], b_im[None, :])
+    e_re, e_im = cmul(p_re, p_im, b_re[None, :], b_im[None, :])
     base = dx + (i_bh * NT + i_t) * 2 * M * NC
     st_off = offs_m[:, None] * NC + offs_c[None, :]
     # an empty chunk-table row (varlen, Lj <= 0) reads nothing: its partials are zero

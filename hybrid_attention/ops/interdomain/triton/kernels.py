@@ -29,7 +29,7 @@ orientations, as the complex product; the backward writes the per-chunk partials
 form is the DECISION above ``_real_x``.
 
 Packed documents (IS_VARLEN, B == 1; the design is in ``ops/common/triton/ssm_scan.py``): program (row, head) takes
-its chunk's true start and length from the chunk table (``_chunk_info``: cu_seqlens ``cu``, per-row (document,
+its chunk's true start and length from the chunk table (``chunk_info``: cu_seqlens ``cu``, per-row (document,
 chunk in the document) ``ci``); chunks restart at each document start, so a chunk never spans two documents and the
 chunk math is unchanged; a document's last chunk is partial (rows / columns past Lj masked). Rows past the real
 chunks (the grid is a static upper bound) have Lj <= 0: they load no token and no chunk state (never written) and
@@ -41,7 +41,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...common.triton.ssm_scan_kernels import _chunk_info, _cmul
+from ...common.triton.ssm_scan_kernels import chunk_info, cmul
 
 
 @triton.jit
@@ -136,7 +136,7 @@ def _chunk_fwd(
     NC = R + D
     LP = BT + 1
     HAS_CROSS: tl.constexpr = BT > BC  # BC == BT: one sub-chunk, every decay comes from the band matmuls
-    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
+    tok0, Lj = chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     offs_s = tl.arange(0, BT)
     offs_tc = tl.arange(0, BC)
     offs_r = tl.arange(0, BR)
@@ -186,7 +186,7 @@ def _chunk_fwd(
             g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
             y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
             y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
-            pt_re, pt_im = _cmul(a_re, a_im, y_re, y_im)
+            pt_re, pt_im = cmul(a_re, a_im, y_re, y_im)
         else:
             pt_re = tl.zeros([BC, BM], dtype=tl.float32)
             pt_im = tl.zeros([BC, BM], dtype=tl.float32)
@@ -202,8 +202,8 @@ def _chunk_fwd(
         qf = qi.to(tl.float32)
         u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
         u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
-        p_re, p_im = _cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
-        du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
+        p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
+        du_re, du_im = cmul(din_re, din_im, u_re, u_im)
         p_re += du_re
         p_im += du_im
         if CONJ_P:
@@ -215,9 +215,9 @@ def _chunk_fwd(
             r_re, r_im = _real_cx(x, k_base_p, pk, km, M, DOT_PREC)
         else:
             r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
-        rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
+        rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
         if HAS_CROSS:
-            ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
+            ra_re, ra_im = cmul(rp_re, rp_im, a_re, a_im)
             W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
                 ra_im, tl.trans(g_im), input_precision=DOT_PREC
             )
@@ -232,7 +232,7 @@ def _chunk_fwd(
         vm = mask_mx[:, None] & mask_d[None, :]
         xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
         xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
-        ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
+        ai_re, ai_im = cmul(r_re, r_im, din_re, din_im)
         vc = tl.load(
             v_base + offs_s[:, None] * (H * D) + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0
         )
@@ -253,7 +253,7 @@ def _decay(X, Xb, a_re, a_im, g_re, g_im, cross, DOT_PREC: tl.constexpr, HAS_CRO
         Xx = tl.where(cross[None, :], X, 0.0)
         y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
         y_im = tl.dot(Xx, g_im, input_precision=DOT_PREC)
-        o_re, o_im = _cmul(a_re, a_im, y_re, y_im)
+        o_re, o_im = cmul(a_re, a_im, y_re, y_im)
     else:
         o_re = tl.zeros_like(a_re)
         o_im = tl.zeros_like(a_im)
@@ -270,10 +270,10 @@ def _decay_d(X, Xb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC: tl
         Xx = tl.where(cross[None, :], X, 0.0)
         yd_re = tl.dot(Xx, gidf * g_re, input_precision=DOT_PREC)
         yd_im = tl.dot(Xx, gidf * g_im, input_precision=DOT_PREC)
-        o_re, o_im = _cmul(a_re, a_im, yd_re, yd_im)
+        o_re, o_im = cmul(a_re, a_im, yd_re, yd_im)
         y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
         y_im = tl.dot(Xx, g_im, input_precision=DOT_PREC)
-        c_re, c_im = _cmul(a_re, a_im, y_re, y_im)
+        c_re, c_im = cmul(a_re, a_im, y_re, y_im)
         o_re += tcf * c_re
         o_im += tcf * c_im
     else:
@@ -346,7 +346,7 @@ def _chunk_bwd(
     NC = R + D
     LP = BT + 1
     HAS_CROSS: tl.constexpr = BT > BC  # BC == BT: one sub-chunk, every decay comes from the band matmuls
-    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
+    tok0, Lj = chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     offs_s = tl.arange(0, BT)
     offs_tc = tl.arange(0, BC)
     offs_r = tl.arange(0, BR)
@@ -442,8 +442,8 @@ def _chunk_bwd(
             xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
             u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
             u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
-            p_re, p_im = _cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
-            du_re, du_im = _cmul(din_re, din_im, u_re, u_im)
+            p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
+            du_re, du_im = cmul(din_re, din_im, u_re, u_im)
             p_re += du_re
             p_im += du_im
             if CONJ_P:
@@ -453,9 +453,9 @@ def _chunk_bwd(
                 r_re, r_im = _real_cx(x, k_base_p, pk, km, M, DOT_PREC)
             else:
                 r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
-            rp_re, rp_im = _cmul(r_re, r_im, b_re[None, :], b_im[None, :])
+            rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
             if HAS_CROSS:
-                ra_re, ra_im = _cmul(rp_re, rp_im, a_re, a_im)
+                ra_re, ra_im = cmul(rp_re, rp_im, a_re, a_im)
                 W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
                     ra_im, tl.trans(g_im), input_precision=DOT_PREC
                 )
@@ -479,7 +479,7 @@ def _chunk_bwd(
         xv_im = tl.load(x_base + M * NC + px + R + offs_d[None, :], mask=vml, other=0.0)
         ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
         ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)
-        fb_re, fb_im = _cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
+        fb_re, fb_im = cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
         gr_re = fb_re + ga_re * din_re + ga_im * din_im
         gr_im = -fb_im + ga_im * din_re - ga_re * din_im
         if REAL_C:  # gr = (∂ℓ/∂Re r, ∂ℓ/∂Im r); gx = ∂ℓ/∂x = gr_re ReCᵀ + gr_im ImCᵀ (x = Re(C p), r = Cᵀ x)
@@ -522,11 +522,11 @@ def _chunk_bwd(
                     HAS_CROSS,
                 )
             # gB += conj(Σ_t Fw r)
-            fr_re, fr_im = _cmul(fw_re, fw_im, r_re, r_im)
+            fr_re, fr_im = cmul(fw_re, fw_im, r_re, r_im)
             gb_re += tl.sum(fr_re, axis=0)
             gb_im -= tl.sum(fr_im, axis=0)
             # local adjoint of X0v += conj(a)ᵀ dO, a = r Din ; g log λ += Σ_t (t+1) conj(a) g_a
-            ai_re, ai_im = _cmul(r_re, r_im, din_re, din_im)
+            ai_re, ai_im = cmul(r_re, r_im, din_re, din_im)
             dxv_re = _put(
                 dxv_re,
                 tl.dot(tl.trans(ai_re), doi, input_precision=DOT_PREC),
@@ -545,7 +545,7 @@ def _chunk_bwd(
             gl_im += tl.sum(tw * (ai_re * ga_im - ai_im * ga_re), axis=0)
             # g log λ += conj(Σ_t rp FwD), FwD = Σ_s dW (t-s) λ^{t-s}
             fwd_re, fwd_im = _decay_d(dW, dWb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC, HAS_CROSS)
-            rf_re, rf_im = _cmul(rp_re, rp_im, fwd_re, fwd_im)
+            rf_re, rf_im = cmul(rp_re, rp_im, fwd_re, fwd_im)
             gl_re += tl.sum(rf_re, axis=0)
             gl_im -= tl.sum(rf_im, axis=0)
         if KEY:
@@ -563,7 +563,7 @@ def _chunk_bwd(
             cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
             cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
             if HAS_CROSS:
-                ca_re, ca_im = _cmul(cg_re, cg_im, a_re, a_im)
+                ca_re, ca_im = cmul(cg_re, cg_im, a_re, a_im)
                 gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
                     ca_im, tl.trans(g_im), input_precision=DOT_PREC
                 )

@@ -43,13 +43,13 @@ from ...common.triton import interpreting
 from ...common.triton.eager import eager_function
 from ...common.triton.hooks import NO_HOOKS, LaunchHooks
 from ...common.triton.ssm_scan import (
-    _np2,
-    _planar,
-    _power_table,
-    _states_fwd,
     check_packed_state,
     op_table,
+    planar,
+    pow2_block,
+    power_table,
     state_bwd,
+    states_fwd,
 )
 from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import safe_divide, validate_interdomain_inputs
@@ -103,8 +103,8 @@ def _fwd_impl(
         fin = init.clone() if init is not None else q.new_zeros(Bsz, H, 2, M, R + D, dtype=torch.float32)
         return o, (fin if need_final else q.new_empty(0, dtype=torch.float32))
     with hooks.stage("host_prep"):
-        P = _power_table(ll, BT)
-    states, final = _states_fwd(k, v, P, bb, init, BT, True, need_final, cfg, hooks, vl)
+        P = power_table(ll, BT)
+    states, final = states_fwd(k, v, P, bb, init, BT, True, need_final, cfg, hooks, vl)
     NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
     BC = min(cfg.BC, BT)
     cu_p, ci_p = _vl_ptrs(q, vl)
@@ -129,9 +129,9 @@ def _fwd_impl(
             IS_VARLEN=vl is not None,
             BT=BT,
             BC=BC,
-            BR=_np2(R),
-            BD=_np2(D),
-            BM=_np2(M),
+            BR=pow2_block(R),
+            BD=pow2_block(D),
+            BM=pow2_block(M),
             DOT_PREC=cfg.prec(),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
@@ -175,8 +175,8 @@ def _bwd_impl(
     n_seq = Bsz if vl is None else vl.n_docs
     cu_p, ci_p = _vl_ptrs(q, vl)
     with hooks.stage("host_prep"):
-        P = _power_table(ll, BT)
-    states, _ = _states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks, vl)
+        P = power_table(ll, BT)
+    states, _ = states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks, vl)
     dq = cfg.empty(Bsz, T, H, R, device=dev)
     dk = cfg.empty(Bsz, T, H, R, device=dev)
     dv = cfg.empty(Bsz, T, H, D, device=dev)
@@ -221,9 +221,9 @@ def _bwd_impl(
                 PART=part,
                 BT=BT,
                 BC=BC,
-                BR=_np2(R),
-                BD=_np2(D),
-                BM=_np2(M),
+                BR=pow2_block(R),
+                BD=pow2_block(D),
+                BM=pow2_block(M),
                 DOT_PREC=cfg.prec(),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
@@ -376,10 +376,10 @@ def interdomain_fwd_planar(
     ``config`` or ``hooks`` it runs the eager path (``common.triton.eager``) with them instead of the registered op.
     ``vl``: packed documents (the ``ChunkTable`` for the kernel chunk length, initial_state ``[N, H, M, NC]``)."""
     validate_readout(readout)
-    ll = _planar(log_lam, 1).contiguous()
-    bb = _planar(B, 1).contiguous()
-    kk = _planar(_readout_table(C, readout), 1).contiguous()
-    init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
+    ll = planar(log_lam, 1).contiguous()
+    bb = planar(B, 1).contiguous()
+    kk = planar(_readout_table(C, readout), 1).contiguous()
+    init = planar(initial_state, 2).contiguous() if initial_state is not None else None
     cu, co, ci = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
     args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout)
     if config is None and hooks is None:

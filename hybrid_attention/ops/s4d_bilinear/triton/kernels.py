@@ -2,7 +2,7 @@
 
 Notation (math in ``ops.py``'s module docstring). Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT
 tokens (local index τ = t - t0) is entered with X0, the stored chunk-boundary state written by the state scan shared
-with the Interdomain op (``hybrid_attention.ops.common.triton.ssm_scan._states_fwd`` with k = a, v = b). Per mode m:
+with the Interdomain op (``hybrid_attention.ops.common.triton.ssm_scan.states_fwd`` with k = a, v = b). Per mode m:
 
     Y^a_m[τ, j] = Σ_n P_m[τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]      P_m[τ, n] = C[m, n] λ_n^{τ+1}
     o_τ[j]      = Re Σ_m Y^a_m[τ, j] Y^b_m[τ, j]
@@ -18,7 +18,7 @@ Complex products are real-pair ``tl.dot``s (float32 operands, ``DOT_PREC``); eve
 Kernels (grid: chunk, b·h, channel tile of JT channels; design decision: the channel tile is the parallel axis
 because the readout is diagonal in the channel j, so channel tiles never interact):
   Packed documents (IS_VARLEN, B == 1; design in ``ops/common/triton/ssm_scan.py``): the chunk's true start and
-  length come from the chunk table (``_chunk_info``); an empty row (Lj <= 0) loads no token and no state.
+  length come from the chunk table (``chunk_info``); an empty row (Lj <= 0) loads no token and no state.
   _readout_fwd  o of one chunk and channel tile; loops over the M output modes m, each a [BT, M] @ [M, JT] state
                 product (P_m X0) and a [BT, BT] @ [BT, JT] Toeplitz product (Kern_m * a), for a and for b.
   _readout_bwd  recomputes Y^a_m, Y^b_m and produces the chunk-local da, db, the chunk's local adjoint of X0 (for
@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...common.triton.ssm_scan_kernels import _chunk_info
+from ...common.triton.ssm_scan_kernels import chunk_info
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def _chunk_setup(a, b, P, states, cu, ci, i_t, i_bh, i_j, T, H, R, NT, IS_VARLEN
     h = i_bh % H
     NC = 2 * R
     LP = BT + 1
-    tok0, Lj = _chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
+    tok0, Lj = chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
     offs_t = tl.arange(0, BT)
     offs_n = tl.arange(0, BM)
     offs_j = i_j * JT + tl.arange(0, JT)

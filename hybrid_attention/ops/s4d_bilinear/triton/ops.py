@@ -14,7 +14,7 @@ For a chunk [t0, t0 + L) entered with state X0 and local index τ = t - t0 ∈ [
     o_t[j] = Re Σ_m Y^a_t[m, j] Y^b_t[m, j].
 
 Both tables are chunk-invariant. Pipeline (forward):
-  1. X0 of every chunk by the forward state scan shared with the Interdomain op (``_states_fwd`` in
+  1. X0 of every chunk by the forward state scan shared with the Interdomain op (``states_fwd`` in
      ``hybrid_attention.ops.common.triton.ssm_scan``) with (k, v) = (a, b).
   2. ``_readout_fwd`` (this package): per (chunk, b·h, channel tile), o from X0, the chunk's a, b and the tables.
 Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
@@ -52,13 +52,13 @@ from ...common.ssm import validate_chunk_size
 from ...common.triton.eager import eager_function
 from ...common.triton.hooks import NO_HOOKS, LaunchHooks
 from ...common.triton.ssm_scan import (
-    _np2,
-    _planar,
-    _power_table,
-    _states_fwd,
     check_packed_state,
     op_table,
+    planar,
+    pow2_block,
+    power_table,
     state_bwd,
+    states_fwd,
 )
 from ...common.varlen import ChunkTable, check_cu_seqlens, chunk_table
 from ..naive import validate_s4d_bilinear_inputs
@@ -75,7 +75,7 @@ def kernel_chunk(chunk_size: int, cfg: S4DBilinearConfig = DEFAULT_CONFIG) -> in
 
 
 def _jt(R: int, cfg: S4DBilinearConfig) -> int:
-    return min(cfg.JT, _np2(R))
+    return min(cfg.JT, pow2_block(R))
 
 
 def _tab_width(M: int, BT: int) -> int:
@@ -93,8 +93,8 @@ def tab_partial_bytes(Bsz: int, T: int, H: int, R: int, M: int, chunk_size: int 
 def _states(a, b, ll, bb, init, BT: int, need_final: bool, cfg: S4DBilinearConfig, hooks: LaunchHooks,
             vl: ChunkTable | None = None):
     """Chunk-entering states [B·H, NT, 2, M, 2R] (and the final state) by the shared state scan (packed: ``vl``)."""
-    P = _power_table(ll, BT)
-    states, final = _states_fwd(a, b, P, bb, init, BT, True, need_final, cfg, hooks, vl)
+    P = power_table(ll, BT)
+    states, final = states_fwd(a, b, P, bb, init, BT, True, need_final, cfg, hooks, vl)
     return P, states, final
 
 
@@ -116,7 +116,7 @@ def _fwd_impl(
     cu_p, ci_p = (a, a) if vl is None else (vl.cu, vl.indices)
     K._readout_fwd[(NT, Bsz * H, triton.cdiv(R, JT))](
         a, b, o, P, cc, kk, states, cu_p, ci_p, T, H, R, NT, IS_VARLEN=vl is not None,
-        M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+        M=M, BT=BT, BM=pow2_block(M), JT=JT, DOT_PREC=cfg.prec(), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
     )  # fmt: skip
     n_seq = Bsz if vl is None else vl.n_docs
     fin = final.view(n_seq, H, 2, M, 2 * R) if need_final else a.new_empty(0, dtype=torch.float32)
@@ -156,7 +156,7 @@ def _bwd_impl(
     for part in (1, 2) if cfg.bwd_split else (0,):
         K._readout_bwd[(NT, Bsz * H, NJ)](
             a, b, do, da, db, P, cc, kk, states, dx, tab, cu_p, ci_p, T, H, R, NT, IS_VARLEN=vl is not None,
-            M=M, BT=BT, BM=_np2(M), JT=JT, DOT_PREC=cfg.prec(), PART=part, num_warps=cfg.warps_bwd,
+            M=M, BT=BT, BM=pow2_block(M), JT=JT, DOT_PREC=cfg.prec(), PART=part, num_warps=cfg.warps_bwd,
             num_stages=cfg.stages,
         )  # fmt: skip
     tab = tab.sum(dim=1)  # [H, TAB_W]
@@ -320,14 +320,14 @@ def triton_s4d_bilinear(
     a = a.contiguous()
     b = b.to(dt).contiguous()
     BT = kernel_chunk(chunk_size, config or DEFAULT_CONFIG)
-    ll = _planar(log_lam, 1).contiguous()
-    bb = _planar(B, 1).contiguous()
-    cc = _planar(C, 1).contiguous()
+    ll = planar(log_lam, 1).contiguous()
+    bb = planar(B, 1).contiguous()
+    cc = planar(C, 1).contiguous()
     lam_c = log_lam if log_lam.is_complex() else log_lam.to(torch.complex64)
     B_c = B if B.is_complex() else B.to(torch.complex64)
     C_c = C if C.is_complex() else C.to(torch.complex64)
-    kk = _planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
-    init = _planar(initial_state, 2).contiguous() if initial_state is not None else None
+    kk = planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
+    init = planar(initial_state, 2).contiguous() if initial_state is not None else None
     vl = chunk_table(cu_seqlens, a.shape[1], BT, a.device) if cu_seqlens is not None else None
     tab = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
     args = (a, b, ll, bb, cc, kk, init, *tab, chunk_size, output_final_state)
