@@ -56,6 +56,7 @@ from hybrid_attention.modules import (
     fuse_inputs,
     l2_normalize,
 )
+from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.interdomain import interdomain
 from hybrid_attention.ops.interdomain.naive import safe_divide
 from hybrid_attention.ops.interdomain.readout import DEFAULT_READOUT, readout_product, validate_readout
@@ -306,7 +307,7 @@ class InterdomainAttention(TokenMixer):
                                             inputs=inputs,
                                             rope=None if self.rotary is None else
                                             self.rotary.table(max_len, st.ssm.device, st.conv[names[0]].dtype))
-            use_kernels = st.ssm.is_cuda if use_kernels is None else use_kernels
+            use_kernels = resolve_use_kernels(use_kernels, "interdomain_decode", st.ssm.is_cuda)
             if use_kernels and self.query_readout and st.ssm.dtype == torch.complex64:
                 if not HAS_TRITON:
                     raise RuntimeError("use_kernels=True needs the 'triton' package (the fused Interdomain step)")
