@@ -88,9 +88,11 @@ def planar_readout_operator(C: Planar, readout: str) -> Planar:
     # matmuls are not autocast-eligible), and a bf16 K would round the readout operator (2^-9 relative).
     # DECISION: one batched matmul of Y = [Cr, Ci] ([H, M, 2M]) with itself, YᵀY = [[CrᵀCr, CrᵀCi], [CiᵀCr, CiᵀCi]],
     # gives the four real blocks in one launch (forward and backward) instead of four.
+    # DECISION: in float64, cast back to C's dtype: a float32 matmul would run on TF32 tensor cores on CUDA
+    # (train.tf32, on by default), rounding K to ~1e-3; the matmul is [H, 2M, 2M] (tiny), so float64 costs nothing.
     with autocast_off(C.device.type):
-        y = torch.cat([C.re, C.im], dim=-1)
-        g = y.transpose(1, 2) @ y  # [H, 2M, 2M]
+        y = torch.cat([C.re, C.im], dim=-1).double()
+        g = (y.transpose(1, 2) @ y).to(C.dtype)  # [H, 2M, 2M]
     rr, ri, ir, ii = g[:, :M, :M], g[:, :M, M:], g[:, M:, :M], g[:, M:, M:]
     if readout == "transpose":
         return Planar(rr - ii, ri + ir)
