@@ -10,7 +10,9 @@
 #    in CUDA graphs) of the issue-14 presets at 1K and 128K with whatever time is left (LIMIT, seconds).
 # Each part's log is $OUT/<part>.log; JSON results land in $OUT. Parts and rows by environment (defaults in brackets):
 #   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]
-#   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  S4D_CONV=1 [1]
+#   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  TRAIN_SHAPES [16x2048]
+#   TRAIN_QUICK=1 [1] (0: the 340M rows too, e.g. TRAIN_MODELS="transformer-340m gdn-340m" TRAIN_SHAPES=4x4096)
+#   S4D_CONV=1 [1]
 #   PROFILE_TRAIN [none: e.g. "s4d"]  PROFILE_DECODE [none: e.g. "gdn-340m transformer-340m"; with and without the
 #   fused decode GEMVs]  PROFILE_DECODE_LOG [none: 1 adds --log-compile (per-phase compile / JIT times, stack dumps
 #   every 60 s in $OUT/profile_decode.log)]
@@ -52,7 +54,8 @@ read -ra train_models <<< "${TRAIN_MODELS-softmax interdomain s4d gdn natsl}"
 if [ "${#train_models[@]}" -gt 0 ]; then
   read -ra train_variants <<< "${TRAIN_VARIANTS:-compiled}"
   timeout -k 10 $(slot 30) python -m benchmarks.train_speed --models "${train_models[@]}" \
-    --variants "${train_variants[@]}" --shapes 16x2048 --quick --out "$OUT" > "$OUT/train_speed.log" 2>&1
+    --variants "${train_variants[@]}" --shapes ${TRAIN_SHAPES:-16x2048} $([ "${TRAIN_QUICK:-1}" = 1 ] && echo --quick) \
+    --out "$OUT" > "$OUT/train_speed.log" 2>&1
   echo "== bench train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^train |^\| " "$OUT/train_speed.log"
 fi
 
