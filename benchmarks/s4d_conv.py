@@ -1,6 +1,7 @@
 """The S4D-only control's forms on the GPU: FFT (the default), the dense Toeplitz matmul and the chunked form.
 
     python -m benchmarks.s4d_conv [--model-steps 10] [--skip-model] [--skip-packed] [--chunk-size 64]
+                                  [--chunk-sweep 128 256]
 
 1. Correctness: ``toeplitz_s4d`` and ``chunk_s4d`` under bf16 autocast (the training setting) and in float32, and
    ``fft_s4d`` in float32, against ``fft_s4d`` in float64 (equal to the token-loop definition to 1e-10,
@@ -10,7 +11,8 @@
    outputs, 1e-2 gradients.
 2. Op timing (CUDA events, median of 10 after 3 warm-ups): forward and forward+backward of ``fft_s4d``,
    ``toeplitz_s4d`` and ``chunk_s4d`` (``--chunk-size``), bf16 inputs under bf16 autocast, H=8, R=D=64, M=64, at the
-   training shapes B×T = 64×1024, 16×2048, 4×4096.
+   training shapes B×T = 64×1024, 16×2048, 4×4096; then fwd+bwd of ``chunk_s4d`` at the ``--chunk-sweep`` lengths
+   beside Toeplitz at the same shapes (session 10: L=64 was 2.1-4.1x slower than Toeplitz on dense batches).
 3. Packed documents (``--skip-packed`` to leave out): B=1, T=32768 cut into documents of benchmarks/train_speed.py's
    varlen mix (log-normal, median 256, seed 0), forward+backward under bf16 autocast: ``chunk_s4d`` eager and
    under ``torch.compile(fullgraph=True)`` (one graph for the whole pack), against the per-document FFT (eager
@@ -151,6 +153,26 @@ def op_timing(chunk_size: int = 64) -> str:
     return "\n".join(lines)
 
 
+def chunk_sweep(sizes: list[int]) -> str:
+    """fwd+bwd ms of chunk_s4d at several chunk lengths beside the Toeplitz form, on the dense training batches
+    (bf16 autocast, H=8, R=D=M=64): whether a longer chunk (a larger intra-chunk Toeplitz, fewer states) beats the
+    full Toeplitz matmul, which is what "auto" runs on dense batches."""
+    H, R, D, M = 8, 64, 64, 64
+    log_lam, B, C, w = (x.to(torch.complex64) if x.is_complex() else x.float() for x in _params(H, M, "cuda"))
+    lines = ["| B×T | toeplitz fwd+bwd ms | " + " | ".join(f"chunk L={L} fwd+bwd ms" for L in sizes) + " |",
+             "|---|---|" + "---|" * len(sizes)]
+    for Bsz, T in ((64, 1024), (16, 2048), (4, 4096)):
+        a = torch.randn(Bsz, T, H, R, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.randn(Bsz, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        cells = [_time(_op_fns(toeplitz_s4d, a, b, (log_lam, B, C, w))[1])]
+        for L in sizes:
+            def chunk(*args, _L=L, **kw):
+                return chunk_s4d(*args, chunk_size=_L, **kw)
+            cells.append(_time(_op_fns(chunk, a, b, (log_lam, B, C, w))[1]))
+        lines.append(f"| {Bsz}×{T} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def packed_timing(chunk_size: int = 64, T: int = 32768) -> str:
     """Forward+backward on one packed row of T tokens (the varlen mix), bf16 autocast, H=8, R=D=M=64."""
     H, R, D, M = 8, 64, 64, 64
@@ -207,9 +229,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-model", action="store_true")
     p.add_argument("--skip-packed", action="store_true")
     p.add_argument("--chunk-size", type=int, default=64, help="chunk length of chunk_s4d (default 64)")
+    p.add_argument("--chunk-sweep", type=int, nargs="*", default=[128, 256],
+                   help="chunk lengths timed against Toeplitz on the dense batches (default 128 256; none: skip)")
     a = p.parse_args(argv)
     print("## s4d forms: correctness vs float64 FFT\n" + correctness(a.chunk_size), flush=True)
     print("\n## s4d forms: op time (bf16 autocast, H=8, R=D=M=64)\n" + op_timing(a.chunk_size), flush=True)
+    if a.chunk_sweep:
+        print("\n## s4d chunk length sweep: fwd+bwd (bf16 autocast, H=8, R=D=M=64)\n" + chunk_sweep(a.chunk_sweep),
+              flush=True)
     if not a.skip_packed:
         print("\n## s4d packed documents: fwd+bwd (bf16 autocast, H=8, R=D=M=64)\n" + packed_timing(a.chunk_size),
               flush=True)
