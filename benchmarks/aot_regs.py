@@ -144,14 +144,18 @@ def chunk_variants(
         "BM": triton.next_power_of_2(M),
         "DOT_PREC": cfg.dot_prec,
         "LP_DOT": True,
+        "REAL_PREC": cfg.real_dot_prec,
     }
     parts = (1, 2) if cfg.bwd_split else (0,)
-    for ro, conj, real_c in (("trans", False, False), ("herm", True, False), ("real1", False, True)):
-        fwd = {**common, "CONJ_P": conj, "REAL_C": real_c}
+    variants = [("trans", False, False, {}), ("herm", True, False, {}), ("real1", False, True, {})]
+    if cfg.real_dot_prec != "tf32x3":  # the opt-in precision of the chained C products, for the spill comparison
+        variants.append(("real1x3", False, True, {"REAL_PREC": "tf32x3"}))
+    for ro, conj, real_c, over in variants:
+        fwd = {**common, "CONJ_P": conj, "REAL_C": real_c, **over}
         label = f"chunk_fwd {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_fwd}"
         yield label, IK._chunk_fwd, fwd, cfg.warps_chunk_fwd, cfg.stages, BF16_ARGS | {"o"}
         for part in parts:
-            bwd = {**common, "CONJ_P": conj, "REAL_C": real_c, "PART": part}
+            bwd = {**common, "CONJ_P": conj, "REAL_C": real_c, "PART": part, **over}
             label = f"chunk_bwd{part} {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_bwd}"
             yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS
 

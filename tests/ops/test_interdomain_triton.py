@@ -498,3 +498,16 @@ def test_registered_op_traces_under_compile(monkeypatch, readout):
     assert torch.equal(o_c, o_e)
     for a, b in zip(g_c, g_e):
         assert torch.equal(a, b)
+
+
+def test_real_dot_prec_is_validated_and_launches():
+    """``real_dot_prec`` (the precision of the one-pass "real" products through C) is checked at construction, and a
+    tf32x3 launch runs the same kernels (the interpreter computes every dot in ieee: equal results there)."""
+    with pytest.raises(ValueError, match="real_dot_prec must be one of tf32, tf32x3, ieee"):
+        InterdomainConfig(real_dot_prec="fp16")
+    res = {p: run_both(1, 37, 2, 12, 20, 10, 16, seed=3, readout="real", config=InterdomainConfig(real_dot_prec=p))
+           for p in ("tf32", "tf32x3")}
+    for name, (a, b) in res["tf32x3"].items():
+        assert rel(a, b) < _tol(), name
+        if DEV == "cpu":
+            assert torch.equal(a, res["tf32"][name][0]), name

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...common.triton import interpreting
 from ...common.triton.config import ScanConfig
 
-__all__ = ["InterdomainConfig", "DEFAULT_CONFIG"]
+__all__ = ["InterdomainConfig", "DEFAULT_CONFIG", "REAL_DOT_PRECS"]
+
+REAL_DOT_PRECS = ("tf32", "tf32x3", "ieee")
+"""Allowed ``InterdomainConfig.real_dot_prec`` values (Triton's ``input_precision`` names)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class InterdomainConfig(ScanConfig):
     dominant slow mode (the denominator tests) tf32 dots make its dq 2.2e-2 (two-pass 3.2e-3), ieee dots 7e-6
     (benchmarks/interdomain_real_precision.py; NOTES session 10). The registered op (the training path, which runs
     ``DEFAULT_CONFIG``) follows this default.
+
+    real_dot_prec: input precision of the one-pass "real" readout's chained products through C (x = Re(C p),
+    r = Cᵀ x, and in the backward gx = gr Cᵀ, gp = gx C) on the GPU; every other dot keeps ``dot_prec``. "tf32"
+    (default, measured above); "tf32x3" (≈ float32 accuracy, three tensor-core passes for those 4 + 6 dots per
+    sub-chunk) is the opt-in answer to the tiny dominant-mode cases, not yet timed.
     """
 
     BC: int = 32
@@ -44,6 +53,15 @@ class InterdomainConfig(ScanConfig):
     max_chunk: int = 32
     bwd_split: bool = False
     real_one_pass: bool = True
+    real_dot_prec: str = "tf32"
+
+    def __post_init__(self) -> None:
+        if self.real_dot_prec not in REAL_DOT_PRECS:
+            raise ValueError(f"real_dot_prec must be one of {', '.join(REAL_DOT_PRECS)}, got {self.real_dot_prec!r}")
+
+    def real_prec(self) -> str:
+        """The REAL_PREC constexpr of the chunk kernels: ``real_dot_prec`` on the GPU, "ieee" under the interpreter."""
+        return "ieee" if interpreting() else self.real_dot_prec
 
 
 DEFAULT_CONFIG = InterdomainConfig()

@@ -125,6 +125,7 @@ def _chunk_fwd(
     LP_DOT: tl.constexpr,
     CONJ_P: tl.constexpr,
     REAL_C: tl.constexpr,
+    REAL_PREC: tl.constexpr,
 ):
     """Outputs of one chunk. CONJ_P (the Hermitian readout): the key-side vector p_t = X^k_t q_t enters the readout
     conjugated, r = K conj(p) with K = Cᵀ conj(C) from the host (see ops/interdomain/readout.py). REAL_C (the
@@ -211,8 +212,8 @@ def _chunk_fwd(
         km = mask_m[:, None] & am
         if REAL_C:
             pk = offs_m[:, None] * M + offs_m[None, :]
-            x = _real_x(p_re, p_im, k_base_p, pk, km, M, DOT_PREC)
-            r_re, r_im = _real_cx(x, k_base_p, pk, km, M, DOT_PREC)
+            x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
+            r_re, r_im = _real_cx(x, k_base_p, pk, km, M, REAL_PREC)
         else:
             r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
         rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
@@ -332,6 +333,7 @@ def _chunk_bwd(
     LP_DOT: tl.constexpr,
     CONJ_P: tl.constexpr,
     REAL_C: tl.constexpr,
+    REAL_PREC: tl.constexpr,
 ):
     """Backward of one chunk (CONJ_P: the Hermitian readout, as in _chunk_fwd; the gradient w.r.t. p is then the
     conjugate of the one w.r.t. conj(p); REAL_C: Kp is C, gk_part gets the partials of dC). PART 0 computes
@@ -449,8 +451,8 @@ def _chunk_bwd(
             if CONJ_P:
                 p_im = -p_im
             if REAL_C:
-                x = _real_x(p_re, p_im, k_base_p, pk, km, M, DOT_PREC)
-                r_re, r_im = _real_cx(x, k_base_p, pk, km, M, DOT_PREC)
+                x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
+                r_re, r_im = _real_cx(x, k_base_p, pk, km, M, REAL_PREC)
             else:
                 r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
             rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
@@ -483,8 +485,9 @@ def _chunk_bwd(
         gr_re = fb_re + ga_re * din_re + ga_im * din_im
         gr_im = -fb_im + ga_im * din_re - ga_re * din_im
         if REAL_C:  # gr = (∂ℓ/∂Re r, ∂ℓ/∂Im r); gx = ∂ℓ/∂x = gr_re ReCᵀ + gr_im ImCᵀ (x = Re(C p), r = Cᵀ x)
-            gx = tl.dot(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
-            gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
+            gx = tl.dot(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), input_precision=REAL_PREC)
+            gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)),
+                         input_precision=REAL_PREC)
         if VAL:
             if REAL_C:  # grad C[n, m]: Re += Σ_t x[t, n] gr_re[t, m] + gx[t, n] Re p[t, m], Im: gr_im, - Im p
                 xt = tl.trans(x)
@@ -551,7 +554,7 @@ def _chunk_bwd(
         if KEY:
             # gp = gr @ conj(K) ; gS = F2(conj(gp) * B) ; g_b = gp * conj(Din)
             if REAL_C:  # g Re p = gx ReC, g Im p = -gx ImC
-                gp_re, gp_im = _real_cx(gx, k_base_p, pk, km, M, DOT_PREC)
+                gp_re, gp_im = _real_cx(gx, k_base_p, pk, km, M, REAL_PREC)
                 gp_im = -gp_im
             else:
                 kk_re = tl.load(k_base_p + pk, mask=km, other=0.0)

@@ -136,6 +136,7 @@ def _fwd_impl(
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
             REAL_C=real_c,
+            REAL_PREC=cfg.real_prec(),
             num_warps=cfg.warps_chunk_fwd,
             num_stages=cfg.stages,
         )
@@ -228,6 +229,7 @@ def _bwd_impl(
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
                 REAL_C=real_c,
+                REAL_PREC=cfg.real_prec(),
                 num_warps=cfg.warps_chunk_bwd,
                 num_stages=cfg.stages,
             )
