@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import torch
 
+from ..common.autocast import autocast_off
 from ..common.planar import Planar
-from ..s4d.conv_form import autocast_off
 
 __all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", "readout_operators",
            "planar_readout_operator", "readout_product"]

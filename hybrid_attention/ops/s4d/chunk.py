@@ -53,10 +53,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..common.autocast import autocast_off
 from ..common.planar import Planar, as_planar
 from ..common.ssm import compute_dtypes, validate_chunk_size
 from ..common.varlen import bucket_of, check_cu_seqlens
-from .conv_form import _cmul, _kernel, _tables, _vandermonde, autocast_off
+from .conv_form import _cmul, _kernel, _tables, _vandermonde
 from .naive import validate_s4d_inputs
 
 __all__ = ["chunk_s4d", "SCAN_BLOCK"]

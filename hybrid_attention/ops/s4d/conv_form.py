@@ -18,39 +18,17 @@ are real einsums against the λ tables; no per-token M×(R+D) state is materiali
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import torch
 
+from ..common.autocast import autocast_off
 from ..common.planar import Planar, cexp_scaled
 from ..common.planar import cmul as _cmul
 from ..common.ssm import compute_dtypes, prepare_planar_params
 from .naive import validate_s4d_inputs
 
-__all__ = ["conv_s4d", "ssm_kernel", "Convolve", "autocast_off"]
-
-
-# The device types with an autocast, decided once at import: ``torch.amp.is_autocast_available`` is a C builtin that
-# torch 2.11's Dynamo cannot trace. Called inside the compiled s4d step it broke the graph in both convolution forms,
-# the resumed frames hit Dynamo's recompile limit and ran eagerly (H200, session 8: 1867 launches per `small` step,
-# kernels 35 ms of an 81 ms profiled step). A membership test of a constant set traces.
-def _has_autocast(device_type: str) -> bool:
-    try:
-        return torch.amp.is_autocast_available(device_type)
-    except (RuntimeError, ValueError):  # a device type this build does not know
-        return False
-
-
-AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu") if _has_autocast(d))
-
-
-def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
-    """``torch.autocast(device_type, enabled=False)``, or a no-op where the device type has no autocast (``meta``:
-    the host-sync tests run the layers there, tests/models/test_no_host_sync.py)."""
-    if device_type in AUTOCAST_DEVICES:
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
+__all__ = ["conv_s4d", "ssm_kernel", "Convolve"]
 
 
 Convolve = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from ..common.autocast import AUTOCAST_DEVICES, autocast_off
 from ..common.varlen import per_document
-from .conv_form import AUTOCAST_DEVICES, autocast_off, conv_s4d
+from .conv_form import conv_s4d
 
 __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
 
