@@ -231,11 +231,9 @@ class InterdomainAttention(TokenMixer):
         return key * g[: self.feature_dim], val * g[self.feature_dim :]
 
     def _ssm_params(self) -> tuple:
-        """(log λ, B̄, C) for the core op: ``Planar`` (real, imaginary) pairs for the query readout and the linear
-        contraction, whose ops take them (no complex op in the compiled training graph: inductor runs every complex
-        op as an unfused eager kernel); complex tensors for the bilinear contraction (``s4d_bilinear`` has not been
-        moved to planar arithmetic)."""
-        return self.ssm() if self.contraction == "bilinear" else self.ssm.planar()
+        """(log λ, B̄, C) for the core op as ``Planar`` (real, imaginary) pairs, which every core op takes (no complex
+        op in the compiled training graph: inductor runs every complex op as an unfused eager kernel)."""
+        return self.ssm.planar()
 
     def _core(self, q, key, val, log_lam, b_bar, c, init, keep: bool, cu_seqlens: torch.Tensor | None = None):
         """The S4D core and its readout on [B, T, H, *] inputs -> (o [B, T, H, D or R+D], final state)."""

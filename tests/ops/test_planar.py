@@ -171,3 +171,42 @@ def test_triton_interdomain_planar_matches_complex_with_gradients(readout):
             assert a is None, name
             continue
         assert _rel(a, b) < 1e-4, name
+
+
+def _complex_impulse_table(log_lam, B, C, BT):
+    """The bilinear op's table by its definition in complex128: Kern[h, m, d] = Σ_n C[h, m, n] B[h, n] λ[h, n]^d."""
+    d = torch.arange(BT, dtype=F64)
+    lam_pow = torch.exp(log_lam.to(C128)[:, None, :] * d[None, :, None])
+    return torch.einsum("hmn,hn,hdn->hmd", C.to(C128), B.to(C128), lam_pow)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
+def test_bilinear_impulse_table_is_planar_and_matches_complex():
+    from hybrid_attention.ops.s4d_bilinear.triton.ops import impulse_table
+
+    log_lam, B, C = (p.detach() for p in S4DCore(3, 6).double()())
+    want = _complex_impulse_table(log_lam, B, C, 32)
+    for args in ((log_lam, B, C), tuple(as_planar(p, F64) for p in (log_lam, B, C))):
+        got = impulse_table(*args, 32)
+        assert isinstance(got, Planar) and got.dtype == torch.float32
+        assert _rel(as_complex(got, C128), want) < 1e-6  # rounded once to float32
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_s4d_bilinear_takes_planar_parameters(backend):
+    """The bilinear core with ``Planar`` parameters (the layers pass ``S4DCore.planar()``) equals the complex call."""
+    from hybrid_attention.ops.s4d_bilinear import s4d_bilinear
+
+    dev = "cuda" if (backend == "triton" and torch.cuda.is_available()) else "cpu"
+    dt = F64 if backend == "reference" else torch.float32
+    g = torch.Generator().manual_seed(6)
+    H, M, R = 2, 16, 16
+    log_lam, B, C = (p.detach().to(dev) for p in S4DCore(H, M).to(dt)())
+    a = torch.randn(1, 37, H, R, generator=g, dtype=dt).to(dev)
+    b = torch.randn(1, 37, H, R, generator=g, dtype=dt).to(dev)
+    kw = dict(backend=backend, chunk_size=16, output_final_state=True)
+    o_c, f_c = s4d_bilinear(a, b, log_lam, B, C, **kw)
+    o_p, f_p = s4d_bilinear(a, b, *(as_planar(p, dt) for p in (log_lam, B, C)), **kw)
+    tol = 1e-12 if dt == F64 else 1e-5
+    assert _rel(o_p, o_c) < tol and _rel(f_p, f_c) < tol

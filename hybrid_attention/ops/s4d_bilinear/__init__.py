@@ -39,8 +39,9 @@ def s4d_bilinear(
     """Bilinear S4D core, dispatched to a backend.
 
     Shapes: a, b ``[B, T, H, R]`` real (R == D required); log_lam, B ``[H, M]`` complex (discretised);
-    C ``[H, M, M]`` complex; initial_state ``[B, H, M, 2R]`` complex. Returns ``(o [B, T, H, R] in a.dtype,
-    final_state or None)``. See ``naive_s4d_bilinear`` for the definition.
+    C ``[H, M, M]`` complex (log_lam, B and C may also be ``Planar`` (real, imaginary) pairs,
+    ``ops/common/planar.py``: the reference forms join them); initial_state ``[B, H, M, 2R]`` complex. Returns
+    ``(o [B, T, H, R] in a.dtype, final_state or None)``. See ``naive_s4d_bilinear`` for the definition.
 
     ``backend``: "naive" runs the token loop; "reference" the chunk-parallel PyTorch form; "triton" the Triton
     kernels (float32 state math, bf16/fp16/fp32 activations, not float64); "auto" picks "triton" for CUDA inputs

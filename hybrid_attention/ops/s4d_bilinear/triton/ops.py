@@ -48,7 +48,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from ...common.ssm import validate_chunk_size
+from ...common.planar import Planar, cexp_scaled, cmul
+from ...common.ssm import prepare_planar_params, validate_chunk_size
 from ...common.triton.eager import eager_function
 from ...common.triton.hooks import NO_HOOKS, LaunchHooks
 from ...common.triton.ssm_scan import (
@@ -268,14 +269,20 @@ _EagerS4DBilinear = eager_function(_fwd_impl, _bwd_impl, _setup_context, _grads)
 # public function
 
 
-def impulse_table(log_lam: torch.Tensor, B: torch.Tensor, C: torch.Tensor, BT: int) -> torch.Tensor:
-    """Kern[h, m, d] = Σ_n C[h, m, n] B[h, n] λ[h, n]^d for d = 0..BT-1, complex64 [H, M, BT] (differentiable).
+def impulse_table(log_lam: torch.Tensor | Planar, B: torch.Tensor | Planar, C: torch.Tensor | Planar,
+                  BT: int) -> Planar:
+    """Kern[h, m, d] = Σ_n C[h, m, n] B[h, n] λ[h, n]^d for d = 0..BT-1, ``Planar`` float32 [H, M, BT]
+    (differentiable), from complex tensors or ``Planar`` pairs.
 
-    The powers are formed in complex128 (exponents d >= 0: |λ^d| <= 1, no overflow) and rounded once."""
-    d = torch.arange(BT, device=log_lam.device, dtype=torch.float64)
-    lam_pow = torch.exp(log_lam.to(torch.complex128)[:, None, :] * d[None, :, None])  # [H, BT, M]
-    kern = torch.einsum("hmn,hn,hdn->hmd", C.to(torch.complex128), B.to(torch.complex128), lam_pow)
-    return kern.to(torch.complex64)
+    Real arithmetic in float64 (no complex op, so a compiled graph fuses it; exponents d >= 0: |λ^d| <= 1, no
+    overflow), rounded once to float32."""
+    ll, Bp, Cp = prepare_planar_params(log_lam, B, C, torch.float64)
+    d = torch.arange(BT, device=ll.device, dtype=torch.float64)
+    pr, pi = cexp_scaled(ll.map(lambda t: t[:, None, :]), d[None, :, None])  # λ^d [H, BT, M]
+    gr, gi = cmul(Bp.re[:, None, :], Bp.im[:, None, :], pr, pi)  # B_n λ_n^d [H, BT, N]
+    kr = torch.einsum("hmn,hdn->hmd", Cp.re, gr) - torch.einsum("hmn,hdn->hmd", Cp.im, gi)
+    ki = torch.einsum("hmn,hdn->hmd", Cp.re, gi) + torch.einsum("hmn,hdn->hmd", Cp.im, gr)
+    return Planar(kr.float(), ki.float())
 
 
 def triton_s4d_bilinear(
@@ -295,7 +302,8 @@ def triton_s4d_bilinear(
     """Bilinear S4D core on Triton kernels (same contract as ``chunk_s4d_bilinear``).
 
     Shapes: a, b ``[B, T, H, R]`` real (bf16 / fp16 / fp32; float64 is refused: use backend "reference");
-    log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex; initial_state ``[B, H, M, 2R]`` complex. Returns
+    log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex (or each a ``Planar`` pair: then no complex op runs
+    before the kernels unless a state is passed in or returned); initial_state ``[B, H, M, 2R]`` complex. Returns
     ``o [B, T, H, R]`` in ``a.dtype`` and the final state (complex64) or ``None``. State and decay math is float32;
     ``chunk_size`` selects the kernel chunk length when it is a power of two in [16, 128] (else 64, capped by the
     ``max_chunk`` setting); the result does not depend on it beyond rounding. Differentiable in every tensor input.
@@ -323,10 +331,7 @@ def triton_s4d_bilinear(
     ll = planar(log_lam, 1).contiguous()
     bb = planar(B, 1).contiguous()
     cc = planar(C, 1).contiguous()
-    lam_c = log_lam if log_lam.is_complex() else log_lam.to(torch.complex64)
-    B_c = B if B.is_complex() else B.to(torch.complex64)
-    C_c = C if C.is_complex() else C.to(torch.complex64)
-    kk = planar(impulse_table(lam_c, B_c, C_c, BT), 1).contiguous()
+    kk = planar(impulse_table(log_lam, B, C, BT), 1).contiguous()
     init = planar(initial_state, 2).contiguous() if initial_state is not None else None
     vl = chunk_table(cu_seqlens, a.shape[1], BT, a.device) if cu_seqlens is not None else None
     tab = (None, None, None) if vl is None else (vl.cu, vl.offsets, vl.indices)
