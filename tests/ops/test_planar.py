@@ -195,18 +195,31 @@ def test_bilinear_impulse_table_is_planar_and_matches_complex():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_s4d_bilinear_takes_planar_parameters(backend):
-    """The bilinear core with ``Planar`` parameters (the layers pass ``S4DCore.planar()``) equals the complex call."""
+    """The bilinear core with ``Planar`` parameters (the layers pass ``S4DCore.planar()``) equals the complex call:
+    output, final state and the S4DCore parameter gradients, odd T, with an initial state."""
     from hybrid_attention.ops.s4d_bilinear import s4d_bilinear
 
     dev = "cuda" if (backend == "triton" and torch.cuda.is_available()) else "cpu"
     dt = F64 if backend == "reference" else torch.float32
     g = torch.Generator().manual_seed(6)
     H, M, R = 2, 16, 16
-    log_lam, B, C = (p.detach().to(dev) for p in S4DCore(H, M).to(dt)())
+    core = S4DCore(H, M).to(dev, dt)
     a = torch.randn(1, 37, H, R, generator=g, dtype=dt).to(dev)
     b = torch.randn(1, 37, H, R, generator=g, dtype=dt).to(dev)
-    kw = dict(backend=backend, chunk_size=16, output_final_state=True)
-    o_c, f_c = s4d_bilinear(a, b, log_lam, B, C, **kw)
-    o_p, f_p = s4d_bilinear(a, b, *(as_planar(p, dt) for p in (log_lam, B, C)), **kw)
+    cdt = C128 if dt == F64 else torch.complex64
+    x0 = torch.randn(1, H, M, 2 * R, generator=g, dtype=C128).to(dev, cdt)
+    kw = dict(backend=backend, chunk_size=16, output_final_state=True, initial_state=x0)
+
+    def run(params):
+        o, f = s4d_bilinear(a, b, *params, **kw)
+        loss = o.square().sum() + f.abs().square().sum()
+        return o.detach(), f.detach(), torch.autograd.grad(loss, list(core.parameters()), allow_unused=True)
+
+    o_c, f_c, g_c = run(core())
+    o_p, f_p, g_p = run(core.planar())
     tol = 1e-12 if dt == F64 else 1e-5
     assert _rel(o_p, o_c) < tol and _rel(f_p, f_c) < tol
+    for name, x, y in zip([n for n, _ in core.named_parameters()], g_p, g_c, strict=True):
+        assert (x is None) == (y is None), name
+        if y is not None:
+            assert _rel(x, y) < (1e-10 if dt == F64 else 1e-4), name
