@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hybrid_attention.data.corpus import is_validation  # noqa: E402
-from hybrid_attention.data.prose import get_sources, iter_prose_documents  # noqa: E402
+from hybrid_attention.data.prose import PACKAGE_VERSIONS, get_sources, iter_prose_documents  # noqa: E402
 from hybrid_attention.data.shards import MIB, text_dir_corpus, write_shards  # noqa: E402
 from hybrid_attention.data.tokenizer import encode_documents, train_bpe_tokenizer  # noqa: E402
 
@@ -42,12 +42,21 @@ def fetch(root: Path, names: list[str]) -> dict:
     debs = root / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     packages = sorted({s.package for s in get_sources(names)})
-    subprocess.run(["apt-get", "download", *packages], cwd=debs, check=True)
+    # pinned versions (PACKAGE_VERSIONS): the same text as the stored runs', whatever the mirror's newest is
+    pinned = [f"{p}={PACKAGE_VERSIONS[p]}" for p in packages]
+    missing = [p for p in pinned if not subprocess.run(["apt-cache", "show", p], capture_output=True).stdout]
+    if missing:
+        raise SystemExit(f"error: {', '.join(missing)} not in this machine's apt lists; run `apt-get update` "
+                         "(several pinned versions are in bookworm-security) and fetch again")
+    subprocess.run(["apt-get", "download", *pinned], cwd=debs, check=True)
     versions = {}
     for pkg in packages:
         (deb,) = sorted(debs.glob(f"{pkg}_*.deb"))[-1:]
         versions[pkg] = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True,
                                        text=True).stdout.strip()
+        if versions[pkg] != PACKAGE_VERSIONS[pkg]:  # an older download of another version in ROOT/debs
+            raise SystemExit(f"error: {deb} is version {versions[pkg]}, pinned {PACKAGE_VERSIONS[pkg]}; "
+                             f"remove {debs} and fetch again")
         subprocess.run(["dpkg-deb", "-x", str(deb), str(root / pkg)], check=True)
     (root / "packages.json").write_text(json.dumps(versions, indent=1) + "\n")
     print(f"extracted {len(packages)} packages into {root}: " + ", ".join(f"{p} {v}" for p, v in versions.items()))

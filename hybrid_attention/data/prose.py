@@ -35,6 +35,32 @@ class ProseSource:
     description: str = ""
 
 
+# The exact package versions the stored GPU runs were trained on (PROSE.md's table). ``build_prose_corpus.py fetch``
+# downloads these versions, so a rebuilt corpus is the same text; several of them come from bookworm-security, which
+# a machine sees only after ``apt-get update``. Bump a version only together with new runs.
+PACKAGE_VERSIONS: dict[str, str] = {
+    "dict-gcide": "0.48.5+nmu2",
+    "dict-wn": "1:3.0-37",
+    "dict-foldoc": "20230119-1",
+    "dict-jargon": "4.4.7-3.1",
+    "dict-devil": "1.0-13.1",
+    "python3.11-doc": "3.11.2-6+deb12u9",
+    "linux-doc-6.1": "6.1.192-3",
+    "perl-doc": "5.36.0-7+deb12u4",
+    "postgresql-doc-15": "15.20-0+deb12u1",
+    "git-doc": "1:2.39.5-0+deb12u3",
+    "debian-handbook": "11.20220922",
+    "python-django-doc": "3:3.2.25-0+deb12u7",
+    "python-sqlalchemy-doc": "1.4.46+ds1-1",
+    "gimp-help-en": "2.10.34-2",
+    "libreoffice-help-en-us": "4:7.4.7-1+deb12u14",
+    "manpages": "6.03-2",
+    "manpages-dev": "6.03-2",
+    "vim-runtime": "2:9.0.1378-2+deb12u2",
+    "debian-policy": "4.6.2.0",
+}
+
+
 PROSE_SOURCES: tuple[ProseSource, ...] = (
     ProseSource("gcide", "dict-gcide", "GPL-3+", "dictd", ("usr/share/dictd/gcide",),
                 description="Collaborative International Dictionary of English (Webster's 1913 + additions)"),

@@ -19,7 +19,7 @@ from hybrid_attention.data.formats import (
     pod_to_text,
     troff_to_text,
 )
-from hybrid_attention.data.prose import iter_prose_documents, prose_corpus
+from hybrid_attention.data.prose import PACKAGE_VERSIONS, PROSE_SOURCES, iter_prose_documents, prose_corpus
 from hybrid_attention.data.shards import text_dir_corpus, verify_manifest, write_shards
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
@@ -183,3 +183,10 @@ def test_bpe_vocab_size_and_round_trip():
     assert len(tok) == 400
     s = "The lazy fox, 1913 Webster: caf\u00e9."
     assert tok.decode(tok(s, add_special_tokens=False)["input_ids"]) == s
+
+
+def test_every_source_package_has_a_pinned_version():
+    # fetch downloads PKG=VERSION for each source's package: a source without a pin would fetch whatever is newest
+    packages = {s.package for s in PROSE_SOURCES}
+    assert packages == set(PACKAGE_VERSIONS)
+    assert all(v and " " not in v for v in PACKAGE_VERSIONS.values())
