@@ -9,7 +9,7 @@
 # $RUNS/<suite>); items are separated by ';'. Overrides go before --only (which takes every word after it) and
 # contain no spaces (`seeds=[0,1]`, not `seeds=[0, 1]`): items are split at blanks, quotes are not honoured.
 # An item "!<shell command>" runs that command on the lane's GPU instead (no ';' inside it; log $OUT/lane<i>_cmd.log).
-# Every item runs under `timeout` of the time left; an item that starts with < 30 s left is skipped. Logs are
+# Every item runs under `timeout` of the time left; an item that would start with < MIN_LEFT s (30) left is skipped. Logs are
 # appended to $OUT/lane<i>_<suite>.log. The same suite may appear in several lanes only with disjoint cells or seeds.
 # Finished runs of earlier sessions are imported first (results/<suite>_gpu/results.json, via --import-results; log
 # $OUT/import_<suite>.log), so they are skipped and appear in the reports. Afterwards every touched report is
@@ -21,6 +21,7 @@
 set -u
 OUT=${OUT:?set OUT}
 LIMIT=${LIMIT:-540}
+MIN_LEFT=${MIN_LEFT:-30}  # an item that would start with less time left is skipped (a cut run's checkpoints are lost)
 RUNS=${RUNS:-/tmp/gx}
 E="python -m hybrid_attention.experiments"
 C=configs/experiments
@@ -40,7 +41,7 @@ lane() {  # lane INDEX "item; item; ..."
     read -ra args <<< "$item"
     [ "${#args[@]}" -gt 0 ] || continue
     left=$(( LIMIT - ($(date +%s) - T0) ))
-    if [ "$left" -lt 30 ]; then echo "lane $1: no time left for: $item"; continue; fi
+    if [ "$left" -lt "$MIN_LEFT" ]; then echo "lane $1: ${left} s < MIN_LEFT=${MIN_LEFT} s left, skipped: $item"; continue; fi
     echo "lane $1 (GPU $gpu, ${left} s left): ${args[*]}"
     if [ "${args[0]:0:1}" = "!" ]; then  # a shell command, e.g. "!bash benchmarks/gpu_checks.sh"
       CUDA_VISIBLE_DEVICES=$gpu timeout "$left" bash -c "${item#*!}" >> "$OUT/lane$1_cmd.log" 2>&1
