@@ -188,7 +188,7 @@ def test_tf32_precision_at_training_shape(readout, denominator):
     errs = {name: rel(a, b) for name, (a, b) in res.items()}
     print(f"tf32 training shape, readout={readout} denominator={denominator}: "
           + " ".join(f"{n}={e:.2e}" for n, e in errs.items()))
-    for name, (a, b) in res.items():
+    for name, (a, _b) in res.items():
         assert torch.isfinite(a).all(), name
     assert max(errs.values()) < GPU_TOL, (readout, errs)
 
