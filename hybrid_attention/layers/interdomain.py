@@ -23,7 +23,9 @@ Ablation flags (the paper's 125M mechanism cube, Table 4):
   product of the two filtered halves, then C_out ∈ R^{d×d} and W_O (`ops.s4d_bilinear`; a different, stronger mixer).
 - dual_input=False: generic inputs [a; b] = [W_a x; W_b x], each with its ShortConv and its N+b norm, no ξ on a.
 - rope: RoPE on q and on the key half (k, or a with generic inputs).
-- denominator=True: the ideal Nadaraya–Watson readout divided by read(ξ(q), U, η) (needs query_readout).
+- denominator=True: the ideal Nadaraya–Watson readout divided by read(ξ(q), U, η) (needs query_readout). On the
+  GPU the quotient amplifies the Triton op's tf32 rounding: with the hermitian / real readouts o is within ~1e-2
+  of float64 and some gradients ~2e-2 (H200, T = 1000; transpose ~1e-3; without the denominator ≤ 4.3e-3).
 `S4DMixer` is the S4D-only control (dual_input=False, query_readout=False, linear contraction, rope=False) and
 `S4DBilinearMixer` the same with the bilinear contraction; both at the same state size as InterdomainAttention.
 """

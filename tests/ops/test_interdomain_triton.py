@@ -182,7 +182,8 @@ def test_real_one_pass_matches_float64_reference(Bsz, T, H, R, D, M, chunk, deno
 def test_tf32_precision_at_training_shape(readout, denominator):
     """The registered op (DEFAULT_CONFIG: tf32 dots, one-pass "real") at the training head shape R = D = M = 64,
     T = 1000 (not a multiple of the chunk), with and without the dominant-mode denominator: o, the final state and
-    every gradient within the GPU bar of the float64 reference (H200 session 10: one-pass real 2.7e-3 worst)."""
+    every gradient within the GPU bar of the float64 reference, except the quotient of the denominator ablation with
+    the hermitian / real readouts, which gets DENOM_TF32_TOL (see there)."""
     res = run_both(1, 1000, 2, 64, 64, 64, 32, seed=5, denominator=denominator, readout=readout,
                    dominant=denominator)
     errs = {name: rel(a, b) for name, (a, b) in res.items()}
@@ -190,7 +191,17 @@ def test_tf32_precision_at_training_shape(readout, denominator):
           + " ".join(f"{n}={e:.2e}" for n, e in errs.items()))
     for name, (a, _b) in res.items():
         assert torch.isfinite(a).all(), name
-    assert max(errs.values()) < GPU_TOL, (readout, errs)
+    tol = DENOM_TF32_TOL if denominator and readout != "transpose" else GPU_TOL
+    assert max(errs.values()) < tol, (readout, errs)
+
+
+# The denominator ablation (``denominator=True``: o = read(U) / read(η), off by default, trained by no suite) with the
+# hermitian / real readouts under tf32 dots, H200 session 11 (this test): o 8.7e-3 / 1.2e-2, dq 8.2e-3 / 2.3e-2,
+# dX0 8.1e-3 / 2.3e-2 (transpose: o 8.5e-4, worst 2.1e-3; without the denominator every readout's worst field is
+# 3.5e-3 / 3.5e-3 / 4.3e-3 for transpose / hermitian / real). The quotient amplifies the tf32 rounding of its
+# numerator and denominator; ieee dots make the same kernels exact to 2e-5 (the tiny cases above). This bar holds
+# the measured level with margin, so a further regression still fails.
+DENOM_TF32_TOL = 4e-2
 
 
 def test_real_one_pass_equals_two_pass():
