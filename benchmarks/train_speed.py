@@ -16,7 +16,9 @@ Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad
 compiled variant compiles in the first), then ``steps`` steps timed together with CUDA events: step ms = total / steps
 (``SIZES``: 3 and 10, 4 with ``--quick``).
 Peak memory = ``torch.cuda.max_memory_allocated()`` over the timed steps (weights, gradients, AdamW states and
-activations), GB = 2^30 bytes.
+activations), GB = 2^30 bytes; ``reserved GB`` = ``torch.cuda.max_memory_reserved()`` over the same steps. Read the
+reserved column for ``compiled+graphs``: there the allocated counter read 0.24 GB for every mixer (H200, session 11),
+less than the `small` model's weights + AdamW states alone, so it misses what the CUDA-graph pools hold.
 
 FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input embedding (the LM head counts), plus for
 softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T²·(heads·head_dim)/2 per layer
@@ -219,12 +221,13 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
         torch.cuda.reset_peak_memory_stats()
         total_ms = cuda_steps_ms(step, steps) * steps
         row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        row["reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
     else:
         t1 = time.perf_counter()
         for _ in range(steps):
             step()
         total_ms = (time.perf_counter() - t1) * 1e3
-        row["peak_gb"] = float("nan")
+        row["peak_gb"] = row["reserved_gb"] = float("nan")
     row["step_ms"] = total_ms / steps
     row["tok_s"] = B * T / row["step_ms"] * 1e3
     row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
@@ -262,7 +265,8 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
         try:
             row = measure(s, spec, steps, warmup, compile_backend)
             log(f"train {label}: {row['step_ms']:9.1f} ms/step {row['tok_s']:10.0f} tok/s {row['tflops']:7.1f} "
-                f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB  [{time.time() - t0:.0f} s]")
+                f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB reserved {row['reserved_gb']:.2f} GB  "
+                f"[{time.time() - t0:.0f} s]")
         except Exception as exc:  # noqa: BLE001 - one row's failure (compile, OOM) must not stop the table
             row = {**spec, "error": _one_line(exc)}
             results["errors"].append(f"{label}: {row['error']}")
@@ -279,12 +283,13 @@ def table(rows: list[dict]) -> str:
         v = r.get(k)
         return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
 
-    lines = ["| model | layers | B×T | variant | step ms | tokens/s | TFLOP/s | FLOPs counted | peak GB | note |",
-             "|---|---|---|---|---:|---:|---:|---|---:|---|"]
+    lines = ["| model | layers | B×T | variant | step ms | tokens/s | TFLOP/s | FLOPs counted | peak GB | reserved GB "
+             "| note |", "|---|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r.get('layers', '-')} | {r['B']}×{r['T']} | {r['variant']} | "
                      f"{f(r, 'step_ms', '.1f')} | {f(r, 'tok_s', '.0f')} | {f(r, 'tflops', '.1f')} | "
-                     f"{r.get('flops_model', '-')} | {f(r, 'peak_gb', '.2f')} | {r.get('error', '')} |")
+                     f"{r.get('flops_model', '-')} | {f(r, 'peak_gb', '.2f')} | {f(r, 'reserved_gb', '.2f')} | "
+                     f"{r.get('error', '')} |")
     return "\n".join(lines)
 
 
