@@ -20,10 +20,9 @@ activations), GB = 2^30 bytes; ``reserved GB`` = ``torch.cuda.max_memory_reserve
 reserved column for ``compiled+graphs``: there the allocated counter read 0.24 GB for every mixer (H200, session 11),
 less than the `small` model's weights + AdamW states alone, so it misses what the CUDA-graph pools hold.
 
-FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input embedding (the LM head counts), plus for
-softmax-attention layers the attention matmuls, QKᵀ and PV causal: 6·2·B·T²·(heads·head_dim)/2 per layer
-(``6N+attn``). For the other mixers (GDN, NAtS-L, Interdomain, S4D, ...) only 6N is counted (``6N only``): their
-mixing FLOPs are not modelled, so their TFLOP/s is a lower bound and comparable only as "useful dense work".
+FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input embedding (the LM head counts), plus
+3× each mixer's forward FLOPs (``benchmarks/mixer_flops.py``: the matmul-class work of its chunked algorithm, softmax
+attention causal QKᵀ and PV; NAtS-L's routed softmax chunks are not counted, a lower bound) (``6N+mixers``).
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
 rows or a 340M preset), ``--variants eager compiled compiled+graphs eager+ckpt compiled+ckpt eager+varlen
@@ -50,6 +49,7 @@ import torch
 import torch._dynamo
 
 from benchmarks.common import BenchSettings, bench_parser, cuda_steps_ms, elapsed, log, sync, training_step
+from benchmarks.mixer_flops import mixer_forward_flops
 from hybrid_attention.device import set_tf32
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
@@ -150,17 +150,19 @@ def document_mix(total: int, max_len: int, seed: int = 0) -> torch.Tensor:
 def flops_per_step(model: HybridForCausalLM, B: int, T: int,
                    cu_seqlens: torch.Tensor | None = None) -> tuple[float, str]:
     """Training FLOPs of one step under the model documented above, and its label. With ``cu_seqlens`` (the varlen
-    rows: B·T tokens packed into documents) the attention term counts Σ len² over the documents instead of B·T²."""
+    rows: B·T tokens packed into documents) every mixer is counted per document (softmax: Σ len² instead of B·T²)."""
     n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     flops = 6.0 * n * B * T
-    pairs = B * T * T if cu_seqlens is None else float((cu_seqlens[1:] - cu_seqlens[:-1]).double().pow(2).sum())
-    attn = 0.0
+    lengths = [T] * B if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    mixers, uncounted = 0.0, set()
     for blk in model.model.layers:
-        if blk.mixer_type == "softmax":
-            m = blk.mixer
-            width = getattr(m, "num_heads", model.config.num_heads) * getattr(m, "head_dim", model.config.head_dim)
-            attn += 6.0 * 2.0 * pairs * width / 2.0
-    return flops + attn, ("6N+attn" if attn else "6N only")
+        per_doc = [mixer_forward_flops(blk.mixer_type, blk.mixer, int(t)) for t in lengths]
+        if per_doc and per_doc[0] is None:
+            uncounted.add(blk.mixer_type)
+            continue
+        mixers += 3.0 * sum(per_doc)  # forward + backward: 3x the forward, as 6N = 3 * 2N
+    label = "6N+mixers" if not uncounted else f"6N+mixers (not: {', '.join(sorted(uncounted))})"
+    return flops + mixers, label
 
 
 def _free() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks import TARGETS
+from benchmarks.mixer_flops import MIXER_FLOP_NAMES, macs_per_token_head, mixer_forward_flops
 from benchmarks.train_speed import LARGE, flops_per_step, plan
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.models.mixers import MIXER_BUILDERS
@@ -57,15 +58,49 @@ def test_flop_model():
     n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     B, T = 2, 64
     flops, label = flops_per_step(model, B, T)
-    assert label == "6N+attn"
-    assert flops == pytest.approx(6 * n * B * T + 6 * 2 * B * T * T * 32 / 2)  # one softmax layer, 2 x 16 wide
-    gdn = HybridForCausalLM(HybridConfig.from_preset("tiny", layers="gdn", hidden_size=32, num_heads=2, head_dim=16,
-                                                     chunk_size=8))
-    assert flops_per_step(gdn, B, T)[1] == "6N only"
-    # packed documents (the varlen rows): the attention term counts Σ len² (B rows of T = B documents of T: equal)
+    assert label == "6N+mixers"
+    gdn_layer = model.model.layers[1].mixer
+    gdn_fwd = mixer_forward_flops("gdn", gdn_layer, T)
+    assert flops == pytest.approx(6 * n * B * T + 6 * 2 * B * T * T * 32 / 2 + 3 * B * gdn_fwd)  # 2 x 16 wide attn
+    # packed documents (the varlen rows): each mixer per document, softmax Σ len² (B rows of T = B documents of T)
     assert flops_per_step(model, B, T, torch.tensor([0, T, 2 * T]))[0] == pytest.approx(flops)
     halves = torch.tensor([0, T // 2, T, 3 * T // 2, 2 * T])
-    assert flops_per_step(model, B, T, halves)[0] == pytest.approx(6 * n * B * T + 6 * 2 * 4 * (T // 2) ** 2 * 32 / 2)
+    assert flops_per_step(model, B, T, halves)[0] == pytest.approx(
+        6 * n * B * T + 6 * 2 * 4 * (T // 2) ** 2 * 32 / 2 + 3 * B * gdn_fwd)  # the GDN count is linear in T
+    every = HybridForCausalLM(HybridConfig.from_preset("tiny", layers=list(MIXER_FLOP_NAMES), hidden_size=32,
+                                                       num_heads=2, head_dim=16, chunk_size=8))
+    flops_all, label_all = flops_per_step(every, B, T)
+    assert label_all == "6N+mixers" and flops_all > 6 * n * B * T
+
+
+def test_gdn_flop_count_matches_the_reference_chunk_form():
+    """The GDN count equals the matmul FLOPs that torch's FlopCounterMode sees in the chunk-parallel reference, plus
+    the two triangular solves (w, u) and the inverse, which the reference does without a counted matmul."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hybrid_attention.ops.gated_delta import gated_delta
+
+    Bsz, T, H, K, V, L = 1, 256, 2, 32, 48, 32
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(Bsz, T, H, K, generator=g), torch.randn(Bsz, T, H, K, generator=g)
+    v = torch.randn(Bsz, T, H, V, generator=g)
+    gate, beta = -torch.rand(Bsz, T, H, generator=g), torch.rand(Bsz, T, H, generator=g)
+    with FlopCounterMode(display=False) as counter:
+        gated_delta(q, torch.nn.functional.normalize(k, dim=-1), v, gate, beta, chunk_size=L, backend="reference")
+    uncounted = 2 * T * H * (L * (K + V) + L * L / 3)
+    assert counter.get_total_flops() + uncounted == pytest.approx(
+        2 * T * H * macs_per_token_head("gdn", T=T, L=L, R=K, D=V))
+
+
+def test_mixer_flop_counts_scale_as_their_algorithms():
+    per = {kind: macs_per_token_head(kind, T=1024, L=64, M=64, R=64, D=64) for kind in MIXER_FLOP_NAMES[:-1]}
+    assert per["softmax"] == 2 * 512 * 64  # causal: T/2 keys on average, QKᵀ and PV
+    assert macs_per_token_head("softmax", T=2048, R=64) == 2 * per["softmax"]  # grows with T
+    for kind in ("interdomain", "s4d", "s4d_bilinear", "gdn"):  # fixed-size state: per-token work independent of T
+        assert macs_per_token_head(kind, T=4096, L=64, M=64, R=64, D=64) == per[kind]
+    assert per["s4d"] < per["interdomain"] < per["s4d_bilinear"]  # linear read < query read < M×M read per channel
+    with pytest.raises(ValueError, match="kind must be one of"):
+        macs_per_token_head("nope", T=8)
 
 
 def test_train_bench_dryrun(tmp_path):
