@@ -25,9 +25,8 @@ FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input em
 attention causal QKᵀ and PV; NAtS-L's routed softmax chunks are not counted, a lower bound) (``6N+mixers``).
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled compiled+graphs eager+ckpt compiled+ckpt eager+varlen
-compiled+varlen``,
-``--steps N``,
+rows or a 340M preset), ``--variants eager compiled compiled+blocks compiled+graphs eager+ckpt compiled+ckpt
+eager+varlen compiled+varlen``, ``--steps N``,
 ``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
 split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
@@ -52,11 +51,15 @@ from benchmarks.common import BenchSettings, bench_parser, cuda_steps_ms, elapse
 from benchmarks.mixer_flops import mixer_forward_flops
 from hybrid_attention.device import set_tf32
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
+from hybrid_attention.training.compile import compile_model
 
 __all__ = ["main", "plan", "flops_per_step"]
 
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
-VARIANTS = ("eager", "compiled", "compiled+graphs", "eager+ckpt", "compiled+ckpt", "eager+varlen", "compiled+varlen")
+VARIANTS = ("eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt", "eager+varlen",
+            "compiled+varlen")
+# compiled+blocks: train.compile_scope "blocks" (training/compile.py: each decoder block and the loss compiled on
+# their own, one graph per distinct block); its warm-up column holds the compile time to compare with "compiled".
 # compiled+graphs: torch.compile(mode="reduce-overhead"), the forward and backward replayed as CUDA graphs
 # (``train.compile_mode``); the optimizer step stays outside, as in the trainer.
 # *+varlen: the same step on packed documents (``data.pack: varlen``), one row [1, B·T] cut into documents of a
@@ -195,11 +198,12 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     row["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     if variant.endswith("+ckpt"):
         enable_block_checkpointing(model)
-    fwd = model
     graphs = variant == "compiled+graphs"
     if variant.startswith("compiled"):
         torch._dynamo.reset()
-        fwd = torch.compile(model, backend=compile_backend, mode="reduce-overhead" if graphs else None)
+        compile_model(model, "blocks" if variant == "compiled+blocks" else "model",
+                      mode="reduce-overhead" if graphs else None, backend=compile_backend)
+    fwd = model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
     extra, cu = {}, None
@@ -268,7 +272,7 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
             row = measure(s, spec, steps, warmup, compile_backend)
             log(f"train {label}: {row['step_ms']:9.1f} ms/step {row['tok_s']:10.0f} tok/s {row['tflops']:7.1f} "
                 f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB reserved {row['reserved_gb']:.2f} GB  "
-                f"[{time.time() - t0:.0f} s]")
+                f"warm-up {row['warmup_s']:.1f} s [{time.time() - t0:.0f} s]")
         except Exception as exc:  # noqa: BLE001 - one row's failure (compile, OOM) must not stop the table
             row = {**spec, "error": _one_line(exc)}
             results["errors"].append(f"{label}: {row['error']}")
@@ -286,12 +290,12 @@ def table(rows: list[dict]) -> str:
         return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
 
     lines = ["| model | layers | B×T | variant | step ms | tokens/s | TFLOP/s | FLOPs counted | peak GB | reserved GB "
-             "| note |", "|---|---|---|---|---:|---:|---:|---|---:|---:|---|"]
+             "| warm-up s | note |", "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r.get('layers', '-')} | {r['B']}×{r['T']} | {r['variant']} | "
                      f"{f(r, 'step_ms', '.1f')} | {f(r, 'tok_s', '.0f')} | {f(r, 'tflops', '.1f')} | "
                      f"{r.get('flops_model', '-')} | {f(r, 'peak_gb', '.2f')} | {f(r, 'reserved_gb', '.2f')} | "
-                     f"{r.get('error', '')} |")
+                     f"{f(r, 'warmup_s', '.1f')} | {r.get('error', '')} |")
     return "\n".join(lines)
 
 

@@ -314,13 +314,16 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
                 new_cache = HybridCache(new_cache.states, t, t - (pad_mask != 0).sum(1))
         h = h[:, -logits_to_keep:] if logits_to_keep else h
         logits = self.lm_head(h)
-        loss = None
-        if labels is not None:
-            shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
-            shift_labels = labels[:, 1:].reshape(-1).to(logits.device)
-            if num_items_in_batch is not None:
-                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
-                loss = loss / num_items_in_batch
-            else:
-                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+        loss = None if labels is None else self.compute_loss(logits, labels, num_items_in_batch)
         return _causal_lm_output(loss=loss, logits=logits, cache=new_cache, hidden_states=hidden)
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        """Next-token cross-entropy in float32 of logits [B, T, vocab] against labels [B, T] (-100 ignored): the mean
+        over the counted targets, or their sum / ``num_items_in_batch`` (HF Trainer's gradient accumulation). Its own
+        method so that ``training.compile_model(scope="blocks")`` can compile it as one region."""
+        shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
+        shift_labels = labels[:, 1:].reshape(-1).to(logits.device)
+        if num_items_in_batch is not None:
+            return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum") / num_items_in_batch
+        return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)

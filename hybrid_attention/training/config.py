@@ -67,6 +67,9 @@ class TrainSection:
     # (one launch per graph instead of ~1500 per step for the `small` s4d model, whose step was host-bound on the
     # H200: 50.1 ms with 27.2 ms of kernels, benchmarks/NOTES.md session 10); CUDA and one process only.
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+    # what torch.compile compiles (training/compile.py): "model" one region; "blocks" each decoder block and the loss
+    # (regional compilation: one graph per distinct block, reused for every layer; a fraction of the compile time)
+    compile_scope: Literal["model", "blocks"] = "model"
     tf32: bool = True  # CUDA: float32 matmuls outside autocast on TF32 tensor cores (device.set_tf32)
     checkpointing: bool = False  # activation checkpointing of every decoder block (recomputed in the backward)
     parallel: Literal["ddp", "fsdp2"] = "ddp"  # used when launched with torchrun (WORLD_SIZE > 1)

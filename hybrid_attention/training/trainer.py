@@ -37,6 +37,7 @@ from .checkpoint import (
     vocab_size_of,
 )
 from .checkpointing import enable_block_checkpointing
+from .compile import compile_model
 from .config import RunConfig, model_config, save_config
 from .config_schema import ConfigError, to_dict
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
@@ -261,7 +262,7 @@ class Trainer:
             # static shapes: training uses one (batch, length); evaluation at other lengths recompiles once per shape
             # instead of switching to automatic dynamic shapes, whose recompile failed in inductor on the CPU
             # (torch 2.13: "cannot determine truth value of Relational"; tests/models/test_compile.py)
-            self.model.compile(dynamic=False, mode=None if tc.compile_mode == "default" else tc.compile_mode)
+            compile_model(self.model, tc.compile_scope, None if tc.compile_mode == "default" else tc.compile_mode)
         self.amp = _autocast_dtype(tc.precision, ctx.device)
         set_tf32(ctx.device, tc.tf32)
         self.byte_lengths = token_byte_lengths(tok)

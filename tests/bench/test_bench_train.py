@@ -30,9 +30,8 @@ def test_plan_covers_every_mixer_and_the_340m_presets():
     for variant in ("eager+varlen", "compiled+varlen"):
         assert {(r[1], r[2]) for r in small if r[3] == variant} == {(16, 2048)}  # the first small shape only
     large = [r for r in rows if r["name"] in LARGE]
-    assert {r["name"] for r in large} == set(LARGE) and {r["variant"] for r in large} == {"eager", "compiled",
-                                                                                          "compiled+graphs",
-                                                                                          "eager+ckpt", "compiled+ckpt"}
+    assert {r["name"] for r in large} == set(LARGE) and {r["variant"] for r in large} == {
+        "eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt"}
     assert not [r for r in plan(quick=True) if r["name"] in LARGE]
     assert {r["name"] for r in plan(models=["gdn", "gdn-340m"])} == {"gdn", "gdn-340m"}
     with pytest.raises(ValueError, match="--models accepts"):
@@ -111,10 +110,11 @@ def test_train_bench_dryrun(tmp_path):
     res = json.loads((tmp_path / "train_speed.json").read_text())
     assert res["errors"] == [], res["errors"]
     got = {(r["name"], r["variant"]) for r in res["rows"]}
-    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "compiled+graphs"), ("gdn", "eager+varlen"),
-                   ("gdn", "compiled+varlen"), ("natsl-hybrid-340m", "eager"),
-                   ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "compiled+graphs"),
-                   ("natsl-hybrid-340m", "eager+ckpt"), ("natsl-hybrid-340m", "compiled+ckpt")}
+    assert got == {("gdn", "eager"), ("gdn", "compiled"), ("gdn", "compiled+blocks"), ("gdn", "compiled+graphs"),
+                   ("gdn", "eager+varlen"), ("gdn", "compiled+varlen"), ("natsl-hybrid-340m", "eager"),
+                   ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "compiled+blocks"),
+                   ("natsl-hybrid-340m", "compiled+graphs"), ("natsl-hybrid-340m", "eager+ckpt"),
+                   ("natsl-hybrid-340m", "compiled+ckpt")}
     assert all(r["tok_s"] > 0 and r["step_ms"] > 0 for r in res["rows"])
     assert [r["documents"] > 1 for r in res["rows"] if r["variant"].endswith("+varlen")] == [True, True]
     assert "| model | layers | B×T | variant |" in proc.stdout
