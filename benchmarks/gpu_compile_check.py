@@ -3,6 +3,7 @@
     python benchmarks/gpu_compile_check.py                  # GPU: `small` preset, bf16 autocast, B=4, T=512
     python benchmarks/gpu_compile_check.py --cpu-smoke      # CPU: `tiny`-sized stand-ins, fp32, B=2, T=32
     python benchmarks/gpu_compile_check.py --mixers gdn natsl --backend inductor --mode max-autotune-no-cudagraphs
+    python benchmarks/gpu_compile_check.py --scope blocks   # train.compile_scope "blocks": each block + the loss
 
 For every mixer name in ``hybrid_attention.models.mixers.MIXER_BUILDERS`` (read at run time, so new mixers are
 covered) it builds ``HybridConfig.from_preset("small", layers=[name, name])`` with float32 weights in train mode,
@@ -21,6 +22,7 @@ line (FAIL, not fatal). Graph breaks counted by Dynamo are reported (a break is 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -30,6 +32,8 @@ import traceback
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
+
+from hybrid_attention.training.compile import COMPILE_SCOPES, compile_model  # noqa: E402
 
 LOSS_BAR, GRAD_BAR, NOISE_RATIO = 1e-2, 5e-2, 2.0
 TINY = dict(hidden_size=64, num_heads=2, head_dim=32, state_size=16, chunk_size=16)
@@ -101,9 +105,14 @@ def compare(name: str, args, device: str) -> dict:
     t0 = time.time()
     l_e, g_e = loss_and_grads(model, model, ids, amp, device)
     row["eager_s"] = time.time() - t0
-    compiled = torch.compile(model, backend=args.backend, mode=args.mode, fullgraph=args.fullgraph)
+    if args.scope == "blocks":  # in place on a copy (train.compile_scope "blocks"): model itself stays eager
+        owner = copy.deepcopy(model)
+        compiled = compile_model(owner, "blocks", mode=args.mode, backend=args.backend)
+    else:
+        owner = model
+        compiled = torch.compile(model, backend=args.backend, mode=args.mode, fullgraph=args.fullgraph)
     t0 = time.time()
-    l_c, g_c = loss_and_grads(model, compiled, ids, amp, device)
+    l_c, g_c = loss_and_grads(owner, compiled, ids, amp, device)
     row["compiled_first_s"] = time.time() - t0
     breaks = torch._dynamo.utils.counters["graph_break"]  # reason -> count
     row["graph_breaks"] = int(sum(breaks.values()))
@@ -130,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="inductor")
     p.add_argument("--mode", default=None, help="torch.compile mode (default: None)")
     p.add_argument("--fullgraph", action="store_true")
+    p.add_argument("--scope", choices=COMPILE_SCOPES, default="model",
+                   help="what is compiled (train.compile_scope): the whole model or each block and the loss")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on the GPU")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder of gpu_compile_check.json (default: $OUT)")
     p.add_argument("--traceback", action="store_true", default=bool(os.environ.get("COMPILE_CHECK_TRACEBACK")),
@@ -158,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"{dev_name}, {env}; preset small{' (tiny widths)' if args.cpu_smoke else ''}, 2 layers, B={args.batch}, "
           f"T={args.seq}, {'bf16 autocast' if device == 'cuda' and not args.fp32 else 'fp32'}, "
-          f"torch.compile(backend={args.backend}, mode={args.mode}, fullgraph={args.fullgraph})", flush=True)
+          f"torch.compile(backend={args.backend}, mode={args.mode}, fullgraph={args.fullgraph}, scope={args.scope})",
+          flush=True)
     rows = []
     for name in names:
         try:

@@ -9,7 +9,7 @@
 #    benchmarks.s4d_conv (FFT vs Toeplitz, op and compiled model), then decode (StaticDecoder, compiled step captured
 #    in CUDA graphs) of the issue-14 presets at 1K and 128K with whatever time is left (LIMIT, seconds).
 # Each part's log is $OUT/<part>.log; JSON results land in $OUT. Parts and rows by environment (defaults in brackets):
-#   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]
+#   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]  COMPILE_SCOPE [model; or blocks]
 #   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  TRAIN_SHAPES [16x2048]
 #   TRAIN_QUICK=1 [1] (0: the 340M rows too, e.g. TRAIN_MODELS="transformer-340m gdn-340m" TRAIN_SHAPES=4x4096)
 #   S4D_CONV=1 [1]
@@ -43,7 +43,7 @@ if [ "${CHECKS:-1}" = 1 ]; then
   P1=$!
   read -ra compile_mixers <<< "${COMPILE_MIXERS:-}"
   timeout -k 10 230 python -m benchmarks.gpu_compile_check --out "$OUT" ${COMPILE_MIXERS:+--mixers "${compile_mixers[@]}"} \
-    > "$OUT/compile_check.log" 2>&1 &
+    --scope "${COMPILE_SCOPE:-model}" > "$OUT/compile_check.log" 2>&1 &
   P2=$!
   wait $P1; echo "== pytest tests/ops tests/serving: exit $? after $(( $(date +%s) - T0 )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20; tail -n 2 "$OUT/pytest_gpu.log"
