@@ -21,6 +21,8 @@
 set -u
 OUT=${OUT:?set OUT}
 LIMIT=${LIMIT:-540}
+# the runs of one call share their tokenized corpus (data/token_cache.py): only the first one encodes it
+export HYBRID_ATTENTION_TOKEN_CACHE=${HYBRID_ATTENTION_TOKEN_CACHE:-/tmp/token_cache}
 MIN_LEFT=${MIN_LEFT:-30}  # an item that would start with less time left is skipped (a cut run's checkpoints are lost)
 RUNS=${RUNS:-/tmp/gx}
 E="python -m hybrid_attention.experiments"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,15 @@ from .errors import DataError
 from .packing import PackedSequences, ShuffledBatches, StreamingBatches
 from .prose import prose_corpus
 from .shards import text_dir_corpus
-from .tokenizer import byte_tokenizer, encode_documents, load_tokenizer, train_bpe_tokenizer
+from .token_cache import cache_dir, cached_ids, documents_key
+from .tokenizer import (
+    byte_tokenizer,
+    encode_documents,
+    is_byte_tokenizer,
+    load_tokenizer,
+    separator_id,
+    train_bpe_tokenizer,
+)
 
 
 @dataclass
@@ -76,7 +85,18 @@ def validation_tokens(cfg: DataConfig, tok: PreTrainedTokenizerBase, corpus: Cor
         docs = itertools.islice(_hf_docs(cfg, "validation")(), max(1, cfg.val_tokens // 64))
         return encode_documents(tok, list(docs))[: cfg.val_tokens]
     corpus = corpus if corpus is not None else load_corpus(cfg)
-    return encode_documents(tok, corpus.validation)
+    return encode_split(tok, corpus.validation)
+
+
+def encode_split(tok: PreTrainedTokenizerBase, docs: Sequence[str]) -> np.ndarray:
+    """``encode_documents`` of a whole split, read from / stored in the token cache when
+    ``$HYBRID_ATTENTION_TOKEN_CACHE`` names a folder and the tokenizer has a ``tokenizers`` serialisation
+    (``data/token_cache.py``); the byte tokenizer's NumPy path is faster than the cache's hash and stays uncached."""
+    folder, backend = cache_dir(), getattr(tok, "backend_tokenizer", None)
+    if folder is None or backend is None or is_byte_tokenizer(tok):
+        return encode_documents(tok, docs)
+    key = documents_key(backend.to_str(), separator_id(tok), docs)
+    return cached_ids(key, lambda: encode_documents(tok, docs), folder)
 
 
 def build_lm_data(cfg: DataConfig, global_batch: int, seed: int, tokenizer_dir: Path | None = None) -> LMData:
@@ -89,7 +109,7 @@ def build_lm_data(cfg: DataConfig, global_batch: int, seed: int, tokenizer_dir: 
         return LMData(tok, train, val, desc)
     corpus = load_corpus(cfg)
     tok = get_tokenizer(cfg, corpus, tokenizer_dir)
-    train_tokens = encode_documents(tok, corpus.train)
+    train_tokens = encode_split(tok, corpus.train)
     val = validation_tokens(cfg, tok, corpus)
     if len(val) < cfg.seq_len:
         raise DataError(f"validation split has {len(val)} tokens, fewer than seq_len={cfg.seq_len}")
