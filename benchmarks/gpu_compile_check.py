@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default=None, help="torch.compile mode (default: None)")
     p.add_argument("--fullgraph", action="store_true")
     p.add_argument("--scope", choices=COMPILE_SCOPES, default="model",
-                   help="what is compiled (train.compile_scope): the whole model or each block and the loss")
+                   help="what is compiled (train.compile_scope): the whole model or each block and the loss "
+                   "(--fullgraph applies to the whole model only)")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on the GPU")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder of gpu_compile_check.json (default: $OUT)")
     p.add_argument("--traceback", action="store_true", default=bool(os.environ.get("COMPILE_CHECK_TRACEBACK")),

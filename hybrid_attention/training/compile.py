@@ -20,14 +20,17 @@ Static shapes in both (``dynamic=False``): training uses one (batch, length); ev
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import nn
 
+from .config import CompileScope
 from .distributed import unwrap
 
 __all__ = ["COMPILE_SCOPES", "compile_model"]
 
-COMPILE_SCOPES = ("model", "blocks")
+COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 
 
 def compile_model(model: nn.Module, scope: str = "model", mode: str | None = None,

@@ -51,6 +51,10 @@ class OptimSection:
     grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
 
 
+# train.compile_scope's values; training/compile.py derives COMPILE_SCOPES from it
+CompileScope = Literal["model", "blocks"]
+
+
 @dataclass
 class TrainSection:
     """The loop: batch sizes, devices, logging, checkpoints."""
@@ -69,7 +73,7 @@ class TrainSection:
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     # what torch.compile compiles (training/compile.py): "model" one region; "blocks" each decoder block and the loss
     # (regional compilation: one graph per distinct block, reused for every layer; a fraction of the compile time)
-    compile_scope: Literal["model", "blocks"] = "model"
+    compile_scope: CompileScope = "model"
     tf32: bool = True  # CUDA: float32 matmuls outside autocast on TF32 tensor cores (device.set_tf32)
     checkpointing: bool = False  # activation checkpointing of every decoder block (recomputed in the backward)
     parallel: Literal["ddp", "fsdp2"] = "ddp"  # used when launched with torchrun (WORLD_SIZE > 1)
