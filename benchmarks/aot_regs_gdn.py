@@ -19,7 +19,9 @@ Shapes: ``340m`` the GDN layer of ``gdn-340m`` / ``natsl-hybrid-340m`` (B=1, T=1
 chunk 64); ``small`` the ``small`` preset with GDN layers (B=16, T=2048, 8 heads, K=64, V=2K=128, chunk 64). The
 grid sizes are those of that call (register use does not depend on T). Columns: registers per thread, spill stores /
 loads (bytes), shared memory (bytes, triton's launch value), an estimate of resident CTAs per SM (64 warps, 64K
-registers allocated per warp in units of 256, 227 KiB shared memory), and the grid.
+registers allocated per warp in units of 256, 227 KiB shared memory), ``loop``: SASS instructions in the kernel's
+largest loop (``loop_instructions``: the per-chunk step of the two sequential state kernels; a static proxy for their
+latency-bound step, for A/B of kernel versions), and the grid.
 """
 
 from __future__ import annotations
@@ -142,10 +144,38 @@ def record_launches(
     return log
 
 
+def loop_instructions(sass: str) -> int:
+    """SASS instructions in the kernel's largest loop (the span from a label to the backward branch that returns to
+    it); 0 without a loop. For the sequential state kernels this is the per-chunk step: a static count, a proxy for
+    their latency-bound step time (not a measurement), comparable between two versions of the same kernel."""
+    addr_of: dict[str, int] = {}
+    pending: list[str] = []
+    instrs: list[tuple[int, str]] = []
+    for line in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        ins = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+\S", line)
+        if ins:
+            addr = int(ins.group(1), 16)
+            addr_of.update((name, addr) for name in pending)
+            pending = []
+            instrs.append((addr, line))
+    best = 0
+    for addr, line in instrs:
+        target = re.search(r"\bBRA\b.*\((\.L_x_\d+)\)", line)
+        if target and addr_of.get(target.group(1), addr) < addr:
+            start = addr_of[target.group(1)]
+            best = max(best, sum(1 for a, _ in instrs if start <= a <= addr))
+    return best
+
+
 def _ptxas_report(ptx: str, fp_fusion: bool) -> dict[str, int]:
-    """{regs, spill_st, spill_ld} from ``ptxas -v`` of one kernel's PTX for sm_90a, with the ptxas and the flags
+    """{regs, spill_st, spill_ld, loop} from ``ptxas -v`` of one kernel's PTX for sm_90a, with the ptxas and the flags
     triton's own ``make_cubin`` uses for that target (triton 3.9: the CUDA 13 ``ptxas-blackwell`` for sm >= 90, whose
-    PTX version the older bundled ``ptxas`` rejects)."""
+    PTX version the older bundled ``ptxas`` rejects); ``loop``: ``loop_instructions`` of the cubin's SASS
+    (``nvdisasm`` next to that ptxas)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
@@ -163,9 +193,13 @@ def _ptxas_report(ptx: str, fp_fusion: bool) -> dict[str, int]:
             os.path.join(tmp, "k.cubin"),
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        nvdisasm = os.path.join(os.path.dirname(cmd[0]), "nvdisasm")
+        sass = subprocess.run([nvdisasm, "-c", os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
+                              check=True).stdout
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    return {"regs": regs, "spill_st": int(spill.group(1)), "spill_ld": int(spill.group(2))}
+    return {"regs": regs, "spill_st": int(spill.group(1)), "spill_ld": int(spill.group(2)),
+            "loop": loop_instructions(sass)}
 
 
 def compile_kernel(launch: Launch):
@@ -239,13 +273,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{shape}: {SHAPES[shape]}")
         print(
             f"{'kernel':11s} {'tiles':17s} {'w/s':4s} {'regs':>4s} {'spill st/ld B':>14s} {'smem B':>7s} "
-            f"{'CTA/SM':>6s}  grid"
+            f"{'CTA/SM':>6s} {'loop':>5s}  grid"
         )
         for launch, r in report(shape, config, varlen=a.varlen, commit=a.commit):
             spills = f"{r['spill_st']}/{r['spill_ld']}"
             print(
                 f"{launch.name:11s} {_tiles(launch):17s} {r['warps']}/{r['stages']:<2d} {r['regs']:4d} {spills:>14s} "
-                f"{r['smem']:7d} {r['ctas_per_sm']:6d}  {launch.grid}"
+                f"{r['smem']:7d} {r['ctas_per_sm']:6d} {r['loop']:5d}  {launch.grid}"
             )
 
 

@@ -246,8 +246,10 @@ def _state_fwd_step(
     rkt = tl.load(rk_ptr + bh * Tp + t)
     kt = tl.load(k_ptr + b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :],
                  mask=tm[:, None] & km[None, :], other=0.0)
-    kd = _bf16(kt.to(tl.float32) * (rkt * tl.exp(Gl - Gt))[:, None], BF16, UPCAST)
-    dS = tl.dot(tl.trans(kd), vn, input_precision=PREC)
+    # K̃ᵀ vn = kᵀ (diag(r_k e^{G_last - G}) vn): the per-token scale goes on the [C, BV] tile of this program, not on
+    # the [C, K] key tile that every V-tile program of the head would scale again (K / BV times the work)
+    vs = _bf16(vn.to(tl.float32) * (rkt * tl.exp(Gl - Gt))[:, None], BF16, UPCAST)
+    dS = tl.dot(tl.trans(_bf16(kt.to(tl.float32), BF16, UPCAST)), vs, input_precision=PREC)
     gam = tl.exp(Gl)
     if HAS_COMMIT:
         m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
@@ -417,25 +419,28 @@ def _state_bwd_step(
     rk = tl.load(rk_ptr + bh * Tp + t)
     offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
     msk = tm[:, None] & km[None, :]
-    kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
-    qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
+    # the per-token scales r_k e^{G_last - G} (of K̃) and r_q e^{G} (of e^G q̂) act on the [C, BV] side of each dot:
+    # K̃ dS = diag(.) (k dS) and (e^G q̂)ᵀ dO = qᵀ (diag(.) dO), so the raw [C, K] q / k tiles only load and multiply
+    kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+    qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32)
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
                  mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
     dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     gam = tl.exp(Gl)
+    kdS = tl.dot(kt, dS, input_precision=PREC) * (rk * tl.exp(Gl - Gt))[:, None]
     if HAS_COMMIT:
         m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
         if DECAY_UNCOMMITTED:
             a = gam
         else:
             a = m * gam + 1.0 - m
-        dvn = dvl + m * tl.dot(kd, dS, input_precision=PREC)
+        dvn = dvl + m * kdS
     else:
         a = gam
-        dvn = dvl + tl.dot(kd, dS, input_precision=PREC)
+        dvn = dvl + kdS
     tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
-    dS = (a * dS + scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
+    dS = (a * dS + scale * tl.dot(tl.trans(qt), dO * (rq * tl.exp(Gt))[:, None], input_precision=PREC)
           - tl.dot(tl.trans(wn), dvn, input_precision=PREC))
     return dS
 
