@@ -237,8 +237,8 @@ def _state_fwd_step(
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0)
     un = tl.load(u_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     vn = un.to(tl.float32) - tl.dot(_bf16(wn, BF16, UPCAST), Sb, input_precision=PREC)
-    # BF16: the rounded vn is both the stored vn (read by output / backward) and the operand of K̃ᵀ vn, so the state
-    # update and the output see the same value
+    # BF16: the rounded vn is the stored vn (read by output / backward) and, scaled per token and rounded once more,
+    # the operand of the state update below
     vn = _bf16(vn, BF16, UPCAST)
     tl.store(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], vn, mask=vm[None, :])
     Gt = tl.load(G_ptr + bh * Tp + t)
