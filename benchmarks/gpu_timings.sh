@@ -19,7 +19,11 @@
 #   DECODE_MODELS [natsl-hybrid-340m,gdn-340m,transformer-340m,interdomain-1.3b]  DECODE_CONTEXTS [1024,131072]
 #   DECODE_BATCHES [all rows: 1,8]
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
-#   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs)
+#   PREFILL_MODELS [none: e.g. "gdn-340m,natsl-hybrid-340m,transformer-340m"]  PREFILL_LENGTHS [131072]
+#   PREFILL_COMPILE=0 [0]  (benchmarks.models --sections prefill, issue 15's whole-model prefill; 1: torch.compile)
+#   NATSL_OPS=0 [0]  (benchmarks.natsl_ops: float64 correctness, the op timings at 4K / 16K / 64K and the profile)
+#   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs; with NATSL_OPS=1
+#   both in one process, the sweep last)
 #   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
 #   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
@@ -103,12 +107,24 @@ if [ "${DECODE_ATTN_SWEEP:-0}" = 1 ]; then
   echo "== decode_attention_ops: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||FAIL" "$OUT/decode_attention_ops.log" | tail -40
 fi
 
-if [ "${NATSL_SWEEP:-0}" = 1 ]; then
+if [ -n "${PREFILL_MODELS:-}" ]; then
+  pf=$(slot 30); [ "${NATSL_OPS:-0}${NATSL_SWEEP:-0}" != 00 ] && pf=$(( pf / 2 ))  # leave the op part half
+  [ "$pf" -gt 1 ] || pf=1
+  timeout -k 10 "$pf" python -m benchmarks.models --sections prefill --prefill-models "$PREFILL_MODELS" \
+    --prefill-lengths "${PREFILL_LENGTHS:-131072}" $([ "${PREFILL_COMPILE:-0}" = 1 ] && echo --prefill-compile) \
+    --budget-s $(( pf > 40 ? pf - 20 : 20 )) --out "$OUT" > "$OUT/prefill.log" 2>&1
+  echo "== prefill: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^prefill|target|^\|" "$OUT/prefill.log" | tail -20
+fi
+if [ "${NATSL_OPS:-0}" = 1 ] || [ "${NATSL_SWEEP:-0}" = 1 ]; then
+  mode=--sweep-only
+  [ "${NATSL_OPS:-0}" = 1 ] && mode=$([ "${NATSL_SWEEP:-0}" = 1 ] && echo --sweep)
   sweep_t=$(( $(left) - 10 ))
   [ -n "${DECODE_MODELS:-}" ] && sweep_t=$(( sweep_t / 2 ))  # leave the decode part half of what is left
-  timeout -k 10 "$sweep_t" python -m benchmarks.natsl_ops --sweep-only --budget-s $(( sweep_t - 20 )) --out "$OUT" \
+  [ "$sweep_t" -gt 30 ] || sweep_t=30
+  timeout -k 10 "$sweep_t" python -m benchmarks.natsl_ops $mode --budget-s $(( sweep_t - 20 )) --out "$OUT" \
     > "$OUT/natsl_sweep.log" 2>&1
-  echo "== natsl_ops --sweep: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "sweep|^\|" "$OUT/natsl_sweep.log" | tail -40
+  echo "== natsl_ops ${mode:-(checks + timings)}: exit $? after $(( $(date +%s) - T0 )) s"
+  grep -E "sweep|FAIL|^ +[0-9]+ \||^\|" "$OUT/natsl_sweep.log" | tail -60
 fi
 
 t=$(( $(left) - 10 ))
