@@ -121,9 +121,18 @@ if [ "${NATSL_OPS:-0}" = 1 ] || [ "${NATSL_SWEEP:-0}" = 1 ]; then
   sweep_t=$(( $(left) - 10 ))
   [ -n "${DECODE_MODELS:-}" ] && sweep_t=$(( sweep_t / 2 ))  # leave the decode part half of what is left
   [ "$sweep_t" -gt 30 ] || sweep_t=30
-  timeout -k 10 "$sweep_t" python -m benchmarks.natsl_ops $mode --budget-s $(( sweep_t - 20 )) --out "$OUT" \
-    > "$OUT/natsl_sweep.log" 2>&1
-  echo "== natsl_ops ${mode:-(checks + timings)}: exit $? after $(( $(date +%s) - T0 )) s"
+  from=0
+  while :; do  # exit code 3: a sweep job broke the CUDA context; resume at the next job in a fresh process
+    timeout -k 10 "$sweep_t" python -m benchmarks.natsl_ops $mode --sweep-from "$from" \
+      --budget-s $(( sweep_t - 20 )) --out "$OUT" >> "$OUT/natsl_sweep.log" 2>&1
+    rc=$?
+    echo "== natsl_ops ${mode:-(checks + timings)} --sweep-from $from: exit $rc after $(( $(date +%s) - T0 )) s"
+    [ "$rc" = 3 ] || break
+    from=$(grep -o 'resume with --sweep-from [0-9]*' "$OUT/natsl_sweep.log" | tail -n 1 | awk '{print $NF}')
+    mode=--sweep-only  # the checks and timings ran in the first process
+    sweep_t=$(( $(left) - 10 )); [ -n "${DECODE_MODELS:-}" ] && sweep_t=$(( sweep_t / 2 ))
+    [ "$sweep_t" -gt 40 ] || break
+  done
   grep -E "sweep|FAIL|^ +[0-9]+ \||^\|" "$OUT/natsl_sweep.log" | tail -60
 fi
 

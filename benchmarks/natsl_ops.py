@@ -417,8 +417,9 @@ def decode(s: BenchSettings):
 
 
 @guarded("sweep")
-def sweep(s: BenchSettings):
-    """Launch-config variants of the softmax and GDN kernels (forward+backward of each branch alone)."""
+def sweep(s: BenchSettings, start: int = 0):
+    """Launch-config variants of the softmax and GDN kernels (forward+backward of each branch alone), from job
+    ``start`` of the flat job list on (the jobs before it ran in an earlier process)."""
     dryrun = s.dryrun
     shape = SHAPES[s.dryrun]
     if dryrun:
@@ -431,9 +432,9 @@ def sweep(s: BenchSettings):
         dict(fwd_qc=1, fwd_warps=8, fwd_stages=3),
         dict(dq_qc=1, dq_warps=4, dq_stages=3),
         dict(dkv_qb=32, dkv_warps=4, dkv_stages=3),
-        dict(bwd_mode="one_pass"),  # issue 15: one-pass backward (dq by atomics), QB64 8 warps 2 stages
-        dict(bwd_mode="one_pass", onepass_warps=4),  # sm_90 AOT: spills 188 B at this Dv = 128
-        dict(bwd_mode="one_pass", onepass_qb=32, onepass_warps=4, onepass_stages=1),  # no spills, dq dot mma.sync
+        # issue 15: one-pass backward (dq by atomics), QB64 8 warps 2 stages. Session 13 at 16K: f+b 3.58 ms vs the
+        # default's 2.49 (4 warps: 2.85, qb32 / 4 warps / 1 stage: 3.27, both dropped from the sweep)
+        dict(bwd_mode="one_pass"),
     ]
     gdn_variants = [
         {},
@@ -441,13 +442,11 @@ def sweep(s: BenchSettings):
         # then the state tiles the bf16 buffers make affordable (sm_90 AOT, triton 3.6, 340m + commit, no spills:
         # 16/4/1 138 regs 22 KB smem, 16/4/2 128 regs 70 KB, 32/4/2 156 regs 74 KB, 64/8/2 178 regs 91 KB; fp32
         # 16/4/1: 188 regs 45 KB). Grid V / seqf_bv x 6 heads: 96 / 96 / 48 / 24 CTAs on 132 SMs.
-        # Right after the default: timed before seqf_bv=16 / 8 warps (an illegal memory access in run 2, see
-        # config.py), which would take the CUDA context down with it.
+        # (seqf_bv=16 with 8 warps is not swept: an illegal memory access in session 8's run 2, see config.py)
         dict(buffer_dtype="bf16"),
         dict(buffer_dtype="bf16", seqf_stages=2),
         dict(buffer_dtype="bf16", seqf_bv=32, seqf_warps=4, seqf_stages=2),
         dict(buffer_dtype="bf16", seqf_bv=64, seqf_warps=8, seqf_stages=2),
-        dict(seqf_bv=16, seqf_warps=8),
         dict(seqf_bv=32, seqf_warps=8),
         dict(seqf_stages=2),
         dict(seqb_bv=32, seqb_warps=8),
@@ -455,81 +454,87 @@ def sweep(s: BenchSettings):
         dict(bwdk_bv=64),
         dict(par_warps=4),
     ]
-    for T in (16384, 65536):
-        leaves, routing, cot = make_inputs(s.device, T, H, K, V, G, C, 0.3, seed=2, with_s0=False)
-        xs = {n: (x.requires_grad_() if x is not None else None) for n, x in leaves.items()}
-        req = [x for x in xs.values() if x is not None]
-        dos, dog = cot["do_s"].bfloat16(), cot["do_g"].bfloat16()
-        for var in attn_variants:
-            if elapsed() > s.budget_s:
-                log("  sweep: time budget reached")
+    # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
+    # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process
+    # (--sweep-from, which benchmarks/gpu_timings.sh passes after exit code 3)
+    jobs = [(T, kind, var) for T in (16384, 65536)
+            for kind, var in ([("softmax", v) for v in attn_variants] + [("fla_gdn", {})]
+                              + [("gdn", v) for v in gdn_variants])]
+    T_inputs, inputs, o_default = None, None, None
+    for j, (T, kind, var) in enumerate(jobs):
+        if j < start:
+            continue
+        if elapsed() > s.budget_s:
+            log("  sweep: time budget reached")
+            return
+        if T != T_inputs:
+            T_inputs, o_default = T, None  # o_default: the GDN default's output, each variant's o_rel is against it
+            leaves, routing, cot = make_inputs(s.device, T, H, K, V, G, C, 0.3, seed=2, with_s0=False)
+            xs = {n: (x.requires_grad_() if x is not None else None) for n, x in leaves.items()}
+            inputs = (xs, routing, [x for x in xs.values() if x is not None],
+                      cot["do_s"].bfloat16(), cot["do_g"].bfloat16())
+        try:
+            row = _sweep_job(kind, var, C, G, *inputs, o_default)
+        except Exception as exc:
+            log(f"  T={T} {kind} {var}: FAILED {exc!r}")
+            if _context_broken():
+                RESULTS["sweep_resume"] = j + 1
+                log(f"  sweep: job {j} broke the CUDA context; resume with --sweep-from {j + 1}")
                 return
-            try:
-                cfg_a = dataclasses.replace(ATTN_DEFAULT, **var)
+            continue
+        if row is None:  # fla not installed
+            continue
+        if kind == "gdn" and not var:
+            o_default = row.pop("o")
+        row.pop("o", None)
+        RESULTS["sweep"].append(dict(T=T, kind=kind, var=var, **row))
+        extra = f" (o vs default {row['o_rel']:.1e})" if "o_rel" in row else ""
+        fb = f" f+b {row['fb']:.3f}" if "fb" in row else ""
+        log(f"  T={T} {kind} {var or 'default'}: fwd {row['fwd']:.3f}{fb}{extra}")
 
-                def fwd(xs=xs, routing=routing, cfg_a=cfg_a):
-                    return triton_chunk_attention(
-                        xs["qs"],
-                        xs["ks"],
-                        xs["vs"],
-                        routing,
-                        chunk_size=C,
-                        group_size=G,
-                        routing_bias=xs["rb"],
-                        config=cfg_a,
-                    )
 
-                tf = bench(fwd, warmup=5, rep=40)
-                tfb = bench(lambda fwd=fwd, dos=dos: fwd().backward(dos), warmup=5, rep=60, grad_to_none=req)
-                RESULTS["sweep"].append(dict(T=T, kind="softmax", var=var, fwd=tf, fb=tfb))
-                log(f"  T={T} softmax {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f}")
-            except Exception as exc:
-                log(f"  T={T} softmax {var}: FAILED {exc!r}")
+def _context_broken() -> bool:
+    """True when the CUDA context no longer works (a sticky error such as an illegal memory access)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:
+        return True
+
+
+def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
+    """Time one sweep variant: {fwd, fb} ms (GDN: also o, the output, and o_rel against ``o_default``)."""
+    if kind == "softmax":
+        cfg_a = dataclasses.replace(ATTN_DEFAULT, **var)
+
+        def fwd():
+            return triton_chunk_attention(xs["qs"], xs["ks"], xs["vs"], routing, chunk_size=C, group_size=G,
+                                          routing_bias=xs["rb"], config=cfg_a)
+
+        return dict(fwd=bench(fwd, warmup=5, rep=40),
+                    fb=bench(lambda: fwd().backward(dos), warmup=5, rep=60, grad_to_none=req))
+    if kind == "fla_gdn":  # fla's forward (no commit mask), when installed
         fla_op = fla_gdn()
-        if fla_op is not None and elapsed() <= s.budget_s:  # fla's forward first (no commit mask)
-            try:
+        if fla_op is None:
+            return None
+        return dict(fwd=bench(lambda: fla_op(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype),
+                                             use_qk_l2norm_in_kernel=True)[0], warmup=5, rep=40))
+    cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
 
-                def fla_fwd(xs=xs, fla_op=fla_op):
-                    return fla_op(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype),
-                                  use_qk_l2norm_in_kernel=True)[0]
+    def gfwd():
+        return triton_gated_delta(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], commit=xs["commit"],
+                                  chunk_size=C, config=cfg_g)[0]
 
-                tf = bench(fla_fwd, warmup=5, rep=40)
-                RESULTS["sweep"].append(dict(T=T, kind="fla_gdn", var={}, fwd=tf))
-                log(f"  T={T} fla gdn (no commit mask): fwd {tf:.3f}")
-            except Exception as exc:
-                log(f"  T={T} fla gdn: FAILED {exc!r}")
-        o_default = None  # the default variant's output: each variant's rel. RMS difference to it (o_rel)
-        for var in gdn_variants:
-            if elapsed() > s.budget_s:
-                log("  sweep: time budget reached")
-                return
-            try:
-                cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
-
-                def gfwd(xs=xs, cfg_g=cfg_g):
-                    return triton_gated_delta(
-                        xs["q"],
-                        xs["k"],
-                        xs["v"],
-                        xs["g"],
-                        xs["beta"],
-                        commit=xs["commit"],
-                        chunk_size=C,
-                        config=cfg_g,
-                    )[0]
-
-                with torch.no_grad():
-                    o_var = gfwd().float()
-                if o_default is None:
-                    o_default = o_var
-                o_rel = rel_rms(o_var, o_default)
-                tf = bench(gfwd, warmup=5, rep=40)
-                tfb = bench(lambda gfwd=gfwd, dog=dog: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req)
-                RESULTS["sweep"].append(dict(T=T, kind="gdn", var=var, fwd=tf, fb=tfb, o_rel=o_rel))
-                log(f"  T={T} gdn {var or 'default'}: fwd {tf:.3f} f+b {tfb:.3f} (o vs default {o_rel:.1e})")
-            except Exception as exc:
-                log(f"  T={T} gdn {var}: FAILED {exc!r}")
-
+    with torch.no_grad():
+        o = gfwd().float()
+    if o_default is not None:
+        o_rel = rel_rms(o, o_default)
+    else:  # the default itself (0), or a process resumed after it (no reference output)
+        o_rel = 0.0 if not var else float("nan")
+    return dict(fwd=bench(gfwd, warmup=5, rep=40),
+                fb=bench(lambda: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req), o_rel=o_rel, o=o)
 
 def summary(s: BenchSettings):
     dev = s.device
@@ -602,6 +607,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checks-only", action="store_true", help="the correctness sections only, no timings")
     p.add_argument("--sweep-only", action="store_true",
                    help="the launch-config sweep alone (correctness of the variants: the CUDA test suite)")
+    p.add_argument("--sweep-from", type=int, default=0,
+                   help="start the sweep at this job (after a process that exited with code 3: a sticky CUDA error)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     s = BenchSettings.from_args(args)
     log(f"natsl_gpu: device={s.device} dryrun={s.dryrun} torch={torch.__version__}")
@@ -613,10 +620,13 @@ def main(argv: list[str] | None = None) -> None:
             timings(s)
             decode(s)
     if args.sweep or args.sweep_only:
-        sweep(s)
-    with open(s.out_path("natsl_gpu.json"), "w") as f:
+        sweep(s, args.sweep_from)
+    name = "natsl_gpu.json" if args.sweep_from == 0 else f"natsl_gpu_sweep_from{args.sweep_from}.json"
+    with open(s.out_path(name), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
     summary(s)
+    if "sweep_resume" in RESULTS:  # the CUDA context broke: the caller may resume at RESULTS["sweep_resume"]
+        sys.exit(3)
 
 
 if __name__ == "__main__":
