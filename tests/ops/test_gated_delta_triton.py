@@ -7,6 +7,7 @@ both rollback variants, with and without initial state.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
+from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 from hybrid_attention.ops.gated_delta.triton import triton_gated_delta
 
@@ -116,14 +118,34 @@ def test_large_chunks_blocked_inverse(C):
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 @pytest.mark.parametrize("K,V", [(64, 128), (128, 256)])
-def test_model_head_shapes_on_cuda(K, V):
-    # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64 with the default launch
-    # configuration: session 13 found a state_bwd rewrite that passed every small-shape test on CUDA and the
-    # interpreter but hit an illegal memory access at K = 128, V = 256 (triton 3.6, sm_90) -- codegen, not indexing
+@pytest.mark.parametrize("variant", [{}, {"seqb_scale": "tile", "seqb_warps": 4}, {"seqb_scale": "tile", "seqb_bv": 32}])
+def test_model_head_shapes_on_cuda(K, V, variant):
+    # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
+    # and the swept "tile" state backward: session 13 found that form passing every small-shape test on CUDA and the
+    # interpreter but hitting an illegal memory access at K = 128, V = 256 with 16-wide / 8-warp tiles (triton 3.6,
+    # sm_90) -- codegen, not indexing; that launch is not tested here (it takes the CUDA context down)
     inputs, do, dS = make_case(1, 200, 2, K, V, 64, "random", True, seed=K)
-    tri, ref = run_both(inputs, do, dS, 64, True)
+    cfg = dataclasses.replace(DEFAULT_CONFIG, **variant) if variant else None
+    tri, ref = run_both(inputs, do, dS, 64, True, config=cfg)
     for name, a, b in zip(NAMES, tri, ref):
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+
+
+@pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False), ("none", True)])
+def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommitted):
+    # GatedDeltaConfig.seqb_scale = "tile": the per-token scales on the [C, BV] side of the state backward's dots
+    inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=45)
+    cfg = dataclasses.replace(DEFAULT_CONFIG, seqb_scale="tile")
+    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
+    for name, a, b in zip(NAMES, tri, ref):
+        if b is None:
+            continue
+        assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+
+
+def test_config_rejects_unknown_scale_side():
+    with pytest.raises(ValueError, match="seqb_scale must be one of qk, tile"):
+        dataclasses.replace(DEFAULT_CONFIG, seqb_scale="k")
 
 
 def test_forward_only_and_dispatch():

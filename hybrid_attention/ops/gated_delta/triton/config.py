@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from ...common.triton.config import KernelConfig
 
-__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES"]
+__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES"]
 
 BUFFER_DTYPES = ("fp32", "bf16")
 """Allowed ``GatedDeltaConfig.buffer_dtype`` values."""
+SEQB_SCALES = ("qk", "tile")
+"""Allowed ``GatedDeltaConfig.seqb_scale`` values."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,13 @@ class GatedDeltaConfig(KernelConfig):
     V / seqf_bv x B*H; H200: 16/4 beat 32/8 and 64/8; 16 with 8 warps hit an illegal memory access in run 2, a
     codegen issue of that tile/warp combination, not a kernel indexing bug: do not use it); seqb_*: the state
     backward; bwdk_*: the key-side backward; fin_*: the finishing backward kernel. ``poison``: see ``KernelConfig``.
+
+    seqb_scale: where the state backward applies the per-token scales r_k e^{G_last - G} and r_q e^G. "qk" (default):
+    on the [C, K] key / query tiles before the dots. "tile": on the [C, BV] side (K̃ dS = diag(s) (k dS),
+    (e^G q̂)ᵀ dO = qᵀ (diag(s') dO)), K / BV times fewer multiplications per program (sm_90 AOT at 340m, 8 warps:
+    loop 800 -> 706 SASS instructions). "tile" with the default 16-wide / 8-warp tiles hit an illegal memory access on
+    the H200 at K = 128 (triton 3.6, session 13: codegen, the addressing is the same); with 4 warps, or 32-wide tiles
+    and 8 warps, it ran there, untimed (both spill in the AOT compile). Do not combine it with 16 / 8.
 
     buffer_dtype: storage of the forward's per-token / per-chunk buffers w, u (``prep``), S_n and vn
     (``state_fwd``), and the operand dtype of the dots of ``state_fwd`` and ``output``. "fp32" (default): fp32
@@ -59,10 +68,13 @@ class GatedDeltaConfig(KernelConfig):
     fin_warps: int = 8
     fin_stages: int = 1
     buffer_dtype: str = "fp32"
+    seqb_scale: str = "qk"
 
     def __post_init__(self) -> None:
         if self.buffer_dtype not in BUFFER_DTYPES:
             raise ValueError(f"buffer_dtype must be one of {', '.join(BUFFER_DTYPES)}, got {self.buffer_dtype!r}")
+        if self.seqb_scale not in SEQB_SCALES:
+            raise ValueError(f"seqb_scale must be one of {', '.join(SEQB_SCALES)}, got {self.seqb_scale!r}")
 
 
 DEFAULT_CONFIG = GatedDeltaConfig()

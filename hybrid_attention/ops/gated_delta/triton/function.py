@@ -40,7 +40,7 @@ class _Tiles:
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=cfg.par_warps, num_stages=cfg.par_stages)
         self.seqf = dict(num_warps=cfg.seqf_warps, num_stages=cfg.seqf_stages)
-        self.seqb = dict(num_warps=cfg.seqb_warps, num_stages=cfg.seqb_stages)
+        self.seqb = dict(num_warps=cfg.seqb_warps, num_stages=cfg.seqb_stages, TILE_SCALE=cfg.seqb_scale == "tile")
         self.bwdk = dict(num_warps=cfg.bwdk_warps, num_stages=cfg.bwdk_stages)
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
         # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)

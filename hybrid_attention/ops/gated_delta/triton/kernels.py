@@ -404,7 +404,7 @@ def _bwd_local_kernel(
 
 
 @triton.jit
-def _state_bwd_step(
+def _state_bwd_step_qk(
     n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, cu_ptr, ci_ptr,
     scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
@@ -419,10 +419,6 @@ def _state_bwd_step(
     rk = tl.load(rk_ptr + bh * Tp + t)
     offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
     msk = tm[:, None] & km[None, :]
-    # The per-token scales stay on the [C, K] q / k tiles here. Moving them onto the [C, BV] side as state_fwd does
-    # (K̃ dS = diag(.) (k dS), 12% fewer loop instructions in the sm_90 AOT) hit an illegal memory access on the H200
-    # at K = 128, V = 256 with the default 16-wide / 8-warp tiles (triton 3.6; session 13, benchmarks/NOTES.md):
-    # codegen, since the addressing is the same; it ran with 4 warps or 32-wide tiles, untimed. Kept as it was.
     kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
     qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
@@ -447,13 +443,80 @@ def _state_bwd_step(
 
 
 @triton.jit
+def _state_bwd_step_tile(
+    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, cu_ptr, ci_ptr,
+    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
+):
+    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
+    t = n * C + tl.arange(0, C)
+    tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
+    msk = tm[:, None] & km[None, :]
+    kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+    qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+    sk = rk * tl.exp(Gl - Gt)  # K̃ = diag(sk) k̂ and e^G q̂ = diag(sq) q̂, per token
+    sq = rq * tl.exp(Gt)
+    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
+    dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
+                 mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
+    dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+    gam = tl.exp(Gl)
+    # the scales on the [C, BV] side of the two dots: K̃ dS = diag(sk) (k dS), (e^G q̂)ᵀ dO = qᵀ (diag(sq) dO)
+    kdS = tl.dot(kt, dS, input_precision=PREC) * sk[:, None]
+    qdO = tl.dot(tl.trans(qt), dO * sq[:, None], input_precision=PREC)
+    if HAS_COMMIT:
+        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
+        if DECAY_UNCOMMITTED:
+            a = gam
+        else:
+            a = m * gam + 1.0 - m
+        dvn = dvl + m * kdS
+    else:
+        a = gam
+        dvn = dvl + kdS
+    tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
+    dS = a * dS + scale * qdO - tl.dot(tl.trans(wn), dvn, input_precision=PREC)
+    return dS
+
+
+@triton.jit
+def _state_bwd_step(
+    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, cu_ptr, ci_ptr,
+    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
+    TILE_SCALE: tl.constexpr,
+):
+    """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n. TILE_SCALE
+    (``GatedDeltaConfig.seqb_scale == "tile"``) applies the per-token scales r_k e^{G_last - G} and r_q e^G on the
+    [C, BV] side of the two dots (K / BV times fewer multiplications per program) instead of on the [C, K] q / k
+    tiles. The default ("qk") is the form verified on the H200; "tile" hit an illegal memory access there at K = 128
+    with 16-wide / 8-warp tiles (triton 3.6, session 13: codegen, the addressing is the same) and ran with 4 warps."""
+    if TILE_SCALE:
+        dS = _state_bwd_step_tile(n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr,
+                                  dvn_ptr, cu_ptr, ci_ptr, scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
+                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+    else:
+        dS = _state_bwd_step_qk(n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr,
+                                dvn_ptr, cu_ptr, ci_ptr, scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
+                                T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+    return dS
+
+
+@triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dSfin_ptr,
     dh_ptr, dvn_ptr, dS0_ptr, cu_ptr, ci_ptr, co_ptr,
     T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
-    WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
+    WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, TILE_SCALE: tl.constexpr,
 ):
     """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
     dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
@@ -476,13 +539,15 @@ def _state_bwd_kernel(
         while i < c1 - c0:
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
-                                 T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+                                 T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
+                                 TILE_SCALE)
             i += 1
     else:
         for i in range(c1 - c0):
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
-                                 T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+                                 T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
+                                 TILE_SCALE)
     tl.store(dS0_ptr + sh * K * V + kv_offs, dS, mask=kv_mask)
 
 
