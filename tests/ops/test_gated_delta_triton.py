@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
-from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG
+from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, triton_gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
-from hybrid_attention.ops.gated_delta.triton import triton_gated_delta
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -118,7 +117,7 @@ def test_large_chunks_blocked_inverse(C):
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 @pytest.mark.parametrize("K,V", [(64, 128), (128, 256)])
-@pytest.mark.parametrize("variant", [{}, {"seqb_scale": "tile", "seqb_warps": 4}, {"seqb_scale": "tile", "seqb_bv": 32}])
+@pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32)])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the swept "tile" state backward: session 13 found that form passing every small-shape test on CUDA and the
