@@ -25,3 +25,36 @@ def test_synthetic_passkey_task(tmp_path):
                        out_dir=str(tmp_path))
     (row,) = recall_sweep(cfg, log=lambda s: None)
     assert row["task"] == "passkey" and 0 <= row["accuracy"] <= 1
+
+
+def test_query_logits_give_the_full_forward_loss_and_accuracy():
+    # the trainer reads logits at the labelled positions only: same loss and same per-example accuracy as the full
+    # [B, T, vocab] forward (a random untrained model, so the argmax differs between positions)
+    import torch
+    import torch.nn.functional as F
+
+    from hybrid_attention.data.mqar import recall_accuracy
+    from hybrid_attention.evaluation.recall import _accuracy, build_recall_model, make_examples, query_logits
+
+    cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, model_options={"state_size": 8, "chunk_size": 8})
+    for mixer in ("softmax", "gdn"):
+        torch.manual_seed(0)
+        model = build_recall_model(cfg, mixer, 32).eval()
+        x, y = make_examples(cfg, 6, seed=1)
+        with torch.no_grad():
+            full = model(input_ids=x, use_cache=False).logits
+            q = query_logits(model, x, y)
+        mask = y != -100
+        assert q.shape == (int(mask.sum()), 64)
+        torch.testing.assert_close(q, full[mask], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(F.cross_entropy(q, y[mask]),
+                                   F.cross_entropy(full.flatten(0, 1), y.flatten(), ignore_index=-100))
+        # labels made right at every other labelled position (and at all of example 0's): a non-trivial accuracy
+        # that differs between examples
+        y2 = y.clone()
+        pos = mask.nonzero()
+        hit = pos[(torch.arange(len(pos)) % 2 == 0) | (pos[:, 0] == 0)]
+        y2[hit[:, 0], hit[:, 1]] = full.argmax(-1)[hit[:, 0], hit[:, 1]]
+        per_example = recall_accuracy(full, y2)
+        assert per_example[0] == 1 and 0.3 < per_example.mean() < 0.9
+        assert abs(_accuracy(model, x, y2, batch=4, device=torch.device("cpu")) - per_example.mean().item()) < 1e-6
