@@ -452,8 +452,8 @@ def sweep(s: BenchSettings, start: int = 0):
         dict(seqb_bv=32, seqb_warps=8),
         dict(seqb_bv=16, seqb_warps=4),
         # the state backward with the per-token scales on the [C, BV] side (config.seqb_scale; sm_90 AOT, triton 3.9,
-        # 340m: regs / spill B / loop SASS -- default 216 / 0 / 800; tile 4 warps 255 / 340 / 1048; tile bv32 8 warps
-        # 255 / 80 / 804). Its 16 / 8-warp launch faulted on the H200 (session 13) and is not swept.
+        # 340m: regs / spill B / loop SASS -- default 216 / 0 / 800; tile 4 warps 255 / 276 / 1056; tile bv32 8 warps
+        # 255 / 64 / 812). Its 16 / 8-warp launch faulted on the H200 (session 13) and is not swept.
         dict(seqb_scale="tile", seqb_warps=4),
         dict(seqb_scale="tile", seqb_bv=32),
         dict(bwdk_bv=64),

@@ -404,85 +404,14 @@ def _bwd_local_kernel(
 
 
 @triton.jit
-def _state_bwd_step_qk(
-    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, cu_ptr, ci_ptr,
-    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
-    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
-):
-    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
-    t = n * C + tl.arange(0, C)
-    tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
-    Gt = tl.load(G_ptr + bh * Tp + t)
-    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
-    rq = tl.load(rq_ptr + bh * Tp + t)
-    rk = tl.load(rk_ptr + bh * Tp + t)
-    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
-    msk = tm[:, None] & km[None, :]
-    kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
-    qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
-    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
-    dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
-                 mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
-    dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-    gam = tl.exp(Gl)
-    if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
-        if DECAY_UNCOMMITTED:
-            a = gam
-        else:
-            a = m * gam + 1.0 - m
-        dvn = dvl + m * tl.dot(kd, dS, input_precision=PREC)
+def _keys_dot(kd, dS, rk, Gl, Gt, TILE_SCALE: tl.constexpr, PREC: tl.constexpr):
+    """K̃ dS [C, BV] for K̃ = diag(r_k e^{G_last - G}) k̂: with TILE_SCALE ``kd`` is the raw k̂ tile and the scale goes on
+    the product, otherwise ``kd`` is K̃ already (scaled as it loaded)."""
+    if TILE_SCALE:
+        r = tl.dot(kd, dS, input_precision=PREC) * (rk * tl.exp(Gl - Gt))[:, None]
     else:
-        a = gam
-        dvn = dvl + tl.dot(kd, dS, input_precision=PREC)
-    tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
-    dS = (a * dS + scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
-          - tl.dot(tl.trans(wn), dvn, input_precision=PREC))
-    return dS
-
-
-@triton.jit
-def _state_bwd_step_tile(
-    n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr, dvn_ptr, cu_ptr, ci_ptr,
-    scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
-    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
-):
-    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
-    t = n * C + tl.arange(0, C)
-    tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
-    Gt = tl.load(G_ptr + bh * Tp + t)
-    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
-    rq = tl.load(rq_ptr + bh * Tp + t)
-    rk = tl.load(rk_ptr + bh * Tp + t)
-    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
-    msk = tm[:, None] & km[None, :]
-    kt = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32)
-    qt = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32)
-    sk = rk * tl.exp(Gl - Gt)  # K̃ = diag(sk) k̂ and e^G q̂ = diag(sq) q̂, per token
-    sq = rq * tl.exp(Gt)
-    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
-    dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
-                 mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
-    dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-    gam = tl.exp(Gl)
-    # the scales on the [C, BV] side of the two dots: K̃ dS = diag(sk) (k dS), (e^G q̂)ᵀ dO = qᵀ (diag(sq) dO)
-    kdS = tl.dot(kt, dS, input_precision=PREC) * sk[:, None]
-    qdO = tl.dot(tl.trans(qt), dO * sq[:, None], input_precision=PREC)
-    if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
-        if DECAY_UNCOMMITTED:
-            a = gam
-        else:
-            a = m * gam + 1.0 - m
-        dvn = dvl + m * kdS
-    else:
-        a = gam
-        dvn = dvl + kdS
-    tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
-    dS = a * dS + scale * qdO - tl.dot(tl.trans(wn), dvn, input_precision=PREC)
-    return dS
+        r = tl.dot(kd, dS, input_precision=PREC)
+    return r
 
 
 @triton.jit
@@ -493,19 +422,49 @@ def _state_bwd_step(
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
     TILE_SCALE: tl.constexpr,
 ):
-    """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n. TILE_SCALE
-    (``GatedDeltaConfig.seqb_scale == "tile"``) applies the per-token scales r_k e^{G_last - G} and r_q e^G on the
-    [C, BV] side of the two dots (K / BV times fewer multiplications per program) instead of on the [C, K] q / k
-    tiles. The default ("qk") is the form verified on the H200; "tile" hit an illegal memory access there at K = 128
-    with 16-wide / 8-warp tiles (triton 3.6, session 13: codegen, the addressing is the same) and ran with 4 warps."""
+    """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n.
+
+    The per-token scales sk = r_k e^{G_last - G} (K̃ = diag(sk) k̂) and sq = r_q e^G (e^G q̂ = diag(sq) q̂) go on the
+    [C, K] key / query tiles as they load (default), or with TILE_SCALE (``GatedDeltaConfig.seqb_scale == "tile"``) on
+    the [C, BV] side of the two dots, K̃ dS = diag(sk) (k̂ dS) and (e^G q̂)ᵀ dO = q̂ᵀ (diag(sq) dO): K / BV times fewer
+    multiplications per program. The default is the form verified on the H200 (its PTX instructions are the same as
+    before the option existed); "tile" hit an illegal memory access there at K = 128 with 16-wide / 8-warp tiles
+    (triton 3.6, session 13: codegen, the addressing is the same) and ran with 4 warps or 32-wide tiles."""
+    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
+    t = n * C + tl.arange(0, C)
+    tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
+    Gt = tl.load(G_ptr + bh * Tp + t)
+    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
+    rq = tl.load(rq_ptr + bh * Tp + t)
+    rk = tl.load(rk_ptr + bh * Tp + t)
+    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kr[None, :]
+    msk = tm[:, None] & km[None, :]
     if TILE_SCALE:
-        dS = _state_bwd_step_tile(n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr,
-                                  dvn_ptr, cu_ptr, ci_ptr, scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
-                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+        kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+        qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32)
     else:
-        dS = _state_bwd_step_qk(n, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, dh_ptr,
-                                dvn_ptr, cu_ptr, ci_ptr, scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
-                                T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN)
+        kd = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rk * tl.exp(Gl - Gt))[:, None]
+        qg = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * (rq * tl.exp(Gt))[:, None]
+    wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
+    dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
+                 mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
+    dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+    gam = tl.exp(Gl)
+    if HAS_COMMIT:
+        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
+        if DECAY_UNCOMMITTED:
+            a = gam
+        else:
+            a = m * gam + 1.0 - m
+        dvn = dvl + m * _keys_dot(kd, dS, rk, Gl, Gt, TILE_SCALE, PREC)
+    else:
+        a = gam
+        dvn = dvl + _keys_dot(kd, dS, rk, Gl, Gt, TILE_SCALE, PREC)
+    tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
+    if TILE_SCALE:  # (e^G q̂)ᵀ dO = q̂ᵀ (diag(r_q e^G) dO)
+        dO = dO * (rq * tl.exp(Gt))[:, None]
+    dS = (a * dS + scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
+          - tl.dot(tl.trans(wn), dvn, input_precision=PREC))
     return dS
 
 
