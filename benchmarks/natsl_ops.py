@@ -541,6 +541,7 @@ def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
     return dict(fwd=bench(gfwd, warmup=5, rep=40),
                 fb=bench(lambda: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req), o_rel=o_rel, o=o)
 
+
 def summary(s: BenchSettings):
     dev = s.device
     log(

@@ -73,6 +73,12 @@ def multiquery_ar(cfg: MQARConfig, num_examples: int, seed: int) -> tuple[torch.
 
 def recall_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-example accuracy on labelled positions only: logits [N, T, V], labels [N, T] (-100 = ignore) -> [N]."""
+    return prediction_accuracy(logits.argmax(-1), labels)
+
+
+def prediction_accuracy(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-example accuracy of predicted tokens pred [N, T] on the labelled positions of labels [N, T] (-100 =
+    ignore; pred is not read there) -> [N]."""
     mask = labels != -100
-    correct = (logits.argmax(-1) == labels) & mask
+    correct = (pred == labels) & mask
     return correct.sum(-1).float() / mask.sum(-1).clamp_min(1).float()

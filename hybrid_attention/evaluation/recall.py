@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from hybrid_attention.data.mqar import MQARConfig, multiquery_ar
+from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, prediction_accuracy
 from hybrid_attention.data.passkey import passkey_tokens
 from hybrid_attention.device import resolve_device, set_tf32
 from hybrid_attention.layers.natsl_routing import RoutingRecorder
@@ -91,16 +91,14 @@ def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor) -> 
 
 @torch.no_grad()
 def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> float:
-    """Mean over examples of each example's accuracy on its labelled positions (``recall_accuracy``'s definition)."""
+    """Mean over examples of each example's accuracy on its labelled positions (``prediction_accuracy``)."""
     model.eval()
     accs = []
     for i in range(0, len(x), batch):
         xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
-        mask = yb != -100
-        correct = (query_logits(model, xb, yb).argmax(-1) == yb[mask]).float()
-        rows = mask.nonzero()[:, 0]  # the example of each labelled position
-        per_row = torch.zeros(len(xb), device=device).index_add_(0, rows, correct)
-        accs.append((per_row / mask.sum(-1).clamp_min(1)).cpu())
+        pred = torch.full_like(yb, -1)
+        pred[yb != -100] = query_logits(model, xb, yb).argmax(-1)
+        accs.append(prediction_accuracy(pred, yb).cpu())
     model.train()
     return torch.cat(accs).mean().item()
 

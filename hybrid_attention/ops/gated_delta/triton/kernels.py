@@ -425,11 +425,9 @@ def _state_bwd_step(
     """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n.
 
     The per-token scales sk = r_k e^{G_last - G} (K̃ = diag(sk) k̂) and sq = r_q e^G (e^G q̂ = diag(sq) q̂) go on the
-    [C, K] key / query tiles as they load (default), or with TILE_SCALE (``GatedDeltaConfig.seqb_scale == "tile"``) on
-    the [C, BV] side of the two dots, K̃ dS = diag(sk) (k̂ dS) and (e^G q̂)ᵀ dO = q̂ᵀ (diag(sq) dO): K / BV times fewer
-    multiplications per program. The default is the form verified on the H200 (its PTX instructions are the same as
-    before the option existed); "tile" hit an illegal memory access there at K = 128 with 16-wide / 8-warp tiles
-    (triton 3.6, session 13: codegen, the addressing is the same) and ran with 4 warps or 32-wide tiles."""
+    [C, K] key / query tiles as they load (default), or with TILE_SCALE on the [C, BV] side of the two dots,
+    K̃ dS = diag(sk) (k̂ dS) and (e^G q̂)ᵀ dO = q̂ᵀ (diag(sq) dO). Which launches may use TILE_SCALE and why:
+    ``GatedDeltaConfig.seqb_scale``."""
     tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
     t = n * C + tl.arange(0, C)
     tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
