@@ -8,14 +8,10 @@
 # 3. the test suites whose kernels run on the GPU when there is one (ops, serving incl. CUDA-graph replay vs eager).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT="${OUT:-.}"
-extra_path=""
-if compgen -G ".wheels/*.whl" > /dev/null; then
-  python -m pip install -q --no-deps --no-index --target /tmp/fla_site .wheels/*.whl 2>&1 | tail -2 || true
-  extra_path=":/tmp/fla_site"
-fi
+source benchmarks/fla_wheels.sh
 nvidia-smi --query-gpu=name --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-PYTHONPATH=".${extra_path}" timeout 300 python -m benchmarks.natsl_ops --checks-only
+PYTHONPATH=".${FLA_PATH}" timeout 300 python -m benchmarks.natsl_ops --checks-only
 echo "natsl checks exit $?"
 PYTHONPATH=. timeout 150 python - <<'EOF'
 import json, os

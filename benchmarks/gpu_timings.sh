@@ -23,7 +23,7 @@
 #   PREFILL_COMPILE=0 [0]  (benchmarks.models --sections prefill, issue 15's whole-model prefill; 1: torch.compile)
 #   NATSL_OPS=0 [0]  (benchmarks.natsl_ops: float64 correctness, the op timings at 4K / 16K / 64K and the profile)
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs; with NATSL_OPS=1
-#   both in one process, the sweep last)
+#   both in one process, the sweep last)  NATSL_SWEEP_KINDS [softmax,fla_gdn,gdn] (the sweep's job kinds)
 #   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
 #   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
@@ -31,7 +31,9 @@
 # ≈ 80 s (session 10: ≈ 45 s for the op tables, then the packed and the four compiled model rows: > 170 s, so
 # 260 s); a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=. OUT="${OUT:-.}"
+export PYTHONUNBUFFERED=1 OUT="${OUT:-.}"
+source benchmarks/fla_wheels.sh  # fla beside ours in the natsl_ops timings and sweep, when its wheels are carried
+export PYTHONPATH=".${FLA_PATH}"
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
@@ -124,6 +126,7 @@ if [ "${NATSL_OPS:-0}" = 1 ] || [ "${NATSL_SWEEP:-0}" = 1 ]; then
   from=0
   while :; do  # exit code 3: a sweep job broke the CUDA context; resume at the next job in a fresh process
     timeout -k 10 "$sweep_t" python -m benchmarks.natsl_ops $mode --sweep-from "$from" \
+      --sweep-kinds "${NATSL_SWEEP_KINDS:-softmax,fla_gdn,gdn}" \
       --budget-s $(( sweep_t - 20 )) --out "$OUT" >> "$OUT/natsl_sweep.log" 2>&1
     rc=$?
     echo "== natsl_ops ${mode:-(checks + timings)} --sweep-from $from: exit $rc after $(( $(date +%s) - T0 )) s"

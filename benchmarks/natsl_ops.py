@@ -416,10 +416,15 @@ def decode(s: BenchSettings):
     log("  decode step (B=1, 6 heads 128/256): " + " ".join(f"{k_}={v_:.4g}" for k_, v_ in row.items()))
 
 
+SWEEP_KINDS = ("softmax", "fla_gdn", "gdn")
+"""The job kinds of the sweep: the chunk-attention variants, fla's GDN (when installed), our GDN variants."""
+
+
 @guarded("sweep")
-def sweep(s: BenchSettings, start: int = 0):
+def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS):
     """Launch-config variants of the softmax and GDN kernels (forward+backward of each branch alone), from job
-    ``start`` of the flat job list on (the jobs before it ran in an earlier process)."""
+    ``start`` of the flat job list on (the jobs before it ran in an earlier process); ``kinds``: the job kinds kept
+    (a subset of ``SWEEP_KINDS``; the job numbers count the kept jobs only)."""
     dryrun = s.dryrun
     shape = SHAPES[s.dryrun]
     if dryrun:
@@ -464,7 +469,8 @@ def sweep(s: BenchSettings, start: int = 0):
     # (--sweep-from, which benchmarks/gpu_timings.sh passes after exit code 3)
     jobs = [(T, kind, var) for T in (16384, 65536)
             for kind, var in ([("softmax", v) for v in attn_variants] + [("fla_gdn", {})]
-                              + [("gdn", v) for v in gdn_variants])]
+                              + [("gdn", v) for v in gdn_variants])
+            if kind in kinds]
     T_inputs, inputs, o_default = None, None, None
     for j, (T, kind, var) in enumerate(jobs):
         if j < start:
@@ -615,7 +621,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="the launch-config sweep alone (correctness of the variants: the CUDA test suite)")
     p.add_argument("--sweep-from", type=int, default=0,
                    help="start the sweep at this job (after a process that exited with code 3: a sticky CUDA error)")
+    p.add_argument("--sweep-kinds", default=",".join(SWEEP_KINDS),
+                   help=f"comma-separated job kinds of the sweep, a subset of {','.join(SWEEP_KINDS)}")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    kinds = tuple(k for k in args.sweep_kinds.split(",") if k)
+    if not kinds or any(k not in SWEEP_KINDS for k in kinds):
+        p.error(f"--sweep-kinds: each kind must be one of {', '.join(SWEEP_KINDS)}, got {args.sweep_kinds!r}")
     s = BenchSettings.from_args(args)
     log(f"natsl_gpu: device={s.device} dryrun={s.dryrun} torch={torch.__version__}")
     if not args.sweep_only:
@@ -626,7 +637,7 @@ def main(argv: list[str] | None = None) -> None:
             timings(s)
             decode(s)
     if args.sweep or args.sweep_only:
-        sweep(s, args.sweep_from)
+        sweep(s, args.sweep_from, kinds)
     name = "natsl_gpu.json" if args.sweep_from == 0 else f"natsl_gpu_sweep_from{args.sweep_from}.json"
     with open(s.out_path(name), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)

@@ -8,12 +8,8 @@ set -euo pipefail
 target="${1:?usage: run_gpu.sh ops|models [extra args]}"
 shift
 export PYTHONUNBUFFERED=1 OUT="${OUT:-.}"
-extra_path=""
-if compgen -G ".wheels/*.whl" > /dev/null; then
-  python -m pip install -q --no-deps --no-index --target /tmp/fla_site .wheels/*.whl 2>&1 | tail -2 || true
-  extra_path=":/tmp/fla_site"
-fi
-export PYTHONPATH=".${extra_path}${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/fla_wheels.sh
+export PYTHONPATH=".${FLA_PATH}${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python -m hybrid_attention.cli bench "$target" "$@"
