@@ -452,6 +452,11 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         dict(buffer_dtype="bf16", seqf_stages=2),
         dict(buffer_dtype="bf16", seqf_bv=32, seqf_warps=4, seqf_stages=2),
         dict(buffer_dtype="bf16", seqf_bv=64, seqf_warps=8, seqf_stages=2),
+        # fla's state kernel autotunes 2-4 warps, 2-4 stages, 32/64-wide V tiles on Hopper (read, not copied): the
+        # narrow-warp, pipelined end of that space with our bf16 buffers (sm_90 AOT, triton 3.6, 340m + commit: 32/2/2
+        # 255 regs 41 KB, 64/4/3 228 regs 140 KB, no spills; seqb_stages=2 spills 188 B and is not swept)
+        dict(buffer_dtype="bf16", seqf_bv=32, seqf_warps=2, seqf_stages=2),
+        dict(buffer_dtype="bf16", seqf_bv=64, seqf_warps=4, seqf_stages=3),
         dict(seqf_bv=32, seqf_warps=8),
         dict(seqf_stages=2),
         dict(seqb_bv=32, seqb_warps=8),
