@@ -1,5 +1,6 @@
 """``GatedDeltaConfig(buffer_dtype="bf16")``: bf16 w / u / S_n / vn buffers and bf16 operands of the state and output
-kernels' dots (issue 15), against the float64 reference; the "fp32" default unchanged.
+kernels' dots (issue 15), against the float64 reference; ``buffer_dtype="auto"`` (the default since session 14)
+picks it for bf16 / fp16 activations and keeps the fp32 launch for fp32 ones.
 
 Runs on CPU under the Triton interpreter (``TRITON_INTERPRET=1``) or on CUDA. The interpreter's ``tl.dot`` multiplies
 bf16's uint16 storage as integers and its fp32 -> bf16 cast truncates (triton 3.6 / 3.9), so the kernels emulate the
@@ -47,32 +48,37 @@ BF16 = GatedDeltaConfig(buffer_dtype="bf16", poison=True)
 
 
 def test_buffer_dtype_field():
-    """The default is fp32 (today's launches: w, u, S_n, vn fp32); a bad value is refused naming the field."""
-    assert DEFAULT_CONFIG.buffer_dtype == "fp32"
-    assert GatedDeltaConfig() == GatedDeltaConfig(buffer_dtype="fp32") == DEFAULT_CONFIG
-    with pytest.raises(ValueError, match=r"buffer_dtype must be one of fp32, bf16, got 'fp16'"):
+    """The default is "auto" (the activations' precision); a bad value is refused naming the field."""
+    assert DEFAULT_CONFIG.buffer_dtype == "auto"
+    assert GatedDeltaConfig() == GatedDeltaConfig(buffer_dtype="auto") == DEFAULT_CONFIG
+    with pytest.raises(ValueError, match=r"buffer_dtype must be one of auto, fp32, bf16, got 'fp16'"):
         GatedDeltaConfig(buffer_dtype="fp16")
     with pytest.raises(ValueError, match="buffer_dtype"):
         dataclasses.replace(DEFAULT_CONFIG, buffer_dtype="bfloat16")
 
 
-@pytest.mark.parametrize("buffer_dtype", ["fp32", "bf16"])
-def test_saved_buffer_dtypes(buffer_dtype):
-    """bf16 mode stores exactly w, u, S_n and vn in bf16; G, r, X and the final state stay fp32."""
+@pytest.mark.parametrize("buffer_dtype,act,low", [
+    ("fp32", torch.float32, torch.float32), ("bf16", torch.float32, torch.bfloat16),
+    ("auto", torch.float32, torch.float32), ("auto", torch.bfloat16, torch.bfloat16),
+    ("auto", torch.float16, torch.bfloat16), ("fp32", torch.bfloat16, torch.float32),
+])
+def test_saved_buffer_dtypes(buffer_dtype, act, low):
+    """bf16 mode stores exactly w, u, S_n and vn in bf16; G, r, X and the final state stay fp32. "auto" is bf16 mode
+    for bf16 / fp16 activations (q, k, v) and fp32 mode for fp32 ones."""
     inputs, _, _ = make_case(1, 40, 2, 16, 32, 16, "random", True, seed=4)
     q, k, v, g, beta, commit, S0 = (x.to(DEVICE) for x in inputs)
+    q, k, v = (x.to(act) for x in (q, k, v))
     cfg = GatedDeltaConfig(buffer_dtype=buffer_dtype)
     _, Sfin, saved = F._launch_fwd(q, k, v, g, beta, commit, S0, 0.25, True, True, 16, True, cfg)
     G, rq, rk, X, w, states, vn = saved
-    low = torch.bfloat16 if buffer_dtype == "bf16" else torch.float32
-    assert [t.dtype for t in (w, states, vn)] == [low] * 3
+    assert [t.dtype for t in (w, states, vn)] == [low] * 3, (buffer_dtype, act)
     assert [t.dtype for t in (G, rq, rk, X, Sfin)] == [torch.float32] * 5
 
 
 def test_default_equals_explicit_fp32():
-    """The default launch and an explicit ``buffer_dtype="fp32"`` give bit-identical outputs and gradients (the
-    fp32 path is the pre-bf16 code: ``_bf16`` is the identity there and the backward's casts are no-ops; the existing
-    fp32 tolerance tests still pass unchanged)."""
+    """With fp32 activations the default launch ("auto") and an explicit ``buffer_dtype="fp32"`` give bit-identical
+    outputs and gradients (the fp32 path is the pre-bf16 code: ``_bf16`` is the identity there and the backward's
+    casts are no-ops; the fp32 tolerance tests of test_gated_delta_triton.py run this path)."""
     inputs, do, dS = make_case(1, 37, 2, 16, 32, 16, "random", True, seed=21)
     a, _ = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(buffer_dtype="fp32", poison=True))
     b, _ = run_both(inputs, do, dS, 16, True)  # gated_delta(backend="triton"): DEFAULT_CONFIG

@@ -117,17 +117,20 @@ def test_large_chunks_blocked_inverse(C):
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 @pytest.mark.parametrize("K,V", [(64, 128), (128, 256)])
-@pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32)])
+@pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
+                                     dict(buffer_dtype="bf16")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the swept "tile" state backward: session 13 found that form passing every small-shape test on CUDA and the
     # interpreter but hitting an illegal memory access at K = 128, V = 256 with 16-wide / 8-warp tiles (triton 3.6,
     # sm_90) -- codegen, not indexing; that launch is not tested here (it takes the CUDA context down)
     inputs, do, dS = make_case(1, 200, 2, K, V, 64, "random", True, seed=K)
+    # (fp32 inputs: "auto" keeps fp32 buffers; the last variant forces the bf16 buffers that bf16 activations get)
     cfg = dataclasses.replace(DEFAULT_CONFIG, **variant) if variant else None
+    tol = 2e-2 if variant.get("buffer_dtype") == "bf16" else TOL  # test_gated_delta_bf16.BF16_TOL
     tri, ref = run_both(inputs, do, dS, 64, True, config=cfg)
     for name, a, b in zip(NAMES, tri, ref):
-        assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+        assert rel(a.cpu(), b) < tol, (name, rel(a.cpu(), b))
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False), ("none", True)])
@@ -187,8 +190,9 @@ def test_bf16_inputs_run_and_stay_close():
     ref_o, ref_s = chunk_gated_delta(*(x.double().cpu() for x in (q, k, v, g, beta)), commit=commit.double().cpu(),
                                      chunk_size=16, initial_state=S0.double().cpu(), output_final_state=True)
     assert o.dtype == torch.bfloat16
-    # fp32 state from bf16 inputs: 1e-3 in the interpreter; tf32 dots on a GPU measured 1.2e-3 (issue bar 5e-3)
-    assert rel(o.cpu(), ref_o) < 1e-2 and rel(s.cpu(), ref_s) < (1e-3 if DEVICE == "cpu" else 5e-3)
+    # bf16 activations: the default ("auto") stores w / u / S_n / vn in bf16 too (test_gated_delta_bf16.py); the
+    # final state stays fp32 but is updated from bf16-rounded operands: ~10 bf16 unit roundoffs, as the bf16 tests
+    assert rel(o.cpu(), ref_o) < 2e-2 and rel(s.cpu(), ref_s) < 2e-2
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from ...common.triton.config import KernelConfig
 
 __all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES"]
 
-BUFFER_DTYPES = ("fp32", "bf16")
+BUFFER_DTYPES = ("auto", "fp32", "bf16")
 """Allowed ``GatedDeltaConfig.buffer_dtype`` values."""
 SEQB_SCALES = ("qk", "tile")
 """Allowed ``GatedDeltaConfig.seqb_scale`` values."""
@@ -22,9 +22,16 @@ SEQB_SCALES = ("qk", "tile")
 @dataclass(frozen=True)
 class GatedDeltaConfig(KernelConfig):
     """Tile sizes, warps and stages of the five kernels (one fixed configuration; no autotuning, so the interpreter
-    runs it as is). Chosen from sm_90 compiles on the CPU machine; ``benchmarks/aot_regs_gdn.py`` reports every
-    kernel's registers / spills / shared memory at these launches (triton 3.6, 3.9: no spills at the 340m or small GDN
-    shapes; par_warps=4 spills 96-144 B in bwd_local, so the parallel kernels keep 8 warps).
+    runs it as is). ``benchmarks/aot_regs_gdn.py`` reports every kernel's registers / spills / shared memory at these
+    launches (sm_90, compiled on the CPU machine).
+
+    The defaults are the winner of the H200 sweep of session 14 (``benchmarks.natsl_ops --sweep``, 340m head shape,
+    B 1, bf16 activations, commit mask; benchmarks/NOTES.md): bf16 buffers (``buffer_dtype="auto"`` with bf16
+    activations), ``seqf_stages=2`` (the state forward prefetches the next chunk's w / u / k) and ``par_warps=4``:
+    forward 1.644 -> 0.765 ms at 16K and 6.464 -> 2.976 ms at 64K, forward+backward 4.87 -> 3.42 / 19.2 -> 13.5 ms,
+    against fp32 buffers / 1 stage / 8 warps (fla's forward in the same run: 1.100 / 2.048 ms). par_warps=4 spills
+    96-144 B in ``bwd_local`` in the AOT report and is faster anyway. ``GatedDeltaConfig(buffer_dtype="fp32",
+    seqf_stages=1, par_warps=8)`` is the previous default.
 
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid
     V / seqf_bv x B*H; H200: 16/4 beat 32/8 and 64/8; 16 with 8 warps hit an illegal memory access in run 2, a
@@ -37,26 +44,31 @@ class GatedDeltaConfig(KernelConfig):
     loop 800 -> 708 SASS instructions; the default's PTX instructions are those of the kernel verified on the
     H200 before the option existed). "tile" with the default 16-wide / 8-warp tiles hit an illegal memory access on
     the H200 at K = 128 (triton 3.6, session 13: codegen, the addressing is the same); with 4 warps, or 32-wide tiles
-    and 8 warps, it ran there, untimed (both spill in the AOT compile). Do not combine it with 16 / 8.
+    and 8 warps, it runs there (both spill in the AOT compile; timed in session 14: forward+backward -3% / -2% at 16K
+    / 64K, at the noise level, so it stays an option). Do not combine it with 16 / 8.
 
     buffer_dtype: storage of the forward's per-token / per-chunk buffers w, u (``prep``), S_n and vn
-    (``state_fwd``), and the operand dtype of the dots of ``state_fwd`` and ``output``. "fp32" (default): fp32
+    (``state_fwd``), and the operand dtype of the dots of ``state_fwd`` and ``output``. "auto" (default): "bf16" when
+    q is bf16 or fp16, "fp32" when it is fp32 -- the buffers take the activations' precision, as fla's do (its w, u,
+    h, v_new are in k's dtype). Decided in session 14: the bf16 buffers are the H200 sweep's largest single win, and
+    an fp32 call (the CPU interpreter, fp32 training, the tests' float64 comparisons) keeps fp32 accuracy. "fp32": fp32
     buffers, fp32 (tf32) dot operands. "bf16": those four buffers bf16 (rounded to nearest even), the dots of
     ``state_fwd`` / ``output`` take bf16 operands with fp32 accumulation (the carried state S cast to bf16 only as
     the operand of ``w S``; S itself, G, r, X, the final state and the whole backward stay fp32, the backward reading
     the bf16 buffers with a cast on load). Issue 15: fla keeps w / u / h / v_new in bf16 and beats our fp32 forward
     2.3-2.8x from 16K tokens on, ~1 GB of fp32 w / k̂ re-reads per head at T=64K; bf16 halves the w bytes and the
     state / vn writes. Accuracy against float64: relative error up to ~4e-3 instead of ~1e-6 (interpreter; the
-    tests' bar is 2e-2, tests/ops/test_gated_delta_bf16.py).
+    tests' bar is 2e-2, tests/ops/test_gated_delta_bf16.py; fla's forward is 4.7-4.9e-3 from float64 at the same
+    shape, session 3). bf16 alone: 1.4x faster forward at 16K / 64K (session 14).
     """
 
     par_bk: int = 64
     par_bv: int = 64
-    par_warps: int = 8
+    par_warps: int = 4
     par_stages: int = 1
     seqf_bv: int = 16
     seqf_warps: int = 4
-    seqf_stages: int = 1
+    seqf_stages: int = 2
     seqb_bv: int = 16
     seqb_warps: int = 8
     seqb_stages: int = 1
@@ -68,7 +80,7 @@ class GatedDeltaConfig(KernelConfig):
     fin_bv: int = 32
     fin_warps: int = 8
     fin_stages: int = 1
-    buffer_dtype: str = "fp32"
+    buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
 
     def __post_init__(self) -> None:

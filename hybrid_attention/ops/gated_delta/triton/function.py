@@ -17,14 +17,19 @@ from .support import supported
 __all__ = ["triton_gated_delta"]
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+"""Activation dtypes for which ``buffer_dtype="auto"`` stores the forward's buffers in bf16."""
+
+
 def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
 class _Tiles:
-    """The launch settings of one call: ``cfg``'s tile sizes capped by the head dims K, V, and its launch options."""
+    """The launch settings of one call: ``cfg``'s tile sizes capped by the head dims K, V, its launch options, and the
+    buffer dtype (``cfg.buffer_dtype``; "auto" resolves from the activations' dtype ``act``)."""
 
-    def __init__(self, K: int, V: int, cfg: GatedDeltaConfig) -> None:
+    def __init__(self, K: int, V: int, cfg: GatedDeltaConfig, act: torch.dtype) -> None:
         kp, vp = max(16, _p2(K)), max(16, _p2(V))
         self.BK = min(cfg.par_bk, kp)
         self.BV = min(cfg.par_bv, vp)
@@ -44,7 +49,7 @@ class _Tiles:
         self.bwdk = dict(num_warps=cfg.bwdk_warps, num_stages=cfg.bwdk_stages)
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
         # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)
-        self.bf16 = cfg.buffer_dtype == "bf16"
+        self.bf16 = cfg.buffer_dtype == "bf16" or (cfg.buffer_dtype == "auto" and act in LOW_PRECISION)
         self.buf = torch.bfloat16 if self.bf16 else torch.float32
         self.lowp = dict(BF16=self.bf16, UPCAST=interp)  # UPCAST: the interpreter's bf16 dot is wrong (no NumPy bf16)
 
@@ -67,7 +72,7 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     N = vl.n_rows if vl is not None else triton.cdiv(T, C)  # chunk rows (real chunks in document order, then spare)
     NM = commit.shape[1] if commit is not None else N  # rows of the commit mask (the true Nc when packed)
     Tp = N * C
-    cfg = _Tiles(K, V, config)
+    cfg = _Tiles(K, V, config, q.dtype)
     dev, f32 = q.device, torch.float32
     G = config.empty(B, H, Tp, device=dev, dtype=f32)
     rq = config.empty_like(G)
@@ -112,7 +117,7 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     N = vl.n_rows if vl is not None else triton.cdiv(T, C)
     NM = commit.shape[1] if commit is not None else N
     Tp = N * C
-    cfg = _Tiles(K, V, config)
+    cfg = _Tiles(K, V, config, q.dtype)
     dev, f32 = q.device, torch.float32
     BH = B * H
     has_commit = commit is not None
