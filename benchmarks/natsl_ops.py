@@ -450,35 +450,20 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
     ]
     gdn_variants = [
         {},
-        # issue 15: bf16 w / u / S_n / vn buffers and bf16 dot operands in state_fwd / output (config.buffer_dtype),
-        # then the state tiles the bf16 buffers make affordable (sm_90 AOT, triton 3.6, 340m + commit, no spills:
-        # 16/4/1 138 regs 22 KB smem, 16/4/2 128 regs 70 KB, 32/4/2 156 regs 74 KB, 64/8/2 178 regs 91 KB; fp32
-        # 16/4/1: 188 regs 45 KB). Grid V / seqf_bv x 6 heads: 96 / 96 / 48 / 24 CTAs on 132 SMs.
-        # (seqf_bv=16 with 8 warps is not swept: an illegal memory access in session 8's run 2, see config.py)
-        dict(buffer_dtype="bf16"),
-        # session 14: the two winners of the first sweep combined (bf16 + 2 stages, 4-warp parallel kernels)
-        dict(buffer_dtype="bf16", seqf_stages=2, par_warps=4),
-        dict(buffer_dtype="bf16", seqf_stages=2, par_warps=4, seqb_scale="tile", seqb_warps=4),
-        dict(buffer_dtype="bf16", seqf_stages=3),
-        dict(buffer_dtype="bf16", seqf_stages=2),
-        dict(buffer_dtype="bf16", seqf_bv=32, seqf_warps=4, seqf_stages=2),
-        dict(buffer_dtype="bf16", seqf_bv=64, seqf_warps=8, seqf_stages=2),
-        # fla's state kernel autotunes 2-4 warps, 2-4 stages, 32/64-wide V tiles on Hopper (read, not copied): the
-        # narrow-warp, pipelined end of that space with our bf16 buffers (sm_90 AOT, triton 3.6, 340m + commit: 32/2/2
-        # 255 regs 41 KB, 64/4/3 228 regs 140 KB, no spills; seqb_stages=2 spills 188 B and is not swept)
-        dict(buffer_dtype="bf16", seqf_bv=32, seqf_warps=2, seqf_stages=2),
-        dict(buffer_dtype="bf16", seqf_bv=64, seqf_warps=4, seqf_stages=3),
-        dict(seqf_bv=32, seqf_warps=8),
-        dict(seqf_stages=2),
-        dict(seqb_bv=32, seqb_warps=8),
-        dict(seqb_bv=16, seqb_warps=4),
-        # the state backward with the per-token scales on the [C, BV] side (config.seqb_scale; sm_90 AOT, triton 3.9,
-        # 340m: regs / spill B / loop SASS -- default 216 / 0 / 800; tile 4 warps 255 / 276 / 1056; tile bv32 8 warps
-        # 255 / 64 / 812). Its 16 / 8-warp launch faulted on the H200 (session 13) and is not swept.
+        # the default until session 14 (fp32 buffers, 1-stage state forward, 8-warp parallel kernels); session 14's
+        # sweep of the forward-side launches (bf16 buffers, stages, V tiles 16-64, 2-8 warps): benchmarks/NOTES.md
+        dict(buffer_dtype="fp32", seqf_stages=1, par_warps=8),
+        dict(seqf_stages=3),
+        # the state backward, now the largest GDN kernel: bf16 dot operands (config.seqb_dots; sm_90 AOT, triton 3.6,
+        # 340m + commit: 218 regs / loop 657 SASS vs 255 / 753, no spills; 2 stages 183 regs, 79 KB, no spills)
+        dict(seqb_dots="bf16"),
+        dict(seqb_dots="bf16", seqb_stages=2),
+        dict(seqb_dots="bf16", seqb_bv=32),
+        # the per-token scales on the [C, BV] side (config.seqb_scale; session 14: -3% / -2% f+b at 16K / 64K)
         dict(seqb_scale="tile", seqb_warps=4),
-        dict(seqb_scale="tile", seqb_bv=32),
+        dict(seqb_scale="tile", seqb_warps=4, seqb_dots="bf16"),  # AOT: 218 regs, loop 592 SASS, no spills
         dict(bwdk_bv=64),
-        dict(par_warps=4),
+        dict(fin_warps=4),  # AOT: 203 regs, no spills (bwdk_warps=4 spills 356 B: not swept)
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
     # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process

@@ -55,6 +55,8 @@ def test_buffer_dtype_field():
         GatedDeltaConfig(buffer_dtype="fp16")
     with pytest.raises(ValueError, match="buffer_dtype"):
         dataclasses.replace(DEFAULT_CONFIG, buffer_dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"seqb_dots must be one of fp32, bf16, got 'tf32'"):
+        GatedDeltaConfig(seqb_dots="tf32")
 
 
 @pytest.mark.parametrize("buffer_dtype,act,low", [
@@ -84,6 +86,10 @@ def test_default_equals_explicit_fp32():
     b, _ = run_both(inputs, do, dS, 16, True)  # gated_delta(backend="triton"): DEFAULT_CONFIG
     for name, x, y in zip(NAMES, a, b):
         assert torch.equal(x, y), name
+    # seqb_dots="bf16" acts only with bf16 buffers: with fp32 ones the launch is the fp32 one, bit for bit
+    c, _ = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(buffer_dtype="fp32", seqb_dots="bf16"))
+    for name, x, y in zip(NAMES, a, c):
+        assert torch.equal(x, y), name
 
 
 @pytest.mark.parametrize(
@@ -95,9 +101,11 @@ def test_default_equals_explicit_fp32():
         (200, "none", True, False, 64),  # the blocked inverse, one partial chunk, no commit mask
     ],
 )
-def test_bf16_matches_reference_all_gradients(T, commit_kind, decay_uncommitted, with_s0, C):
+@pytest.mark.parametrize("seqb_dots", ["fp32", "bf16"])
+def test_bf16_matches_reference_all_gradients(T, commit_kind, decay_uncommitted, with_s0, C, seqb_dots):
+    # seqb_dots="bf16": the state backward's three dots on bf16 operands as well (GatedDeltaConfig.seqb_dots)
     inputs, do, dS = make_case(1, T, 2, 32, 32, C, commit_kind, with_s0, seed=2000 + T)
-    tri, ref = run_both(inputs, do, dS, C, decay_uncommitted, config=BF16)
+    tri, ref = run_both(inputs, do, dS, C, decay_uncommitted, config=dataclasses.replace(BF16, seqb_dots=seqb_dots))
     for name, a, b in zip(NAMES, tri, ref):
         if b is None:
             assert a is None, name
@@ -116,7 +124,8 @@ def test_bf16_activations_and_wide_tiles():
     o_ref, S_ref = chunk_gated_delta(*ref_xs[:5], commit=ref_xs[5], chunk_size=16, initial_state=ref_xs[6],
                                      output_final_state=True)
     ref = [o_ref, S_ref, *torch.autograd.grad((o_ref * do.double()).sum() + (S_ref * dS.double()).sum(), ref_xs)]
-    for cfg in (BF16, dataclasses.replace(BF16, seqf_bv=32, seqf_warps=8, seqf_stages=2)):
+    for cfg in (BF16, dataclasses.replace(BF16, seqf_bv=32, seqf_warps=8, seqf_stages=2),
+                dataclasses.replace(BF16, seqb_dots="bf16", seqb_scale="tile", seqb_warps=4)):
         xs = [x.detach().to(DEVICE).clone().requires_grad_() for x in (q, k, v, g, beta, commit, S0)]
         o, S = triton_gated_delta(*xs[:5], commit=xs[5], chunk_size=16, initial_state=xs[6], output_final_state=True,
                                   config=cfg)

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 
 from ...common.triton.config import KernelConfig
 
-__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES"]
+__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES", "SEQB_DOTS"]
 
 BUFFER_DTYPES = ("auto", "fp32", "bf16")
 """Allowed ``GatedDeltaConfig.buffer_dtype`` values."""
 SEQB_SCALES = ("qk", "tile")
 """Allowed ``GatedDeltaConfig.seqb_scale`` values."""
+SEQB_DOTS = ("fp32", "bf16")
+"""Allowed ``GatedDeltaConfig.seqb_dots`` values."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,13 @@ class GatedDeltaConfig(KernelConfig):
     state / vn writes. Accuracy against float64: relative error up to ~4e-3 instead of ~1e-6 (interpreter; the
     tests' bar is 2e-2, tests/ops/test_gated_delta_bf16.py; fla's forward is 4.7-4.9e-3 from float64 at the same
     shape, session 3). bf16 alone: 1.4x faster forward at 16K / 64K (session 14).
+
+    seqb_dots: operands of the state backward's three dots (K̃ dS, (e^G q̂)ᵀ dO, wᵀ dvn). "fp32" (default): fp32
+    (tf32). "bf16": bf16 operands with fp32 accumulation, only when the buffers are bf16 (an fp32 call is
+    unchanged); dS, dh and dvn stay fp32, as fla's backward casts its dh to k's dtype for the dots. Session 14: the
+    state backward is the largest GDN kernel (7.5 of the GDN branch's ~20 ms f+b at 64K, NOTES run 2), and the f+b
+    is 4.5x the forward after the forward's sweep. This option is for the next sweep (untimed; tested against
+    float64 at the bf16 bar in tests/ops/test_gated_delta_bf16.py).
     """
 
     par_bk: int = 64
@@ -82,12 +91,15 @@ class GatedDeltaConfig(KernelConfig):
     fin_stages: int = 1
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
+    seqb_dots: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.buffer_dtype not in BUFFER_DTYPES:
             raise ValueError(f"buffer_dtype must be one of {', '.join(BUFFER_DTYPES)}, got {self.buffer_dtype!r}")
         if self.seqb_scale not in SEQB_SCALES:
             raise ValueError(f"seqb_scale must be one of {', '.join(SEQB_SCALES)}, got {self.seqb_scale!r}")
+        if self.seqb_dots not in SEQB_DOTS:
+            raise ValueError(f"seqb_dots must be one of {', '.join(SEQB_DOTS)}, got {self.seqb_dots!r}")
 
 
 DEFAULT_CONFIG = GatedDeltaConfig()

@@ -52,6 +52,8 @@ class _Tiles:
         self.bf16 = cfg.buffer_dtype == "bf16" or (cfg.buffer_dtype == "auto" and act in LOW_PRECISION)
         self.buf = torch.bfloat16 if self.bf16 else torch.float32
         self.lowp = dict(BF16=self.bf16, UPCAST=interp)  # UPCAST: the interpreter's bf16 dot is wrong (no NumPy bf16)
+        # the state backward's dots: bf16 operands only with seqb_dots="bf16" and bf16 buffers (an fp32 call stays fp32)
+        self.seqb.update(BF16=self.bf16 and cfg.seqb_dots == "bf16", UPCAST=interp)
 
 
 def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:

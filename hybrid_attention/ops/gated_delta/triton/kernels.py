@@ -38,15 +38,17 @@ No runtime float arguments: the output scale is the constexpr ``SCALE``. ``torch
 would promote the fp32 loop-carried states (dS of ``state_bwd``) and Triton refuses the loop. Every accumulator is
 created with an explicit fp32 dtype, and every operand that meets the state is fp32 (activations are cast on load).
 
-bf16 buffers (``BF16``, ``GatedDeltaConfig.buffer_dtype="bf16"``): w, u, S_n and vn are stored bf16 and the dots of
-``state_fwd`` / ``output`` take bf16 operands (``_bf16``: the fp32 value rounded to nearest even, then the dot
-accumulates in fp32); the carried S, every elementwise term of its update and all of ``prep``'s math stay fp32 (prep
-rounds only on store). The backward kernels keep their fp32 path and cast every buffer they load to fp32
-(``.to(tl.float32)``: a no-op on fp32 buffers, so the default launch compiles to the same code). ``UPCAST``
-(interpreter only, GPU value False): the interpreter's ``tl.dot`` multiplies bf16's uint16 storage as integers and
-its fp32 -> bf16 cast truncates, so there ``_bf16`` keeps an fp32 tensor holding the round-to-nearest-even bf16
-value (products of two bf16 values are exact in fp32, so the interpreter's dot is the GPU's bf16 MMA with fp32
-accumulation up to the summation order) and stores of such values into a bf16 buffer are exact.
+bf16 buffers (``BF16``, ``GatedDeltaConfig.buffer_dtype`` "bf16", or the default "auto" with bf16 / fp16
+activations): w, u, S_n and vn are stored bf16 and the dots of ``state_fwd`` / ``output`` take bf16 operands
+(``_bf16``: the fp32 value rounded to nearest even, then the dot accumulates in fp32); the carried S, every
+elementwise term of its update and all of ``prep``'s math stay fp32 (prep rounds only on store). The backward
+kernels keep their fp32 path and cast every buffer they load to fp32 (``.to(tl.float32)``: a no-op on fp32 buffers,
+so the fp32 launch compiles to the same code); only the state backward's dots may take bf16 operands too
+(``GatedDeltaConfig.seqb_dots="bf16"``, with bf16 buffers). ``UPCAST`` (interpreter only, GPU value False): the
+interpreter's ``tl.dot`` multiplies bf16's uint16 storage as integers and its fp32 -> bf16 cast truncates, so there
+``_bf16`` keeps an fp32 tensor holding the round-to-nearest-even bf16 value (products of two bf16 values are exact
+in fp32, so the interpreter's dot is the GPU's bf16 MMA with fp32 accumulation up to the summation order) and stores
+of such values into a bf16 buffer are exact.
 """
 
 from __future__ import annotations
@@ -420,14 +422,15 @@ def _state_bwd_step(
     scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
-    TILE_SCALE: tl.constexpr,
+    TILE_SCALE: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n.
 
     The per-token scales sk = r_k e^{G_last - G} (K̃ = diag(sk) k̂) and sq = r_q e^G (e^G q̂ = diag(sq) q̂) go on the
     [C, K] key / query tiles as they load (default), or with TILE_SCALE on the [C, BV] side of the two dots,
     K̃ dS = diag(sk) (k̂ dS) and (e^G q̂)ᵀ dO = q̂ᵀ (diag(sq) dO). Which launches may use TILE_SCALE and why:
-    ``GatedDeltaConfig.seqb_scale``."""
+    ``GatedDeltaConfig.seqb_scale``. ``BF16`` (``GatedDeltaConfig.seqb_dots="bf16"`` with bf16 buffers): the three
+    dots take bf16 operands (``_bf16``) with fp32 accumulation; dS, dh and dvn stay fp32."""
     tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
     t = n * C + tl.arange(0, C)
     tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
@@ -454,15 +457,15 @@ def _state_bwd_step(
             a = gam
         else:
             a = m * gam + 1.0 - m
-        dvn = dvl + m * _keys_dot(kd, dS, rk, Gl, Gt, TILE_SCALE, PREC)
+        dvn = dvl + m * _keys_dot(_bf16(kd, BF16, UPCAST), _bf16(dS, BF16, UPCAST), rk, Gl, Gt, TILE_SCALE, PREC)
     else:
         a = gam
-        dvn = dvl + _keys_dot(kd, dS, rk, Gl, Gt, TILE_SCALE, PREC)
+        dvn = dvl + _keys_dot(_bf16(kd, BF16, UPCAST), _bf16(dS, BF16, UPCAST), rk, Gl, Gt, TILE_SCALE, PREC)
     tl.store(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvn, mask=vm[None, :])
     if TILE_SCALE:  # (e^G q̂)ᵀ dO = q̂ᵀ (diag(r_q e^G) dO)
         dO = dO * (rq * tl.exp(Gt))[:, None]
-    dS = (a * dS + scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
-          - tl.dot(tl.trans(wn), dvn, input_precision=PREC))
+    dS = (a * dS + scale * tl.dot(tl.trans(_bf16(qg, BF16, UPCAST)), _bf16(dO, BF16, UPCAST), input_precision=PREC)
+          - tl.dot(tl.trans(_bf16(wn, BF16, UPCAST)), _bf16(dvn, BF16, UPCAST), input_precision=PREC))
     return dS
 
 
@@ -474,6 +477,7 @@ def _state_bwd_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
     WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, TILE_SCALE: tl.constexpr,
+    BF16: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
     dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
@@ -497,14 +501,14 @@ def _state_bwd_kernel(
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
-                                 TILE_SCALE)
+                                 TILE_SCALE, BF16, UPCAST)
             i += 1
     else:
         for i in range(c1 - c0):
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
-                                 TILE_SCALE)
+                                 TILE_SCALE, BF16, UPCAST)
     tl.store(dS0_ptr + sh * K * V + kv_offs, dS, mask=kv_mask)
 
 
