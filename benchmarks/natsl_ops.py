@@ -502,7 +502,8 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         RESULTS["sweep"].append(dict(T=T, kind=kind, var=var, **row))
         extra = f" (o vs default {row['o_rel']:.1e})" if "o_rel" in row else ""
         fb = f" f+b {row['fb']:.3f}" if "fb" in row else ""
-        log(f"  T={T} {kind} {var or 'default'}: fwd {row['fwd']:.3f}{fb}{extra}")
+        ng = f" (no_grad {row['fwd_nograd']:.3f})" if "fwd_nograd" in row else ""
+        log(f"  T={T} {kind} {var or 'default'}: fwd {row['fwd']:.3f}{ng}{fb}{extra}")
 
 
 def _context_broken() -> bool:
@@ -516,8 +517,18 @@ def _context_broken() -> bool:
         return True
 
 
+def _nograd(fn):
+    """``fn`` run under ``torch.no_grad()`` (a forward that saves nothing for a backward)."""
+    def run():
+        with torch.no_grad():
+            return fn()
+    return run
+
+
 def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
-    """Time one sweep variant: {fwd, fb} ms (GDN: also o, the output, and o_rel against ``o_default``)."""
+    """Time one sweep variant: {fwd, fb} ms (GDN: also o, the output, and o_rel against ``o_default``). fla's row and
+    our default GDN row also time the forward under ``no_grad`` (``fwd_nograd``): the fair forward comparison, since
+    inputs that require grad make fla's forward save its tensors for a backward (session 14)."""
     if kind == "softmax":
         cfg_a = dataclasses.replace(ATTN_DEFAULT, **var)
 
@@ -531,8 +542,11 @@ def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
         fla_op = fla_gdn()
         if fla_op is None:
             return None
-        return dict(fwd=bench(lambda: fla_op(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype),
-                                             use_qk_l2norm_in_kernel=True)[0], warmup=5, rep=40))
+        def ffwd():
+            return fla_op(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"].to(xs["q"].dtype),
+                          use_qk_l2norm_in_kernel=True)[0]
+
+        return dict(fwd=bench(ffwd, warmup=5, rep=40), fwd_nograd=bench(_nograd(ffwd), warmup=5, rep=40))
     cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
 
     def gfwd():
@@ -545,8 +559,11 @@ def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
         o_rel = rel_rms(o, o_default)
     else:  # the default itself (0), or a process resumed after it (no reference output)
         o_rel = 0.0 if not var else float("nan")
-    return dict(fwd=bench(gfwd, warmup=5, rep=40),
-                fb=bench(lambda: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req), o_rel=o_rel, o=o)
+    row = dict(fwd=bench(gfwd, warmup=5, rep=40),
+               fb=bench(lambda: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req), o_rel=o_rel, o=o)
+    if not var:
+        row["fwd_nograd"] = bench(_nograd(gfwd), warmup=5, rep=40)
+    return row
 
 
 def summary(s: BenchSettings):
