@@ -29,6 +29,7 @@ from hybrid_attention.modules import FusedInputs, RMSNorm, ShortConvolution, fus
 from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
+from hybrid_attention.ops.gated_delta.triton import config_with_buffers
 
 
 def init_decay_params(a_log: torch.Tensor, dt_bias: torch.Tensor, dt_min=1e-3, dt_max=1e-1, dt_floor=1e-4) -> None:
@@ -80,7 +81,9 @@ class GDNStaticState(StaticState):
 
 class GatedDeltaNet(TokenMixer):
     """fla-equivalent Gated DeltaNet. x [B, T, hidden] -> y [B, T, hidden]; state H·d_k·d_v reals, flat in T.
-    Position-free decode: a packed prefill's per-document states are the rows of the batched state."""
+    Position-free decode: a packed prefill's per-document states are the rows of the batched state.
+    ``buffer_dtype`` ("auto" / "fp32" / "bf16"): the chunk kernels' buffer precision (``GatedDeltaConfig``); a
+    suite pins it through ``mixer_options.gdn.buffer_dtype`` so its runs keep training the same kernel."""
 
     packed_states = True
 
@@ -95,14 +98,17 @@ class GatedDeltaNet(TokenMixer):
         norm_eps: float = 1e-6,
         chunk_size: int = 64,
         backend: str = "auto",
+        buffer_dtype: str = "auto",
     ) -> None:
         super().__init__()
+        config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
         head_v_dim = head_dim * expand_v
         if head_v_dim != int(head_v_dim):
             raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         self.head_v_dim = int(head_v_dim)
         self.chunk_size, self.backend = chunk_size, backend
+        self.buffer_dtype = buffer_dtype  # the Triton kernels' buffer precision (ops/gated_delta/triton/config.py)
         key_dim, value_dim = num_heads * head_dim, num_heads * self.head_v_dim
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
@@ -171,7 +177,8 @@ class GatedDeltaNet(TokenMixer):
             t = left_pad(cu_seqlens)[0] if keep else t  # the decode state's width (a host read: prefill only)
         q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep, cu_seqlens)
         o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
-                           output_final_state=keep, backend=self.backend, cu_seqlens=cu_seqlens)
+                           output_final_state=keep, backend=self.backend, cu_seqlens=cu_seqlens,
+                           buffer_dtype=self.buffer_dtype)
         y = self._output(o, x)
         return y, (GDNState(S=S, conv=new_conv, offset=(state.offset if state else 0) + t) if keep else None)
 

@@ -62,6 +62,7 @@ from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.common.backend import resolve_backend
 from hybrid_attention.ops.common.varlen import chunk_layout, chunk_offsets, document_ids, positions_in_document
 from hybrid_attention.ops.gated_delta import gated_delta
+from hybrid_attention.ops.gated_delta.triton import config_with_buffers
 from hybrid_attention.ops.natsl_mixed import BACKENDS as NATSL_MIXED_BACKENDS
 from hybrid_attention.ops.natsl_mixed import natsl_mixed
 from hybrid_attention.ops.natsl_mixed.triton import supported as natsl_mixed_supported
@@ -105,7 +106,8 @@ class NatsLState:
 
 class NatsLAttention(NatsLStaticStep, TokenMixer):
     """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]. Static decode step: `NatsLStaticStep`
-    (layers/natsl_static.py)."""
+    (layers/natsl_static.py). ``buffer_dtype``: the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
+    (pinned by a suite through ``mixer_options.natsl.buffer_dtype``)."""
 
     def __init__(
         self,
@@ -127,8 +129,10 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         backend: str = "auto",
         force_routing: str | float | None = None,
         prefill_cache: str = "trim",
+        buffer_dtype: str = "auto",
     ) -> None:
         super().__init__()
+        config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
         if prefill_cache not in ("trim", "full"):
             raise ValueError(f"prefill_cache must be one of 'trim', 'full', got {prefill_cache!r}")
         if weights_from not in ("q", "x"):
@@ -152,6 +156,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.weights_from, self.separate_norms = weights_from, separate_norms
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
+        self.buffer_dtype = buffer_dtype  # the GDN branch's Triton buffer precision (ops/gated_delta/triton/config.py)
         self.prefill_cache = prefill_cache  # the prefill state's cache slots (_prefill_capacity)
         self.routing = RoutingSpec(force_routing)  # forced chunk types (configuration; layers/natsl_routing.py)
         self.recorders: tuple[RoutingRecorder, ...] = ()  # analysis hooks, only inside RoutingRecorder.attach
@@ -428,7 +433,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         vg = self._heads(v, hl, self.head_v_dim)
         qs, ks = self._attn_qk(q, k, 0, pos)
         vs = self._heads(v, hs, self.attn_head_v_dim)
-        gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend)
+        gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend,
+                      buffer_dtype=self.buffer_dtype)
         varlen = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         o_sa = None
         if keep:  # state at the start of the partial chunk = final state of the complete chunks
@@ -443,7 +449,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             # (ops/natsl_mixed/triton/; identical results, 16K: 6.3 vs 7.4 ms forward+backward on the H200).
             o_gdn, _, o_sa = natsl_mixed(qg, kg, vg, g, beta, commit, qs, ks, vs, route_sa, routing_bias=bias,
                                          chunk_size=c, group_size=self.group,
-                                         decay_uncommitted=self.decay_uncommitted)
+                                         decay_uncommitted=self.decay_uncommitted, buffer_dtype=self.buffer_dtype)
         else:
             o_gdn, _ = gated_delta(qg, kg, vg, g, beta, commit=commit, **gdn_kw, **varlen)
 
@@ -514,7 +520,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             n = min(c - filled, t - i)
             sl = slice(i, i + n)
             og, st.S = gated_delta(qg[:, sl], kg[:, sl], vg[:, sl], g[:, sl], beta[:, sl], chunk_size=c,
-                                   initial_state=st.S, output_final_state=True, backend=self.backend)
+                                   initial_state=st.S, output_final_state=True, backend=self.backend,
+                                   buffer_dtype=self.buffer_dtype)
             o_gdn.append(og)
             st.g_sum = st.g_sum + g[:, sl].sum(1)
             o_sa.append(self._attend_cached(st, qs_all[:, sl], ks_all[:, sl], vs_all[:, sl]))

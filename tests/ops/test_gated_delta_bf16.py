@@ -30,12 +30,13 @@ from test_gated_delta_triton import BF16_TOL, NAMES, make_case, rel, run_both
 from test_varlen_triton import GDN_NAMES, LENGTHS, _gdn_inputs, _gdn_separate, _grads, _leaf, _loss
 
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
-from hybrid_attention.ops.gated_delta import chunk_gated_delta
+from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig, triton_gated_delta
 from hybrid_attention.ops.gated_delta.triton import function as F
 from hybrid_attention.ops.gated_delta.triton.config import DEFAULT_CONFIG
 from hybrid_attention.ops.gated_delta.triton.kernels import _bf16
+from hybrid_attention.ops.natsl_mixed import natsl_mixed
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -89,6 +90,32 @@ def test_default_equals_explicit_fp32():
     c, _ = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(buffer_dtype="fp32", seqb_dots="bf16"))
     for name, x, y in zip(NAMES, a, c):
         assert torch.equal(x, y), name
+
+
+def test_public_ops_pass_buffer_dtype_to_the_kernels():
+    """``gated_delta(..., buffer_dtype=)`` and ``natsl_mixed(..., buffer_dtype=)`` (what the GDN / NAtS-L layers'
+    pin reaches) launch the kernels with that precision: with fp32 activations "fp32" is the default launch bit for
+    bit, "bf16" moves the output by bf16 rounding (nonzero, within BF16_TOL of fp32), and both ops agree."""
+    inputs, _, _ = make_case(1, 37, 2, 16, 32, 16, "random", True, seed=5)
+    q, k, v, g, beta, commit, S0 = (x.to(DEVICE) for x in inputs)
+    gen = torch.Generator().manual_seed(6)
+    qa, ka, va = (torch.randn(1, 37, 4, 8, generator=gen).to(DEVICE) for _ in range(3))
+    routing = torch.randint(0, 2, (1, 3, 2), generator=gen).float().to(DEVICE)
+    out = {}
+    for bd in ("auto", "fp32", "bf16"):
+        o, _ = gated_delta(q, k, v, g, beta, commit=commit, chunk_size=16, initial_state=S0, backend="triton",
+                           buffer_dtype=bd)
+        o_m, _, _ = natsl_mixed(q, k, v, g, beta, commit, qa, ka, va, routing, chunk_size=16, group_size=2,
+                                initial_state=S0, backend="triton", buffer_dtype=bd)
+        assert torch.equal(o, o_m), bd
+        out[bd] = o
+    assert torch.equal(out["auto"], out["fp32"])
+    assert 1e-6 < rel(out["bf16"], out["fp32"]) < BF16_TOL
+    for fn in (lambda: gated_delta(q, k, v, g, beta, backend="reference", buffer_dtype="half"),
+               lambda: natsl_mixed(q, k, v, g, beta, commit, qa, ka, va, routing, chunk_size=16, group_size=2,
+                                   backend="reference", buffer_dtype="half")):
+        with pytest.raises(ValueError, match=r"buffer_dtype must be one of auto, fp32, bf16, got 'half'"):
+            fn()
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ def gated_delta(
     decay_uncommitted: bool = True,
     backend: str = "auto",
     cu_seqlens: torch.Tensor | None = None,
+    buffer_dtype: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule with optional per-chunk commit mask.
 
@@ -54,10 +55,15 @@ def gated_delta(
     document (or from ``initial_state [N, H, K, V]``), final states ``[N, H, K, V]``, chunks restart at each
     document start (commit ``[1, Σ ceil(len_i / chunk_size), H]``); every form, the Triton kernels too ("auto"
     picks them for supported CUDA inputs as without ``cu_seqlens``).
+
+    ``buffer_dtype``: the Triton kernels' buffer precision, one of ``triton.BUFFER_DTYPES`` ("auto": bf16 buffers for
+    bf16 / fp16 activations, fp32 for fp32; "fp32"; "bf16"; ``GatedDeltaConfig.buffer_dtype``). The PyTorch forms
+    compute in fp32 or float64 whatever it says; it is checked for every backend, so a typo fails on the CPU too.
     """
+    config = triton_backend.config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "gated_delta", supported, BACKENDS, varlen=cu_seqlens is not None,
-                                no_varlen=())]
+    form = resolve_backend(backend, "gated_delta", supported, BACKENDS, varlen=cu_seqlens is not None, no_varlen=())
+    fn, extra = _FORMS[form], ({"config": config} if form == "triton" else {})
     # both forms validate their inputs (ValueError naming the argument and the expected shape)
     return fn(
         q,
@@ -73,4 +79,5 @@ def gated_delta(
         use_qk_l2norm=use_qk_l2norm,
         decay_uncommitted=decay_uncommitted,
         **varlen_kwargs(cu_seqlens),
+        **extra,
     )

@@ -17,6 +17,7 @@ import torch
 
 from ..common.backend import resolve_backend
 from ..common.varlen import varlen_kwargs
+from ..gated_delta.triton import config_with_buffers
 from . import triton as triton_backend
 from .chunk import chunk_natsl_mixed
 from .triton import triton_natsl_mixed
@@ -49,6 +50,7 @@ def natsl_mixed(
     concurrent: bool = True,
     backend: str = "triton",
     cu_seqlens: torch.Tensor | None = None,
+    buffer_dtype: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """GDN branch ``gated_delta(q, k, v, g, beta, commit=...)`` and softmax branch
     ``chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=...)``.
@@ -58,12 +60,14 @@ def natsl_mixed(
     ``[B, N, Hs // G]``. Returns ``(o_gdn [B, T, H, V], final_state [B, H, K, V] or None, o_attn [B, T, Hs, Dv])``.
     ``backend``: "triton" (both Triton ops, ``concurrent`` streams on CUDA), "reference" (both PyTorch chunk forms),
     "auto" (Triton for CUDA inputs both kernels support). ``cu_seqlens [N + 1]``: packed documents (B == 1,
-    ``ops/common/varlen.py``), passed to both branches; every backend takes them.
+    ``ops/common/varlen.py``), passed to both branches; every backend takes them. ``buffer_dtype``: the GDN branch's
+    Triton buffer precision, as in ``gated_delta`` (checked for every backend; the reference form ignores it).
     """
+    gdn_config = config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, q_attn, v_attn, chunk_size)  # noqa: E731
-    fn = _FORMS[resolve_backend(backend, "natsl_mixed", supported, BACKENDS, varlen=cu_seqlens is not None,
-                                no_varlen=())]
+    form = resolve_backend(backend, "natsl_mixed", supported, BACKENDS, varlen=cu_seqlens is not None, no_varlen=())
+    fn, extra = _FORMS[form], ({"gdn_config": gdn_config} if form == "triton" else {})
     return fn(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, routing_bias=routing_bias,
               chunk_size=chunk_size, group_size=group_size, initial_state=initial_state,
               output_final_state=output_final_state, decay_uncommitted=decay_uncommitted, attn_scale=attn_scale,
-              concurrent=concurrent, **varlen_kwargs(cu_seqlens))
+              concurrent=concurrent, **varlen_kwargs(cu_seqlens), **extra)

@@ -10,7 +10,7 @@ single-token step.
 from __future__ import annotations
 
 from ...common.triton import HAS_TRITON, missing
-from .config import DEFAULT_CONFIG, GatedDeltaConfig
+from .config import BUFFER_DTYPES, DEFAULT_CONFIG, GatedDeltaConfig, config_with_buffers
 from .support import supported
 
 if HAS_TRITON:
@@ -21,5 +21,6 @@ else:  # pragma: no cover - CPU-only installs without triton
     triton_gated_delta_step = missing("triton_gated_delta_step")
 
 __all__ = [
-    "HAS_TRITON", "supported", "GatedDeltaConfig", "DEFAULT_CONFIG", "triton_gated_delta", "triton_gated_delta_step",
+    "HAS_TRITON", "supported", "GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "config_with_buffers",
+    "triton_gated_delta", "triton_gated_delta_step",
 ]

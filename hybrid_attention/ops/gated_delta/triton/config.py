@@ -7,11 +7,12 @@ with ``dataclasses.replace(DEFAULT_CONFIG, seqf_bv=32, ...)``, the tests poison 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 
 from ...common.triton.config import KernelConfig
 
-__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES", "SEQB_DOTS"]
+__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES", "SEQB_DOTS", "config_with_buffers"]
 
 BUFFER_DTYPES = ("auto", "fp32", "bf16")
 """Allowed ``GatedDeltaConfig.buffer_dtype`` values."""
@@ -103,3 +104,13 @@ class GatedDeltaConfig(KernelConfig):
 
 
 DEFAULT_CONFIG = GatedDeltaConfig()
+
+
+@cache
+def config_with_buffers(buffer_dtype: str) -> GatedDeltaConfig:
+    """``DEFAULT_CONFIG`` with this ``buffer_dtype`` (one of ``BUFFER_DTYPES``): the launch configuration behind the
+    ``buffer_dtype`` argument of ``gated_delta`` / ``natsl_mixed`` and of the GDN and NAtS-L layers, which pin the
+    buffer precision a model trains with (an experiment suite whose runs trained with fp32 buffers keeps them when
+    the default changes; tests/experiments/test_gdn_buffer_pins.py). Raises ValueError naming the field."""
+    return DEFAULT_CONFIG if buffer_dtype == DEFAULT_CONFIG.buffer_dtype else replace(DEFAULT_CONFIG,
+                                                                                     buffer_dtype=buffer_dtype)

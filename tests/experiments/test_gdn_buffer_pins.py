@@ -1,0 +1,64 @@
+"""The suites with GPU results train their GDN and NAtS-L layers with the Triton buffer precision their results were
+trained with (``GatedDeltaConfig.buffer_dtype``, passed as ``mixer_options.<gdn|natsl>.buffer_dtype``): the default
+"auto" became bf16 buffers for bf16 activations in session 14, after those runs, and must not change what a later seed
+of a cell trains. A stored run config (``cells/<cell>/seed<k>/config.yaml``) without the key predates the option, when
+the buffers were always fp32; so do the suites whose results keep no run configs."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybrid_attention.experiments import load_suite
+from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
+from hybrid_attention.models import HybridConfig, HybridForCausalLM
+from hybrid_attention.training.config import model_config
+
+ROOT = Path(__file__).resolve().parents[2]
+WITH_GPU_RESULTS = sorted(p.name[: -len("_gpu")] for p in (ROOT / "results").glob("*_gpu") if p.is_dir())
+GDN_MIXERS = ("gdn", "natsl")
+
+
+def recorded_buffers(name: str) -> str:
+    """The GDN buffer precision of the stored runs of ``results/<name>_gpu`` (one value for all of them)."""
+    values = set()
+    for p in (ROOT / "results" / f"{name}_gpu").glob("cells/*/seed*/config.yaml"):
+        opts = ((yaml.safe_load(p.read_text())["model"].get("options") or {}).get("mixer_options") or {})
+        values |= {(opts.get(m) or {}).get("buffer_dtype", "fp32") for m in GDN_MIXERS}
+    assert len(values) <= 1, f"{name}: stored runs disagree on buffer_dtype: {values}"
+    return values.pop() if values else "fp32"
+
+
+def test_recorded_buffers_reads_the_stored_configs():
+    assert recorded_buffers("credible_natsl") == "fp32"  # its five session-14 runs predate the key
+    assert recorded_buffers("credible_prose") == "fp32"  # no GDN layer: the default answer
+
+
+def test_layers_take_the_pin_and_reject_a_typo():
+    cfg = HybridConfig.from_preset("tiny", layers=["gdn", "natsl"],
+                                   mixer_options={"gdn": {"buffer_dtype": "fp32"}, "natsl": {"buffer_dtype": "bf16"}})
+    gdn, natsl = (layer.mixer for layer in HybridForCausalLM(cfg).model.layers)
+    assert isinstance(gdn, GatedDeltaNet) and gdn.buffer_dtype == "fp32"
+    assert isinstance(natsl, NatsLAttention) and natsl.buffer_dtype == "bf16"
+    with pytest.raises(ValueError, match="buffer_dtype must be one of auto, fp32, bf16, got 'fp16'"):
+        GatedDeltaNet(64, num_heads=2, head_dim=16, buffer_dtype="fp16")
+
+
+@pytest.mark.parametrize("name", WITH_GPU_RESULTS)
+def test_suites_with_gpu_results_pin_their_gdn_buffers(name):
+    suite = load_suite(ROOT / "configs" / "experiments" / f"{name}.yaml")
+    want = recorded_buffers(name)
+    checked = 0
+    for cell in suite.cells:
+        if not suite.uses_lm(cell):  # recall cells train in fp32, where "auto" is fp32 buffers
+            continue
+        for seed in suite.cell_seeds(cell):
+            run = suite.run_config(cell, seed, Path("/tmp/unused"))
+            cfg = model_config(run.model, vocab_size=256)
+            for mixer in set(cfg.mixer_types) & set(GDN_MIXERS):
+                got = cfg.mixer_options.get(mixer, {}).get("buffer_dtype")
+                assert got == want, f"{name}: cell {cell.name} seed {seed}: mixer_options.{mixer}.buffer_dtype " \
+                                    f"is {got!r}, its stored runs trained with {want!r}"
+                checked += 1
+    if name in ("credible_natsl", "natsl_vs_baselines"):
+        assert checked, f"{name}: no GDN / NAtS-L layer checked"
