@@ -4,18 +4,15 @@ trained with (``GatedDeltaConfig.buffer_dtype``, passed as ``mixer_options.<gdn|
 of a cell trains. A stored run config (``cells/<cell>/seed<k>/config.yaml``) without the key predates the option, when
 the buffers were always fp32; so do the suites whose results keep no run configs."""
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
 
 from hybrid_attention.experiments import load_suite
 from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.training.config import model_config
 
-ROOT = Path(__file__).resolve().parents[2]
-WITH_GPU_RESULTS = sorted(p.name[: -len("_gpu")] for p in (ROOT / "results").glob("*_gpu") if p.is_dir())
 GDN_MIXERS = ("gdn", "natsl")
 
 
@@ -49,16 +46,12 @@ def test_suites_with_gpu_results_pin_their_gdn_buffers(name):
     suite = load_suite(ROOT / "configs" / "experiments" / f"{name}.yaml")
     want = recorded_buffers(name)
     checked = 0
-    for cell in suite.cells:
-        if not suite.uses_lm(cell):  # recall cells train in fp32, where "auto" is fp32 buffers
-            continue
-        for seed in suite.cell_seeds(cell):
-            run = suite.run_config(cell, seed, Path("/tmp/unused"))
-            cfg = model_config(run.model, vocab_size=256)
-            for mixer in set(cfg.mixer_types) & set(GDN_MIXERS):
-                got = cfg.mixer_options.get(mixer, {}).get("buffer_dtype")
-                assert got == want, f"{name}: cell {cell.name} seed {seed}: mixer_options.{mixer}.buffer_dtype " \
-                                    f"is {got!r}, its stored runs trained with {want!r}"
-                checked += 1
+    for cell_name, seed, run in lm_runs(suite):  # recall cells train in fp32, where "auto" is fp32 buffers
+        cfg = model_config(run.model, vocab_size=256)
+        for mixer in set(cfg.mixer_types) & set(GDN_MIXERS):
+            got = cfg.mixer_options.get(mixer, {}).get("buffer_dtype")
+            assert got == want, f"{name}: cell {cell_name} seed {seed}: mixer_options.{mixer}.buffer_dtype " \
+                                f"is {got!r}, its stored runs trained with {want!r}"
+            checked += 1
     if name in ("credible_natsl", "natsl_vs_baselines"):
         assert checked, f"{name}: no GDN / NAtS-L layer checked"

@@ -3,18 +3,14 @@
 seeds, resumed runs) train. A suite with results has a ``results/<suite>_gpu`` directory; a stored run config
 (``cells/<cell>/seed<k>/config.yaml``) without a ``tf32`` key predates the option, when the trainer never set TF32."""
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
 
 from hybrid_attention.evaluation.recall import RecallConfig
 from hybrid_attention.experiments import load_suite
 from hybrid_attention.training.config import TrainSection
 from hybrid_attention.training.config_schema import from_dict
-
-ROOT = Path(__file__).resolve().parents[2]
-WITH_GPU_RESULTS = sorted(p.name[: -len("_gpu")] for p in (ROOT / "results").glob("*_gpu") if p.is_dir())
 
 
 def test_the_defaults_turn_tf32_on():
@@ -43,11 +39,11 @@ def test_suites_with_gpu_results_pin_their_tf32(name):
     suite = load_suite(ROOT / "configs" / "experiments" / f"{name}.yaml")
     want = recorded_tf32(name)
     checked = 0
+    for cell_name, seed, run in lm_runs(suite):
+        assert run.train.tf32 is want, (cell_name, seed)
+        checked += 1
     for cell in suite.cells:
         for seed in suite.cell_seeds(cell):
-            if suite.uses_lm(cell):
-                assert suite.run_config(cell, seed, Path("/tmp/unused")).train.tf32 is want, (cell.name, seed)
-                checked += 1
             for task in suite.recall_configs(cell, seed).values():
                 assert from_dict(RecallConfig, task).tf32 is want, (cell.name, seed)
                 checked += 1
