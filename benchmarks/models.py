@@ -376,13 +376,15 @@ def summary(results: dict) -> None:
     if T_top:
         tf = _get(P, model="transformer-340m", T=T_top)
         gd = _get(P, model="gdn-340m", T=T_top)
+        if gd and T_top == 131072:  # issue 15: gdn-340m prefill at 128K <= 400 ms
+            log(f"target prefill@{T_top} gdn-340m: {gd['ms']:.1f} ms (<= 400: {_verdict(gd['ms'] <= 400)})")
         for label, _ in NATSL_VARIANTS:
             na = _get(P, model="natsl-hybrid-340m", variant=label, T=T_top)
-            if tf and gd and na:
+            if tf and gd and na:  # issue 15: >= 4x faster than the Transformer, <= 1.3x GDN's time
                 s_tf, s_gd = tf["ms"] / na["ms"], na["ms"] / gd["ms"]
                 log(
-                    f"target prefill@{T_top} ({label}): {s_tf:.2f}x faster than Transformer (>= 7: "
-                    f"{_verdict(s_tf >= 7)}), {s_gd:.2f}x GDN's time (<= 1.4: {_verdict(s_gd <= 1.4)})"
+                    f"target prefill@{T_top} ({label}): {s_tf:.2f}x faster than Transformer (>= 4: "
+                    f"{_verdict(s_tf >= 4)}), {s_gd:.2f}x GDN's time (<= 1.3: {_verdict(s_gd <= 1.3)})"
                 )
     if D:
         c_top = max(r.get("context", 0) for r in D)

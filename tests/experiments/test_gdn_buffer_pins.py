@@ -4,7 +4,10 @@ trained with (``GatedDeltaConfig.buffer_dtype``, passed as ``mixer_options.<gdn|
 of a cell trains. A stored run config (``cells/<cell>/seed<k>/config.yaml``) without the key predates the option, when
 the buffers were always fp32; so do the suites whose results keep no run configs."""
 
+import warnings
+
 import pytest
+import torch
 import yaml
 from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
 
@@ -55,3 +58,18 @@ def test_suites_with_gpu_results_pin_their_gdn_buffers(name):
             checked += 1
     if name in ("credible_natsl", "natsl_vs_baselines"):
         assert checked, f"{name}: no GDN / NAtS-L layer checked"
+
+
+def test_the_pin_traces_under_torch_compile():
+    """The layers resolve the pin inside ``forward`` (``gated_delta(..., buffer_dtype=)``): Dynamo folds the lookup
+    into a constant, with no graph break and no warning (a ``functools.cache`` there made it warn on the H200)."""
+    from hybrid_attention.ops.gated_delta.triton import config_with_buffers
+
+    def f(x):
+        return x * (2.0 if config_with_buffers("fp32").buffer_dtype == "fp32" else 3.0)
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = torch.compile(f, fullgraph=True, backend="eager")(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 2.0))

@@ -8,7 +8,6 @@ with ``dataclasses.replace(DEFAULT_CONFIG, seqf_bv=32, ...)``, the tests poison 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cache
 
 from ...common.triton.config import KernelConfig
 
@@ -106,11 +105,15 @@ class GatedDeltaConfig(KernelConfig):
 DEFAULT_CONFIG = GatedDeltaConfig()
 
 
-@cache
+_WITH_BUFFERS = {b: replace(DEFAULT_CONFIG, buffer_dtype=b) for b in BUFFER_DTYPES}
+
+
 def config_with_buffers(buffer_dtype: str) -> GatedDeltaConfig:
     """``DEFAULT_CONFIG`` with this ``buffer_dtype`` (one of ``BUFFER_DTYPES``): the launch configuration behind the
     ``buffer_dtype`` argument of ``gated_delta`` / ``natsl_mixed`` and of the GDN and NAtS-L layers, which pin the
     buffer precision a model trains with (an experiment suite whose runs trained with fp32 buffers keeps them when
-    the default changes; tests/experiments/test_gdn_buffer_pins.py). Raises ValueError naming the field."""
-    return DEFAULT_CONFIG if buffer_dtype == DEFAULT_CONFIG.buffer_dtype else replace(DEFAULT_CONFIG,
-                                                                                     buffer_dtype=buffer_dtype)
+    the default changes; tests/experiments/test_gdn_buffer_pins.py). A lookup in a table built at import (no
+    ``functools.cache``: Dynamo traces through it with a warning). Raises ValueError naming the field."""
+    if buffer_dtype not in _WITH_BUFFERS:
+        GatedDeltaConfig(buffer_dtype=buffer_dtype)  # raises: "buffer_dtype must be one of ..."
+    return _WITH_BUFFERS[buffer_dtype]
