@@ -453,17 +453,19 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         # the default until session 14 (fp32 buffers, 1-stage state forward, 8-warp parallel kernels); session 14's
         # sweep of the forward-side launches (bf16 buffers, stages, V tiles 16-64, 2-8 warps): benchmarks/NOTES.md
         dict(buffer_dtype="fp32", seqf_stages=1, par_warps=8),
+        # session 15 (H200, ms fwd / f+b at 16K; 64K): default 0.766 / 3.423; 2.969 / 13.447. seqf_stages 3: forward
+        # 0.640; 2.477 (-17%), output identical. seqb_dots bf16: f+b 3.109; 12.211, with seqb_stages 2: 2.834; 11.034
+        # (-17% / -18%), with 32-wide tiles 3.225; 12.632. bwdk_bv 64: 3.257; 12.770. fin_warps 4: 3.184; 12.489.
+        # tile scales + 4 warps: 3.412; 13.370 (noise); with bf16 dots: illegal memory access at both lengths
+        # (codegen, as tile + 16 / 8 in session 13): dropped. Each kernel's launch in the combined row ran alone.
         dict(seqf_stages=3),
-        # the state backward, now the largest GDN kernel: bf16 dot operands (config.seqb_dots; sm_90 AOT, triton 3.6,
-        # 340m + commit: 218 regs / loop 657 SASS vs 255 / 753, no spills; 2 stages 183 regs, 79 KB, no spills)
-        dict(seqb_dots="bf16"),
+        dict(seqf_stages=4),
         dict(seqb_dots="bf16", seqb_stages=2),
-        dict(seqb_dots="bf16", seqb_bv=32),
-        # the per-token scales on the [C, BV] side (config.seqb_scale; session 14: -3% / -2% f+b at 16K / 64K)
-        dict(seqb_scale="tile", seqb_warps=4),
-        dict(seqb_scale="tile", seqb_warps=4, seqb_dots="bf16"),  # AOT: 218 regs, loop 592 SASS, no spills
+        dict(seqb_dots="bf16", seqb_stages=3),
         dict(bwdk_bv=64),
         dict(fin_warps=4),  # AOT: 203 regs, no spills (bwdk_warps=4 spills 356 B: not swept)
+        # the candidate default: every kernel at its session-15 winner
+        dict(seqf_stages=3, seqb_dots="bf16", seqb_stages=2, bwdk_bv=64, fin_warps=4),
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
     # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process
