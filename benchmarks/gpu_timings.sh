@@ -32,6 +32,7 @@
 # 260 s); a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT="${OUT:-.}"
+mkdir -p "$OUT"  # session 15: an OUT that did not exist yet lost a whole check part (every log went nowhere)
 source benchmarks/fla_wheels.sh  # fla beside ours in the natsl_ops timings and sweep, when its wheels are carried
 export PYTHONPATH=".${FLA_PATH}"
 LIMIT=${LIMIT:-590}
