@@ -551,16 +551,15 @@ def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
         return dict(fwd=bench(ffwd, warmup=5, rep=40), fwd_nograd=bench(_nograd(ffwd), warmup=5, rep=40))
     cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
 
-    def gfwd():
+    def gfwd(cfg=cfg_g):
         return triton_gated_delta(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], commit=xs["commit"],
-                                  chunk_size=C, config=cfg_g)[0]
+                                  chunk_size=C, config=cfg)[0]
 
     with torch.no_grad():
         o = gfwd().float()
-    if o_default is not None:
-        o_rel = rel_rms(o, o_default)
-    else:  # the default itself (0), or a process resumed after it (no reference output)
-        o_rel = 0.0 if not var else float("nan")
+        if o_default is None and var:  # a process resumed after the default's row (--sweep-from): recompute it
+            o_default = gfwd(GDN_DEFAULT).float()
+    o_rel = rel_rms(o, o_default) if o_default is not None else 0.0  # 0: the default itself
     row = dict(fwd=bench(gfwd, warmup=5, rep=40),
                fb=bench(lambda: gfwd().backward(dog), warmup=5, rep=60, grad_to_none=req), o_rel=o_rel, o=o)
     if not var:
