@@ -12,7 +12,8 @@
 # Every item runs under `timeout` of the time left; an item that would start with < MIN_LEFT s (30) left is skipped. Logs are
 # appended to $OUT/lane<i>_<suite>.log. The same suite may appear in several lanes only with disjoint cells or seeds.
 # Finished runs of earlier sessions are imported first (results/<suite>_gpu/results.json, via --import-results; log
-# $OUT/import_<suite>.log), so they are skipped and appear in the reports. Afterwards every touched report is
+# $OUT/import_<suite>.log), so they are skipped and appear in the reports; so are the finished recall tasks and sweep
+# models of cut runs (results/<suite>_gpu/cells/*/seed*/recall_*.json). Afterwards every touched report is
 # rewritten from all finished runs of the seeds found on disk (--report-only), the small artifacts (md, json, png,
 # logs; no checkpoints) are packed into $OUT/artifacts.tgz and the tables are printed.
 # Lessons of earlier calls (RESULTS.md sections G, S): one H200 is saturated by ~3 concurrent `small` runs (more only
@@ -66,7 +67,11 @@ for i in 0 1 2 3 4 5 6 7; do
       SUITES="$SUITES $item"
       prev="results/${item}_gpu/results.json"
       [ -f "$prev" ] && $E "$C/$item.yaml" "out_dir=$RUNS/$item" --import-results "$prev" --list \
-        > "$OUT/import_$item.log" 2>&1 ;;
+        > "$OUT/import_$item.log" 2>&1
+      # the finished recall tasks / sweep models of runs an earlier call cut (recall_<task>.json and .rows.json,
+      # merged into results/<suite>_gpu/cells/ from its artifacts): the runner trains only the rest
+      [ -d "results/${item}_gpu/cells" ] && (cd "results/${item}_gpu" && find cells -name 'recall_*.json' \
+        -exec sh -c 'mkdir -p "$0/${1%/*}" && cp -n "$1" "$0/$1"' "$RUNS/$item" {} \;) ;;
     esac
   done
   lane "$i" "${!var}" &

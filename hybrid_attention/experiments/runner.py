@@ -1,5 +1,7 @@
 """Run a suite cell by cell, resumable: a (cell, seed) with ``result.json`` is skipped, an unfinished training run
-resumes from its newest checkpoint, finished recall tasks (``recall_<task>.json``) are not re-run.
+resumes from its newest checkpoint, finished recall tasks (``recall_<task>.json``) are not re-run, and neither are
+the finished models of an unfinished task's sweep (``recall_<task>.rows.json``, one row per mixer / d_model / lr,
+stamped with ``MODEL_REVISION``: a row of another revision is trained again).
 
 Layout under ``out_dir``: ``cells/<cell>/seed<k>/`` (the training run: config, metrics, checkpoints; then
 ``result.json``), and the report files of :func:`hybrid_attention.experiments.report.write_report`.
@@ -140,6 +142,30 @@ def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dic
     return out
 
 
+def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
+    """The best row (highest accuracy, the first of equals in sweep order) of one recall task's sweep over mixers x
+    d_models x lrs. Each finished model's row is saved to ``rows_path`` at once, so a run cut by a time limit (a
+    device call) keeps its finished models: the next call trains only the rest."""
+    saved = json.loads(rows_path.read_text()) if rows_path.exists() else []
+    done = {(r["mixer"], r["d_model"], r["lr"]): r for r in saved if r.get("model_revision") == MODEL_REVISION}
+    device = resolve_device(rc.device)
+    rows = []
+    for mixer in rc.mixers:
+        for dm in rc.d_models:
+            for lr in rc.lrs:
+                row = done.get((mixer, dm, lr))
+                if row is None:
+                    row = train_and_eval(rc, mixer, dm, lr, device, log=log)  # per-epoch accuracy in the log
+                    row = {**row, "model_revision": MODEL_REVISION}
+                    done[(mixer, dm, lr)] = row
+                    _write_json(rows_path, list(done.values()))
+                else:
+                    log(f"  {mixer} d={dm} lr={lr:g}: accuracy {row['accuracy']:.3f} (kept from {rows_path.name})")
+                rows.append(row)
+    best = max(rows, key=lambda r: r["accuracy"])  # max keeps the first of equal accuracies
+    return {k: v for k, v in best.items() if k != "model_revision"}
+
+
 def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict:
     out = {}
     for task, d in suite.recall_configs(cell, seed).items():
@@ -148,14 +174,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
             out[task] = json.loads(path.read_text())
             continue
         rc = from_dict(RecallConfig, d)
-        device = resolve_device(rc.device)
-        best = None
-        for mixer in rc.mixers:
-            for dm in rc.d_models:
-                for lr in rc.lrs:
-                    row = train_and_eval(rc, mixer, dm, lr, device, log=log)  # per-epoch accuracy in the log
-                    if best is None or row["accuracy"] > best["accuracy"]:
-                        best = row
+        best = _recall_sweep(rc, run_dir / f"recall_{task}.rows.json", log)
         _write_json(path, best)
         log(f"  {cell.name} seed {seed} {task}: accuracy {best['accuracy']:.3f} ({best['seconds']:.0f} s)")
         out[task] = best

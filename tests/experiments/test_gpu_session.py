@@ -1,0 +1,29 @@
+"""configs/experiments/gpu_session.sh carries what earlier device calls finished into the call's run directory: the
+recall tasks and sweep models of runs that a call's time limit cut (results/<suite>_gpu/cells/*/seed*/recall_*.json),
+so that the runner trains only the rest."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    cell = tmp_path / "results" / "recall_cpu_gpu" / "cells" / "softmax" / "seed0"
+    cell.mkdir(parents=True)
+    (cell / "recall_mqar.rows.json").write_text("[]")
+    (cell / "recall_passkey.json").write_text("{}")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "RUNS": str(runs), "LIMIT": "200", "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "LANE0": "recall_cpu --list"}  # --list: the runner prints the cells and runs nothing
+    subprocess.run(["bash", str(ROOT / "configs" / "experiments" / "gpu_session.sh")], cwd=tmp_path, env=env,
+                   check=True, timeout=600, capture_output=True)
+    carried = runs / "recall_cpu" / "cells" / "softmax" / "seed0"
+    assert (carried / "recall_mqar.rows.json").read_text() == "[]"
+    assert (carried / "recall_passkey.json").read_text() == "{}"
+    assert (out / "artifacts.tgz").exists()
