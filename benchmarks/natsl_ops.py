@@ -145,15 +145,17 @@ def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False,
     return o_g, S, o_s
 
 
+# (GDN buffers, output / state limit, gradient limit) of the correctness section: the fp32-buffer launch at the limits
+# the op has always met, and the default launch ("auto": bf16 buffers for these bf16 activations) at the bf16 bar of
+# tests/ops/test_gated_delta_bf16.py (fla's forward is 4.7-4.9e-3 from float64 at this shape, session 3)
+CORRECTNESS_MODES = (("fp32", 5e-3, 1e-2), ("auto", 2e-2, 2e-2))
+
+
 @guarded("correctness")
 def correctness(s: BenchSettings):
     shape = SHAPES[s.dryrun]
     H, K, V, G, C = 2, shape["K"], shape["V"], shape["G"], shape["C"]
-    # (GDN buffers, output / state limit, gradient limit): the fp32-buffer launch at the limits the op has always met,
-    # and the default launch ("auto": bf16 buffers for these bf16 activations) at the bf16 bar of
-    # tests/ops/test_gated_delta_bf16.py (fla's forward is 4.7-4.9e-3 from float64 at this shape, session 3)
-    modes = (("fp32", 5e-3, 1e-2), ("auto", 2e-2, 2e-2))
-    for (buffers, lim_out, lim_grad), T, frac in ((m, T, f) for m in modes for T in shape["corr_t"]
+    for (buffers, lim_out, lim_grad), T, frac in ((m, T, f) for m in CORRECTNESS_MODES for T in shape["corr_t"]
                                                   for f in (0.0, 0.3, 1.0)):
         poisoned = dict(gdn_config=GatedDeltaConfig(buffer_dtype=buffers, poison=True),
                         attn_config=ChunkAttentionConfig(poison=True))
@@ -605,7 +607,7 @@ def summary(s: BenchSettings):
                 f"fla GDN measured in this run, T={r['T']}: fwd {r['fla_gdn_fwd']:.3f} ms, f+b "
                 f"{r.get('fla_gdn_fb', nan):.3f} ms (ours: fwd {r['gdn_fwd']:.3f}, f+b {r['gdn_fb']:.3f})"
             )
-    for buffers, bars in (("fp32", "5e-3 / 1e-2"), ("auto", "2e-2 / 2e-2")):
+    for buffers, lim_out, lim_grad in CORRECTNESS_MODES:
         corr = [r for r in RESULTS["correctness"] if r["buffers"] == buffers]
         if not corr:
             continue
@@ -614,7 +616,7 @@ def summary(s: BenchSettings):
         worst_grad = max(max(v for k, v in r.items() if k.startswith("d")) for r in corr)
         log(
             f"correctness, GDN buffers {buffers}: {n_ok}/{len(corr)} configs pass (worst rel RMS: outputs/states "
-            f"{worst_out:.2e}, gradients {worst_grad:.2e}; bars {bars}; NaN-poisoned buffers)"
+            f"{worst_out:.2e}, gradients {worst_grad:.2e}; bars {lim_out:g} / {lim_grad:g}; NaN-poisoned buffers)"
         )
     if "layer" in RESULTS:
         log(f"layer auto vs reference (fp32): {RESULTS['layer']}")

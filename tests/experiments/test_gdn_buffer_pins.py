@@ -14,6 +14,7 @@ from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
 from hybrid_attention.experiments import load_suite
 from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
+from hybrid_attention.ops.gated_delta.triton import config_with_buffers
 from hybrid_attention.training.config import model_config
 
 GDN_MIXERS = ("gdn", "natsl")
@@ -63,8 +64,6 @@ def test_suites_with_gpu_results_pin_their_gdn_buffers(name):
 def test_the_pin_traces_under_torch_compile():
     """The layers resolve the pin inside ``forward`` (``gated_delta(..., buffer_dtype=)``): Dynamo folds the lookup
     into a constant, with no graph break and no warning (a ``functools.cache`` there made it warn on the H200)."""
-    from hybrid_attention.ops.gated_delta.triton import config_with_buffers
-
     def f(x):
         return x * (2.0 if config_with_buffers("fp32").buffer_dtype == "fp32" else 3.0)
 
