@@ -459,15 +459,11 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         # 0.640; 2.477 (-17%), output identical. seqb_dots bf16: f+b 3.109; 12.211, with seqb_stages 2: 2.834; 11.034
         # (-17% / -18%), with 32-wide tiles 3.225; 12.632. bwdk_bv 64: 3.257; 12.770. fin_warps 4: 3.184; 12.489.
         # tile scales + 4 warps: 3.412; 13.370 (noise); with bf16 dots: illegal memory access at both lengths
-        # (codegen, as tile + 16 / 8 in session 13): dropped. Each kernel's launch in the combined row ran alone.
-        dict(seqf_stages=3),
+        # (codegen, as tile + 16 / 8 in session 13): dropped. Each kernel's launch in the combined row ran alone;
+        # the combination is the default since session 16. Session 14's default, then one step past each winner:
+        dict(seqf_stages=2, seqb_dots="fp32", seqb_stages=1, bwdk_bv=32, fin_warps=8),
         dict(seqf_stages=4),
-        dict(seqb_dots="bf16", seqb_stages=2),
-        dict(seqb_dots="bf16", seqb_stages=3),
-        dict(bwdk_bv=64),
-        dict(fin_warps=4),  # AOT: 203 regs, no spills (bwdk_warps=4 spills 356 B: not swept)
-        # the candidate default: every kernel at its session-15 winner
-        dict(seqf_stages=3, seqb_dots="bf16", seqb_stages=2, bwdk_bv=64, fin_warps=4),
+        dict(seqb_stages=3),  # AOT: 209 regs, 118 KB smem, no spills (fin_warps=2 spills 1.2 KB: not swept)
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
     # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process

@@ -27,13 +27,20 @@ class GatedDeltaConfig(KernelConfig):
     runs it as is). ``benchmarks/aot_regs_gdn.py`` reports every kernel's registers / spills / shared memory at these
     launches (sm_90, compiled on the CPU machine).
 
-    The defaults are the winner of the H200 sweep of session 14 (``benchmarks.natsl_ops --sweep``, 340m head shape,
-    B 1, bf16 activations, commit mask; benchmarks/NOTES.md): bf16 buffers (``buffer_dtype="auto"`` with bf16
+    The defaults are the winners of the H200 sweeps of sessions 14 and 15 (``benchmarks.natsl_ops --sweep``, 340m
+    head shape, B 1, bf16 activations, commit mask; benchmarks/NOTES.md). Session 15, each kernel's launch timed
+    alone (ms forward / forward+backward at 16K; 64K, against session 14's default 0.766 / 3.423; 2.969 / 13.447):
+    ``seqf_stages=3`` forward 0.640; 2.477, ``seqb_dots="bf16"`` with ``seqb_stages=2`` f+b 2.834; 11.034,
+    ``bwdk_bv=64`` 3.257; 12.770, ``fin_warps=4`` 3.184; 12.489; together they compile for sm_90 without spills
+    (AOT) and became the default in session 16 after the CUDA tests. ``replace(DEFAULT_CONFIG, seqf_stages=2,
+    seqb_dots="fp32", seqb_stages=1, bwdk_bv=32, fin_warps=8)`` is session 14's default.
+
+    Session 14's sweep: bf16 buffers (``buffer_dtype="auto"`` with bf16
     activations), ``seqf_stages=2`` (the state forward prefetches the next chunk's w / u / k) and ``par_warps=4``:
     forward 1.644 -> 0.765 ms at 16K and 6.464 -> 2.976 ms at 64K, forward+backward 4.87 -> 3.42 / 19.2 -> 13.5 ms,
     against fp32 buffers / 1 stage / 8 warps (fla's forward in the same run: 1.100 / 2.048 ms). par_warps=4 spills
-    96-144 B in ``bwd_local`` in the AOT report and is faster anyway. ``GatedDeltaConfig(buffer_dtype="fp32",
-    seqf_stages=1, par_warps=8)`` is the previous default.
+    96-144 B in ``bwd_local`` in the AOT report and is faster anyway. The default before it: fp32 buffers,
+    ``seqf_stages=1``, ``par_warps=8`` (and session 14's backward launches above).
 
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid
     V / seqf_bv x B*H; H200: 16/4 beat 32/8 and 64/8; 16 with 8 warps hit an illegal memory access in run 2, a
@@ -63,12 +70,12 @@ class GatedDeltaConfig(KernelConfig):
     tests' bar is 2e-2, tests/ops/test_gated_delta_bf16.py; fla's forward is 4.7-4.9e-3 from float64 at the same
     shape, session 3). bf16 alone: 1.4x faster forward at 16K / 64K (session 14).
 
-    seqb_dots: operands of the state backward's three dots (K̃ dS, (e^G q̂)ᵀ dO, wᵀ dvn). "fp32" (default): fp32
-    (tf32). "bf16": bf16 operands with fp32 accumulation, only when the buffers are bf16 (an fp32 call is
+    seqb_dots: operands of the state backward's three dots (K̃ dS, (e^G q̂)ᵀ dO, wᵀ dvn). "fp32": fp32 (tf32).
+    "bf16" (default): bf16 operands with fp32 accumulation, only when the buffers are bf16 (an fp32 call is
     unchanged); dS, dh and dvn stay fp32, as fla's backward casts its dh to k's dtype for the dots. Session 14: the
     state backward is the largest GDN kernel (7.5 of the GDN branch's ~20 ms f+b at 64K, NOTES run 2), and the f+b
-    is 4.5x the forward after the forward's sweep. This option is for the next sweep (untimed; tested against
-    float64 at the bf16 bar in tests/ops/test_gated_delta_bf16.py).
+    is 4.5x the forward after the forward's sweep; session 15: bf16 dots with 2 stages take 17-18% off the f+b
+    (tested against float64 at the bf16 bar in tests/ops/test_gated_delta_bf16.py).
     """
 
     par_bk: int = 64
@@ -77,21 +84,21 @@ class GatedDeltaConfig(KernelConfig):
     par_stages: int = 1
     seqf_bv: int = 16
     seqf_warps: int = 4
-    seqf_stages: int = 2
+    seqf_stages: int = 3
     seqb_bv: int = 16
     seqb_warps: int = 8
-    seqb_stages: int = 1
+    seqb_stages: int = 2
     bwdk_bk: int = 64
-    bwdk_bv: int = 32
+    bwdk_bv: int = 64
     bwdk_warps: int = 8
     bwdk_stages: int = 1
     fin_bk: int = 32
     fin_bv: int = 32
-    fin_warps: int = 8
+    fin_warps: int = 4
     fin_stages: int = 1
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
-    seqb_dots: str = "fp32"
+    seqb_dots: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.buffer_dtype not in BUFFER_DTYPES:
