@@ -461,9 +461,11 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         # tile scales + 4 warps: 3.412; 13.370 (noise); with bf16 dots: illegal memory access at both lengths
         # (codegen, as tile + 16 / 8 in session 13): dropped. Each kernel's launch in the combined row ran alone;
         # the combination is the default since session 16. Session 14's default, then one step past each winner:
-        dict(seqf_stages=2, seqb_dots="fp32", seqb_stages=1, bwdk_bv=32, fin_warps=8),
+        # (session 16: seqb_stages 2 with fp32 dots gave wrong gradients / an illegal memory access, so the
+        # fp32-dot launch keeps 1 stage: GatedDeltaConfig.seqb_stages_bf16)
+        dict(seqf_stages=2, seqb_dots="fp32", bwdk_bv=32, fin_warps=8),
         dict(seqf_stages=4),
-        dict(seqb_stages=3),  # AOT: 209 regs, 118 KB smem, no spills (fin_warps=2 spills 1.2 KB: not swept)
+        dict(seqb_stages_bf16=3),  # AOT: 209 regs, 118 KB smem, no spills (fin_warps=2 spills 1.2 KB: not swept)
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
     # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process

@@ -59,6 +59,17 @@ def test_buffer_dtype_field():
         GatedDeltaConfig(seqb_dots="tf32")
 
 
+@pytest.mark.parametrize("buffer_dtype,seqb_dots,act,stages,bf16_dots", [
+    ("auto", "bf16", torch.bfloat16, 2, True), ("auto", "bf16", torch.float32, 1, False),
+    ("bf16", "fp32", torch.float32, 1, False), ("fp32", "bf16", torch.bfloat16, 1, False),
+])
+def test_state_backward_stages_follow_its_dots(buffer_dtype, seqb_dots, act, stages, bf16_dots):
+    """The state backward is pipelined (``seqb_stages_bf16`` = 2) only when its dots take bf16 operands; an fp32-dot
+    launch keeps ``seqb_stages`` = 1 (2 stages there gave wrong gradients on the H200: GatedDeltaConfig)."""
+    tiles = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype, seqb_dots=seqb_dots), act)
+    assert (tiles.seqb["num_stages"], tiles.seqb["BF16"]) == (stages, bf16_dots)
+
+
 @pytest.mark.parametrize("buffer_dtype,act,low", [
     ("fp32", torch.float32, torch.float32), ("bf16", torch.float32, torch.bfloat16),
     ("auto", torch.float32, torch.float32), ("auto", torch.bfloat16, torch.bfloat16),

@@ -119,14 +119,15 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 @pytest.mark.parametrize("K,V", [(64, 128), (128, 256)])
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
-                                     dict(buffer_dtype="bf16")])
+                                     dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the swept "tile" state backward: session 13 found that form passing every small-shape test on CUDA and the
     # interpreter but hitting an illegal memory access at K = 128, V = 256 with 16-wide / 8-warp tiles (triton 3.6,
     # sm_90) -- codegen, not indexing; that launch is not tested here (it takes the CUDA context down)
     inputs, do, dS = make_case(1, 200, 2, K, V, 64, "random", True, seed=K)
-    # (fp32 inputs: "auto" keeps fp32 buffers; the last variant forces the bf16 buffers that bf16 activations get)
+    # (fp32 inputs: "auto" keeps fp32 buffers; the last two variants force the bf16 buffers that bf16 activations
+    # get, the last with fp32 state-backward dots: session 16's wrong gradients when that launch had 2 stages)
     cfg = dataclasses.replace(DEFAULT_CONFIG, **variant) if variant else None
     tol = BF16_TOL if variant.get("buffer_dtype") == "bf16" else TOL
     tri, ref = run_both(inputs, do, dS, 64, True, config=cfg)

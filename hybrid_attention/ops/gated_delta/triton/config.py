@@ -33,7 +33,8 @@ class GatedDeltaConfig(KernelConfig):
     ``seqf_stages=3`` forward 0.640; 2.477, ``seqb_dots="bf16"`` with ``seqb_stages=2`` f+b 2.834; 11.034,
     ``bwdk_bv=64`` 3.257; 12.770, ``fin_warps=4`` 3.184; 12.489; together they compile for sm_90 without spills
     (AOT) and became the default in session 16 after the CUDA tests. ``replace(DEFAULT_CONFIG, seqf_stages=2,
-    seqb_dots="fp32", seqb_stages=1, bwdk_bv=32, fin_warps=8)`` is session 14's default.
+    seqb_dots="fp32", bwdk_bv=32, fin_warps=8)`` is session 14's default. The 2 stages are the bf16-dot launch's
+    only (``seqb_stages_bf16``): with fp32 dots they gave wrong gradients on the H200 (below).
 
     Session 14's sweep: bf16 buffers (``buffer_dtype="auto"`` with bf16
     activations), ``seqf_stages=2`` (the state forward prefetches the next chunk's w / u / k) and ``par_warps=4``:
@@ -76,6 +77,14 @@ class GatedDeltaConfig(KernelConfig):
     state backward is the largest GDN kernel (7.5 of the GDN branch's ~20 ms f+b at 64K, NOTES run 2), and the f+b
     is 4.5x the forward after the forward's sweep; session 15: bf16 dots with 2 stages take 17-18% off the f+b
     (tested against float64 at the bf16 bar in tests/ops/test_gated_delta_bf16.py).
+
+    seqb_stages / seqb_stages_bf16: software-pipelining stages of the state backward when its dots are fp32 / bf16.
+    Two fields, not one, because of session 16 (H200, triton 3.6, K 128 / V 256, chunk 64, T 200, against float64):
+    with 2 stages the fp32-dot launch gave wrong gradients whenever a bf16 operand was loaded (bf16 buffers with
+    ``seqb_dots="fp32"``: dS0 rel 0.86; fp32 buffers under bf16 activations: gradients 0.70 at the 340m shape) or
+    with ``seqb_scale="tile"`` and 32-wide tiles, and an illegal memory access with fp32 buffers and 8-warp parallel
+    kernels; the same launch with 1 stage, and the bf16-dot launch with 2, pass. A codegen issue of the pipelined
+    fp32-operand loop (the kernel and its indexing are the same in both); keep ``seqb_stages`` at 1.
     """
 
     par_bk: int = 64
@@ -87,7 +96,8 @@ class GatedDeltaConfig(KernelConfig):
     seqf_stages: int = 3
     seqb_bv: int = 16
     seqb_warps: int = 8
-    seqb_stages: int = 2
+    seqb_stages: int = 1
+    seqb_stages_bf16: int = 2
     bwdk_bk: int = 64
     bwdk_bv: int = 64
     bwdk_warps: int = 8

@@ -45,7 +45,7 @@ class _Tiles:
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=cfg.par_warps, num_stages=cfg.par_stages)
         self.seqf = dict(num_warps=cfg.seqf_warps, num_stages=cfg.seqf_stages)
-        self.seqb = dict(num_warps=cfg.seqb_warps, num_stages=cfg.seqb_stages, TILE_SCALE=cfg.seqb_scale == "tile")
+        self.seqb = dict(num_warps=cfg.seqb_warps, TILE_SCALE=cfg.seqb_scale == "tile")
         self.bwdk = dict(num_warps=cfg.bwdk_warps, num_stages=cfg.bwdk_stages)
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
         # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)
@@ -53,7 +53,10 @@ class _Tiles:
         self.buf = torch.bfloat16 if self.bf16 else torch.float32
         self.lowp = dict(BF16=self.bf16, UPCAST=interp)  # UPCAST: the interpreter's bf16 dot is wrong (no NumPy bf16)
         # the state backward's dots: bf16 operands only with seqb_dots="bf16" and bf16 buffers (an fp32 call stays fp32)
-        self.seqb.update(BF16=self.bf16 and cfg.seqb_dots == "bf16", UPCAST=interp)
+        # (and their own pipelining stages: GatedDeltaConfig's docstring says why the two launches differ)
+        seqb_bf16 = self.bf16 and cfg.seqb_dots == "bf16"
+        self.seqb.update(BF16=seqb_bf16, UPCAST=interp,
+                         num_stages=cfg.seqb_stages_bf16 if seqb_bf16 else cfg.seqb_stages)
 
 
 def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:
