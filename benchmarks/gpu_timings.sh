@@ -25,6 +25,8 @@
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs; with NATSL_OPS=1
 #   both in one process, the sweep last)  NATSL_SWEEP_KINDS [softmax,fla_gdn,gdn] (the sweep's job kinds)
 #   DECODE_ATTN_SWEEP=0 [0]  (benchmarks.decode_attention_ops: the split-KV decode kernel's num_splits x BLOCK_N)
+#   RECALL_SPEED=0 [0]  (benchmarks.recall_speed: the recall trainer's step eager / compiled per credible_recall cell
+#   and task, the generator's s/epoch, each cell's projected seconds at the full budget)  RECALL_CELLS [all]
 #   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
 # Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
@@ -91,6 +93,14 @@ if [ -n "${DECODE_AUTOTUNE:-}" ]; then
   timeout -k 10 $(slot 30) python -m benchmarks.decode_latency --preset "$DECODE_AUTOTUNE" --contexts 1024 \
     --batch-sizes 1 --iters 20 --compile-mode max-autotune-no-cudagraphs > "$OUT/decode_autotune.log" 2>&1
   echo "== decode max-autotune: exit $? after $(( $(date +%s) - T0 )) s"; grep '^{' "$OUT/decode_autotune.log"
+fi
+
+if [ "${RECALL_SPEED:-0}" = 1 ]; then
+  read -ra recall_cells <<< "${RECALL_CELLS:-}"
+  rs=$(slot 30); [ "$rs" -gt 300 ] && rs=300
+  timeout -k 10 "$rs" python -m benchmarks.recall_speed ${RECALL_CELLS:+--cells "${recall_cells[@]}"} \
+    --budget-s $(( rs > 60 ? rs - 40 : 20 )) --out "$OUT" > "$OUT/recall_speed.log" 2>&1
+  echo "== recall_speed: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||FAILED" "$OUT/recall_speed.log"
 fi
 
 if [ "${S4D_BILINEAR:-0}" = 1 ]; then

@@ -58,6 +58,14 @@ lane() {  # lane INDEX "item; item; ..."
   done
 }
 
+# CPU threads per lane: the cores shared by the lanes (session 16: three recall lanes, each with torch's default of one
+# thread per core, on 16 cores; their example generators and Python launch loops competed). A set OMP_NUM_THREADS wins.
+nlanes=0
+for i in 0 1 2 3 4 5 6 7; do var="LANE$i"; [ -n "${!var:-}" ] && nlanes=$(( nlanes + 1 )); done
+threads=$(( $(nproc) / (nlanes > 0 ? nlanes : 1) ))
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}
+echo "lanes: $nlanes, OMP_NUM_THREADS=$OMP_NUM_THREADS per lane"
+
 pids=()
 for i in 0 1 2 3 4 5 6 7; do
   var="LANE$i"

@@ -58,6 +58,9 @@ class RecallConfig:
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     tf32: bool = True  # CUDA: the float32 training's matmuls on TF32 tensor cores (device.set_tf32)
+    # torch.compile the backbone of the training step (static shapes: one graph per batch size). The tiny recall
+    # models are launch-bound on a GPU in eager mode; the evaluation passes stay eager (same parameters)
+    compile: bool = False
     out_dir: str = "runs/recall"
 
 
@@ -79,14 +82,38 @@ def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int) -> HybridFor
     return HybridForCausalLM(mc)
 
 
-def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor, backbone=None) -> torch.Tensor:
     """Logits [n, vocab] at the n labelled positions (``y != -100``) of ``x`` [B, T], in row-major order.
+    ``backbone``: what runs ``model.model`` (its compiled form in a compiled training step; default ``model.model``).
 
     The loss and the accuracy read nothing else, and the queries are a small part of a row (MQAR at T = 1024 with 64
     pairs: 64 of 1024), so the [B, T, vocab] logits of the full forward would cost T / n times the unembedding
     FLOPs and memory for nothing (at vocabulary 8192 the unembedding dominates a 2-layer d = 128 model)."""
-    h = model.model(x, None, cache=None, use_cache=False, output_hidden_states=False, cu_seqlens=None)[0]
+    h = (backbone or model.model)(x, None, cache=None, use_cache=False, output_hidden_states=False,
+                                  cu_seqlens=None)[0]
     return model.lm_head(h[y != -100])
+
+
+def recall_optimizer(cfg: RecallConfig, model: HybridForCausalLM, lr: float):
+    """(optimizer, scheduler) of one recall run: the trainer's AdamW (over the SSM parameter groups) and schedule
+    (linear warmup, cosine decay), with this task's settings: torch's default AdamW betas / eps (beta2 0.999, not the
+    LM trainer's 0.95) and a cosine down to 0 over the run (the numbers of the former local copy of both)."""
+    opt = build_optimizer(model, OptimSection(lr=lr, weight_decay=cfg.weight_decay, beta1=0.9, beta2=0.999, eps=1e-8))
+    total = math.ceil(cfg.train_examples / cfg.batch_size) * cfg.epochs
+    warmup = max(1, int(cfg.warmup_fraction * total))
+    return opt, warmup_cosine_scheduler(opt, warmup, total, min_lr_ratio=0.0)
+
+
+def train_step(model: HybridForCausalLM, backbone, opt, sched, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """One optimizer step on a batch xb, yb [B, T] (cross-entropy at the labelled positions, gradient norm clipped to
+    1, AdamW, schedule); ``backbone``: see ``query_logits``. Returns the loss (a 0-d tensor, not synced)."""
+    loss = F.cross_entropy(query_logits(model, xb, yb, backbone).float(), yb[yb != -100])
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
+    return loss
 
 
 @torch.no_grad()
@@ -104,19 +131,15 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> fl
 
 
 def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None) -> dict:
-    """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds}."""
+    """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss} (loss: the
+    last training step's)."""
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, d_model).to(device)
     x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed)
     x_te, y_te = make_examples(cfg, cfg.test_examples, cfg.seed + 10_000)
-    # the trainer's optimizer (AdamW over the SSM parameter groups) and schedule (linear warmup, cosine decay), with
-    # this task's settings: torch's default AdamW betas / eps (beta2 0.999, not the LM trainer's 0.95) and a cosine
-    # down to 0 over the run (the numbers of the former local copy of both, step for step)
-    opt = build_optimizer(model, OptimSection(lr=lr, weight_decay=cfg.weight_decay, beta1=0.9, beta2=0.999, eps=1e-8))
-    steps_per_epoch = math.ceil(cfg.train_examples / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    warmup = max(1, int(cfg.warmup_fraction * total))
-    sched = warmup_cosine_scheduler(opt, warmup, total, min_lr_ratio=0.0)
+    opt, sched = recall_optimizer(cfg, model, lr)
+    # the logits gather (a data-dependent shape) stays outside the compiled graph
+    backbone = torch.compile(model.model, dynamic=False) if cfg.compile else model.model
     g = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
     acc, epoch = 0.0, 0
@@ -127,13 +150,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
         perm = torch.randperm(cfg.train_examples, generator=g)
         for i in range(0, cfg.train_examples, cfg.batch_size):
             idx = perm[i : i + cfg.batch_size]
-            xb, yb = x_tr[idx].to(device), y_tr[idx].to(device)
-            loss = F.cross_entropy(query_logits(model, xb, yb).float(), yb[yb != -100])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
+            loss = train_step(model, backbone, opt, sched, x_tr[idx].to(device), y_tr[idx].to(device))
         with routing.attach(model):
             acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
         if log:
@@ -142,7 +159,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
             break
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "loss": loss.item()}
 
 
 RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "best lr", "g"),

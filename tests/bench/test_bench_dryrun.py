@@ -79,3 +79,18 @@ def test_models_bench_decode_batch_sizes_filter_the_rows(tmp_path):
     assert res["errors"] == [], res["errors"]
     rows = [(r["model"], r["fraction"], r["batch_size"]) for r in res["decode"]]
     assert rows == [("natsl-hybrid-340m", 0.25, 1), ("natsl-hybrid-340m", 0.5, 1), ("transformer-340m", None, 1)], rows
+
+
+def test_recall_speed_dryrun(tmp_path):
+    # benchmarks.recall_speed: the suite's cells x tasks (toy sizes on the CPU), one row each with its projection;
+    # a bad cell name is one line naming the cells the suite has
+    from benchmarks import recall_speed
+
+    recall_speed.main(["--dryrun", "--cells", "softmax", "gdn", "--variants", "eager", "--warmup", "1", "--steps", "2",
+                       "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "recall_speed.json").read_text())["rows"]
+    assert [(r["cell"], r["task"]) for r in rows] == [(c, t) for c in ("softmax", "gdn")
+                                                      for t in ("mqar_t256", "mqar_t1024", "passkey")]
+    assert all(r["step_ms"] > 0 and r["steps_per_epoch"] == 16 and r["full_budget_s"] > 0 for r in rows)
+    with pytest.raises(SystemExit, match="unknown cell.*the suite has softmax, interdomain"):
+        recall_speed.main(["--dryrun", "--cells", "softmaxx"])

@@ -1,6 +1,6 @@
 """configs/experiments/gpu_session.sh carries what earlier device calls finished into the call's run directory: the
 recall tasks and sweep models of runs that a call's time limit cut (results/<suite>_gpu/cells/*/seed*/recall_*.json),
-so that the runner trains only the rest."""
+so that the runner trains only the rest; and it shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
 
 import os
 import shutil
@@ -20,9 +20,15 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "RUNS": str(runs), "LIMIT": "200", "PYTHONPATH": str(ROOT),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "LANE0": "recall_cpu --list"}  # --list: the runner prints the cells and runs nothing
-    subprocess.run(["bash", str(ROOT / "configs" / "experiments" / "gpu_session.sh")], cwd=tmp_path, env=env,
-                   check=True, timeout=600, capture_output=True)
+           "LANE0": "recall_cpu --list",  # --list: the runner prints the cells and runs nothing
+           "LANE1": "!python -c \"print('threads', __import__('torch').get_num_threads())\""}
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.run(["bash", str(ROOT / "configs" / "experiments" / "gpu_session.sh")], cwd=tmp_path, env=env,
+                          check=True, timeout=600, capture_output=True, text=True)
+    # two lanes share the cores: each gets half of them as torch threads
+    per_lane = max(1, len(os.sched_getaffinity(0)) // 2)  # what nproc counts
+    assert f"lanes: 2, OMP_NUM_THREADS={per_lane} per lane" in proc.stdout
+    assert f"threads {per_lane}" in (out / "lane1_cmd.log").read_text()
     carried = runs / "recall_cpu" / "cells" / "softmax" / "seed0"
     assert (carried / "recall_mqar.rows.json").read_text() == "[]"
     assert (carried / "recall_passkey.json").read_text() == "{}"

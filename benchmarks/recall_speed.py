@@ -1,0 +1,137 @@
+"""Speed of the recall trainer (``hybrid_attention.evaluation.recall``) per cell and task of a recall suite:
+optimizer-step time eager and compiled (``RecallConfig.compile``), the example generator's time per epoch, and what a
+cell would take at the suite's full budget (every epoch, no early stop).
+
+    python -m benchmarks.recall_speed                                   # credible_recall, every cell, on CUDA
+    python -m benchmarks.recall_speed --cells gdn natsl_hybrid --variants eager compiled
+    python -m benchmarks.recall_speed --dryrun                          # CPU smoke test: toy sizes, not a measurement
+
+Why (session 16, H200): the softmax cell of ``credible_recall`` finished in 443 s alone, while three GDN-family cells
+side by side were cut at 420 s inside their first model (~20 s per epoch each). This measures where a cell's time
+goes before its next device call. Rows: (cell, task, variant) with ms per step (median of ``--steps`` steps after
+``--warmup``; the compiled variant compiles during warmup, its compile seconds are a column), steps per epoch, the
+generator's seconds per epoch (``fresh_data``: one call of ``make_examples`` per epoch), and the projected seconds
+of the cell's sweep at the full budget: sum over the task's lrs of epochs x (steps x step + generation). The step is
+the trainer's own (``recall.train_step``: loss at the queried positions, clipping, AdamW, schedule), on random
+examples of the task. Writes ``<--out>/recall_speed.json`` when ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hybrid_attention.evaluation.recall import (
+    RecallConfig,
+    build_recall_model,
+    make_examples,
+    recall_optimizer,
+    train_step,
+)
+from hybrid_attention.experiments.suite import load_suite
+from hybrid_attention.training.config import from_dict
+
+VARIANTS = ("eager", "compiled")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(cfg: RecallConfig, mixer: str, variant: str, device: torch.device, warmup: int,
+               steps: int) -> dict:
+    """ms per optimizer step (median) and the seconds of the warmup (compilation included) of one model."""
+    torch.manual_seed(0)
+    model = build_recall_model(cfg, mixer, cfg.d_models[0]).to(device)
+    opt, sched = recall_optimizer(cfg, model, cfg.lrs[0])
+    backbone = torch.compile(model.model, dynamic=False) if variant == "compiled" else model.model
+    x, y = make_examples(cfg, cfg.batch_size * (warmup + steps), seed=1)
+    x, y = x.to(device), y.to(device)
+    batches = [(x[i * cfg.batch_size:(i + 1) * cfg.batch_size], y[i * cfg.batch_size:(i + 1) * cfg.batch_size])
+               for i in range(warmup + steps)]
+    t0 = time.perf_counter()
+    for xb, yb in batches[:warmup]:
+        train_step(model, backbone, opt, sched, xb, yb)
+    _sync(device)
+    warm_s = time.perf_counter() - t0
+    times = []
+    for xb, yb in batches[warmup:]:
+        t = time.perf_counter()
+        train_step(model, backbone, opt, sched, xb, yb)
+        _sync(device)
+        times.append(1e3 * (time.perf_counter() - t))
+    return {"step_ms": statistics.median(times), "warmup_s": warm_s}
+
+
+def generation_seconds(cfg: RecallConfig) -> float:
+    t = time.perf_counter()
+    make_examples(cfg, cfg.train_examples, seed=2)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", default="configs/experiments/credible_recall.yaml")
+    p.add_argument("--cells", nargs="*", default=None, help="cell names (default: every cell of the suite)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--budget-s", type=float, default=400.0, help="skip the remaining rows when spent")
+    p.add_argument("--dryrun", action="store_true", help="CPU, toy sizes (a smoke test of this file)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    suite = load_suite(args.suite)
+    cells = [c for c in suite.cells if args.cells is None or c.name in args.cells]
+    if args.cells and len(cells) != len(args.cells):
+        known = ", ".join(c.name for c in suite.cells)
+        raise SystemExit(f"--cells: unknown cell in {args.cells}; the suite has {known}")
+    device = torch.device("cpu" if args.dryrun or not torch.cuda.is_available() else "cuda")
+    toy = dict(vocab_size=64, seq_len=32, num_kv_pairs=2, train_examples=64, batch_size=4, d_models=[16],
+               device="cpu", epochs=2)
+    rows, t_start, gen_cache = [], time.perf_counter(), {}
+    print(f"recall_speed: {args.suite}, device {device}, torch {torch.__version__}")
+    for cell in cells:
+        for task, d in suite.recall_configs(cell, seed=0).items():
+            cfg = from_dict(RecallConfig, {**d, **(toy if args.dryrun else {})})
+            if task not in gen_cache:
+                gen_cache[task] = generation_seconds(cfg)
+            steps_per_epoch = -(-cfg.train_examples // cfg.batch_size)
+            for variant in args.variants:
+                if time.perf_counter() - t_start > args.budget_s:
+                    print(f"  budget spent: skipped {cell.name} {task} {variant}")
+                    continue
+                mixer = cfg.mixers[0]
+                try:
+                    r = time_steps(cfg, mixer, variant, device, args.warmup, args.steps)
+                except Exception as e:  # noqa: BLE001  (one failing row is recorded, the others still run)
+                    print(f"  {cell.name} {task} {variant}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                    rows.append(dict(cell=cell.name, task=task, variant=variant, error=f"{type(e).__name__}: {e}"))
+                    continue
+                gen = gen_cache[task] if cfg.fresh_data else 0.0
+                full_s = len(cfg.lrs) * cfg.epochs * (steps_per_epoch * r["step_ms"] / 1e3 + gen)
+                rows.append(dict(cell=cell.name, task=task, variant=variant, steps_per_epoch=steps_per_epoch,
+                                 gen_s=gen_cache[task], full_budget_s=full_s, **r))
+                print(f"  {cell.name:14s} {task:11s} {variant:8s} step {r['step_ms']:7.2f} ms  warmup "
+                      f"{r['warmup_s']:6.1f} s  gen {gen_cache[task]:5.2f} s/epoch  full budget {full_s:7.0f} s")
+    print("\n| cell | task | variant | step ms | steps/epoch | generation s/epoch | warmup s | full budget s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['cell']} | {r['task']} | {r['variant']} | failed | | | | |")
+            continue
+        print(f"| {r['cell']} | {r['task']} | {r['variant']} | {r['step_ms']:.2f} | {r['steps_per_epoch']} | "
+              f"{r['gen_s']:.2f} | {r['warmup_s']:.1f} | {r['full_budget_s']:.0f} |")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "recall_speed.json").write_text(json.dumps(
+            dict(device=str(device), torch=torch.__version__, suite=args.suite, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
