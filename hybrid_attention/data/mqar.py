@@ -31,10 +31,18 @@ class MQARConfig:
     random_non_queries: bool = False
 
 
-def _distinct(weights: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
-    """k distinct indices per row drawn without replacement ∝ weights [N, M] (Gumbel top-k), shape [N, k]."""
-    u = torch.rand(weights.shape, generator=g, dtype=torch.float64).clamp_min(1e-300)
-    return torch.topk(weights.log() - torch.log(-torch.log(u)), k, dim=-1).indices
+def _distinct(weights: torch.Tensor | None, k: int, g: torch.Generator, shape: tuple[int, int] | None = None
+              ) -> torch.Tensor:
+    """k distinct indices per row drawn without replacement ∝ weights [N, M] (Gumbel top-k), shape [N, k].
+
+    ``weights=None``: uniform over ``shape`` [N, M]. Then the Gumbel key log w - log(-log u) is a strictly increasing
+    function of u alone, so the top k of u are the same indices in the same order (same draws from ``g``): the two
+    logarithms over N x M numbers (half of the generator's time at vocabulary 8192) are skipped, and the examples are
+    the same (tests/data/test_mqar.py compares with the Gumbel form)."""
+    u = torch.rand(weights.shape if weights is not None else shape, generator=g, dtype=torch.float64)
+    if weights is None:
+        return torch.topk(u, k, dim=-1).indices
+    return torch.topk(weights.log() - torch.log(-torch.log(u.clamp_min(1e-300))), k, dim=-1).indices
 
 
 def multiquery_ar(cfg: MQARConfig, num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +58,8 @@ def multiquery_ar(cfg: MQARConfig, num_examples: int, seed: int) -> tuple[torch.
         raise ValueError(f"num_kv_pairs ({K}) exceeds the key vocabulary ({V // 2 - 1})")
     g = torch.Generator().manual_seed(seed)
     N, half = num_examples, V // 2
-    keys = 1 + _distinct(torch.ones(N, half - 1, dtype=torch.float64), K, g)
-    values = half + _distinct(torch.ones(N, V - half, dtype=torch.float64), K, g)
+    keys = 1 + _distinct(None, K, g, (N, half - 1))
+    values = half + _distinct(None, K, g, (N, V - half))
     context = 2 * K
     space = (T - context) // 2
     i = torch.arange(1, space + 1, dtype=torch.float64)

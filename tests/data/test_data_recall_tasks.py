@@ -59,3 +59,21 @@ def test_passkey_tokens_and_prompt():
     assert ((x == 1).sum(1) == 2).all()  # needle + query
     prompt, key = passkey_prompt(20, 0.5, seed=3)
     assert key.strip() in prompt and prompt.endswith("The pass key is") and len(key.strip()) == 5
+
+
+@pytest.mark.parametrize("T,K,V,seed", [(64, 8, 256, 0), (256, 16, 8192, 1), (1024, 64, 8192, 2)])
+def test_mqar_uniform_draws_equal_the_gumbel_form(monkeypatch, T, K, V, seed):
+    # keys and values are drawn uniformly without replacement by the top k of u, the Gumbel top-k of uniform weights
+    # without its two logarithms: the same examples as the full Gumbel form from the same generator
+    from hybrid_attention.data import mqar
+
+    def gumbel(weights, k, g, shape=None):
+        w = torch.ones(shape, dtype=torch.float64) if weights is None else weights
+        u = torch.rand(w.shape, generator=g, dtype=torch.float64).clamp_min(1e-300)
+        return torch.topk(w.log() - torch.log(-torch.log(u)), k, dim=-1).indices
+
+    cfg = MQARConfig(vocab_size=V, input_seq_len=T, num_kv_pairs=K)
+    fast = multiquery_ar(cfg, 300, seed)
+    monkeypatch.setattr(mqar, "_distinct", gumbel)
+    slow = multiquery_ar(cfg, 300, seed)
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
