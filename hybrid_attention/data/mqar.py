@@ -38,7 +38,7 @@ def _distinct(weights: torch.Tensor | None, k: int, g: torch.Generator, shape: t
     ``weights=None``: uniform over ``shape`` [N, M]. Then the Gumbel key log w - log(-log u) is a strictly increasing
     function of u alone, so the top k of u are the same indices in the same order (same draws from ``g``): the two
     logarithms over N x M numbers (half of the generator's time at vocabulary 8192) are skipped, and the examples are
-    the same (tests/data/test_mqar.py compares with the Gumbel form)."""
+    the same (tests/data/test_data_recall_tasks.py compares with the Gumbel form)."""
     u = torch.rand(weights.shape if weights is not None else shape, generator=g, dtype=torch.float64)
     if weights is None:
         return torch.topk(u, k, dim=-1).indices
