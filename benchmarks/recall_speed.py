@@ -12,8 +12,9 @@ goes before its next device call. Rows: (cell, task, variant) with ms per step (
 ``--warmup``; the compiled variant compiles during warmup, its compile seconds are a column), steps per epoch, the
 generator's seconds per epoch (``fresh_data``: one call of ``make_examples`` per epoch), and the projected seconds
 of the cell's sweep at the full budget: sum over the task's lrs of epochs x (steps x step + generation). The step is
-the trainer's own (``recall.train_step``: loss at the queried positions, clipping, AdamW, schedule), on random
-examples of the task. Writes ``<--out>/recall_speed.json`` when ``--out`` is given.
+the trainer's own (``recall.train_step``: loss at the queried positions gathered without a host sync, clipping,
+AdamW, schedule), on random examples of the task; the generator runs in a thread beside training in the trainer,
+so ``full budget`` counts it as if it did not overlap (an upper bound). Writes ``<--out>/recall_speed.json`` when ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
     build_recall_model,
+    labels_per_row,
     make_examples,
     recall_optimizer,
     train_step,
@@ -52,18 +54,19 @@ def time_steps(cfg: RecallConfig, mixer: str, variant: str, device: torch.device
     opt, sched = recall_optimizer(cfg, model, cfg.lrs[0])
     backbone = torch.compile(model.model, dynamic=False) if variant == "compiled" else model.model
     x, y = make_examples(cfg, cfg.batch_size * (warmup + steps), seed=1)
+    n = labels_per_row(y)  # the trainer's sync-free query gather
     x, y = x.to(device), y.to(device)
     batches = [(x[i * cfg.batch_size:(i + 1) * cfg.batch_size], y[i * cfg.batch_size:(i + 1) * cfg.batch_size])
                for i in range(warmup + steps)]
     t0 = time.perf_counter()
     for xb, yb in batches[:warmup]:
-        train_step(model, backbone, opt, sched, xb, yb)
+        train_step(model, backbone, opt, sched, xb, yb, n)
     _sync(device)
     warm_s = time.perf_counter() - t0
     times = []
     for xb, yb in batches[warmup:]:
         t = time.perf_counter()
-        train_step(model, backbone, opt, sched, xb, yb)
+        train_step(model, backbone, opt, sched, xb, yb, n)
         _sync(device)
         times.append(1e3 * (time.perf_counter() - t))
     return {"step_ms": statistics.median(times), "warmup_s": warm_s}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -82,15 +83,34 @@ def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int) -> HybridFor
     return HybridForCausalLM(mc)
 
 
-def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor, backbone=None) -> torch.Tensor:
+def labels_per_row(y: torch.Tensor) -> int | None:
+    """The number of labelled positions (``y != -100``) of every row of y [B, T], or None when rows differ. Both tasks
+    have a fixed count (MQAR: ``num_kv_pairs``; passkey: its digits); call it on the CPU copy of the labels."""
+    counts = (y != -100).sum(-1)
+    return int(counts[0]) if len(counts) and bool((counts == counts[0]).all()) else None
+
+
+def query_positions(y: torch.Tensor, n: int) -> torch.Tensor:
+    """The n labelled positions of each row of y [B, T] in increasing order, [B, n] (rows with exactly n labels:
+    ``labels_per_row``). A stable descending sort of the label mask: no data-dependent shape, so no host sync,
+    unlike ``y[y != -100]`` (two syncs per training step, which stop the CPU from queueing the next step's kernels
+    while the GPU runs this one)."""
+    return (y != -100).to(torch.int8).argsort(dim=-1, descending=True, stable=True)[:, :n]
+
+
+def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor, backbone=None,
+                 pos: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [n, vocab] at the n labelled positions (``y != -100``) of ``x`` [B, T], in row-major order.
     ``backbone``: what runs ``model.model`` (its compiled form in a compiled training step; default ``model.model``).
+    ``pos``: ``query_positions(y, n)`` (a gather without host sync; the same logits in the same order).
 
     The loss and the accuracy read nothing else, and the queries are a small part of a row (MQAR at T = 1024 with 64
     pairs: 64 of 1024), so the [B, T, vocab] logits of the full forward would cost T / n times the unembedding
     FLOPs and memory for nothing (at vocabulary 8192 the unembedding dominates a 2-layer d = 128 model)."""
     h = (backbone or model.model)(x, None, cache=None, use_cache=False, output_hidden_states=False,
                                   cu_seqlens=None)[0]
+    if pos is not None:
+        return model.lm_head(h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1])).flatten(0, 1))
     return model.lm_head(h[y != -100])
 
 
@@ -104,10 +124,16 @@ def recall_optimizer(cfg: RecallConfig, model: HybridForCausalLM, lr: float):
     return opt, warmup_cosine_scheduler(opt, warmup, total, min_lr_ratio=0.0)
 
 
-def train_step(model: HybridForCausalLM, backbone, opt, sched, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+def train_step(model: HybridForCausalLM, backbone, opt, sched, xb: torch.Tensor, yb: torch.Tensor,
+               n: int | None = None) -> torch.Tensor:
     """One optimizer step on a batch xb, yb [B, T] (cross-entropy at the labelled positions, gradient norm clipped to
-    1, AdamW, schedule); ``backbone``: see ``query_logits``. Returns the loss (a 0-d tensor, not synced)."""
-    loss = F.cross_entropy(query_logits(model, xb, yb, backbone).float(), yb[yb != -100])
+    1, AdamW, schedule); ``backbone``: see ``query_logits``; ``n``: labels per row (``labels_per_row``; then no host
+    sync), None for the masked form. Returns the loss (a 0-d tensor, not synced)."""
+    if n is not None:
+        pos = query_positions(yb, n)
+        loss = F.cross_entropy(query_logits(model, xb, yb, backbone, pos).float(), yb.gather(1, pos).flatten())
+    else:
+        loss = F.cross_entropy(query_logits(model, xb, yb, backbone).float(), yb[yb != -100])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -144,19 +170,30 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     t0 = time.perf_counter()
     acc, epoch = 0.0, 0
     routing = RoutingRecorder()  # the test passes' NAtS-L routing: the softmax fraction of the state size
-    for epoch in range(1, cfg.epochs + 1):
-        if cfg.fresh_data and epoch > 1:
-            x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed + 7919 * epoch)
-        perm = torch.randperm(cfg.train_examples, generator=g)
-        for i in range(0, cfg.train_examples, cfg.batch_size):
-            idx = perm[i : i + cfg.batch_size]
-            loss = train_step(model, backbone, opt, sched, x_tr[idx].to(device), y_tr[idx].to(device))
-        with routing.attach(model):
-            acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
-        if log:
-            log(f"  {mixer} d={d_model} lr={lr:g} epoch {epoch}: loss {loss.item():.3f}, test accuracy {acc:.3f}")
-        if acc > cfg.early_stop:
-            break
+    # fresh_data: epoch e's examples (seed + 7919 e, independent of training) are generated in a background thread
+    # while epoch e - 1 trains (the generator is ~3-12 s per 20k MQAR examples at vocabulary 8192)
+    pool = ThreadPoolExecutor(max_workers=1)
+    ahead = cfg.fresh_data and cfg.epochs > 1
+    nxt = pool.submit(make_examples, cfg, cfg.train_examples, cfg.seed + 7919 * 2) if ahead else None
+    try:
+        for epoch in range(1, cfg.epochs + 1):
+            if cfg.fresh_data and epoch > 1:
+                x_tr, y_tr = nxt.result()
+                if epoch < cfg.epochs:
+                    nxt = pool.submit(make_examples, cfg, cfg.train_examples, cfg.seed + 7919 * (epoch + 1))
+            n = labels_per_row(y_tr)
+            perm = torch.randperm(cfg.train_examples, generator=g)
+            for i in range(0, cfg.train_examples, cfg.batch_size):
+                idx = perm[i : i + cfg.batch_size]
+                loss = train_step(model, backbone, opt, sched, x_tr[idx].to(device), y_tr[idx].to(device), n)
+            with routing.attach(model):
+                acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
+            if log:
+                log(f"  {mixer} d={d_model} lr={lr:g} epoch {epoch}: loss {loss.item():.3f}, test accuracy {acc:.3f}")
+            if acc > cfg.early_stop:
+                break
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
             "seconds": time.perf_counter() - t0, "loss": loss.item()}

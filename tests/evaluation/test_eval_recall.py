@@ -90,3 +90,72 @@ def test_compiled_training_step_matches_eager(monkeypatch):
     assert calls == ([16] * 8 + [8]) * 2
     assert abs(rows[True]["loss"] - rows[False]["loss"]) < 1e-4 * abs(rows[False]["loss"])
     assert rows[True]["accuracy"] == rows[False]["accuracy"]
+
+
+def test_sync_free_query_gather_equals_the_mask():
+    # query_positions + gather (no host sync) give the masked form's logits and targets in the same order, and a
+    # training step on either gives the same loss; labels_per_row finds each task's fixed count and None for ragged rows
+    import torch
+
+    from hybrid_attention.evaluation import recall
+
+    for task, kw in (("mqar", dict(vocab_size=64, seq_len=32, num_kv_pairs=3)), ("passkey", dict(vocab_size=40,
+                                                                                                  seq_len=32))):
+        cfg = RecallConfig(task=task, **kw)
+        x, y = recall.make_examples(cfg, 6, seed=3)
+        n = recall.labels_per_row(y)
+        assert n == (3 if task == "mqar" else 4)
+        pos = recall.query_positions(y, n)
+        assert torch.equal(y.gather(1, pos).flatten(), y[y != -100])
+        torch.manual_seed(0)
+        model = recall.build_recall_model(cfg, "softmax", 16)
+        torch.testing.assert_close(recall.query_logits(model, x, y, pos=pos), recall.query_logits(model, x, y),
+                                   rtol=0, atol=0)
+        losses = []
+        for n_ in (n, None):
+            torch.manual_seed(0)
+            m = recall.build_recall_model(cfg, "softmax", 16)
+            opt, sched = recall.recall_optimizer(cfg, m, 1e-3)
+            losses.append(recall.train_step(m, m.model, opt, sched, x, y, n_).item())
+        assert losses[0] == losses[1]
+    y2 = y.clone()
+    y2[0, 0] = 5  # one more label in row 0
+    assert recall.labels_per_row(y2) is None
+
+
+def test_prefetched_fresh_epochs_are_the_same_examples(monkeypatch):
+    # with fresh_data, epoch e's examples are generated ahead in a thread: same seeds as before (seed + 7919 e), one
+    # call per epoch after the first, none beyond the last epoch, and the same trained result as generating in line
+    import torch
+
+    from hybrid_attention.evaluation import recall
+
+    seeds, real = [], recall.make_examples
+
+    def counting(cfg, n, seed):
+        seeds.append(seed)
+        return real(cfg, n, seed)
+
+    monkeypatch.setattr(recall, "make_examples", counting)
+    cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, train_examples=32, test_examples=16, batch_size=16,
+                       epochs=3, fresh_data=True, early_stop=2.0, device="cpu")
+    row = recall.train_and_eval(cfg, "softmax", 16, 3e-3, torch.device("cpu"))
+    assert sorted(seeds) == sorted([0, 10_000, 7919 * 2, 7919 * 3]) and row["epochs"] == 3
+
+    from concurrent.futures import Future
+
+    class InLine:  # generates at submit, in the training thread
+        def __init__(self, max_workers):
+            pass
+
+        def submit(self, fn, *args):
+            f = Future()
+            f.set_result(fn(*args))
+            return f
+
+        def shutdown(self, wait=True, cancel_futures=False):
+            pass
+
+    monkeypatch.setattr(recall, "ThreadPoolExecutor", InLine)
+    in_line = recall.train_and_eval(cfg, "softmax", 16, 3e-3, torch.device("cpu"))
+    assert (in_line["loss"], in_line["accuracy"]) == (row["loss"], row["accuracy"])
