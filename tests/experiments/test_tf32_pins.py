@@ -3,6 +3,8 @@
 seeds, resumed runs) train. A suite with results has a ``results/<suite>_gpu`` directory; a stored run config
 (``cells/<cell>/seed<k>/config.yaml``) without a ``tf32`` key predates the option, when the trainer never set TF32."""
 
+import json
+
 import pytest
 import yaml
 from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
@@ -21,10 +23,22 @@ def test_every_suite_with_gpu_results_is_listed():
     assert "credible_prose" in WITH_GPU_RESULTS and "recall" in WITH_GPU_RESULTS, WITH_GPU_RESULTS
 
 
+# Recall-only suites whose stored runs predate the "tf32" field of recall rows: the value their code trained with.
+# credible_recall's softmax cell (session 16) ran with RecallConfig.tf32's default, True since session 10.
+RECALL_TF32_BEFORE_RECORDING = {"credible_recall": True}
+
+
 def recorded_tf32(name: str) -> bool:
-    """The TF32 setting of the stored runs of ``results/<name>_gpu`` (one value for all of them)."""
+    """The TF32 setting of the stored runs of ``results/<name>_gpu`` (one value for all of them): the LM runs'
+    ``config.yaml``, the recall rows' ``tf32`` (``recall_<task>.rows.json``), else ``RECALL_TF32_BEFORE_RECORDING``;
+    False for runs from before either existed (when the trainer never set TF32)."""
+    root = ROOT / "results" / f"{name}_gpu"
     values = {bool((yaml.safe_load(p.read_text()).get("train") or {}).get("tf32", False))
-              for p in (ROOT / "results" / f"{name}_gpu").glob("cells/*/seed*/config.yaml")}
+              for p in root.glob("cells/*/seed*/config.yaml")}
+    values |= {row["tf32"] for p in root.glob("cells/*/seed*/recall_*.rows.json") for row in json.loads(p.read_text())
+               if "tf32" in row}
+    if not values and name in RECALL_TF32_BEFORE_RECORDING:
+        values = {RECALL_TF32_BEFORE_RECORDING[name]}
     assert len(values) <= 1, f"{name}: stored runs disagree on tf32"
     return values.pop() if values else False
 
