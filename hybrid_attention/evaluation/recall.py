@@ -182,10 +182,13 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
                 if epoch < cfg.epochs:
                     nxt = pool.submit(make_examples, cfg, cfg.train_examples, cfg.seed + 7919 * (epoch + 1))
             n = labels_per_row(y_tr)
-            perm = torch.randperm(cfg.train_examples, generator=g)
+            # the epoch's examples and order go to the device once: a per-step copy from pageable host memory
+            # would wait for the GPU to finish the previous step (a host sync per step, like a mask index)
+            x_dev, y_dev = x_tr.to(device), y_tr.to(device)
+            perm = torch.randperm(cfg.train_examples, generator=g).to(device)
             for i in range(0, cfg.train_examples, cfg.batch_size):
                 idx = perm[i : i + cfg.batch_size]
-                loss = train_step(model, backbone, opt, sched, x_tr[idx].to(device), y_tr[idx].to(device), n)
+                loss = train_step(model, backbone, opt, sched, x_dev[idx], y_dev[idx], n)
             with routing.attach(model):
                 acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
             if log:

@@ -159,3 +159,46 @@ def test_prefetched_fresh_epochs_are_the_same_examples(monkeypatch):
     monkeypatch.setattr(recall, "ThreadPoolExecutor", InLine)
     in_line = recall.train_and_eval(cfg, "softmax", 16, 3e-3, torch.device("cpu"))
     assert (in_line["loss"], in_line["accuracy"]) == (row["loss"], row["accuracy"])
+
+
+def test_query_gather_reads_nothing_on_the_host():
+    # on the meta device any host read raises: the masked index does, the sorted gather does not
+    import pytest
+    import torch
+
+    from hybrid_attention.evaluation.recall import query_positions
+
+    y = torch.empty(4, 32, dtype=torch.long, device="meta")
+    h = torch.empty(4, 32, 16, device="meta")
+    pos = query_positions(y, 3)
+    assert h.gather(1, pos[..., None].expand(-1, -1, 16)).flatten(0, 1).shape == (12, 16)
+    assert y.gather(1, pos).flatten().shape == (12,)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        h[y != -100]
+
+
+def test_cuda_training_step_makes_no_sync():
+    # CUDA only: the trainer's step (sync-free gather, clipping, AdamW, schedule) on device-resident batches raises
+    # on any synchronising call
+    import pytest
+    import torch
+
+    from hybrid_attention.evaluation import recall
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (sync debug mode)")
+    cfg = RecallConfig(vocab_size=64, seq_len=64, num_kv_pairs=3, model_options={"chunk_size": 16})
+    x, y = recall.make_examples(cfg, 8, seed=1)
+    n = recall.labels_per_row(y)
+    x, y = x.cuda(), y.cuda()
+    for mixer in ("softmax", "gdn"):
+        model = recall.build_recall_model(cfg, mixer, 32).cuda()
+        opt, sched = recall.recall_optimizer(cfg, model, 1e-3)
+        recall.train_step(model, model.model, opt, sched, x, y, n)  # warm-up: kernels, allocator, optimizer state
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            recall.train_step(model, model.model, opt, sched, x, y, n)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
