@@ -14,7 +14,8 @@ generator's seconds per epoch (``fresh_data``: one call of ``make_examples`` per
 of the cell's sweep at the full budget: sum over the task's lrs of epochs x (steps x step + generation). The step is
 the trainer's own (``recall.train_step``: loss at the queried positions gathered without a host sync, clipping,
 AdamW, schedule), on random examples of the task; the generator runs in a thread beside training in the trainer,
-so ``full budget`` counts it as if it did not overlap (an upper bound). Writes ``<--out>/recall_speed.json`` when ``--out`` is given.
+so ``full budget`` counts it as if it did not overlap (an upper bound). Writes ``<--out>/recall_speed.json`` when
+``--out`` is given.
 """
 
 from __future__ import annotations
