@@ -466,6 +466,12 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         dict(seqf_stages=2, seqb_dots="fp32", bwdk_bv=32, fin_warps=8),
         dict(seqf_stages=4),
         dict(seqb_stages_bf16=3),  # AOT: 209 regs, 118 KB smem, no spills (fin_warps=2 spills 1.2 KB: not swept)
+        # a plain GDN layer's call (no commit mask), at chunk 64 and at a kernel chunk of 128: half the serial steps
+        # of the latency-bound state forward (issue 15: GDN forward at 64K) for a larger per-step tile. AOT at 128
+        # with 8-warp / 32-wide parallel tiles: the forward kernels do not spill (state_fwd 87 regs, 213 KB smem,
+        # loop 578 SASS instructions vs 412 at 64); the backward kernels spill (0.3-2.4 KB), so read its f+b as such
+        dict(call_commit=False),
+        dict(call_commit=False, call_chunk=128, par_warps=8, par_bv=32),
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
     # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process
@@ -527,6 +533,18 @@ def _nograd(fn):
     return run
 
 
+def gdn_sweep_call(var: dict, C: int, commit):
+    """(GatedDeltaConfig, call arguments) of a GDN sweep row: the ``call_*`` keys of ``var`` change the call, not the
+    launch (``call_chunk``: the kernel's chunk size instead of the layer's C; ``call_commit=False``: no commit mask,
+    as in a plain GDN layer), every other key is a ``GatedDeltaConfig`` field."""
+    fields = {k: v for k, v in var.items() if not k.startswith("call_")}
+    unknown = set(var) - set(fields) - {"call_chunk", "call_commit"}
+    if unknown:
+        raise ValueError(f"sweep row: unknown call keys {sorted(unknown)}; allowed: call_chunk, call_commit")
+    call = dict(chunk_size=var.get("call_chunk", C), commit=commit if var.get("call_commit", True) else None)
+    return dataclasses.replace(GDN_DEFAULT, **fields), call
+
+
 def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
     """Time one sweep variant: {fwd, fb} ms (GDN: also o, the output, and o_rel against ``o_default``). fla's row and
     our default GDN row also time the forward under ``no_grad`` (``fwd_nograd``): the fair forward comparison, since
@@ -549,15 +567,18 @@ def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
                           use_qk_l2norm_in_kernel=True)[0]
 
         return dict(fwd=bench(ffwd, warmup=5, rep=40), fwd_nograd=bench(_nograd(ffwd), warmup=5, rep=40))
-    cfg_g = dataclasses.replace(GDN_DEFAULT, **var)
+    cfg_g, call = gdn_sweep_call(var, C, xs["commit"])
 
-    def gfwd(cfg=cfg_g):
-        return triton_gated_delta(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], commit=xs["commit"],
-                                  chunk_size=C, config=cfg)[0]
+    def gfwd(cfg=cfg_g, **over):
+        return triton_gated_delta(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], config=cfg, **{**call, **over})[0]
 
     with torch.no_grad():
         o = gfwd().float()
-        if o_default is None and var:  # a process resumed after the default's row (--sweep-from): recompute it
+        if call["chunk_size"] != C or call["commit"] is not xs["commit"]:
+            # another call than the default row's: o_rel against the default launch on the same inputs and mask at
+            # the layer's chunk (the chunk size only reorders the exact computation: what differs is rounding)
+            o_default = gfwd(GDN_DEFAULT, chunk_size=C).float()
+        elif o_default is None and var:  # a process resumed after the default's row (--sweep-from): recompute it
             o_default = gfwd(GDN_DEFAULT).float()
     o_rel = rel_rms(o, o_default) if o_default is not None else 0.0  # 0: the default itself
     row = dict(fwd=bench(gfwd, warmup=5, rep=40),

@@ -78,3 +78,13 @@ def test_failure_with_a_working_context_is_skipped(fake):
     natsl_ops.sweep(SETTINGS)
     assert "sweep_resume" not in natsl_ops.RESULTS
     assert len(natsl_ops.RESULTS["sweep"]) == len(calls) - 1
+
+
+def test_gdn_sweep_call_keys_change_the_call_not_the_launch():
+    commit = torch.ones(1)
+    cfg, call = natsl_ops.gdn_sweep_call(dict(call_commit=False, call_chunk=128, par_warps=8), 64, commit)
+    assert cfg.par_warps == 8 and call == dict(chunk_size=128, commit=None)
+    cfg, call = natsl_ops.gdn_sweep_call(dict(seqf_stages=4), 64, commit)
+    assert cfg.seqf_stages == 4 and call["chunk_size"] == 64 and call["commit"] is commit
+    with pytest.raises(ValueError, match="unknown call keys"):
+        natsl_ops.gdn_sweep_call(dict(call_chunks=128), 64, commit)
