@@ -21,6 +21,8 @@
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   PREFILL_MODELS [none: e.g. "gdn-340m,natsl-hybrid-340m,transformer-340m"]  PREFILL_LENGTHS [131072]
 #   PREFILL_COMPILE=0 [0]  (benchmarks.models --sections prefill, issue 15's whole-model prefill; 1: torch.compile)
+#   PROFILE_PREFILL [none: e.g. "gdn-340m natsl-hybrid-340m"]  (benchmarks.profile_prefill: top kernels of one 128K
+#   prefill, eager and compiled, and the wall vs summed-kernel time)
 #   NATSL_OPS=0 [0]  (benchmarks.natsl_ops: float64 correctness, the op timings at 4K / 16K / 64K and the profile)
 #   NATSL_SWEEP=0 [0]  (benchmarks.natsl_ops --sweep-only: the GDN / chunk-attention kernel configs; with NATSL_OPS=1
 #   both in one process, the sweep last)  NATSL_SWEEP_KINDS [softmax,fla_gdn,gdn] (the sweep's job kinds)
@@ -118,6 +120,14 @@ fi
 if [ "${DECODE_ATTN_SWEEP:-0}" = 1 ]; then
   timeout -k 10 200 python -m benchmarks.decode_attention_ops --budget-s 180 --out "$OUT" > "$OUT/decode_attention_ops.log" 2>&1
   echo "== decode_attention_ops: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^\||FAIL" "$OUT/decode_attention_ops.log" | tail -40
+fi
+
+if [ -n "${PROFILE_PREFILL:-}" ]; then
+  read -ra profile_prefill <<< "$PROFILE_PREFILL"
+  pp=$(slot 30); [ "$pp" -gt 240 ] && pp=240
+  timeout -k 10 "$pp" python -m benchmarks.profile_prefill --models "${profile_prefill[@]}" \
+    > "$OUT/profile_prefill.log" 2>&1
+  echo "== profile_prefill: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^###|^\| " "$OUT/profile_prefill.log"
 fi
 
 if [ -n "${PREFILL_MODELS:-}" ]; then

@@ -94,3 +94,13 @@ def test_recall_speed_dryrun(tmp_path):
     assert all(r["step_ms"] > 0 and r["steps_per_epoch"] == 16 and r["full_budget_s"] > 0 for r in rows)
     with pytest.raises(SystemExit, match="unknown cell.*the suite has softmax, interdomain"):
         recall_speed.main(["--dryrun", "--cells", "softmaxx"])
+
+
+def test_profile_prefill_dryrun(capsys):
+    # benchmarks.profile_prefill on the CPU stand-in model: a header line per (model, variant) and a kernel table
+    from benchmarks import profile_prefill
+
+    profile_prefill.main(["--dryrun", "--models", "gdn-340m", "--variants", "eager", "--top", "3"])
+    out = capsys.readouterr().out
+    assert "### gdn-340m eager T=64: wall" in out and "failed" not in out
+    assert out.count("\n| ") == 1 + 3  # the table's header and three kernels
