@@ -452,7 +452,8 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
     ]
     gdn_variants = [
         {},
-        # the default until session 14 (fp32 buffers, 1-stage state forward, 8-warp parallel kernels); session 14's
+        # the forward launch until session 14 (fp32 buffers, 1-stage state forward, 8-warp parallel kernels; the
+        # backward at today's launches, its fp32-dot form); session 14's
         # sweep of the forward-side launches (bf16 buffers, stages, V tiles 16-64, 2-8 warps): benchmarks/NOTES.md
         dict(buffer_dtype="fp32", seqf_stages=1, par_warps=8),
         # session 15 (H200, ms fwd / f+b at 16K; 64K): default 0.766 / 3.423; 2.969 / 13.447. seqf_stages 3: forward

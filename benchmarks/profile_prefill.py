@@ -9,7 +9,8 @@ Why: at 128K tokens gdn-340m's prefill takes 604 ms (session 16) against a targe
 (about 89 TFLOP at ~600 TFLOP/s) and its GDN kernels (~5 ms a layer) account for well under half of that. This
 table says where the rest goes: the kernels outside the GEMMs and the GDN / attention kernels (norms, short
 convolutions, gates, casts), and the gap between the wall time and the summed kernel time (host-side launch gaps
-and synchronisations). One warm-up call (the compiled variant compiles there), then one profiled call. Columns: as
+and synchronisations). One warm-up call (the compiled variant compiles there), the wall time as in the prefill rows
+(``benchmarks.models._time_ms``), then one profiled call. Columns: as
 ``benchmarks/profile_train.py`` (calls, ms, share of the summed kernel time), plus a line per variant with the wall
 ms (CUDA events), the summed kernel ms and the launch count. Models and weights: ``benchmarks.models.build`` (random
 weights, bf16, eval mode), the call of its prefill rows (``use_cache=True, logits_to_keep=1``, B = 1); NAtS-L at the
@@ -24,8 +25,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import BenchSettings
-from benchmarks.models import build
+from benchmarks.common import BenchSettings, sync
+from benchmarks.models import _time_ms, build
 from benchmarks.profile_train import kernel_table
 
 VARIANTS = ("eager", "compiled")
@@ -44,20 +45,9 @@ def profile_prefill(s: BenchSettings, name: str, T: int, variant: str, top: int)
 
     t0 = time.time()
     run()  # warm-up: compilation, Triton JIT, allocator
-    if cuda:
-        torch.cuda.synchronize()
+    sync()
     warm = time.time() - t0
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        wall = start.elapsed_time(end)
-    else:
-        t = time.perf_counter()
-        run()
-        wall = 1e3 * (time.perf_counter() - t)
+    wall = _time_ms(s, run, reps=1)  # the prefill rows' timing (one more warm-up call, then one timed)
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         run()

@@ -8,8 +8,8 @@ cell would take at the suite's full budget (every epoch, no early stop).
 
 Why (session 16, H200): the softmax cell of ``credible_recall`` finished in 443 s alone, while three GDN-family cells
 side by side were cut at 420 s inside their first model (~20 s per epoch each). This measures where a cell's time
-goes before its next device call. Rows: (cell, task, variant) with ms per step (median of ``--steps`` steps after
-``--warmup``; the compiled variant compiles during warmup, its compile seconds are a column), steps per epoch, the
+goes before its next device call. Rows: (cell, task, variant) with ms per step (mean of ``--steps`` back-to-back steps
+after ``--warmup``; the compiled variant compiles during warmup, its compile seconds are a column), steps per epoch, the
 generator's seconds per epoch (``fresh_data``: one call of ``make_examples`` per epoch), and the projected seconds
 of the cell's sweep at the full budget: sum over the task's lrs of epochs x (steps x step + generation). The step is
 the trainer's own (``recall.train_step``: loss at the queried positions gathered without a host sync, clipping,
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import cuda_steps_ms, sync
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
     build_recall_model,
@@ -42,35 +42,34 @@ from hybrid_attention.training.config import from_dict
 VARIANTS = ("eager", "compiled")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def time_steps(cfg: RecallConfig, mixer: str, variant: str, device: torch.device, warmup: int,
                steps: int) -> dict:
-    """ms per optimizer step (median) and the seconds of the warmup (compilation included) of one model."""
+    """ms per optimizer step (the mean of ``steps`` back-to-back steps, as the trainer runs them: the CPU queues the
+    next step while the GPU runs this one) and the seconds of the warmup (compilation included) of one model."""
     torch.manual_seed(0)
     model = build_recall_model(cfg, mixer, cfg.d_models[0]).to(device)
     opt, sched = recall_optimizer(cfg, model, cfg.lrs[0])
     backbone = torch.compile(model.model, dynamic=False) if variant == "compiled" else model.model
     x, y = make_examples(cfg, cfg.batch_size * (warmup + steps), seed=1)
     n = labels_per_row(y)  # the trainer's sync-free query gather
-    x, y = x.to(device), y.to(device)
-    batches = [(x[i * cfg.batch_size:(i + 1) * cfg.batch_size], y[i * cfg.batch_size:(i + 1) * cfg.batch_size])
-               for i in range(warmup + steps)]
+    batches = iter(zip(x.to(device).split(cfg.batch_size), y.to(device).split(cfg.batch_size)))
+
+    def step():
+        train_step(model, backbone, opt, sched, *next(batches), n)
+
     t0 = time.perf_counter()
-    for xb, yb in batches[:warmup]:
-        train_step(model, backbone, opt, sched, xb, yb, n)
-    _sync(device)
+    for _ in range(warmup):
+        step()
+    sync()
     warm_s = time.perf_counter() - t0
-    times = []
-    for xb, yb in batches[warmup:]:
+    if device.type == "cuda":
+        step_ms = cuda_steps_ms(step, steps)
+    else:
         t = time.perf_counter()
-        train_step(model, backbone, opt, sched, xb, yb, n)
-        _sync(device)
-        times.append(1e3 * (time.perf_counter() - t))
-    return {"step_ms": statistics.median(times), "warmup_s": warm_s}
+        for _ in range(steps):
+            step()
+        step_ms = 1e3 * (time.perf_counter() - t) / steps
+    return {"step_ms": step_ms, "warmup_s": warm_s}
 
 
 def generation_seconds(cfg: RecallConfig) -> float:
