@@ -107,8 +107,10 @@ def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor, bac
     The loss and the accuracy read nothing else, and the queries are a small part of a row (MQAR at T = 1024 with 64
     pairs: 64 of 1024), so the [B, T, vocab] logits of the full forward would cost T / n times the unembedding
     FLOPs and memory for nothing (at vocabulary 8192 the unembedding dominates a 2-layer d = 128 model)."""
-    h = (backbone or model.model)(x, None, cache=None, use_cache=False, output_hidden_states=False,
-                                  cu_seqlens=None)[0]
+    # `is None`, not `or`: bool() of a compiled module is len() of the wrapped one (torch's OptimizedModule.__len__),
+    # a TypeError for HybridModel
+    run = model.model if backbone is None else backbone
+    h = run(x, None, cache=None, use_cache=False, output_hidden_states=False, cu_seqlens=None)[0]
     if pos is not None:
         return model.lm_head(h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1])).flatten(0, 1))
     return model.lm_head(h[y != -100])
