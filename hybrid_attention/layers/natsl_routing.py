@@ -124,6 +124,10 @@ class RoutingRecorder:
                 layer.recorders = tuple(r for r in layer.recorders if r is not self)
 
     # ------------------------------------------------------------------------------------------------ the layer's
+    # Both run eagerly under torch.compile (a graph break per recorded layer): traced, their appends put guards on the
+    # recorder's list lengths into the graph, so every call of a compiled model with a recorder attached recompiled
+    # (session 17: a 128K natsl-hybrid-340m prefill timed 8.55 s against ~0.7 s, the compile inside the timing).
+    @torch.compiler.disable
     def record_pass(self, layer: nn.Module, types: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """A pass from an empty state typed its complete chunks: types [B, N, Hn] (N may be 0). valid [N] bool: which
         rows are chunks (a packed pass types a static bound of rows, the complete chunks first, ``NatsLAttention.
@@ -137,6 +141,7 @@ class RoutingRecorder:
         self._passes.setdefault(key, []).append(types)
         self._chunks.setdefault(key, []).append(types)
 
+    @torch.compiler.disable
     def record_chunk(self, layer: nn.Module, types: torch.Tensor) -> None:
         """Decoding / continued prefill from a state completed one chunk: types [B, 1, Hn]."""
         self._chunks.setdefault(self._keys[id(layer)], []).append(types.detach().bool())

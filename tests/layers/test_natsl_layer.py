@@ -123,6 +123,27 @@ def test_forced_routing():
         RoutingSpec("bogus")
 
 
+def test_recorder_under_compile_does_not_recompile_per_call():
+    # a recorder attached to a compiled layer records every call eagerly; traced, its list appends became guards on
+    # the list lengths and each call recompiled (session 17's 8.5 s natsl prefill). aot_eager: CPU CI has no inductor
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    layer = _layer().eval()
+    fwd = torch.compile(layer, backend="aot_eager", dynamic=False)
+    x = torch.randn(1, 4 * C, D, dtype=torch.float64)
+    rec = RoutingRecorder()
+    with rec.attach(layer), torch.no_grad():
+        y0, _ = fwd(x)
+        frames = counters["stats"]["unique_graphs"]
+        for _ in range(3):
+            y, _ = fwd(x)
+    assert counters["stats"]["unique_graphs"] == frames
+    assert len(rec.pass_fractions()) == 4  # every call recorded
+    assert torch.equal(y, y0)
+    torch.testing.assert_close(y0, layer(x)[0].detach(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
 def test_forced_fraction_is_exact_and_the_same_when_decoding(fraction):
     """force_routing = p: chunk n is softmax iff floor((n+1)p) > floor(np); prefill + token-by-token decode (which
