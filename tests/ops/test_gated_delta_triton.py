@@ -278,3 +278,30 @@ def test_decode_step_matches_token_loop():
         outs.append(o)
     assert rel(torch.stack(outs, 1).cpu(), ref_o) < TOL
     assert rel(S.cpu(), ref_S) < TOL
+
+
+_CHUNK128_PROBE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from tests.ops.test_gated_delta_triton import make_case, run_both, rel, NAMES
+inputs, do, dS = make_case(1, 300, 2, 128, 256, 128, "random", True, seed=128)
+tri, ref = run_both(inputs, do, dS, 128, True)
+torch.cuda.synchronize()
+print(max(rel(a.cpu(), b) for a, b in zip(tri, ref) if b is not None))
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
+def test_chunk128_model_heads_on_cuda():
+    # chunk_size = 128 is a supported public value; at the 340m heads (K 128, V 256) session 17's sweep row (8 warps,
+    # 32-wide tiles) hit an illegal memory access on the H200 that the interpreter cannot see. The default launch runs
+    # in a child process (an illegal access takes the CUDA context down with it), forward and backward vs float64.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", _CHUNK128_PROBE.format(root=root)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) < TOL, out.stdout
