@@ -467,12 +467,11 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         dict(seqf_stages=2, seqb_dots="fp32", bwdk_bv=32, fin_warps=8),
         dict(seqf_stages=4),
         dict(seqb_stages_bf16=3),  # AOT: 209 regs, 118 KB smem, no spills (fin_warps=2 spills 1.2 KB: not swept)
-        # a plain GDN layer's call (no commit mask), at chunk 64 and at a kernel chunk of 128: half the serial steps
-        # of the latency-bound state forward (issue 15: GDN forward at 64K) for a larger per-step tile. AOT at 128
-        # with 8-warp / 32-wide parallel tiles: the forward kernels do not spill (state_fwd 87 regs, 213 KB smem,
-        # loop 578 SASS instructions vs 412 at 64); the backward kernels spill (0.3-2.4 KB), so read its f+b as such
+        # a plain GDN layer's call (no commit mask) at chunk 64. Session 17 also swept a kernel chunk of 128 (half
+        # the serial steps of the latency-bound state forward) with 8-warp / 32-wide parallel tiles: an illegal
+        # memory access at 16K and 64K; session 18: the default launch at 128 needs 428 KB of shared memory at these
+        # heads (fp32). Dropped: `supported` now keeps chunk 128 to K <= 32 (support.py)
         dict(call_commit=False),
-        dict(call_commit=False, call_chunk=128, par_warps=8, par_bv=32),
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
     # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process

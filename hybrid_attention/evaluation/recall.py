@@ -159,8 +159,9 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> fl
 
 
 def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None) -> dict:
-    """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss, tf32} (loss:
-    the last training step's; tf32: the setting it trained with, read by tests/experiments/test_tf32_pins.py)."""
+    """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss, tf32,
+    compiled} (loss: the last training step's; tf32: the setting it trained with, read by
+    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``)."""
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, d_model).to(device)
     x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed)
@@ -201,7 +202,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
         pool.shutdown(wait=False, cancel_futures=True)
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
-            "seconds": time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32}
+            "seconds": time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32, "compiled": cfg.compile}
 
 
 RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "best lr", "g"),

@@ -185,7 +185,7 @@ def test_cuda_training_step_makes_no_sync():
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (sync debug mode)")
-    cfg = RecallConfig(vocab_size=64, seq_len=64, num_kv_pairs=3, model_options={"chunk_size": 16})
+    cfg = RecallConfig(vocab_size=128, seq_len=64, num_kv_pairs=3, model_options={"chunk_size": 16})
     x, y = recall.make_examples(cfg, 8, seed=1)
     n = recall.labels_per_row(y)
     x, y = x.cuda(), y.cuda()

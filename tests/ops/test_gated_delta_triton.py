@@ -152,6 +152,16 @@ def test_config_rejects_unknown_scale_side():
         dataclasses.replace(DEFAULT_CONFIG, seqb_scale="k")
 
 
+def test_chunk128_supported_only_for_small_heads():
+    # support.py: chunk 128 stops at K 32 (shared memory / illegal access at the 340m heads on the H200)
+    from hybrid_attention.ops.gated_delta.triton import supported
+
+    v = torch.empty(1, 8, 1, 64, device=DEVICE)
+    for K, C, ok in [(16, 128, True), (32, 128, True), (64, 128, False), (128, 128, False), (128, 64, True),
+                     (256, 16, True), (512, 16, False)]:
+        assert supported(torch.empty(1, 8, 1, K, device=DEVICE), v, C) is ok, (K, C)
+
+
 def test_forward_only_and_dispatch():
     inputs, _, _ = make_case(1, 20, 2, 16, 16, 16, "random", True, seed=3)
     q, k, v, g, beta, commit, S0 = (x.to(DEVICE) for x in inputs)
@@ -280,11 +290,12 @@ def test_decode_step_matches_token_loop():
     assert rel(S.cpu(), ref_S) < TOL
 
 
+
 _CHUNK128_PROBE = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from tests.ops.test_gated_delta_triton import make_case, run_both, rel, NAMES
-inputs, do, dS = make_case(1, 300, 2, 128, 256, 128, "random", True, seed=128)
+from tests.ops.test_gated_delta_triton import make_case, run_both, rel
+inputs, do, dS = make_case(1, 300, 2, 32, 64, 128, "random", True, seed=128)
 tri, ref = run_both(inputs, do, dS, 128, True)
 torch.cuda.synchronize()
 print(max(rel(a.cpu(), b) for a, b in zip(tri, ref) if b is not None))
@@ -292,16 +303,21 @@ print(max(rel(a.cpu(), b) for a, b in zip(tri, ref) if b is not None))
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
-def test_chunk128_model_heads_on_cuda():
-    # chunk_size = 128 is a supported public value; at the 340m heads (K 128, V 256) session 17's sweep row (8 warps,
-    # 32-wide tiles) hit an illegal memory access on the H200 that the interpreter cannot see. The default launch runs
-    # in a child process (an illegal access takes the CUDA context down with it), forward and backward vs float64.
+def test_chunk128_largest_supported_heads_on_cuda():
+    # chunk 128 is a public value; at the 340m heads (K 128 / V 256) the kernels ran out of shared memory (fp32) or
+    # hit an illegal access (session 17's bf16 sweep row), so `supported` stops at K 32 there (support.py). The
+    # largest supported heads run in a child process (an illegal access takes the CUDA context down), forward and
+    # backward vs float64; the 340m heads fall back to the PyTorch chunk form
     import subprocess
     import sys
     from pathlib import Path
+
+    from hybrid_attention.ops.gated_delta.triton import supported
 
     root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", _CHUNK128_PROBE.format(root=root)], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split()[-1]) < TOL, out.stdout
+    q, v = torch.empty(1, 8, 1, 128, device="cuda"), torch.empty(1, 8, 1, 256, device="cuda")
+    assert not supported(q, v, 128) and supported(q, v, 64) and supported(q[..., :32], v, 128)
