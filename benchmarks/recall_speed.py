@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import cuda_steps_ms, sync
+from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
     build_recall_model,
@@ -46,6 +47,7 @@ def time_steps(cfg: RecallConfig, mixer: str, variant: str, device: torch.device
                steps: int) -> dict:
     """ms per optimizer step (the mean of ``steps`` back-to-back steps, as the trainer runs them: the CPU queues the
     next step while the GPU runs this one) and the seconds of the warmup (compilation included) of one model."""
+    set_tf32(device, cfg.tf32)  # the suite's recipe, as train_and_eval applies it
     torch.manual_seed(0)
     model = build_recall_model(cfg, mixer, cfg.d_models[0]).to(device)
     opt, sched = recall_optimizer(cfg, model, cfg.lrs[0])

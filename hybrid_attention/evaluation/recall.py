@@ -162,6 +162,9 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss, tf32,
     compiled} (loss: the last training step's; tf32: the setting it trained with, read by
     tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``)."""
+    # applied here, where the row records it: until session 18 only ``recall_sweep`` set it, so the experiment
+    # runner's recall rows (which call this function directly) trained with PyTorch's default, TF32 off
+    set_tf32(device, cfg.tf32)
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, d_model).to(device)
     x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed)
@@ -215,7 +218,6 @@ def recall_sweep(cfg: RecallConfig, log=print) -> list[dict]:
     (mixer, d_model)."""
 
     device = resolve_device(cfg.device)
-    set_tf32(device, cfg.tf32)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))

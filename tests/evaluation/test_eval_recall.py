@@ -200,3 +200,20 @@ def test_cuda_training_step_makes_no_sync():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
+
+
+def test_train_and_eval_applies_the_tf32_it_records(monkeypatch):
+    # the experiment runner calls train_and_eval directly: the TF32 setting its row records must be the one applied
+    # (before session 18 only recall_sweep applied it, and the runner's rows said tf32 true while TF32 was off)
+    import torch
+
+    from hybrid_attention.evaluation import recall
+
+    seen = []
+    monkeypatch.setattr(recall, "set_tf32", lambda device, enabled: seen.append(enabled))
+    cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, train_examples=16, test_examples=8, batch_size=8,
+                       epochs=1, device="cpu")
+    for flag in (False, True):
+        cfg.tf32 = flag
+        row = recall.train_and_eval(cfg, "softmax", 16, 1e-3, torch.device("cpu"))
+        assert seen[-1] is flag and row["tf32"] is flag
