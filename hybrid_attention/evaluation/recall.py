@@ -29,6 +29,7 @@ from hybrid_attention.training.optimizer import build_optimizer
 from hybrid_attention.training.plots import plot_series
 from hybrid_attention.training.schedule import warmup_cosine_scheduler
 
+from .recall_resume import fingerprint, restore_epoch, save_epoch
 from .tables import format_table
 
 
@@ -158,35 +159,49 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> fl
     return torch.cat(accs).mean().item()
 
 
-def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None) -> dict:
+def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None,
+                   resume_dir: Path | None = None) -> dict:
     """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss, tf32,
     compiled} (loss: the last training step's; tf32: the setting it trained with, read by
-    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``)."""
+    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``). ``resume_dir``: a checkpoint after every epoch
+    there, and a start from the last one found (``recall_resume``: the same result as an uncut run)."""
     # applied here, where the row records it: until session 18 only ``recall_sweep`` set it, so the experiment
     # runner's recall rows (which call this function directly) trained with PyTorch's default, TF32 off
     set_tf32(device, cfg.tf32)
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, d_model).to(device)
-    x_tr, y_tr = make_examples(cfg, cfg.train_examples, cfg.seed)
     x_te, y_te = make_examples(cfg, cfg.test_examples, cfg.seed + 10_000)
     opt, sched = recall_optimizer(cfg, model, lr)
     # the logits gather (a data-dependent shape) stays outside the compiled graph
     backbone = torch.compile(model.model, dynamic=False) if cfg.compile else model.model
     g = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    acc, epoch = 0.0, 0
+    acc, epoch, first, done_s, loss = 0.0, 0, 1, 0.0, None
+    fp = fingerprint(cfg, mixer, d_model, lr)
+    if resume_dir is not None and (doc := restore_epoch(resume_dir, model, opt, sched, g, fp, log)) is not None:
+        epoch = doc["epoch"]
+        first, done_s, acc, loss = epoch + 1, doc["seconds"], doc["accuracy"], torch.tensor(doc["loss"])
+        if acc > cfg.early_stop:  # it had stopped early: nothing left to train
+            first = cfg.epochs + 1
+        if log:
+            log(f"  {mixer} d={d_model} lr={lr:g}: resumed after epoch {epoch} (test accuracy {acc:.3f})")
     routing = RoutingRecorder()  # the test passes' NAtS-L routing: the softmax fraction of the state size
-    # fresh_data: epoch e's examples (seed + 7919 e, independent of training) are generated in a background thread
-    # while epoch e - 1 trains (the generator is ~3-12 s per 20k MQAR examples at vocabulary 8192)
+
+    def epoch_seed(e: int) -> int:  # fresh_data: epoch e's examples (e > 1), independent of training
+        return cfg.seed + 7919 * e if cfg.fresh_data and e > 1 else cfg.seed
+
+    x_tr, y_tr = make_examples(cfg, cfg.train_examples, epoch_seed(first)) if first <= cfg.epochs else (None, None)
+    # the next epoch's examples are generated in a background thread while this one trains (the generator is ~3-12 s
+    # per 20k MQAR examples at vocabulary 8192)
     pool = ThreadPoolExecutor(max_workers=1)
-    ahead = cfg.fresh_data and cfg.epochs > 1
-    nxt = pool.submit(make_examples, cfg, cfg.train_examples, cfg.seed + 7919 * 2) if ahead else None
+    ahead = cfg.fresh_data and first < cfg.epochs
+    nxt = pool.submit(make_examples, cfg, cfg.train_examples, epoch_seed(first + 1)) if ahead else None
     try:
-        for epoch in range(1, cfg.epochs + 1):
-            if cfg.fresh_data and epoch > 1:
+        for epoch in range(first, cfg.epochs + 1):
+            if cfg.fresh_data and epoch > first:
                 x_tr, y_tr = nxt.result()
                 if epoch < cfg.epochs:
-                    nxt = pool.submit(make_examples, cfg, cfg.train_examples, cfg.seed + 7919 * (epoch + 1))
+                    nxt = pool.submit(make_examples, cfg, cfg.train_examples, epoch_seed(epoch + 1))
             n = labels_per_row(y_tr)
             # the epoch's examples and order go to the device once: a per-step copy from pageable host memory
             # would wait for the GPU to finish the previous step (a host sync per step, like a mask index)
@@ -197,6 +212,9 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
                 loss = train_step(model, backbone, opt, sched, x_dev[idx], y_dev[idx], n)
             with routing.attach(model):
                 acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
+            if resume_dir is not None:
+                save_epoch(resume_dir, epoch, model, opt, sched, g, fp, done_s + time.perf_counter() - t0,
+                           loss.item(), acc, log)
             if log:
                 log(f"  {mixer} d={d_model} lr={lr:g} epoch {epoch}: loss {loss.item():.3f}, test accuracy {acc:.3f}")
             if acc > cfg.early_stop:
@@ -205,7 +223,8 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
         pool.shutdown(wait=False, cancel_futures=True)
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
-            "seconds": time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32, "compiled": cfg.compile}
+            "seconds": done_s + time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32,
+            "compiled": cfg.compile}
 
 
 RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "best lr", "g"),

@@ -1,7 +1,8 @@
 """Run a suite cell by cell, resumable: a (cell, seed) with ``result.json`` is skipped, an unfinished training run
 resumes from its newest checkpoint, finished recall tasks (``recall_<task>.json``) are not re-run, and neither are
 the finished models of an unfinished task's sweep (``recall_<task>.rows.json``, one row per mixer / d_model / lr,
-stamped with ``MODEL_REVISION``: a row of another revision is trained again).
+stamped with ``MODEL_REVISION``: a row of another revision is trained again), and a model cut mid-training resumes at
+its last finished epoch (``recall_<task>.resume/<mixer>_d<d>_lr<lr>/``, removed once its row is saved).
 
 Layout under ``out_dir``: ``cells/<cell>/seed<k>/`` (the training run: config, metrics, checkpoints; then
 ``result.json``), and the report files of :func:`hybrid_attention.experiments.report.write_report`.
@@ -13,6 +14,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -155,10 +157,14 @@ def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
             for lr in rc.lrs:
                 row = done.get((mixer, dm, lr))
                 if row is None:
-                    row = train_and_eval(rc, mixer, dm, lr, device, log=log)  # per-epoch accuracy in the log
+                    # per-epoch checkpoints: a model cut by a call's limit resumes at its last finished epoch
+                    resume = rows_path.with_name(rows_path.name.replace(".rows.json", ".resume")) / \
+                        f"{mixer}_d{dm}_lr{lr:g}"
+                    row = train_and_eval(rc, mixer, dm, lr, device, log=log, resume_dir=resume)  # epochs logged
                     row = {**row, "model_revision": MODEL_REVISION}
                     done[(mixer, dm, lr)] = row
                     _write_json(rows_path, list(done.values()))
+                    shutil.rmtree(resume, ignore_errors=True)  # the row is saved: its checkpoints are not needed
                 else:
                     log(f"  {mixer} d={dm} lr={lr:g}: accuracy {row['accuracy']:.3f} (kept from {rows_path.name})")
                 rows.append(row)

@@ -16,7 +16,9 @@ class Cut(Exception):
 
 def fake_trainer(calls: list, cut_after: int | None = None):
     """train_and_eval stand-in: accuracy from (mixer, d_model, lr); raises Cut after ``cut_after`` calls."""
-    def train_and_eval(rc, mixer, d_model, lr, device, log=None):
+    def train_and_eval(rc, mixer, d_model, lr, device, log=None, resume_dir=None):
+        resume_dir.mkdir(parents=True, exist_ok=True)  # the per-epoch checkpoints of this model
+        (resume_dir / "step-00000001").mkdir(exist_ok=True)
         if cut_after is not None and len(calls) == cut_after:
             raise Cut
         calls.append((mixer, d_model, lr))
@@ -34,6 +36,8 @@ def test_a_cut_sweep_resumes_with_the_missing_models(tmp_path, monkeypatch):
         runner_mod._recall_sweep(rc, rows, lambda *_: None)
     assert [(r["mixer"], r["lr"]) for r in json.loads(rows.read_text())] == [
         ("softmax", 1e-3), ("softmax", 3e-3), ("gdn", 1e-3)]
+    # each model trains with its own resume directory beside the rows; only the cut model's is left
+    assert [p.name for p in (tmp_path / "recall_mqar.resume").iterdir()] == ["gdn_d32_lr0.003"]
 
     second: list = []
     monkeypatch.setattr(runner_mod, "train_and_eval", fake_trainer(second))
@@ -41,6 +45,7 @@ def test_a_cut_sweep_resumes_with_the_missing_models(tmp_path, monkeypatch):
     assert second == [("gdn", 32, 3e-3)]  # only the model the cut run did not finish
     assert (best["mixer"], best["lr"], best["accuracy"]) == ("gdn", 3e-3, 0.903)
     assert "model_revision" not in best and len(json.loads(rows.read_text())) == 4
+    assert not any((tmp_path / "recall_mqar.resume").iterdir())  # removed once its row was saved
 
 
 def test_rows_of_another_model_revision_are_trained_again(tmp_path, monkeypatch):

@@ -1,0 +1,59 @@
+"""A recall model cut after an epoch resumes from that epoch's checkpoint (``recall_resume``) and ends exactly as the
+uncut run: same loss, accuracy and epochs, on fresh examples per epoch, with a NAtS-L layer's Gumbel routing noise
+(the global RNG) included; a checkpoint of another model is ignored, a damaged one is not used."""
+
+import pytest
+import torch
+
+from hybrid_attention.evaluation import recall
+from hybrid_attention.evaluation.recall import RecallConfig
+
+
+class Cut(Exception):
+    pass
+
+
+def _cfg() -> RecallConfig:
+    return RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, train_examples=48, test_examples=16, batch_size=16,
+                        epochs=3, fresh_data=True, early_stop=2.0, device="cpu", model_options={"chunk_size": 8})
+
+
+def _cut_after(epoch: int):
+    def log(msg: str) -> None:
+        if f"epoch {epoch}:" in msg:
+            raise Cut
+    return log
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "natsl"])
+def test_a_cut_model_resumes_to_the_uncut_result(tmp_path, mixer):
+    cfg, cpu = _cfg(), torch.device("cpu")
+    uncut = recall.train_and_eval(cfg, mixer, 16, 3e-3, cpu)
+    with pytest.raises(Cut):
+        recall.train_and_eval(cfg, mixer, 16, 3e-3, cpu, log=_cut_after(2), resume_dir=tmp_path)
+    lines = []
+    resumed = recall.train_and_eval(cfg, mixer, 16, 3e-3, cpu, log=lines.append, resume_dir=tmp_path)
+    assert any("resumed after epoch 2" in m for m in lines), lines
+    assert sum("epoch 3:" in m for m in lines) == 1 and not any("epoch 1:" in m for m in lines)
+    for key in ("loss", "accuracy", "epochs"):
+        assert resumed[key] == uncut[key], key
+    assert resumed["seconds"] > 0
+
+
+def test_another_models_checkpoint_is_ignored_and_a_damaged_one_not_used(tmp_path):
+    cfg, cpu = _cfg(), torch.device("cpu")
+    with pytest.raises(Cut):
+        recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, log=_cut_after(1), resume_dir=tmp_path)
+    lines = []
+    other = recall.train_and_eval(cfg, "softmax", 16, 1e-3, cpu, log=lines.append, resume_dir=tmp_path)
+    assert any("another config or model" in m for m in lines) and not any("resumed" in m for m in lines)
+    fresh = recall.train_and_eval(cfg, "softmax", 16, 1e-3, cpu)
+    assert (other["loss"], other["accuracy"]) == (fresh["loss"], fresh["accuracy"])
+    # the lr-1e-3 run wrote its own epoch-3 checkpoint; damage it: the next start is a fresh one
+    (step,) = sorted(tmp_path.glob("step-*"))
+    data = bytearray((step / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (step / "model.safetensors").write_bytes(bytes(data))
+    lines = []
+    recall.train_and_eval(cfg, "softmax", 16, 1e-3, cpu, log=lines.append, resume_dir=tmp_path)
+    assert any("damaged" in m for m in lines) and not any("resumed" in m for m in lines)
