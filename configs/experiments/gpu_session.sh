@@ -15,7 +15,10 @@
 # $OUT/import_<suite>.log), so they are skipped and appear in the reports; so are the finished recall tasks and sweep
 # models of cut runs (results/<suite>_gpu/cells/*/seed*/recall_*.json). Afterwards every touched report is
 # rewritten from all finished runs of the seeds found on disk (--report-only), the small artifacts (md, json, png,
-# logs; no checkpoints) are packed into $OUT/artifacts.tgz and the tables are printed.
+# logs; no checkpoints) are packed into $OUT/artifacts.tgz and the tables are printed. The per-epoch checkpoints of
+# recall models a call cut come back under $OUT/resume/<suite>/cells/... (in <= 15 MiB parts); merged into
+# results/<suite>_gpu/cells/ (git ignores them) and carried (`carry: results/<suite>_gpu/cells`), the next call
+# resumes those models at their last finished epoch.
 # Lessons of earlier calls (RESULTS.md sections G, S): one H200 is saturated by ~3 concurrent `small` runs (more only
 # adds memory pressure); an S4D-only `small` run takes ~280 s alone; a cut-off run's checkpoints do not come back
 # from the device, so size items to finish. Session 11: put several runs of a suite in ONE item (`seeds=[0,1] --only
@@ -79,7 +82,14 @@ for i in 0 1 2 3 4 5 6 7; do
       # the finished recall tasks / sweep models of runs an earlier call cut (recall_<task>.json and .rows.json,
       # merged into results/<suite>_gpu/cells/ from its artifacts): the runner trains only the rest
       [ -d "results/${item}_gpu/cells" ] && (cd "results/${item}_gpu" && find cells -name 'recall_*.json' \
-        -exec sh -c 'mkdir -p "$0/${1%/*}" && cp -n "$1" "$0/$1"' "$RUNS/$item" {} \;) ;;
+        -exec sh -c 'mkdir -p "$0/${1%/*}" && cp -n "$1" "$0/$1"' "$RUNS/$item" {} \;)
+      # and the per-epoch checkpoints of recall models a call cut (recall_<task>.resume/, not in git: carry them),
+      # their files joined from the <= 15 MiB parts they came back in
+      [ -d "results/${item}_gpu/cells" ] && (cd "results/${item}_gpu" && find cells -path '*/recall_*.resume/*' \
+        -type f -exec sh -c 'mkdir -p "$0/${1%/*}" && cp -n "$1" "$0/$1"' "$RUNS/$item" {} \;)
+      [ -d "$RUNS/$item/cells" ] && find "$RUNS/$item/cells" -path '*/recall_*.resume/*' -name '*.part-000' \
+        | while read -r first; do cat "${first%.part-000}".part-* > "${first%.part-000}" \
+          && rm -f "${first%.part-000}".part-*; done ;;
     esac
   done
   lane "$i" "${!var}" &
@@ -99,7 +109,20 @@ for s in $SUITES; do
   $E "$C/$s.yaml" "out_dir=$RUNS/$s" ${seeds:+"seeds=[$seeds]"} --report-only > "$OUT/report_$s.log" 2>&1
 done
 # one archive: the device tool returns a limited number of files and folder depth
-[ -d "$RUNS" ] && (cd "$RUNS" && tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer .)
+[ -d "$RUNS" ] && (cd "$RUNS" && tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer \
+  --exclude='recall_*.resume' .)
+# the per-epoch checkpoints of recall models this call cut (runner.py), as plain files under $OUT/resume/<suite>/,
+# each at most 15 MiB (a returned file is at most 16 MiB: larger ones go in parts <file>.part-000, -001, ...)
+for s in $SUITES; do
+  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -path '*/recall_*.resume/*' -type f | while read -r f; do
+    mkdir -p "$OUT/resume/$s/${f%/*}"
+    if [ "$(stat -c %s "$f")" -gt $(( 15 * 1024 * 1024 )) ]; then
+      split -b 15M -a 3 -d "$f" "$OUT/resume/$s/$f.part-"
+    else
+      cp "$f" "$OUT/resume/$s/$f"
+    fi
+  done)
+done
 for s in $SUITES; do
   echo "===== $s"; sed -n '/^| cell/,/^$/p' "$RUNS/$s/results.md" 2>/dev/null
 done
