@@ -221,6 +221,9 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
                 break
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+    if first > cfg.epochs:  # resumed with nothing left to train: one evaluation pass for the routing (state size)
+        with routing.attach(model):
+            acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
             "seconds": done_s + time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32,

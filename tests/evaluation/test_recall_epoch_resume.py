@@ -57,3 +57,16 @@ def test_another_models_checkpoint_is_ignored_and_a_damaged_one_not_used(tmp_pat
     lines = []
     recall.train_and_eval(cfg, "softmax", 16, 1e-3, cpu, log=lines.append, resume_dir=tmp_path)
     assert any("damaged" in m for m in lines) and not any("resumed" in m for m in lines)
+
+
+def test_a_model_cut_after_its_last_epoch_reports_without_training(tmp_path):
+    # cut between the last epoch's checkpoint and its row: the next start trains nothing and reports the same row
+    cfg, cpu = _cfg(), torch.device("cpu")
+    uncut = recall.train_and_eval(cfg, "natsl", 16, 3e-3, cpu)
+    with pytest.raises(Cut):
+        recall.train_and_eval(cfg, "natsl", 16, 3e-3, cpu, log=_cut_after(3), resume_dir=tmp_path)
+    lines = []
+    resumed = recall.train_and_eval(cfg, "natsl", 16, 3e-3, cpu, log=lines.append, resume_dir=tmp_path)
+    assert not any(": loss" in m for m in lines)  # no epoch trained
+    for key in ("loss", "accuracy", "epochs", "state_size"):
+        assert resumed[key] == uncut[key], key
