@@ -61,8 +61,11 @@ def test_another_models_checkpoint_is_ignored_and_a_damaged_one_not_used(tmp_pat
 
 def test_a_model_cut_after_its_last_epoch_reports_without_training(tmp_path):
     # cut between the last epoch's checkpoint and its row: the next start trains nothing and reports the same row
+    # (T 64, seed 0: a routing whose softmax fraction differs from the one a state size assumes without a record)
     cfg, cpu = _cfg(), torch.device("cpu")
+    cfg.vocab_size, cfg.seq_len = 128, 64
     uncut = recall.train_and_eval(cfg, "natsl", 16, 3e-3, cpu)
+    assert uncut["state_size"] != recall.build_recall_model(cfg, "natsl", 16).state_size(cfg.seq_len, {})
     with pytest.raises(Cut):
         recall.train_and_eval(cfg, "natsl", 16, 3e-3, cpu, log=_cut_after(3), resume_dir=tmp_path)
     lines = []
