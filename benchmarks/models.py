@@ -163,9 +163,10 @@ def prefill(results: dict, s: BenchSettings, lengths: list[int], models: list[st
                     # still held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7
                     # GB. Fixed.
                     gb = _peak_gb(s, run, relative=True)
-                    # the routing of one more call, outside the timed ones (a recorder is an eager graph break)
+                    # the routing of one more call, eager and outside the timed ones: a recorder attached to the
+                    # compiled model would make it recompile (its `recorders` are guarded) around an eager break
                     with routing.attach(model):
-                        run()
+                        run(fwd=model)
                 except torch.OutOfMemoryError:
                     ms, gb = NAN, NAN
                     log(f"prefill {name} T={T}: out of memory")

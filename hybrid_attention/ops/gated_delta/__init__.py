@@ -48,8 +48,8 @@ def gated_delta(
 
     backend: ``"reference"`` -> the chunk-parallel PyTorch form; ``"naive"`` -> the token loop; ``"triton"`` -> the
     Triton kernels (forward + backward; CUDA, or CPU under ``TRITON_INTERPRET=1``); ``"auto"`` -> Triton for CUDA
-    inputs it supports (not float64, chunk_size in {16, 32, 64, 128}, K <= 256) when Triton is installed, else the
-    reference form.
+    inputs it supports (not float64, chunk_size in {16, 32, 64, 128}, K <= 256, K <= 32 at chunk 128) when Triton
+    is installed, else the reference form.
 
     ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): the state starts fresh at each
     document (or from ``initial_state [N, H, K, V]``), final states ``[N, H, K, V]``, chunks restart at each

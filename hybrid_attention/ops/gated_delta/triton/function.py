@@ -254,7 +254,7 @@ def triton_gated_delta(
                              f"got {tuple(initial_state.shape)}")
     if not supported(q, v, chunk_size):
         raise ValueError("triton_gated_delta: unsupported inputs (need CUDA or TRITON_INTERPRET=1, not float64, "
-                         "chunk_size in {16, 32, 64, 128}, K <= 256)")
+                         "chunk_size in {16, 32, 64, 128}, K <= 256, K <= 32 at chunk 128)")
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else float(scale)

@@ -17,7 +17,8 @@ def supported(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
 
     Chunk 128 (session 18, H200, triton 3.6): at K 128 / V 256 with fp32 activations the state forward asks for 428 KB
     of shared memory (the limit is 227 KB: OutOfResources), and session 17's bf16 sweep row at that shape (8 warps,
-    32-wide tiles) hit an illegal memory access; K 16 passes (tests/ops/test_gated_delta_triton.py). The state
+    32-wide tiles) hit an illegal memory access; K 16 and K 32 / V 64 pass on the H200 against float64, forward and
+    backward (tests/ops/test_gated_delta_triton.py). The state
     kernels hold [C, K] tiles of w and k per pipeline stage, so the need scales with C·K: K <= 32 keeps it at about
     a quarter of the failing case. Larger heads at chunk 128 take the PyTorch chunk form.
     """
