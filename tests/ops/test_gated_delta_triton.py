@@ -290,7 +290,6 @@ def test_decode_step_matches_token_loop():
     assert rel(S.cpu(), ref_S) < TOL
 
 
-
 _CHUNK128_PROBE = """
 import sys, torch
 sys.path.insert(0, {root!r})
