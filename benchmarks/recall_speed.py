@@ -1,9 +1,10 @@
 """Speed of the recall trainer (``hybrid_attention.evaluation.recall``) per cell and task of a recall suite:
-optimizer-step time eager and compiled (``RecallConfig.compile``), the example generator's time per epoch, and what a
-cell would take at the suite's full budget (every epoch, no early stop).
+optimizer-step time eager, compiled and as CUDA graphs (``RecallConfig.compile``, ``compile_mode``), the example
+generator's time per epoch, and what a cell would take at the suite's full budget (every epoch, no early stop).
 
     python -m benchmarks.recall_speed                                   # credible_recall, every cell, on CUDA
     python -m benchmarks.recall_speed --cells gdn natsl_hybrid --variants eager compiled
+    python -m benchmarks.recall_speed --cells gdn --tasks mqar_t256 --variants compiled cudagraphs
     python -m benchmarks.recall_speed --dryrun                          # CPU smoke test: toy sizes, not a measurement
 
 Why (session 16, H200): the softmax cell of ``credible_recall`` finished in 443 s alone, while three GDN-family cells
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,6 +34,7 @@ from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
     build_recall_model,
+    compiled_backbone,
     labels_per_row,
     make_examples,
     recall_optimizer,
@@ -40,24 +43,30 @@ from hybrid_attention.evaluation.recall import (
 from hybrid_attention.experiments.suite import load_suite
 from hybrid_attention.training.config import from_dict
 
-VARIANTS = ("eager", "compiled")
+# compiled: torch.compile's default mode; cudagraphs: its "reduce-overhead" mode (RecallConfig.compile_mode), the
+# backbone's forward and backward replayed as CUDA graphs
+VARIANTS = ("eager", "compiled", "cudagraphs")
 
 
 def time_steps(cfg: RecallConfig, mixer: str, variant: str, device: torch.device, warmup: int,
                steps: int) -> dict:
     """ms per optimizer step (the mean of ``steps`` back-to-back steps, as the trainer runs them: the CPU queues the
-    next step while the GPU runs this one) and the seconds of the warmup (compilation included) of one model."""
+    next step while the GPU runs this one), the seconds of the warmup (compilation included) of one model, and the
+    loss of its last step (same model, batches and step count in every variant: the variants must agree)."""
     set_tf32(device, cfg.tf32)  # the suite's recipe, as train_and_eval applies it
     torch.manual_seed(0)
     model = build_recall_model(cfg, mixer, cfg.d_models[0]).to(device)
     opt, sched = recall_optimizer(cfg, model, cfg.lrs[0])
-    backbone = torch.compile(model.model, dynamic=False) if variant == "compiled" else model.model
+    mode = "reduce-overhead" if variant == "cudagraphs" else "default"
+    backbone = compiled_backbone(replace(cfg, compile=variant != "eager", compile_mode=mode), model)
     x, y = make_examples(cfg, cfg.batch_size * (warmup + steps), seed=1)
     n = labels_per_row(y)  # the trainer's sync-free query gather
     batches = iter(zip(x.to(device).split(cfg.batch_size), y.to(device).split(cfg.batch_size)))
 
+    last = {}
+
     def step():
-        train_step(model, backbone, opt, sched, *next(batches), n)
+        last["loss"] = train_step(model, backbone, opt, sched, *next(batches), n)
 
     t0 = time.perf_counter()
     for _ in range(warmup):
@@ -71,7 +80,7 @@ def time_steps(cfg: RecallConfig, mixer: str, variant: str, device: torch.device
         for _ in range(steps):
             step()
         step_ms = 1e3 * (time.perf_counter() - t) / steps
-    return {"step_ms": step_ms, "warmup_s": warm_s}
+    return {"step_ms": step_ms, "warmup_s": warm_s, "loss": last["loss"].item()}
 
 
 def generation_seconds(cfg: RecallConfig) -> float:
@@ -84,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--suite", default="configs/experiments/credible_recall.yaml")
     p.add_argument("--cells", nargs="*", default=None, help="cell names (default: every cell of the suite)")
+    p.add_argument("--tasks", nargs="*", default=None, help="task names of the suite (default: every task)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
@@ -103,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"recall_speed: {args.suite}, device {device}, torch {torch.__version__}")
     for cell in cells:
         for task, d in suite.recall_configs(cell, seed=0).items():
+            if args.tasks is not None and task not in args.tasks:
+                continue
             cfg = from_dict(RecallConfig, {**d, **(toy if args.dryrun else {})})
             if task not in gen_cache:
                 gen_cache[task] = generation_seconds(cfg)
@@ -123,15 +135,15 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(dict(cell=cell.name, task=task, variant=variant, steps_per_epoch=steps_per_epoch,
                                  gen_s=gen_cache[task], full_budget_s=full_s, **r))
                 print(f"  {cell.name:14s} {task:11s} {variant:8s} step {r['step_ms']:7.2f} ms  warmup "
-                      f"{r['warmup_s']:6.1f} s  gen {gen_cache[task]:5.2f} s/epoch  full budget {full_s:7.0f} s")
-    print("\n| cell | task | variant | step ms | steps/epoch | generation s/epoch | warmup s | full budget s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+                      f"{r['warmup_s']:6.1f} s  loss {r['loss']:.5f}  gen {gen_cache[task]:5.2f} s/epoch  full budget {full_s:7.0f} s")
+    print("\n| cell | task | variant | step ms | steps/epoch | generation s/epoch | warmup s | last loss | full budget s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['cell']} | {r['task']} | {r['variant']} | failed | | | | |")
+            print(f"| {r['cell']} | {r['task']} | {r['variant']} | failed | | | | | |")
             continue
         print(f"| {r['cell']} | {r['task']} | {r['variant']} | {r['step_ms']:.2f} | {r['steps_per_epoch']} | "
-              f"{r['gen_s']:.2f} | {r['warmup_s']:.1f} | {r['full_budget_s']:.0f} |")
+              f"{r['gen_s']:.2f} | {r['warmup_s']:.1f} | {r['loss']:.5f} | {r['full_budget_s']:.0f} |")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "recall_speed.json").write_text(json.dumps(

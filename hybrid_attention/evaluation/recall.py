@@ -63,6 +63,9 @@ class RecallConfig:
     # torch.compile the backbone of the training step (static shapes: one graph per batch size). The tiny recall
     # models are launch-bound on a GPU in eager mode; the evaluation passes stay eager (same parameters)
     compile: bool = False
+    # torch.compile's mode for that backbone: "reduce-overhead" replays its forward and backward as CUDA graphs (one
+    # launch each instead of one per kernel: a 2-layer d 128 model at B 64 is launch-bound). Same kernels, same math
+    compile_mode: Literal["default", "reduce-overhead"] = "default"
     out_dir: str = "runs/recall"
 
 
@@ -117,6 +120,14 @@ def query_logits(model: HybridForCausalLM, x: torch.Tensor, y: torch.Tensor, bac
     return model.lm_head(h[y != -100])
 
 
+def compiled_backbone(cfg: RecallConfig, model: HybridForCausalLM):
+    """What runs ``model.model`` in the training step: itself, or (``cfg.compile``) its ``torch.compile`` with static
+    shapes and ``cfg.compile_mode``."""
+    if not cfg.compile:
+        return model.model
+    return torch.compile(model.model, dynamic=False, mode=cfg.compile_mode)
+
+
 def recall_optimizer(cfg: RecallConfig, model: HybridForCausalLM, lr: float):
     """(optimizer, scheduler) of one recall run: the trainer's AdamW (over the SSM parameter groups) and schedule
     (linear warmup, cosine decay), with this task's settings: torch's default AdamW betas / eps (beta2 0.999, not the
@@ -162,9 +173,10 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> fl
 def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None,
                    resume_dir: Path | None = None) -> dict:
     """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss, tf32,
-    compiled} (loss: the last training step's; tf32: the setting it trained with, read by
-    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``). ``resume_dir``: a checkpoint after every epoch
-    there, and a start from the last one found (``recall_resume``: the same result as an uncut run)."""
+    compiled, compile_mode} (loss: the last training step's; tf32: the setting it trained with, read by
+    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``; compile_mode: its mode, None when eager).
+    ``resume_dir``: a checkpoint after every epoch there, and a start from the last one found (``recall_resume``: the
+    same result as an uncut run)."""
     # applied here, where the row records it: until session 18 only ``recall_sweep`` set it, so the experiment
     # runner's recall rows (which call this function directly) trained with PyTorch's default, TF32 off
     set_tf32(device, cfg.tf32)
@@ -173,7 +185,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     x_te, y_te = make_examples(cfg, cfg.test_examples, cfg.seed + 10_000)
     opt, sched = recall_optimizer(cfg, model, lr)
     # the logits gather (a data-dependent shape) stays outside the compiled graph
-    backbone = torch.compile(model.model, dynamic=False) if cfg.compile else model.model
+    backbone = compiled_backbone(cfg, model)
     g = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
     acc, epoch, first, done_s, loss = 0.0, 0, 1, 0.0, None
@@ -227,7 +239,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
             "seconds": done_s + time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32,
-            "compiled": cfg.compile}
+            "compiled": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None}
 
 
 RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "best lr", "g"),

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["fingerprint", "restore_epoch", "save_epoch"]
 
 # RecallConfig fields that do not change one model's trajectory: the sweep's lists (the model's own mixer / d / lr
-# are in the fingerprint), where it runs, whether its step is compiled, where its sweep writes
-_NOT_TRAJECTORY = ("mixers", "d_models", "lrs", "device", "compile", "out_dir")
+# are in the fingerprint), where it runs, whether and how its step is compiled, where its sweep writes
+_NOT_TRAJECTORY = ("mixers", "d_models", "lrs", "device", "compile", "compile_mode", "out_dir")
 _STATE_KEYS = ("epoch", "scheduler", "generator", "seconds", "loss", "accuracy", "fingerprint")
 
 

@@ -5,6 +5,7 @@ the dry-run switch is read at import."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -92,6 +93,11 @@ def test_recall_speed_dryrun(tmp_path):
     assert [(r["cell"], r["task"]) for r in rows] == [(c, t) for c in ("softmax", "gdn")
                                                       for t in ("mqar_t256", "mqar_t1024", "passkey")]
     assert all(r["step_ms"] > 0 and r["steps_per_epoch"] == 16 and r["full_budget_s"] > 0 for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    recall_speed.main(["--dryrun", "--cells", "softmax", "--tasks", "passkey", "--variants", "eager", "--warmup", "1",
+                       "--steps", "2", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "recall_speed.json").read_text())["rows"]
+    assert [(r["cell"], r["task"]) for r in rows] == [("softmax", "passkey")]
     with pytest.raises(SystemExit, match="unknown cell.*the suite has softmax, interdomain"):
         recall_speed.main(["--dryrun", "--cells", "softmaxx"])
 

@@ -69,10 +69,11 @@ def test_compiled_training_step_matches_eager(monkeypatch):
 
     from hybrid_attention.evaluation import recall
 
-    calls, real_compile = [], torch.compile
+    calls, modes, real_compile = [], [], torch.compile
 
-    def fake_compile(module, dynamic=None):
+    def fake_compile(module, dynamic=None, mode=None):
         assert dynamic is False
+        modes.append(mode)  # compile_mode reaches torch.compile (aot_eager here has no CUDA graphs to make)
         compiled = real_compile(module, backend="aot_eager", dynamic=False)
         # the real compiled module, not a wrapper (a plain function hid a bool() of it that raised on the GPU)
         compiled.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
@@ -80,12 +81,15 @@ def test_compiled_training_step_matches_eager(monkeypatch):
 
     monkeypatch.setattr(recall.torch, "compile", fake_compile)
     cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, train_examples=136, test_examples=32, batch_size=16,
-                       epochs=2, device="cpu", model_options={"state_size": 8, "chunk_size": 8})
+                       epochs=2, device="cpu", model_options={"state_size": 8, "chunk_size": 8},
+                       compile_mode="reduce-overhead")
     rows = {}
     for compile_ in (False, True):
         cfg.compile = compile_
         rows[compile_] = recall.train_and_eval(cfg, "softmax", 32, 3e-3, torch.device("cpu"))
     assert calls == ([16] * 8 + [8]) * 2
+    assert modes == ["reduce-overhead"]
+    assert (rows[False]["compile_mode"], rows[True]["compile_mode"]) == (None, "reduce-overhead")
     assert abs(rows[True]["loss"] - rows[False]["loss"]) < 1e-4 * abs(rows[False]["loss"])
     assert rows[True]["accuracy"] == rows[False]["accuracy"]
 
