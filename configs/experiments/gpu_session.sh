@@ -16,9 +16,9 @@
 # models of cut runs (results/<suite>_gpu/cells/*/seed*/recall_*.json). Afterwards every touched report is
 # rewritten from all finished runs of the seeds found on disk (--report-only), the small artifacts (md, json, png,
 # logs; no checkpoints) are packed into $OUT/artifacts.tgz and the tables are printed. The per-epoch checkpoints of
-# recall models a call cut come back under $OUT/resume/<suite>/cells/... (in <= 15 MiB parts); merged into
-# results/<suite>_gpu/cells/ (git ignores them) and carried (`carry: results/<suite>_gpu/cells`), the next call
-# resumes those models at their last finished epoch.
+# recall models a call cut come back as $OUT/resume/<suite>/resume.tar.part-NNN (one tar, <= 15 MiB parts); copied
+# into an emptied results/<suite>_gpu/resume/ (git ignores it) and carried (`carry: results/<suite>_gpu/resume`), the
+# next call resumes those models at their last finished epoch.
 # Lessons of earlier calls (RESULTS.md sections G, S): one H200 is saturated by ~3 concurrent `small` runs (more only
 # adds memory pressure); an S4D-only `small` run takes ~280 s alone; a cut-off run's checkpoints do not come back
 # from the device, so size items to finish. Session 11: put several runs of a suite in ONE item (`seeds=[0,1] --only
@@ -83,13 +83,10 @@ for i in 0 1 2 3 4 5 6 7; do
       # merged into results/<suite>_gpu/cells/ from its artifacts): the runner trains only the rest
       [ -d "results/${item}_gpu/cells" ] && (cd "results/${item}_gpu" && find cells -name 'recall_*.json' \
         -exec sh -c 'mkdir -p "$0/${1%/*}" && cp -n "$1" "$0/$1"' "$RUNS/$item" {} \;)
-      # and the per-epoch checkpoints of recall models a call cut (recall_<task>.resume/, not in git: carry them),
-      # their files joined from the <= 15 MiB parts they came back in
-      [ -d "results/${item}_gpu/cells" ] && (cd "results/${item}_gpu" && find cells -path '*/recall_*.resume/*' \
-        -type f -exec sh -c 'mkdir -p "$0/${1%/*}" && cp -n "$1" "$0/$1"' "$RUNS/$item" {} \;)
-      [ -d "$RUNS/$item/cells" ] && find "$RUNS/$item/cells" -path '*/recall_*.resume/*' -name '*.part-000' \
-        | while read -r first; do cat "${first%.part-000}".part-* > "${first%.part-000}" \
-          && rm -f "${first%.part-000}".part-*; done ;;
+      # and the per-epoch checkpoints of recall models a call cut (recall_<task>.resume/): they come back as one tar
+      # in <= 15 MiB parts, kept in results/<suite>_gpu/resume/ (not in git: carry that folder); unpacked here
+      ls "results/${item}_gpu/resume/resume.tar.part-"* > /dev/null 2>&1 && mkdir -p "$RUNS/$item" \
+        && cat "results/${item}_gpu/resume/resume.tar.part-"* | tar xf - -C "$RUNS/$item" ;;
     esac
   done
   lane "$i" "${!var}" &
@@ -111,17 +108,14 @@ done
 # one archive: the device tool returns a limited number of files and folder depth
 [ -d "$RUNS" ] && (cd "$RUNS" && tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer \
   --exclude='recall_*.resume' .)
-# the per-epoch checkpoints of recall models this call cut (runner.py), as plain files under $OUT/resume/<suite>/,
-# each at most 15 MiB (a returned file is at most 16 MiB: larger ones go in parts <file>.part-000, -001, ...)
+# the per-epoch checkpoints of recall models this call cut (runner.py): one tar per suite, split into parts of at most
+# 15 MiB, $OUT/resume/<suite>/resume.tar.part-000, -001, ... (a returned file is at most 16 MiB, and the device tool
+# returns no deep folders: session 19's first export, a copy of the run tree, came back empty, "depth")
 for s in $SUITES; do
-  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -path '*/recall_*.resume/*' -type f | while read -r f; do
-    mkdir -p "$OUT/resume/$s/${f%/*}"
-    if [ "$(stat -c %s "$f")" -gt $(( 15 * 1024 * 1024 )) ]; then
-      split -b 15M -a 3 -d "$f" "$OUT/resume/$s/$f.part-"
-    else
-      cp "$f" "$OUT/resume/$s/$f"
-    fi
-  done)
+  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' -prune | sort \
+    > "$OUT/resume_$s.list" && if [ -s "$OUT/resume_$s.list" ]; then mkdir -p "$OUT/resume/$s" \
+    && tar cf - -T "$OUT/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume/$s/resume.tar.part-"; fi)
+  rm -f "$OUT/resume_$s.list"
 done
 for s in $SUITES; do
   echo "===== $s"; sed -n '/^| cell/,/^$/p' "$RUNS/$s/results.md" 2>/dev/null

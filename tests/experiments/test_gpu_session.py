@@ -1,12 +1,14 @@
 """configs/experiments/gpu_session.sh carries what earlier device calls finished into the call's run directory: the
 recall tasks and sweep models of runs that a call's time limit cut (results/<suite>_gpu/cells/*/seed*/recall_*.json),
-so that the runner trains only the rest, and the per-epoch checkpoints of cut recall models, there and back in
-<= 15 MiB parts; and it shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
+so that the runner trains only the rest, and the per-epoch checkpoints of cut recall models, there and back as one
+tar in <= 15 MiB parts two folders deep; and it shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
 
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,13 +20,21 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     cell.mkdir(parents=True)
     (cell / "recall_mqar.rows.json").write_text("[]")
     (cell / "recall_passkey.json").write_text("{}")
-    # a cut model's per-epoch checkpoint, as it came back from an earlier call: a 17 MiB file in two parts
-    step = cell / "recall_mqar.resume" / "gdn_d16_lr0.003" / "step-00000002"
-    step.mkdir(parents=True)
+    # a cut model's per-epoch checkpoint, as it came back from an earlier call: a tar of its run folders (here a
+    # 17 MiB file and a JSON) in two parts, in results/<suite>_gpu/resume/
+    rel = Path("cells/softmax/seed0/recall_mqar.resume/gdn_d16_lr0.003/step-00000002")
     big = os.urandom(17 * 1024 * 1024)
-    (step / "optimizer.safetensors.part-000").write_bytes(big[: 15 * 1024 * 1024])
-    (step / "optimizer.safetensors.part-001").write_bytes(big[15 * 1024 * 1024 :])
-    (step / "trainer_state.json").write_text("{}")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("optimizer.safetensors", big), ("trainer_state.json", b"{}")):
+            info = tarfile.TarInfo(str(rel / name))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    packed = buf.getvalue()
+    carry = tmp_path / "results" / "recall_cpu_gpu" / "resume"
+    carry.mkdir()
+    (carry / "resume.tar.part-000").write_bytes(packed[: 15 * 1024 * 1024])
+    (carry / "resume.tar.part-001").write_bytes(packed[15 * 1024 * 1024 :])
     runs, out = tmp_path / "runs", tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "RUNS": str(runs), "LIMIT": "200", "PYTHONPATH": str(ROOT),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -41,13 +51,17 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     assert (carried / "recall_mqar.rows.json").read_text() == "[]"
     assert (carried / "recall_passkey.json").read_text() == "{}"
     assert (out / "artifacts.tgz").exists()
-    # the checkpoint was joined for the runner, and goes back in <= 15 MiB parts, outside the archive
-    joined = carried / "recall_mqar.resume" / "gdn_d16_lr0.003" / "step-00000002"
+    # the checkpoint was unpacked for the runner, and goes back as one tar in <= 15 MiB parts, outside the archive,
+    # two folders below $OUT
+    joined = runs / "recall_cpu" / rel
     assert (joined / "optimizer.safetensors").read_bytes() == big
-    assert not list(joined.glob("*.part-*"))
-    back = out / "resume" / "recall_cpu" / "cells" / "softmax" / "seed0" / joined.relative_to(carried)
-    parts = sorted(back.glob("optimizer.safetensors.part-*"))
-    assert [p.stat().st_size for p in parts] == [15 * 1024 * 1024, 2 * 1024 * 1024]
-    assert b"".join(p.read_bytes() for p in parts) == big and (back / "trainer_state.json").read_text() == "{}"
+    assert (joined / "trainer_state.json").read_text() == "{}"
+    parts = sorted((out / "resume" / "recall_cpu").iterdir())
+    assert [p.name for p in parts] == ["resume.tar.part-000", "resume.tar.part-001"]
+    assert [p.stat().st_size for p in parts][0] == 15 * 1024 * 1024
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+        back = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    assert back == {str(rel / "optimizer.safetensors"): big, str(rel / "trainer_state.json"): b"{}"}
+    assert max(len(p.relative_to(out).parts) for p in out.rglob("*")) <= 3
     listing = subprocess.run(["tar", "tzf", str(out / "artifacts.tgz")], capture_output=True, text=True).stdout
     assert ".resume" not in listing
