@@ -15,10 +15,10 @@
 # $OUT/import_<suite>.log), so they are skipped and appear in the reports; so are the finished recall tasks and sweep
 # models of cut runs (results/<suite>_gpu/cells/*/seed*/recall_*.json). Afterwards every touched report is
 # rewritten from all finished runs of the seeds found on disk (--report-only), the small artifacts (md, json, png,
-# logs; no checkpoints) are packed into $OUT/artifacts.tgz and the tables are printed. The per-epoch checkpoints of
-# recall models a call cut come back as $OUT/resume/<suite>/resume.tar.part-NNN (one tar, <= 15 MiB parts); copied
-# into an emptied results/<suite>_gpu/resume/ (git ignores it) and carried (`carry: results/<suite>_gpu/resume`), the
-# next call resumes those models at their last finished epoch.
+# logs; no checkpoints) and the call's logs (logs/) are packed into $OUT/artifacts.tgz and the tables are printed.
+# The per-epoch checkpoints of recall models a call cut come back as $OUT/resume_<suite>.tar.part-NNN (one tar,
+# <= 15 MiB parts); copied into an emptied results/<suite>_gpu/resume/ as resume.tar.part-NNN (git ignores it) and carried (`carry:
+# results/<suite>_gpu/resume`), the next call resumes those models at their last finished epoch.
 # Lessons of earlier calls (RESULTS.md sections G, S): one H200 is saturated by ~3 concurrent `small` runs (more only
 # adds memory pressure); an S4D-only `small` run takes ~280 s alone; a cut-off run's checkpoints do not come back
 # from the device, so size items to finish. Session 11: put several runs of a suite in ONE item (`seeds=[0,1] --only
@@ -105,16 +105,19 @@ for s in $SUITES; do
   seeds=$(ls -d "$RUNS/$s"/cells/*/seed* 2>/dev/null | sed 's/.*seed//' | sort -un | paste -sd, -)
   $E "$C/$s.yaml" "out_dir=$RUNS/$s" ${seeds:+"seeds=[$seeds]"} --report-only > "$OUT/report_$s.log" 2>&1
 done
-# one archive: the device tool returns a limited number of files and folder depth
-[ -d "$RUNS" ] && (cd "$RUNS" && tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer \
-  --exclude='recall_*.resume' .)
+# one archive, with the call's logs under logs/ (moved out of $OUT): the device tool returns at most 8 files, at most
+# 2 folders down, 64 MiB in all
+mkdir -p "$RUNS" "$OUT/logs"
+(cd "$OUT" && mv lane*.log import_*.log report_*.log nvidia_smi.csv logs/ 2>/dev/null)
+tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer --exclude='recall_*.resume' -C "$RUNS" . \
+  -C "$OUT" logs && rm -r "$OUT/logs"
 # the per-epoch checkpoints of recall models this call cut (runner.py): one tar per suite, split into parts of at most
-# 15 MiB, $OUT/resume/<suite>/resume.tar.part-000, -001, ... (a returned file is at most 16 MiB, and the device tool
-# returns no deep folders: session 19's first export, a copy of the run tree, came back empty, "depth")
+# 15 MiB, $OUT/resume_<suite>.tar.part-000, -001, ... beside the archive (a returned file is at most 16 MiB; session
+# 19's first export, the run tree copied under $OUT/resume/, did not come back: too many folders down)
 for s in $SUITES; do
   [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' -prune | sort \
-    > "$OUT/resume_$s.list" && if [ -s "$OUT/resume_$s.list" ]; then mkdir -p "$OUT/resume/$s" \
-    && tar cf - -T "$OUT/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume/$s/resume.tar.part-"; fi)
+    > "$OUT/resume_$s.list" && if [ -s "$OUT/resume_$s.list" ]; then
+    tar cf - -T "$OUT/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"; fi)
   rm -f "$OUT/resume_$s.list"
 done
 for s in $SUITES; do
