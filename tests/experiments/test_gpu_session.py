@@ -14,6 +14,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _tar_files(parts: list[Path]) -> dict[str, bytes]:
+    """{member name: bytes} of the regular files of the tar that ``parts`` (in order) make up."""
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
 def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
     cell = tmp_path / "results" / "recall_cpu_gpu" / "cells" / "softmax" / "seed0"
@@ -63,8 +69,23 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
                                                      "resume_recall_cpu.tar.part-001"]
     parts = sorted(out.glob("resume_recall_cpu.tar.part-*"))
     assert [p.stat().st_size for p in parts][0] == 15 * 1024 * 1024
-    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
-        back = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-    assert back == {str(rel / "optimizer.safetensors"): big, str(rel / "trainer_state.json"): b"{}"}
+    want = {str(rel / "optimizer.safetensors"): big, str(rel / "trainer_state.json"): b"{}"}
+    assert _tar_files(parts) == want
     listing = subprocess.run(["tar", "tzf", str(out / "artifacts.tgz")], capture_output=True, text=True).stdout
     assert ".resume" not in listing
+
+    # scripts/merge_device_results.sh puts what came back where the next call reads it: the run tree over
+    # results/<suite>_gpu/, the lane's log as a console log, the parts into an emptied resume/ (the stale part goes)
+    (carry / "resume.tar.part-002").write_bytes(b"stale")
+    subprocess.run(["bash", str(ROOT / "scripts" / "merge_device_results.sh"), str(out), "recall_cpu", "s1_call1"],
+                   cwd=tmp_path, check=True, timeout=120, capture_output=True)
+    dest = tmp_path / "results" / "recall_cpu_gpu"
+    assert sorted(p.name for p in carry.iterdir()) == ["resume.tar.part-000", "resume.tar.part-001"]
+    assert _tar_files(sorted(carry.iterdir())) == want
+    assert (dest / "cells" / "softmax" / "seed0" / "recall_mqar.rows.json").read_text() == "[]"
+    assert "natsl_hybrid: seeds [0]" in (dest / "console_s1_call1_lane0.log").read_text()  # the --list output
+    # and the next call, carrying it, finds the checkpoint again
+    runs2, out2 = tmp_path / "runs2", tmp_path / "out2"
+    subprocess.run(["bash", str(ROOT / "configs" / "experiments" / "gpu_session.sh")], cwd=tmp_path, check=True,
+                   env={**env, "OUT": str(out2), "RUNS": str(runs2)}, timeout=600, capture_output=True)
+    assert (runs2 / "recall_cpu" / rel / "optimizer.safetensors").read_bytes() == big

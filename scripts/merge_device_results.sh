@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Merge what one call of configs/experiments/gpu_session.sh brought back into results/<suite>_gpu/:
+#   bash scripts/merge_device_results.sh DIR SUITE TAG
+# DIR: the call's returned $OUT folder (the device tool's files_at plus the call's sub-folder, e.g.
+# /work/.device/4/c3); SUITE: e.g. credible_recall; TAG: names the console logs, e.g. session19_call3.
+# - the suite's run tree from artifacts.tgz (reports, per-run results, finished recall rows) over results/<suite>_gpu/;
+# - each lane's log of the suite as results/<suite>_gpu/console_<TAG>_lane<i>.log;
+# - the cut recall models' checkpoint parts (resume_<suite>.tar.part-NNN) into an emptied results/<suite>_gpu/resume/
+#   (git ignores it; carry it in the next call: `carry: ["results/<suite>_gpu/resume"]`). With no parts, an earlier
+#   resume/ is left as it was: the call did not touch those models, or finished them (the runner skips their rows).
+set -euo pipefail
+dir=${1:?DIR}; suite=${2:?SUITE}; tag=${3:?TAG}
+dest="results/${suite}_gpu"
+[ -f "$dir/artifacts.tgz" ] || { echo "error: $dir/artifacts.tgz not found" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tar xzf "$dir/artifacts.tgz" -C "$tmp"
+[ -d "$tmp/$suite" ] || { echo "error: the archive has no run folder of suite $suite" >&2; exit 2; }
+mkdir -p "$dest"
+cp -r "$tmp/$suite/." "$dest/"
+for log in "$tmp"/logs/lane*_"$suite".log "$dir"/lane*_"$suite".log; do
+  [ -f "$log" ] || continue
+  lane=$(basename "$log" | sed 's/^lane\([0-9]*\)_.*/\1/')
+  cp "$log" "$dest/console_${tag}_lane${lane}.log"
+done
+parts=("$dir/resume_${suite}.tar.part-"*)
+if [ -f "${parts[0]}" ]; then
+  rm -rf "$dest/resume" && mkdir -p "$dest/resume"
+  for p in "${parts[@]}"; do cp "$p" "$dest/resume/resume.tar.part-${p##*.part-}"; done
+  echo "resume: ${#parts[@]} part(s) in $dest/resume (carry it in the next call)"
+fi
+echo "merged $dir into $dest"
