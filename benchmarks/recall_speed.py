@@ -135,8 +135,10 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(dict(cell=cell.name, task=task, variant=variant, steps_per_epoch=steps_per_epoch,
                                  gen_s=gen_cache[task], full_budget_s=full_s, **r))
                 print(f"  {cell.name:14s} {task:11s} {variant:8s} step {r['step_ms']:7.2f} ms  warmup "
-                      f"{r['warmup_s']:6.1f} s  loss {r['loss']:.5f}  gen {gen_cache[task]:5.2f} s/epoch  full budget {full_s:7.0f} s")
-    print("\n| cell | task | variant | step ms | steps/epoch | generation s/epoch | warmup s | last loss | full budget s |")
+                      f"{r['warmup_s']:6.1f} s  loss {r['loss']:.5f}  gen {gen_cache[task]:5.2f} s/epoch  "
+                      f"full budget {full_s:7.0f} s")
+    print("\n| cell | task | variant | step ms | steps/epoch | generation s/epoch | warmup s | last loss "
+          "| full budget s |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
