@@ -5,9 +5,10 @@
 # /work/.device/4/c3); SUITE: e.g. credible_recall; TAG: names the console logs, e.g. session19_call3.
 # - the suite's run tree from artifacts.tgz (reports, per-run results, finished recall rows) over results/<suite>_gpu/;
 # - each lane's log of the suite as results/<suite>_gpu/console_<TAG>_lane<i>.log;
-# - the cut recall models' checkpoint parts (resume_<suite>.tar.part-NNN) into an emptied results/<suite>_gpu/resume/
-#   (git ignores it; carry it in the next call: `carry: ["results/<suite>_gpu/resume"]`). With no parts, an earlier
-#   resume/ is left as it was: the call did not touch those models, or finished them (the runner skips their rows).
+# - the cut recall models' checkpoint parts (resume_<suite>.tar.part-NNN) as results/<suite>_gpu/resume/ (git ignores
+#   it; carry it in the next call: `carry: ["results/<suite>_gpu/resume"]`), replaced by exactly what the call
+#   exported (its logs/resume_<suite>.list; removed when nothing is left to resume). Archives without that list
+#   (before session 19's fix) leave resume/ as it was.
 set -euo pipefail
 dir=${1:?DIR}; suite=${2:?SUITE}; tag=${3:?TAG}
 dest="results/${suite}_gpu"
@@ -23,10 +24,19 @@ for log in "$tmp"/logs/lane*_"$suite".log "$dir"/lane*_"$suite".log; do
   lane=$(basename "$log" | sed 's/^lane\([0-9]*\)_.*/\1/')
   cp "$log" "$dest/console_${tag}_lane${lane}.log"
 done
+# the cut models' checkpoints: logs/resume_<suite>.list names what the call exported (every model still to resume);
+# resume/ becomes exactly that, emptied when the list is (those models finished: their rows are in the run tree)
+list="$tmp/logs/resume_${suite}.list"
 parts=("$dir/resume_${suite}.tar.part-"*)
-if [ -f "${parts[0]}" ]; then
-  rm -rf "$dest/resume" && mkdir -p "$dest/resume"
-  for p in "${parts[@]}"; do cp "$p" "$dest/resume/resume.tar.part-${p##*.part-}"; done
-  echo "resume: ${#parts[@]} part(s) in $dest/resume (carry it in the next call)"
+if [ -f "$list" ]; then
+  if [ -s "$list" ] && [ ! -f "${parts[0]}" ]; then
+    echo "error: the call exported checkpoints ($list) but no resume_${suite}.tar.part-* came back" >&2; exit 2
+  fi
+  rm -rf "$dest/resume"
+  if [ -s "$list" ]; then
+    mkdir -p "$dest/resume"
+    for p in "${parts[@]}"; do cp "$p" "$dest/resume/resume.tar.part-${p##*.part-}"; done
+    echo "resume: ${#parts[@]} part(s) in $dest/resume (carry it in the next call): $(wc -l < "$list") model(s)"
+  fi
 fi
 echo "merged $dir into $dest"

@@ -106,21 +106,23 @@ for s in $SUITES; do
   seeds=$(ls -d "$RUNS/$s"/cells/*/seed* 2>/dev/null | sed 's/.*seed//' | sort -un | paste -sd, -)
   $E "$C/$s.yaml" "out_dir=$RUNS/$s" ${seeds:+"seeds=[$seeds]"} --report-only > "$OUT/report_$s.log" 2>&1
 done
+mkdir -p "$RUNS" "$OUT/logs"
+# the per-epoch checkpoints of recall models this call cut (runner.py), or carried in and not yet finished: one tar per
+# suite, split into parts of at most 15 MiB, $OUT/resume_<suite>.tar.part-000, -001, ... (a returned file is at most
+# 16 MiB; session 19's first export, the run tree copied under $OUT/resume/, did not come back: too many folders
+# down). logs/resume_<suite>.list (in the archive) names what the parts hold, empty when nothing is left to resume:
+# scripts/merge_device_results.sh replaces results/<suite>_gpu/resume/ by exactly that
+for s in $SUITES; do
+  : > "$OUT/logs/resume_$s.list"
+  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' -prune | sort \
+    > "$OUT/logs/resume_$s.list" && if [ -s "$OUT/logs/resume_$s.list" ]; then
+    tar cf - -T "$OUT/logs/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"; fi)
+done
 # one archive, with the call's logs under logs/ (moved out of $OUT): the device tool returns at most 8 files, at most
 # 2 folders down, 64 MiB in all
-mkdir -p "$RUNS" "$OUT/logs"
 (cd "$OUT" && mv lane*.log import_*.log report_*.log nvidia_smi.csv logs/ 2>/dev/null)
 tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer --exclude='recall_*.resume' -C "$RUNS" . \
   -C "$OUT" logs && rm -r "$OUT/logs"
-# the per-epoch checkpoints of recall models this call cut (runner.py): one tar per suite, split into parts of at most
-# 15 MiB, $OUT/resume_<suite>.tar.part-000, -001, ... beside the archive (a returned file is at most 16 MiB; session
-# 19's first export, the run tree copied under $OUT/resume/, did not come back: too many folders down)
-for s in $SUITES; do
-  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' -prune | sort \
-    > "$OUT/resume_$s.list" && if [ -s "$OUT/resume_$s.list" ]; then
-    tar cf - -T "$OUT/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"; fi)
-  rm -f "$OUT/resume_$s.list"
-done
 for s in $SUITES; do
   echo "===== $s"; sed -n '/^| cell/,/^$/p' "$RUNS/$s/results.md" 2>/dev/null
 done

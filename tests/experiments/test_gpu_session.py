@@ -89,3 +89,29 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     subprocess.run(["bash", str(ROOT / "configs" / "experiments" / "gpu_session.sh")], cwd=tmp_path, check=True,
                    env={**env, "OUT": str(out2), "RUNS": str(runs2)}, timeout=600, capture_output=True)
     assert (runs2 / "recall_cpu" / rel / "optimizer.safetensors").read_bytes() == big
+
+
+def test_merge_follows_the_exported_resume_list(tmp_path):
+    # the call's logs/resume_<suite>.list names what it exported: an empty list (the models finished) removes
+    # results/<suite>_gpu/resume/, so finished checkpoints are not carried and exported again; a list whose parts did
+    # not come back is an error that leaves resume/ as it was
+    def returned(name, listing):
+        d = tmp_path / name
+        (d / "pack" / "recall_cpu").mkdir(parents=True)
+        (d / "pack" / "logs").mkdir()
+        (d / "pack" / "logs" / "resume_recall_cpu.list").write_text(listing)
+        subprocess.run(["tar", "czf", str(d / "artifacts.tgz"), "-C", str(d / "pack"), "recall_cpu", "logs"],
+                       check=True)
+        return d
+
+    resume = tmp_path / "results" / "recall_cpu_gpu" / "resume"
+    resume.mkdir(parents=True)
+    (resume / "resume.tar.part-000").write_bytes(b"old")
+    merge = ["bash", str(ROOT / "scripts" / "merge_device_results.sh")]
+    lost = subprocess.run([*merge, str(returned("lost", "cells/a/seed0/recall_mqar.resume\n")), "recall_cpu", "t"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert lost.returncode == 2 and "no resume_recall_cpu.tar.part-* came back" in lost.stderr
+    assert (resume / "resume.tar.part-000").read_bytes() == b"old"
+    subprocess.run([*merge, str(returned("done", "")), "recall_cpu", "t"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    assert not resume.exists()
