@@ -114,7 +114,7 @@ mkdir -p "$RUNS" "$OUT/logs"
 # scripts/merge_device_results.sh replaces results/<suite>_gpu/resume/ by exactly that
 for s in $SUITES; do
   : > "$OUT/logs/resume_$s.list"
-  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' -prune | sort \
+  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' ! -empty -prune | sort \
     > "$OUT/logs/resume_$s.list" && if [ -s "$OUT/logs/resume_$s.list" ]; then
     tar cf - -T "$OUT/logs/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"; fi)
 done

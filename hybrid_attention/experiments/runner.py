@@ -168,6 +168,9 @@ def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
                 else:
                     log(f"  {mixer} d={dm} lr={lr:g}: accuracy {row['accuracy']:.3f} (kept from {rows_path.name})")
                 rows.append(row)
+    # every model's row is saved: the task's resume folder goes too (an empty folder left behind would be exported
+    # and carried by every later device call as if a model were still cut: session 20's first call)
+    shutil.rmtree(rows_path.with_name(rows_path.name.replace(".rows.json", ".resume")), ignore_errors=True)
     best = max(rows, key=lambda r: r["accuracy"])  # max keeps the first of equal accuracies
     return {k: v for k, v in best.items() if k != "model_revision"}
 

@@ -36,6 +36,10 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
             info = tarfile.TarInfo(str(rel / name))
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+        # and a finished task's empty resume folder (session 20's first call exported one): not exported again
+        empty = tarfile.TarInfo("cells/softmax/seed0/recall_passkey.resume")
+        empty.type = tarfile.DIRTYPE
+        tar.addfile(empty)
     packed = buf.getvalue()
     carry = tmp_path / "results" / "recall_cpu_gpu" / "resume"
     carry.mkdir()
@@ -71,6 +75,9 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     assert [p.stat().st_size for p in parts][0] == 15 * 1024 * 1024
     want = {str(rel / "optimizer.safetensors"): big, str(rel / "trainer_state.json"): b"{}"}
     assert _tar_files(parts) == want
+    with tarfile.open(out / "artifacts.tgz") as tar:
+        exported = tar.extractfile("logs/resume_recall_cpu.list").read().decode()
+    assert exported == "cells/softmax/seed0/recall_mqar.resume\n"
     listing = subprocess.run(["tar", "tzf", str(out / "artifacts.tgz")], capture_output=True, text=True).stdout
     assert ".resume" not in listing
 
