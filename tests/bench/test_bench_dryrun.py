@@ -102,6 +102,35 @@ def test_recall_speed_dryrun(tmp_path):
         recall_speed.main(["--dryrun", "--cells", "softmaxx"])
 
 
+def test_recall_gradcheck_dryrun(tmp_path):
+    # benchmarks.recall_gradcheck: the step of the forced-softmax NAtS-L Hybrid in float32 against its float64 copy
+    # (toy sizes on the CPU: both sides run the reference ops, so they agree to float32 rounding)
+    from benchmarks import recall_gradcheck
+
+    recall_gradcheck.main(["--dryrun", "--cells", "natsl_hybrid_all_softmax", "--tasks", "mqar_t256", "--variants",
+                           "eager", "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "recall_gradcheck.json").read_text())["rows"]
+    assert row["ok"] and row["loss_rel"] < 1e-5 and row["worst"] < 1e-3 and row["checked"] > 10, row
+
+
+def test_recall_gradcheck_finds_a_wrong_gradient():
+    # the comparison itself: one tensor's gradient off by 10% is reported as the worst, by name; a gradient missing
+    # on one side is an error
+    import torch
+
+    from benchmarks.recall_gradcheck import grad_errors
+
+    g = torch.Generator().manual_seed(0)
+    ref = {"a": torch.randn(4, 4, generator=g, dtype=torch.float64), "b": torch.randn(8, generator=g,
+                                                                                        dtype=torch.float64)}
+    same = grad_errors({k: v.clone() for k, v in ref.items()}, ref)
+    assert same["worst"] == 0.0 and same["total"] == 0.0 and same["checked"] == 2
+    off = grad_errors({"a": ref["a"].clone(), "b": 1.1 * ref["b"]}, ref)
+    assert off["worst_param"] == "b" and off["worst"] == pytest.approx(0.1) and 0 < off["total"] < 0.1
+    with pytest.raises(ValueError, match="different parameters"):
+        grad_errors({"a": ref["a"]}, ref)
+
+
 def test_profile_prefill_dryrun(capsys):
     # benchmarks.profile_prefill on the CPU stand-in model: a header line per (model, variant) and a kernel table
     from benchmarks import profile_prefill
