@@ -77,6 +77,9 @@ def check(cfg: RecallConfig, mixer: str, variant: str, device: torch.device, bat
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, cfg.d_models[0])
     ref = copy.deepcopy(model).to(torch.float64)  # same weights; CPU float64: every op takes its reference form
+    for m in ref.modules():  # also where the suite pins a backend (e.g. "triton" under TRITON_INTERPRET=1)
+        if isinstance(getattr(m, "backend", None), str):
+            m.backend = "auto"
     model = model.to(device)
     backbone = compiled_backbone(replace(cfg, compile=variant == "compiled"), model)
     x, y = make_examples(cfg, batch, seed=cfg.seed + 1)
