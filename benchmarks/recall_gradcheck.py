@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.recall_suite import add_selection_args, selected_tasks
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
@@ -35,7 +36,6 @@ from hybrid_attention.evaluation.recall import (
     query_logits,
     query_positions,
 )
-from hybrid_attention.experiments.suite import load_suite
 from hybrid_attention.training.config import from_dict
 
 VARIANTS = ("eager", "compiled")  # compiled: the suite's compile_mode (CUDA graphs for credible_recall)
@@ -93,41 +93,31 @@ def check(cfg: RecallConfig, mixer: str, variant: str, device: torch.device, bat
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="configs/experiments/credible_recall.yaml")
-    p.add_argument("--cells", nargs="*", default=None, help="cell names (default: every cell of the suite)")
-    p.add_argument("--tasks", nargs="*", default=None, help="task names of the suite (default: every task)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    add_selection_args(p, VARIANTS)
     p.add_argument("--batch", type=int, default=None, help="examples in the batch (default: the task's batch_size)")
     p.add_argument("--tol", type=float, default=1e-2, help="worst relative gradient error that still passes")
     p.add_argument("--dryrun", action="store_true", help="CPU, toy sizes (a smoke test of this file)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    suite = load_suite(args.suite)
-    cells = [c for c in suite.cells if args.cells is None or c.name in args.cells]
-    if args.cells and len(cells) != len(args.cells):
-        known = ", ".join(c.name for c in suite.cells)
-        raise SystemExit(f"--cells: unknown cell in {args.cells}; the suite has {known}")
     device = torch.device("cpu" if args.dryrun or not torch.cuda.is_available() else "cuda")
     # toy: two complete 64-token NAtS-L chunks and a partial one (forced routing acts across chunks)
     toy = dict(vocab_size=256, seq_len=144, num_kv_pairs=4, batch_size=4, d_models=[32], device="cpu")
+    tasks = selected_tasks(args, toy if args.dryrun else None)
     print(f"recall_gradcheck: {args.suite}, device {device}, torch {torch.__version__}")
     rows = []
-    for cell in cells:
-        for task, d in suite.recall_configs(cell, seed=0).items():
-            if args.tasks is not None and task not in args.tasks:
+    for cell, task, d in tasks:
+        cfg = from_dict(RecallConfig, d)
+        for variant in args.variants:
+            if variant == "compiled" and not cfg.compile:
                 continue
-            cfg = from_dict(RecallConfig, {**d, **(toy if args.dryrun else {})})
-            for variant in args.variants:
-                if variant == "compiled" and not cfg.compile:
-                    continue
-                try:
-                    r = check(cfg, cfg.mixers[0], variant, device, args.batch or cfg.batch_size)
-                except Exception as e:  # noqa: BLE001  (one failing row is recorded, the others still run)
-                    print(f"  {cell.name} {task} {variant}: ERROR {type(e).__name__}: {str(e)[:200]}")
-                    rows.append(dict(cell=cell.name, task=task, variant=variant, error=f"{type(e).__name__}: {e}"))
-                    continue
-                r["ok"] = r["worst"] <= args.tol and r["loss_rel"] <= args.tol
-                rows.append(dict(cell=cell.name, task=task, variant=variant, **r))
+            try:
+                r = check(cfg, cfg.mixers[0], variant, device, args.batch or cfg.batch_size)
+            except Exception as e:  # noqa: BLE001  (one failing row is recorded, the others still run)
+                print(f"  {cell} {task} {variant}: ERROR {type(e).__name__}: {str(e)[:200]}")
+                rows.append(dict(cell=cell, task=task, variant=variant, error=f"{type(e).__name__}: {e}"))
+                continue
+            r["ok"] = r["worst"] <= args.tol and r["loss_rel"] <= args.tol
+            rows.append(dict(cell=cell, task=task, variant=variant, **r))
     print("\n| cell | task | variant | loss | loss float64 | worst grad rel. err (parameter) | whole grad | |")
     print("|---|---|---|---:|---:|---|---:|---|")
     for r in rows:

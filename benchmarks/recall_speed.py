@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import cuda_steps_ms, sync
+from benchmarks.recall_suite import add_selection_args, selected_tasks
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
@@ -40,7 +41,6 @@ from hybrid_attention.evaluation.recall import (
     recall_optimizer,
     train_step,
 )
-from hybrid_attention.experiments.suite import load_suite
 from hybrid_attention.training.config import from_dict
 
 # compiled: torch.compile's default mode; cudagraphs: its "reduce-overhead" mode (RecallConfig.compile_mode), the
@@ -91,52 +91,42 @@ def generation_seconds(cfg: RecallConfig) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="configs/experiments/credible_recall.yaml")
-    p.add_argument("--cells", nargs="*", default=None, help="cell names (default: every cell of the suite)")
-    p.add_argument("--tasks", nargs="*", default=None, help="task names of the suite (default: every task)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    add_selection_args(p, VARIANTS)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--budget-s", type=float, default=400.0, help="skip the remaining rows when spent")
     p.add_argument("--dryrun", action="store_true", help="CPU, toy sizes (a smoke test of this file)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    suite = load_suite(args.suite)
-    cells = [c for c in suite.cells if args.cells is None or c.name in args.cells]
-    if args.cells and len(cells) != len(args.cells):
-        known = ", ".join(c.name for c in suite.cells)
-        raise SystemExit(f"--cells: unknown cell in {args.cells}; the suite has {known}")
-    device = torch.device("cpu" if args.dryrun or not torch.cuda.is_available() else "cuda")
     toy = dict(vocab_size=64, seq_len=32, num_kv_pairs=2, train_examples=64, batch_size=4, d_models=[16],
                device="cpu", epochs=2)
+    tasks = selected_tasks(args, toy if args.dryrun else None)
+    device = torch.device("cpu" if args.dryrun or not torch.cuda.is_available() else "cuda")
     rows, t_start, gen_cache = [], time.perf_counter(), {}
     print(f"recall_speed: {args.suite}, device {device}, torch {torch.__version__}")
-    for cell in cells:
-        for task, d in suite.recall_configs(cell, seed=0).items():
-            if args.tasks is not None and task not in args.tasks:
+    for cell, task, d in tasks:
+        cfg = from_dict(RecallConfig, d)
+        if task not in gen_cache:
+            gen_cache[task] = generation_seconds(cfg)
+        steps_per_epoch = -(-cfg.train_examples // cfg.batch_size)
+        for variant in args.variants:
+            if time.perf_counter() - t_start > args.budget_s:
+                print(f"  budget spent: skipped {cell} {task} {variant}")
                 continue
-            cfg = from_dict(RecallConfig, {**d, **(toy if args.dryrun else {})})
-            if task not in gen_cache:
-                gen_cache[task] = generation_seconds(cfg)
-            steps_per_epoch = -(-cfg.train_examples // cfg.batch_size)
-            for variant in args.variants:
-                if time.perf_counter() - t_start > args.budget_s:
-                    print(f"  budget spent: skipped {cell.name} {task} {variant}")
-                    continue
-                mixer = cfg.mixers[0]
-                try:
-                    r = time_steps(cfg, mixer, variant, device, args.warmup, args.steps)
-                except Exception as e:  # noqa: BLE001  (one failing row is recorded, the others still run)
-                    print(f"  {cell.name} {task} {variant}: FAILED {type(e).__name__}: {str(e)[:200]}")
-                    rows.append(dict(cell=cell.name, task=task, variant=variant, error=f"{type(e).__name__}: {e}"))
-                    continue
-                gen = gen_cache[task] if cfg.fresh_data else 0.0
-                full_s = len(cfg.lrs) * cfg.epochs * (steps_per_epoch * r["step_ms"] / 1e3 + gen)
-                rows.append(dict(cell=cell.name, task=task, variant=variant, steps_per_epoch=steps_per_epoch,
-                                 gen_s=gen_cache[task], full_budget_s=full_s, **r))
-                print(f"  {cell.name:14s} {task:11s} {variant:8s} step {r['step_ms']:7.2f} ms  warmup "
-                      f"{r['warmup_s']:6.1f} s  loss {r['loss']:.5f}  gen {gen_cache[task]:5.2f} s/epoch  "
-                      f"full budget {full_s:7.0f} s")
+            mixer = cfg.mixers[0]
+            try:
+                r = time_steps(cfg, mixer, variant, device, args.warmup, args.steps)
+            except Exception as e:  # noqa: BLE001  (one failing row is recorded, the others still run)
+                print(f"  {cell} {task} {variant}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                rows.append(dict(cell=cell, task=task, variant=variant, error=f"{type(e).__name__}: {e}"))
+                continue
+            gen = gen_cache[task] if cfg.fresh_data else 0.0
+            full_s = len(cfg.lrs) * cfg.epochs * (steps_per_epoch * r["step_ms"] / 1e3 + gen)
+            rows.append(dict(cell=cell, task=task, variant=variant, steps_per_epoch=steps_per_epoch,
+                             gen_s=gen_cache[task], full_budget_s=full_s, **r))
+            print(f"  {cell:14s} {task:11s} {variant:8s} step {r['step_ms']:7.2f} ms  warmup "
+                  f"{r['warmup_s']:6.1f} s  loss {r['loss']:.5f}  gen {gen_cache[task]:5.2f} s/epoch  "
+                  f"full budget {full_s:7.0f} s")
     print("\n| cell | task | variant | step ms | steps/epoch | generation s/epoch | warmup s | last loss "
           "| full budget s |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
