@@ -4,6 +4,8 @@ mode), against a float64 copy of the same weights on the CPU (the PyTorch refere
 
     python -m benchmarks.recall_gradcheck --cells gdn natsl_hybrid_all_softmax --tasks mqar_t256 passkey
     python -m benchmarks.recall_gradcheck --dryrun        # CPU smoke test: toy sizes, fp32 CPU vs float64 CPU
+    TRITON_INTERPRET=1 python -m benchmarks.recall_gradcheck --backend triton --batch 2 --variants eager \
+        --cells gdn --tasks mqar_t256                      # the Triton kernels' logic at the suite's shapes, on a CPU
 
 Why (session 20, H200): in ``credible_recall`` GDN stayed at chance on all three tasks and the NAtS-L Hybrid with its
 NAtS-L layer forced to softmax at chance on MQAR T 256, while the same layers' CPU runs at smaller sizes learned. A
@@ -39,6 +41,17 @@ from hybrid_attention.evaluation.recall import (
 from hybrid_attention.training.config import from_dict
 
 VARIANTS = ("eager", "compiled")  # compiled: the suite's compile_mode (CUDA graphs for credible_recall)
+KERNEL_MIXERS = ("gdn", "natsl", "interdomain")  # the mixers whose layers take backend="triton"
+
+
+def with_backend(fields: dict, backend: str) -> dict:
+    """RecallConfig fields with ``backend`` pinned for every mixer in KERNEL_MIXERS (``model_options.mixer_options``;
+    the suite's own options kept). "triton" on a CPU needs ``TRITON_INTERPRET=1``."""
+    mo = dict(fields.get("model_options") or {})
+    opts = {k: dict(v) for k, v in (mo.get("mixer_options") or {}).items()}
+    for name in KERNEL_MIXERS:
+        opts[name] = {**opts.get(name, {}), "backend": backend}
+    return {**fields, "model_options": {**mo, "mixer_options": opts}}
 
 
 def loss_and_grads(model, backbone, x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
@@ -96,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     add_selection_args(p, VARIANTS)
     p.add_argument("--batch", type=int, default=None, help="examples in the batch (default: the task's batch_size)")
     p.add_argument("--tol", type=float, default=1e-2, help="worst relative gradient error that still passes")
+    p.add_argument("--backend", default="auto", choices=("auto", "triton"),
+                   help="the device model's gdn / natsl / interdomain layers (triton on a CPU: TRITON_INTERPRET=1)")
     p.add_argument("--dryrun", action="store_true", help="CPU, toy sizes (a smoke test of this file)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"recall_gradcheck: {args.suite}, device {device}, torch {torch.__version__}")
     rows = []
     for cell, task, d in tasks:
-        cfg = from_dict(RecallConfig, d)
+        cfg = from_dict(RecallConfig, with_backend(d, args.backend) if args.backend != "auto" else d)
         for variant in args.variants:
             if variant == "compiled" and not cfg.compile:
                 continue

@@ -113,6 +113,25 @@ def test_recall_gradcheck_dryrun(tmp_path):
     assert row["ok"] and row["loss_rel"] < 1e-5 and row["worst"] < 1e-3 and row["checked"] > 10, row
 
 
+def test_recall_gradcheck_pins_the_triton_kernels(tmp_path, monkeypatch):
+    # --backend triton: the fp32 model runs the NAtS-L layer's two-branch Triton op (the interpreter here) and still
+    # matches its float64 copy, which runs the reference ops
+    pytest.importorskip("triton")
+    import torch
+
+    import hybrid_attention.layers.natsl as natsl_mod
+    from benchmarks import recall_gradcheck
+
+    calls = []
+    orig = natsl_mod.natsl_mixed
+    monkeypatch.setattr(natsl_mod, "natsl_mixed", lambda *a, **kw: calls.append(a[0].dtype) or orig(*a, **kw))
+    recall_gradcheck.main(["--dryrun", "--backend", "triton", "--cells", "natsl_hybrid_all_softmax", "--tasks",
+                           "mqar_t256", "--variants", "eager", "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "recall_gradcheck.json").read_text())["rows"]
+    assert calls and set(calls) == {torch.float32}  # the Triton op ran, on the fp32 model only
+    assert row["ok"] and row["worst"] < 1e-3, row
+
+
 def test_recall_gradcheck_finds_a_wrong_gradient():
     # the comparison itself: one tensor's gradient off by 10% is reported as the worst, by name; a gradient missing
     # on one side is an error
