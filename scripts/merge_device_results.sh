@@ -36,7 +36,7 @@ if [ -f "$list" ]; then
   if [ -s "$list" ]; then
     mkdir -p "$dest/resume"
     for p in "${parts[@]}"; do cp "$p" "$dest/resume/resume.tar.part-${p##*.part-}"; done
-    echo "resume: ${#parts[@]} part(s) in $dest/resume (carry it in the next call): $(wc -l < "$list") model(s)"
+    echo "resume: ${#parts[@]} part(s) in $dest/resume (carry it in the next call): $(wc -l < "$list") task(s) with a cut model"
   fi
 fi
 echo "merged $dir into $dest"
