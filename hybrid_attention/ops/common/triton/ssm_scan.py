@@ -54,18 +54,6 @@ def pow2_block(x: int) -> int:
     return max(16, triton.next_power_of_2(x))
 
 
-# float64 arange per (length, device): a constant, so caching it is exact. (A cache of the power table itself, keyed
-# by the log λ tensor, is not: the parameter changes in place every optimizer step.)
-_ARANGE: dict = {}
-
-
-def _arange64(n: int, device: torch.device) -> torch.Tensor:
-    key = (n, str(device))
-    if key not in _ARANGE:
-        _ARANGE[key] = torch.arange(n, device=device, dtype=torch.float64)
-    return _ARANGE[key]
-
-
 def power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
     """P[h, :, n, m] = (re, im) of λ^n = exp(n log λ), n = 0..BT, computed in float64 then rounded: [H, 2, BT+1, M].
 
@@ -75,7 +63,10 @@ def power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
     H, _, M = ll.shape
     lam = torch.empty(H, M, 2, device=ll.device, dtype=torch.float64)
     lam.copy_(ll.transpose(1, 2))  # [H, M, (re, im)]: the layout torch.view_as_complex reads
-    n = _arange64(BT + 1, ll.device)
+    # made fresh each call, never cached in a module global: under CUDA graphs (torch.compile mode reduce-overhead)
+    # a cached tensor first made inside the graph's warm-up lives in its memory pool untracked and the capture fails
+    # (session 21, H200: "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs", Interdomain recall)
+    n = torch.arange(BT + 1, device=ll.device, dtype=torch.float64)
     P = torch.exp(n[None, :, None] * torch.view_as_complex(lam)[:, None, :])  # [H, BT+1, M] complex128
     out = torch.empty(H, 2, BT + 1, M, device=ll.device, dtype=torch.float32)
     out.copy_(torch.view_as_real(P).permute(0, 3, 1, 2))
