@@ -26,7 +26,9 @@ Decisions and deviations from the official code (each named once, here):
   official cache cannot do this); batched decode with different routings per row is supported.
 - Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
   scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
-  the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel").
+  the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel"); `qk_norm` (False:
+  no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
+  unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1).
 - Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
   state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
   for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
@@ -121,6 +123,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         norm_eps: float = 1e-6,
         rope: bool = False,
         rope_theta: float = 10000.0,
+        qk_norm: bool = True,
         weights_from: str = "q",
         separate_norms: bool = True,
         decay_uncommitted: bool = True,
@@ -176,8 +179,9 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
         self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
         self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
-        self.q_norm = RMSNorm(self.attn_head_dim, eps=norm_eps)
-        self.k_norm = RMSNorm(self.attn_head_dim, eps=norm_eps)
+        self.qk_norm = qk_norm
+        self.q_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.gdn_scale = nn.Parameter(torch.ones(self.attn_head_v_dim))
         self.attn_scale = nn.Parameter(torch.ones(self.attn_head_v_dim)) if separate_norms else None
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)

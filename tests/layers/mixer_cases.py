@@ -53,4 +53,5 @@ MIXER_CASES.update({
     "natsl-rope": _natsl(rope=True),
     "natsl-x-weights-single-norm": _natsl(weights_from="x", separate_norms=False),
     "natsl-no-decay": _natsl(decay_uncommitted=False),
+    "natsl-no-qk-norm": _natsl(qk_norm=False),
 })

@@ -376,3 +376,27 @@ def test_triton_backend_layer_matches_reference_with_gradients(monkeypatch):
     torch.testing.assert_close(outs[1][1], outs[0][1], **gtol)
     for name, g in outs[0][2].items():
         torch.testing.assert_close(outs[1][2][name], g, **gtol, msg=name)
+
+
+def test_qk_norm_flag_bounds_or_frees_the_softmax_logits():
+    """qk_norm=True (the default, the paper's `attn_qk_norm`): the softmax q / k are RMS-normalised per head, so
+    scaling q does not change them; qk_norm=False passes them through, so the logits scale with q (a plain softmax
+    layer's freedom). Both layers hold the same other parameters and give finite outputs and gradients."""
+    torch.manual_seed(0)
+    normed = NatsLAttention(D, HL, 16, expand_v=2, num_attn_heads=HS, chunk_size=8).double()
+    free = NatsLAttention(D, HL, 16, expand_v=2, num_attn_heads=HS, chunk_size=8, qk_norm=False).double()
+    assert {n for n, _ in normed.named_parameters()} - {n for n, _ in free.named_parameters()} == {
+        "q_norm.weight", "k_norm.weight"}
+    q = torch.randn(2, 11, HL * 16, dtype=torch.float64)
+    k = torch.randn(2, 11, HL * 16, dtype=torch.float64)
+    qs1, _ = normed._attn_qk(q, k, 0)
+    qs3, _ = normed._attn_qk(3 * q, k, 0)
+    torch.testing.assert_close(qs3, qs1, rtol=1e-5, atol=1e-5)  # up to the norm's eps (1e-6)
+    fq1, fk1 = free._attn_qk(q, k, 0)
+    fq3, _ = free._attn_qk(3 * q, k, 0)
+    torch.testing.assert_close(fq3, 3 * fq1)
+    torch.testing.assert_close(fk1, k.view_as(fk1))
+    x = torch.randn(2, 19, D, dtype=torch.float64, requires_grad=True)
+    y, _ = free(x)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
