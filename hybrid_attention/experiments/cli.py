@@ -19,6 +19,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="suite YAML (configs/experiments/*.yaml)")
     p.add_argument("overrides", nargs="*", help="suite overrides key=value, e.g. seeds=[0] base.train.steps=20")
+    p.add_argument("--tasks", nargs="+", metavar="TASK",
+                   help="train only these recall tasks now (put it before --only); a cell's result is written once "
+                        "all its tasks are done")
     p.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (the report covers all)")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished cells; train nothing")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -42,7 +45,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"config error: --jobs must be >= 1, got {a.jobs}")
-    suite = load_suite(a.suite, a.overrides)
+    suite = load_suite(a.suite, a.overrides + ([f"recall_only=[{','.join(a.tasks)}]"] if a.tasks else []))
     command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
     for path in a.import_results:
         try:

@@ -54,6 +54,13 @@ def _fmt_paired(st: dict | None) -> str:
     return f"{st['mean']:+.1f}%{spread} ({st['lower']}/{st['n']})"
 
 
+def _finished_tasks(out: Path, cell: str, seed: int, tasks) -> dict:
+    """{task: best row} of the recall tasks a run without ``result.json`` has finished (``recall_<task>.json``)."""
+    run_dir = result_path(out, cell, seed).parent
+    return {t: json.loads((run_dir / f"recall_{t}.json").read_text()) for t in tasks
+            if (run_dir / f"recall_{t}.json").exists()}
+
+
 def collect(suite: Suite, command: str | None = None, session_wall_s: float | None = None) -> dict:
     """The results document: every finished (cell, seed) and per-cell summaries."""
     out = Path(suite.out_dir)
@@ -88,6 +95,13 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
                                                                              if k in m["routing"]])]
                                 for k in layers}
         recs = [r["recall"] for r in rs if "recall" in r]
+        # recall tasks finished by seeds whose run is not (cut, or --tasks): each task's row is final once written
+        partial = {seed: _finished_tasks(out, cell.name, seed, suite.recall_tasks)
+                   for seed in suite.cell_seeds(cell) if seed not in s["seeds"]}
+        partial = {seed: tasks for seed, tasks in partial.items() if tasks}
+        if partial:
+            recs += list(partial.values())
+            s["unfinished_seeds"] = sorted(partial)
         if recs:
             s["recall"] = {t: _stats([rc[t]["accuracy"] for rc in recs if t in rc]) for t in suite.recall_tasks}
         summary[cell.name] = s
@@ -225,7 +239,9 @@ def markdown(doc: dict, plots: list[str]) -> str:
         tasks = list(rec[0][1]["recall"])
         lines += ["| cell | " + " | ".join(f"{t} accuracy" for t in tasks) + " |", "|---|" + "---|" * len(tasks)]
         for n, s in rec:
-            lines.append(f"| {n} | " + " | ".join(_fmt(s["recall"][t]) for t in tasks) + " |")
+            name = n + (f" (unfinished: seed {', '.join(map(str, s['unfinished_seeds']))})"
+                        if s.get("unfinished_seeds") else "")
+            lines.append(f"| {name} | " + " | ".join(_fmt(s["recall"][t]) for t in tasks) + " |")
         lines.append("")
     for n, s in summ.items():
         if s.get("routing"):

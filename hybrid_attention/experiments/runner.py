@@ -176,11 +176,15 @@ def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
 
 
 def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict:
+    """{task: best row} of the tasks finished so far (earlier ones read back); with ``suite.recall_only`` only those
+    tasks are trained now, so the result may lack the others."""
     out = {}
     for task, d in suite.recall_configs(cell, seed).items():
         path = run_dir / f"recall_{task}.json"
         if path.exists():
             out[task] = json.loads(path.read_text())
+            continue
+        if suite.recall_only is not None and task not in suite.recall_only:
             continue
         rc = from_dict(RecallConfig, d)
         best = _recall_sweep(rc, run_dir / f"recall_{task}.rows.json", log)
@@ -202,6 +206,11 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
             result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
         if suite.recall_tasks:
             result["recall"] = _recall(suite, cell, seed, run_dir, log)
+            left = [t for t in suite.recall_tasks if t not in result["recall"]]
+            if left:  # --tasks: the cell is finished (result.json) only when every task is
+                log(f"  {cell.name} seed {seed}: recall tasks {', '.join(left)} not run yet (--tasks); "
+                    "no result.json")
+                return True
     except Exception as e:  # noqa: BLE001  (one broken cell must not stop the suite; it is retried next time)
         import traceback
 

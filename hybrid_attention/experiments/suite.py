@@ -15,6 +15,8 @@ eval: {length_multipliers: [1, 2, 3.5], length_tokens: 16384, routing: true}
 jobs: 1                         # optional: (cell, seed) runs at once (subprocesses), overridden by --jobs
 recall_tasks:                   # optional train-and-eval recall tasks (hybrid_attention.evaluation.recall.RecallConfig)
   mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
+recall_only: [mqar]             # optional: the recall tasks this invocation trains (--tasks); a cell's result.json is
+                                # written once all its tasks are done, the others wait for a later invocation
 ```
 A cell's ``recall`` mapping is merged into every recall task (``mixers: [m]`` or ``model_options``); ``lm: false``
 in the suite (or the cell) skips language-model training. Overrides on the command line address the suite:
@@ -65,6 +67,7 @@ class Suite:
     base: dict = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
     recall_tasks: dict = field(default_factory=dict)
+    recall_only: list[str] | None = None  # the recall tasks to train now (None: all); set by --tasks
     jobs: int = 1  # (cell, seed) runs at once, each its own subprocess on the same device; --jobs overrides
 
     def cell(self, name: str) -> CellSpec:
@@ -123,6 +126,11 @@ def load_suite(path: str | os.PathLike, overrides: list[str] = ()) -> Suite:
     for c in suite.cells:
         if suite.uses_lm(c):
             suite.run_config(c, suite.seeds[0], Path(suite.out_dir) / "check")
+    if suite.recall_only is not None:
+        unknown = [t for t in suite.recall_only if t not in suite.recall_tasks]
+        if unknown or not suite.recall_only:
+            raise ConfigError(f"config error: recall_only (--tasks) must name recall tasks of the suite, got "
+                              f"{suite.recall_only}; tasks: {', '.join(suite.recall_tasks) or 'none'}")
     if suite.recall_tasks:
         for c in suite.cells:
             for task, d in suite.recall_configs(c, 0).items():

@@ -1,0 +1,58 @@
+"""``--tasks`` (``recall_only``): a device call can train one recall task of several cells; a cell's result.json is
+written only once all of its tasks are done, and the report shows the finished tasks of unfinished runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybrid_attention.experiments import load_suite, run_suite
+from hybrid_attention.experiments import runner as runner_mod
+from hybrid_attention.experiments.cli import main
+from hybrid_attention.training.config_schema import ConfigError
+
+SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
+
+
+def fake_trainer(calls: list):
+    """train_and_eval stand-in: records (task, mixer) and returns a fixed accuracy per task."""
+    def train_and_eval(rc, mixer, d_model, lr, device, log=None, resume_dir=None):
+        calls.append((rc.task, mixer))
+        acc = {"mqar": 0.25, "passkey": 0.75}[rc.task]
+        return {"task": rc.task, "mixer": mixer, "d_model": d_model, "lr": lr, "accuracy": acc, "seconds": 1.0}
+    return train_and_eval
+
+
+def _suite(out: Path, *extra: str):
+    suite = load_suite(SUITES / "recall_cpu.yaml", [f"out_dir={out}", "seeds=[0]", *extra])
+    suite.cells = [suite.cell("softmax")]
+    return suite
+
+
+def test_a_task_at_a_time_finishes_the_cell_when_all_are_done(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(runner_mod, "train_and_eval", fake_trainer(calls))
+    run_dir = tmp_path / "cells" / "softmax" / "seed0"
+    doc = run_suite(_suite(tmp_path, "recall_only=[passkey]"), log=lambda *_: None)
+    assert {t for t, _ in calls} == {"passkey"}
+    assert (run_dir / "recall_passkey.json").exists() and not (run_dir / "recall_mqar.json").exists()
+    assert not (run_dir / "result.json").exists()  # the cell is not finished: mqar is left
+    s = doc["summary"]["softmax"]
+    assert s["unfinished_seeds"] == [0] and s["recall"]["passkey"]["mean"] == 0.75 and s["recall"]["mqar"] is None
+    row = next(line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| softmax"))
+    assert "unfinished: seed 0" in row and "–" in row and "0.750" in row
+
+    calls.clear()
+    doc = run_suite(_suite(tmp_path), log=lambda *_: None)
+    assert {t for t, _ in calls} == {"mqar"}  # passkey is read back, not trained again
+    result = json.loads((run_dir / "result.json").read_text())
+    assert {t: r["accuracy"] for t, r in result["recall"].items()} == {"mqar": 0.25, "passkey": 0.75}
+    assert "unfinished_seeds" not in doc["summary"]["softmax"]
+
+
+def test_unknown_task_names_fail_with_one_line(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"recall_only \(--tasks\).*tasks: mqar, passkey"):
+        _suite(tmp_path, "recall_only=[mqar, nope]")
+    assert main([str(SUITES / "recall_cpu.yaml"), f"out_dir={tmp_path}", "--tasks", "nope", "--only", "softmax"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "recall_only (--tasks)" in err[0] and "nope" in err[0]
