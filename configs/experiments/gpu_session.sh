@@ -8,6 +8,8 @@
 # LANE0 ... LANE7. Each item is "<suite> [overrides] [runner args]" (configs/experiments/<suite>.yaml, out_dir
 # $RUNS/<suite>); items are separated by ';'. Overrides go before --only (which takes every word after it) and
 # contain no spaces (`seeds=[0,1]`, not `seeds=[0, 1]`): items are split at blanks, quotes are not honoured.
+# `--tasks T ...` (before --only) trains only those recall tasks of the cells, e.g. one task of several cells per call:
+#   LANE0="credible_recall seeds=[0] --tasks mqar_t256 --only cell_a cell_b"  (a cell finishes when all its tasks have)
 # An item "!<shell command>" runs that command on the lane's GPU instead (no ';' inside it; log $OUT/lane<i>_cmd.log).
 # Every item runs under `timeout` of the time left; an item that would start with < MIN_LEFT s (30) left is skipped. Logs are
 # appended to $OUT/lane<i>_<suite>.log. The same suite may appear in several lanes only with disjoint cells or seeds.
