@@ -374,7 +374,9 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
                 for line in text.splitlines():
                     if line.startswith("  "):  # the per-run result lines of _train_lm / _recall / _run_one
                         log(line)
-                ok = p.returncode == 0 and result_path(out, cell.name, seed).exists()
+                # with --tasks (recall_only) a worker may end with some tasks left: done, with no result.json yet
+                finished = result_path(out, cell.name, seed).exists()
+                ok = p.returncode == 0 and (finished or suite.recall_only is not None)
                 if ok:
                     ran += 1
                 else:
@@ -383,7 +385,8 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
                         tail = text.strip().splitlines()[-1:] or ["(no output)"]
                         log(f"  {cell.name} seed {seed}: FAILED ({_exit_reason(p.returncode)}; last log line: "
                             f"{tail[0]}); see {out / 'cells' / cell.name / f'seed{seed}' / 'worker.log'}")
-                log(f"[{i}/{total}] {cell.name} seed {seed}: {'done' if ok else 'failed'} "
+                state = ("done" if finished else "done, tasks left") if ok else "failed"
+                log(f"[{i}/{total}] {cell.name} seed {seed}: {state} "
                     f"({time.perf_counter() - t0:.0f} s)")
     except KeyboardInterrupt:
         for p in running:

@@ -56,3 +56,19 @@ def test_unknown_task_names_fail_with_one_line(tmp_path, capsys):
     assert main([str(SUITES / "recall_cpu.yaml"), f"out_dir={tmp_path}", "--tasks", "nope", "--only", "softmax"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recall_only (--tasks)" in err[0] and "nope" in err[0]
+
+
+def test_parallel_workers_with_tasks_left_are_not_failures(tmp_path):
+    """jobs=2 (one subprocess per run, the real trainer at toy sizes): a worker that finished its --tasks is counted
+    done, not failed, and leaves its task result without a result.json."""
+    small = [f"recall_tasks.passkey.{k}={v}" for k, v in
+             (("train_examples", 64), ("test_examples", 32), ("epochs", 1), ("seq_len", 32))]
+    suite = _suite(tmp_path, "seeds=[0, 1]", "recall_only=[passkey]", *small)
+    lines: list = []
+    doc = run_suite(suite, log=lines.append, jobs=2)
+    assert doc["failed"] == [] and not any("FAILED" in ln or ": failed" in ln for ln in lines), lines
+    assert sum("done, tasks left" in ln for ln in lines) == 2, lines
+    for seed in (0, 1):
+        run_dir = tmp_path / "cells" / "softmax" / f"seed{seed}"
+        assert (run_dir / "recall_passkey.json").exists() and not (run_dir / "result.json").exists()
+    assert doc["summary"]["softmax"]["unfinished_seeds"] == [0, 1]
