@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["result_path"]
+__all__ = ["recall_task_path", "result_path"]
 
 
 def result_path(out: Path, cell: str, seed: int) -> Path:
     """Where a finished (cell, seed) keeps its result; its existence is what "finished" means everywhere."""
     return Path(out) / "cells" / cell / f"seed{seed}" / "result.json"
+
+
+def recall_task_path(run_dir: Path, task: str) -> Path:
+    """Where a run (``result_path(...).parent``) keeps one finished recall task's best row; it is final once written,
+    so the report reads it even while the run's other tasks are left (``--tasks``)."""
+    return Path(run_dir) / f"recall_{task}.json"

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..training.plots import save_figure  # noqa: E402
 from ..training.trainer import describe_layers  # noqa: E402
-from .paths import result_path  # noqa: E402
+from .paths import recall_task_path, result_path  # noqa: E402
 from .suite import Suite  # noqa: E402
 
 
@@ -57,8 +57,8 @@ def _fmt_paired(st: dict | None) -> str:
 def _finished_tasks(out: Path, cell: str, seed: int, tasks) -> dict:
     """{task: best row} of the recall tasks a run without ``result.json`` has finished (``recall_<task>.json``)."""
     run_dir = result_path(out, cell, seed).parent
-    return {t: json.loads((run_dir / f"recall_{t}.json").read_text()) for t in tasks
-            if (run_dir / f"recall_{t}.json").exists()}
+    return {t: json.loads(recall_task_path(run_dir, t).read_text()) for t in tasks
+            if recall_task_path(run_dir, t).exists()}
 
 
 def collect(suite: Suite, command: str | None = None, session_wall_s: float | None = None) -> dict:

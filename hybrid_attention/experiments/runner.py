@@ -33,7 +33,7 @@ from hybrid_attention.models.mixers import MODEL_REVISION
 from hybrid_attention.training.config_schema import from_dict
 from hybrid_attention.training.trainer import train
 
-from .paths import result_path
+from .paths import recall_task_path, result_path
 from .report import collect, write_report
 from .suite import CellSpec, Suite, load_suite
 
@@ -180,7 +180,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
     tasks are trained now, so the result may lack the others."""
     out = {}
     for task, d in suite.recall_configs(cell, seed).items():
-        path = run_dir / f"recall_{task}.json"
+        path = recall_task_path(run_dir, task)
         if path.exists():
             out[task] = json.loads(path.read_text())
             continue
