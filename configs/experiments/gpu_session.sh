@@ -116,8 +116,10 @@ mkdir -p "$RUNS" "$OUT/logs"
 # scripts/merge_device_results.sh replaces results/<suite>_gpu/resume/ by exactly that
 for s in $SUITES; do
   : > "$OUT/logs/resume_$s.list"
+  # a finished task's checkpoint is not exported (its recall_<task>.json exists): on a warm machine a carried folder
+  # is still in the work tree and unpacked again after the model finished (session 22, call 3)
   [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' ! -empty -prune | sort \
-    > "$OUT/logs/resume_$s.list" && if [ -s "$OUT/logs/resume_$s.list" ]; then
+    | while read -r r; do [ -f "${r%.resume}.json" ] || echo "$r"; done > "$OUT/logs/resume_$s.list" && if [ -s "$OUT/logs/resume_$s.list" ]; then
     tar cf - -T "$OUT/logs/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"; fi)
 done
 # one archive, with the call's logs under logs/ (moved out of $OUT): the device tool returns at most 8 files, at most

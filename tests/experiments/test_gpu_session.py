@@ -36,10 +36,14 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
             info = tarfile.TarInfo(str(rel / name))
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        # and a finished task's empty resume folder (session 20's first call exported one): not exported again
-        empty = tarfile.TarInfo("cells/softmax/seed0/recall_passkey.resume")
+        # and a finished task's empty resume folder (session 20's first call exported one), and a finished task's
+        # checkpoint carried again (a warm machine's work tree, session 22): neither is exported again
+        empty = tarfile.TarInfo("cells/softmax/seed0/recall_copy.resume")
         empty.type = tarfile.DIRTYPE
         tar.addfile(empty)
+        stale = tarfile.TarInfo("cells/softmax/seed0/recall_passkey.resume/gdn_d16_lr0.003/step-00000048/x.json")
+        stale.size = 2
+        tar.addfile(stale, io.BytesIO(b"{}"))
     packed = buf.getvalue()
     carry = tmp_path / "results" / "recall_cpu_gpu" / "resume"
     carry.mkdir()
