@@ -25,6 +25,7 @@ from hybrid_attention.device import resolve_device, set_tf32
 from hybrid_attention.layers.natsl_routing import RoutingRecorder
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.training.config import OptimSection
+from hybrid_attention.training.config_schema import ConfigError
 from hybrid_attention.training.optimizer import build_optimizer
 from hybrid_attention.training.plots import plot_series
 from hybrid_attention.training.schedule import warmup_cosine_scheduler
@@ -66,16 +67,42 @@ class RecallConfig:
     # torch.compile's mode for that backbone: "reduce-overhead" replays its forward and backward as CUDA graphs (one
     # launch each instead of one per kernel: a 2-layer d 128 model at B 64 is launch-bound). Same kernels, same math
     compile_mode: Literal["default", "reduce-overhead"] = "default"
+    # a length curriculum (issue 19, session 22): epochs 1..short_epochs train on examples of short_seq_len tokens,
+    # the later ones on seq_len; the test set is always at seq_len, so the first epochs' test accuracy is the short
+    # model's transfer to the full length. Off (None / 0) by default. Passkey at 512 tokens stayed at chance for 48
+    # epochs with Interdomain and GDN, which learn it at 384 / 256 within 4 epochs: does a start at the shorter
+    # length get them over the plateau (an optimisation limit) or not (a limit of the mixer at that length)?
+    short_seq_len: int | None = None
+    short_epochs: int = 0
     out_dir: str = "runs/recall"
 
+    def __post_init__(self) -> None:
+        if self.short_seq_len is None:
+            if self.short_epochs:
+                raise ConfigError(f"config error: short_epochs ({self.short_epochs}) needs short_seq_len; "
+                                  "set both or neither")
+            return
+        if not 0 < self.short_seq_len < self.seq_len:
+            raise ConfigError(f"config error: short_seq_len must be in [1, seq_len - 1] = [1, {self.seq_len - 1}], "
+                              f"got {self.short_seq_len}")
+        if not 0 < self.short_epochs < self.epochs:
+            raise ConfigError(f"config error: short_epochs must be in [1, epochs - 1] = [1, {self.epochs - 1}] "
+                              f"with short_seq_len, got {self.short_epochs}")
 
-def make_examples(cfg: RecallConfig, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(inputs, labels)`` [n, seq_len] of the configured task."""
+    def train_seq_len(self, epoch: int) -> int:
+        """The length of epoch ``epoch``'s training examples (1-based; the curriculum above)."""
+        return self.short_seq_len if self.short_seq_len is not None and epoch <= self.short_epochs else self.seq_len
+
+
+def make_examples(cfg: RecallConfig, n: int, seed: int, seq_len: int | None = None) -> tuple[torch.Tensor,
+                                                                                           torch.Tensor]:
+    """``(inputs, labels)`` [n, seq_len] of the configured task (``seq_len`` defaults to ``cfg.seq_len``)."""
+    seq_len = cfg.seq_len if seq_len is None else seq_len
     if cfg.task == "mqar":
-        mq = MQARConfig(vocab_size=cfg.vocab_size, input_seq_len=cfg.seq_len, num_kv_pairs=cfg.num_kv_pairs,
+        mq = MQARConfig(vocab_size=cfg.vocab_size, input_seq_len=seq_len, num_kv_pairs=cfg.num_kv_pairs,
                         power_a=cfg.power_a)
         return multiquery_ar(mq, n, seed)
-    return passkey_tokens(n, cfg.seq_len, cfg.vocab_size, n_digits=cfg.passkey_digits, seed=seed)
+    return passkey_tokens(n, seq_len, cfg.vocab_size, n_digits=cfg.passkey_digits, seed=seed)
 
 
 def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int) -> HybridForCausalLM:
@@ -202,12 +229,15 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     def epoch_seed(e: int) -> int:  # fresh_data: epoch e's examples (e > 1), independent of training
         return cfg.seed + 7919 * e if cfg.fresh_data and e > 1 else cfg.seed
 
-    x_tr, y_tr = make_examples(cfg, cfg.train_examples, epoch_seed(first)) if first <= cfg.epochs else (None, None)
+    def epoch_examples(e: int) -> tuple[torch.Tensor, torch.Tensor]:  # epoch e's training examples
+        return make_examples(cfg, cfg.train_examples, epoch_seed(e), cfg.train_seq_len(e))
+
+    x_tr, y_tr = epoch_examples(first) if first <= cfg.epochs else (None, None)
     # the next epoch's examples are generated in a background thread while this one trains (the generator is ~3-12 s
     # per 20k MQAR examples at vocabulary 8192)
     pool = ThreadPoolExecutor(max_workers=1)
     ahead = cfg.fresh_data and first < cfg.epochs
-    nxt = pool.submit(make_examples, cfg, cfg.train_examples, epoch_seed(first + 1)) if ahead else None
+    nxt = pool.submit(epoch_examples, first + 1) if ahead else None
     try:
         for epoch in range(first, cfg.epochs + 1):
             # where an epoch's seconds go (logged): waiting for its examples, the training steps, the test pass, the
@@ -216,7 +246,9 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
             if cfg.fresh_data and epoch > first:
                 x_tr, y_tr = nxt.result()
                 if epoch < cfg.epochs:
-                    nxt = pool.submit(make_examples, cfg, cfg.train_examples, epoch_seed(epoch + 1))
+                    nxt = pool.submit(epoch_examples, epoch + 1)
+            elif x_tr.shape[1] != cfg.train_seq_len(epoch):  # one fixed set: regenerated where the length changes
+                x_tr, y_tr = epoch_examples(epoch)
             n = labels_per_row(y_tr)
             # the epoch's examples and order go to the device once: a per-step copy from pageable host memory
             # would wait for the GPU to finish the previous step (a host sync per step, like a mask index)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from hybrid_attention.evaluation.recall import RecallConfig, recall_sweep, recall_table
 
 
@@ -134,9 +136,9 @@ def test_prefetched_fresh_epochs_are_the_same_examples(monkeypatch):
 
     seeds, real = [], recall.make_examples
 
-    def counting(cfg, n, seed):
+    def counting(cfg, n, seed, seq_len=None):
         seeds.append(seed)
-        return real(cfg, n, seed)
+        return real(cfg, n, seed, seq_len)
 
     monkeypatch.setattr(recall, "make_examples", counting)
     cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, train_examples=32, test_examples=16, batch_size=16,
@@ -221,3 +223,49 @@ def test_train_and_eval_applies_the_tf32_it_records(monkeypatch):
         cfg.tf32 = flag
         row = recall.train_and_eval(cfg, "softmax", 16, 1e-3, torch.device("cpu"))
         assert seen[-1] is flag and row["tf32"] is flag
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_length_curriculum_trains_short_then_full(monkeypatch, fresh):
+    # short_seq_len / short_epochs: the first epochs train on shorter examples (fresh ones per epoch, or one fixed
+    # set regenerated once at the switch), the test set and the later epochs are at seq_len
+    import torch
+
+    from hybrid_attention.evaluation import recall
+
+    made, stepped, real_make, real_step = [], [], recall.make_examples, recall.train_step
+
+    def making(cfg, n, seed, seq_len=None):
+        x, y = real_make(cfg, n, seed, seq_len)
+        made.append((n, seed, x.shape[1]))
+        return x, y
+
+    def stepping(model, backbone, opt, sched, xb, yb, n=None):
+        stepped.append(xb.shape[1])
+        return real_step(model, backbone, opt, sched, xb, yb, n)
+
+    monkeypatch.setattr(recall, "make_examples", making)
+    monkeypatch.setattr(recall, "train_step", stepping)
+    cfg = RecallConfig(task="passkey", vocab_size=32, seq_len=40, short_seq_len=24, short_epochs=2, epochs=3,
+                       train_examples=32, test_examples=16, batch_size=16, fresh_data=fresh, early_stop=2.0,
+                       device="cpu")
+    row = recall.train_and_eval(cfg, "softmax", 16, 3e-3, torch.device("cpu"))
+    assert row["epochs"] == 3 and stepped == [24, 24, 24, 24, 40, 40]  # 2 steps per epoch
+    if fresh:
+        want = [(16, 10_000, 40), (32, 0, 24), (32, 7919 * 2, 24), (32, 7919 * 3, 40)]
+    else:
+        want = [(16, 10_000, 40), (32, 0, 24), (32, 0, 40)]
+    assert sorted(made) == sorted(want)
+    assert [cfg.train_seq_len(e) for e in (1, 2, 3)] == [24, 24, 40]
+
+
+@pytest.mark.parametrize("bad, field", [({"short_seq_len": 64}, "short_seq_len"),
+                                        ({"short_seq_len": 0}, "short_seq_len"),
+                                        ({"short_seq_len": 32, "short_epochs": 0}, "short_epochs"),
+                                        ({"short_seq_len": 32, "short_epochs": 6}, "short_epochs"),
+                                        ({"short_epochs": 2}, "short_epochs")])
+def test_length_curriculum_rejects_bad_settings(bad, field):
+    from hybrid_attention.training.config_schema import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^config error: {field} "):
+        RecallConfig(seq_len=64, epochs=6, **bad)

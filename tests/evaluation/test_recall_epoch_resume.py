@@ -40,6 +40,19 @@ def test_a_cut_model_resumes_to_the_uncut_result(tmp_path, mixer):
     assert resumed["seconds"] > 0
 
 
+def test_a_model_cut_inside_its_length_curriculum_resumes_to_the_uncut_result(tmp_path):
+    # cut after the last short epoch: the resumed run trains epoch 3 at the full length, as the uncut one did
+    cfg, cpu = _cfg(), torch.device("cpu")
+    cfg.short_seq_len, cfg.short_epochs = 24, 2
+    uncut = recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu)
+    with pytest.raises(Cut):
+        recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, log=_cut_after(2), resume_dir=tmp_path)
+    resumed = recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, resume_dir=tmp_path)
+    assert (resumed["loss"], resumed["accuracy"], resumed["epochs"]) == (uncut["loss"], uncut["accuracy"], 3)
+    plain = recall.train_and_eval(_cfg(), "softmax", 16, 3e-3, cpu)  # and the curriculum changed the run
+    assert plain["loss"] != uncut["loss"]
+
+
 def test_another_models_checkpoint_is_ignored_and_a_damaged_one_not_used(tmp_path):
     cfg, cpu = _cfg(), torch.device("cpu")
     with pytest.raises(Cut):
