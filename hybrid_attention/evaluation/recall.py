@@ -200,8 +200,10 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> fl
 def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, device: torch.device, log=None,
                    resume_dir: Path | None = None) -> dict:
     """Train one model; returns {mixer, d_model, lr, params, state_size, accuracy, epochs, seconds, loss, tf32,
-    compiled, compile_mode} (loss: the last training step's; tf32: the setting it trained with, read by
-    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``; compile_mode: its mode, None when eager).
+    compiled, compile_mode, history} (loss: the last training step's; tf32: the setting it trained with, read by
+    tests/experiments/test_tf32_pins.py; compiled: ``cfg.compile``; compile_mode: its mode, None when eager;
+    history: one {epoch, loss, accuracy, seq_len} per epoch trained, the epoch's last step's loss and the test
+    accuracy after it: when a model leaves the chance plateau, the reading of the recall suites).
     ``resume_dir``: a checkpoint after every epoch there, and a start from the last one found (``recall_resume``: the
     same result as an uncut run)."""
     # applied here, where the row records it: until session 18 only ``recall_sweep`` set it, so the experiment
@@ -215,11 +217,12 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     backbone = compiled_backbone(cfg, model)
     g = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    acc, epoch, first, done_s, loss = 0.0, 0, 1, 0.0, None
+    acc, epoch, first, done_s, loss, history = 0.0, 0, 1, 0.0, None, []
     fp = fingerprint(cfg, mixer, d_model, lr)
     if resume_dir is not None and (doc := restore_epoch(resume_dir, model, opt, sched, g, fp, log)) is not None:
         epoch = doc["epoch"]
         first, done_s, acc, loss = epoch + 1, doc["seconds"], doc["accuracy"], torch.tensor(doc["loss"])
+        history = list(doc.get("history", []))
         if acc > cfg.early_stop:  # it had stopped early: nothing left to train
             first = cfg.epochs + 1
         if log:
@@ -263,9 +266,10 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
             with routing.attach(model):
                 acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
             t_ckpt = time.perf_counter()
+            history.append({"epoch": epoch, "loss": loss_v, "accuracy": acc, "seq_len": x_tr.shape[1]})
             if resume_dir is not None:
                 save_epoch(resume_dir, epoch, model, opt, sched, g, fp, done_s + time.perf_counter() - t0,
-                           loss_v, acc, log)
+                           loss_v, acc, log, history)
             if log:
                 t_end = time.perf_counter()
                 log(f"  {mixer} d={d_model} lr={lr:g} epoch {epoch}: loss {loss_v:.3f}, test accuracy {acc:.3f} "
@@ -281,7 +285,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
             "seconds": done_s + time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32,
-            "compiled": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None}
+            "compiled": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None, "history": history}
 
 
 RECALL_COLUMNS = [("mixer", "mixer", ""), ("d_model", "d_model", "d"), ("lr", "best lr", "g"),

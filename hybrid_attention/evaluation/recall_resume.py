@@ -43,11 +43,11 @@ def fingerprint(cfg: RecallConfig, mixer: str, d_model: int, lr: float) -> dict[
 
 def save_epoch(root: Path, epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
                sched: torch.optim.lr_scheduler.LRScheduler, gen: torch.Generator, fp: dict, seconds: float,
-               loss: float, accuracy: float, log=None) -> None:
+               loss: float, accuracy: float, log=None, history: list[dict] | None = None) -> None:
     """Checkpoint ``root/step-<epoch>`` (the previous epoch's is removed once it is complete). A non-finite model
     or optimizer state writes nothing (one log line): a diverged model is left to finish its epochs, not resumed."""
     state = {"epoch": epoch, "scheduler": scheduler_state(sched), "generator": gen.get_state().tolist(),
-             "seconds": seconds, "loss": loss, "accuracy": accuracy, "fingerprint": fp}
+             "seconds": seconds, "loss": loss, "accuracy": accuracy, "fingerprint": fp, "history": history or []}
     try:
         save_checkpoint(root, epoch, model, opt, state, keep=1)
     except NonFiniteState as e:
@@ -59,7 +59,8 @@ def restore_epoch(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
                   sched: torch.optim.lr_scheduler.LRScheduler, gen: torch.Generator, fp: dict,
                   log=None) -> dict[str, Any] | None:
     """Load the newest intact checkpoint under ``root`` with fingerprint ``fp`` into model, optimizer, scheduler and
-    generator; returns its JSON state (epoch, seconds, loss, accuracy, ...), or None to start fresh."""
+    generator; returns its JSON state (epoch, seconds, loss, accuracy, history: the per-epoch rows so far, empty
+    in checkpoints written before session 22, ...), or None to start fresh."""
     if not root.is_dir():
         return None
     data, damaged = newest_intact(root, state_keys=_STATE_KEYS)

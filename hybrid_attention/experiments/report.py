@@ -65,6 +65,7 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
     """The results document: every finished (cell, seed) and per-cell summaries."""
     out = Path(suite.out_dir)
     runs, summary = [], {}
+    partial_machines: set[str] = set()  # the machines of recall tasks finished by runs without result.json
     ppl_by_seed: dict[str, dict] = {}  # cell -> {seed: val_ppl}, for the paired column
     for cell in suite.cells:
         rs = []
@@ -102,8 +103,15 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
         if partial:
             recs += list(partial.values())
             s["unfinished_seeds"] = sorted(partial)
+            partial_machines.update(row.get("machine", "") for tasks in partial.values() for row in tasks.values())
         if recs:
             s["recall"] = {t: _stats([rc[t]["accuracy"] for rc in recs if t in rc]) for t in suite.recall_tasks}
+            # the best lr's per-epoch test accuracy (rows trained since session 22 keep it): when each model left
+            # the chance plateau, which the final accuracy alone does not show
+            seeds = [r["seed"] for r in rs if "recall" in r] + list(partial)
+            s["recall_history"] = {
+                t: [{"seed": sd, "lr": rc[t]["lr"], "history": rc[t]["history"]} for sd, rc in zip(seeds, recs)
+                    if t in rc and rc[t].get("history")] for t in suite.recall_tasks}
         summary[cell.name] = s
     ref = summary.get(suite.reference or "", {}).get("val_ppl")
     for s in summary.values():
@@ -121,7 +129,7 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
             st["lower"] = sum(d < 0 for d in diffs)
             st["seeds"] = shared
             s["vs_ref_paired_pct"] = st
-    machines = sorted({r.get("machine", "") for r in runs})
+    machines = sorted(({r.get("machine", "") for r in runs} | partial_machines) - {""})
     errors = sorted(str(p.parent.relative_to(out)) for p in out.glob("cells/*/seed*/error.txt"))
     return {"suite": suite.name, "description": suite.description, "claims": suite.claims, "seeds": suite.seeds,
             "reference": suite.reference, "command": command, "machines": machines,
@@ -203,6 +211,26 @@ def _plot_recall(doc: dict, path: Path) -> Path | None:
     return save_figure(fig, path, dpi=100)
 
 
+def _plot_recall_curves(doc: dict, path: Path) -> Path | None:
+    """Test accuracy against epoch of each cell's best lr, one panel per recall task, one line per seed."""
+    tasks = sorted({t for s in doc["summary"].values() for t, rows in (s.get("recall_history") or {}).items() if rows})
+    if not tasks:
+        return None
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, t in zip(axes[0], tasks):
+        for i, (name, s) in enumerate(doc["summary"].items()):
+            for j, row in enumerate((s.get("recall_history") or {}).get(t, [])):
+                h = row["history"]
+                ax.plot([e["epoch"] for e in h], [e["accuracy"] for e in h], color=colours[i % len(colours)],
+                        alpha=0.9, label=name if j == 0 else None)
+        ax.set(xlabel="epoch", ylabel="test accuracy (best lr)", ylim=(0, 1.05), title=t)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{doc['suite']}: recall during training", fontsize=10)
+    return save_figure(fig, path, dpi=100)
+
+
 def markdown(doc: dict, plots: list[str]) -> str:
     """The suite's results as markdown (tables + plot links)."""
     lines = [f"## {doc['suite']}", ""]
@@ -210,7 +238,8 @@ def markdown(doc: dict, plots: list[str]) -> str:
         lines += [doc["description"].strip(), ""]
     for c in doc["claims"]:
         lines.append(f"- claim: {c}")
-    lines += ["", f"Machine(s): {'; '.join(doc['machines'])}. Seeds: {doc['seeds']}. "
+    machines = "; ".join(doc["machines"]) or "none recorded"
+    lines += ["", f"Machine(s): {machines}. Seeds: {doc['seeds']}. "
                   f"Sum of run wall times: {doc['total_run_wall_s']:.0f} s.", ""]
     if doc.get("command"):
         lines += [f"Command: `{doc['command']}`", ""]
@@ -268,7 +297,8 @@ def write_report(suite: Suite, doc: dict) -> list[Path]:
     """``results.json``, ``results.md`` and the PNGs in ``suite.out_dir``; returns the paths written."""
     out = Path(suite.out_dir)
     plots = [p for p in (_plot_ppl_bars(doc, out / "ppl_bars.png"), _plot_length(doc, out / "length.png"),
-                         _plot_recall(doc, out / "recall.png")) if p is not None]
+                         _plot_recall(doc, out / "recall.png"), _plot_recall_curves(doc, out / "recall_curves.png"))
+             if p is not None]
     for n, s in doc["summary"].items():
         if s.get("routing"):
             plots.append(_plot_routing(n, s["routing"], out / f"routing_{n}.png",

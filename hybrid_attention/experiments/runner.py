@@ -187,7 +187,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
         if suite.recall_only is not None and task not in suite.recall_only:
             continue
         rc = from_dict(RecallConfig, d)
-        best = _recall_sweep(rc, run_dir / f"recall_{task}.rows.json", log)
+        best = {**_recall_sweep(rc, run_dir / f"recall_{task}.rows.json", log), "machine": machine_description()}
         _write_json(path, best)
         log(f"  {cell.name} seed {seed} {task}: accuracy {best['accuracy']:.3f} ({best['seconds']:.0f} s)")
         out[task] = best

@@ -35,8 +35,10 @@ def test_a_cut_model_resumes_to_the_uncut_result(tmp_path, mixer):
     resumed = recall.train_and_eval(cfg, mixer, 16, 3e-3, cpu, log=lines.append, resume_dir=tmp_path)
     assert any("resumed after epoch 2" in m for m in lines), lines
     assert sum("epoch 3:" in m for m in lines) == 1 and not any("epoch 1:" in m for m in lines)
-    for key in ("loss", "accuracy", "epochs"):
+    for key in ("loss", "accuracy", "epochs", "history"):  # history: the cut run's epochs came from the checkpoint
         assert resumed[key] == uncut[key], key
+    assert [h["epoch"] for h in uncut["history"]] == [1, 2, 3]
+    assert uncut["history"][-1]["accuracy"] == uncut["accuracy"] and uncut["history"][-1]["loss"] == uncut["loss"]
     assert resumed["seconds"] > 0
 
 
@@ -49,6 +51,7 @@ def test_a_model_cut_inside_its_length_curriculum_resumes_to_the_uncut_result(tm
         recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, log=_cut_after(2), resume_dir=tmp_path)
     resumed = recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, resume_dir=tmp_path)
     assert (resumed["loss"], resumed["accuracy"], resumed["epochs"]) == (uncut["loss"], uncut["accuracy"], 3)
+    assert [h["seq_len"] for h in resumed["history"]] == [24, 24, 32] and resumed["history"] == uncut["history"]
     plain = recall.train_and_eval(_cfg(), "softmax", 16, 3e-3, cpu)  # and the curriculum changed the run
     assert plain["loss"] != uncut["loss"]
 

@@ -9,6 +9,7 @@ import pytest
 from hybrid_attention.experiments import load_suite, run_suite
 from hybrid_attention.experiments import runner as runner_mod
 from hybrid_attention.experiments.cli import main
+from hybrid_attention.experiments.runner import machine_description
 from hybrid_attention.training.config_schema import ConfigError
 
 SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
@@ -19,7 +20,10 @@ def fake_trainer(calls: list):
     def train_and_eval(rc, mixer, d_model, lr, device, log=None, resume_dir=None):
         calls.append((rc.task, mixer))
         acc = {"mqar": 0.25, "passkey": 0.75}[rc.task]
-        return {"task": rc.task, "mixer": mixer, "d_model": d_model, "lr": lr, "accuracy": acc, "seconds": 1.0}
+        history = [{"epoch": 1, "loss": 2.0, "accuracy": 0.1, "seq_len": rc.seq_len},
+                   {"epoch": 2, "loss": 1.0, "accuracy": acc, "seq_len": rc.seq_len}]
+        return {"task": rc.task, "mixer": mixer, "d_model": d_model, "lr": lr, "accuracy": acc, "seconds": 1.0,
+                "history": history}
     return train_and_eval
 
 
@@ -41,6 +45,12 @@ def test_a_task_at_a_time_finishes_the_cell_when_all_are_done(tmp_path, monkeypa
     assert s["unfinished_seeds"] == [0] and s["recall"]["passkey"]["mean"] == 0.75 and s["recall"]["mqar"] is None
     row = next(line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| softmax"))
     assert "unfinished: seed 0" in row and "–" in row and "0.750" in row
+    # the finished task's machine and per-epoch accuracy reach the report before the run has a result.json
+    assert doc["machines"] == [machine_description()]
+    assert s["recall_history"]["passkey"] == [{"seed": 0, "lr": 3e-3, "history": [
+        {"epoch": 1, "loss": 2.0, "accuracy": 0.1, "seq_len": 64}, {"epoch": 2, "loss": 1.0, "accuracy": 0.75,
+                                                                    "seq_len": 64}]}]
+    assert s["recall_history"]["mqar"] == [] and (tmp_path / "recall_curves.png").stat().st_size > 0
 
     calls.clear()
     doc = run_suite(_suite(tmp_path), log=lambda *_: None)
@@ -48,6 +58,8 @@ def test_a_task_at_a_time_finishes_the_cell_when_all_are_done(tmp_path, monkeypa
     result = json.loads((run_dir / "result.json").read_text())
     assert {t: r["accuracy"] for t, r in result["recall"].items()} == {"mqar": 0.25, "passkey": 0.75}
     assert "unfinished_seeds" not in doc["summary"]["softmax"]
+    hist = doc["summary"]["softmax"]["recall_history"]
+    assert [h["history"][-1]["accuracy"] for h in (*hist["mqar"], *hist["passkey"])] == [0.25, 0.75]
 
 
 def test_unknown_task_names_fail_with_one_line(tmp_path, capsys):
