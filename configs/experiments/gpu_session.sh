@@ -27,8 +27,8 @@
 # from the device, so size items to finish. Session 11: put several runs of a suite in ONE item (`seeds=[0,1] --only
 # CELL`): the runner runs them in one process, so every run after the first reuses its data and compiled graphs
 # (≈ 60 s of compilation saved per run of a credible cell). Session 22: the 2-layer d 128 recall models are the
-# opposite case: ~40% of a model's time is its compilation (CPU, GPU idle), so two lanes on the one GPU overlap one
-# lane's compilation with the other's training (call 2: 7 passkey models in 323 s, against ≈ 90 s per model alone).
+# opposite case: in a one-lane call nvidia-smi read 0% GPU in 22 of 57 samples (the compilations, ≈ 50-77 s per
+# task, CPU only), so two lanes on the one GPU let one lane compile while the other trains (not A/B-timed).
 set -u
 OUT=${OUT:?set OUT}
 LIMIT=${LIMIT:-540}
