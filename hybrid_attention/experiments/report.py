@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..training.plots import save_figure  # noqa: E402
 from ..training.trainer import describe_layers  # noqa: E402
-from .paths import recall_task_path, result_path  # noqa: E402
+from .paths import recall_rows_path, recall_task_path, result_path  # noqa: E402
 from .suite import Suite  # noqa: E402
 
 
@@ -61,11 +61,18 @@ def _finished_tasks(out: Path, cell: str, seed: int, tasks) -> dict:
             if recall_task_path(run_dir, t).exists()}
 
 
+def _rows_seconds(run_dir: Path, task: str) -> float:
+    """The training seconds of every model of a finished recall task (its rows file; 0 where there is none)."""
+    path = recall_rows_path(run_dir, task)
+    return sum(r.get("seconds", 0.0) for r in json.loads(path.read_text())) if path.exists() else 0.0
+
+
 def collect(suite: Suite, command: str | None = None, session_wall_s: float | None = None) -> dict:
     """The results document: every finished (cell, seed) and per-cell summaries."""
     out = Path(suite.out_dir)
     runs, summary = [], {}
     partial_machines: set[str] = set()  # the machines of recall tasks finished by runs without result.json
+    partial_wall = 0.0  # and the training seconds of their models (each task's rows)
     ppl_by_seed: dict[str, dict] = {}  # cell -> {seed: val_ppl}, for the paired column
     for cell in suite.cells:
         rs = []
@@ -104,6 +111,8 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
             recs += list(partial.values())
             s["unfinished_seeds"] = sorted(partial)
             partial_machines.update(row.get("machine", "") for tasks in partial.values() for row in tasks.values())
+            partial_wall += sum(_rows_seconds(result_path(out, cell.name, seed).parent, t)
+                                for seed, tasks in partial.items() for t in tasks)
         if recs:
             s["recall"] = {t: _stats([rc[t]["accuracy"] for rc in recs if t in rc]) for t in suite.recall_tasks}
             # the best lr's per-epoch test accuracy (rows trained since session 22 keep it): when each model left
@@ -133,7 +142,8 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
     errors = sorted(str(p.parent.relative_to(out)) for p in out.glob("cells/*/seed*/error.txt"))
     return {"suite": suite.name, "description": suite.description, "claims": suite.claims, "seeds": suite.seeds,
             "reference": suite.reference, "command": command, "machines": machines,
-            "session_wall_s": session_wall_s, "total_run_wall_s": sum(r["wall_s"] for r in runs),
+            "session_wall_s": session_wall_s, "total_run_wall_s": sum(r["wall_s"] for r in runs) + partial_wall,
+            "unfinished_recall_s": partial_wall,
             "summary": summary, "runs": runs, "failed": errors}
 
 
@@ -239,8 +249,10 @@ def markdown(doc: dict, plots: list[str]) -> str:
     for c in doc["claims"]:
         lines.append(f"- claim: {c}")
     machines = "; ".join(doc["machines"]) or "none recorded"
+    unfinished = (f" ({doc['unfinished_recall_s']:.0f} s of it: the finished recall models of unfinished runs)"
+                  if doc.get("unfinished_recall_s") else "")
     lines += ["", f"Machine(s): {machines}. Seeds: {doc['seeds']}. "
-                  f"Sum of run wall times: {doc['total_run_wall_s']:.0f} s.", ""]
+                  f"Sum of run wall times: {doc['total_run_wall_s']:.0f} s{unfinished}.", ""]
     if doc.get("command"):
         lines += [f"Command: `{doc['command']}`", ""]
     summ = doc["summary"]

@@ -33,7 +33,7 @@ from hybrid_attention.models.mixers import MODEL_REVISION
 from hybrid_attention.training.config_schema import from_dict
 from hybrid_attention.training.trainer import train
 
-from .paths import recall_task_path, result_path
+from .paths import recall_rows_path, recall_task_path, result_path
 from .report import collect, write_report
 from .suite import CellSpec, Suite, load_suite
 
@@ -187,7 +187,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
         if suite.recall_only is not None and task not in suite.recall_only:
             continue
         rc = from_dict(RecallConfig, d)
-        best = {**_recall_sweep(rc, run_dir / f"recall_{task}.rows.json", log), "machine": machine_description()}
+        best = {**_recall_sweep(rc, recall_rows_path(run_dir, task), log), "machine": machine_description()}
         _write_json(path, best)
         log(f"  {cell.name} seed {seed} {task}: accuracy {best['accuracy']:.3f} ({best['seconds']:.0f} s)")
         out[task] = best
