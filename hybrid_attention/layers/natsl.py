@@ -28,7 +28,9 @@ Decisions and deviations from the official code (each named once, here):
   scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
   the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel"); `qk_norm` (False:
   no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
-  unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1).
+  unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1);
+  `fused_outputs` ("both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a diagnostic
+  for the forced-softmax layer's slow recall, issue 19: is it the GDN branch's output beside the softmax one?).
 - Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
   state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
   for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
@@ -124,6 +126,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         rope: bool = False,
         rope_theta: float = 10000.0,
         qk_norm: bool = True,
+        fused_outputs: str = "both",
         weights_from: str = "q",
         separate_norms: bool = True,
         decay_uncommitted: bool = True,
@@ -138,6 +141,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
         if prefill_cache not in ("trim", "full"):
             raise ValueError(f"prefill_cache must be one of 'trim', 'full', got {prefill_cache!r}")
+        if fused_outputs not in ("both", "softmax", "gdn"):
+            raise ValueError(f"fused_outputs must be one of 'both', 'softmax', 'gdn', got {fused_outputs!r}")
         if weights_from not in ("q", "x"):
             raise ValueError(f"weights_from must be one of 'q', 'x', got {weights_from!r}")
         if sample not in ("argmax", "gumbel"):
@@ -157,6 +162,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.attn_head_dim, self.attn_head_v_dim = key_dim // num_attn_heads, value_dim // num_attn_heads
         self.chunk_size, self.norm_eps = chunk_size, norm_eps
         self.weights_from, self.separate_norms = weights_from, separate_norms
+        self.fused_outputs = fused_outputs
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
         self.buffer_dtype = buffer_dtype  # the GDN branch's Triton buffer precision (ops/gated_delta/triton/config.py)
@@ -234,6 +240,11 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]; gate = g_proj(x),
         omega = omega_proj(x) [B, T, ·] when the caller projected them already (the fused decode step)."""
         b, t = x.shape[:2]
+        if self.fused_outputs == "softmax":  # diagnostic (module docstring): the softmax branch alone, no ω
+            y = rms_norm(o_sa, self.norm_eps) * (self.attn_scale if self.separate_norms else self.gdn_scale)
+            return self._gate_out(x, y, gate)
+        if self.fused_outputs == "gdn":
+            return self._gate_out(x, rms_norm(o_gdn, self.norm_eps) * self.gdn_scale, gate)
         if omega is None:
             omega = self.omega_proj(q if self.weights_from == "q" else x)
         w = omega.view(b, t, self.num_attn_heads, 2)
@@ -243,6 +254,11 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
                  + w[..., 1:2] * rms_norm(o_sa, self.norm_eps) * self.attn_scale)
         else:
             y = rms_norm(w[..., 0:1] * o_gdn + w[..., 1:2] * o_sa, self.norm_eps) * self.gdn_scale
+        return self._gate_out(x, y, gate)
+
+    def _gate_out(self, x, y, gate=None):
+        """The output gate and projection of the fused y [B, T, Hs, d_vs]: o_proj(y ⊙ swish(gate))."""
+        b, t = x.shape[:2]
         z = (self.g_proj(x) if gate is None else gate).view(b, t, self.num_attn_heads, self.attn_head_v_dim)
         return self.o_proj((y * F.silu(z)).reshape(b, t, -1))
 

@@ -54,4 +54,5 @@ MIXER_CASES.update({
     "natsl-x-weights-single-norm": _natsl(weights_from="x", separate_norms=False),
     "natsl-no-decay": _natsl(decay_uncommitted=False),
     "natsl-no-qk-norm": _natsl(qk_norm=False),
+    "natsl-softmax-output": _natsl(fused_outputs="softmax"),
 })

@@ -400,3 +400,32 @@ def test_qk_norm_flag_bounds_or_frees_the_softmax_logits():
     y, _ = free(x)
     y.sum().backward()
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+
+
+def test_fused_outputs_keeps_one_branch():
+    """fused_outputs="softmax" (a diagnostic): the output does not depend on anything only the GDN branch reads (its
+    decay and β parameters) or on the fusion weights ω, and does depend on the softmax branch's q / k norms; "gdn"
+    the reverse; "both" (the default) depends on all of them. Bad values name the argument."""
+    x = torch.randn(2, 19, D, dtype=torch.float64)
+
+    def moved(mode: str) -> dict[str, bool]:
+        torch.manual_seed(0)
+        layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, fused_outputs=mode).double()
+        y0, _ = layer(x)
+        out = {}
+        for name in ("A_log", "b_proj.weight", "omega_proj.weight", "q_norm.weight"):
+            p = layer.get_parameter(name)
+            delta = 0.5 * torch.randn_like(p)  # not a constant: a shift of every ω logit alike would cancel
+            with torch.no_grad():
+                p.add_(delta)
+            out[name] = not torch.allclose(layer(x)[0], y0, rtol=0, atol=1e-12)
+            with torch.no_grad():
+                p.sub_(delta)
+        return out
+
+    assert moved("both") == {"A_log": True, "b_proj.weight": True, "omega_proj.weight": True, "q_norm.weight": True}
+    assert moved("softmax") == {"A_log": False, "b_proj.weight": False, "omega_proj.weight": False,
+                                "q_norm.weight": True}
+    assert moved("gdn") == {"A_log": True, "b_proj.weight": True, "omega_proj.weight": False, "q_norm.weight": False}
+    with pytest.raises(ValueError, match="fused_outputs must be one of 'both', 'softmax', 'gdn', got 'sa'"):
+        NatsLAttention(D, HL, DK, num_attn_heads=HS, fused_outputs="sa")
