@@ -84,36 +84,14 @@ def parse_logs(logs: list[Path], tasks: list[str]) -> dict[Key, list[dict]]:
     return curves
 
 
-def plot(curves: dict[Key, list[dict]], tasks: list[str], out: Path, title: str) -> Path:
+def plot(curves: dict[Key, list[dict]], tasks: list[str], out: Path, title: str) -> Path | None:
     """One panel per task: test accuracy against epoch, one colour per cell, line style per lr."""
-    import matplotlib
+    from hybrid_attention.experiments.report import plot_accuracy_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from hybrid_attention.training.plots import save_figure
-
-    shown = [t for t in tasks if any(k[2] == t for k in curves)]
-    cells = list(dict.fromkeys(k[0] for k in curves))
     lrs = sorted({k[3] for k in curves})
-    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4 + 0.12 * len(cells) * len(lrs)),
-                             squeeze=False)
-    cmap = "tab10" if len(cells) <= 10 else "tab20"  # distinct hues while they last (tab20 pairs light / dark)
-    colours = [plt.get_cmap(cmap)(i) for i in range(plt.get_cmap(cmap).N)]
-    styles = ["-", "--", ":", "-."]
-    for ax, task in zip(axes[0], shown):
-        for (cell, seed, t, lr), eps in curves.items():
-            if t != task:
-                continue
-            ax.plot([e["epoch"] for e in eps], [e["accuracy"] for e in eps],
-                    color=colours[cells.index(cell) % len(colours)], ls=styles[lrs.index(lr) % len(styles)],
-                    label=f"{cell} lr {lr:g}" + (f" seed {seed}" if seed else ""))
-        ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2)  # below: curves stay visible
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, out, dpi=100)
+    panels = {t: [(cell, f"{cell} lr {lr:g}" + (f" seed {seed}" if seed else ""), lrs.index(lr), eps)
+                  for (cell, seed, task, lr), eps in curves.items() if task == t] for t in tasks}
+    return plot_accuracy_curves(panels, out, title)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -221,24 +221,38 @@ def _plot_recall(doc: dict, path: Path) -> Path | None:
     return save_figure(fig, path, dpi=100)
 
 
-def _plot_recall_curves(doc: dict, path: Path) -> Path | None:
-    """Test accuracy against epoch of each cell's best lr, one panel per recall task, one line per seed."""
-    tasks = sorted({t for s in doc["summary"].values() for t, rows in (s.get("recall_history") or {}).items() if rows})
-    if not tasks:
+def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]]], path: Path,
+                         title: str) -> Path | None:
+    """Test accuracy against epoch, one panel per recall task: ``panels`` = {task: [(cell, label, style, history)]},
+    one colour per cell, line style ``style`` (an index), the legend below each panel (``label`` None: unlabelled).
+    Shared by the report (rows' histories) and ``console_curves`` (console logs of earlier runs)."""
+    panels = {t: rows for t, rows in panels.items() if rows}
+    if not panels:
         return None
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, t in zip(axes[0], tasks):
-        for i, (name, s) in enumerate(doc["summary"].items()):
-            for j, row in enumerate((s.get("recall_history") or {}).get(t, [])):
-                h = row["history"]
-                ax.plot([e["epoch"] for e in h], [e["accuracy"] for e in h], color=colours[i % len(colours)],
-                        alpha=0.9, label=name if j == 0 else None)
-        ax.set(xlabel="epoch", ylabel="test accuracy (best lr)", ylim=(0, 1.05), title=t)
+    cells = list(dict.fromkeys(c for rows in panels.values() for c, *_ in rows))
+    n_lines = max(len(rows) for rows in panels.values())
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4 + 0.06 * n_lines), squeeze=False)
+    cmap = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")  # distinct hues while they last
+    styles = ["-", "--", ":", "-."]
+    for ax, (task, rows) in zip(axes[0], panels.items()):
+        for cell, label, style, h in rows:
+            ax.plot([e["epoch"] for e in h], [e["accuracy"] for e in h], color=cmap(cells.index(cell) % cmap.N),
+                    ls=styles[style % len(styles)], label=label)
+        ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{doc['suite']}: recall during training", fontsize=10)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.17), ncol=2)  # below: curves stay visible
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     return save_figure(fig, path, dpi=100)
+
+
+def _plot_recall_curves(doc: dict, path: Path) -> Path | None:
+    """Each cell's best-lr test accuracy per epoch (the rows' ``history``), one line per seed."""
+    tasks = sorted({t for s in doc["summary"].values() for t in (s.get("recall_history") or {})})
+    panels = {t: [(name, name if j == 0 else None, 0, row["history"])
+                  for name, s in doc["summary"].items()
+                  for j, row in enumerate((s.get("recall_history") or {}).get(t, []))] for t in tasks}
+    return plot_accuracy_curves(panels, path, f"{doc['suite']}: recall during training (best lr)")
 
 
 def markdown(doc: dict, plots: list[str]) -> str:

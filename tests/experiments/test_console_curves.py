@@ -2,6 +2,7 @@
 assigned to the task whose line follows them, a cut model to the suite's next task, a resumed model's epochs join
 its earlier ones, and a model that starts again at epoch 1 replaces the earlier attempt."""
 
+import json
 from pathlib import Path
 
 from hybrid_attention.experiments.console_curves import main, parse_logs
@@ -42,3 +43,24 @@ def test_cut_resumed_and_rerun_models(tmp_path: Path):
     main([str(tmp_path), "--suite", str(Path(__file__).resolve().parents[2] / "configs" / "experiments"
                                          / "credible_recall.yaml"), "--out", str(out)])
     assert out.stat().st_size > 0
+
+
+def test_the_runners_own_log_reads_back_as_its_stored_history(tmp_path: Path):
+    # the parser follows the trainer's and runner's log lines (not a format of its own): a real toy run's console
+    # gives exactly the per-epoch history its row stored
+    from hybrid_attention.experiments import load_suite, run_suite
+
+    suites = Path(__file__).resolve().parents[2] / "configs" / "experiments"
+    small = [f"recall_tasks.passkey.{k}={v}" for k, v in
+             (("train_examples", 64), ("test_examples", 32), ("epochs", 2), ("seq_len", 32))]
+    suite = load_suite(suites / "recall_cpu.yaml", [f"out_dir={tmp_path}", "seeds=[0]", "recall_only=[passkey]",
+                                                    *small])
+    suite.cells = [suite.cell("softmax")]
+    lines: list[str] = []
+    run_suite(suite, log=lines.append)
+    log = tmp_path / "console_session1_call1_lane0.log"
+    log.write_text("\n".join(lines) + "\n")
+    row = json.loads((tmp_path / "cells" / "softmax" / "seed0" / "recall_passkey.json").read_text())
+    curves = parse_logs([log], ["mqar", "passkey"])
+    got = curves[("softmax", 0, "passkey", row["lr"])]
+    assert [(e["epoch"], e["accuracy"]) for e in got] == [(h["epoch"], round(h["accuracy"], 3)) for h in row["history"]]
