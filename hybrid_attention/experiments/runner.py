@@ -194,6 +194,13 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
     return out
 
 
+def _trained_on(recall: dict) -> str:
+    """The machine(s) that trained a recall cell's tasks ("" when no task recorded one). A cell whose tasks ran on the
+    GPU in several device calls is finished by whichever process finds them all on disk, e.g. a ``--report-only``
+    reader or a later call: its ``result.json`` names the GPUs, not that process's machine."""
+    return "; ".join(sorted({row["machine"] for row in recall.values() if row.get("machine")}))
+
+
 def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, log) -> bool:
     """Train/evaluate one (cell, seed) into ``out/cells/<cell>/seed<k>/``; ``result.json`` is written (atomically)
     only when everything succeeded, otherwise ``error.txt``. Returns success."""
@@ -211,6 +218,8 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
                 log(f"  {cell.name} seed {seed}: recall tasks {', '.join(left)} not run yet (--tasks); "
                     "no result.json")
                 return True
+            if not suite.uses_lm(cell):  # the machines that trained the tasks, not the one that read them back
+                result["machine"] = _trained_on(result["recall"]) or result["machine"]
     except Exception as e:  # noqa: BLE001  (one broken cell must not stop the suite; it is retried next time)
         import traceback
 

@@ -86,3 +86,21 @@ def test_parallel_workers_with_tasks_left_are_not_failures(tmp_path):
         run_dir = tmp_path / "cells" / "softmax" / f"seed{seed}"
         assert (run_dir / "recall_passkey.json").exists() and not (run_dir / "result.json").exists()
     assert doc["summary"]["softmax"]["unfinished_seeds"] == [0, 1]
+
+
+def test_a_cell_finished_from_tasks_trained_elsewhere_names_their_machines(tmp_path, monkeypatch):
+    """Session 23: a cell's three tasks were trained in two device calls on fresh machines, so no call saw them all;
+    the process that later finds them all on disk writes result.json, which must name the GPU that trained them."""
+    calls: list = []
+    monkeypatch.setattr(runner_mod, "train_and_eval", fake_trainer(calls))
+    run_suite(_suite(tmp_path), log=lambda *_: None)  # trains both tasks here
+    run_dir = tmp_path / "cells" / "softmax" / "seed0"
+    for i, task in enumerate(["mqar", "passkey"]):  # as if another machine had trained each of them
+        path = run_dir / f"recall_{task}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "machine": f"gpu box {i}"}))
+    (run_dir / "result.json").unlink()
+    calls.clear()
+    doc = run_suite(_suite(tmp_path), log=lambda *_: None)
+    assert calls == []  # nothing trained again
+    assert json.loads((run_dir / "result.json").read_text())["machine"] == "gpu box 0; gpu box 1"
+    assert doc["machines"] == ["gpu box 0; gpu box 1"]
