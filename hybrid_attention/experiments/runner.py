@@ -212,6 +212,7 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
         if suite.uses_lm(cell):
             result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
         if suite.recall_tasks:
+            earlier = [t for t in suite.recall_tasks if recall_task_path(run_dir, t).exists()]
             result["recall"] = _recall(suite, cell, seed, run_dir, log)
             left = [t for t in suite.recall_tasks if t not in result["recall"]]
             if left:  # --tasks: the cell is finished (result.json) only when every task is
@@ -228,6 +229,9 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
         return False
     (run_dir / "error.txt").unlink(missing_ok=True)
     result["wall_s"] = time.perf_counter() - t0
+    if suite.recall_tasks:  # the tasks trained by earlier processes (--tasks, cut calls) count with their model seconds
+        result["recall_read_back_s"] = sum(result["recall"][t].get("seconds", 0.0) for t in earlier)
+        result["wall_s"] += result["recall_read_back_s"]
     _write_json(result_path(out, cell.name, seed), result)
     return True
 

@@ -104,3 +104,5 @@ def test_a_cell_finished_from_tasks_trained_elsewhere_names_their_machines(tmp_p
     assert calls == []  # nothing trained again
     assert json.loads((run_dir / "result.json").read_text())["machine"] == "gpu box 0; gpu box 1"
     assert doc["machines"] == ["gpu box 0; gpu box 1"]
+    result = json.loads((run_dir / "result.json").read_text())  # their model seconds (1 s each) count in its wall time
+    assert result["recall_read_back_s"] == 2.0 and 2.0 <= result["wall_s"] < 3.0
