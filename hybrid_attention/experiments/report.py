@@ -236,8 +236,14 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
     styles = ["-", "--", ":", "-."]
     for ax, (task, rows) in zip(axes[0], panels.items()):
         for cell, label, style, h in rows:
-            ax.plot([e["epoch"] for e in h], [e["accuracy"] for e in h], color=cmap(cells.index(cell) % cmap.N),
+            color = cmap(cells.index(cell) % cmap.N)
+            ax.plot([e["epoch"] for e in h], [e["accuracy"] for e in h], color=color,
                     ls=styles[style % len(styles)], label=label)
+            switch = next((e for e in h if e.get("seq_len") != h[0].get("seq_len")), None)
+            if switch is not None:  # a length curriculum: mark the first epoch at the new training length
+                ax.axvline(switch["epoch"] - 0.5, color=color, ls=":", alpha=0.6)
+                ax.annotate(f"train T {h[0]['seq_len']} → {switch['seq_len']}", (switch["epoch"] - 0.5, 0.02),
+                            fontsize=7, color=color, rotation=90, ha="right", va="bottom")
         ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.17), ncol=2)  # below: curves stay visible
@@ -247,12 +253,14 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
 
 
 def _plot_recall_curves(doc: dict, path: Path) -> Path | None:
-    """Each cell's best-lr test accuracy per epoch (the rows' ``history``), one line per seed."""
+    """Each cell's best-lr test accuracy per epoch (the rows' ``history``), one line per seed, its line style
+    the seed's (seed 0 solid, seed 1 dashed, ...)."""
     tasks = sorted({t for s in doc["summary"].values() for t in (s.get("recall_history") or {})})
-    panels = {t: [(name, name if j == 0 else None, 0, row["history"])
+    panels = {t: [(name, name if j == 0 else None, row["seed"], row["history"])
                   for name, s in doc["summary"].items()
                   for j, row in enumerate((s.get("recall_history") or {}).get(t, []))] for t in tasks}
-    return plot_accuracy_curves(panels, path, f"{doc['suite']}: recall during training (best lr)")
+    return plot_accuracy_curves(panels, path, f"{doc['suite']}: recall during training (best lr; seed 0 solid, "
+                                              "seed 1 dashed)")
 
 
 def markdown(doc: dict, plots: list[str]) -> str:

@@ -1,0 +1,29 @@
+"""report.plot_accuracy_curves: a length curriculum's switch epoch is marked on the panel."""
+
+from pathlib import Path
+
+from hybrid_attention.experiments import report
+
+
+def _history(lengths: list[int]) -> list[dict]:
+    return [{"epoch": i + 1, "loss": 1.0, "accuracy": 0.1 * i, "seq_len": t} for i, t in enumerate(lengths)]
+
+
+def _panel_lines(monkeypatch, histories: list[list[dict]]):
+    figs = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=100: figs.append(fig) or Path(path))
+    report.plot_accuracy_curves({"passkey": [("c", "c", s, h) for s, h in enumerate(histories)]}, Path("x.png"), "t")
+    (ax,) = figs[0].axes
+    return ax.lines
+
+
+def test_the_first_epoch_at_the_new_training_length_is_marked(monkeypatch):
+    lines = _panel_lines(monkeypatch, [_history([384] * 3 + [512] * 2)])
+    verticals = [ln for ln in lines if len(set(ln.get_xdata())) == 1]
+    assert len(lines) == 2 and [v.get_xdata()[0] for v in verticals] == [3.5]  # between epochs 3 and 4
+    assert lines[0].get_linestyle() == "-"
+
+
+def test_no_mark_without_a_curriculum_and_seed_1_is_dashed(monkeypatch):
+    lines = _panel_lines(monkeypatch, [_history([512] * 5), _history([512] * 4)])
+    assert len(lines) == 2 and [ln.get_linestyle() for ln in lines] == ["-", "--"]
