@@ -77,6 +77,14 @@ class RecallConfig:
     out_dir: str = "runs/recall"
 
     def __post_init__(self) -> None:
+        # MQAR's examples hold num_kv_pairs pairs and as many queries: checked here, not at the first epoch of a
+        # device call (a curriculum's short length is generated only then)
+        if self.task == "mqar":
+            for name in ("seq_len", "short_seq_len"):
+                t = getattr(self, name)
+                if t is not None and 4 * self.num_kv_pairs > t:
+                    raise ConfigError(f"config error: {name} must be at least 4 * num_kv_pairs = "
+                                      f"{4 * self.num_kv_pairs} for mqar, got {t}")
         if self.short_seq_len is None:
             if self.short_epochs:
                 raise ConfigError(f"config error: short_epochs ({self.short_epochs}) needs short_seq_len; "

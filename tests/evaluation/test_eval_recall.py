@@ -269,3 +269,14 @@ def test_length_curriculum_rejects_bad_settings(bad, field):
 
     with pytest.raises(ConfigError, match=f"^config error: {field} "):
         RecallConfig(seq_len=64, epochs=6, **bad)
+
+
+@pytest.mark.parametrize("lengths, field", [({"seq_len": 28}, "seq_len"),
+                                            ({"seq_len": 64, "short_seq_len": 24, "short_epochs": 2}, "short_seq_len")])
+def test_mqar_lengths_must_hold_the_pairs_and_queries(lengths, field):
+    """8 pairs and 8 queries need 32 tokens: refused when the config is read, not at the curriculum's first epoch."""
+    from hybrid_attention.training.config_schema import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^config error: {field} must be at least 4 \\* num_kv_pairs = 32 for mqar"):
+        RecallConfig(task="mqar", num_kv_pairs=8, epochs=6, **lengths)
+    RecallConfig(task="passkey", num_kv_pairs=8, epochs=6, **lengths)  # passkey has no pairs
