@@ -30,6 +30,17 @@ class MQARConfig:
     power_a: float = 0.01
     random_non_queries: bool = False
 
+    def __post_init__(self) -> None:
+        T, K, V = self.input_seq_len, self.num_kv_pairs, self.vocab_size
+        if T % 2:
+            raise ValueError(f"input_seq_len must be even, got {T}")
+        if V <= T:
+            raise ValueError(f"vocab_size ({V}) must exceed input_seq_len ({T})")
+        if 4 * K > T:
+            raise ValueError(f"4 * num_kv_pairs ({4 * K}) must not exceed input_seq_len ({T})")
+        if K > V // 2 - 1:
+            raise ValueError(f"num_kv_pairs ({K}) exceeds the key vocabulary ({V // 2 - 1})")
+
 
 def _distinct(weights: torch.Tensor | None, k: int, g: torch.Generator, shape: tuple[int, int] | None = None
               ) -> torch.Tensor:
@@ -47,15 +58,7 @@ def _distinct(weights: torch.Tensor | None, k: int, g: torch.Generator, shape: t
 
 def multiquery_ar(cfg: MQARConfig, num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``num_examples`` MQAR examples: ``(inputs, labels)``, both int64 of shape [num_examples, input_seq_len]."""
-    T, K, V = cfg.input_seq_len, cfg.num_kv_pairs, cfg.vocab_size
-    if T % 2:
-        raise ValueError(f"input_seq_len must be even, got {T}")
-    if V <= T:
-        raise ValueError(f"vocab_size ({V}) must exceed input_seq_len ({T})")
-    if 4 * K > T:
-        raise ValueError(f"4 * num_kv_pairs ({4 * K}) must not exceed input_seq_len ({T})")
-    if K > V // 2 - 1:
-        raise ValueError(f"num_kv_pairs ({K}) exceeds the key vocabulary ({V // 2 - 1})")
+    T, K, V = cfg.input_seq_len, cfg.num_kv_pairs, cfg.vocab_size  # checked by MQARConfig
     g = torch.Generator().manual_seed(seed)
     N, half = num_examples, V // 2
     keys = 1 + _distinct(None, K, g, (N, half - 1))

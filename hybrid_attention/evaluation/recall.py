@@ -77,14 +77,18 @@ class RecallConfig:
     out_dir: str = "runs/recall"
 
     def __post_init__(self) -> None:
-        # MQAR's examples hold num_kv_pairs pairs and as many queries: checked here, not at the first epoch of a
-        # device call (a curriculum's short length is generated only then)
+        # the generator's limits (data/mqar.py: even length, num_kv_pairs pairs and as many queries, vocabulary above
+        # the length) at every length trained: checked here, not at the first epoch of a device call (a curriculum's
+        # short length is generated only then)
         if self.task == "mqar":
             for name in ("seq_len", "short_seq_len"):
                 t = getattr(self, name)
-                if t is not None and 4 * self.num_kv_pairs > t:
-                    raise ConfigError(f"config error: {name} must be at least 4 * num_kv_pairs = "
-                                      f"{4 * self.num_kv_pairs} for mqar, got {t}")
+                if t is None:
+                    continue
+                try:
+                    MQARConfig(vocab_size=self.vocab_size, input_seq_len=t, num_kv_pairs=self.num_kv_pairs)
+                except ValueError as e:
+                    raise ConfigError(f"config error: {name} = {t} does not fit mqar: {e}") from None
         if self.short_seq_len is None:
             if self.short_epochs:
                 raise ConfigError(f"config error: short_epochs ({self.short_epochs}) needs short_seq_len; "

@@ -274,9 +274,12 @@ def test_length_curriculum_rejects_bad_settings(bad, field):
 @pytest.mark.parametrize("lengths, field", [({"seq_len": 28}, "seq_len"),
                                             ({"seq_len": 64, "short_seq_len": 24, "short_epochs": 2}, "short_seq_len")])
 def test_mqar_lengths_must_hold_the_pairs_and_queries(lengths, field):
-    """8 pairs and 8 queries need 32 tokens: refused when the config is read, not at the curriculum's first epoch."""
+    """8 pairs and 8 queries need 32 tokens, and the vocabulary must exceed the length: refused when the config is
+    read, not at the curriculum's first epoch."""
     from hybrid_attention.training.config_schema import ConfigError
 
-    with pytest.raises(ConfigError, match=f"^config error: {field} must be at least 4 \\* num_kv_pairs = 32 for mqar"):
+    with pytest.raises(ConfigError, match=f"^config error: {field} = \\d+ does not fit mqar: 4 \\* num_kv_pairs"):
         RecallConfig(task="mqar", num_kv_pairs=8, epochs=6, **lengths)
     RecallConfig(task="passkey", num_kv_pairs=8, epochs=6, **lengths)  # passkey has no pairs
+    with pytest.raises(ConfigError, match=r"^config error: seq_len = 64 does not fit mqar: vocab_size \(64\)"):
+        RecallConfig(task="mqar", vocab_size=64, seq_len=64, num_kv_pairs=4)
