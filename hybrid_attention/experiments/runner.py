@@ -196,8 +196,8 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
 
 def _trained_on(recall: dict) -> str:
     """The machine(s) that trained a recall cell's tasks ("" when no task recorded one). A cell whose tasks ran on the
-    GPU in several device calls is finished by whichever process finds them all on disk, e.g. a ``--report-only``
-    reader or a later call: its ``result.json`` names the GPUs, not that process's machine."""
+    GPU in several device calls is finished by whichever run of the suite finds them all on disk (a later call, or
+    one here on the CPU that trains nothing): its ``result.json`` names the GPUs, not that process's machine."""
     return "; ".join(sorted({row["machine"] for row in recall.values() if row.get("machine")}))
 
 
