@@ -175,14 +175,15 @@ def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
     return {k: v for k, v in best.items() if k != "model_revision"}
 
 
-def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict:
-    """{task: best row} of the tasks finished so far (earlier ones read back); with ``suite.recall_only`` only those
-    tasks are trained now, so the result may lack the others."""
-    out = {}
+def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> tuple[dict, list[str]]:
+    """({task: best row} of the tasks finished so far, the tasks among them read back from earlier processes); with
+    ``suite.recall_only`` only those tasks are trained now, so the result may lack the others."""
+    out, read_back = {}, []
     for task, d in suite.recall_configs(cell, seed).items():
         path = recall_task_path(run_dir, task)
         if path.exists():
             out[task] = json.loads(path.read_text())
+            read_back.append(task)
             continue
         if suite.recall_only is not None and task not in suite.recall_only:
             continue
@@ -191,7 +192,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> dict
         _write_json(path, best)
         log(f"  {cell.name} seed {seed} {task}: accuracy {best['accuracy']:.3f} ({best['seconds']:.0f} s)")
         out[task] = best
-    return out
+    return out, read_back
 
 
 def _trained_on(recall: dict) -> str:
@@ -212,8 +213,7 @@ def _run_one(suite: Suite, cell: CellSpec, seed: int, out: Path, cache: dict, lo
         if suite.uses_lm(cell):
             result["lm"] = _train_lm(suite, cell, seed, run_dir, cache, log)
         if suite.recall_tasks:
-            earlier = [t for t in suite.recall_tasks if recall_task_path(run_dir, t).exists()]
-            result["recall"] = _recall(suite, cell, seed, run_dir, log)
+            result["recall"], earlier = _recall(suite, cell, seed, run_dir, log)
             left = [t for t in suite.recall_tasks if t not in result["recall"]]
             if left:  # --tasks: the cell is finished (result.json) only when every task is
                 log(f"  {cell.name} seed {seed}: recall tasks {', '.join(left)} not run yet (--tasks); "
