@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -247,7 +248,9 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
         ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.17), ncol=2)  # below: curves stay visible
-    fig.suptitle(title, fontsize=10)
+    # wrapped to the figure's width (~11 characters per inch at 10 pt): a one-panel figure is 5 inches wide and the
+    # title, unwrapped, ran past both edges
+    fig.suptitle(textwrap.fill(title, width=int(11 * fig.get_figwidth())), fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path, dpi=100)
 

@@ -27,3 +27,15 @@ def test_the_first_epoch_at_the_new_training_length_is_marked(monkeypatch):
 def test_no_mark_without_a_curriculum_and_seed_1_is_dashed(monkeypatch):
     lines = _panel_lines(monkeypatch, [_history([512] * 5), _history([512] * 4)])
     assert len(lines) == 2 and [ln.get_linestyle() for ln in lines] == ["-", "--"]
+
+
+def test_a_long_title_stays_inside_a_one_panel_figure(monkeypatch):
+    figs = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=100: figs.append(fig) or Path(path))
+    title = "credible_mqar_curriculum: recall during training (best lr; seed 0 solid, seed 1 dashed)"
+    report.plot_accuracy_curves({"mqar": [("c", "c", 0, _history([256] * 2 + [1024] * 3))]}, Path("x.png"), title)
+    fig = figs[0]
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width  # the whole title is on the canvas
+    assert fig._suptitle.get_text().replace("\n", " ") == title
