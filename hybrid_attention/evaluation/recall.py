@@ -74,19 +74,29 @@ class RecallConfig:
     # length get them over the plateau (an optimisation limit) or not (a limit of the mixer at that length)?
     short_seq_len: int | None = None
     short_epochs: int = 0
+    # MQAR only: the short stage's pairs (None: num_kv_pairs). Session 24: with 64 pairs at 256 tokens (the densest
+    # MQAR) Interdomain stayed at 0.000 through the short stage, although it learns 16 pairs at 256 (credible_recall);
+    # a start on the task a mixer can learn asks whether its state then holds 64 pairs at 1024
+    short_num_kv_pairs: int | None = None
     out_dir: str = "runs/recall"
 
     def __post_init__(self) -> None:
         # the generator's limits (data/mqar.py: even length, num_kv_pairs pairs and as many queries, vocabulary above
         # the length) at every length trained: checked here, not at the first epoch of a device call (a curriculum's
         # short length is generated only then)
+        if self.short_num_kv_pairs is not None and (self.task != "mqar" or self.short_seq_len is None
+                                                    or self.short_num_kv_pairs < 1):
+            raise ConfigError("config error: short_num_kv_pairs must be a positive count, for task mqar with "
+                              f"short_seq_len set; got {self.short_num_kv_pairs} (task {self.task}, short_seq_len "
+                              f"{self.short_seq_len})")
         if self.task == "mqar":
             for name in ("seq_len", "short_seq_len"):
                 t = getattr(self, name)
                 if t is None:
                     continue
+                pairs = self.train_num_kv_pairs(1) if name == "short_seq_len" else self.num_kv_pairs
                 try:
-                    MQARConfig(vocab_size=self.vocab_size, input_seq_len=t, num_kv_pairs=self.num_kv_pairs)
+                    MQARConfig(vocab_size=self.vocab_size, input_seq_len=t, num_kv_pairs=pairs)
                 except ValueError as e:
                     raise ConfigError(f"config error: {name} = {t} does not fit mqar: {e}") from None
         if self.short_seq_len is None:
@@ -103,15 +113,25 @@ class RecallConfig:
 
     def train_seq_len(self, epoch: int) -> int:
         """The length of epoch ``epoch``'s training examples (1-based; the curriculum above)."""
-        return self.short_seq_len if self.short_seq_len is not None and epoch <= self.short_epochs else self.seq_len
+        return self.short_seq_len if self._in_short_stage(epoch) else self.seq_len
+
+    def train_num_kv_pairs(self, epoch: int) -> int:
+        """MQAR: the pairs of epoch ``epoch``'s training examples (``short_num_kv_pairs`` in the short stage)."""
+        short = self._in_short_stage(epoch) and self.short_num_kv_pairs is not None
+        return self.short_num_kv_pairs if short else self.num_kv_pairs
+
+    def _in_short_stage(self, epoch: int) -> bool:
+        return self.short_seq_len is not None and epoch <= self.short_epochs
 
 
-def make_examples(cfg: RecallConfig, n: int, seed: int, seq_len: int | None = None) -> tuple[torch.Tensor,
-                                                                                           torch.Tensor]:
-    """``(inputs, labels)`` [n, seq_len] of the configured task (``seq_len`` defaults to ``cfg.seq_len``)."""
+def make_examples(cfg: RecallConfig, n: int, seed: int, seq_len: int | None = None,
+                  num_kv_pairs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, labels)`` [n, seq_len] of the configured task (``seq_len`` defaults to ``cfg.seq_len``; MQAR's
+    ``num_kv_pairs`` to ``cfg.num_kv_pairs``)."""
     seq_len = cfg.seq_len if seq_len is None else seq_len
     if cfg.task == "mqar":
-        mq = MQARConfig(vocab_size=cfg.vocab_size, input_seq_len=seq_len, num_kv_pairs=cfg.num_kv_pairs,
+        pairs = cfg.num_kv_pairs if num_kv_pairs is None else num_kv_pairs
+        mq = MQARConfig(vocab_size=cfg.vocab_size, input_seq_len=seq_len, num_kv_pairs=pairs,
                         power_a=cfg.power_a)
         return multiquery_ar(mq, n, seed)
     return passkey_tokens(n, seq_len, cfg.vocab_size, n_digits=cfg.passkey_digits, seed=seed)
@@ -245,7 +265,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
         return cfg.seed + 7919 * e if cfg.fresh_data and e > 1 else cfg.seed
 
     def epoch_examples(e: int) -> tuple[torch.Tensor, torch.Tensor]:  # epoch e's training examples
-        return make_examples(cfg, cfg.train_examples, epoch_seed(e), cfg.train_seq_len(e))
+        return make_examples(cfg, cfg.train_examples, epoch_seed(e), cfg.train_seq_len(e), cfg.train_num_kv_pairs(e))
 
     x_tr, y_tr = epoch_examples(first) if first <= cfg.epochs else (None, None)
     # the next epoch's examples are generated in a background thread while this one trains (the generator is ~3-12 s
@@ -264,7 +284,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
                     nxt = pool.submit(epoch_examples, epoch + 1)
             elif x_tr.shape[1] != cfg.train_seq_len(epoch):  # one fixed set: regenerated where the length changes
                 x_tr, y_tr = epoch_examples(epoch)
-            n = labels_per_row(y_tr)
+            n = labels_per_row(y_tr)  # MQAR: train_num_kv_pairs(epoch) queries per row; passkey: its digits
             # the epoch's examples and order go to the device once: a per-step copy from pageable host memory
             # would wait for the GPU to finish the previous step (a host sync per step, like a mask index)
             x_dev, y_dev = x_tr.to(device), y_tr.to(device)
@@ -278,7 +298,8 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
             with routing.attach(model):
                 acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
             t_ckpt = time.perf_counter()
-            history.append({"epoch": epoch, "loss": loss_v, "accuracy": acc, "seq_len": x_tr.shape[1]})
+            history.append({"epoch": epoch, "loss": loss_v, "accuracy": acc, "seq_len": x_tr.shape[1],
+                            **({"num_kv_pairs": n} if cfg.task == "mqar" else {})})
             if resume_dir is not None:
                 save_epoch(resume_dir, epoch, model, opt, sched, g, fp, done_s + time.perf_counter() - t0,
                            loss_v, acc, log, history)

@@ -36,9 +36,17 @@ _STATE_KEYS = ("epoch", "scheduler", "generator", "seconds", "loss", "accuracy",
 
 def fingerprint(cfg: RecallConfig, mixer: str, d_model: int, lr: float) -> dict[str, Any]:
     """What decides one model's training: the config without ``_NOT_TRAJECTORY``, plus mixer, width and lr."""
-    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in _NOT_TRAJECTORY}
+    # None-valued fields are left out (here and in the stored fingerprint it is compared with, `_comparable`): a
+    # field added later with a None default (short_num_kv_pairs, session 24) keeps the earlier checkpoints resumable
+    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in _NOT_TRAJECTORY and v is not None}
     # as it reads back from the checkpoint's JSON (tuples become lists), so that the comparison is exact
     return json.loads(json.dumps({"config": cfg_d, "mixer": mixer, "d_model": d_model, "lr": lr}))
+
+
+def _comparable(stored: dict) -> dict:
+    """A stored fingerprint as ``fingerprint`` writes it now: its config's None values left out."""
+    cfg_d = {k: v for k, v in stored.get("config", {}).items() if v is not None}
+    return {**stored, "config": cfg_d}
 
 
 def save_epoch(root: Path, epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -69,7 +77,7 @@ def restore_epoch(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
             log(f"  resume: skipped a damaged checkpoint ({d})")
     if data is None:
         return None
-    if data.doc["fingerprint"] != fp:
+    if _comparable(data.doc["fingerprint"]) != fp:
         if log:
             log(f"  resume: {data.path} belongs to another config or model; starting fresh")
         return None

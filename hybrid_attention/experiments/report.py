@@ -243,7 +243,10 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
             switch = next((e for e in h if e.get("seq_len") != h[0].get("seq_len")), None)
             if switch is not None:  # a length curriculum: mark the first epoch at the new training length
                 ax.axvline(switch["epoch"] - 0.5, color=color, ls=":", alpha=0.6)
-                ax.annotate(f"train T {h[0]['seq_len']} → {switch['seq_len']}", (switch["epoch"] - 0.5, 0.02),
+                a, b = h[0], switch
+                pairs = (f" ({a['num_kv_pairs']} → {b['num_kv_pairs']} pairs)"
+                         if a.get("num_kv_pairs") != b.get("num_kv_pairs") else "")
+                ax.annotate(f"train T {a['seq_len']} → {b['seq_len']}{pairs}", (switch["epoch"] - 0.5, 0.02),
                             fontsize=7, color=color, rotation=90, ha="right", va="bottom")
         ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
         ax.grid(alpha=0.3)

@@ -136,9 +136,9 @@ def test_prefetched_fresh_epochs_are_the_same_examples(monkeypatch):
 
     seeds, real = [], recall.make_examples
 
-    def counting(cfg, n, seed, seq_len=None):
+    def counting(cfg, n, seed, seq_len=None, num_kv_pairs=None):
         seeds.append(seed)
-        return real(cfg, n, seed, seq_len)
+        return real(cfg, n, seed, seq_len, num_kv_pairs)
 
     monkeypatch.setattr(recall, "make_examples", counting)
     cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, train_examples=32, test_examples=16, batch_size=16,
@@ -235,8 +235,8 @@ def test_length_curriculum_trains_short_then_full(monkeypatch, fresh):
 
     made, stepped, real_make, real_step = [], [], recall.make_examples, recall.train_step
 
-    def making(cfg, n, seed, seq_len=None):
-        x, y = real_make(cfg, n, seed, seq_len)
+    def making(cfg, n, seed, seq_len=None, num_kv_pairs=None):
+        x, y = real_make(cfg, n, seed, seq_len, num_kv_pairs)
         made.append((n, seed, x.shape[1]))
         return x, y
 
@@ -257,6 +257,45 @@ def test_length_curriculum_trains_short_then_full(monkeypatch, fresh):
         want = [(16, 10_000, 40), (32, 0, 24), (32, 0, 40)]
     assert sorted(made) == sorted(want)
     assert [cfg.train_seq_len(e) for e in (1, 2, 3)] == [24, 24, 40]
+
+
+def test_mqar_curriculum_over_pairs_trains_the_short_stage_on_fewer_pairs(monkeypatch):
+    # short_num_kv_pairs: the short stage's examples hold that many pairs (and queries), the later ones and the test
+    # set num_kv_pairs; each epoch's history names its pairs
+    import torch
+
+    from hybrid_attention.evaluation import recall
+
+    made, real_make = [], recall.make_examples
+
+    def making(cfg, n, seed, seq_len=None, num_kv_pairs=None):
+        x, y = real_make(cfg, n, seed, seq_len, num_kv_pairs)
+        made.append((x.shape[1], int((y[0] != -100).sum())))
+        return x, y
+
+    monkeypatch.setattr(recall, "make_examples", making)
+    cfg = RecallConfig(task="mqar", vocab_size=128, seq_len=48, num_kv_pairs=8, short_seq_len=24, short_epochs=2,
+                       short_num_kv_pairs=3, epochs=3, train_examples=32, test_examples=16, batch_size=16,
+                       fresh_data=True, early_stop=2.0, device="cpu")
+    row = recall.train_and_eval(cfg, "softmax", 16, 3e-3, torch.device("cpu"))
+    assert sorted(made) == sorted([(48, 8), (24, 3), (24, 3), (48, 8)])  # test set, epochs 1, 2, 3
+    assert [(h["seq_len"], h["num_kv_pairs"]) for h in row["history"]] == [(24, 3), (24, 3), (48, 8)]
+    assert [cfg.train_num_kv_pairs(e) for e in (1, 2, 3)] == [3, 3, 8]
+
+
+@pytest.mark.parametrize("bad", [{"task": "passkey"}, {"short_seq_len": None, "short_epochs": 0},
+                                 {"short_num_kv_pairs": 0}])
+def test_short_num_kv_pairs_needs_an_mqar_curriculum(bad):
+    from hybrid_attention.training.config_schema import ConfigError
+
+    kw = {"task": "mqar", "vocab_size": 128, "seq_len": 64, "num_kv_pairs": 8, "short_seq_len": 32,
+          "short_epochs": 2, "short_num_kv_pairs": 4, "epochs": 6}
+    RecallConfig(**kw)  # the valid one
+    with pytest.raises(ConfigError, match="^config error: short_num_kv_pairs must be a positive count"):
+        RecallConfig(**{**kw, **bad})
+    # the short stage's pairs must fit its length (4 x 9 > 32): refused when read, naming the short length
+    with pytest.raises(ConfigError, match="^config error: short_seq_len = 32 does not fit mqar: 4 \\* num_kv_pairs"):
+        RecallConfig(**{**kw, "short_num_kv_pairs": 9})
 
 
 @pytest.mark.parametrize("bad, field", [({"short_seq_len": 64}, "short_seq_len"),

@@ -56,6 +56,32 @@ def test_a_model_cut_inside_its_length_curriculum_resumes_to_the_uncut_result(tm
     assert plain["loss"] != uncut["loss"]
 
 
+def test_a_checkpoint_from_before_a_new_none_field_still_resumes(tmp_path, monkeypatch):
+    # session-23 checkpoints store every config field, None ones included, and no short_num_kv_pairs (added in
+    # session 24): the fingerprint leaves None values out on both sides, so such a checkpoint resumes
+    from hybrid_attention.evaluation import recall_resume
+
+    cfg, cpu = _cfg(), torch.device("cpu")
+    real = recall_resume.fingerprint
+
+    def old_style(*args):
+        fp = real(*args)
+        config = {**fp["config"], "short_seq_len": None}
+        return {**fp, "config": config}
+
+    monkeypatch.setattr(recall, "fingerprint", old_style)
+    with pytest.raises(Cut):
+        recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, log=_cut_after(2), resume_dir=tmp_path)
+    monkeypatch.setattr(recall, "fingerprint", real)
+    lines = []
+    recall.train_and_eval(cfg, "softmax", 16, 3e-3, cpu, log=lines.append, resume_dir=tmp_path)
+    assert any("resumed after epoch 2" in m for m in lines), lines
+    assert "short_num_kv_pairs" not in real(cfg, "softmax", 16, 3e-3)["config"]
+    cfg2 = _cfg()
+    cfg2.short_seq_len, cfg2.short_epochs, cfg2.short_num_kv_pairs = 24, 2, 2
+    assert real(cfg2, "softmax", 16, 3e-3)["config"]["short_num_kv_pairs"] == 2  # a set value counts
+
+
 def test_another_models_checkpoint_is_ignored_and_a_damaged_one_not_used(tmp_path):
     cfg, cpu = _cfg(), torch.device("cpu")
     with pytest.raises(Cut):

@@ -39,3 +39,13 @@ def test_a_long_title_stays_inside_a_one_panel_figure(monkeypatch):
     box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width  # the whole title is on the canvas
     assert fig._suptitle.get_text().replace("\n", " ") == title
+
+
+def test_a_curriculum_over_pairs_names_them_at_the_switch(monkeypatch):
+    h = [{**e, "num_kv_pairs": 16 if e["seq_len"] == 256 else 64} for e in _history([256] * 2 + [1024] * 2)]
+    figs = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=100: figs.append(fig) or Path(path))
+    report.plot_accuracy_curves({"mqar": [("c", "c", 0, h), ("d", "d", 1, _history([256] * 2 + [1024] * 2))]},
+                                Path("x.png"), "t")
+    texts = sorted(t.get_text() for t in figs[0].axes[0].texts)
+    assert texts == ["train T 256 → 1024", "train T 256 → 1024 (16 → 64 pairs)"]
