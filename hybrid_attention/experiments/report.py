@@ -244,8 +244,8 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
             if switch is not None:  # a length curriculum: mark the first epoch at the new training length
                 ax.axvline(switch["epoch"] - 0.5, color=color, ls=":", alpha=0.6)
                 a, b = h[0], switch
-                pairs = (f" ({a['num_kv_pairs']} → {b['num_kv_pairs']} pairs)"
-                         if a.get("num_kv_pairs") != b.get("num_kv_pairs") else "")
+                pa, pb = a.get("num_kv_pairs"), b.get("num_kv_pairs")  # MQAR rows since session 24
+                pairs = f" ({pa} → {pb} pairs)" if None not in (pa, pb) and pa != pb else ""
                 ax.annotate(f"train T {a['seq_len']} → {b['seq_len']}{pairs}", (switch["epoch"] - 0.5, 0.02),
                             fontsize=7, color=color, rotation=90, ha="right", va="bottom")
         ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
