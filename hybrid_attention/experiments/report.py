@@ -120,7 +120,8 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
             # the chance plateau, which the final accuracy alone does not show
             seeds = [r["seed"] for r in rs if "recall" in r] + list(partial)
             s["recall_history"] = {
-                t: [{"seed": sd, "lr": rc[t]["lr"], "history": rc[t]["history"]} for sd, rc in zip(seeds, recs)
+                t: [{"seed": sd, "lr": rc[t]["lr"], "task": rc[t].get("task"), "history": rc[t]["history"]}
+                    for sd, rc in zip(seeds, recs)
                     if t in rc and rc[t].get("history")] for t in suite.recall_tasks}
         summary[cell.name] = s
     ref = summary.get(suite.reference or "", {}).get("val_ppl")
@@ -312,6 +313,7 @@ def markdown(doc: dict, plots: list[str]) -> str:
                         if s.get("unfinished_seeds") else "")
             lines.append(f"| {name} | " + " | ".join(_fmt(s["recall"][t]) for t in tasks) + " |")
         lines.append("")
+    lines += plateau_table(summ)
     for n, s in summ.items():
         if s.get("routing"):
             lines += [f"NAtS-L softmax fraction per layer and decision head, cell `{n}` (mean over seeds and "
@@ -327,6 +329,40 @@ def markdown(doc: dict, plots: list[str]) -> str:
     if plots:
         lines += ["Plots: " + ", ".join(f"`{p}`" for p in plots), ""]
     return "\n".join(lines)
+
+
+# test accuracy that counts as "left the chance plateau", per task kind: MQAR's chance is ~1 / (vocabulary / 2)
+# (0.0002 at 8192), passkey's 0.1 per digit (twice that)
+LEFT_CHANCE = {"mqar": 0.01, "passkey": 0.2}
+
+
+def _first_epoch(history: list[dict], at_least: float) -> str:
+    return next((str(e["epoch"]) for e in history if e["accuracy"] >= at_least), "–")
+
+
+def plateau_table(summary: dict) -> list[str]:
+    """Markdown lines: per recall task, one row per (cell, seed) with a per-epoch history (the best lr's): its final
+    test accuracy and epochs, the first epoch at ≥ ``LEFT_CHANCE`` and at ≥ 0.8 (when it left the chance plateau, and
+    when it had learned: the reading the recall suites quote) and a curriculum's switch (the first epoch at the full
+    length). Empty when no row has a history (rows trained before session 22)."""
+    tasks = list(dict.fromkeys(t for s in summary.values() for t in (s.get("recall_history") or {})))
+    lines = []
+    for t in tasks:
+        rows = [(n, r) for n, s in summary.items() for r in (s.get("recall_history") or {}).get(t, [])]
+        if not rows:
+            continue
+        left = LEFT_CHANCE.get(rows[0][1].get("task"), 0.01)
+        lines += [f"When each model left the plateau, `{t}` (best lr; test accuracy per epoch in `recall_curves.png`):",
+                  "", f"| cell | seed | lr | accuracy | epochs | first epoch ≥ {left:g} | first epoch ≥ 0.8 | switch |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for n, r in rows:
+            h = r["history"]
+            switch = next((e for e in h if e.get("seq_len") != h[0].get("seq_len")), None)
+            where = (f"epoch {switch['epoch']} (T {h[0]['seq_len']} → {switch['seq_len']})" if switch else "–")
+            lines.append(f"| {n} | {r['seed']} | {r['lr']:g} | {h[-1]['accuracy']:.3f} | {h[-1]['epoch']} | "
+                         f"{_first_epoch(h, left)} | {_first_epoch(h, 0.8)} | {where} |")
+        lines.append("")
+    return lines
 
 
 def _layers(layers: list[str]) -> str:

@@ -49,3 +49,23 @@ def test_a_curriculum_over_pairs_names_them_at_the_switch(monkeypatch):
                                 Path("x.png"), "t")
     texts = sorted(t.get_text() for t in figs[0].axes[0].texts)
     assert texts == ["train T 256 → 1024", "train T 256 → 1024 (16 → 64 pairs)"]
+
+
+def test_the_plateau_table_names_when_each_model_left_chance():
+    acc = [0.0, 0.0, 0.005, 0.02, 0.5, 0.85, 0.99]
+    h = [{"epoch": i + 1, "loss": 1.0, "accuracy": a, "seq_len": 256 if i < 2 else 1024} for i, a in enumerate(acc)]
+    flat = [{"epoch": i + 1, "loss": 8.3, "accuracy": 0.0, "seq_len": 1024} for i in range(48)]
+    summary = {"softmax": {"recall_history": {"mqar": [{"seed": 0, "lr": 1e-3, "task": "mqar", "history": h}]}},
+               "gdn": {"recall_history": {"mqar": [{"seed": 1, "lr": 3e-3, "task": "mqar", "history": flat}]}},
+               "old": {"recall_history": {"mqar": []}}}
+    lines = report.plateau_table(summary)
+    assert "first epoch ≥ 0.01 |" in lines[2]
+    assert lines[4] == "| softmax | 0 | 0.001 | 0.990 | 7 | 4 | 6 | epoch 3 (T 256 → 1024) |"
+    assert lines[5] == "| gdn | 1 | 0.003 | 0.000 | 48 | – | – | – |"
+    assert len(lines) == 7 and report.plateau_table({"x": {"recall": {}}}) == []
+    # passkey: chance is 0.1 per digit, so leaving it means 0.2
+    pk = [{**e, "accuracy": a} for e, a in zip(h, [0.1, 0.12, 0.25, 0.5, 0.7, 0.9, 0.99])]
+    lines = report.plateau_table({"c": {"recall_history": {"passkey": [{"seed": 0, "lr": 3e-3, "task": "passkey",
+                                                                        "history": pk}]}}})
+    assert "first epoch ≥ 0.2 |" in lines[2]
+    assert lines[4] == "| c | 0 | 0.003 | 0.990 | 7 | 3 | 6 | epoch 3 (T 256 → 1024) |"

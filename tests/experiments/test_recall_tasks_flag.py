@@ -49,7 +49,7 @@ def test_a_task_at_a_time_finishes_the_cell_when_all_are_done(tmp_path, monkeypa
     assert doc["machines"] == [machine_description()]
     assert doc["total_run_wall_s"] == doc["unfinished_recall_s"] == 1.0  # the passkey model's training seconds
     assert "Sum of run wall times: 1 s (1 s of it: the finished recall models" in (tmp_path / "results.md").read_text()
-    assert s["recall_history"]["passkey"] == [{"seed": 0, "lr": 3e-3, "history": [
+    assert s["recall_history"]["passkey"] == [{"seed": 0, "lr": 3e-3, "task": "passkey", "history": [
         {"epoch": 1, "loss": 2.0, "accuracy": 0.1, "seq_len": 64}, {"epoch": 2, "loss": 1.0, "accuracy": 0.75,
                                                                     "seq_len": 64}]}]
     assert s["recall_history"]["mqar"] == [] and (tmp_path / "recall_curves.png").stat().st_size > 0
