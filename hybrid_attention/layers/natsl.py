@@ -30,7 +30,10 @@ Decisions and deviations from the official code (each named once, here):
   no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
   unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1);
   `fused_outputs` ("both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a diagnostic
-  for the forced-softmax layer's slow recall, issue 19: is it the GDN branch's output beside the softmax one?).
+  for the forced-softmax layer's slow recall, issue 19: is it the GDN branch's output beside the softmax one?);
+  `attn_qk` ("shared" | "own": the softmax branch's q / k from projections of its own, W_qs x and W_ks x with no
+  short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; another diagnostic of
+  that slow recall, the last of the four ways the branch differs from the GDN Hybrid's softmax layer).
 - Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
   state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
   for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
@@ -127,6 +130,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         rope_theta: float = 10000.0,
         qk_norm: bool = True,
         fused_outputs: str = "both",
+        attn_qk: str = "shared",
         weights_from: str = "q",
         separate_norms: bool = True,
         decay_uncommitted: bool = True,
@@ -143,6 +147,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             raise ValueError(f"prefill_cache must be one of 'trim', 'full', got {prefill_cache!r}")
         if fused_outputs not in ("both", "softmax", "gdn"):
             raise ValueError(f"fused_outputs must be one of 'both', 'softmax', 'gdn', got {fused_outputs!r}")
+        if attn_qk not in ("shared", "own"):
+            raise ValueError(f"attn_qk must be one of 'shared', 'own', got {attn_qk!r}")
         if weights_from not in ("q", "x"):
             raise ValueError(f"weights_from must be one of 'q', 'x', got {weights_from!r}")
         if sample not in ("argmax", "gumbel"):
@@ -162,7 +168,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.attn_head_dim, self.attn_head_v_dim = key_dim // num_attn_heads, value_dim // num_attn_heads
         self.chunk_size, self.norm_eps = chunk_size, norm_eps
         self.weights_from, self.separate_norms = weights_from, separate_norms
-        self.fused_outputs = fused_outputs
+        self.fused_outputs, self.attn_qk = fused_outputs, attn_qk
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
         self.buffer_dtype = buffer_dtype  # the GDN branch's Triton buffer precision (ops/gated_delta/triton/config.py)
@@ -185,6 +191,9 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
         self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
         self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
+        # attn_qk="own" (module docstring): the softmax branch's q / k projections, linear in x
+        self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if attn_qk == "own" else None
+        self.attn_k_proj = nn.Linear(hidden_size, key_dim, bias=False) if attn_qk == "own" else None
         self.qk_norm = qk_norm
         self.q_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
@@ -212,10 +221,13 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
         return out["q"], out["k"], out["v"], beta, g, new_conv
 
-    def _attn_qk(self, q, k, offset, pos=None):
-        """Softmax-branch heads: the same channels split finely, QK-RMSNorm, optional RoPE (at positions offset..,
-        or at pos [T] for packed documents). [B, T, Hs, d_ks]."""
+    def _attn_qk(self, q, k, x, offset, pos=None):
+        """Softmax-branch heads: the same channels split finely (or, attn_qk="own", the branch's own projections of
+        x [B, T, hidden]), QK-RMSNorm, optional RoPE (at positions offset.., or at pos [T] for packed documents).
+        [B, T, Hs, d_ks]."""
         b, t, _ = q.shape
+        if self.attn_q_proj is not None:
+            q, k = self.attn_q_proj(x), self.attn_k_proj(x)
         qs = self.q_norm(q.view(b, t, self.num_attn_heads, self.attn_head_dim))
         ks = self.k_norm(k.view(b, t, self.num_attn_heads, self.attn_head_dim))
         if self.rotary is not None and pos is not None:
@@ -451,7 +463,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
 
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)
-        qs, ks = self._attn_qk(q, k, 0, pos)
+        qs, ks = self._attn_qk(q, k, x, 0, pos)
         vs = self._heads(v, hs, self.attn_head_v_dim)
         gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend,
                       buffer_dtype=self.buffer_dtype)
@@ -529,7 +541,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st.k_cache, st.v_cache, st.valid, st.n_kept = (state.k_cache.clone(), state.v_cache.clone(),
                                                        state.valid.clone(), state.n_kept.clone())
         q, k, v, beta, g, st.conv = self._project(x, state, True)
-        qs_all, ks_all = self._attn_qk(q, k, state.offset)
+        qs_all, ks_all = self._attn_qk(q, k, x, state.offset)
         vs_all = self._heads(v, hs, self.attn_head_v_dim)
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)

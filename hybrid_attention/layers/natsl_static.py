@@ -79,8 +79,8 @@ class NatsLStaticState(StaticState):
     capacity: int
     num_splits: int
     use_kernels: bool
-    # the step's q|k|v|a|b|g(|omega when it reads x) projections and q|k|v convolutions fused
-    # (modules/fused_linear.py); conv's branches are views of its conv state
+    # the step's q|k|v|a|b|g(|omega when it reads x)(|q_s|k_s with attn_qk="own") projections and q|k|v
+    # convolutions fused (modules/fused_linear.py); conv's branches are views of its conv state
     inputs: FusedInputs | None = None
     rope: torch.Tensor | None = None  # [max_len, 2, D]: the RoPE table (`RotaryEmbedding.table`), None without RoPE
 
@@ -159,7 +159,9 @@ class NatsLStaticStep:
         cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
         names = ("q", "k", "v")
         projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj, self.g_proj]
-        inputs, views = fuse_inputs(projs + ([self.omega_proj] if self.weights_from != "q" else []),
+        projs += [self.omega_proj] if self.weights_from != "q" else []
+        projs += [self.attn_q_proj, self.attn_k_proj] if self.attn_q_proj is not None else []
+        inputs, views = fuse_inputs(projs,
                                     [self.convs[n] for n in names], [st.conv[n] for n in names], device, dtype)
         return NatsLStaticState(
             kv_k=torch.zeros(b, hs, cap + c, self.attn_head_dim, device=device, dtype=dtype),
@@ -203,7 +205,7 @@ class NatsLStaticStep:
         per_row = pos.dim() == 1
         c, hl, hs, grp = self.chunk_size, self.num_heads, self.num_attn_heads, self.group
         # one GEMV for every projection of x, one convolution over q|k|v (the state's fused weights)
-        z = static.inputs(x[:, 0])  # q, k, v (after their convolution), a, b, g(, omega), each [B, ·]
+        z = static.inputs(x[:, 0])  # q, k, v (after their convolution), a, b, g(, omega)(, q_s, k_s), each [B, ·]
         q, k, v = (t[:, None] for t in z[:3])
         beta = torch.sigmoid(z[4].to(torch.float64 if x.dtype == torch.float64 else torch.float32))[:, None]
         g = gdn_decay(z[3], self.A_log, self.dt_bias)[:, None]
@@ -213,8 +215,9 @@ class NatsLStaticStep:
         static.g_sum.add_(g[:, 0])
         # Softmax branch: this token joins the chunk buffer at slot pos mod C, then attends to the kept chunks of its
         # decision head and to the chunk's tokens up to itself.
-        qs = self.q_norm(q.view(b, 1, hs, self.attn_head_dim))
-        ks = self.k_norm(k.view(b, 1, hs, self.attn_head_dim))
+        q_s, k_s = (z[-2][:, None], z[-1][:, None]) if self.attn_q_proj is not None else (q, k)
+        qs = self.q_norm(q_s.view(b, 1, hs, self.attn_head_dim))
+        ks = self.k_norm(k_s.view(b, 1, hs, self.attn_head_dim))
         if self.rotary is not None:
             qs, ks = (self.rotary.at_table(z, static.rope, rope_positions(pos)) for z in (qs, ks))
         vs = v.view(b, 1, hs, self.attn_head_v_dim)

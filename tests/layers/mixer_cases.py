@@ -55,4 +55,5 @@ MIXER_CASES.update({
     "natsl-no-decay": _natsl(decay_uncommitted=False),
     "natsl-no-qk-norm": _natsl(qk_norm=False),
     "natsl-softmax-output": _natsl(fused_outputs="softmax"),
+    "natsl-own-attn-qk": _natsl(attn_qk="own"),
 })

@@ -389,11 +389,11 @@ def test_qk_norm_flag_bounds_or_frees_the_softmax_logits():
         "q_norm.weight", "k_norm.weight"}
     q = torch.randn(2, 11, HL * 16, dtype=torch.float64)
     k = torch.randn(2, 11, HL * 16, dtype=torch.float64)
-    qs1, _ = normed._attn_qk(q, k, 0)
-    qs3, _ = normed._attn_qk(3 * q, k, 0)
+    qs1, _ = normed._attn_qk(q, k, None, 0)
+    qs3, _ = normed._attn_qk(3 * q, k, None, 0)
     torch.testing.assert_close(qs3, qs1, rtol=1e-5, atol=1e-5)  # up to the norm's eps (1e-6)
-    fq1, fk1 = free._attn_qk(q, k, 0)
-    fq3, _ = free._attn_qk(3 * q, k, 0)
+    fq1, fk1 = free._attn_qk(q, k, None, 0)
+    fq3, _ = free._attn_qk(3 * q, k, None, 0)
     torch.testing.assert_close(fq3, 3 * fq1)
     torch.testing.assert_close(fk1, k.view_as(fk1))
     x = torch.randn(2, 19, D, dtype=torch.float64, requires_grad=True)
@@ -429,3 +429,36 @@ def test_fused_outputs_keeps_one_branch():
     assert moved("gdn") == {"A_log": True, "b_proj.weight": True, "omega_proj.weight": False, "q_norm.weight": False}
     with pytest.raises(ValueError, match="fused_outputs must be one of 'both', 'softmax', 'gdn', got 'sa'"):
         NatsLAttention(D, HL, DK, num_attn_heads=HS, fused_outputs="sa")
+
+
+def test_own_attn_qk_reads_the_softmax_branch_from_its_own_projections():
+    """attn_qk="own" (a diagnostic): the softmax branch's q / k come from W_qs x, W_ks x, so with only that branch in
+    the output (fused_outputs="softmax") the GDN branch's q / k projections no longer matter and the new ones do;
+    "shared" (the paper's layer) reads the GDN q / k. Bad values name the argument."""
+    x = torch.randn(2, 19, D, dtype=torch.float64)
+
+    def moved(attn_qk: str) -> dict[str, bool]:
+        torch.manual_seed(0)
+        layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, fused_outputs="softmax",
+                               attn_qk=attn_qk).double()
+        y0, _ = layer(x)
+        out = {}
+        for name in ("q_proj.weight", "k_proj.weight", "attn_q_proj.weight", "attn_k_proj.weight"):
+            if not hasattr(layer, name.split(".")[0]) or getattr(layer, name.split(".")[0]) is None:
+                out[name] = None
+                continue
+            p = layer.get_parameter(name)
+            delta = 0.5 * torch.randn_like(p)
+            with torch.no_grad():
+                p.add_(delta)
+            out[name] = not torch.allclose(layer(x)[0], y0, rtol=0, atol=1e-12)
+            with torch.no_grad():
+                p.sub_(delta)
+        return out
+
+    assert moved("shared") == {"q_proj.weight": True, "k_proj.weight": True, "attn_q_proj.weight": None,
+                               "attn_k_proj.weight": None}
+    assert moved("own") == {"q_proj.weight": False, "k_proj.weight": False, "attn_q_proj.weight": True,
+                            "attn_k_proj.weight": True}
+    with pytest.raises(ValueError, match="attn_qk must be one of 'shared', 'own', got 'separate'"):
+        NatsLAttention(D, HL, DK, num_attn_heads=HS, attn_qk="separate")
