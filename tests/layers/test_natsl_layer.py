@@ -402,31 +402,40 @@ def test_qk_norm_flag_bounds_or_frees_the_softmax_logits():
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
 
 
+def _output_moves(x: torch.Tensor, names: tuple[str, ...], **options) -> dict[str, bool | None]:
+    """For a float64 NatsLAttention built with ``options`` (seed 0): whether adding random noise to each named
+    parameter changes the layer's output on x (None: the layer has no such parameter)."""
+    torch.manual_seed(0)
+    layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, **options).double()
+    y0, _ = layer(x)
+    out = {}
+    for name in names:
+        if getattr(layer, name.split(".")[0], None) is None:
+            out[name] = None
+            continue
+        p = layer.get_parameter(name)
+        delta = 0.5 * torch.randn_like(p)  # not a constant: a shift of every ω logit alike would cancel
+        with torch.no_grad():
+            p.add_(delta)
+        out[name] = not torch.allclose(layer(x)[0], y0, rtol=0, atol=1e-12)
+        with torch.no_grad():
+            p.sub_(delta)
+    return out
+
+
 def test_fused_outputs_keeps_one_branch():
     """fused_outputs="softmax" (a diagnostic): the output does not depend on anything only the GDN branch reads (its
     decay and β parameters) or on the fusion weights ω, and does depend on the softmax branch's q / k norms; "gdn"
     the reverse; "both" (the default) depends on all of them. Bad values name the argument."""
     x = torch.randn(2, 19, D, dtype=torch.float64)
+    names = ("A_log", "b_proj.weight", "omega_proj.weight", "q_norm.weight")
 
-    def moved(mode: str) -> dict[str, bool]:
-        torch.manual_seed(0)
-        layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, fused_outputs=mode).double()
-        y0, _ = layer(x)
-        out = {}
-        for name in ("A_log", "b_proj.weight", "omega_proj.weight", "q_norm.weight"):
-            p = layer.get_parameter(name)
-            delta = 0.5 * torch.randn_like(p)  # not a constant: a shift of every ω logit alike would cancel
-            with torch.no_grad():
-                p.add_(delta)
-            out[name] = not torch.allclose(layer(x)[0], y0, rtol=0, atol=1e-12)
-            with torch.no_grad():
-                p.sub_(delta)
-        return out
-
-    assert moved("both") == {"A_log": True, "b_proj.weight": True, "omega_proj.weight": True, "q_norm.weight": True}
-    assert moved("softmax") == {"A_log": False, "b_proj.weight": False, "omega_proj.weight": False,
-                                "q_norm.weight": True}
-    assert moved("gdn") == {"A_log": True, "b_proj.weight": True, "omega_proj.weight": False, "q_norm.weight": False}
+    assert _output_moves(x, names, fused_outputs="both") == {"A_log": True, "b_proj.weight": True,
+                                                             "omega_proj.weight": True, "q_norm.weight": True}
+    assert _output_moves(x, names, fused_outputs="softmax") == {"A_log": False, "b_proj.weight": False,
+                                                                "omega_proj.weight": False, "q_norm.weight": True}
+    assert _output_moves(x, names, fused_outputs="gdn") == {"A_log": True, "b_proj.weight": True,
+                                                            "omega_proj.weight": False, "q_norm.weight": False}
     with pytest.raises(ValueError, match="fused_outputs must be one of 'both', 'softmax', 'gdn', got 'sa'"):
         NatsLAttention(D, HL, DK, num_attn_heads=HS, fused_outputs="sa")
 
@@ -436,29 +445,11 @@ def test_own_attn_qk_reads_the_softmax_branch_from_its_own_projections():
     the output (fused_outputs="softmax") the GDN branch's q / k projections no longer matter and the new ones do;
     "shared" (the paper's layer) reads the GDN q / k. Bad values name the argument."""
     x = torch.randn(2, 19, D, dtype=torch.float64)
+    names = ("q_proj.weight", "k_proj.weight", "attn_q_proj.weight", "attn_k_proj.weight")
 
-    def moved(attn_qk: str) -> dict[str, bool]:
-        torch.manual_seed(0)
-        layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, fused_outputs="softmax",
-                               attn_qk=attn_qk).double()
-        y0, _ = layer(x)
-        out = {}
-        for name in ("q_proj.weight", "k_proj.weight", "attn_q_proj.weight", "attn_k_proj.weight"):
-            if not hasattr(layer, name.split(".")[0]) or getattr(layer, name.split(".")[0]) is None:
-                out[name] = None
-                continue
-            p = layer.get_parameter(name)
-            delta = 0.5 * torch.randn_like(p)
-            with torch.no_grad():
-                p.add_(delta)
-            out[name] = not torch.allclose(layer(x)[0], y0, rtol=0, atol=1e-12)
-            with torch.no_grad():
-                p.sub_(delta)
-        return out
-
-    assert moved("shared") == {"q_proj.weight": True, "k_proj.weight": True, "attn_q_proj.weight": None,
-                               "attn_k_proj.weight": None}
-    assert moved("own") == {"q_proj.weight": False, "k_proj.weight": False, "attn_q_proj.weight": True,
-                            "attn_k_proj.weight": True}
+    assert _output_moves(x, names, fused_outputs="softmax", attn_qk="shared") == {
+        "q_proj.weight": True, "k_proj.weight": True, "attn_q_proj.weight": None, "attn_k_proj.weight": None}
+    assert _output_moves(x, names, fused_outputs="softmax", attn_qk="own") == {
+        "q_proj.weight": False, "k_proj.weight": False, "attn_q_proj.weight": True, "attn_k_proj.weight": True}
     with pytest.raises(ValueError, match="attn_qk must be one of 'shared', 'own', got 'separate'"):
         NatsLAttention(D, HL, DK, num_attn_heads=HS, attn_qk="separate")
