@@ -36,15 +36,15 @@ _STATE_KEYS = ("epoch", "scheduler", "generator", "seconds", "loss", "accuracy",
 
 def fingerprint(cfg: RecallConfig, mixer: str, d_model: int, lr: float) -> dict[str, Any]:
     """What decides one model's training: the config without ``_NOT_TRAJECTORY``, plus mixer, width and lr."""
-    # None-valued fields are left out (here and in the stored fingerprint it is compared with, `_comparable`): a
-    # field added later with a None default (short_num_kv_pairs, session 24) keeps the earlier checkpoints resumable
-    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in _NOT_TRAJECTORY and v is not None}
+    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in _NOT_TRAJECTORY}
     # as it reads back from the checkpoint's JSON (tuples become lists), so that the comparison is exact
-    return json.loads(json.dumps({"config": cfg_d, "mixer": mixer, "d_model": d_model, "lr": lr}))
+    return _comparable(json.loads(json.dumps({"config": cfg_d, "mixer": mixer, "d_model": d_model, "lr": lr})))
 
 
 def _comparable(stored: dict) -> dict:
-    """A stored fingerprint as ``fingerprint`` writes it now: its config's None values left out."""
+    """A fingerprint with its config's None values left out: ``fingerprint`` writes it so and the stored one is read
+    so, so that a field added later with a None default (short_num_kv_pairs, session 24) keeps the earlier
+    checkpoints resumable."""
     cfg_d = {k: v for k, v in stored.get("config", {}).items() if v is not None}
     return {**stored, "config": cfg_d}
 

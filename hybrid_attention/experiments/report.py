@@ -223,6 +223,11 @@ def _plot_recall(doc: dict, path: Path) -> Path | None:
     return save_figure(fig, path, dpi=100)
 
 
+def _switch(history: list[dict]) -> dict | None:
+    """A length curriculum's first epoch at the new training length (None: one length throughout)."""
+    return next((e for e in history if e.get("seq_len") != history[0].get("seq_len")), None)
+
+
 def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]]], path: Path,
                          title: str) -> Path | None:
     """Test accuracy against epoch, one panel per recall task: ``panels`` = {task: [(cell, label, style, history)]},
@@ -241,7 +246,7 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
             color = cmap(cells.index(cell) % cmap.N)
             ax.plot([e["epoch"] for e in h], [e["accuracy"] for e in h], color=color,
                     ls=styles[style % len(styles)], label=label)
-            switch = next((e for e in h if e.get("seq_len") != h[0].get("seq_len")), None)
+            switch = _switch(h)
             if switch is not None:  # a length curriculum: mark the first epoch at the new training length
                 ax.axvline(switch["epoch"] - 0.5, color=color, ls=":", alpha=0.6)
                 a, b = h[0], switch
@@ -357,7 +362,7 @@ def plateau_table(summary: dict) -> list[str]:
                   "|---|---|---|---|---|---|---|---|"]
         for n, r in rows:
             h = r["history"]
-            switch = next((e for e in h if e.get("seq_len") != h[0].get("seq_len")), None)
+            switch = _switch(h)
             where = (f"epoch {switch['epoch']} (T {h[0]['seq_len']} → {switch['seq_len']})" if switch else "–")
             lines.append(f"| {n} | {r['seed']} | {r['lr']:g} | {h[-1]['accuracy']:.3f} | {h[-1]['epoch']} | "
                          f"{_first_epoch(h, left)} | {_first_epoch(h, 0.8)} | {where} |")

@@ -168,7 +168,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.attn_head_dim, self.attn_head_v_dim = key_dim // num_attn_heads, value_dim // num_attn_heads
         self.chunk_size, self.norm_eps = chunk_size, norm_eps
         self.weights_from, self.separate_norms = weights_from, separate_norms
-        self.fused_outputs, self.attn_qk = fused_outputs, attn_qk
+        self.fused_outputs = fused_outputs
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
         self.buffer_dtype = buffer_dtype  # the GDN branch's Triton buffer precision (ops/gated_delta/triton/config.py)
@@ -191,7 +191,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
         self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
         self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
-        # attn_qk="own" (module docstring): the softmax branch's q / k projections, linear in x
+        # attn_qk="own" (module docstring): the softmax branch's q / k projections, linear in x (None: "shared")
         self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if attn_qk == "own" else None
         self.attn_k_proj = nn.Linear(hidden_size, key_dim, bias=False) if attn_qk == "own" else None
         self.qk_norm = qk_norm
