@@ -5,10 +5,9 @@
 # /work/.device/4/c3); SUITE: e.g. credible_recall; TAG: names the console logs, e.g. session19_call3.
 # - the suite's run tree from artifacts.tgz (reports, per-run results, finished recall rows) over results/<suite>_gpu/;
 # - each lane's log of the suite as results/<suite>_gpu/console_<TAG>_lane<i>.log;
-# - the cut recall models' checkpoint parts (resume_<suite>.tar.part-NNN) as results/<suite>_gpu/resume/ (git ignores
-#   it; carry it in the next call: `carry: ["results/<suite>_gpu/resume"]`), replaced by exactly what the call
-#   exported (its logs/resume_<suite>.list; removed when nothing is left to resume). Archives without that list
-#   (before session 19's fix) leave resume/ as it was.
+# - the cut recall models' checkpoints (resume_<suite>.tar.part-NNN) into results/<suite>_gpu/resume/ (git ignores
+#   it), one tar per model, merged with what it held (below); carry it in the next call: `carry:
+#   ["results/<suite>_gpu/resume"]`, or only `results/<suite>_gpu/resume/<cell>` or `.../<cell>/seed<s>`.
 set -euo pipefail
 dir=${1:?DIR}; suite=${2:?SUITE}; tag=${3:?TAG}
 dest="results/${suite}_gpu"
@@ -24,19 +23,53 @@ for log in "$tmp"/logs/lane*_"$suite".log "$dir"/lane*_"$suite".log; do
   lane=$(basename "$log" | sed 's/^lane\([0-9]*\)_.*/\1/')
   cp "$log" "$dest/console_${tag}_lane${lane}.log"
 done
-# the cut models' checkpoints: logs/resume_<suite>.list names what the call exported (every model still to resume);
-# resume/ becomes exactly that, emptied when the list is (those models finished: their rows are in the run tree)
+# The cut models' checkpoints. logs/resume_<suite>.list names what the call exported (every model it left unfinished,
+# carried or cut there). resume/ keeps one tar per model, resume/<cell>/seed<s>/<task>/part-NNN (<= 15 MiB each), so
+# that a call can carry one cell's or seed's checkpoints (a call carries 64 MiB with the tree; one 2-layer d 128 model
+# with its optimizer is ~30 MiB). After the merge resume/ holds
+#   - every model the call exported (it supersedes an older checkpoint of the same model), and
+#   - every model resume/ held before that the call did not finish (not carried to it, or carried and cut again
+#     without an export): its recall_<task>.json is not in the merged run tree. Before session 25 resume/ became
+#     exactly the export, so a call that did not carry it deleted its checkpoints.
+# Parts that do not make one complete tar (the device tool left some behind: more than 8 files or 64 MiB) are an
+# error that leaves resume/ as it was; the run tree and logs are merged all the same.
 list="$tmp/logs/resume_${suite}.list"
+[ -f "$list" ] || { echo "merged $dir into $dest (no resume list: resume/ left as it was)"; exit 0; }
+new="$tmp/new_resume" old="$tmp/old_resume"
+mkdir -p "$new" "$old"
 parts=("$dir/resume_${suite}.tar.part-"*)
-if [ -f "$list" ]; then
-  if [ -s "$list" ] && [ ! -f "${parts[0]}" ]; then
-    echo "error: the call exported checkpoints ($list) but no resume_${suite}.tar.part-* came back" >&2; exit 2
-  fi
-  rm -rf "$dest/resume"
-  if [ -s "$list" ]; then
-    mkdir -p "$dest/resume"
-    for p in "${parts[@]}"; do cp "$p" "$dest/resume/resume.tar.part-${p##*.part-}"; done
-    echo "resume: ${#parts[@]} part(s) in $dest/resume (carry it in the next call): $(wc -l < "$list") task(s) with a cut model"
-  fi
+if [ -s "$list" ]; then
+  [ -f "${parts[0]}" ] || { echo "error: the call exported checkpoints ($list) but no resume_${suite}.tar.part-* came back; resume/ left as it was" >&2; exit 2; }
+  for i in "${!parts[@]}"; do
+    want=$(printf '%s/resume_%s.tar.part-%03d' "$dir" "$suite" "$i")
+    [ "${parts[$i]}" = "$want" ] || { echo "error: $want did not come back (${#parts[@]} part(s) did): the call's checkpoints are incomplete; resume/ left as it was" >&2; exit 2; }
+  done
+  cat "${parts[@]}" | tar xf - -C "$new" 2>/dev/null \
+    || { echo "error: the ${#parts[@]} part(s) of resume_${suite}.tar do not make a complete tar (the last one stayed behind?); resume/ left as it was" >&2; exit 2; }
+  while read -r r; do
+    [ -d "$new/$r" ] || { echo "error: the list names $r, which the parts do not hold; resume/ left as it was" >&2; exit 2; }
+  done < "$list"
 fi
+if [ -d "$dest/resume" ]; then
+  find "$dest/resume" \( -name part-000 -o -name resume.tar.part-000 \) | while read -r first; do
+    cat "${first%000}"* | tar xf - -C "$old" 2>/dev/null \
+      || echo "warning: ${first%000}* is not a complete tar: dropped" >&2
+  done
+fi
+kept=0
+for r in $(cd "$old" && find . -type d -name 'recall_*.resume' ! -empty -prune | sed 's|^\./||' | sort); do
+  [ -d "$new/$r" ] || [ -f "$dest/${r%.resume}.json" ] && continue
+  mkdir -p "$new/$(dirname "$r")" && cp -r "$old/$r" "$new/$r" && kept=$(( kept + 1 ))
+done
+rm -rf "$dest/resume"
+n=0
+for r in $(cd "$new" && find . -type d -name 'recall_*.resume' ! -empty -prune | sed 's|^\./||' | sort); do
+  # cells/<cell>/seed<s>/recall_<task>.resume -> resume/<cell>/seed<s>/<task>/part-NNN
+  rel=${r#cells/}; base=$(basename "$rel" .resume)
+  target="$dest/resume/$(dirname "$rel")/${base#recall_}"
+  mkdir -p "$target"
+  (cd "$new" && tar cf - "$r") | split -b 15M -a 3 -d - "$target/part-"
+  n=$(( n + 1 ))
+done
+[ "$n" -eq 0 ] || echo "resume: $n model(s) in $dest/resume ($(wc -l < "$list") from this call, $kept kept from before; carry the folder, or a cell's or seed's under it)"
 echo "merged $dir into $dest"

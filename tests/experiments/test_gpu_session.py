@@ -1,7 +1,7 @@
 """configs/experiments/gpu_session.sh carries what earlier device calls finished into the call's run directory: the
 recall tasks and sweep models of runs that a call's time limit cut (results/<suite>_gpu/cells/*/seed*/recall_*.json),
 so that the runner trains only the rest, and the per-epoch checkpoints of cut recall models, there and back as one
-tar in <= 15 MiB parts two folders deep; and it shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
+tar in <= 15 MiB parts two folders deep (kept here as one tar per model by scripts/merge_device_results.sh); and it shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
 
 import io
 import os
@@ -86,13 +86,14 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     assert ".resume" not in listing
 
     # scripts/merge_device_results.sh puts what came back where the next call reads it: the run tree over
-    # results/<suite>_gpu/, the lane's log as a console log, the parts into an emptied resume/ (the stale part goes)
-    (carry / "resume.tar.part-002").write_bytes(b"stale")
+    # results/<suite>_gpu/, the lane's log as a console log, the model's checkpoint as its own tar in resume/ (the
+    # carried one-tar layout is replaced: the call exported the same model again)
     subprocess.run(["bash", str(ROOT / "scripts" / "merge_device_results.sh"), str(out), "recall_cpu", "s1_call1"],
                    cwd=tmp_path, check=True, timeout=120, capture_output=True)
     dest = tmp_path / "results" / "recall_cpu_gpu"
-    assert sorted(p.name for p in carry.iterdir()) == ["resume.tar.part-000", "resume.tar.part-001"]
-    assert _tar_files(sorted(carry.iterdir())) == want
+    files = sorted(str(p.relative_to(carry)) for p in carry.rglob("*") if p.is_file())
+    assert files == ["softmax/seed0/mqar/part-000", "softmax/seed0/mqar/part-001"]
+    assert _tar_files(sorted((carry / "softmax" / "seed0" / "mqar").iterdir())) == want
     assert (dest / "cells" / "softmax" / "seed0" / "recall_mqar.rows.json").read_text() == "[]"
     assert "natsl_hybrid: seeds [0]" in (dest / "console_s1_call1_lane0.log").read_text()  # the --list output
     # and the next call, carrying it, finds the checkpoint again
@@ -102,27 +103,84 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     assert (runs2 / "recall_cpu" / rel / "optimizer.safetensors").read_bytes() == big
 
 
-def test_merge_follows_the_exported_resume_list(tmp_path):
-    # the call's logs/resume_<suite>.list names what it exported: an empty list (the models finished) removes
-    # results/<suite>_gpu/resume/, so finished checkpoints are not carried and exported again; a list whose parts did
-    # not come back is an error that leaves resume/ as it was
-    def returned(name, listing):
-        d = tmp_path / name
-        (d / "pack" / "recall_cpu").mkdir(parents=True)
-        (d / "pack" / "logs").mkdir()
-        (d / "pack" / "logs" / "resume_recall_cpu.list").write_text(listing)
-        subprocess.run(["tar", "czf", str(d / "artifacts.tgz"), "-C", str(d / "pack"), "recall_cpu", "logs"],
-                       check=True)
-        return d
+def _checkpoint_tar(models: dict[str, bytes]) -> bytes:
+    """A tar of cut models' resume folders as gpu_session.sh exports them: {"cells/<cell>/seed<s>/recall_<task>":
+    the bytes of its one checkpoint file}."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for run, data in models.items():
+            info = tarfile.TarInfo(f"{run}.resume/m_d16_lr0.001/step-00000003/model.safetensors")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
+
+def _returned(tmp_path: Path, name: str, models: dict[str, bytes], finished: tuple[str, ...] = (),
+              parts: int = 1, drop: tuple[int, ...] = ()) -> Path:
+    """A call's returned folder: artifacts.tgz (a run tree with the ``finished`` rows, logs/resume_recall_cpu.list
+    naming ``models``) and their tar in ``parts`` parts, less the indices in ``drop`` (parts that stayed behind)."""
+    d = tmp_path / name
+    (d / "pack" / "recall_cpu").mkdir(parents=True)
+    (d / "pack" / "logs").mkdir()
+    for run in finished:
+        (d / "pack" / "recall_cpu" / f"{run}.json").parent.mkdir(parents=True, exist_ok=True)
+        (d / "pack" / "recall_cpu" / f"{run}.json").write_text("{}")
+    (d / "pack" / "logs" / "resume_recall_cpu.list").write_text("".join(f"{r}.resume\n" for r in sorted(models)))
+    subprocess.run(["tar", "czf", str(d / "artifacts.tgz"), "-C", str(d / "pack"), "recall_cpu", "logs"], check=True)
+    if models:
+        packed = _checkpoint_tar(models)
+        size = -(-len(packed) // parts)
+        for i in range(parts):
+            if i not in drop:
+                (d / f"resume_recall_cpu.tar.part-{i:03d}").write_bytes(packed[i * size:(i + 1) * size])
+    return d
+
+
+def _merge(tmp_path: Path, returned: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "merge_device_results.sh"), str(returned), "recall_cpu", "t"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def _held(resume: Path) -> dict[str, bytes]:
+    """{"cells/<cell>/seed<s>/recall_<task>": checkpoint bytes} of every model resume/ holds (one tar each)."""
+    held = {}
+    for first in sorted(resume.rglob("part-000")):
+        for name, data in _tar_files(sorted(first.parent.glob("part-*"))).items():
+            held[name.split(".resume/")[0]] = data
+    return held
+
+
+def test_merge_keeps_every_unfinished_checkpoint(tmp_path):
+    # resume/ after a merge: what the call exported, plus what it held before and the call did not finish (session
+    # 25: a call that did not carry the GDN seed-1 checkpoint would have deleted it); a finished model's goes
     resume = tmp_path / "results" / "recall_cpu_gpu" / "resume"
-    resume.mkdir(parents=True)
-    (resume / "resume.tar.part-000").write_bytes(b"old")
-    merge = ["bash", str(ROOT / "scripts" / "merge_device_results.sh")]
-    lost = subprocess.run([*merge, str(returned("lost", "cells/a/seed0/recall_mqar.resume\n")), "recall_cpu", "t"],
-                          cwd=tmp_path, capture_output=True, text=True)
-    assert lost.returncode == 2 and "no resume_recall_cpu.tar.part-* came back" in lost.stderr
-    assert (resume / "resume.tar.part-000").read_bytes() == b"old"
-    subprocess.run([*merge, str(returned("done", "")), "recall_cpu", "t"], cwd=tmp_path, check=True,
-                   capture_output=True)
+    gdn, ido, sm = "cells/gdn/seed1/recall_mqar", "cells/interdomain/seed0/recall_mqar", "cells/softmax/seed0/recall_x"
+    assert _merge(tmp_path, _returned(tmp_path, "c1", {gdn: b"gdn-37", sm: b"sm-5"}, parts=3)).returncode == 0
+    assert _held(resume) == {gdn: b"gdn-37", sm: b"sm-5"}
+    assert (resume / "gdn" / "seed1" / "mqar" / "part-000").is_file()  # one tar per model: carry one cell or seed
+    # the next call carried neither: it cut a new model and finished softmax's task from scratch
+    assert _merge(tmp_path, _returned(tmp_path, "c2", {ido: b"id-12"}, finished=(sm,))).returncode == 0
+    assert _held(resume) == {gdn: b"gdn-37", ido: b"id-12"}
+    # a later checkpoint of a model supersedes the one held; an empty export of a call that finished them all
+    assert _merge(tmp_path, _returned(tmp_path, "c3", {ido: b"id-30"})).returncode == 0
+    assert _held(resume) == {gdn: b"gdn-37", ido: b"id-30"}
+    assert _merge(tmp_path, _returned(tmp_path, "c4", {}, finished=(gdn, ido))).returncode == 0
     assert not resume.exists()
+
+
+def test_merge_refuses_checkpoints_that_did_not_all_come_back(tmp_path):
+    # parts the device tool left behind (over 8 files or 64 MiB: session 25, call 2) are one clear error; resume/ is
+    # left as it was, and the run tree is merged all the same
+    resume = tmp_path / "results" / "recall_cpu_gpu" / "resume"
+    gdn, ido = "cells/gdn/seed1/recall_mqar", "cells/interdomain/seed0/recall_mqar"
+    assert _merge(tmp_path, _returned(tmp_path, "c1", {gdn: b"gdn-37"})).returncode == 0
+    big = {ido: os.urandom(64 * 1024)}
+    for name, drop, message in (("first", (0,), "part-000 did not come back"),
+                                ("middle", (1,), "part-001 did not come back"),
+                                ("last", (2,), "do not make a complete tar"),
+                                ("all", (0, 1, 2), "no resume_recall_cpu.tar.part-* came back")):
+        proc = _merge(tmp_path, _returned(tmp_path, name, big, finished=("cells/a/seed0/recall_t",), parts=3,
+                                          drop=drop))
+        assert proc.returncode == 2 and message in proc.stderr, (name, proc.stderr)
+        assert _held(resume) == {gdn: b"gdn-37"}
+        assert (tmp_path / "results" / "recall_cpu_gpu" / "cells" / "a" / "seed0" / "recall_t.json").exists()
