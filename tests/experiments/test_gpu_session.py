@@ -1,7 +1,8 @@
 """configs/experiments/gpu_session.sh carries what earlier device calls finished into the call's run directory: the
 recall tasks and sweep models of runs that a call's time limit cut (results/<suite>_gpu/cells/*/seed*/recall_*.json),
 so that the runner trains only the rest, and the per-epoch checkpoints of cut recall models, there and back as one
-tar in <= 15 MiB parts two folders deep (kept here as one tar per model by scripts/merge_device_results.sh); and it shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
+tar in <= 15 MiB parts two folders deep (kept here as one tar per model by scripts/merge_device_results.sh); and it
+shares the CPU cores among the lanes (OMP_NUM_THREADS)."""
 
 import io
 import os
