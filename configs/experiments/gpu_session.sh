@@ -117,15 +117,39 @@ mkdir -p "$RUNS" "$OUT/logs"
 # the per-epoch checkpoints of recall models this call cut (runner.py), or carried in and not yet finished: one tar per
 # suite, split into parts of at most 15 MiB, $OUT/resume_<suite>.tar.part-000, -001, ... (a returned file is at most
 # 16 MiB; session 19's first export, the run tree copied under $OUT/resume/, did not come back: too many folders
-# down). logs/resume_<suite>.list (in the archive) names what the parts hold, empty when nothing is left to resume:
-# scripts/merge_device_results.sh replaces results/<suite>_gpu/resume/ by exactly that
+# down). logs/resume_<suite>.list (in the archive) names what the parts hold, empty when nothing is left to resume;
+# scripts/merge_device_results.sh keeps those and what results/<suite>_gpu/resume/ held that the call did not finish.
+# The device tool returns at most RETURN_FILES (8) files and RETURN_MIB (64) MiB in all, and leaves the rest behind
+# in no useful order (session 25, call 2: parts 000 and 001 of a three-part tar stayed behind, so no model of it came
+# back). So models are exported whole, one after the other, while their parts fit beside artifacts.tgz (2 MiB kept
+# for it); a model that does not fit is named on stdout and is lost (one 2-layer d 128 model with its optimizer is
+# ~30 MiB: two fit in one call).
+part_bytes=$(( 15 * 1024 * 1024 ))
+LOST=""
+files_left=$(( ${RETURN_FILES:-8} - 1 ))
+bytes_left=$(( (${RETURN_MIB:-64} - 2) * 1024 * 1024 ))
 for s in $SUITES; do
   : > "$OUT/logs/resume_$s.list"
+  [ -d "$RUNS/$s/cells" ] || continue
   # a finished task's checkpoint is not exported (its recall_<task>.json exists): on a warm machine a carried folder
   # is still in the work tree and unpacked again after the model finished (session 22, call 3)
-  [ -d "$RUNS/$s/cells" ] && (cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' ! -empty -prune | sort \
-    | while read -r r; do [ -f "${r%.resume}.json" ] || echo "$r"; done > "$OUT/logs/resume_$s.list" && if [ -s "$OUT/logs/resume_$s.list" ]; then
-    tar cf - -T "$OUT/logs/resume_$s.list" | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"; fi)
+  size=0
+  while read -r r; do
+    [ -f "$RUNS/$s/${r%.resume}.json" ] && continue
+    b=$(( $(du -sb "$RUNS/$s/$r" | cut -f1) + 65536 ))  # + tar headers and padding
+    n=$(( (size + b + part_bytes - 1) / part_bytes ))
+    if [ "$n" -le "$files_left" ] && [ $(( size + b )) -le "$bytes_left" ]; then
+      echo "$r" >> "$OUT/logs/resume_$s.list"; size=$(( size + b ))
+    else
+      LOST="${LOST}WARNING: $s: the checkpoint $r does not fit in what comes back ($files_left files, $(( bytes_left / 1048576 )) MiB left): not exported, lost
+"
+    fi
+  done < <(cd "$RUNS/$s" && find cells -type d -name 'recall_*.resume' ! -empty -prune | sort)
+  [ -s "$OUT/logs/resume_$s.list" ] || continue
+  (cd "$RUNS/$s" && tar cf - -T "$OUT/logs/resume_$s.list") | split -b 15M -a 3 -d - "$OUT/resume_$s.tar.part-"
+  for f in "$OUT/resume_$s.tar.part-"*; do
+    files_left=$(( files_left - 1 )); bytes_left=$(( bytes_left - $(stat -c %s "$f") ))
+  done
 done
 # one archive, with the call's logs under logs/ (moved out of $OUT): the device tool returns at most 8 files, at most
 # 2 folders down, 64 MiB in all
@@ -135,11 +159,11 @@ tar czf "$OUT/artifacts.tgz" --exclude=checkpoints --exclude=tokenizer --exclude
 for s in $SUITES; do
   echo "===== $s"; sed -n '/^| cell/,/^$/p' "$RUNS/$s/results.md" 2>/dev/null
 done
-# the device tool returns at most 8 files and 64 MiB in all (session 25, call 2: two of three checkpoint parts stayed
-# behind, so that call's cut models were lost): say so here, where the operator reads it
+# what did not fit in the return, and a check of the return itself, last, where the operator reads them
+printf '%s' "$LOST"
 nret=$(find "$OUT" -maxdepth 1 -type f | wc -l)
 mret=$(find "$OUT" -maxdepth 1 -type f -printf '%s\n' | awk '{s += $1} END {print int((s + 1048575) / 1048576)}')
-if [ "$nret" -gt 8 ] || [ "$mret" -gt 63 ]; then
-  echo "WARNING: \$OUT holds $nret files, $mret MiB: over what comes back (8 files, 64 MiB); some checkpoint parts will not"
+if [ "$nret" -gt "${RETURN_FILES:-8}" ] || [ "$mret" -gt "${RETURN_MIB:-64}" ]; then
+  echo "WARNING: \$OUT holds $nret files, $mret MiB: over what comes back (${RETURN_FILES:-8} files, ${RETURN_MIB:-64} MiB)"
 fi
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -185,3 +185,36 @@ def test_merge_refuses_checkpoints_that_did_not_all_come_back(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr, (name, proc.stderr)
         assert _held(resume) == {gdn: b"gdn-37"}
         assert (tmp_path / "results" / "recall_cpu_gpu" / "cells" / "a" / "seed0" / "recall_t.json").exists()
+
+
+def test_gpu_session_exports_whole_checkpoints_within_the_return_limit(tmp_path):
+    # the device tool returns at most 8 files and 64 MiB and leaves the rest behind in no useful order (session 25);
+    # gpu_session exports whole models while their parts fit (here the limits are lowered to fit one of two 17 MiB
+    # models) and names the one left out. The carried checkpoints are in the one-tar-per-model layout of the merge.
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    resume = tmp_path / "results" / "recall_cpu_gpu" / "resume"
+    models = {f"cells/{cell}/seed0/recall_mqar": os.urandom(17 * 1024 * 1024) for cell in ("gdn", "softmax")}
+    for run, data in models.items():
+        packed = _checkpoint_tar({run: data})
+        folder = resume / run.split("/")[1] / "seed0" / "mqar"
+        folder.mkdir(parents=True)
+        for i in range(0, len(packed), 15 * 1024 * 1024):
+            (folder / f"part-{i // (15 * 1024 * 1024):03d}").write_bytes(packed[i:i + 15 * 1024 * 1024])
+    base = {**os.environ, "LIMIT": "200", "PYTHONPATH": str(ROOT), "LANE0": "recall_cpu --list",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for name, limits in (("mib", {"RETURN_MIB": "30"}), ("files", {"RETURN_FILES": "3"}), ("both", {})):
+        out = tmp_path / f"out_{name}"
+        proc = subprocess.run(["bash", str(ROOT / "configs" / "experiments" / "gpu_session.sh")], cwd=tmp_path,
+                              env={**base, **limits, "OUT": str(out), "RUNS": str(tmp_path / f"runs_{name}")},
+                              check=True, timeout=600, capture_output=True, text=True)
+        parts = sorted(out.glob("resume_recall_cpu.tar.part-*"))
+        with tarfile.open(out / "artifacts.tgz") as tar:
+            exported = tar.extractfile("logs/resume_recall_cpu.list").read().decode().split()
+        got = {name.split(".resume/")[0]: data for name, data in _tar_files(parts).items()}
+        if name == "both":  # the default limits (8 files, 64 MiB) hold both models
+            assert got == models and len(exported) == 2 and "WARNING" not in proc.stdout
+        else:
+            assert got == {"cells/gdn/seed0/recall_mqar": models["cells/gdn/seed0/recall_mqar"]}
+            assert exported == ["cells/gdn/seed0/recall_mqar.resume"]
+            assert "WARNING: recall_cpu: the checkpoint cells/softmax/seed0/recall_mqar.resume does not fit" \
+                in proc.stdout
