@@ -19,9 +19,11 @@
 # rewritten from all finished runs of the seeds found on disk (--report-only), the small artifacts (md, json, png,
 # logs; no checkpoints) and the call's logs (logs/) are packed into $OUT/artifacts.tgz and the tables are printed.
 # The per-epoch checkpoints of recall models a call cut come back as $OUT/resume_<suite>.tar.part-NNN (one tar,
-# <= 15 MiB parts); `bash scripts/merge_device_results.sh <returned folder> <suite> <tag>` merges a call's return
-# into results/<suite>_gpu/ (the parts into results/<suite>_gpu/resume/, ignored by git); carried (`carry:
-# ["results/<suite>_gpu/resume"]`), the next call resumes those models at their last finished epoch.
+# <= 15 MiB parts; whole models only, while they fit in the device tool's return: see the export below);
+# `bash scripts/merge_device_results.sh <returned folder> <suite> <tag>` merges a call's return into
+# results/<suite>_gpu/ (the checkpoints as one tar per model in results/<suite>_gpu/resume/<cell>/seed<s>/<task>/,
+# ignored by git); carried (`carry: ["results/<suite>_gpu/resume"]`, or a cell's or seed's folder under it: a call
+# carries 64 MiB with the tree, about two models), the next call resumes those models at their last finished epoch.
 # Lessons of earlier calls (RESULTS.md sections G, S): one H200 is saturated by ~3 concurrent `small` runs (more only
 # adds memory pressure); an S4D-only `small` run takes ~280 s alone; a cut-off run's checkpoints do not come back
 # from the device, so size items to finish. Session 11: put several runs of a suite in ONE item (`seeds=[0,1] --only
