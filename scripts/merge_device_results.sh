@@ -61,15 +61,18 @@ for r in $(cd "$old" && find . -type d -name 'recall_*.resume' ! -empty -prune |
   [ -d "$new/$r" ] || [ -f "$dest/${r%.resume}.json" ] && continue
   mkdir -p "$new/$(dirname "$r")" && cp -r "$old/$r" "$new/$r" && kept=$(( kept + 1 ))
 done
-rm -rf "$dest/resume"
+# built beside resume/ and swapped in whole: nothing half-written if this stops midway
+rm -rf "$dest/resume.new"
 n=0
 for r in $(cd "$new" && find . -type d -name 'recall_*.resume' ! -empty -prune | sed 's|^\./||' | sort); do
   # cells/<cell>/seed<s>/recall_<task>.resume -> resume/<cell>/seed<s>/<task>/part-NNN
   rel=${r#cells/}; base=$(basename "$rel" .resume)
-  target="$dest/resume/$(dirname "$rel")/${base#recall_}"
+  target="$dest/resume.new/$(dirname "$rel")/${base#recall_}"
   mkdir -p "$target"
   (cd "$new" && tar cf - "$r") | split -b 15M -a 3 -d - "$target/part-"
   n=$(( n + 1 ))
 done
+rm -rf "$dest/resume"
+[ "$n" -eq 0 ] || mv "$dest/resume.new" "$dest/resume"
 [ "$n" -eq 0 ] || echo "resume: $n model(s) in $dest/resume ($(wc -l < "$list") from this call, $kept kept from before; carry the folder, or a cell's or seed's under it)"
 echo "merged $dir into $dest"
