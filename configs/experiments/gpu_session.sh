@@ -61,6 +61,9 @@ lane() {  # lane INDEX "item; item; ..."
     if [ "${args[0]:0:1}" = "!" ]; then  # a shell command, e.g. "!bash benchmarks/gpu_checks.sh"
       CUDA_VISIBLE_DEVICES=$gpu timeout "$left" bash -c "${item#*!}" >> "$OUT/lane$1_cmd.log" 2>&1
     else
+      # the item heads its output in the suite's lane log, which the merge keeps as a console log: the command of
+      # every number in it (the --tasks and overrides are not in the runner's own lines)
+      echo "item: ${args[*]}" >> "$OUT/lane$1_${args[0]}.log"
       CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $E "$C/${args[0]}.yaml" "out_dir=$RUNS/${args[0]}" "${args[@]:1}" \
         >> "$OUT/lane$1_${args[0]}.log" 2>&1
     fi

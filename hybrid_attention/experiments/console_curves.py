@@ -7,14 +7,16 @@ at chance, then a sudden rise at an epoch that differs by mixer and lr) is in th
 This module reads them back. Per log, in order:
 
     [i/n] <cell> seed <k>                                     a run starts
+      <cell> seed <k> <task>: training                        a task starts (logged since session 25)
       <mixer> d=<d> lr=<lr>: resumed after epoch <e> (...)    a model continues from a checkpoint of an earlier call
       <mixer> d=<d> lr=<lr> epoch <e>: loss <l>, test accuracy <a> (...)
       <cell> seed <k> <task>: accuracy <a> (<s> s)            the task's models above are done
 
-Models not followed by their task's line were cut by the call's limit; they belong to the first task of the suite
-(``tasks``, in order) after the last one this log finished for that run. Logs are read in name order (session, then
-call); a model that starts again at epoch 1 in a later log replaces what earlier logs had (a fresh re-run), and
-otherwise the later epochs are appended (a resumed model).
+Models not followed by their task's line were cut by the call's limit; they belong to the task whose start line
+precedes them or, in logs from before that line existed, to the first task of the suite (``tasks``, in order) after
+the last one this log finished for that run (wrong for a call that trained a later task alone with ``--tasks``). Logs
+are read in name order (session, then call); a model that starts again at epoch 1 in a later log replaces what
+earlier logs had (a fresh re-run), and otherwise the later epochs are appended (a resumed model).
 
     python -m hybrid_attention.experiments.console_curves results/credible_recall_gpu \\
         --suite configs/experiments/credible_recall.yaml --out results/credible_recall_gpu/curves_from_consoles.png
@@ -32,6 +34,7 @@ _HEADER = re.compile(r"^\[\d+/\d+\] (?P<cell>\S+) seed (?P<seed>\d+)\s*$")
 _EPOCH = re.compile(r"^\s+\S+ d=\d+ lr=(?P<lr>[0-9.e+-]+) epoch (?P<epoch>\d+): loss (?P<loss>[0-9.naif+-]+), "
                     r"test accuracy (?P<acc>[0-9.]+)")
 _DONE = re.compile(r"^\s+(?P<cell>\S+) seed (?P<seed>\d+) (?P<task>\S+): accuracy ")
+_START = re.compile(r"^\s+(?P<cell>\S+) seed (?P<seed>\d+) (?P<task>\S+): training\s*$")
 
 Key = tuple[str, int, str, float]  # (cell, seed, task, lr)
 
@@ -42,6 +45,7 @@ def _log_models(text: str, tasks: list[str]) -> list[tuple[Key, list[dict]]]:
     run: tuple[str, int] | None = None
     pending: dict[float, list[dict]] = {}  # lr -> epochs of the current task's models
     done: list[str] = []  # tasks this log finished for the current run
+    started: str | None = None  # the task whose start line came last (None: not logged, or finished)
 
     def flush(task: str) -> None:
         out.extend(((run[0], run[1], task, lr), eps) for lr, eps in pending.items())
@@ -49,6 +53,9 @@ def _log_models(text: str, tasks: list[str]) -> list[tuple[Key, list[dict]]]:
 
     def flush_cut() -> None:
         if run is None or not pending:
+            return
+        if started is not None:
+            flush(started)
             return
         after = max((tasks.index(t) for t in done if t in tasks), default=-1)
         if after + 1 < len(tasks):
@@ -58,13 +65,17 @@ def _log_models(text: str, tasks: list[str]) -> list[tuple[Key, list[dict]]]:
     for line in text.splitlines():
         if m := _HEADER.match(line):
             flush_cut()
-            run, done = (m["cell"], int(m["seed"])), []
+            run, done, started = (m["cell"], int(m["seed"])), [], None
+        elif run is not None and (m := _START.match(line)) and (m["cell"], int(m["seed"])) == run:
+            flush_cut()
+            started = m["task"]
         elif run is not None and (m := _EPOCH.match(line)):
             pending.setdefault(float(m["lr"]), []).append(
                 {"epoch": int(m["epoch"]), "loss": float(m["loss"]), "accuracy": float(m["acc"])})
         elif run is not None and (m := _DONE.match(line)) and (m["cell"], int(m["seed"])) == run:
             flush(m["task"])
             done.append(m["task"])
+            started = None
     flush_cut()
     return out
 

@@ -188,6 +188,8 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> tupl
         if suite.recall_only is not None and task not in suite.recall_only:
             continue
         rc = from_dict(RecallConfig, d)
+        # names the task its epoch lines belong to, for a console cut before the task's accuracy line (console_curves)
+        log(f"  {cell.name} seed {seed} {task}: training")
         best = {**_recall_sweep(rc, recall_rows_path(run_dir, task), log), "machine": machine_description()}
         _write_json(path, best)
         log(f"  {cell.name} seed {seed} {task}: accuracy {best['accuracy']:.3f} ({best['seconds']:.0f} s)")

@@ -1,6 +1,7 @@
 """console_curves reads the per-epoch test accuracy of recall models back from device-call console logs: models are
-assigned to the task whose line follows them, a cut model to the suite's next task, a resumed model's epochs join
-its earlier ones, and a model that starts again at epoch 1 replaces the earlier attempt."""
+assigned to the task whose line follows them, a cut model to the task whose start line precedes it (in older logs:
+the suite's next task), a resumed model's epochs join its earlier ones, and a model that starts again at epoch 1
+replaces the earlier attempt."""
 
 import json
 from pathlib import Path
@@ -26,8 +27,10 @@ def test_cut_resumed_and_rerun_models(tmp_path: Path):
         "[1/1] gdn seed 0", "  gdn d=128 lr=0.001: resumed after epoch 1 (test accuracy 0.000)",
         _epoch("0.001", 2, 0.06), _epoch("0.001", 3, 0.07), "  gdn seed 0 mqar_t1024: accuracy 0.070 (9 s)",
         _epoch("0.003", 1, 0.09), "  gdn seed 0 passkey: accuracy 0.090 (2 s)"]
+    fourth = [  # call 4 (the runner's task start lines, session 25): passkey alone (--tasks), cut after epoch 1
+        "[1/1] gdn seed 1", "  gdn seed 1 passkey: training", _epoch("0.003", 1, 0.11)]
     logs = []
-    for i, lines in enumerate((first, second, third), 1):
+    for i, lines in enumerate((first, second, third, fourth), 1):
         logs.append(tmp_path / f"console_session30_call{i}_lane0.log")
         logs[-1].write_text("\n".join(lines) + "\n")
     curves = parse_logs(logs, TASKS)
@@ -38,6 +41,7 @@ def test_cut_resumed_and_rerun_models(tmp_path: Path):
         ("gdn", 0, "mqar_t256", 0.003): [(1, 0.4)],
         ("gdn", 0, "mqar_t1024", 0.001): [(1, 0.0), (2, 0.06), (3, 0.07)],  # cut in call 2, resumed in call 3
         ("gdn", 0, "passkey", 0.003): [(1, 0.09)],
+        ("gdn", 1, "passkey", 0.003): [(1, 0.11)],  # its start line names it (the suite's first task otherwise)
     }
     out = tmp_path / "curves.png"
     main([str(tmp_path), "--suite", str(Path(__file__).resolve().parents[2] / "configs" / "experiments"

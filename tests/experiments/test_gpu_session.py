@@ -64,7 +64,9 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
     with tarfile.open(out / "artifacts.tgz") as tar:  # the call's logs are in the archive, not beside it
         names = tar.getnames()
         lane1 = tar.extractfile("logs/lane1_cmd.log").read().decode()
+        lane0 = tar.extractfile("logs/lane0_recall_cpu.log").read().decode()
     assert f"threads {per_lane}" in lane1 and "logs/lane0_recall_cpu.log" in names
+    assert lane0.startswith("item: recall_cpu --list\n")  # the command heads the console it produced
     carried = runs / "recall_cpu" / "cells" / "softmax" / "seed0"
     assert (carried / "recall_mqar.rows.json").read_text() == "[]"
     assert (carried / "recall_passkey.json").read_text() == "{}"
