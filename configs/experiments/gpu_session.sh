@@ -22,8 +22,8 @@
 # <= 15 MiB parts; whole models only, while they fit in the device tool's return: see the export below);
 # `bash scripts/merge_device_results.sh <returned folder> <suite> <tag>` merges a call's return into
 # results/<suite>_gpu/ (the checkpoints as one tar per model in results/<suite>_gpu/resume/<cell>/seed<s>/<task>/,
-# ignored by git); carried (`carry: ["results/<suite>_gpu/resume"]`, or a cell's or seed's folder under it: a call
-# carries 64 MiB with the tree, about two models), the next call resumes those models at their last finished epoch.
+# ignored by git); carried (`carry: ["results/<suite>_gpu/resume"]`, or a model's folder under it: a call carries 64
+# MiB with the ~6 MiB tree, one ~29 MiB d 128 model), the next call resumes those models at their last finished epoch.
 # Lessons of earlier calls (RESULTS.md sections G, S): one H200 is saturated by ~3 concurrent `small` runs (more only
 # adds memory pressure); an S4D-only `small` run takes ~280 s alone; a cut-off run's checkpoints do not come back
 # from the device, so size items to finish. Session 11: put several runs of a suite in ONE item (`seeds=[0,1] --only
