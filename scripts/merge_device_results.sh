@@ -9,6 +9,7 @@
 #   it), one tar per model, merged with what it held (below); carry it in the next call: `carry:
 #   ["results/<suite>_gpu/resume"]`, or only `results/<suite>_gpu/resume/<cell>` or `.../<cell>/seed<s>`.
 set -euo pipefail
+source "$(dirname "$0")/resume_tars.sh"  # unpack_resume: the layout of the kept checkpoints
 dir=${1:?DIR}; suite=${2:?SUITE}; tag=${3:?TAG}
 dest="results/${suite}_gpu"
 [ -f "$dir/artifacts.tgz" ] || { echo "error: $dir/artifacts.tgz not found" >&2; exit 2; }
@@ -50,12 +51,7 @@ if [ -s "$list" ]; then
     [ -d "$new/$r" ] || { echo "error: the list names $r, which the parts do not hold; resume/ left as it was" >&2; exit 2; }
   done < "$list"
 fi
-if [ -d "$dest/resume" ]; then
-  find "$dest/resume" \( -name part-000 -o -name resume.tar.part-000 \) | while read -r first; do
-    cat "${first%000}"* | tar xf - -C "$old" 2>/dev/null \
-      || echo "warning: ${first%000}* is not a complete tar: dropped" >&2
-  done
-fi
+[ ! -d "$dest/resume" ] || unpack_resume "$dest/resume" "$old" || true  # a broken tar is named and dropped
 kept=0
 for r in $(cd "$old" && find . -type d -name 'recall_*.resume' ! -empty -prune | sed 's|^\./||' | sort); do
   [ -d "$new/$r" ] || [ -f "$dest/${r%.resume}.json" ] && continue

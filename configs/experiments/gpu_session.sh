@@ -32,6 +32,8 @@
 # opposite case: in a one-lane call nvidia-smi read 0% GPU in 22 of 57 samples (the compilations, ≈ 50-77 s per
 # task, CPU only), so two lanes on the one GPU let one lane compile while the other trains (not A/B-timed).
 set -u
+# unpack_resume: the layout of the kept checkpoints (beside this script's repository, wherever it runs from)
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/resume_tars.sh" || exit 2
 OUT=${OUT:?set OUT}
 LIMIT=${LIMIT:-540}
 # the runs of one call share their tokenized corpus (data/token_cache.py): only the first one encodes it
@@ -97,9 +99,8 @@ for i in 0 1 2 3 4 5 6 7; do
       # in <= 15 MiB parts; merge_device_results.sh keeps them as one tar per model in results/<suite>_gpu/resume/
       # <cell>/seed<s>/<task>/part-NNN (not in git: carry the folder, or one cell's or seed's); each tar is unpacked
       # here (resume.tar.part-NNN: the one-tar layout before session 25)
-      [ -d "results/${item}_gpu/resume" ] && mkdir -p "$RUNS/$item" && find "results/${item}_gpu/resume" \
-        \( -name part-000 -o -name resume.tar.part-000 \) | while read -r first; do
-          cat "${first%000}"* | tar xf - -C "$RUNS/$item"; done ;;
+      [ -d "results/${item}_gpu/resume" ] && mkdir -p "$RUNS/$item" \
+        && unpack_resume "results/${item}_gpu/resume" "$RUNS/$item" ;;
     esac
   done
   lane "$i" "${!var}" &
