@@ -33,7 +33,11 @@ Decisions and deviations from the official code (each named once, here):
   for the forced-softmax layer's slow recall, issue 19: is it the GDN branch's output beside the softmax one?);
   `attn_qk` ("shared" | "own": the softmax branch's q / k from projections of its own, W_qs x and W_ks x with no
   short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; another diagnostic of
-  that slow recall, the last of the four ways the branch differs from the GDN Hybrid's softmax layer).
+  that slow recall, the last of the four ways the branch differs from the GDN Hybrid's softmax layer; "own_conv":
+  own projections with short convolutions and SiLU of their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"),
+  as the shared q / k have: a CPU probe (vocab 1024, T 128, 8 pairs, forced-softmax layer, the paper's fusion) solved
+  MQAR by epoch 7 with these (0.997), against 0.032 shared and 0.085 "own": the sharing with the delta-rule branch,
+  not the convolution, holds the softmax branch back).
 - Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
   state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
   for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
@@ -79,7 +83,7 @@ from hybrid_attention.ops.natsl_mixed.triton import supported as natsl_mixed_sup
 class NatsLState:
     """Decode state of one NAtS-L layer (all tensors per batch row b).
 
-    conv           ShortConv states of q, k, v (last K-1 inputs)
+    conv           ShortConv states of q, k, v and, with attn_qk="own_conv", q_s, k_s (last K-1 inputs)
     x_buf          [B, L, D]       layer inputs of the current partial chunk (L = offset mod C): its type needs all C
     k_buf, v_buf   [B, L, Hs, d]   softmax K (normed, roped) / V of the partial chunk (visible to its own later tokens)
     S, S_start     [B, Hl, dk, dv] GDN state after the last token (pseudo-updated) and at the start of the chunk
@@ -147,8 +151,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             raise ValueError(f"prefill_cache must be one of 'trim', 'full', got {prefill_cache!r}")
         if fused_outputs not in ("both", "softmax", "gdn"):
             raise ValueError(f"fused_outputs must be one of 'both', 'softmax', 'gdn', got {fused_outputs!r}")
-        if attn_qk not in ("shared", "own"):
-            raise ValueError(f"attn_qk must be one of 'shared', 'own', got {attn_qk!r}")
+        if attn_qk not in ("shared", "own", "own_conv"):
+            raise ValueError(f"attn_qk must be one of 'shared', 'own', 'own_conv', got {attn_qk!r}")
         if weights_from not in ("q", "x"):
             raise ValueError(f"weights_from must be one of 'q', 'x', got {weights_from!r}")
         if sample not in ("argmax", "gumbel"):
@@ -168,7 +172,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.attn_head_dim, self.attn_head_v_dim = key_dim // num_attn_heads, value_dim // num_attn_heads
         self.chunk_size, self.norm_eps = chunk_size, norm_eps
         self.weights_from, self.separate_norms = weights_from, separate_norms
-        self.fused_outputs = fused_outputs
+        self.fused_outputs, self.attn_qk = fused_outputs, attn_qk
         self.decay_uncommitted, self.sample = decay_uncommitted, sample
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
         self.buffer_dtype = buffer_dtype  # the GDN branch's Triton buffer precision (ops/gated_delta/triton/config.py)
@@ -191,9 +195,14 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
         self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
         self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
-        # attn_qk="own" (module docstring): the softmax branch's q / k projections, linear in x (None: "shared")
-        self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if attn_qk == "own" else None
-        self.attn_k_proj = nn.Linear(hidden_size, key_dim, bias=False) if attn_qk == "own" else None
+        # attn_qk="own" / "own_conv" (module docstring): the softmax branch's q / k projections, linear in x for
+        # "own", followed by their own ShortConvs + SiLU (convs "q_s", "k_s") for "own_conv" (None: "shared")
+        own_qk = attn_qk in ("own", "own_conv")
+        self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if own_qk else None
+        self.attn_k_proj = nn.Linear(hidden_size, key_dim, bias=False) if own_qk else None
+        if attn_qk == "own_conv":
+            self.convs["q_s"] = ShortConvolution(key_dim, conv_size, "silu")
+            self.convs["k_s"] = ShortConvolution(key_dim, conv_size, "silu")
         self.qk_norm = qk_norm
         self.q_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
@@ -208,28 +217,36 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
 
     # ---------------------------------------------------------------------------------------------------- helpers
     def _project(self, x, state, keep, cu_seqlens=None):
-        """Shared projections. Returns q, k, v (post conv; restarting at each packed document), β, g, z, and new
-        conv states."""
-        b, t, _ = x.shape
+        """Input projections of x [B, T, hidden]. Returns q, k [B, T, Hl·dk], v [B, T, Hl·dv] (after their convolution;
+        restarting at each packed document), the softmax branch's q / k before the heads [B, T, Hs·d_ks] (attn_qk
+        "shared": q, k themselves; "own": W_qs x, W_ks x; "own_conv": SiLU(ShortConv(W_qs x)), ..., convs "q_s",
+        "k_s"), β, g [B, T, Hl] and the new conv states by name (every conv of ``self.convs``)."""
         new_conv = {}
         out = {}
-        for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
+        projs = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj}
+        if self.attn_qk == "own_conv":
+            projs.update(q_s=self.attn_q_proj, k_s=self.attn_k_proj)
+        for name, proj in projs.items():
             out[name], new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep,
                                                          cu_seqlens=cu_seqlens)
         fdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         beta = torch.sigmoid(self.b_proj(x).to(fdt))
         g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
-        return out["q"], out["k"], out["v"], beta, g, new_conv
+        if self.attn_qk == "own_conv":
+            q_s, k_s = out["q_s"], out["k_s"]
+        elif self.attn_qk == "own":
+            q_s, k_s = self.attn_q_proj(x), self.attn_k_proj(x)
+        else:
+            q_s, k_s = out["q"], out["k"]
+        return out["q"], out["k"], out["v"], q_s, k_s, beta, g, new_conv
 
-    def _attn_qk(self, q, k, x, offset, pos=None):
-        """Softmax-branch heads: the same channels split finely (or, attn_qk="own", the branch's own projections of
-        x [B, T, hidden]), QK-RMSNorm, optional RoPE (at positions offset.., or at pos [T] for packed documents).
-        [B, T, Hs, d_ks]."""
-        b, t, _ = q.shape
-        if self.attn_q_proj is not None:
-            q, k = self.attn_q_proj(x), self.attn_k_proj(x)
-        qs = self.q_norm(q.view(b, t, self.num_attn_heads, self.attn_head_dim))
-        ks = self.k_norm(k.view(b, t, self.num_attn_heads, self.attn_head_dim))
+    def _attn_qk(self, q_s, k_s, offset, pos=None):
+        """Softmax-branch heads of its q / k q_s, k_s [B, T, Hs·d_ks] (`_project`; with attn_qk="shared" the GDN
+        branch's channels split finely): QK-RMSNorm, optional RoPE (at positions offset.., or at pos [T] for packed
+        documents). [B, T, Hs, d_ks]."""
+        b, t, _ = q_s.shape
+        qs = self.q_norm(q_s.view(b, t, self.num_attn_heads, self.attn_head_dim))
+        ks = self.k_norm(k_s.view(b, t, self.num_attn_heads, self.attn_head_dim))
         if self.rotary is not None and pos is not None:
             qs, ks = self.rotary.at(qs, pos), self.rotary.at(ks, pos)
         elif self.rotary is not None:
@@ -444,7 +461,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         cu_seqlens / pos: packed documents (no state) and each token's position in its document."""
         b, t, _ = x.shape
         c, hl, hs = self.chunk_size, self.num_heads, self.num_attn_heads
-        q, k, v, beta, g, new_conv = self._project(x, state, keep, cu_seqlens)
+        q, k, v, q_s, k_s, beta, g, new_conv = self._project(x, state, keep, cu_seqlens)
         x_full, valid, _, place = self._complete_chunks(x, cu_seqlens)
         n_full = x_full.shape[1]
         hard, p = self._route(x_full)
@@ -463,7 +480,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
 
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)
-        qs, ks = self._attn_qk(q, k, x, 0, pos)
+        qs, ks = self._attn_qk(q_s, k_s, 0, pos)
         vs = self._heads(v, hs, self.attn_head_v_dim)
         gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend,
                       buffer_dtype=self.buffer_dtype)
@@ -540,8 +557,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st = NatsLState(**{**state.__dict__})  # shallow copy; tensors below are replaced, never written in place
         st.k_cache, st.v_cache, st.valid, st.n_kept = (state.k_cache.clone(), state.v_cache.clone(),
                                                        state.valid.clone(), state.n_kept.clone())
-        q, k, v, beta, g, st.conv = self._project(x, state, True)
-        qs_all, ks_all = self._attn_qk(q, k, x, state.offset)
+        q, k, v, q_s, k_s, beta, g, st.conv = self._project(x, state, True)
+        qs_all, ks_all = self._attn_qk(q_s, k_s, state.offset)
         vs_all = self._heads(v, hs, self.attn_head_v_dim)
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)

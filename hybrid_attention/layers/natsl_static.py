@@ -59,7 +59,7 @@ class NatsLStaticState(StaticState):
     S, S_start     [B, Hl, dk, dv]      GDN state (pseudo-updated) and at the chunk start (float32 / float64)
     g_sum          [B, Hl]              Σ g over the current chunk
     n_kept         [B, Hl] long         kept chunks per (row, decision head); overflow: 0-d bool, n_kept > capacity
-    conv                                ShortConv states by branch name
+    conv                                ShortConv states by branch name (q, k, v, and q_s, k_s with "own_conv")
     cache_slot [cap], chunk_pos [C], buf_start [1, 1]: constant index tensors
     """
 
@@ -79,8 +79,9 @@ class NatsLStaticState(StaticState):
     capacity: int
     num_splits: int
     use_kernels: bool
-    # the step's q|k|v|a|b|g(|omega when it reads x)(|q_s|k_s with attn_qk="own") projections and q|k|v
-    # convolutions fused (modules/fused_linear.py); conv's branches are views of its conv state
+    # the step's projections and convolutions fused (modules/fused_linear.py; the convolved ones lead): q|k|v(|q_s|k_s
+    # with attn_qk="own_conv")|a|b|g(|omega when it reads x)(|q_s|k_s with attn_qk="own", not convolved); conv's
+    # branches (by name, as `NatsLAttention.convs`) are views of its conv state
     inputs: FusedInputs | None = None
     rope: torch.Tensor | None = None  # [max_len, 2, D]: the RoPE table (`RotaryEmbedding.table`), None without RoPE
 
@@ -157,10 +158,12 @@ class NatsLStaticStep:
         device, dtype = st.x_buf.device, st.x_buf.dtype
         capacity = max_len // c if cache_chunks is None else cache_chunks
         cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
-        names = ("q", "k", "v")
-        projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj, self.g_proj]
+        names = tuple(self.convs)  # q, k, v(, q_s, k_s): the convolved projections come first, in this order
+        own = [self.attn_q_proj, self.attn_k_proj]
+        projs = [self.q_proj, self.k_proj, self.v_proj, *(own if self.attn_qk == "own_conv" else [])]
+        projs += [self.a_proj, self.b_proj, self.g_proj]
         projs += [self.omega_proj] if self.weights_from != "q" else []
-        projs += [self.attn_q_proj, self.attn_k_proj] if self.attn_q_proj is not None else []
+        projs += own if self.attn_qk == "own" else []
         inputs, views = fuse_inputs(projs,
                                     [self.convs[n] for n in names], [st.conv[n] for n in names], device, dtype)
         return NatsLStaticState(
@@ -204,22 +207,30 @@ class NatsLStaticStep:
         b = x.shape[0]
         per_row = pos.dim() == 1
         c, hl, hs, grp = self.chunk_size, self.num_heads, self.num_attn_heads, self.group
-        # one GEMV for every projection of x, one convolution over q|k|v (the state's fused weights)
-        z = static.inputs(x[:, 0])  # q, k, v (after their convolution), a, b, g(, omega)(, q_s, k_s), each [B, ·]
+        # one GEMV for every projection of x, one convolution over the convolved ones (the state's fused weights)
+        z = static.inputs(x[:, 0])  # each [B, ·], in the order of `init_static_state` (NatsLStaticState.inputs)
+        n_conv = static.inputs.n_conv  # q, k, v(, q_s, k_s with "own_conv"), after their convolution
         q, k, v = (t[:, None] for t in z[:3])
-        beta = torch.sigmoid(z[4].to(torch.float64 if x.dtype == torch.float64 else torch.float32))[:, None]
-        g = gdn_decay(z[3], self.A_log, self.dt_bias)[:, None]
+        a, b_in, gate = z[n_conv:n_conv + 3]
+        omega = z[n_conv + 3][:, None] if self.weights_from != "q" else None
+        if self.attn_qk == "own_conv":
+            q_s, k_s = z[3][:, None], z[4][:, None]
+        elif self.attn_qk == "own":
+            q_s, k_s = z[-2][:, None], z[-1][:, None]
+        else:
+            q_s, k_s = q, k
+        beta = torch.sigmoid(b_in.to(torch.float64 if x.dtype == torch.float64 else torch.float32))[:, None]
+        g = gdn_decay(a, self.A_log, self.dt_bias)[:, None]
         # GDN branch: every token sees the pseudo-updated state; Σg feeds the decayed rollback at the chunk end.
         o_gdn = gated_delta_step(q.view(b, hl, self.head_dim), k.view(b, hl, self.head_dim),
                                  v.view(b, hl, self.head_v_dim), g[:, 0], beta[:, 0], static.S, static.use_kernels)
         static.g_sum.add_(g[:, 0])
         # Softmax branch: this token joins the chunk buffer at slot pos mod C, then attends to the kept chunks of its
         # decision head and to the chunk's tokens up to itself.
-        q_s, k_s = (z[-2][:, None], z[-1][:, None]) if self.attn_q_proj is not None else (q, k)
         qs = self.q_norm(q_s.view(b, 1, hs, self.attn_head_dim))
         ks = self.k_norm(k_s.view(b, 1, hs, self.attn_head_dim))
         if self.rotary is not None:
-            qs, ks = (self.rotary.at_table(z, static.rope, rope_positions(pos)) for z in (qs, ks))
+            qs, ks = (self.rotary.at_table(t, static.rope, rope_positions(pos)) for t in (qs, ks))
         vs = v.view(b, 1, hs, self.attn_head_v_dim)
         slot = torch.remainder(pos, c)  # 0-d, or [B]: each row's place in its own chunk
         if per_row:
@@ -246,8 +257,7 @@ class NatsLStaticStep:
             mask = torch.cat([cache_ok, buf_ok], -1)[:, :, None, :]  # [B, Hs, 1, cap + C]
             o_sa = F.scaled_dot_product_attention(qs.transpose(1, 2), static.kv_k, static.kv_v, attn_mask=mask,
                                                   scale=self.attn_head_dim ** -0.5).transpose(1, 2)
-        y = self._fuse(x, q, o_gdn.reshape(b, 1, hs, self.attn_head_v_dim), o_sa, gate=z[5][:, None],
-                       omega=z[6][:, None] if self.weights_from != "q" else None)
+        y = self._fuse(x, q, o_gdn.reshape(b, 1, hs, self.attn_head_v_dim), o_sa, gate=gate[:, None], omega=omega)
         if chunk_end:
             self._finish_static_chunk(static, pos)
         return y

@@ -56,4 +56,5 @@ MIXER_CASES.update({
     "natsl-no-qk-norm": _natsl(qk_norm=False),
     "natsl-softmax-output": _natsl(fused_outputs="softmax"),
     "natsl-own-attn-qk": _natsl(attn_qk="own"),
+    "natsl-own-conv-attn-qk": _natsl(attn_qk="own_conv"),
 })

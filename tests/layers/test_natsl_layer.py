@@ -389,11 +389,11 @@ def test_qk_norm_flag_bounds_or_frees_the_softmax_logits():
         "q_norm.weight", "k_norm.weight"}
     q = torch.randn(2, 11, HL * 16, dtype=torch.float64)
     k = torch.randn(2, 11, HL * 16, dtype=torch.float64)
-    qs1, _ = normed._attn_qk(q, k, None, 0)
-    qs3, _ = normed._attn_qk(3 * q, k, None, 0)
+    qs1, _ = normed._attn_qk(q, k, 0)
+    qs3, _ = normed._attn_qk(3 * q, k, 0)
     torch.testing.assert_close(qs3, qs1, rtol=1e-5, atol=1e-5)  # up to the norm's eps (1e-6)
-    fq1, fk1 = free._attn_qk(q, k, None, 0)
-    fq3, _ = free._attn_qk(3 * q, k, None, 0)
+    fq1, fk1 = free._attn_qk(q, k, 0)
+    fq3, _ = free._attn_qk(3 * q, k, 0)
     torch.testing.assert_close(fq3, 3 * fq1)
     torch.testing.assert_close(fk1, k.view_as(fk1))
     x = torch.randn(2, 19, D, dtype=torch.float64, requires_grad=True)
@@ -408,12 +408,13 @@ def _output_moves(x: torch.Tensor, names: tuple[str, ...], **options) -> dict[st
     torch.manual_seed(0)
     layer = NatsLAttention(D, HL, DK, expand_v=2, num_attn_heads=HS, chunk_size=C, **options).double()
     y0, _ = layer(x)
+    params = dict(layer.named_parameters())
     out = {}
     for name in names:
-        if getattr(layer, name.split(".")[0], None) is None:
+        if name not in params:
             out[name] = None
             continue
-        p = layer.get_parameter(name)
+        p = params[name]
         delta = 0.5 * torch.randn_like(p)  # not a constant: a shift of every ω logit alike would cancel
         with torch.no_grad():
             p.add_(delta)
@@ -443,13 +444,52 @@ def test_fused_outputs_keeps_one_branch():
 def test_own_attn_qk_reads_the_softmax_branch_from_its_own_projections():
     """attn_qk="own" (a diagnostic): the softmax branch's q / k come from W_qs x, W_ks x, so with only that branch in
     the output (fused_outputs="softmax") the GDN branch's q / k projections no longer matter and the new ones do;
-    "shared" (the paper's layer) reads the GDN q / k. Bad values name the argument."""
+    "own_conv" reads them through its own convolutions "q_s" / "k_s" too; "shared" (the paper's layer) reads the GDN
+    q / k. Bad values name the argument."""
     x = torch.randn(2, 19, D, dtype=torch.float64)
-    names = ("q_proj.weight", "k_proj.weight", "attn_q_proj.weight", "attn_k_proj.weight")
+    names = ("q_proj.weight", "k_proj.weight", "attn_q_proj.weight", "attn_k_proj.weight", "convs.q_s.weight",
+             "convs.k_s.weight")
 
     assert _output_moves(x, names, fused_outputs="softmax", attn_qk="shared") == {
-        "q_proj.weight": True, "k_proj.weight": True, "attn_q_proj.weight": None, "attn_k_proj.weight": None}
+        "q_proj.weight": True, "k_proj.weight": True, "attn_q_proj.weight": None, "attn_k_proj.weight": None,
+        "convs.q_s.weight": None, "convs.k_s.weight": None}
     assert _output_moves(x, names, fused_outputs="softmax", attn_qk="own") == {
-        "q_proj.weight": False, "k_proj.weight": False, "attn_q_proj.weight": True, "attn_k_proj.weight": True}
-    with pytest.raises(ValueError, match="attn_qk must be one of 'shared', 'own', got 'separate'"):
+        "q_proj.weight": False, "k_proj.weight": False, "attn_q_proj.weight": True, "attn_k_proj.weight": True,
+        "convs.q_s.weight": None, "convs.k_s.weight": None}
+    assert _output_moves(x, names, fused_outputs="softmax", attn_qk="own_conv") == {
+        "q_proj.weight": False, "k_proj.weight": False, "attn_q_proj.weight": True, "attn_k_proj.weight": True,
+        "convs.q_s.weight": True, "convs.k_s.weight": True}
+    with pytest.raises(ValueError, match="attn_qk must be one of 'shared', 'own', 'own_conv', got 'separate'"):
         NatsLAttention(D, HL, DK, num_attn_heads=HS, attn_qk="separate")
+
+
+def test_own_conv_attn_qk_is_own_with_a_causal_short_convolution_and_silu():
+    """attn_qk="own_conv" differs from "own" only by the softmax q / k's ShortConv + SiLU: with identity kernels
+    (the last tap, the current token, 1; the earlier ones 0) it equals an "own" layer of the same weights whose
+    W_qs x, W_ks x are SiLU-ed; with its own kernels it does not, and a token's softmax q / k see the K-1 tokens before
+    it (the conv window) and no later one."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 19, D, dtype=torch.float64)
+    conv = _layer(attn_qk="own_conv")
+    own = _layer(attn_qk="own")
+    assert set(conv.state_dict()) - set(own.state_dict()) == {"convs.q_s.weight", "convs.k_s.weight"}
+    own.load_state_dict(conv.state_dict(), strict=False)
+    own.attn_q_proj = torch.nn.Sequential(own.attn_q_proj, torch.nn.SiLU())
+    own.attn_k_proj = torch.nn.Sequential(own.attn_k_proj, torch.nn.SiLU())
+    assert not torch.allclose(conv(x)[0], own(x)[0])
+    # the causal window: perturbing token 7 moves the softmax q / k of tokens 7 .. 7 + K-1 only
+    k = conv.convs["q_s"].kernel_size
+    x2 = x.clone()
+    x2[:, 7] += 1.0
+    for a, b in zip(conv._project(x, None, False)[3:5], conv._project(x2, None, False)[3:5]):
+        moved = (a - b).abs().amax((0, 2)) > 0  # [T]
+        assert moved.tolist() == [7 <= t < 7 + k for t in range(x.shape[1])]
+    with torch.no_grad():
+        for name in ("q_s", "k_s"):
+            w = conv.convs[name].weight  # [channels, 1, K]
+            w.zero_()
+            w[:, 0, -1] = 1.0
+    torch.testing.assert_close(conv(x)[0], own(x)[0], rtol=0, atol=1e-12)
+    _, st_conv = conv(x[:, :9], output_state=True)  # continued too: identity kernels weigh no past input
+    _, st_own = own(x[:, :9], output_state=True)
+    torch.testing.assert_close(conv(x[:, 9:], st_conv)[0], own(x[:, 9:], st_own)[0], rtol=0, atol=1e-12)
