@@ -27,9 +27,10 @@ KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False,
-               readout: str = "transpose") -> HybridForCausalLM:
-    cfg = HybridConfig.from_preset("tiny", layers=layers, mixer_options={"natsl": {"rope": natsl_rope},
-                                                                         "interdomain": {"readout": readout}})
+               readout: str = "transpose", **natsl_options) -> HybridForCausalLM:
+    cfg = HybridConfig.from_preset("tiny", layers=layers,
+                                   mixer_options={"natsl": {"rope": natsl_rope, **natsl_options},
+                                                  "interdomain": {"readout": readout}})
     model = HybridForCausalLM(cfg).eval().to(dtype)
     with torch.no_grad():
         for blk in model.model.layers:
@@ -66,11 +67,14 @@ def assert_close(a, b, tol):
 
 
 @pytest.mark.parametrize("layers", ["softmax", "gdn", "interdomain", "interdomain+hermitian", "interdomain+real",
-                                    "s4d", "s4d_bilinear", "natsl", "natsl+rope", ["gdn", "natsl", "softmax"]])
+                                    "s4d", "s4d_bilinear", "natsl", "natsl+rope", "natsl+own_conv",
+                                    ["gdn", "natsl", "softmax"]])
 def test_steps_match_eager_decode(layers):
     """Odd prompt in mid-chunk, then steps across three NAtS-L chunk ends; B = 2, float64."""
     if layers == "natsl+rope":
         model = make_model("natsl", natsl_rope=True)
+    elif layers == "natsl+own_conv":  # the softmax q / k's own convolutions in the fused step (attn_qk="own_conv")
+        model = make_model("natsl", attn_qk="own_conv")
     elif isinstance(layers, str) and layers.startswith("interdomain+"):
         model = make_model("interdomain", readout=layers.split("+")[1])
     else:
