@@ -66,6 +66,9 @@ def test_gpu_session_carries_the_recall_rows_of_cut_runs(tmp_path):
         lane1 = tar.extractfile("logs/lane1_cmd.log").read().decode()
         lane0 = tar.extractfile("logs/lane0_recall_cpu.log").read().decode()
     assert f"threads {per_lane}" in lane1 and "logs/lane0_recall_cpu.log" in names
+    # a "!" item's output and exit status end its log, and the log's end is printed for the operator
+    assert lane1.rstrip().endswith("exit 0 of: python -c \"print('threads', __import__('torch').get_num_threads())\"")
+    assert f"===== lane1_cmd.log (last 5 lines)\nthreads {per_lane}\nexit 0 of:" in proc.stdout
     assert lane0.startswith("item: recall_cpu --list\n")  # the command heads the console it produced
     carried = runs / "recall_cpu" / "cells" / "softmax" / "seed0"
     assert (carried / "recall_mqar.rows.json").read_text() == "[]"
