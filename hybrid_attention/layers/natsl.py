@@ -36,8 +36,9 @@ Decisions and deviations from the official code (each named once, here):
   that slow recall, the last of the four ways the branch differs from the GDN Hybrid's softmax layer; "own_conv":
   own projections with short convolutions and SiLU of their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"),
   as the shared q / k have: a CPU probe (vocab 1024, T 128, 8 pairs, forced-softmax layer, the paper's fusion) solved
-  MQAR by epoch 7 with these (0.997), against 0.032 shared and 0.085 "own": the sharing with the delta-rule branch,
-  not the convolution, holds the softmax branch back).
+  MQAR by epoch 7 with these (0.997), against 0.032 shared and 0.085 "own", which pointed at the sharing with the
+  delta-rule branch; on the GPU at vocabulary 8192 (RESULTS C4) the forced layer learned in 1 of 2 seeds with them and
+  the routed layer in neither, so that reading is not confirmed).
 - Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
   state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
   for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
