@@ -202,6 +202,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
     loaded = load_model(a.dir, "cpu")
     sample = (stdlib_root() / "functools.py").read_text(encoding="utf-8")
     info = model_info(loaded.model, loaded.tokenizer, a.seq_lens, sample_text=sample)
+    info["verified"] = loaded.verified
     print(json.dumps(info) if a.json else f"{loaded.source}\n{format_info(info)}")
     return 0
 

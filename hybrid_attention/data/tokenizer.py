@@ -5,7 +5,8 @@
     Built with the ``tokenizers`` byte-level alphabet and no merges; encoding takes a NumPy fast path that gives the
     same ids (tested).
   * ``bpe``: byte-level BPE trained offline with ``tokenizers`` on the training split (specials get ids 0, 1, 2).
-  * any Hugging Face tokenizer directory (``AutoTokenizer.from_pretrained(dir, local_files_only=True)``).
+  * any Hugging Face tokenizer directory (``AutoTokenizer.from_pretrained(dir, local_files_only=True,
+    trust_remote_code=False)``), after :func:`hybrid_attention.model_folder.check_folder` admits the directory.
 """
 
 from __future__ import annotations
@@ -85,10 +86,15 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: in
     return _wrap(tk)
 
 
-def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """Any tokenizer saved with ``save_pretrained`` in a local directory."""
+def load_tokenizer(path: str | os.PathLike, scope: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """Any tokenizer saved with ``save_pretrained`` in a local directory. The directory must pass
+    :func:`hybrid_attention.model_folder.check_folder` (no code hooks, no pickles, no symlink out of ``scope``,
+    default the directory itself); no code from it is ever run (``trust_remote_code=False``, no prompt)."""
+    from hybrid_attention.model_folder import check_folder
+
+    check_folder(path, scope)
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load a tokenizer from {path}: {e}") from e
 

@@ -78,6 +78,8 @@ def model_info(
 
 
 def format_info(info: dict) -> str:
+    """The text of ``hybrid-attention info``: one line per item of :func:`model_info`'s dict (plus ``verified``, the
+    load's manifest check, when the caller added it)."""
     note = state_note("state_softmax_fraction" in info, info.get("measured_softmax_fraction"),
                       info.get("state_softmax_fraction", ASSUMED_SOFTMAX_FRACTION))
     lines = [
@@ -87,6 +89,10 @@ def format_info(info: dict) -> str:
         f"state size (numbers per sequence{'; NAtS-L at ' + note if note else ''}): "
         + ", ".join(f"{n:,} at {length:,} tokens" for length, n in info["state_size"].items()),
     ]
+    if "verified" in info:
+        lines.append("integrity: verified (manifest.json present, every listed file's size and sha256 checked)"
+                     if info["verified"] else
+                     "integrity: unverified (no manifest.json: sizes and checksums of the weights not checked)")
     if info["routing"]:
         lines.append("NAtS-L softmax fraction per head (measured on the sample text):")
         for layer, fr in info["routing"].items():

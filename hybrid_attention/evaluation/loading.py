@@ -3,11 +3,18 @@
 Accepted paths: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
 (``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``.
 
-Every problem is one :class:`CheckpointError` line (a DataError, so the CLI prints ``error: ...``): a file failing its
-``manifest.json`` check (size, sha256), an unreadable safetensors / config.json / tokenizer, missing weights,
-non-finite weights, or a tokenizer whose vocabulary does not fit the model. A folder without a manifest (a plain HF
-directory, or one written before manifests) is loaded without checksums. A run directory without ``final/`` uses its
-newest intact checkpoint and notes the damaged newer ones.
+Every folder read here (model, checkpoint, tokenizer) first passes :func:`hybrid_attention.model_folder.admit`: no
+code hooks (``auto_map``, ``*.py``), safetensors only, no symlink out of the run directory (or out of the folder when it
+is not part of a run), ``manifest.json`` verified when present. No code from a folder is ever run
+(``trust_remote_code=False``, no prompt).
+
+Every problem is one :class:`CheckpointError` / :class:`FolderRefused` line (DataErrors, so the CLI prints
+``error: ...``): a refused folder, a file failing its ``manifest.json`` check (size, sha256), an unreadable
+safetensors / config.json / tokenizer, missing weights, non-finite weights, or a tokenizer whose vocabulary does not
+fit the model.
+A folder without a manifest (a plain HF directory) is loaded without checksums, with the same warning line on every
+path (final/, HF directory, checkpoint). A run directory without ``final/`` uses its newest intact checkpoint and
+notes the damaged newer ones.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
 from hybrid_attention.data.errors import DataError
 from hybrid_attention.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer, load_tokenizer
+from hybrid_attention.model_folder import FolderRefused, admit, check_folder, unverified_warning
 from hybrid_attention.models import HybridForCausalLM
 from hybrid_attention.training.checkpoint import check_fits, newest_intact, one_line, read_model_tensors, vocab_size_of
 from hybrid_attention.training.config import load_config, model_config
@@ -35,18 +43,19 @@ from hybrid_attention.training.integrity import (
     CheckpointError,
     CheckpointMismatch,
     first_nonfinite,
-    verify_manifest,
 )
 
 
 @dataclass
 class LoadedModel:
-    """A model in eval mode, its tokenizer, the run config (None for a bare HF dir) and the directory it came from."""
+    """A model in eval mode, its tokenizer, the run config (None for a bare HF dir), the directory it came from and
+    whether its weights were verified against a ``manifest.json`` (False: no manifest, bytes unchecked)."""
 
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     run_config: object | None
     source: Path
+    verified: bool = False
 
 
 @contextlib.contextmanager
@@ -83,11 +92,13 @@ def _is_checkpoint_dir(d: Path) -> bool:
             or _manifest_kind(d) == "checkpoint")
 
 
-def _find_tokenizer(*dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] | tuple[None, None]:
+def _find_tokenizer(scope: Path, *dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] | tuple[None, None]:
     for d in dirs:
         if d is not None and (d / "tokenizer_config.json").exists():
             try:
-                return load_tokenizer(d), d
+                return load_tokenizer(d, scope), d
+            except FolderRefused:
+                raise
             except DataError as e:
                 raise CheckpointError(f"cannot load the tokenizer in {d}: {e}") from e
             except Exception as e:  # noqa: BLE001  (the tokenizers library raises plain Exception on a bad file)
@@ -95,12 +106,13 @@ def _find_tokenizer(*dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] 
     return None, None
 
 
-def _load_hf(d: Path):
-    """HybridForCausalLM.from_pretrained(d), after the manifest check; every failure as one CheckpointError."""
-    verify_manifest(d, required=("config.json", "model.safetensors"))
+def _load_hf(d: Path, scope: Path, log: Callable[[str], None]):
+    """(HybridForCausalLM.from_pretrained(d), verified), after :func:`admit`; every failure as one CheckpointError."""
+    verified = admit(d, scope, required=("config.json", "model.safetensors"), log=log)
     try:
         with _quiet_hf():
-            model, info = HybridForCausalLM.from_pretrained(str(d), output_loading_info=True)
+            model, info = HybridForCausalLM.from_pretrained(str(d), output_loading_info=True, use_safetensors=True,
+                                                            trust_remote_code=False)
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as e:
         raise CheckpointError(f"cannot load the model in {d}: {one_line(e)}") from e
     missing = list(info.get("missing_keys") or []) + [str(k) for k in info.get("mismatched_keys") or []]
@@ -110,13 +122,18 @@ def _load_hf(d: Path):
     bad = first_nonfinite(dict(model.state_dict()))
     if bad is not None:
         raise CheckpointDamaged(d, "model.safetensors", f"{bad[1]} non-finite value(s) (NaN/inf) in {bad[0]}")
-    return model
+    return model, verified
+
+
+def _read_checkpoint_tensors(ckpt: Path, scope: Path) -> tuple[Path, dict, bool]:
+    """(ckpt, model tensors, verified) of an admitted checkpoint folder (read_model_tensors checks the manifest)."""
+    check_folder(ckpt, scope)
+    return (ckpt, *read_model_tensors(ckpt))
 
 
 def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict, verified: bool, log: Callable[[str], None]):
     if not verified:
-        log(f"warning: {ckpt} has no manifest.json (written by an older version): loaded without size/checksum "
-            "verification")
+        log(unverified_warning(ckpt))
     model = HybridForCausalLM(model_config(run_cfg.model, vocab_size=vocab_size_of(tensors)))
     check_fits(ckpt, tensors, model)
     model.load_state_dict(tensors)
@@ -151,12 +168,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     elif (path.parent / "config.yaml").exists():  # <run>/final
         run_dir = path.parent
     run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None else None
+    scope = run_dir if run_dir is not None else path  # no symlink may lead out of it
 
     if _is_hf_dir(path):
-        model, source = _load_hf(path), path
+        (model, verified), source = _load_hf(path, scope, log), path
     elif run_dir is not None and path == run_dir and (run_dir / "final").is_dir() and _is_hf_dir(run_dir / "final"):
         try:
-            model, source = _load_hf(run_dir / "final"), run_dir / "final"
+            (model, verified), source = _load_hf(run_dir / "final", scope, log), run_dir / "final"
         except CheckpointError as e:
             e.args = (f"{e} (the run's checkpoints may be intact: pass one, e.g. --checkpoint "
                       f"{run_dir / 'checkpoints'}/step-..., to use it)",)
@@ -164,13 +182,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     elif _is_checkpoint_dir(path):
         if run_cfg is None:
             raise DataError(f"{path} is a training checkpoint but no config.yaml was found in its run directory")
-        tensors, verified = read_model_tensors(path)
+        _, tensors, verified = _read_checkpoint_tensors(path, scope)
         model, source = _load_checkpoint_model(path, run_cfg, tensors, verified, log), path
     else:
         root = path / "checkpoints"
         if run_cfg is None or not root.is_dir():
             raise DataError(f"{path} holds no model: expected config.json, final/ or checkpoints/step-*")
-        found, damaged = newest_intact(root, reader=lambda p: (p, *read_model_tensors(p)))
+        check_folder(root, scope)
+        found, damaged = newest_intact(root, reader=lambda p: _read_checkpoint_tensors(p, scope))
         if found is None:
             if not damaged:
                 raise DataError(f"{path} holds no model: expected config.json, final/ or checkpoints/step-*")
@@ -180,11 +199,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
             log(f"note: newest checkpoint damaged: {'; '.join(d.short for d in damaged)}; using {ckpt.name}")
         model, source = _load_checkpoint_model(ckpt, run_cfg, tensors, verified, log), ckpt
     extra = (run_dir / "tokenizer", run_dir / "final") if run_dir is not None else ()
-    tok, tok_dir = _find_tokenizer(source, path, *extra)
+    tok, tok_dir = _find_tokenizer(scope, source, path, *extra)
     if tok is None:
         if model.config.vocab_size != BYTE_VOCAB_SIZE:
             raise DataError(f"no tokenizer found next to {path} (vocab {model.config.vocab_size})")
         tok = byte_tokenizer()
     check_tokenizer_fits(tok, tok_dir, model, source, run_cfg)
     model.to(device).eval()
-    return LoadedModel(model, tok, run_cfg, source)
+    return LoadedModel(model, tok, run_cfg, source, verified)

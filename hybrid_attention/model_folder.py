@@ -1,0 +1,118 @@
+"""May this folder be loaded: the one check every model, checkpoint and tokenizer folder passes before it is read.
+
+A folder is refused with one :class:`FolderRefused` line naming the file and the reason when it
+
+  * names code to import: an ``auto_map`` / ``custom_pipelines`` field in a ``*config.json``, or any ``*.py`` file
+    (the library never runs code from a model folder; its Hugging Face calls pass ``trust_remote_code=False``),
+  * holds a pickled weight file (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``, ``*.pkl``, ``*.pickle``): safetensors only,
+  * is, or holds, a symlink resolving outside its scope (the folder itself, or the run directory it belongs to),
+  * names a file outside itself in a ``*_file`` field of ``tokenizer_config.json``,
+  * fails its ``manifest.json`` check (size and sha256 of every listed file, see ``training.integrity``).
+
+A folder without ``manifest.json`` passes with one warning line (:func:`unverified_warning`): its bytes are unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from hybrid_attention.data.errors import DataError
+
+__all__ = ["FolderRefused", "admit", "check_folder", "unverified_warning"]
+
+REMOTE_CODE_FIELDS = ("auto_map", "custom_pipelines")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+MAX_CONFIG_BYTES = 16 << 20  # a config.json of this library is ~1 KB; larger files are not parsed for hooks
+
+
+class FolderRefused(DataError):
+    """A folder that must not be loaded (code to import, pickled weights, a symlink out of it, a foreign path)."""
+
+
+def _inside(target: str, scope: str) -> bool:
+    return target == scope or target.startswith(scope.rstrip(os.sep) + os.sep)
+
+
+def _check_symlinks(folder: Path, scope: Path) -> None:
+    root = os.path.realpath(scope)
+    if not _inside(os.path.realpath(folder), root):
+        raise FolderRefused(f"{folder}: a symlink to {os.path.realpath(folder)}, outside {scope}: refusing to load "
+                            "a model folder through a link out of it")
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p) and not _inside(os.path.realpath(p), root):
+                raise FolderRefused(f"{p}: a symlink to {os.path.realpath(p)}, outside {scope}: refusing to load "
+                                    "a model folder through a link out of it")
+
+
+def _check_files(folder: Path) -> None:
+    for dirpath, _, filenames in os.walk(folder, followlinks=False):
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if name.endswith(".py"):
+                raise FolderRefused(f"{p}: a model folder holds no code; this library never imports code from one")
+            if name.lower().endswith(PICKLE_SUFFIXES):
+                raise FolderRefused(f"{p}: a pickled weight file; model folders are loaded from safetensors only "
+                                    "(model.safetensors)")
+
+
+def _read_config(p: Path) -> dict | None:
+    try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # an unreadable config is reported by the loader that parses it
+    return doc if isinstance(doc, dict) else None
+
+
+def _check_configs(folder: Path) -> None:
+    for p in sorted(folder.glob("*config.json")):
+        doc = _read_config(p)
+        if doc is None:
+            continue
+        for field in REMOTE_CODE_FIELDS:
+            if field in doc:
+                raise FolderRefused(f"{p}: field {field!r} names code to import (remote code); this library never "
+                                    "runs code from a model folder: remove the field to load the folder")
+        if p.name == "tokenizer_config.json":
+            for key, value in doc.items():
+                if key.endswith(("_file", "_files")) and isinstance(value, str) and value:
+                    rel = Path(value)
+                    if rel.is_absolute() or ".." in rel.parts:
+                        raise FolderRefused(f"{p}: field {key!r} names {value}, outside the folder; a tokenizer is "
+                                            "loaded from its own folder only")
+
+
+def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = None) -> None:
+    """Raise :class:`FolderRefused` (one line naming the file) when ``folder`` names code to import, holds pickled
+    weights, names a tokenizer file outside itself, or is or holds a symlink resolving outside ``scope`` (default:
+    ``folder``; a run directory for its ``final/``, ``checkpoints/step-*`` and ``tokenizer/``)."""
+    folder = Path(folder)
+    _check_symlinks(folder, Path(scope) if scope is not None else folder)
+    _check_configs(folder)
+    _check_files(folder)
+
+
+def unverified_warning(folder: str | os.PathLike) -> str:
+    """The warning line of a folder loaded without ``manifest.json``, the same on every load path."""
+    return f"warning: {folder} has no manifest.json: loaded without size/checksum verification"
+
+
+def admit(folder: str | os.PathLike, scope: str | os.PathLike | None = None, required: Iterable[str] = (),
+          only: Iterable[str] | None = None, log: Callable[[str], None] | None = None) -> bool:
+    """May ``folder`` be loaded: :func:`check_folder`, then its ``manifest.json`` (``required``: files the manifest
+    must list; ``only``: check just these). Returns True when a manifest was present and every checked file matched,
+    False (after logging :func:`unverified_warning` to ``log``) when there is no manifest. Raises FolderRefused or
+    CheckpointDamaged (both one line)."""
+    from hybrid_attention.training.integrity import verify_manifest
+
+    check_folder(folder, scope)
+    verified = verify_manifest(Path(folder), required=required, only=only)
+    if not verified and log is not None:
+        log(unverified_warning(folder))
+    return verified

@@ -1,0 +1,191 @@
+"""Hostile model folders: no trust prompt, no foreign code, no pickles, no symlink out of the run; one line each.
+
+The terminal tests run the real CLI under a pseudo-terminal (transformers only asks "[y/N]" when stdin is a tty) and
+answer "y" if asked, so a prompt that appears also shows whether the folder's code would run.
+"""
+
+import json
+import os
+import pty
+import select
+import shutil
+import sys
+import time
+
+import pytest
+
+from hybrid_attention.cli import main
+from hybrid_attention.data.tokenizer import load_tokenizer
+from hybrid_attention.evaluation.loading import load_model
+from hybrid_attention.model_folder import FolderRefused, check_folder
+
+
+@pytest.fixture
+def run(tiny_run, tmp_path):
+    """A private copy of the shared tiny run (final/ + checkpoints/step-00000006 + tokenizer/)."""
+    dst = tmp_path / "run"
+    shutil.copytree(tiny_run, dst)
+    return dst
+
+
+def _plant_code(folder, config_name, marker):
+    """``config_name`` gets an auto_map naming ``evil.py``, which writes ``marker`` when imported."""
+    cfg = folder / config_name
+    doc = json.loads(cfg.read_text())
+    cls = "AutoTokenizer" if config_name == "tokenizer_config.json" else "AutoModelForCausalLM"
+    doc["auto_map"] = {cls: ["evil.EvilClass", None] if cls == "AutoTokenizer" else "evil.EvilClass"}
+    if config_name == "tokenizer_config.json":
+        doc["tokenizer_class"] = "EvilClass"
+    cfg.write_text(json.dumps(doc))
+    (folder / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n"
+                                    "from transformers import PreTrainedTokenizerFast as EvilClass\n")
+
+
+def _run_in_terminal(argv, timeout=120.0):
+    """(exit status, everything the terminal showed) of ``python -m hybrid_attention.cli argv`` under a pty."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-m", "hybrid_attention.cli", *argv])
+    out, answered, deadline = b"", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if fd in ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if b"[y/N]" in out and not answered:
+                os.write(fd, b"y\n")
+                answered = True
+    else:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("config_name, argv", [
+    ("tokenizer_config.json", ["info", "{dir}"]),
+    ("tokenizer_config.json", ["generate", "--checkpoint", "{dir}", "--prompt", "x", "--max-new-tokens", "2"]),
+    ("config.json", ["eval", "ppl", "--checkpoint", "{dir}", "--tokens", "64", "--device", "cpu"]),
+])
+def test_remote_code_folder_is_refused_without_a_prompt(run, tmp_path, config_name, argv):
+    folder = run / "final"
+    marker = tmp_path / "imported.txt"
+    _plant_code(folder, config_name, marker)
+    rc, shown = _run_in_terminal([a.format(dir=folder) for a in argv])
+    lines = [line for line in shown.splitlines() if line.strip()]
+    assert "[y/N]" not in shown and "custom code" not in shown, shown
+    assert not marker.exists()
+    assert rc == 2 and len(lines) == 1, shown
+    assert lines[0].startswith("error: ") and config_name in lines[0] and "'auto_map'" in lines[0]
+
+
+@pytest.mark.parametrize("config_name", ["tokenizer_config.json", "config.json"])
+def test_python_loaders_refuse_remote_code(run, tmp_path, config_name):
+    marker = tmp_path / "imported.txt"
+    _plant_code(run / "final", config_name, marker)
+    with pytest.raises(FolderRefused, match=rf"final/{config_name}: field 'auto_map'"):
+        load_model(run / "final")
+    with pytest.raises(FolderRefused, match=rf"final/{config_name}: field 'auto_map'"):
+        load_model(run)  # the run directory loads final/
+    if config_name == "tokenizer_config.json":
+        with pytest.raises(FolderRefused, match="auto_map"):
+            load_tokenizer(run / "final")
+    assert not marker.exists()
+
+
+def test_tokenizer_config_may_not_point_outside(run, tmp_path):
+    shutil.copy(run / "final" / "tokenizer.json", tmp_path / "elsewhere.json")
+    cfg = run / "tokenizer" / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "tokenizer_file": str(tmp_path / "elsewhere.json")}))
+    with pytest.raises(FolderRefused, match=r"tokenizer_config.json: field 'tokenizer_file' names .*outside"):
+        load_tokenizer(run / "tokenizer")
+
+
+def test_a_python_file_alone_is_refused(run):
+    (run / "final" / "modeling_extra.py").write_text("raise SystemExit('imported')\n")
+    with pytest.raises(FolderRefused, match=r"modeling_extra.py: a model folder holds no code"):
+        load_model(run)
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "weights.pth", "last.ckpt"])
+def test_pickled_weights_are_refused(run, capsys, name):
+    (run / "final" / name).write_bytes(b"\x80\x04K\x01.")  # pickle of the int 1
+    assert main(["info", str(run / "final")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and name in err[0] and "safetensors only" in err[0], err
+
+
+def test_a_folder_with_only_pickled_weights_is_refused(run):
+    final = run / "final"
+    (final / "model.safetensors").rename(final / "pytorch_model.bin")
+    (final / "manifest.json").unlink()
+    with pytest.raises(FolderRefused, match="pytorch_model.bin: a pickled weight file; .*safetensors only"):
+        load_model(final)
+
+
+def test_symlinks_out_of_the_run_are_refused(run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    weights = run / "final" / "model.safetensors"
+    weights.unlink()
+    weights.symlink_to(other / "final" / "model.safetensors")
+    with pytest.raises(FolderRefused, match=r"final/model.safetensors: a symlink to .*other.*outside"):
+        load_model(run)
+    shutil.rmtree(run / "final")
+    step = run / "checkpoints" / "step-00000006"
+    shutil.rmtree(step)
+    step.symlink_to(other / "checkpoints" / "step-00000006")
+    with pytest.raises(FolderRefused, match=r"step-00000006: a symlink to .*outside"):
+        load_model(run)  # the newest checkpoint of the run
+    with pytest.raises(FolderRefused, match=r"step-00000006: a symlink to .*outside"):
+        load_model(step)  # the checkpoint named directly
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(other / "checkpoints")
+    with pytest.raises(FolderRefused, match=r"checkpoints: a symlink to .*outside"):
+        load_model(run)
+
+
+def test_symlinks_inside_the_run_are_accepted(run):
+    tok = run / "final" / "tokenizer.json"
+    tok.unlink()
+    tok.symlink_to(run / "tokenizer" / "tokenizer.json")
+    check_folder(run / "final", run)
+    assert load_model(run).source == run / "final"
+
+
+def _err_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_missing_manifest_warns_on_every_path(run, tmp_path):
+    logged = []
+    loaded = load_model(run, log=logged.append)
+    assert loaded.verified and logged == []
+    bare = tmp_path / "bare"
+    shutil.copytree(run / "final", bare)
+    (bare / "manifest.json").unlink()
+    (run / "final" / "manifest.json").unlink()
+    (run / "checkpoints" / "step-00000006" / "manifest.json").unlink()
+    for path in (run, run / "final", bare, run / "checkpoints" / "step-00000006"):
+        logged.clear()
+        loaded = load_model(path, log=logged.append)
+        assert not loaded.verified
+        assert logged == [f"warning: {loaded.source} has no manifest.json: loaded without size/checksum verification"]
+
+
+def test_info_says_whether_the_folder_is_verified(run, capsys):
+    assert main(["info", str(run), "--seq-lens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "integrity: verified (manifest.json" in out
+    (run / "final" / "manifest.json").unlink()
+    assert main(["info", str(run), "--seq-lens", "64", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verified"] is False
+    assert "has no manifest.json" in captured.err
+    assert main(["info", str(run), "--seq-lens", "64"]) == 0
+    assert "integrity: unverified (no manifest.json" in capsys.readouterr().out
