@@ -53,6 +53,8 @@ def _number(kind: type, low: float | None = None, high: float | None = None, low
 
 
 POSITIVE_INT = _number(int, 1)
+MAX_NEW_TOKENS = 65536  # generate --max-new-tokens ceiling, equal to evaluation.generation.MAX_NEW_TOKENS (tested);
+# not imported from there because the parser is built without importing torch
 NON_NEGATIVE_INT = _number(int, 0)
 POSITIVE_FLOAT = _number(float, 0, low_open=True)
 FINITE_FLOAT = _number(float)
@@ -119,6 +121,24 @@ def _val_tokens(loaded, tokens: int | None):
     return validation_tokens(data_cfg, loaded.tokenizer), data_cfg
 
 
+def _check_writable_folder(flag: str, folder: Path) -> None:
+    """CLIError naming ``flag`` unless a file can be created in ``folder`` (or, when it does not exist yet, in its
+    nearest existing parent, where it will be created); checked before any work, so that a long evaluation does not
+    end in an unwritable folder. Nothing is left on disk (the probe file is removed, no folder is created)."""
+    import tempfile
+
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CLIError(f"{flag} {folder}: {existing} is not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise CLIError(f"{flag} {folder}: not writable ({e.strerror or e})") from e
+
+
 def _cmd_eval(a: argparse.Namespace) -> int:
     from hybrid_attention.device import resolve_device
 
@@ -127,6 +147,8 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     from hybrid_attention.data.tokenizer import token_byte_lengths
     from hybrid_attention.evaluation.loading import load_model
 
+    if a.task == "length" and a.out:
+        _check_writable_folder("--out", Path(a.out))
     device = resolve_device(a.device)
     loaded = load_model(a.checkpoint, device)
     if a.task == "ppl":
@@ -147,8 +169,17 @@ def _cmd_eval(a: argparse.Namespace) -> int:
                             byte_lengths=token_byte_lengths(loaded.tokenizer))
         print(length_table(rows))
         png = Path(a.out or loaded.source) / "length_sweep.png"
-        plot_length_sweep({str(Path(a.checkpoint).name): rows}, png)
-        print(f"plot: {png}")
+        try:
+            plot_length_sweep({str(Path(a.checkpoint).name): rows}, png)
+        except OSError as e:
+            if a.out:
+                raise CLIError(f"--out {a.out}: cannot write {png.name} ({e.strerror or e})") from e
+            # the table above is the result; a model folder that cannot be written (read-only mount, another user's
+            # run) only loses the plot, so this is a note and the exit status stays 0
+            print(f"note: plot not written: cannot write {png} ({e.strerror or e}); pass --out DIR to save it "
+                  "elsewhere", file=sys.stderr)
+        else:
+            print(f"plot: {png}")
     elif a.task == "passkey":
         from hybrid_attention.evaluation.passkey import passkey_accuracy, passkey_table
 
@@ -183,14 +214,39 @@ def _eval_recall(a: argparse.Namespace) -> int:
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from hybrid_attention.device import resolve_device
-    from hybrid_attention.evaluation.generation import generate_text
+    from hybrid_attention.evaluation.generation import (
+        PromptError,
+        check_prompt,
+        generate_text,
+        max_new_tokens_allowed,
+        position_limit,
+        prompt_ids,
+    )
     from hybrid_attention.evaluation.loading import load_model
 
+    try:
+        check_prompt(a.prompt)
+    except PromptError as e:
+        raise CLIError(f"--prompt: {e}") from None
     device = resolve_device(a.device)
     loaded = load_model(a.checkpoint, device)
-    text = generate_text(loaded.model, loaded.tokenizer, a.prompt, a.max_new_tokens, not a.greedy, a.temperature,
-                         a.top_k, a.top_p, a.seed, device)
-    print(a.prompt + text)
+    n_prompt = len(prompt_ids(loaded.tokenizer, a.prompt))
+    allowed = max_new_tokens_allowed(loaded.model, n_prompt)
+    if allowed < 1:
+        raise CLIError(f"--prompt: {n_prompt} tokens (with the separator) fill the model's position limit "
+                       f"(max_position_embeddings {position_limit(loaded.model)}); shorten the prompt")
+    if a.max_new_tokens > allowed:
+        raise CLIError(f"--max-new-tokens {a.max_new_tokens}: at most {allowed} for this model and prompt "
+                       f"(max_position_embeddings {position_limit(loaded.model)} minus the prompt's {n_prompt} tokens)")
+
+    def write(piece: str) -> None:  # every piece as soon as it is final, so a long generation shows progress
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    write(a.prompt)
+    generate_text(loaded.model, loaded.tokenizer, a.prompt, a.max_new_tokens, not a.greedy, a.temperature,
+                  a.top_k, a.top_p, a.seed, device, stream=write)
+    write("\n")
     return 0
 
 
@@ -278,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = with_ckpt(sub.add_parser("generate", help="sample text from a checkpoint"))
     g.add_argument("--prompt", default="", help="text to continue")
-    g.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200)
+    g.add_argument("--max-new-tokens", type=_number(int, 1, MAX_NEW_TOKENS), default=200,
+                   help=f"at most {MAX_NEW_TOKENS} and at most the model's max_position_embeddings minus the prompt")
     g.add_argument("--temperature", type=FINITE_FLOAT, default=0.8, help="> 0 (sampling)")
     g.add_argument("--top-k", type=NON_NEGATIVE_INT, default=50, help="0: no top-k filter")
     g.add_argument("--top-p", type=TOP_P, default=0.95, help="in (0, 1]")
