@@ -6,7 +6,9 @@ A folder is refused with one :class:`FolderRefused` line naming the file and the
     (the library never runs code from a model folder; its Hugging Face calls pass ``trust_remote_code=False``),
   * holds a pickled weight file (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``, ``*.pkl``, ``*.pickle``): safetensors only,
   * is, or holds, a symlink resolving outside its scope (the folder itself, or the run directory it belongs to),
-  * names a file outside itself in a ``*_file`` field of ``tokenizer_config.json``,
+  * names a file outside itself in a ``*_file`` field of ``tokenizer_config.json`` or in ``manifest.json``,
+  * holds something other than regular files and folders (a FIFO would block the reader), or a ``*config.json`` /
+    ``manifest.json`` larger than any this library writes,
   * fails its ``manifest.json`` check (size and sha256 of every listed file, see ``training.integrity``).
 
 A folder without ``manifest.json`` passes with one warning line (:func:`unverified_warning`): its bytes are unchecked.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -25,7 +28,7 @@ __all__ = ["FolderRefused", "admit", "check_folder", "unverified_warning"]
 
 REMOTE_CODE_FIELDS = ("auto_map", "custom_pipelines")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-MAX_CONFIG_BYTES = 16 << 20  # a config.json of this library is ~1 KB; larger files are not parsed for hooks
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is ~1 KB and a manifest ~1 KB; a larger one is refused, not parsed
 
 
 class FolderRefused(DataError):
@@ -53,6 +56,13 @@ def _check_files(folder: Path) -> None:
     for dirpath, _, filenames in os.walk(folder, followlinks=False):
         for name in sorted(filenames):
             p = Path(dirpath) / name
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:
+                mode = None  # a dangling link: the loader reports the file as missing
+            if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+                raise FolderRefused(f"{p}: not a regular file (a FIFO, socket or device); a model folder holds "
+                                    "regular files only")
             if name.endswith(".py"):
                 raise FolderRefused(f"{p}: a model folder holds no code; this library never imports code from one")
             if name.lower().endswith(PICKLE_SUFFIXES):
@@ -61,16 +71,35 @@ def _check_files(folder: Path) -> None:
 
 
 def _read_config(p: Path) -> dict | None:
+    """The JSON object in ``p``; None for what the loader itself reports (unreadable, not JSON, not an object) and
+    for a non-regular file (refused by :func:`_check_files`, never opened here: a FIFO would block)."""
     try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
-            return None
+        st = os.stat(p)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise FolderRefused(f"{p}: {st.st_size:,} bytes, more than any config this library reads "
+                            f"({MAX_CONFIG_BYTES:,})")
+    try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None  # an unreadable config is reported by the loader that parses it
+        return None
     return doc if isinstance(doc, dict) else None
 
 
+def _outside(value: str) -> bool:
+    rel = Path(value)
+    return rel.is_absolute() or ".." in rel.parts
+
+
 def _check_configs(folder: Path) -> None:
+    manifest = _read_config(folder / "manifest.json")
+    files = manifest.get("files") if manifest is not None else None
+    for name in files if isinstance(files, dict) else ():
+        if _outside(str(name)):
+            raise FolderRefused(f"{folder / 'manifest.json'}: lists {name}, outside the folder")
     for p in sorted(folder.glob("*config.json")):
         doc = _read_config(p)
         if doc is None:
@@ -82,8 +111,7 @@ def _check_configs(folder: Path) -> None:
         if p.name == "tokenizer_config.json":
             for key, value in doc.items():
                 if key.endswith(("_file", "_files")) and isinstance(value, str) and value:
-                    rel = Path(value)
-                    if rel.is_absolute() or ".." in rel.parts:
+                    if _outside(value):
                         raise FolderRefused(f"{p}: field {key!r} names {value}, outside the folder; a tokenizer is "
                                             "loaded from its own folder only")
 

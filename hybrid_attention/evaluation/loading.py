@@ -77,6 +77,8 @@ def _stderr(msg: str) -> None:
 
 
 def _manifest_kind(d: Path) -> str | None:
+    if not (d / MANIFEST).is_file():  # not opened unless a regular file (a FIFO would block; admit refuses it)
+        return None
     try:
         return json.loads((d / MANIFEST).read_text()).get("kind")
     except (OSError, ValueError, AttributeError):

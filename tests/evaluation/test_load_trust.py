@@ -189,3 +189,29 @@ def test_info_says_whether_the_folder_is_verified(run, capsys):
     assert "has no manifest.json" in captured.err
     assert main(["info", str(run), "--seq-lens", "64"]) == 0
     assert "integrity: unverified (no manifest.json" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["config.json", "manifest.json", "tokenizer.json"])
+def test_a_fifo_is_refused_without_blocking(run, name):
+    target = run / "final" / name
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(FolderRefused, match=rf"final/{name}: not a regular file"):
+        load_model(run / "final")
+
+
+def test_a_manifest_naming_files_outside_is_refused(run):
+    manifest = run / "final" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["files"]["../../../etc/hostname"] = {"size": 1, "sha256": "0" * 64}
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(FolderRefused, match=r"manifest.json: lists ../../../etc/hostname, outside the folder"):
+        load_model(run)
+
+
+def test_an_oversized_config_is_refused_unparsed(run):
+    cfg = run / "final" / "config.json"
+    doc = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps({**doc, "auto_map": {"AutoModel": "evil.EvilClass"}}) + " " * (16 << 20))
+    with pytest.raises(FolderRefused, match=r"final/config.json: 16,7\d\d,\d\d\d bytes, more than any config"):
+        load_model(run)
