@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["TARGETS", "run_target"]
+__all__ = ["TARGETS", "run_target", "section_names"]
 
 # target -> {section name: module under benchmarks exposing main(argv)}
 TARGETS: dict[str, dict[str, str]] = {
@@ -25,9 +25,8 @@ TARGETS: dict[str, dict[str, str]] = {
 TARGETS["inference"] = TARGETS["models"]  # the name DESIGN.md uses for the whole-model benchmark
 
 
-def run_target(target: str, only: list[str] | None = None, argv: list[str] | None = None) -> None:
-    """Run the sections of ``target`` ("ops" or "models"), optionally only those named in ``only``; ``argv`` is
-    passed to every section's ``main``."""
+def section_names(target: str, only: list[str] | None = None) -> list[str]:
+    """The sections of ``target`` to run (all, or those named in ``only``); ValueError naming the allowed ones."""
     if target not in TARGETS:
         raise ValueError(f"bench target must be one of {sorted(TARGETS)}, got {target!r}")
     sections = TARGETS[target]
@@ -35,6 +34,13 @@ def run_target(target: str, only: list[str] | None = None, argv: list[str] | Non
     unknown = [n for n in names if n not in sections]
     if unknown:
         raise ValueError(f"--only for '{target}' accepts {sorted(sections)}, got {unknown}")
-    for name in names:
+    return names
+
+
+def run_target(target: str, only: list[str] | None = None, argv: list[str] | None = None) -> None:
+    """Run the sections of ``target`` ("ops", "models", "inference" or "train"), optionally only those named in
+    ``only``; ``argv`` is passed to every section's ``main``."""
+    sections = TARGETS[target]
+    for name in section_names(target, only):
         module = importlib.import_module(f"{__name__}.{sections[name]}")
         module.main(list(argv or []))

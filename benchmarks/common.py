@@ -30,6 +30,7 @@ __all__ = [
     "NATSL_OPS_BUDGET_S",
     "BenchSettings",
     "bench_parser",
+    "require_cuda",
     "log",
     "elapsed",
     "guarded",
@@ -86,8 +87,18 @@ class BenchSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchSettings:
-        """The settings of flags parsed by a ``bench_parser`` parser."""
+        """The settings of flags parsed by a ``bench_parser`` parser; exits with one line when no GPU is visible and
+        this is not a dry run (:func:`require_cuda`)."""
+        require_cuda(args.dryrun)
         return cls(dryrun=args.dryrun, budget_s=args.budget_s, out=args.out)
+
+
+def require_cuda(dryrun: bool) -> None:
+    """Exit (status 1, one line on stderr) unless a CUDA GPU is visible or ``dryrun`` is set: a benchmark measures a
+    GPU, and on a CPU its kernels fail or its compiled rows run for minutes without printing."""
+    if not dryrun and not torch.cuda.is_available():
+        raise SystemExit("error: this benchmark needs a CUDA GPU and none is visible; --dryrun (or BENCH_DRYRUN=1) "
+                         "runs it at tiny shapes on the CPU as a smoke test of the code, not a measurement")
 
 
 def bench_parser(description: str, budget_s: float = DEFAULT_BUDGET_S, prog: str | None = None

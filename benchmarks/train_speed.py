@@ -47,7 +47,16 @@ import time
 import torch
 import torch._dynamo
 
-from benchmarks.common import BenchSettings, bench_parser, cuda_steps_ms, elapsed, log, sync, training_step
+from benchmarks.common import (
+    BenchSettings,
+    bench_parser,
+    cuda_steps_ms,
+    elapsed,
+    log,
+    require_cuda,
+    sync,
+    training_step,
+)
 from benchmarks.mixer_flops import mixer_forward_flops
 from hybrid_attention.device import set_tf32
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
@@ -312,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="Dynamo backend of the compiled rows (default: BENCH_COMPILE_BACKEND, else inductor; eager "
                         "in the dry run)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    require_cuda(a.dryrun)
     s = BenchSettings(dryrun=a.dryrun, budget_s=a.budget_s, out=a.out or ".")
     sizes = SIZES[s.dryrun]
     backend = a.compile_backend or sizes["compile_backend"]

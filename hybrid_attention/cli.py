@@ -264,13 +264,21 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from benchmarks import run_target
+    import os
 
-    argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else [])
-    try:
-        run_target(a.target, a.only, argv)
-    except ValueError as e:  # a bad --only name: the message lists the allowed sections
+    from benchmarks import run_target, section_names
+
+    try:  # a bad --only name first: the message lists the allowed sections
+        section_names(a.target, a.only)
+    except ValueError as e:
         raise CLIError(str(e)) from e
+    if _cuda_missing():
+        if not a.dryrun:
+            raise CLIError(f"bench {a.target}: needs a CUDA GPU and none is visible; --dryrun runs it at tiny shapes "
+                           "on the CPU (a smoke test of the benchmark code, not a measurement)")
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined, so before their import
+    argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else []) + (["--dryrun"] if a.dryrun else [])
+    run_target(a.target, a.only, argv)
     return 0
 
 
@@ -356,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sections: ops: interdomain natsl s4d_bilinear; models: models; train: train")
     b.add_argument("--quick", action="store_true", help="fewer lengths, no launch-config sweep")
     b.add_argument("--sweep", action="store_true", help="also sweep launch configurations where a section has one")
+    b.add_argument("--dryrun", action="store_true",
+                   help="tiny shapes on the CPU (Triton interpreter): a smoke test of the code, not a measurement; "
+                        "without it, bench needs a CUDA GPU")
     b.set_defaults(func=_cmd_bench)
     from hybrid_attention.experiments.cli import add_parser as add_experiment_parser
 
