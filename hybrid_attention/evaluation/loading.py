@@ -115,7 +115,8 @@ def _load_hf(d: Path, scope: Path, log: Callable[[str], None]):
         with _quiet_hf():
             model, info = HybridForCausalLM.from_pretrained(str(d), output_loading_info=True, use_safetensors=True,
                                                             trust_remote_code=False)
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, IndexError, SafetensorError) as e:
+        # AttributeError / IndexError: a config.json of the wrong shape (e.g. a sub-config given as a plain dict)
         raise CheckpointError(f"cannot load the model in {d}: {one_line(e)}") from e
     missing = list(info.get("missing_keys") or []) + [str(k) for k in info.get("mismatched_keys") or []]
     if missing:

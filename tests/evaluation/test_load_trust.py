@@ -18,6 +18,7 @@ from hybrid_attention.cli import main
 from hybrid_attention.data.tokenizer import load_tokenizer
 from hybrid_attention.evaluation.loading import load_model
 from hybrid_attention.model_folder import FolderRefused, check_folder
+from hybrid_attention.training.integrity import CheckpointError
 
 
 @pytest.fixture
@@ -215,3 +216,11 @@ def test_an_oversized_config_is_refused_unparsed(run):
     cfg.write_text(json.dumps({**doc, "auto_map": {"AutoModel": "evil.EvilClass"}}) + " " * (16 << 20))
     with pytest.raises(FolderRefused, match=r"final/config.json: 16,7\d\d,\d\d\d bytes, more than any config"):
         load_model(run)
+
+
+def test_a_config_of_the_wrong_shape_is_one_line(run):
+    cfg = run / "final" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "text_config": {"hidden_size": 8}}))
+    (run / "final" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"cannot load the model in .*final: .*to_dict"):
+        load_model(run / "final")
