@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -149,12 +150,19 @@ def _cmd_eval(a: argparse.Namespace) -> int:
 
     if a.task == "length" and a.out:
         _check_writable_folder("--out", Path(a.out))
+    if a.task == "ppl" and a.tokens and a.seq_len and a.tokens < a.seq_len:
+        raise CLIError(f"--seq-len {a.seq_len}: longer than --tokens {a.tokens}; one window needs --tokens >= "
+                       "--seq-len")
     device = resolve_device(a.device)
     loaded = load_model(a.checkpoint, device)
     if a.task == "ppl":
         from hybrid_attention.evaluation.perplexity import evaluate_lm
 
         tokens, data_cfg = _val_tokens(loaded, a.tokens)
+        seq_len, scored = a.seq_len or data_cfg.seq_len, min(len(tokens), a.tokens or data_cfg.val_tokens)
+        if scored < seq_len:
+            raise CLIError(f"--seq-len {seq_len}: longer than the {scored:,} validation tokens to score; pass a "
+                           "shorter --seq-len or more --tokens")
         s = evaluate_lm(loaded.model, tokens, a.seq_len or data_cfg.seq_len, device=device,
                         byte_lengths=token_byte_lengths(loaded.tokenizer), max_tokens=a.tokens or data_cfg.val_tokens)
         bpb = f", bits/byte {s.bpb:.4f}" if s.bpb is not None else ""
@@ -243,10 +251,17 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    write(a.prompt)
-    generate_text(loaded.model, loaded.tokenizer, a.prompt, a.max_new_tokens, not a.greedy, a.temperature,
-                  a.top_k, a.top_p, a.seed, device, stream=write)
-    write("\n")
+    if hasattr(sys.stdout, "reconfigure"):  # a terminal or pipe that cannot show a character gets an escape for it
+        sys.stdout.reconfigure(errors="backslashreplace")
+    try:
+        write(a.prompt)
+        generate_text(loaded.model, loaded.tokenizer, a.prompt, a.max_new_tokens, not a.greedy, a.temperature,
+                      a.top_k, a.top_p, a.seed, device, stream=write)
+        write("\n")
+    except BrokenPipeError:
+        # the reader closed the pipe (``generate ... | head``): it has what it wanted, so generation stops quietly;
+        # stdout goes to /dev/null so that the interpreter's final flush does not fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
@@ -391,12 +406,21 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybrid-attention`` script; returns the exit status. Every user error ends here as one
-    ``error: ...`` line on stderr (status 2; 1 for a diverged training run); ``--debug`` re-raises it instead."""
+    ``error: ...`` line on stderr (status 2; 1 for a diverged training run); ``--debug`` re-raises it instead. Under
+    torchrun the first rank to fail reports, once (``rank_errors``)."""
     from hybrid_attention.data.errors import DataError
     from hybrid_attention.training.config_schema import ConfigError
 
+    from hybrid_attention.rank_errors import claim_error_report, world_rank
+
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+
+    def report(e: BaseException, status: int) -> int:  # under torchrun: the first failing rank's line, once
+        if claim_error_report():
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+        return status
+
     try:
         args = build_parser().parse_args(argv)
         debug = bool(getattr(args, "debug", False))
@@ -405,22 +429,20 @@ def main(argv: list[str] | None = None) -> int:
     except (CLIError, ConfigError, DataError) as e:
         if debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        if type(e).__name__ == "LMEvalMissing" and not debug:
-            print(f"error: {_one_line(e)}", file=sys.stderr)
-            return 2
-        raise
-    except RuntimeError as e:
+        return report(e, 2)
+    except Exception as e:
         if debug:
             raise
-        if type(e).__name__ == "TrainingDiverged":
-            print(f"error: {_one_line(e)}", file=sys.stderr)
+        if isinstance(e, ImportError) and type(e).__name__ == "LMEvalMissing":
+            return report(e, 2)
+        if isinstance(e, RuntimeError) and type(e).__name__ == "TrainingDiverged":
+            return report(e, 1)
+        if isinstance(e, RuntimeError) and "CUDA is not available" in str(e):  # a device set in a file that the
+            return report(e, 2)  # checks above do not read
+        world, rank = world_rank()
+        if world > 1 and not claim_error_report():  # another rank failed first and reported; this is the aftermath
+            print(f"error: rank {rank} stopped after another rank's error ({type(e).__name__})", file=sys.stderr)
             return 1
-        if "CUDA is not available" in str(e):  # a device set in a file that the checks above do not read
-            print(f"error: {_one_line(e)}", file=sys.stderr)
-            return 2
         raise
 
 

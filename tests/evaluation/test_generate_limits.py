@@ -1,6 +1,7 @@
 """generate: bounded --max-new-tokens, streamed output equal to the whole text, one line for a prompt that is not
 UTF-8; eval length: one note (not a traceback) when the plot cannot be written beside the model."""
 
+import os
 import subprocess
 import sys
 
@@ -103,3 +104,20 @@ def test_length_out_that_cannot_be_written_is_one_line_before_the_sweep(tiny_run
     assert main(LENGTH + ["--checkpoint", str(tiny_run), "--out", str(blocker / "plots")]) == 2
     assert _err_lines(capsys) == [f"error: --out {blocker / 'plots'}: {blocker} is not a folder"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_closed_pipe_stops_generation_quietly(tiny_run):
+    proc = subprocess.Popen([sys.executable, "-m", "hybrid_attention.cli", "generate", "--checkpoint", str(tiny_run),
+                             "--prompt", "x", "--max-new-tokens", "50"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first token (``generate ... | head -c 0``)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and err == ""
+
+
+def test_an_ascii_terminal_gets_escapes_not_a_traceback(tiny_run):
+    proc = subprocess.run([sys.executable, "-m", "hybrid_attention.cli", "generate", "--checkpoint", str(tiny_run),
+                           "--prompt", "café", "--max-new-tokens", "3", "--greedy"], capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0 and proc.stderr == b"", proc
+    assert proc.stdout.startswith(b"caf\\xe9")
