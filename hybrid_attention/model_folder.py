@@ -5,7 +5,8 @@ A folder is refused with one :class:`FolderRefused` line naming the file and the
   * names code to import: an ``auto_map`` / ``custom_pipelines`` field in a ``*config.json``, or any ``*.py`` file
     (the library never runs code from a model folder; its Hugging Face calls pass ``trust_remote_code=False``),
   * holds a pickled weight file (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``, ``*.pkl``, ``*.pickle``): safetensors only,
-  * is, or holds, a symlink resolving outside its scope (the folder itself, or the run directory it belongs to),
+  * is, or holds, a symlink resolving outside its scope (the folder itself, the run directory it belongs to, or for a
+    snapshot in the Hugging Face hub cache, ``models--…/``, whose ``blobs/`` its files link to),
   * names a file outside itself in a ``*_file`` field of ``tokenizer_config.json`` or in ``manifest.json``,
   * holds something other than regular files and folders (a FIFO would block the reader), or a ``*config.json`` /
     ``manifest.json`` larger than any this library writes,
@@ -116,12 +117,21 @@ def _check_configs(folder: Path) -> None:
                                             "loaded from its own folder only")
 
 
+def default_scope(folder: Path) -> Path:
+    """Where the links of ``folder`` may lead when no run directory is given: the folder itself, or the cached
+    repository (``models--…/``) of a Hugging Face hub snapshot (``…/snapshots/<rev>``, files linking to ``blobs/``)."""
+    repo = folder.parent.parent
+    if folder.parent.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
+        return repo
+    return folder
+
+
 def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = None) -> None:
     """Raise :class:`FolderRefused` (one line naming the file) when ``folder`` names code to import, holds pickled
-    weights, names a tokenizer file outside itself, or is or holds a symlink resolving outside ``scope`` (default:
-    ``folder``; a run directory for its ``final/``, ``checkpoints/step-*`` and ``tokenizer/``)."""
+    weights or non-regular files, names a file outside itself, or is or holds a symlink resolving outside ``scope``
+    (a run directory for its ``final/``, ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`)."""
     folder = Path(folder)
-    _check_symlinks(folder, Path(scope) if scope is not None else folder)
+    _check_symlinks(folder, Path(scope) if scope is not None else default_scope(folder))
     _check_configs(folder)
     _check_files(folder)
 

@@ -94,7 +94,7 @@ def _is_checkpoint_dir(d: Path) -> bool:
             or _manifest_kind(d) == "checkpoint")
 
 
-def _find_tokenizer(scope: Path, *dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] | tuple[None, None]:
+def _find_tokenizer(scope: Path | None, *dirs: Path | None) -> tuple[PreTrainedTokenizerBase, Path] | tuple[None, None]:
     for d in dirs:
         if d is not None and (d / "tokenizer_config.json").exists():
             try:
@@ -108,7 +108,7 @@ def _find_tokenizer(scope: Path, *dirs: Path | None) -> tuple[PreTrainedTokenize
     return None, None
 
 
-def _load_hf(d: Path, scope: Path, log: Callable[[str], None]):
+def _load_hf(d: Path, scope: Path | None, log: Callable[[str], None]):
     """(HybridForCausalLM.from_pretrained(d), verified), after :func:`admit`; every failure as one CheckpointError."""
     verified = admit(d, scope, required=("config.json", "model.safetensors"), log=log)
     try:
@@ -128,7 +128,7 @@ def _load_hf(d: Path, scope: Path, log: Callable[[str], None]):
     return model, verified
 
 
-def _read_checkpoint_tensors(ckpt: Path, scope: Path) -> tuple[Path, dict, bool]:
+def _read_checkpoint_tensors(ckpt: Path, scope: Path | None) -> tuple[Path, dict, bool]:
     """(ckpt, model tensors, verified) of an admitted checkpoint folder (read_model_tensors checks the manifest)."""
     check_folder(ckpt, scope)
     return (ckpt, *read_model_tensors(ckpt))
@@ -171,7 +171,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     elif (path.parent / "config.yaml").exists():  # <run>/final
         run_dir = path.parent
     run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None else None
-    scope = run_dir if run_dir is not None else path  # no symlink may lead out of it
+    scope = run_dir  # no symlink may lead out of the run (None: out of the model folder, see default_scope)
 
     if _is_hf_dir(path):
         (model, verified), source = _load_hf(path, scope, log), path

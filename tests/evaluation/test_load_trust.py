@@ -224,3 +224,19 @@ def test_a_config_of_the_wrong_shape_is_one_line(run):
     (run / "final" / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match=r"cannot load the model in .*final: .*to_dict"):
         load_model(run / "final")
+
+
+def test_a_hub_cache_snapshot_may_link_to_its_blobs(run, tmp_path):
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    snap = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in (run / "final").iterdir():
+        blob = repo / "blobs" / f"blob-{f.name}"
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    assert load_tokenizer(snap) is not None and load_model(snap).verified
+    (snap / "tokenizer.json").unlink()
+    (snap / "tokenizer.json").symlink_to(run / "final" / "tokenizer.json")  # out of the cached repository
+    with pytest.raises(FolderRefused, match=r"0123abc/tokenizer.json: a symlink to .*outside .*models--someone--tiny"):
+        load_tokenizer(snap)
