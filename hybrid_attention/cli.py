@@ -409,9 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     ``error: ...`` line on stderr (status 2; 1 for a diverged training run); ``--debug`` re-raises it instead. Under
     torchrun the first rank to fail reports, once (``rank_errors``)."""
     from hybrid_attention.data.errors import DataError
-    from hybrid_attention.training.config_schema import ConfigError
-
     from hybrid_attention.rank_errors import claim_error_report, world_rank
+    from hybrid_attention.training.config_schema import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

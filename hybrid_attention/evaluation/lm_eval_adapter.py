@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hybrid_attention.data.errors import DataError
+
 TOY_TASK = "hybrid_toy_mc"
 _TASK_DIR = Path(__file__).parent / "lm_eval_tasks"
 
@@ -44,6 +46,10 @@ metadata:
 
 class LMEvalMissing(ImportError):
     """lm-eval (with its ``hf`` extra) is not installed."""
+
+
+class LMEvalTaskError(DataError):
+    """A task that lm-eval does not know, or whose data cannot be loaded (one line naming ``--tasks``)."""
 
 
 def _import_lm_eval():
@@ -81,9 +87,19 @@ def run_lm_eval(
     paths = [str(toy_task_dir())]
     if include_path:
         paths.append(str(include_path))
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
     manager = TaskManager(include_path=paths)
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager)
+    known = set(manager.all_tasks)
+    unknown = [t for t in tasks if t not in known and not manager.match_tasks([t]) and not Path(t).is_file()]
+    if unknown:
+        raise LMEvalTaskError(f"--tasks: lm-eval has no task {', '.join(unknown)} (its list: lm-eval ls tasks; "
+                              f"the bundled offline task: {TOY_TASK}; your own YAMLs: --include-path DIR)")
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
+    try:
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager)
+    except OSError as e:  # datasets' ConnectionError offline or without a network, a data file that is missing
+        raise LMEvalTaskError(f"--tasks {' '.join(tasks)}: the task data could not be loaded ({e}); lm-eval reads it "
+                              "from the Hugging Face Hub or its local cache (HF_DATASETS_OFFLINE=1 needs it cached)"
+                              ) from e
     return out["results"]
 
 

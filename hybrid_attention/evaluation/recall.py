@@ -81,6 +81,12 @@ class RecallConfig:
     out_dir: str = "runs/recall"
 
     def __post_init__(self) -> None:
+        for mixer in self.mixers:  # every model of the sweep, before any of them trains or anything is written
+            for d in self.d_models:
+                try:
+                    recall_model_config(self, mixer, d)
+                except ValueError as e:
+                    raise ConfigError(f"config error: mixers / d_models / model_options: {e}") from None
         # the generator's limits (data/mqar.py: even length, num_kv_pairs pairs and as many queries, vocabulary above
         # the length) at every length trained: checked here, not at the first epoch of a device call (a curriculum's
         # short length is generated only then)
@@ -137,13 +143,19 @@ def make_examples(cfg: RecallConfig, n: int, seed: int, seq_len: int | None = No
     return passkey_tokens(n, seq_len, cfg.vocab_size, n_digits=cfg.passkey_digits, seed=seed)
 
 
-def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int) -> HybridForCausalLM:
+def recall_model_config(cfg: RecallConfig, mixer: str, d_model: int) -> HybridConfig:
+    """The model of one sweep cell: ``num_layers`` layers of ``mixer`` at width ``d_model`` (ValueError naming the
+    field for a mixer that does not exist or options that do not fit)."""
     head_dim = d_model // cfg.num_heads
-    mc = HybridConfig.from_preset(
+    return HybridConfig.from_preset(
         "tiny", **{"layers": [mixer] * cfg.num_layers, "vocab_size": cfg.vocab_size, "hidden_size": d_model,
                    "num_heads": cfg.num_heads, "head_dim": head_dim, "max_position_embeddings": cfg.seq_len,
                    **cfg.model_options})
-    return HybridForCausalLM(mc)
+
+
+def build_recall_model(cfg: RecallConfig, mixer: str, d_model: int) -> HybridForCausalLM:
+    """A fresh model of one sweep cell (:func:`recall_model_config`)."""
+    return HybridForCausalLM(recall_model_config(cfg, mixer, d_model))
 
 
 def labels_per_row(y: torch.Tensor) -> int | None:
