@@ -1,0 +1,65 @@
+"""LayerCache: every layer's decode state by ``layer_idx``, for the fla-style faces (``integrations/fla.py``).
+
+It follows the method set of fla's ``Cache`` (``update``, ``__getitem__``, ``__len__``, ``get_seq_length``) with one
+difference, decided here: an entry is the layer's own state object (``GDNState``, ``InterdomainState``,
+``NatsLState``, or ``models.padding.RowStates`` after a left-padded prefill of NAtS-L), not fla's dict of
+``recurrent_state`` / ``attn_state`` / ``conv_state`` tensors. A model passes the cache through its layers and never
+reads the entries, so fla-style model code runs unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LayerCache:
+    """Per-layer decode states and token counts.
+
+    ``update(state, layer_idx, offset)`` stores layer ``layer_idx``'s new state and adds ``offset`` (the tokens of the
+    call, the padded width of a left-padded prefill included, as HF counts them) to that layer's count;
+    ``cache[layer_idx]`` returns the state (``KeyError`` for a layer never updated); ``len(cache)`` is the number of
+    layer slots (the highest updated ``layer_idx`` + 1); ``get_seq_length(layer_idx)`` the tokens that layer has
+    seen (0 before its first update).
+    """
+
+    is_compileable = False
+
+    def __init__(self) -> None:
+        self.states: list[Any] = []
+        self.seen_tokens: list[int] = []
+
+    def update(self, state: Any, layer_idx: int = 0, offset: int = 1) -> Any:
+        """Store ``state`` as layer ``layer_idx``'s state after ``offset`` more tokens; returns it."""
+        if layer_idx < 0:
+            raise ValueError(f"layer_idx must be >= 0, got {layer_idx}")
+        while len(self.states) <= layer_idx:
+            self.states.append(None)
+            self.seen_tokens.append(0)
+        self.states[layer_idx] = state
+        self.seen_tokens[layer_idx] += offset
+        return state
+
+    def __getitem__(self, layer_idx: int) -> Any:
+        if not 0 <= layer_idx < len(self.states) or self.states[layer_idx] is None:
+            raise KeyError(f"LayerCache holds no state for layer_idx {layer_idx} (layers with a state: "
+                           f"{[i for i, s in enumerate(self.states) if s is not None]})")
+        return self.states[layer_idx]
+
+    def get(self, layer_idx: int) -> Any | None:
+        """Layer ``layer_idx``'s state, or None before its first update."""
+        return self.states[layer_idx] if 0 <= layer_idx < len(self.states) else None
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        """Tokens layer ``layer_idx`` (default 0) has seen, padding included; 0 before its first update."""
+        i = layer_idx or 0
+        return self.seen_tokens[i] if i < len(self.seen_tokens) else 0
+
+    def get_max_cache_shape(self) -> int:
+        return -1  # no maximum: recurrent states are fixed-size and NAtS-L's softmax cache grows on demand
+
+    def __repr__(self) -> str:
+        kinds = sorted({type(s).__name__ for s in self.states if s is not None})
+        return f"LayerCache(layers={len(self.states)}, seen_tokens={self.seen_tokens}, kinds={kinds})"
