@@ -85,6 +85,9 @@ class TrainSection:
     progress: bool = True
     save_final: bool = True  # HF-format model + tokenizer in out_dir/final
     plots: bool = True
+    # loss, validation ppl, lr, gradient norm, tokens/s and NAtS-L softmax shares as TensorBoard events in
+    # out_dir/tensorboard (training/tracking.py; needs the tensorboard package: the `train` extra)
+    tensorboard: bool = False
 
 
 @dataclass
@@ -129,6 +132,10 @@ def check(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"config error: train.batch_size = {cfg.train.batch_size} is not divisible by "
                           f"train.grad_accum = {cfg.train.grad_accum}")
     check_model(cfg.model)
+    if cfg.train.tensorboard:
+        from .tracking import check_tensorboard
+
+        check_tensorboard()
     return cfg
 
 

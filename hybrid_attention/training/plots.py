@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path, title: str = "") -> list[Path]:
-    """``loss.png`` (train and validation loss vs step) and ``ppl.png`` (validation perplexity vs step)."""
+    """``loss.png`` (train and validation loss vs step), ``ppl.png`` (validation perplexity vs step), ``lr.png``,
+    ``grad_norm.png`` and ``tokens_per_s.png`` (the logged learning rate, gradient norm and throughput vs step)."""
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["step"], r["val_loss"], r["val_ppl"]) for r in records if r.get("val_loss") is not None]
     paths = []
@@ -30,10 +31,42 @@ def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path, title
     if val:
         ax.plot([v[0] for v in val], [v[2] for v in val], "o-")
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
     ax.set(xlabel="step", ylabel="validation perplexity", title=title or "perplexity")
     ax.grid(alpha=0.3)
     paths.append(save_figure(fig, out_dir / "ppl.png"))
+    for key, name, ylabel, log in (("lr", "lr.png", "learning rate", False),
+                                   ("grad_norm", "grad_norm.png", "gradient norm (before clipping)", True),
+                                   ("tok_per_s", "tokens_per_s.png", "training tokens/s", False)):
+        pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        if pts:
+            ax.plot(*zip(*pts), lw=1)
+            if log and min(p[1] for p in pts) > 0:
+                ax.set_yscale("log")
+                plain_log_axis(ax.yaxis)
+        ax.set(xlabel="step", ylabel=ylabel, title=title or ylabel)
+        ax.grid(alpha=0.3)
+        paths.append(save_figure(fig, out_dir / name))
     return paths
+
+
+def plain_log_axis(axis) -> None:
+    """Tick labels of a log-scaled matplotlib axis as plain numbers ("80", "0.5", "2k") instead of "8×10¹"."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    def fmt(v: float, _pos=None) -> str:
+        if v <= 0:
+            return ""
+        if v >= 1e6:
+            return f"{v / 1e6:g}M"
+        if v >= 1e4:
+            return f"{v / 1e3:g}k"
+        return f"{v:g}"
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(fmt))
+    axis.set_minor_formatter(FuncFormatter(lambda v, p=None: ""))
 
 
 def plot_series(

@@ -50,10 +50,11 @@ from .integrity import (
     nonfinite_count,
     write_manifest,
 )
-from .metrics import MetricsLog, read_metrics
+from .metrics import read_metrics
 from .optimizer import build_optimizer
 from .plots import plot_training_curves
 from .schedule import load_scheduler_state, scheduler_state, warmup_cosine_scheduler
+from .tracking import TrackedLog
 
 
 class TrainingDiverged(RuntimeError):
@@ -266,8 +267,8 @@ class Trainer:
         self.amp = _autocast_dtype(tc.precision, ctx.device)
         set_tf32(ctx.device, tc.tf32)
         self.byte_lengths = token_byte_lengths(tok)
-        self.log = MetricsLog(out_dir / "metrics.jsonl", resume_step=self.step if resume else None,
-                              enabled=ctx.is_main)
+        self.log = TrackedLog(out_dir / "metrics.jsonl", resume_step=self.step if resume else None,
+                              enabled=ctx.is_main, tensorboard=tc.tensorboard)
         self.seq_len, self.accum = cfg.data.seq_len, tc.grad_accum
         self.tokens_per_step = tc.batch_size * self.seq_len
         self.layers = describe_layers(mcfg.mixer_types)
@@ -511,8 +512,14 @@ class Trainer:
     def finish(self) -> TrainResult:
         """Validate and checkpoint the current step if not yet done (a finished or stopped run), then write the
         final model (HF format + tokenizer) and the plots."""
-        ctx = self.ctx
         self.bar.close()
+        try:
+            return self._finish()
+        finally:
+            self.log.close()
+
+    def _finish(self) -> TrainResult:
+        ctx = self.ctx
         if self.val_step != self.step:
             self.validate()
         if not (self.ckpt_root / f"step-{self.step:08d}").exists():
