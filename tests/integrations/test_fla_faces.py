@@ -47,9 +47,9 @@ class FlaStyleBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h, attention_mask=None, past_key_values=None, use_cache=False):
+    def forward(self, h, attention_mask=None, past_key_values=None, use_cache=False, **kwargs):
         o, _, past_key_values = self.attn(self.attn_norm(h), attention_mask=attention_mask,
-                                          past_key_values=past_key_values, use_cache=use_cache)
+                                          past_key_values=past_key_values, use_cache=use_cache, **kwargs)
         h = h + o
         return h + self.mlp(self.mlp_norm(h)), past_key_values
 
@@ -62,20 +62,21 @@ class FlaStyleLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, **kwargs):
         if use_cache and past_key_values is None:
             past_key_values = fla.LayerCache()
         h = self.embeddings(input_ids)
         for layer in self.layers:
-            h, past_key_values = layer(h, attention_mask, past_key_values, use_cache)
+            h, past_key_values = layer(h, attention_mask, past_key_values, use_cache, **kwargs)
         return self.lm_head(self.norm(h)), past_key_values
 
 
 def _pair(name: str) -> tuple[HybridForCausalLM, FlaStyleLM]:
     torch.manual_seed(0)
+    options = {"natsl": {"num_attn_heads": 4}}
+    options.setdefault(name, {})["backend"] = "reference"
     cfg = HybridConfig.from_preset("tiny", layers=[name, name], num_hidden_layers=2, chunk_size=4,
-                                   mixer_options={"natsl": {"num_attn_heads": 4}, name: {"backend": "reference"}}
-                                   if name != "natsl" else {"natsl": {"num_attn_heads": 4, "backend": "reference"}})
+                                   mixer_options=options)
     ours = HybridForCausalLM(cfg).double().eval()
     theirs = FlaStyleLM(name, cfg).double().eval()
     weights = {k.removeprefix("model.").replace(".mixer.", ".attn."): v for k, v in ours.state_dict().items()}
@@ -131,6 +132,53 @@ def test_left_padded_prefill_and_decode_equal_our_model(name: str) -> None:
             _close(step, ref.logits)
     assert cache.get_seq_length(1) == t + steps.shape[1]
     assert isinstance(cache[0], RowStates) == (name == "natsl")  # NAtS-L keeps one state per row
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_packed_documents_and_gradients_equal_our_model(name: str) -> None:
+    ours, theirs = _pair(name)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 256, (1, 14), generator=g)
+    cu = torch.tensor([0, 5, 14], dtype=torch.int32)  # fla's varlen call: cu_seqlens through the layers' kwargs
+    with torch.no_grad():
+        _close(theirs(ids, cu_seqlens=cu)[0], ours(ids, cu_seqlens=cu).logits)
+    ours.train(), theirs.train()
+    ids = torch.randint(0, 256, (2, 10), generator=g)
+    ours(ids, labels=ids).loss.backward()
+    logits = theirs(ids)[0]
+    shifted = logits[:, :-1].float().reshape(-1, logits.shape[-1])  # the loss in float32, as HybridForCausalLM's
+    nn.functional.cross_entropy(shifted, ids[:, 1:].reshape(-1)).backward()
+    grads = {k.removeprefix("model.").replace(".mixer.", ".attn."): p.grad for k, p in ours.named_parameters()}
+    for k, p in theirs.named_parameters():
+        torch.testing.assert_close(p.grad, grads[k], rtol=0, atol=1e-10, msg=k)
+
+
+def _small_face(name: str, mode: str) -> nn.Module:
+    torch.manual_seed(0)
+    kw = dict(hidden_size=32, num_heads=2, chunk_size=4, layer_idx=0, mode=mode)
+    if name == "interdomain":
+        return fla.InterdomainAttention(**kw, state_size=4).double()
+    if name == "s4d":
+        return fla.S4DMixer(**kw, state_size=4).double()
+    if name == "gdn":
+        return fla.GatedDeltaNet(**kw, head_dim=8).double()
+    return fla.NatsLAttention(**kw, head_dim=8, num_attn_heads=4).double()
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_fused_recurrent_mode_equals_chunk_mode(name: str) -> None:
+    chunk, recurrent = _small_face(name, "chunk"), _small_face(name, "fused_recurrent")
+    recurrent.load_state_dict(chunk.state_dict())
+    x = torch.randn(2, 9, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    mask = torch.tensor([[0] * 4 + [1] * 5, [1] * 9])
+    step_mask = torch.cat([mask, mask.new_ones(2, 1)], 1)
+    with torch.no_grad():
+        for face in (chunk, recurrent):
+            y, _, cache = face(x, attention_mask=mask, use_cache=True)
+            face.outputs = (y, face(x[:, :1], attention_mask=step_mask, past_key_values=cache, use_cache=True)[0])
+    assert (chunk.backend, recurrent.backend) == ("auto", "naive")
+    for a, b in zip(chunk.outputs, recurrent.outputs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_faces_take_fla_keywords_and_map_mode_to_backend() -> None:
