@@ -9,6 +9,7 @@ reads the entries, so fla-style model code runs unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -18,8 +19,8 @@ class LayerCache:
     ``update(state, layer_idx, offset)`` stores layer ``layer_idx``'s new state and adds ``offset`` (the tokens of the
     call, the padded width of a left-padded prefill included, as HF counts them) to that layer's count;
     ``cache[layer_idx]`` returns the state (``KeyError`` for a layer never updated); ``len(cache)`` is the number of
-    layer slots (the highest updated ``layer_idx`` + 1); ``get_seq_length(layer_idx)`` the tokens that layer has
-    seen (0 before its first update).
+    layer slots (the highest updated ``layer_idx`` + 1) and iterating yields them (None for a slot never updated);
+    ``get_seq_length(layer_idx)`` is the tokens that layer has seen (0 before its first update).
     """
 
     is_compileable = False
@@ -51,6 +52,10 @@ class LayerCache:
 
     def __len__(self) -> int:
         return len(self.states)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every layer slot's state in layer order (None for a slot never updated)."""
+        return iter(self.states)
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         """Tokens layer ``layer_idx`` (default 0) has seen, padding included; 0 before its first update."""

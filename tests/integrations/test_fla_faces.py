@@ -219,7 +219,7 @@ def test_layer_cache_semantics() -> None:
     with pytest.raises(KeyError, match="layer_idx 0"):
         cache[0]
     cache.update("state-2b", layer_idx=2, offset=1)
-    assert cache[2] == "state-2b" and cache.get_seq_length(2) == 8
+    assert cache[2] == "state-2b" and cache.get_seq_length(2) == 8 and list(cache) == [None, None, "state-2b"]
 
 
 def test_help_lists_constructor_arguments() -> None:
