@@ -12,7 +12,7 @@ import torch
 from ..common.varlen import per_document
 from .conv_form import conv_s4d
 
-__all__ = ["fft_s4d", "fft_size", "fft_convolve"]
+__all__ = ["fft_s4d", "fft_size", "fft_convolve", "s4d_fft_convolve"]
 
 
 def fft_size(n: int) -> int:
@@ -32,14 +32,72 @@ def fft_size(n: int) -> int:
     return best
 
 
-def fft_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """Causal convolution along time: y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c]. z ``[B, T, H, C]``, K ``[H, T]``
-    (same real dtype); returns ``[B, T, H, C]``."""
+def _causal_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """The FFT convolution itself (see ``fft_convolve``), differentiable by autograd."""
     T = z.shape[1]
     n = fft_size(2 * T)
     Zf = torch.fft.rfft(z, n=n, dim=1)  # [B, F, H, C]
     Kf = torch.fft.rfft(K, n=n, dim=1)  # [H, F]
     return torch.fft.irfft(Zf * Kf.transpose(0, 1)[None, :, :, None], n=n, dim=1)[:, :T]
+
+
+def fft_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """Causal convolution along time: y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c]. z ``[B, T, H, C]``, K ``[H, T]``
+    (same real dtype); returns ``[B, T, H, C]``.
+
+    Eager calls run the FFTs under autograd. Under ``torch.compile`` the convolution and its backward are two custom
+    ops, opaque to the compiler: CPU inductor of torch 2.11 gives ``aten._fft_r2c`` a wrong fake stride and the
+    compiled s4d training step crashes (``pytest tests/models/test_compile.py -k s4d``). Inductor generates no code
+    for the complex FFT nodes anyway (they run as eager ATen kernels), so the opaque form fuses nothing less.
+    """
+    if torch.compiler.is_compiling():
+        return s4d_fft_convolve(z, K)
+    return _causal_convolve(z, K)
+
+
+@torch.library.custom_op("hybrid_attention::s4d_fft_convolve", mutates_args=())
+def s4d_fft_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """``fft_convolve`` as one op: z ``[B, T, H, C]``, K ``[H, T]`` -> contiguous ``[B, T, H, C]``."""
+    return _causal_convolve(z, K).contiguous()
+
+
+@s4d_fft_convolve.register_fake
+def _(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    return z.new_empty(z.shape)
+
+
+@torch.library.custom_op("hybrid_attention::s4d_fft_convolve_backward", mutates_args=())
+def s4d_fft_convolve_backward(dy: torch.Tensor, z: torch.Tensor, K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``s4d_fft_convolve``: dz[s] = Σ_{t>=s} K[t-s] dy[t] and dK[l] = Σ_{b,c} Σ_t dy[t] z[t-l], both
+    cross-correlations by FFT at the forward's size n >= 2T (the zero padding keeps the wrap-around out).
+    dy, z ``[B, T, H, C]``, K ``[H, T]`` -> (dz ``[B, T, H, C]``, dK ``[H, T]``), contiguous. The conjugates are
+    materialised: run from an AOT-compiled graph, the op lost a lazy ``conj()`` bit (torch 2.13,
+    ``torch.library.opcheck``'s ``test_aot_dispatch_static`` on this op)."""
+    T = z.shape[1]
+    n = fft_size(2 * T)
+    dyf = torch.fft.rfft(dy.to(z.dtype), n=n, dim=1)  # [B, F, H, C]
+    Kf = torch.fft.rfft(K, n=n, dim=1)  # [H, F]
+    dz = torch.fft.irfft(dyf * Kf.conj_physical().transpose(0, 1)[None, :, :, None], n=n, dim=1)[:, :T]
+    Zf = torch.fft.rfft(z, n=n, dim=1)
+    dK = torch.fft.irfft((dyf * Zf.conj_physical()).sum((0, 3)).transpose(0, 1), n=n, dim=1)[:, :T]
+    return dz.contiguous(), dK.contiguous()
+
+
+@s4d_fft_convolve_backward.register_fake
+def _(dy: torch.Tensor, z: torch.Tensor, K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return z.new_empty(z.shape), K.new_empty(K.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z, K = ctx.saved_tensors
+    return s4d_fft_convolve_backward(dy, z, K)
+
+
+s4d_fft_convolve.register_autograd(_backward, setup_context=_setup_context)
 
 
 @per_document(tokens=("a", "b"))
