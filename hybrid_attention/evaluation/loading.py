@@ -108,9 +108,42 @@ def _find_tokenizer(scope: Path | None, *dirs: Path | None) -> tuple[PreTrainedT
     return None, None
 
 
-def _load_hf(d: Path, scope: Path | None, log: Callable[[str], None]):
+def _header_fits_config(d: Path) -> None:
+    """CheckpointMismatch (one line) when ``config.json`` describes other tensors than ``model.safetensors`` holds.
+    Compared before anything is allocated: the model is built on the meta device and the file's shapes come from its
+    header, so a config.json claiming e.g. vocab_size 2,000,000,000 costs no memory."""
+    from safetensors import safe_open
+
+    from hybrid_attention.models import HybridConfig
+
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        got = {k: torch.empty(tuple(f.get_slice(k).get_shape()), device="meta") for k in f.keys()}
+    config = HybridConfig.from_pretrained(str(d))
+    held = {k.split(".")[2] for k in got if k.startswith("model.layers.")}
+    if held and config.num_hidden_layers != len(held):  # checked first: building 100,000 layers takes minutes
+        raise CheckpointMismatch(f"{d / 'config.json'}: num_hidden_layers {config.num_hidden_layers}, but "
+                                 f"{d / 'model.safetensors'} holds {len(held)} layers: they do not belong together")
+    with torch.device("meta"):
+        model = HybridForCausalLM(config)
+    aliases: dict[int, list[str]] = {}
+    for name, value in model.state_dict(keep_vars=True).items():  # tied weights are saved once
+        aliases.setdefault(id(value), []).append(name)
+    for names in aliases.values():
+        present = next((n for n in names if n in got), None)
+        for n in names if present is not None else ():
+            got.setdefault(n, got[present])
+    check_fits(d / "model.safetensors", got, model)
+
+
+def _load_hf(d: Path, scope: Path | None):
     """(HybridForCausalLM.from_pretrained(d), verified), after :func:`admit`; every failure as one CheckpointError."""
-    verified = admit(d, scope, required=("config.json", "model.safetensors"), log=log)
+    verified = admit(d, scope, required=("config.json", "model.safetensors"))
+    try:
+        _header_fits_config(d)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, IndexError, SafetensorError) as e:
+        raise CheckpointError(f"cannot load the model in {d}: {one_line(e)}") from e
     try:
         with _quiet_hf():
             model, info = HybridForCausalLM.from_pretrained(str(d), output_loading_info=True, use_safetensors=True,
@@ -134,9 +167,7 @@ def _read_checkpoint_tensors(ckpt: Path, scope: Path | None) -> tuple[Path, dict
     return (ckpt, *read_model_tensors(ckpt))
 
 
-def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict, verified: bool, log: Callable[[str], None]):
-    if not verified:
-        log(unverified_warning(ckpt))
+def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict):
     model = HybridForCausalLM(model_config(run_cfg.model, vocab_size=vocab_size_of(tensors)))
     check_fits(ckpt, tensors, model)
     model.load_state_dict(tensors)
@@ -174,10 +205,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     scope = run_dir  # no symlink may lead out of the run (None: out of the model folder, see default_scope)
 
     if _is_hf_dir(path):
-        (model, verified), source = _load_hf(path, scope, log), path
+        (model, verified), source = _load_hf(path, scope), path
     elif run_dir is not None and path == run_dir and (run_dir / "final").is_dir() and _is_hf_dir(run_dir / "final"):
         try:
-            (model, verified), source = _load_hf(run_dir / "final", scope, log), run_dir / "final"
+            (model, verified), source = _load_hf(run_dir / "final", scope), run_dir / "final"
         except CheckpointError as e:
             e.args = (f"{e} (the run's checkpoints may be intact: pass one, e.g. --checkpoint "
                       f"{run_dir / 'checkpoints'}/step-..., to use it)",)
@@ -186,7 +217,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
         if run_cfg is None:
             raise DataError(f"{path} is a training checkpoint but no config.yaml was found in its run directory")
         _, tensors, verified = _read_checkpoint_tensors(path, scope)
-        model, source = _load_checkpoint_model(path, run_cfg, tensors, verified, log), path
+        model, source = _load_checkpoint_model(path, run_cfg, tensors), path
     else:
         root = path / "checkpoints"
         if run_cfg is None or not root.is_dir():
@@ -200,7 +231,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
         ckpt, tensors, verified = found
         if damaged:
             log(f"note: newest checkpoint damaged: {'; '.join(d.short for d in damaged)}; using {ckpt.name}")
-        model, source = _load_checkpoint_model(ckpt, run_cfg, tensors, verified, log), ckpt
+        model, source = _load_checkpoint_model(ckpt, run_cfg, tensors), ckpt
     extra = (run_dir / "tokenizer", run_dir / "final") if run_dir is not None else ()
     tok, tok_dir = _find_tokenizer(scope, source, path, *extra)
     if tok is None:
@@ -209,4 +240,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
         tok = byte_tokenizer()
     check_tokenizer_fits(tok, tok_dir, model, source, run_cfg)
     model.to(device).eval()
+    if not verified:  # after every check passed, so a refused folder prints its error line alone
+        log(unverified_warning(source))
     return LoadedModel(model, tok, run_cfg, source, verified)

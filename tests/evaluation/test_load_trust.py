@@ -240,3 +240,19 @@ def test_a_hub_cache_snapshot_may_link_to_its_blobs(run, tmp_path):
     (snap / "tokenizer.json").symlink_to(run / "final" / "tokenizer.json")  # out of the cached repository
     with pytest.raises(FolderRefused, match=r"0123abc/tokenizer.json: a symlink to .*outside .*models--someone--tiny"):
         load_tokenizer(snap)
+
+
+@pytest.mark.parametrize("field, value", [("vocab_size", 2_000_000_000), ("num_hidden_layers", 100_000)])
+def test_a_config_that_lies_about_sizes_is_one_line_without_allocating(run, capsys, field, value):
+    cfg = run / "final" / "config.json"
+    doc = json.loads(cfg.read_text())
+    if field == "num_hidden_layers":
+        doc["layers"] = doc["layers"] * (value // len(doc["layers"]))
+    cfg.write_text(json.dumps({**doc, field: value}))
+    (run / "final" / "manifest.json").unlink()
+    start = time.monotonic()
+    assert main(["info", str(run / "final")]) == 2
+    err = _err_lines(capsys)
+    assert len(err) == 1 and "model.safetensors" in err[0], err
+    assert ("vocab_size 2000000000" in err[0]) if field == "vocab_size" else ("num_hidden_layers 100000" in err[0])
+    assert time.monotonic() - start < 60
