@@ -149,22 +149,25 @@ def build_model(mixer: str, backend: str | None = None, **overrides) -> torch.nn
 
 
 def measure(mixer: str, *, batch: int = 1, seq: int = 64, amp: bool = True, backend: str | None = None,
-            **overrides) -> GraphStats:
+            device: str | torch.device = "cpu", **overrides) -> GraphStats:
     """Compile one model of ``mixer`` with the counting inductor backend, run forward + backward once, count.
-    ``backend``: the mixer's op backend (default ``GPU_BACKENDS``); ``overrides``: ``HybridConfig`` fields."""
+    ``backend``: the mixer's op backend (default ``GPU_BACKENDS``); ``device``: where the model and the batch live
+    (a Triton backend needs CUDA, or the CPU under ``TRITON_INTERPRET=1``); ``overrides``: ``HybridConfig``
+    fields."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
     from torch._inductor import metrics
 
     backend = GPU_BACKENDS.get(mixer) if backend is None else backend
-    model = build_model(mixer, backend, **overrides)
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    device = torch.device(device)
+    model = build_model(mixer, backend, **overrides).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
     stats = GraphStats()
     torch._dynamo.reset()
     metrics.reset()
     with inductor_config.patch(fx_graph_cache=False, force_disable_caches=True):
         fn = torch.compile(model, backend=_counting_backend(stats))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = fn(ids, labels=ids).loss
         loss.backward()
     stats.kernels = metrics.generated_kernel_count
