@@ -49,6 +49,9 @@ class OptimSection:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
+    # a resumed run with more train.steps than its checkpoint's schedule: that schedule runs to its end, then
+    # "constant" holds its final lr, "cosine" re-warms to lr over warmup_steps and decays again (training/schedule.py)
+    extend_schedule: Literal["constant", "cosine"] = "constant"
 
 
 # train.compile_scope's values; training/compile.py derives COMPILE_SCOPES from it

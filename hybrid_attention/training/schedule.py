@@ -1,10 +1,19 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to ``min_lr_ratio`` of the peak."""
+"""Learning-rate schedule: linear warmup, then cosine decay to ``min_lr_ratio`` of the peak.
+
+A resumed run keeps the schedule its checkpoint was written with (:func:`resume_schedule`): when ``train.steps`` now
+asks for more steps, the saved schedule runs to its end and then ``optim.extend_schedule`` decides the rest:
+``constant`` (the default) holds its final lr, ``cosine`` warms back up to the peak over ``optim.warmup_steps`` and
+decays to ``min_lr_ratio`` again at the new last step. Recomputing the cosine over the new length instead would jump
+the lr at the resumed step (3.0e-4 -> 6.2e-4 for a 2000-step run at its end resumed to 4000 steps).
+"""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
+import yaml
 
 
 class WarmupCosine:
@@ -19,6 +28,91 @@ class WarmupCosine:
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class ExtendedSchedule:
+    """The multiplier of a saved schedule (``saved``: a ``WarmupCosine`` or an earlier extension) up to its last step,
+    then, up to ``total_steps``, ``extend``: "constant" (its final multiplier, ``min_lr_ratio``) or "cosine" (a
+    linear re-warm from ``min_lr_ratio`` to 1 over the saved warmup length, then a cosine down to ``min_lr_ratio`` at
+    ``total_steps``)."""
+
+    def __init__(self, saved: WarmupCosine | ExtendedSchedule, total_steps: int, extend: str):
+        if extend not in EXTEND_RULES:
+            raise ValueError(f"optim.extend_schedule must be one of {', '.join(EXTEND_RULES)}, got {extend!r}")
+        self.saved, self.total_steps, self.extend = saved, total_steps, extend
+        self.warmup_steps, self.min_lr_ratio = saved.warmup_steps, saved.min_lr_ratio
+
+    def __call__(self, step: int) -> float:
+        s = self.saved
+        if step < s.total_steps or self.extend == "constant":
+            return s(min(step, s.total_steps))
+        k = step - s.total_steps
+        if k < s.warmup_steps:
+            return s.min_lr_ratio + (1 - s.min_lr_ratio) * (k + 1) / s.warmup_steps
+        span = max(1, self.total_steps - s.total_steps - s.warmup_steps)
+        progress = min(1.0, (k - s.warmup_steps) / span)
+        return s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+EXTEND_RULES = ("constant", "cosine")
+
+
+def schedule_spec(scheduler: torch.optim.lr_scheduler.LambdaLR) -> dict:
+    """The schedule's shape as JSON, stored in every checkpoint: warmup, last step and final ratio of the first
+    group's multiplier, nested under ``saved`` with ``extended_to`` / ``extend`` once a resume extended it."""
+    return _spec(scheduler.lr_lambdas[0])
+
+
+def _spec(f: WarmupCosine | ExtendedSchedule) -> dict:
+    if isinstance(f, ExtendedSchedule):
+        return {"saved": _spec(f.saved), "extended_to": f.total_steps, "extend": f.extend}
+    return {"warmup_steps": f.warmup_steps, "total_steps": f.total_steps, "min_lr_ratio": f.min_lr_ratio}
+
+
+def schedule_from_spec(spec: dict) -> WarmupCosine | ExtendedSchedule:
+    """The multiplier that :func:`schedule_spec` describes."""
+    if "saved" in spec:
+        return ExtendedSchedule(schedule_from_spec(spec["saved"]), int(spec["extended_to"]), str(spec["extend"]))
+    return WarmupCosine(int(spec["warmup_steps"]), int(spec["total_steps"]), float(spec["min_lr_ratio"]))
+
+
+def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict, total_steps: int, extend: str,
+                    step: int) -> str:
+    """Make ``scheduler`` (built from the current config) continue the ``saved`` schedule (``schedule_spec`` of the
+    checkpoint) for a run of ``total_steps`` resumed at ``step``; returns the rule as one line to print.
+
+    Only the multiplier's shape is taken from ``saved``; the peak learning rates stay those of the current config
+    (``optim.lr`` may change on resume). ``extend``: "constant" or "cosine" (:class:`ExtendedSchedule`)."""
+    base = schedule_from_spec(saved)
+    if total_steps <= base.total_steps:
+        f = base
+        rule = (f"the saved schedule to step {base.total_steps}"
+                + (f", stopping at step {total_steps} before its end" if total_steps < base.total_steps else ""))
+    else:
+        f = ExtendedSchedule(base, total_steps, extend)
+        after = ("constant at its final lr" if extend == "constant" else
+                 f"a re-warm over {base.warmup_steps} steps and a new cosine to step {total_steps}")
+        rule = (f"the saved schedule to step {base.total_steps}, then {after} "
+                f"(optim.extend_schedule: {extend}; allowed: {', '.join(EXTEND_RULES)})")
+    scheduler.lr_lambdas = [f] * len(scheduler.lr_lambdas)
+    for g, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+        g["lr"] = base_lr * f(scheduler.last_epoch)
+    scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]
+    return f"lr schedule from step {step}: {rule}"
+
+
+def schedule_of_run_config(path: Path) -> dict | None:
+    """The schedule spec of a run's ``config.yaml`` (``optim.warmup_steps``, ``train.steps``,
+    ``optim.min_lr_ratio``), for a checkpoint that does not store its own; None when the file is absent."""
+    if not path.exists():
+        return None
+    doc = yaml.safe_load(path.read_text()) or {}
+    optim, tr = doc.get("optim") or {}, doc.get("train") or {}
+    try:
+        return {"warmup_steps": int(optim["warmup_steps"]), "total_steps": int(tr["steps"]),
+                "min_lr_ratio": float(optim["min_lr_ratio"])}
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def warmup_cosine_scheduler(

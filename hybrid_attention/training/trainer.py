@@ -53,7 +53,14 @@ from .integrity import (
 from .metrics import read_metrics
 from .optimizer import build_optimizer
 from .plots import plot_training_curves
-from .schedule import load_scheduler_state, scheduler_state, warmup_cosine_scheduler
+from .schedule import (
+    load_scheduler_state,
+    resume_schedule,
+    schedule_of_run_config,
+    schedule_spec,
+    scheduler_state,
+    warmup_cosine_scheduler,
+)
 from .tracking import TrackedLog
 
 
@@ -326,6 +333,10 @@ class Trainer:
         doc = apply_checkpoint(found, unwrap(self.model), self.optimizer)
         load_scheduler_state(self.scheduler, doc["scheduler"])
         self._apply_configured_lr(configured)
+        saved = doc.get("schedule") or schedule_of_run_config(self.out_dir / "config.yaml")
+        if saved is not None:  # the saved schedule's shape, then optim.extend_schedule (training/schedule.py)
+            _say(ctx, resume_schedule(self.scheduler, saved, self.tc.steps, self.cfg.optim.extend_schedule,
+                                      doc["step"]))
         self.data.train.load_state_dict(doc["data"])
         self.state.update({k: doc[k] for k in self.state})
         self.step = doc["step"]
@@ -429,7 +440,8 @@ class Trainer:
     def checkpoint(self) -> None:
         """Write the checkpoint of the current step, only when weights and optimizer state are finite."""
         self._check_state()
-        extra = {"scheduler": scheduler_state(self.scheduler), "data": self.data.train.state_dict(), **self.state}
+        extra = {"scheduler": scheduler_state(self.scheduler), "schedule": schedule_spec(self.scheduler),
+                 "data": self.data.train.state_dict(), **self.state}
         try:
             path = save_checkpoint(self.ckpt_root, self.step, unwrap(self.model), self.optimizer, extra,
                                    self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier)

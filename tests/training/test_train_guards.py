@@ -112,7 +112,8 @@ def test_lr_1e6_dead_model_is_never_checkpointed_and_exits_1(run4, capsys):
     """lr=1e6: one finite step leaves huge (finite) weights, every later gradient is NaN; the checkpoints due during
     that streak are not written, so rotation (keep 1) cannot drop the last good one; the CLI exits 1 naming it."""
     cfg_file = run4.parent / "run.yaml"
-    save_config(_cfg(run4, "train.steps=20", "train.keep_checkpoints=1", "optim.lr=1e6", "train.max_nonfinite=3"),
+    # the resumed run continues the 4-step schedule past its end at min_lr_ratio (0.1) x optim.lr: lr 1e6 from step 5
+    save_config(_cfg(run4, "train.steps=20", "train.keep_checkpoints=1", "optim.lr=1e7", "train.max_nonfinite=3"),
                 cfg_file)
     capsys.readouterr()
     assert main(["train", str(cfg_file), "--resume"]) == 1
