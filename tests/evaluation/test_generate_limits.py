@@ -4,6 +4,7 @@ UTF-8; eval length: one note (not a traceback) when the plot cannot be written b
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -121,3 +122,22 @@ def test_an_ascii_terminal_gets_escapes_not_a_traceback(tiny_run):
                           env={**os.environ, "PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 0 and proc.stderr == b"", proc
     assert proc.stdout.startswith(b"caf\\xe9")
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "configs/tokenizers/prose-bpe8192"])
+def test_pieces_of_any_token_stream_join_to_its_decode_in_linear_time(tokenizer):
+    from pathlib import Path
+
+    from hybrid_attention.data.tokenizer import load_tokenizer
+
+    tok = byte_tokenizer() if tokenizer == "byte" else load_tokenizer(Path(__file__).parents[2] / tokenizer)
+    ids = torch.randint(0, len(tok), (8192,), generator=torch.Generator().manual_seed(0)).tolist()
+    pieces: list[str] = []
+    chunks = _TextChunks(tok, pieces.append)
+    chunks.put(torch.tensor([[0]]))  # the prompt
+    start = time.monotonic()
+    for i in ids:
+        chunks.put(torch.tensor([i]))
+    chunks.end()
+    assert time.monotonic() - start < 3.0  # linear: decoding the whole text at every token is quadratic
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True) and len(pieces) > 1000
