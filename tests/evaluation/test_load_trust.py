@@ -172,11 +172,15 @@ def test_missing_manifest_warns_on_every_path(run, tmp_path):
     (bare / "manifest.json").unlink()
     (run / "final" / "manifest.json").unlink()
     (run / "checkpoints" / "step-00000006" / "manifest.json").unlink()
-    for path in (run, run / "final", bare, run / "checkpoints" / "step-00000006"):
+    for path in (run, run / "final", bare, run / "checkpoints" / "step-00000006", "run without final"):
+        if path == "run without final":  # the run's newest checkpoint
+            shutil.rmtree(run / "final")
+            path = run
         logged.clear()
         loaded = load_model(path, log=logged.append)
         assert not loaded.verified
         assert logged == [f"warning: {loaded.source} has no manifest.json: loaded without size/checksum verification"]
+    assert loaded.source.name == "step-00000006"
 
 
 def test_info_says_whether_the_folder_is_verified(run, capsys):
