@@ -148,7 +148,7 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     from hybrid_attention.data.tokenizer import token_byte_lengths
     from hybrid_attention.evaluation.loading import load_model
 
-    if a.task == "length" and a.out:
+    if a.task in ("length", "lm-eval") and a.out:
         _check_writable_folder("--out", Path(a.out))
     if a.task == "ppl" and a.tokens and a.seq_len and a.tokens < a.seq_len:
         raise CLIError(f"--seq-len {a.seq_len}: longer than --tokens {a.tokens}; one window needs --tokens >= "
@@ -198,7 +198,36 @@ def _cmd_eval(a: argparse.Namespace) -> int:
 
         res = run_lm_eval(loaded.model, loaded.tokenizer, a.tasks, a.include_path, a.batch_size, a.limit, str(device))
         print(json.dumps(res, indent=1, default=str))
+        _save_lm_eval(a, res)
     return 0
+
+
+def _save_lm_eval(a: argparse.Namespace, results: dict) -> None:
+    """``lm_eval_<tasks>.json`` (tasks, limit, checkpoint, lm-eval's per-task metrics) in --out or the folder given as
+    --checkpoint (the run folder), written whole or not at all; an unwritable model folder only loses the file."""
+    import os
+    import re
+    import tempfile
+
+    folder = Path(a.out or a.checkpoint)
+    name = "lm_eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", "+".join(a.tasks))[:100] + ".json"
+    doc = {"tasks": a.tasks, "limit": a.limit, "checkpoint": str(a.checkpoint), "results": results}
+    tmp = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f".{name}.", delete=False) as f:
+            tmp = f.name
+            json.dump(doc, f, indent=1, default=str)
+        os.replace(tmp, folder / name)
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if a.out:
+            raise CLIError(f"--out {a.out}: cannot write {name} ({e.strerror or e})") from e
+        print(f"note: results not saved: cannot write {folder / name} ({e.strerror or e}); pass --out DIR",
+              file=sys.stderr)
+        return
+    print(f"results: {folder / name}")
 
 
 def _eval_recall(a: argparse.Namespace) -> int:
@@ -353,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--include-path", help="directory of extra task YAMLs")
     q.add_argument("--batch-size", type=POSITIVE_INT, default=8)
     q.add_argument("--limit", type=POSITIVE_INT)
+    q.add_argument("--out", help="folder of lm_eval_<tasks>.json (default: the folder given as --checkpoint)")
     e.set_defaults(func=_cmd_eval)
 
     g = with_ckpt(sub.add_parser("generate", help="sample text from a checkpoint"))

@@ -110,8 +110,54 @@ class HybridBlock(nn.Module):
 class HybridPreTrainedModel(PreTrainedModel):
     config_class = HybridConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    # activation checkpointing through training/checkpointing.py's block wrapper (the same one train.checkpointing
+    # uses): the HF names below map to it, so `Trainer(gradient_checkpointing=True)` and PEFT recipes work
+    supports_gradient_checkpointing = True
     _no_split_modules = ["HybridBlock"]
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None,
+                                        every_n_layers: int = 1, offload: bool = False) -> None:
+        """Run every decoder block under ``torch.utils.checkpoint`` (non-reentrant) while training: activations
+        are recomputed in the backward, the weights and outputs are unchanged. Only the defaults are supported:
+        ``use_reentrant=False``, ``every_n_layers=1``, ``offload=False`` (ValueError naming the argument)."""
+        from hybrid_attention.training.checkpointing import enable_block_checkpointing
+
+        kwargs = dict(activation_checkpointing_kwargs or {})
+        if kwargs.pop("use_reentrant", False):
+            raise ValueError("gradient checkpointing: use_reentrant=True is not supported; allowed: "
+                             "use_reentrant=False")
+        if kwargs or every_n_layers != 1 or offload:
+            raise ValueError(f"gradient checkpointing: unsupported arguments {sorted(kwargs)} every_n_layers="
+                             f"{every_n_layers} offload={offload}; allowed: use_reentrant=False, every_n_layers=1, "
+                             "offload=False")
+        enable_block_checkpointing(self)
+
+    def activation_checkpointing_disable(self) -> None:
+        """Undo :meth:`activation_checkpointing_enable` (every block runs its plain forward)."""
+        from hybrid_attention.training.checkpointing import disable_block_checkpointing
+
+        disable_block_checkpointing(self)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs) -> None:
+        """transformers' name of :meth:`activation_checkpointing_enable` (``every_n_layers`` / ``offload`` as
+        keywords)."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        """transformers' name of :meth:`activation_checkpointing_disable`."""
+        self.activation_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        """Whether the decoder blocks run under activation checkpointing."""
+        from hybrid_attention.training.checkpointing import checkpointed_blocks
+
+        return checkpointed_blocks(self) > 0
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """transformers' name of :attr:`is_activation_checkpointing`."""
+        return self.is_activation_checkpointing
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:  # safe to call twice (transformers 5 may re-run it)

@@ -1,10 +1,11 @@
 """Activation checkpointing of the decoder blocks (``train.checkpointing: true``).
 
-The model class has no gradient-checkpointing hook of its own (``supports_gradient_checkpointing = False``), so this
-rebinds each ``HybridBlock.forward`` on the instance: in training mode with autograd recording, the block runs under
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (its activations are recomputed in the backward, the
-RNG state is restored for the recomputation); in eval mode or under ``no_grad`` it is the plain forward. The weights,
-the state dict and the module tree are unchanged (checkpoints and HF exports are the same with or without it).
+The model's HF hooks (``gradient_checkpointing_enable`` / ``activation_checkpointing_enable`` and their ``disable``)
+call the functions here. This rebinds each ``HybridBlock.forward`` on the instance: in training mode with autograd
+recording, the block runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (its activations are
+recomputed in the backward, the RNG state is restored for the recomputation); in eval mode or under ``no_grad`` it is
+the plain forward. The weights, the state dict and the module tree are unchanged (checkpoints and HF exports are the
+same with or without it).
 """
 
 from __future__ import annotations
