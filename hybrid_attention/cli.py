@@ -15,6 +15,7 @@ line) shows the traceback instead. :func:`main` is the one place where errors be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -177,9 +178,13 @@ def _cmd_eval(a: argparse.Namespace) -> int:
                             byte_lengths=token_byte_lengths(loaded.tokenizer))
         print(length_table(rows))
         png = Path(a.out or loaded.source) / "length_sweep.png"
+        partial = png.with_name(f".{png.stem}.partial{png.suffix}")  # renamed when complete: never a half-written plot
         try:
-            plot_length_sweep({str(Path(a.checkpoint).name): rows}, png)
+            plot_length_sweep({str(Path(a.checkpoint).name): rows}, partial)
+            os.replace(partial, png)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                partial.unlink()
             if a.out:
                 raise CLIError(f"--out {a.out}: cannot write {png.name} ({e.strerror or e})") from e
             # the table above is the result; a model folder that cannot be written (read-only mount, another user's

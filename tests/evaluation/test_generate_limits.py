@@ -141,3 +141,23 @@ def test_pieces_of_any_token_stream_join_to_its_decode_in_linear_time(tokenizer)
     chunks.end()
     assert time.monotonic() - start < 3.0  # linear: decoding the whole text at every token is quadratic
     assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True) and len(pieces) > 1000
+
+
+def test_length_plot_is_never_half_written(tiny_run, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import hybrid_attention.evaluation.length_sweep as length_sweep
+
+    def disk_full(results, path, *args, **kwargs):
+        path.write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    out = tmp_path / "plots"
+    assert main(LENGTH + ["--checkpoint", str(tiny_run), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["length_sweep.png"]
+    (out / "length_sweep.png").unlink()
+    monkeypatch.setattr(length_sweep, "plot_length_sweep", disk_full)
+    capsys.readouterr()
+    assert main(LENGTH + ["--checkpoint", str(tiny_run), "--out", str(out)]) == 2
+    assert _err_lines(capsys) == [f"error: --out {out}: cannot write length_sweep.png (No space left on device)"]
+    assert list(out.iterdir()) == []
