@@ -108,23 +108,18 @@ def _find_tokenizer(scope: Path | None, *dirs: Path | None) -> tuple[PreTrainedT
     return None, None
 
 
-def _header_fits_config(d: Path) -> None:
-    """CheckpointMismatch (one line) when ``config.json`` describes other tensors than ``model.safetensors`` holds.
-    Compared before anything is allocated: the model is built on the meta device and the file's shapes come from its
-    header, so a config.json claiming e.g. vocab_size 2,000,000,000 costs no memory."""
-    from safetensors import safe_open
-
-    from hybrid_attention.models import HybridConfig
-
-    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
-        got = {k: torch.empty(tuple(f.get_slice(k).get_shape()), device="meta") for k in f.keys()}
-    config = HybridConfig.from_pretrained(str(d))
+def _fits_on_meta(config, got: dict[str, torch.Tensor], weights: Path, described_by: str) -> None:
+    """CheckpointMismatch (one line) when the model of ``config`` has other tensors than ``got`` (the tensors, or
+    their shapes as meta tensors, of ``weights``). Nothing is allocated: the layer count is compared first (building
+    100,000 layers takes minutes even on the meta device), then the model is built on the meta device, so a config
+    claiming e.g. vocab_size 2,000,000,000 costs no memory."""
     held = {k.split(".")[2] for k in got if k.startswith("model.layers.")}
-    if held and config.num_hidden_layers != len(held):  # checked first: building 100,000 layers takes minutes
-        raise CheckpointMismatch(f"{d / 'config.json'}: num_hidden_layers {config.num_hidden_layers}, but "
-                                 f"{d / 'model.safetensors'} holds {len(held)} layers: they do not belong together")
+    if held and config.num_hidden_layers != len(held):
+        raise CheckpointMismatch(f"{described_by}: num_hidden_layers {config.num_hidden_layers}, but {weights} holds "
+                                 f"{len(held)} layers: they do not belong together")
     with torch.device("meta"):
         model = HybridForCausalLM(config)
+    got = dict(got)
     aliases: dict[int, list[str]] = {}
     for name, value in model.state_dict(keep_vars=True).items():  # tied weights are saved once
         aliases.setdefault(id(value), []).append(name)
@@ -132,7 +127,19 @@ def _header_fits_config(d: Path) -> None:
         present = next((n for n in names if n in got), None)
         for n in names if present is not None else ():
             got.setdefault(n, got[present])
-    check_fits(d / "model.safetensors", got, model)
+    check_fits(weights, got, model)
+
+
+def _header_fits_config(d: Path) -> None:
+    """:func:`_fits_on_meta` for an HF folder: ``config.json`` against the header of ``model.safetensors`` (shapes
+    only, no tensor data read)."""
+    from safetensors import safe_open
+
+    from hybrid_attention.models import HybridConfig
+
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        got = {k: torch.empty(tuple(f.get_slice(k).get_shape()), device="meta") for k in f.keys()}
+    _fits_on_meta(HybridConfig.from_pretrained(str(d)), got, d / "model.safetensors", str(d / "config.json"))
 
 
 def _load_hf(d: Path, scope: Path | None):
@@ -168,7 +175,9 @@ def _read_checkpoint_tensors(ckpt: Path, scope: Path | None) -> tuple[Path, dict
 
 
 def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict):
-    model = HybridForCausalLM(model_config(run_cfg.model, vocab_size=vocab_size_of(tensors)))
+    config = model_config(run_cfg.model, vocab_size=vocab_size_of(tensors))
+    _fits_on_meta(config, tensors, ckpt, "the run's config.yaml (model)")
+    model = HybridForCausalLM(config)
     check_fits(ckpt, tensors, model)
     model.load_state_dict(tensors)
     return model

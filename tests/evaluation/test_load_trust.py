@@ -260,3 +260,14 @@ def test_a_config_that_lies_about_sizes_is_one_line_without_allocating(run, caps
     assert len(err) == 1 and "model.safetensors" in err[0], err
     assert ("vocab_size 2000000000" in err[0]) if field == "vocab_size" else ("num_hidden_layers 100000" in err[0])
     assert time.monotonic() - start < 60
+
+
+def test_a_run_config_that_lies_about_sizes_is_one_line_without_allocating(run, capsys):
+    shutil.rmtree(run / "final")  # the run's checkpoint is built from config.yaml
+    cfg = run / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("hidden_size: 32", "hidden_size: 1000000"))
+    start = time.monotonic()
+    assert main(["info", str(run)]) == 2
+    err = _err_lines(capsys)
+    assert len(err) == 1 and "step-00000006 does not fit the model built from the config" in err[0], err
+    assert time.monotonic() - start < 60  # a real model of that width needs terabytes
