@@ -22,6 +22,9 @@ class DataConfig:
     hf_config: str | None = None
     hf_split: str = "train"
     text_field: str = "text"  # JSON/parquet/HF field holding the text
+    # source=local: the file types read from data.paths (None: .txt .md .rst .html .htm .jsonl .parquet); name .py to
+    # read Python sources too, e.g. [.md, .py] (data/corpus.py: LOCAL_SUFFIXES)
+    local_suffixes: list[str] | None = None
     val_fraction: float = 0.05
     max_bytes: int | None = None  # read at most this many characters of the corpus (deterministic prefix)
     tokenizer: str = "byte"

@@ -4,8 +4,11 @@ Sources:
   * ``stdlib``: the running interpreter's standard-library ``.py`` files (always present, offline). Files are visited
     in sorted relative-path order; ``site-packages`` and caches are skipped; files that are not UTF-8 are skipped and
     counted.
-  * local ``.txt`` / ``.jsonl`` / ``.parquet`` files, or folders of them (``.txt``: one document per file; ``.jsonl``:
-    one document per line, text in ``text_field``; ``.parquet``: one document per row, needs ``pyarrow``).
+  * local files, or folders of them: ``.txt`` / ``.md`` / ``.rst`` (one document per file, as is), ``.html`` /
+    ``.htm`` (one document per page, tags stripped by the stdlib ``html.parser``: ``formats.html_to_text``),
+    ``.jsonl`` (one document per line, text in ``text_field``), ``.parquet`` (one per row, needs ``pyarrow``);
+    ``.py`` only when ``data.local_suffixes`` names it. Files of a folder that are of another type, not UTF-8 or
+    empty are skipped and counted by reason (``Corpus.describe``); a file named directly must be readable.
 
 The split is by hash: a document goes to validation when the first 8 hex digits of ``sha1(key)`` read as a fraction
 of 2**32 fall below ``val_fraction``; the key is the relative path (plus ``:line``/``:row`` for multi-document files).
@@ -23,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DataError
+from .formats import html_to_text
 
-TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".html", ".htm", ".jsonl", ".parquet")  # data.source local, by default
+LOCAL_SUFFIXES = (*TEXT_SUFFIXES, ".py")  # what data.local_suffixes may name
+_PLAIN = (".txt", ".md", ".rst", ".py")
 _SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
@@ -36,6 +42,8 @@ class Corpus:
     train: list[str] = field(default_factory=list)
     validation: list[str] = field(default_factory=list)
     n_skipped: int = 0
+    files_read: int = 0  # local: files that gave documents
+    skipped: dict[str, int] = field(default_factory=dict)  # local: skipped files by reason
 
     @property
     def n_bytes(self) -> int:
@@ -44,6 +52,11 @@ class Corpus:
     def describe(self) -> str:
         """One line: source, documents per split, size in MB (and skipped files, if any)."""
         skipped = f", {self.n_skipped} undecodable files skipped" if self.n_skipped else ""
+        if self.files_read or self.skipped:
+            by_count = sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0]))
+            reasons = "; ".join(f"{n:,} {why}" for why, n in by_count)
+            skipped += (f"; files: {self.files_read:,} read, {sum(self.skipped.values()):,} skipped"
+                        + (f" ({reasons})" if reasons else ""))
         return (
             f"corpus {self.source}: {len(self.train)} train / {len(self.validation)} validation documents, "
             f"{self.n_bytes / 1e6:.1f} MB{skipped}"
@@ -110,29 +123,76 @@ def _sorted_files(root: Path, suffixes: tuple[str, ...]) -> list[str]:
     return sorted(out)
 
 
+def _walk(root: Path) -> list[str]:
+    """Relative POSIX paths of every file under ``root`` (hidden and cache folders left out), sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIPPED_DIRS and not d.startswith(".")]
+        out += [Path(dirpath, name).relative_to(root).as_posix() for name in filenames if not name.startswith(".")]
+    return sorted(out)
+
+
+def _suffix(name: str) -> str:
+    return Path(name).suffix.lower() or "no suffix"
+
+
 def local_corpus(
     paths: str | os.PathLike | Iterable[str | os.PathLike],
     val_fraction: float = 0.05,
     text_field: str = "text",
     max_bytes: int | None = None,
+    suffixes: Iterable[str] | None = None,
 ) -> Corpus:
-    """A corpus from local files or folders (``.txt``, ``.jsonl``, ``.parquet``), read in sorted order."""
+    """A corpus from local files or folders, read in sorted order.
+
+    ``suffixes``: the file types read (default ``TEXT_SUFFIXES``; ``.py`` too when named), each one of
+    ``LOCAL_SUFFIXES`` (DataError naming ``data.local_suffixes`` otherwise). In a folder, files of other types, not
+    UTF-8 or without text are skipped and counted by reason in ``Corpus.skipped``."""
+    wanted = tuple(s.lower() for s in (suffixes if suffixes is not None else TEXT_SUFFIXES))
+    bad = [s for s in wanted if s not in LOCAL_SUFFIXES]
+    if bad or not wanted:
+        raise DataError(f"data.local_suffixes = {list(wanted)}: allowed values are {', '.join(LOCAL_SUFFIXES)} "
+                        "(at least one)")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    files: list[tuple[str, Path]] = []
+    paths = list(paths)
+    corpus = Corpus(source="local:" + ",".join(str(p) for p in paths))
+    other: dict[str, int] = {}
+    files: list[tuple[str, Path, bool]] = []  # key, path, inside a folder (skippable)
     for p in map(Path, paths):
         if p.is_dir():
-            files += [(f"{p.name}/{rel}", p / rel) for rel in _sorted_files(p, TEXT_SUFFIXES)]
+            for rel in _walk(p):
+                if _suffix(rel) in wanted:
+                    files.append((f"{p.name}/{rel}", p / rel, True))
+                else:
+                    other[_suffix(rel)] = other.get(_suffix(rel), 0) + 1
         elif p.is_file():
-            if not p.name.endswith(TEXT_SUFFIXES):
-                raise DataError(f"unsupported file type: {p} (supported: {', '.join(TEXT_SUFFIXES)})")
-            files.append((p.name, p))
+            if _suffix(p.name) not in wanted:
+                raise DataError(f"unsupported file type: {p} (read: {', '.join(wanted)}; data.local_suffixes "
+                                f"may name {', '.join(LOCAL_SUFFIXES)})")
+            files.append((p.name, p, False))
         else:
             raise DataError(f"no such file or folder: {p}")
-    corpus = Corpus(source="local:" + ",".join(str(p) for p in paths))
+    if other:
+        top = sorted(other.items(), key=lambda kv: (-kv[1], kv[0]))
+        kinds = ", ".join(f"{suf} {n:,}" for suf, n in top[:5]) + (", ..." if len(top) > 5 else "")
+        corpus.skipped[f"of other types ({kinds})"] = sum(other.values())
     total = 0
-    for key, path in files:
-        for sub, text in _read_documents(path, text_field):
+    for key, path, skippable in files:
+        try:
+            docs = list(_read_documents(path, text_field))
+        except DataError as e:
+            if not (skippable and isinstance(e.__cause__, UnicodeDecodeError)):
+                raise
+            corpus.skipped["not UTF-8"] = corpus.skipped.get("not UTF-8", 0) + 1
+            continue
+        if not any(text.strip() for _, text in docs):
+            if not skippable:
+                raise DataError(f"{path}: no text in it")
+            corpus.skipped["without text"] = corpus.skipped.get("without text", 0) + 1
+            continue
+        corpus.files_read += 1
+        for sub, text in docs:
             _add(corpus, key + sub, text, val_fraction)
             total += len(text)
             if max_bytes is not None and total >= max_bytes:
@@ -141,16 +201,20 @@ def local_corpus(
 
 
 def _read_documents(path: Path, text_field: str) -> Iterator[tuple[str, str]]:
-    """Yield ``(key suffix, text)`` for every document in one file; raise DataError naming the file on failure."""
+    """Yield ``(key suffix, text)`` for every document in one file; raise DataError naming the file on failure (an
+    undecodable file: with the UnicodeDecodeError as its cause)."""
+    suffix = path.suffix.lower()
     try:
-        if path.suffix == ".txt":
+        if suffix in _PLAIN:
             yield "", path.read_text(encoding="utf-8")
-        elif path.suffix == ".jsonl":
+        elif suffix in (".html", ".htm"):
+            yield "", html_to_text(path.read_text(encoding="utf-8"))
+        elif suffix == ".jsonl":
             with path.open(encoding="utf-8") as f:
                 for i, line in enumerate(f):
                     if line.strip():
                         yield f":{i}", _field(json.loads(line), text_field, f"{path}:{i + 1}")
-        elif path.suffix == ".parquet":
+        elif suffix == ".parquet":
             yield from _read_parquet(path, text_field)
     except DataError:
         raise

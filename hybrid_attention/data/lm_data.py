@@ -44,7 +44,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     if cfg.source == "local":
         if not cfg.paths:
             raise DataError("data.source=local needs data.paths (files or folders)")
-        return local_corpus(cfg.paths, cfg.val_fraction, cfg.text_field, cfg.max_bytes)
+        return local_corpus(cfg.paths, cfg.val_fraction, cfg.text_field, cfg.max_bytes, cfg.local_suffixes)
     if cfg.source == "prose":
         return prose_corpus(cfg.paths, cfg.val_fraction, cfg.max_bytes, cfg.prose_sources)
     if cfg.source == "text_dir":
