@@ -341,14 +341,12 @@ def test_gumbel_sampling_is_stochastic_in_training_and_argmax_in_eval():
         assert torch.equal(r1, rec.last())
 
 
-def test_triton_backend_layer_matches_reference_with_gradients(monkeypatch):
+def test_triton_backend_layer_matches_reference_with_gradients(monkeypatch, device):
     """backend="triton" runs both branches through natsl_mixed (Triton interpreter on the CPU): same output and
     gradients as the reference ops, T not a multiple of the chunk, both chunk types present. With CUDA (no interpreter)
     the Triton layer runs there (tf32 dots: looser tolerances); the reference stays on the CPU."""
     pytest.importorskip("triton")
-    from hybrid_attention.ops.common.triton import interpreting
-
-    dev = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
+    dev = device.type
     tol = dict(rtol=2e-4, atol=2e-5) if dev == "cpu" else dict(rtol=1e-2, atol=2e-3)
     gtol = dict(rtol=2e-3, atol=2e-4) if dev == "cpu" else dict(rtol=2e-2, atol=5e-3)
     c = 16  # the Triton kernels need chunk_size in {16, 32, 64, 128}

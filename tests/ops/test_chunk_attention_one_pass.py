@@ -19,17 +19,16 @@ import sys
 
 import pytest
 import torch
+from triton_device import DEVICE, INTERPRET
 
 from hybrid_attention.ops.chunk_attention import naive_chunk_attention
 from hybrid_attention.ops.chunk_attention.triton import HAS_TRITON as TRITON_AVAILABLE
 from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 pytestmark = [
     pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1 (CPU interpreter)"),
+    pytest.mark.triton,  # CUDA, or the CPU interpreter (triton_device.py)
 ]
 TOL = 2e-5 if DEVICE == "cpu" else 5e-3  # as the existing Triton tests: exact fp32 dots / tf32 dots on a GPU
 NAMES = ["o", "dq", "dk", "dv", "d_routing_bias"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_device import DEVICE as DEV
 
 from hybrid_attention.ops.common.triton import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_decode_attention_op():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_device import DEVICE as DEV
 
 from hybrid_attention.ops.common.triton import HAS_TRITON
 from hybrid_attention.ops.decode_linear import (
@@ -20,7 +21,6 @@ from hybrid_attention.ops.decode_linear import (
 )
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 K, N = 83, 2 * 45  # neither a multiple of any block size
 ULPS = 4 if DEV == "cpu" else 2  # bf16 slack, in ulps of the largest result (see test_norm_linear)
 

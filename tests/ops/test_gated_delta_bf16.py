@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from test_gated_delta_triton import BF16_TOL, NAMES, make_case, rel, run_both
 from test_varlen_triton import GDN_NAMES, LENGTHS, _gdn_inputs, _gdn_separate, _grads, _leaf, _loss
+from triton_device import DEVICE, INTERPRET
 
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
@@ -38,11 +39,9 @@ from hybrid_attention.ops.gated_delta.triton.config import DEFAULT_CONFIG
 from hybrid_attention.ops.gated_delta.triton.kernels import _bf16
 from hybrid_attention.ops.natsl_mixed import natsl_mixed
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 pytestmark = [
     pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1 (CPU interpreter)"),
+    pytest.mark.triton,  # CUDA, or the CPU interpreter (triton_device.py)
 ]
 BF16 = GatedDeltaConfig(buffer_dtype="bf16", poison=True)
 

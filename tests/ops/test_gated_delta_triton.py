@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
+from triton_device import DEVICE
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
 from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, triton_gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 pytestmark = [
     pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1 (CPU interpreter)"),
+    pytest.mark.triton,  # CUDA, or the CPU interpreter (triton_device.py)
 ]
 TOL = 2e-5 if DEVICE == "cpu" else 5e-3  # interpreter: exact fp32 dots (observed ~3e-7); GPU: tf32 dots
 BF16_TOL = 2e-2  # bf16 buffers: ~10 bf16 unit roundoffs (derivation: test_gated_delta_bf16.py's docstring)

@@ -1,23 +1,20 @@
 """Triton backend of the Interdomain core vs the float64 reference (chunk form), forward and every gradient.
 
-Runs the kernels through the Triton interpreter on CPU (TRITON_INTERPRET=1 is set here when no GPU is present, before
-the kernels are imported), in float32 at tiny shapes; on a CUDA machine the same tests run compiled. Skipped when
+Runs the kernels through the Triton interpreter on CPU (``triton_device.py`` sets TRITON_INTERPRET=1 when no GPU is
+present), in float32 at tiny shapes; on a CUDA machine the same tests run compiled. Skipped when
 triton does not import.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
+from triton_device import DEVICE as DEV
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from hybrid_attention.ops.interdomain import chunk_interdomain, interdomain  # noqa: E402
-from hybrid_attention.ops.interdomain.triton import HAS_TRITON  # noqa: E402
+from hybrid_attention.ops.interdomain import chunk_interdomain, interdomain
+from hybrid_attention.ops.interdomain.triton import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
@@ -27,7 +24,6 @@ if HAS_TRITON:
     from hybrid_attention.ops.interdomain.triton.decode import interdomain_decode_step
 
 F64, C128 = torch.float64, torch.complex128
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative L2 error, float32 kernels vs float64 reference (tf32 matmuls on a GPU: see GPU_TOL)
 GPU_TOL = 5e-3  # the issue's bar for bf16/tf32 GPU outputs; tf32 dots alone measured 2.2e-3 to 3.5e-3
 

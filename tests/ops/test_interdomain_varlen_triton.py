@@ -15,20 +15,18 @@ import os
 
 import pytest
 import torch
+from triton_device import DEVICE as DEV
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from hybrid_attention.ops.common.backend import resolve_backend  # noqa: E402
-from hybrid_attention.ops.common.varlen import (  # noqa: E402
+from hybrid_attention.ops.common.backend import resolve_backend
+from hybrid_attention.ops.common.varlen import (
     chunk_layout,
     chunk_offsets,
     chunk_table,
     cu_seqlens_from_lengths,
     max_chunks,
 )
-from hybrid_attention.ops.interdomain import BACKENDS, chunk_interdomain, interdomain  # noqa: E402
-from hybrid_attention.ops.interdomain.triton import HAS_TRITON  # noqa: E402
+from hybrid_attention.ops.interdomain import BACKENDS, chunk_interdomain, interdomain
+from hybrid_attention.ops.interdomain.triton import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
@@ -37,7 +35,6 @@ if HAS_TRITON:
     from hybrid_attention.ops.interdomain.triton.config import InterdomainConfig
 
 F64, C128 = torch.float64, torch.complex128
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4 if DEV == "cpu" else 5e-3  # relative L2, float32 kernels vs float64 (tf32 dots on a GPU)
 H = 2
 NAMES = ("q", "k", "v", "log_lam", "B", "C", "X0")

@@ -8,20 +8,16 @@ parameters against the same call with complex ones (float64: equal to ~1e-12).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # the Triton Interdomain test runs through the interpreter on a CPU machine
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from hybrid_attention.modules import S4DCore  # noqa: E402
-from hybrid_attention.ops.common.planar import Planar, as_complex, as_planar, cdiv, cexpm1, cmul  # noqa: E402
-from hybrid_attention.ops.interdomain import chunk_interdomain  # noqa: E402
-from hybrid_attention.ops.interdomain.readout import planar_readout_operator, readout_operators  # noqa: E402
-from hybrid_attention.ops.interdomain.triton import HAS_TRITON  # noqa: E402
-from hybrid_attention.ops.s4d import chunk_s4d, fft_s4d, naive_s4d, toeplitz_s4d  # noqa: E402
+from hybrid_attention.modules import S4DCore
+from hybrid_attention.ops.common.planar import Planar, as_complex, as_planar, cdiv, cexpm1, cmul
+from hybrid_attention.ops.interdomain import chunk_interdomain
+from hybrid_attention.ops.interdomain.readout import planar_readout_operator, readout_operators
+from hybrid_attention.ops.interdomain.triton import HAS_TRITON
+from hybrid_attention.ops.s4d import chunk_s4d, fft_s4d, naive_s4d, toeplitz_s4d
 
 F64, C128 = torch.float64, torch.complex128
 
@@ -146,12 +142,12 @@ def test_planar_with_mismatched_parts_is_refused():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 @pytest.mark.parametrize("readout", ["transpose", "real"])
-def test_triton_interdomain_planar_matches_complex_with_gradients(readout):
+def test_triton_interdomain_planar_matches_complex_with_gradients(readout, device):
     """The glue of the Triton op with Planar parameters (stacked planes, the real readout operator) gives the output
     and the S4DCore parameter gradients of the complex glue (float32 kernels: equal to float32 rounding)."""
     from hybrid_attention.ops.interdomain.triton import triton_interdomain
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = device
     g = torch.Generator().manual_seed(5)
     Bsz, T, H, R, D, M = 1, 32, 2, 16, 16, 16
     core = S4DCore(H, M).to(dev)
@@ -194,12 +190,12 @@ def test_bilinear_impulse_table_is_planar_and_matches_complex():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_s4d_bilinear_takes_planar_parameters(backend):
+def test_s4d_bilinear_takes_planar_parameters(backend, device):
     """The bilinear core with ``Planar`` parameters (the layers pass ``S4DCore.planar()``) equals the complex call:
     output, final state and the S4DCore parameter gradients, odd T, with an initial state."""
     from hybrid_attention.ops.s4d_bilinear import s4d_bilinear
 
-    dev = "cuda" if (backend == "triton" and torch.cuda.is_available()) else "cpu"
+    dev = device if backend == "triton" else "cpu"
     dt = F64 if backend == "reference" else torch.float32
     g = torch.Generator().manual_seed(6)
     H, M, R = 2, 16, 16

@@ -1,7 +1,7 @@
 """Triton backend of the bilinear S4D core vs the float64 reference (chunk form), forward and every gradient.
 
-Runs the kernels through the Triton interpreter on CPU (TRITON_INTERPRET=1 is set here when no GPU is present, before
-the kernels are imported), in float32 at tiny shapes; on a CUDA machine the same tests run compiled (tf32 matmuls,
+Runs the kernels through the Triton interpreter on CPU (``triton_device.py`` sets TRITON_INTERPRET=1 when no GPU is
+present), in float32 at tiny shapes; on a CUDA machine the same tests run compiled (tf32 matmuls,
 looser tolerance). Skipped when triton does not import.
 """
 
@@ -12,12 +12,10 @@ import os
 
 import pytest
 import torch
+from triton_device import DEVICE as DEV
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear, s4d_bilinear  # noqa: E402
-from hybrid_attention.ops.s4d_bilinear.triton import HAS_TRITON  # noqa: E402
+from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear, s4d_bilinear
+from hybrid_attention.ops.s4d_bilinear.triton import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
@@ -27,7 +25,6 @@ if HAS_TRITON:
     from hybrid_attention.ops.s4d_bilinear.triton.config import DEFAULT_CONFIG, S4DBilinearConfig
 
 F64, C128 = torch.float64, torch.complex128
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4 if DEV == "cpu" else 5e-3  # relative L2 error of float32 kernels (tf32 matmuls on a GPU: 2.3e-3 seen)
 
 

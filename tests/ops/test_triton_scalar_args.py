@@ -21,10 +21,10 @@ import textwrap
 
 import pytest
 import torch
+from triton_device import INTERPRET
 
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 pytestmark = [
     pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"),
     pytest.mark.skipif(not INTERPRET, reason="records launches under TRITON_INTERPRET=1 (the CPU interpreter)"),

@@ -10,10 +10,10 @@ so an element a kernel skips shows up. The controls show that the comparison can
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
+from triton_device import DEVICE
 
 from hybrid_attention.ops.chunk_attention import chunk_attention, naive_chunk_attention
 from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
@@ -25,11 +25,9 @@ from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILAB
 from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig, triton_gated_delta
 from hybrid_attention.ops.natsl_mixed import natsl_mixed
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 pytestmark = [
     pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1 (CPU interpreter)"),
+    pytest.mark.triton,  # CUDA, or the CPU interpreter (triton_device.py)
 ]
 TOL = 2e-5 if DEVICE == "cpu" else 5e-3  # interpreter: exact fp32 dots; GPU: tf32 dots (as test_gated_delta_triton)
 C = 16

@@ -62,11 +62,11 @@ def test_many_compiled_decoders_in_one_process():
 
 
 @torch.no_grad()
-def test_inductor_compiled_step_with_fused_kernels():
+def test_inductor_compiled_step_with_fused_kernels(device):
     """The compiled step over the registered fused decode ops (Triton; the interpreter on the CPU): Interdomain's op
     mutates its state, which inductor must functionalise (a complex state failed with "auto_functionalized_v2 was not
     removed" on the H200; the op now takes real views). GDN and softmax beside it; equals the plain step."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels natively on a GPU, else the interpreter
+    dev = device  # the kernels natively on a GPU, else the interpreter
     model = make_model(["interdomain", "gdn", "softmax"], dtype=torch.float32, readout="real").to(dev)
     ids = torch.randint(0, 259, (2, 12), device=dev)
     dec = StaticDecoder(model, 2, 16, use_kernels=True, compile=True, fused_gemv=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_static_decode import _NoHostSync
+from triton_device import DEVICE
 
 from hybrid_attention.layers.natsl import NatsLAttention
 from hybrid_attention.layers.natsl_routing import force_routing
@@ -21,7 +22,7 @@ LENGTHS = (5, 10, 3)
 C = 4
 NEW = 10
 PAD_ID = 258
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL_DEVICE = DEVICE  # the Triton tests' device: the GPU when there is one, else the interpreter's CPU
 
 
 def _model(layers: list[str], natsl_rope: bool = False, dtype: torch.dtype = torch.float64) -> HybridForCausalLM:

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from triton_device import DEVICE
 
 from benchmarks.decode_latency import decode_latency
 from hybrid_attention.layers.base import TokenMixer
@@ -22,8 +23,7 @@ from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving import StaticDecoder
 
 C = 16  # chunk size of the tiny preset
-# Triton kernels run on the GPU when there is one, else in the interpreter (conftest sets TRITON_INTERPRET=1).
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL_DEVICE = DEVICE  # the Triton tests' device: the GPU when there is one, else the interpreter's CPU
 
 
 def make_model(layers, dtype=torch.float64, sharp_router=True, natsl_rope=False,
