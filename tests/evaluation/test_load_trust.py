@@ -18,7 +18,7 @@ from hybrid_attention.cli import main
 from hybrid_attention.data.tokenizer import load_tokenizer
 from hybrid_attention.evaluation.loading import load_model
 from hybrid_attention.model_folder import FolderRefused, check_folder
-from hybrid_attention.training.integrity import CheckpointError
+from hybrid_attention.training.integrity import CheckpointError, write_manifest
 
 
 @pytest.fixture
@@ -40,6 +40,7 @@ def _plant_code(folder, config_name, marker):
     cfg.write_text(json.dumps(doc))
     (folder / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n"
                                     "from transformers import PreTrainedTokenizerFast as EvilClass\n")
+    write_manifest(folder, kind="final")  # a manifest proves nothing about intent: whoever wrote the folder signs it
 
 
 def _run_in_terminal(argv, timeout=120.0):
