@@ -149,7 +149,7 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     from hybrid_attention.data.tokenizer import token_byte_lengths
     from hybrid_attention.evaluation.loading import load_model
 
-    if a.task in ("length", "lm-eval") and a.out:
+    if a.task in ("length", "lm-eval", "passkey") and a.out:
         _check_writable_folder("--out", Path(a.out))
     if a.task == "ppl" and a.tokens and a.seq_len and a.tokens < a.seq_len:
         raise CLIError(f"--seq-len {a.seq_len}: longer than --tokens {a.tokens}; one window needs --tokens >= "
@@ -194,10 +194,16 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         else:
             print(f"plot: {png}")
     elif a.task == "passkey":
+        from hybrid_attention.evaluation.checkpoint_plots import plot_passkey
         from hybrid_attention.evaluation.passkey import passkey_accuracy, passkey_table
 
-        rows = passkey_accuracy(loaded.model, loaded.tokenizer, a.lengths, a.depths, a.trials, device)
+        try:
+            rows = passkey_accuracy(loaded.model, loaded.tokenizer, a.lengths, a.depths, a.trials, device)
+        except ValueError as e:  # a length shorter than the bare prompt
+            raise CLIError(f"--lengths: {e}") from e
         print(passkey_table(rows))
+        _write_plot(a, plot_passkey, rows, Path(a.out or loaded.source) / "passkey.png",
+                    f"passkey retrieval: {Path(a.checkpoint).name}")
     elif a.task == "lm-eval":
         from hybrid_attention.evaluation.lm_eval_adapter import run_lm_eval
 
@@ -205,6 +211,20 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         print(json.dumps(res, indent=1, default=str))
         _save_lm_eval(a, res)
     return 0
+
+
+def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> None:
+    """``plot(data, png, title)``; with --out a failure is an error, next to the model only a note (the printed
+    table is the result, a read-only model folder only loses the plot)."""
+    try:
+        plot(data, png, title)
+    except OSError as e:
+        if a.out:
+            raise CLIError(f"--out {a.out}: cannot write {png.name} ({e.strerror or e})") from e
+        print(f"note: plot not written: cannot write {png} ({e.strerror or e}); pass --out DIR to save it elsewhere",
+              file=sys.stderr)
+    else:
+        print(f"plot: {png}")
 
 
 def _save_lm_eval(a: argparse.Namespace, results: dict) -> None:
@@ -309,6 +329,13 @@ def _cmd_info(a: argparse.Namespace) -> int:
     info = model_info(loaded.model, loaded.tokenizer, a.seq_lens, sample_text=sample)
     info["verified"] = loaded.verified
     print(json.dumps(info) if a.json else f"{loaded.source}\n{format_info(info)}")
+    if a.plot:
+        from hybrid_attention.evaluation.checkpoint_plots import plot_routing
+
+        if not info["routing"]:
+            raise CLIError(f"info --plot: {a.dir} has no NAtS-L layer, so there is no routing to plot")
+        _write_plot(a, plot_routing, info["routing"], Path(a.out or loaded.source) / "routing.png",
+                    f"{Path(a.dir).name}: NAtS-L softmax fraction (functools.py sample)")
     return 0
 
 
@@ -382,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--lengths", type=POSITIVE_INT, nargs="+", default=[256, 512, 1024])
             q.add_argument("--depths", type=FRACTION, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
             q.add_argument("--trials", type=POSITIVE_INT, default=4)
+            q.add_argument("--out", help="folder of passkey.png for --checkpoint (default: next to the model)")
     q = with_ckpt(es.add_parser("lm-eval", help="lm-evaluation-harness tasks (needs the eval extra)"))
     q.add_argument("--tasks", nargs="+", default=["hybrid_toy_mc"], help="default: the bundled offline toy task")
     q.add_argument("--include-path", help="directory of extra task YAMLs")
@@ -405,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("dir", help="run directory, checkpoint directory or HF model directory")
     i.add_argument("--seq-lens", type=POSITIVE_INT, nargs="+", default=[1024, 4096, 16384])
     i.add_argument("--json", action="store_true")
+    i.add_argument("--plot", action="store_true", help="also write routing.png: NAtS-L softmax fraction per layer "
+                   "and head")
+    i.add_argument("--out", help="folder of routing.png (default: next to the model)")
     i.set_defaults(func=_cmd_info)
 
     b = sub.add_parser("bench", help="GPU benchmarks: correctness vs the references + timings (benchmarks/NOTES.md)")

@@ -327,7 +327,8 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     if first > cfg.epochs:  # resumed with nothing left to train: one evaluation pass for the routing (state size)
         with routing.attach(model):
             acc = _accuracy(model, x_te, y_te, 4 * cfg.batch_size, device)
-    return {"task": cfg.task, "mixer": mixer, "d_model": d_model, "lr": lr, "params": model.num_parameters(),
+    return {"task": cfg.task, "chance": chance_accuracy(cfg), "mixer": mixer, "d_model": d_model, "lr": lr,
+            "params": model.num_parameters(),
             "state_size": model.state_size(cfg.seq_len, routing.mean_fractions()), "accuracy": acc, "epochs": epoch,
             "seconds": done_s + time.perf_counter() - t0, "loss": loss.item(), "tf32": cfg.tf32,
             "compiled": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None, "history": history}
@@ -360,8 +361,14 @@ def recall_sweep(cfg: RecallConfig, log=print) -> list[dict]:
     series = {m: sorted((r["state_size"], r["accuracy"]) for r in rows if r["mixer"] == m) for m in cfg.mixers}
     plot_series(series, out / "accuracy_vs_state.png", "state size (numbers per sequence)", "test accuracy",
                 f"{cfg.task}: T={cfg.seq_len}" + (f", {cfg.num_kv_pairs} pairs" if cfg.task == "mqar" else ""),
-                logx=True)
+                logx=True, chance=chance_accuracy(cfg))
     return rows
+
+
+def chance_accuracy(cfg: RecallConfig) -> float:
+    """Test accuracy of guessing uniformly: MQAR's values are drawn from the upper half of the vocabulary
+    (``vocab_size - vocab_size // 2`` tokens), a passkey position is one of 10 digits."""
+    return 1.0 / (cfg.vocab_size - cfg.vocab_size // 2) if cfg.task == "mqar" else 0.1
 
 
 def recall_table(rows: list[dict]) -> str:

@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..training.plots import save_figure  # noqa: E402
+from ..training.plots import plain_log_axis, save_figure  # noqa: E402
 from ..training.trainer import describe_layers  # noqa: E402
 from .paths import recall_rows_path, recall_task_path, result_path  # noqa: E402
 from .suite import Suite  # noqa: E402
@@ -120,7 +120,8 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
             # the chance plateau, which the final accuracy alone does not show
             seeds = [r["seed"] for r in rs if "recall" in r] + list(partial)
             s["recall_history"] = {
-                t: [{"seed": sd, "lr": rc[t]["lr"], "task": rc[t].get("task"), "history": rc[t]["history"]}
+                t: [{"seed": sd, "lr": rc[t]["lr"], "task": rc[t].get("task"), "chance": rc[t].get("chance"),
+                     "history": rc[t]["history"]}
                     for sd, rc in zip(seeds, recs)
                     if t in rc and rc[t].get("history")] for t in suite.recall_tasks}
         summary[cell.name] = s
@@ -163,7 +164,8 @@ def _plot_ppl_bars(doc: dict, path: Path) -> Path | None:
     ax.set_xticks(list(xs), [n for n, _ in cells], rotation=30, ha="right")
     lo = min(min(s["val_ppl"]["values"]) for _, s in cells)
     ax.set_ylim(bottom=max(0.0, 0.9 * lo))
-    ax.set(ylabel="validation perplexity (mean, ± std, dots = seeds)", title=doc["suite"])
+    # two short lines: one line of this length is taller than the 4-inch axis and was cut at both ends
+    ax.set(ylabel="validation perplexity\n(mean ± std; dots: seeds)", title=doc["suite"])
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path, dpi=100)
 
@@ -179,6 +181,7 @@ def _plot_length(doc: dict, path: Path) -> Path | None:
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                         label=n)
     ax.set_yscale("log")
+    plain_log_axis(ax.yaxis)
     ax.set(xlabel="evaluation length / training length", ylabel="validation perplexity",
            title=f"{doc['suite']}: length extrapolation")
     ax.legend(fontsize=8)
@@ -187,21 +190,9 @@ def _plot_length(doc: dict, path: Path) -> Path | None:
 
 
 def _plot_routing(name: str, routing: dict, path: Path, title: str) -> Path:
-    layers = list(routing)
-    heads = max(len(v) for v in routing.values())
-    grid = [[routing[k][h] if h < len(routing[k]) else float("nan") for h in range(heads)] for k in layers]
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.5 + 0.7 * heads), max(3.0, 1.5 + 0.5 * len(layers))))
-    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    for i, row in enumerate(grid):
-        for j, v in enumerate(row):
-            if math.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
-    ax.set_xticks(range(heads), [str(h) for h in range(heads)])
-    ax.set_yticks(range(len(layers)), layers)
-    ax.set(xlabel="decision head", ylabel="layer")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label="softmax fraction")
-    return save_figure(fig, path, dpi=100)
+    from ..evaluation.checkpoint_plots import plot_routing
+
+    return plot_routing(routing, path, title)
 
 
 def _plot_recall(doc: dict, path: Path) -> Path | None:
@@ -229,9 +220,10 @@ def _switch(history: list[dict]) -> dict | None:
 
 
 def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]]], path: Path,
-                         title: str) -> Path | None:
+                         title: str, chance: dict[str, float] | None = None) -> Path | None:
     """Test accuracy against epoch, one panel per recall task: ``panels`` = {task: [(cell, label, style, history)]},
-    one colour per cell, line style ``style`` (an index), the legend below each panel (``label`` None: unlabelled).
+    one colour per cell, line style ``style`` (an index), the legend below each panel (``label`` None: unlabelled);
+    ``chance``: {task: the accuracy of guessing}, a dashed line in that task's panel.
     Shared by the report (rows' histories) and ``console_curves`` (console logs of earlier runs)."""
     panels = {t: rows for t, rows in panels.items() if rows}
     if not panels:
@@ -254,6 +246,10 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
                 pairs = f" ({pa} → {pb} pairs)" if None not in (pa, pb) and pa != pb else ""
                 ax.annotate(f"train T {a['seq_len']} → {b['seq_len']}{pairs}", (switch["epoch"] - 0.5, 0.02),
                             fontsize=7, color=color, rotation=90, ha="right", va="bottom")
+        if chance and chance.get(task) is not None:
+            ax.axhline(chance[task], color="gray", ls="--", lw=1)
+            ax.annotate(f"chance {chance[task]:.2g}", (0.99, chance[task]), xycoords=("axes fraction", "data"),
+                        ha="right", va="bottom", fontsize=7, color="gray")
         ax.set(xlabel="epoch", ylabel="test accuracy", ylim=(-0.02, 1.05), title=task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.17), ncol=2)  # below: curves stay visible
@@ -271,8 +267,11 @@ def _plot_recall_curves(doc: dict, path: Path) -> Path | None:
     panels = {t: [(name, name if j == 0 else None, row["seed"], row["history"])
                   for name, s in doc["summary"].items()
                   for j, row in enumerate((s.get("recall_history") or {}).get(t, []))] for t in tasks}
+    chance = {t: next((row["chance"] for s in doc["summary"].values()
+                       for row in (s.get("recall_history") or {}).get(t, []) if row.get("chance")), None)
+              for t in tasks}
     return plot_accuracy_curves(panels, path, f"{doc['suite']}: recall during training (best lr; seed 0 solid, "
-                                              "seed 1 dashed)")
+                                              "seed 1 dashed)", chance)
 
 
 def markdown(doc: dict, plots: list[str]) -> str:

@@ -86,6 +86,7 @@ class TrainSection:
     keep_checkpoints: int = 3
     max_nonfinite: int = 5  # stop after this many consecutive steps with a NaN/Inf loss or gradient
     progress: bool = True
+    progress_every_s: float = 30.0  # stderr not a terminal (a log file): one progress line per this many seconds
     save_final: bool = True  # HF-format model + tokenizer in out_dir/final
     plots: bool = True
     # loss, validation ppl, lr, gradient norm, tokens/s and NAtS-L softmax shares as TensorBoard events in
@@ -103,7 +104,7 @@ class RunConfig:
 
 _POSITIVE = ("data.seq_len", "data.bpe_vocab_size", "data.val_tokens", "train.steps", "train.batch_size",
              "train.grad_accum", "train.keep_checkpoints", "train.max_nonfinite", "train.log_every",
-             "optim.lr")
+             "train.progress_every_s", "optim.lr")
 _NON_NEGATIVE = ("optim.warmup_steps", "optim.weight_decay", "optim.grad_clip", "train.eval_every",
                  "train.checkpoint_every", "optim.min_lr_ratio", "optim.eps")
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.data.lm_data import LMData, build_lm_data
@@ -39,6 +38,7 @@ from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, 
 from .config_schema import ConfigError
 from .metrics import read_metrics
 from .plots import plot_series
+from .progress import LineProgress, fit_to_terminal, progress_bar
 
 DEMO_MIXERS = ("softmax", "interdomain", "s4d", "gdn", "natsl")
 
@@ -274,14 +274,16 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                           data.description)  # the same batches for every model
         trainers[m] = Trainer(c, ctx, data=run_data, quiet=True)
     # Progress counts seconds against the budget (the evaluation after training included).
-    bar = tqdm(total=round(budget), unit="s", dynamic_ncols=True, bar_format="demo {percentage:3.0f}%|{bar}| {desc}")
+    bar_format = "demo {percentage:3.0f}%|{bar}| {desc}"
+    bar = progress_bar(round(budget), unit="s", desc="demo", dynamic_ncols=True, bar_format=bar_format)
 
     def show(phase: str) -> None:
         elapsed = time.perf_counter() - t_start
         bar.n = min(round(elapsed), bar.total)
         left = max(0.0, budget - elapsed)
-        bar.set_description_str(f"{elapsed:.0f}/{budget:.0f} s of the budget, {left // 60:.0f}:{left % 60:02.0f} left; "
-                            f"{phase}")
+        desc = f"{elapsed:.0f}/{budget:.0f} s, {left // 60:.0f}:{left % 60:02.0f} left; {phase}"
+        # on a terminal: one line that fits (the bar keeps 10 columns; a wrapped bar line is redrawn as a new line)
+        bar.set_description_str(desc if isinstance(bar, LineProgress) else fit_to_terminal(desc, 23))
 
     while (m := plan.next_model()) is not None:
         tr = trainers[m]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,22 +52,25 @@ def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path, title
     return paths
 
 
-def plain_log_axis(axis) -> None:
-    """Tick labels of a log-scaled matplotlib axis as plain numbers ("80", "0.5", "2k") instead of "8×10¹"."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
+def plain_number(v: float, _pos=None) -> str:
+    """A tick label: "80", "0.5", "4096", "16k", "2M" (never "8×10¹")."""
+    if v <= 0 or not math.isfinite(v):
+        return ""
+    if v >= 1e6 and v % 1e6 == 0:
+        return f"{v / 1e6:.0f}M"
+    if v >= 1e4 and v % 1e3 == 0:
+        return f"{v / 1e3:.0f}k"
+    return f"{int(v)}" if v == int(v) else f"{v:g}"
 
-    def fmt(v: float, _pos=None) -> str:
-        if v <= 0:
-            return ""
-        if v >= 1e6:
-            return f"{v / 1e6:g}M"
-        if v >= 1e4:
-            return f"{v / 1e3:g}k"
-        return f"{v:g}"
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(fmt))
-    axis.set_minor_formatter(FuncFormatter(lambda v, p=None: ""))
+def plain_log_axis(axis, base: int = 10) -> None:
+    """Tick labels of a log-scaled matplotlib axis as plain numbers (:func:`plain_number`): base 10 at 1, 2, 5 x
+    10^k, base 2 at the powers of 2; no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0) if base == 10 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(plain_number))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def plot_series(
@@ -78,17 +82,23 @@ def plot_series(
     logx: bool = False,
     logy: bool = False,
     markers: bool = True,
+    chance: float | None = None,
 ) -> Path:
-    """One line per named series of (x, y) points (``markers=False`` for dense curves)."""
+    """One line per named series of (x, y) points (``markers=False`` for dense curves); log axes labelled with plain
+    numbers; ``chance``: a dashed horizontal line at that y (the accuracy of guessing)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in series.items():
         pts = [p for p in pts if p[1] is not None]
         if pts:
             ax.plot(*zip(*pts), "o-" if markers else "-", label=name, lw=1.5 if markers else 1.0)
+    if chance is not None:
+        ax.axhline(chance, color="gray", ls="--", lw=1, label=f"chance ({chance:.2g})")
     if logx:
         ax.set_xscale("log", base=2)
+        plain_log_axis(ax.xaxis, base=2)
     if logy:
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend()
     ax.grid(alpha=0.3)

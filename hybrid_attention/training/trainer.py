@@ -53,6 +53,7 @@ from .integrity import (
 from .metrics import read_metrics
 from .optimizer import build_optimizer
 from .plots import plot_training_curves
+from .progress import progress_bar
 from .schedule import (
     load_scheduler_state,
     resume_schedule,
@@ -285,8 +286,9 @@ class Trainer:
                       f"state {self.user_model.state_size(self.seq_len):,} numbers/sequence at {self.seq_len} tokens")
             _say(ctx, f"device {ctx.device} x{ctx.world_size}, {'bf16 autocast' if self.amp else 'fp32'}; "
                       f"{tc.steps} steps of {self.tokens_per_step:,} tokens")
-        self.bar = tqdm(total=tc.steps, initial=self.step, disable=not (tc.progress and ctx.is_main), unit="step",
-                        dynamic_ncols=True, desc=self.layers)
+        self.bar = progress_bar(tc.steps, initial=self.step, desc=self.layers, unit="step",
+                                disable=not (tc.progress and ctx.is_main), every_s=tc.progress_every_s,
+                                dynamic_ncols=True)
         self.streak = 0
         self._interval = [0.0, 0, 0, 0.0]  # loss sum, finite steps, tokens, seconds
         self.val: LMScore | None = None

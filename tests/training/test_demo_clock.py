@@ -88,7 +88,7 @@ def test_run_demo_plans_by_the_clock(monkeypatch, tmp_path):
     clock = _FakeTime()
     costs = {"softmax": 0.25, "s4d": 1.0}  # fake seconds per step
     monkeypatch.setattr(demo, "time", clock)
-    monkeypatch.setattr(demo, "tqdm", _Bar)
+    monkeypatch.setattr(demo, "progress_bar", _Bar)
     monkeypatch.setattr(demo, "_time_steps", lambda cfg, data, device: costs[cfg.model.layers])
     real_step = Trainer.train_step
 
