@@ -1,5 +1,5 @@
 """Progress of a training run or the demo: tqdm's bar on a terminal, one plain line every ``every_s`` seconds when
-stderr is a file or a pipe (a log), where tqdm's redraws would pile up (a 10-minute demo wrote a 1.5 MB log)."""
+stderr is a file or a pipe (a log), where tqdm's redraws pile up (1.5 MB of log for a 10-minute demo)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_log_axes_have_plain_numbers(figures, tmp_path):
 
 
 def test_ppl_bars_label_inside_the_figure(figures, tmp_path):
-    # long cell names: the rotated tick labels leave a short axis (a one-line label of this length ran 20 px past
+    # long cell names: the rotated tick labels leave a short axis (a one-line label of this length runs 20 px past
     # the top of the figure)
     doc = {"suite": "s", "summary": {f"natsl_hybrid_all_softmax_{i}": {"val_ppl": {"mean": 10.0 + i, "std": 0.5,
                                                                                    "values": [10.0 + i]}}
