@@ -62,3 +62,18 @@ def test_tensorboard_missing_is_one_config_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"train.tensorboard = true needs the tensorboard package: pip install"):
         tiny_config(tmp_path / "run", "train.tensorboard=true")
     assert not (tmp_path / "run").exists()
+
+
+def test_events_of_a_run_that_stops_on_an_error_are_flushed(tmp_path):
+    pytest.importorskip("tensorboard")
+    import subprocess
+
+    from training_helpers import REPO, cli_cmd, cli_env, tiny_overrides
+
+    out = tmp_path / "run"
+    args = tiny_overrides(out, "train.steps=50", "optim.lr=1e7", "train.max_nonfinite=1", "train.tensorboard=true")
+    r = subprocess.run(cli_cmd("train", str(REPO / "configs" / "tiny_cpu.yaml"), *args), env=cli_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "error: stopping at step" in r.stderr, r.stderr[-2000:]
+    steps = [step for step, _ in _scalars(out / "tensorboard")["train/loss"]]
+    assert steps and steps == sorted(steps)
