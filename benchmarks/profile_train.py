@@ -6,9 +6,11 @@
 Model: the ``small`` preset with every layer the mixer (the credible-scale shape by default: 8 layers, vocabulary
 8192), float32 master weights, bf16 autocast, fused AdamW, ``torch.compile(model)``. Three warm-up steps (the first
 compiles), then ``--steps`` steps under ``torch.profiler`` (CUDA activity only). Prints, per mixer, the step time and
-a table of the kernels with the largest total CUDA time per step (name cut to 70 characters, calls per step, ms per
-step, share of the step's kernel time). Run on a GPU; the numbers are for reading a profile, not for the speed
-table (that is ``hybrid-attention bench train``).
+the split of the step's GPU time (summed kernel time, time with a kernel running, GPU idle = host gaps, launches per
+step) and a table of the kernels with the largest total CUDA time per step (name cut to 70 characters, calls per
+step, ms per step, share of the step's kernel time). ``bench train --profile N`` (benchmarks/train_speed.py) runs
+the same split for every row of the speed table in the run that times it. Run on a GPU; the numbers are for reading
+a profile, not for the speed table (that is ``hybrid-attention bench train``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import cuda_steps_ms, training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
+
+__all__ = ["kernel_table", "profile_steps", "profile_table", "profile_mixer"]
 
 
 def kernel_table(prof, steps: int, top: int, device_type=None) -> tuple[float, float, list[str]]:
@@ -43,6 +47,63 @@ def kernel_table(prof, steps: int, top: int, device_type=None) -> tuple[float, f
     return kernel_ms, sum(calls.values()) / steps, rows
 
 
+def _busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (µs in, ms out): the time at least one kernel runs."""
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    return busy / 1e3
+
+
+def profile_steps(step, steps: int, step_ms: float, top: int = 10) -> dict:
+    """Profile ``steps`` calls of ``step`` (a training step closure, already warmed up) and split the step's GPU time.
+
+    ``step_ms``: the step time measured without the profiler (CUDA events). Returns ``kernel_ms`` (summed kernel
+    time per step), ``busy_ms`` (time per step with at least one kernel running), ``gap_ms`` = step_ms - busy_ms (the
+    GPU idle: host launch overhead, syncs; ≥ 0), ``gap_share`` (gap_ms / step_ms), ``launches`` (kernel launches per
+    step) and ``top`` (the ``top`` kernels by total time: [name cut to 70 characters, calls/step, ms/step, share of
+    kernel_ms]). On the CPU (dry runs) the operators stand in for kernels.
+    """
+    cuda = torch.cuda.is_available()
+    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    intervals = []
+    for ev in prof.events():
+        if ev.device_type != device_type:
+            continue
+        ms = (ev.device_time_total if cuda else ev.cpu_time_total) / 1e3
+        total[ev.name] += ms
+        calls[ev.name] += 1
+        if cuda:
+            intervals.append((ev.time_range.start, ev.time_range.end))
+    kernel_ms = sum(total.values()) / steps
+    busy_ms = _busy_ms(intervals) / steps if cuda else kernel_ms
+    gap_ms = max(step_ms - busy_ms, 0.0)
+    top_rows = [[name[:70], calls[name] / steps, ms / steps, ms / steps / max(kernel_ms, 1e-12)]
+                for name, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]]
+    return dict(kernel_ms=kernel_ms, busy_ms=busy_ms, gap_ms=gap_ms, gap_share=gap_ms / max(step_ms, 1e-12),
+                launches=sum(calls.values()) / steps, top=top_rows)
+
+
+def profile_table(label: str, prof: dict) -> str:
+    """Markdown of one ``profile_steps`` result: a heading line with the split and a table of the top kernels."""
+    lines = [f"#### {label}: kernels {prof['kernel_ms']:.1f} ms/step (busy {prof['busy_ms']:.1f} ms), GPU idle "
+             f"{prof['gap_ms']:.1f} ms ({prof['gap_share']:.0%}), {prof['launches']:.0f} launches/step",
+             "| kernel | calls/step | ms/step | share |", "|---|---:|---:|---:|"]
+    lines += [f"| {n} | {c:.0f} | {ms:.3f} | {sh:.1%} |" for n, c, ms, sh in prof["top"]]
+    return "\n".join(lines)
+
+
 def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, steps: int, top: int) -> str:
     """Profile one mixer's compiled training step; returns the printed table (markdown)."""
     cfg = HybridConfig.from_preset("small", layers=mixer, num_hidden_layers=layers, vocab_size=vocab)
@@ -58,16 +119,12 @@ def profile_mixer(mixer: str, batch: int, seq: int, layers: int, vocab: int, ste
     torch.cuda.synchronize()
     warm = time.time() - t0
     step_ms = cuda_steps_ms(step, steps)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    kernel_ms, launches, table = kernel_table(prof, steps, top)
-    lines = [f"### {mixer}: step {step_ms:.1f} ms ({batch * seq / step_ms * 1e3 / 1e3:.0f}k tok/s), kernels "
-             f"{kernel_ms:.1f} ms/step, {launches:.0f} launches/step, warm-up {warm:.0f} s", *table]
+    prof = profile_steps(step, steps, step_ms, top)
+    text = profile_table(f"{mixer}: step {step_ms:.1f} ms ({batch * seq / step_ms * 1e3 / 1e3:.0f}k tok/s), warm-up "
+                         f"{warm:.0f} s", prof)
     del model, compiled, opt
     torch.cuda.empty_cache()
-    return "\n".join(lines)
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,11 +5,17 @@
 Rows, all in one run and one table (random weights, float32 master weights, bf16 autocast, fused AdamW):
   * every mixer of ``MIXER_BUILDERS`` (read at run time) as the ``small`` preset with all layers that mixer, at
     B×T = 16×2048 and 32×512;
-  * the 340M presets ``transformer-340m``, ``gdn-340m``, ``natsl-hybrid-340m`` at B×T = 4×4096 (not with ``--quick``).
+  * the 340M presets ``transformer-340m``, ``gdn-340m``, ``natsl-hybrid-340m`` at B×T = 4×4096 (not with ``--quick``);
+  * the long-context rows (``LONG``, not with ``--quick``): the 340M presets at 2×16384 and 1×32768, and the
+    Interdomain paper's 125M pair ``softmax-125m`` / ``interdomain-125m`` plus ``s4d-125m`` at 8×2048 and 1×32768,
+    by default only as ``compiled+blocks`` (``LONG_VARIANTS``; ``--variants`` picks others, e.g. the checkpointed
+    ``compiled+blocks+ckpt`` where memory needs it, for both sides of a ratio).
+Column ``vs base``: tokens/s over that of the row's baseline in the same run (same B×T and variant): ``softmax`` for
+the small rows, ``transformer-340m`` for the 340M presets, ``softmax-125m`` for the 125M presets.
 Variants per row: ``eager``, ``compiled`` (``torch.compile(model)``; a compile / run failure is caught, printed on
 one line and recorded for that row only), ``compiled+graphs`` (mode "reduce-overhead": CUDA graphs), for the 340M
-rows ``eager+ckpt`` and ``compiled+ckpt`` (``train.checkpointing``: every decoder block under
-torch.utils.checkpoint), whose peak memory is the point, and for the first small shape ``eager+varlen`` and
+and long rows ``eager+ckpt``, ``compiled+ckpt`` and ``compiled+blocks+ckpt`` (``train.checkpointing``: every decoder
+block under torch.utils.checkpoint), whose peak memory is the point, and for the first small shape ``eager+varlen`` and
 ``compiled+varlen`` (packed documents of a realistic length mix, ``VARIANTS`` below).
 
 Step = forward (LM loss) + backward + ``AdamW(fused=True).step()`` + ``zero_grad``. ``warmup`` untimed steps (the
@@ -25,8 +31,10 @@ FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input em
 attention causal QKᵀ and PV; NAtS-L's routed softmax chunks are not counted, a lower bound) (``6N+mixers``).
 
 Options: ``--quick`` (fewer steps, only the small presets), ``--models a b`` (row names: a mixer name for the small
-rows or a 340M preset), ``--variants eager compiled compiled+blocks compiled+graphs eager+ckpt compiled+ckpt
-eager+varlen compiled+varlen``, ``--steps N``,
+rows, a 340M or 125M preset), ``--variants eager compiled compiled+blocks compiled+graphs eager+ckpt compiled+ckpt
+compiled+blocks+ckpt eager+varlen compiled+varlen``, ``--shapes 1x32768 ...``, ``--profile N`` (after timing a row,
+N more steps under ``torch.profiler``: kernel time vs GPU idle, launches per step and the top kernels, printed after
+the table and kept in the JSON; ``benchmarks/profile_train.py``), ``--steps N``,
 ``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
 split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
@@ -65,8 +73,15 @@ from hybrid_attention.training.compile import compile_model
 __all__ = ["main", "plan", "flops_per_step"]
 
 LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
-VARIANTS = ("eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt", "eager+varlen",
-            "compiled+varlen")
+PAPER_125M = ("softmax-125m", "interdomain-125m", "s4d-125m")
+VARIANTS = ("eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt",
+            "compiled+blocks+ckpt", "eager+varlen", "compiled+varlen")
+# the long-context rows' default variant: per-block compilation, the fastest measured 340M path (H200, 4×4096:
+# gdn-340m 116.8k tok/s with blocks vs 92.0k whole-model, transformer-340m 156.7k vs 157.6k) at 12–17 s of compile
+# instead of 49–167 s (benchmarks/README.md)
+LONG_VARIANTS = ("compiled+blocks",)
+# the baseline of each row's "vs base" ratio: the softmax model of the same size
+BASELINE = {**{name: "transformer-340m" for name in LARGE}, **{name: "softmax-125m" for name in PAPER_125M}}
 # compiled+blocks: train.compile_scope "blocks" (training/compile.py: each decoder block and the loss compiled on
 # their own, one graph per distinct block); its warm-up column holds the compile time to compare with "compiled".
 # compiled+graphs: torch.compile(mode="reduce-overhead"), the forward and backward replayed as CUDA graphs
@@ -84,6 +99,8 @@ SIZES = {
     True: dict(
         small_shapes=[(2, 64), (4, 32)], large_shapes=[(1, 64)], warmup=1, steps=1, quick_steps=1,
         compile_backend="eager",
+        long_shapes={**{name: [(1, 128)] for name in LARGE}, **{name: [(2, 32), (1, 128)] for name in PAPER_125M}},
+        paper_cfg={name: dict(_TINY, layers=[name.split("-")[0]] * 2) for name in PAPER_125M},
         large_cfg={
             "transformer-340m": dict(_TINY, layers=["softmax", "softmax"]),
             "gdn-340m": dict(_TINY, layers=["gdn", "gdn"]),
@@ -94,15 +111,18 @@ SIZES = {
     False: dict(
         small_shapes=[(16, 2048), (32, 512)], large_shapes=[(4, 4096)], warmup=3, steps=10, quick_steps=4,
         compile_backend="inductor", large_cfg={name: None for name in LARGE},
+        long_shapes={**{name: [(2, 16384), (1, 32768)] for name in LARGE},
+                     **{name: [(8, 2048), (1, 32768)] for name in PAPER_125M}},
+        paper_cfg={name: None for name in PAPER_125M},
     ),
 }
 
 
 def config_of(row_name: str, dryrun: bool = False) -> HybridConfig:
-    """The HybridConfig of a row: a mixer name -> ``small`` with all layers that mixer; else a 340M preset (their
-    toy stand-ins with ``dryrun``)."""
-    if row_name in LARGE:
-        over = SIZES[dryrun]["large_cfg"][row_name]
+    """The HybridConfig of a row: a mixer name -> ``small`` with all layers that mixer; else a 340M or 125M preset
+    (their toy stand-ins with ``dryrun``)."""
+    if row_name in LARGE or row_name in PAPER_125M:
+        over = SIZES[dryrun]["large_cfg" if row_name in LARGE else "paper_cfg"][row_name]
         return HybridConfig(**over) if over is not None else HybridConfig.from_preset(row_name)
     if dryrun:
         return HybridConfig.from_preset("small", layers=[row_name, row_name], **_TINY)
@@ -116,6 +136,7 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
     from hybrid_attention.models.mixers import MIXER_BUILDERS
 
     sizes = SIZES[dryrun]
+    long_variants = [v for v in variants or LONG_VARIANTS if not v.endswith("+varlen")]
     variants = list(variants or VARIANTS)
     rows = []
     for mixer in MIXER_BUILDERS:
@@ -126,14 +147,26 @@ def plan(quick: bool = False, models: list[str] | None = None, variants: list[st
         for name in LARGE:
             for B, T in sizes["large_shapes"]:
                 rows += [dict(name=name, B=B, T=T, variant=v) for v in variants if not v.endswith("+varlen")]
+        for name, shapes_of in sizes["long_shapes"].items():
+            rows += [dict(name=name, B=B, T=T, variant=v) for B, T in shapes_of for v in long_variants]
     if models:
-        allowed = sorted(set(MIXER_BUILDERS) | set(LARGE))
+        allowed = sorted(set(MIXER_BUILDERS) | set(LARGE) | set(PAPER_125M))
         unknown = [m for m in models if m not in allowed]
         if unknown:
             raise ValueError(f"--models accepts {allowed}, got {unknown}")
         rows = [r for r in rows if r["name"] in models]
     if shapes:
         rows = [r for r in rows if (r["B"], r["T"]) in set(shapes)]
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> list[dict]:
+    """Set ``vs_base`` on every measured row: its tokens/s over that of its baseline (``BASELINE``; ``softmax`` for
+    the small rows) at the same B×T and variant in ``rows``; None where that baseline row is missing or failed."""
+    tok = {(r["name"], r["B"], r["T"], r["variant"]): r.get("tok_s") for r in rows}
+    for r in rows:
+        base = tok.get((BASELINE.get(r["name"], "softmax"), r["B"], r["T"], r["variant"]))
+        r["vs_base"] = r["tok_s"] / base if base and r.get("tok_s") else None
     return rows
 
 
@@ -192,8 +225,10 @@ def _one_line(exc: BaseException, limit: int = 240) -> str:
     return f"{type(exc).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
 
 
-def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backend: str) -> dict:
-    """Build, (compile with ``compile_backend``,) warm up and time one row; raises on failure (the caller records
+def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backend: str,
+            profile_steps: int = 0) -> dict:
+    """Build, (compile with ``compile_backend``,) warm up and time one row, then profile ``profile_steps`` more steps
+    (``row["profile"]``, see ``benchmarks.profile_train.profile_steps``); raises on failure (the caller records
     it)."""
     from hybrid_attention.training.checkpointing import enable_block_checkpointing
 
@@ -210,7 +245,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     graphs = variant == "compiled+graphs"
     if variant.startswith("compiled"):
         torch._dynamo.reset()
-        compile_model(model, "blocks" if variant == "compiled+blocks" else "model",
+        compile_model(model, "blocks" if variant.startswith("compiled+blocks") else "model",
                       mode="reduce-overhead" if graphs else None, backend=compile_backend)
     fwd = model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
@@ -247,6 +282,10 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     row["tok_s"] = B * T / row["step_ms"] * 1e3
     row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
     row["steps"] = steps
+    if profile_steps > 0:
+        from benchmarks.profile_train import profile_steps as split
+
+        row["profile"] = split(step, profile_steps, row["step_ms"])
     return row
 
 
@@ -265,7 +304,8 @@ def _describe(mixers: list[str]) -> str:
     return ", ".join(f"{m} x{n}" for m, n in runs)
 
 
-def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str) -> dict:
+def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str,
+             profile_steps: int = 0) -> dict:
     """Measure every row of ``specs``: this run's results ``{"errors": [...], "rows": [...]}`` (a failed row records
     its error; rows past the budget are recorded as skipped)."""
     results: dict = {"errors": [], "rows": []}
@@ -278,7 +318,7 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
         _free()
         t0 = time.time()
         try:
-            row = measure(s, spec, steps, warmup, compile_backend)
+            row = measure(s, spec, steps, warmup, compile_backend, profile_steps)
             log(f"train {label}: {row['step_ms']:9.1f} ms/step {row['tok_s']:10.0f} tok/s {row['tflops']:7.1f} "
                 f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB reserved {row['reserved_gb']:.2f} GB  "
                 f"warm-up {row['warmup_s']:.1f} s [{time.time() - t0:.0f} s]")
@@ -298,11 +338,12 @@ def table(rows: list[dict]) -> str:
         v = r.get(k)
         return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
 
-    lines = ["| model | layers | B×T | variant | step ms | tokens/s | TFLOP/s | FLOPs counted | peak GB | reserved GB "
-             "| warm-up s | note |", "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
-    for r in rows:
+    lines = ["| model | layers | B×T | variant | step ms | tokens/s | vs base | TFLOP/s | FLOPs counted | peak GB "
+             "| reserved GB | warm-up s | note |", "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    for r in add_ratios(rows):
+        ratio = f"{r['vs_base']:.2f}×" if r.get("vs_base") else "-"
         lines.append(f"| {r['name']} | {r.get('layers', '-')} | {r['B']}×{r['T']} | {r['variant']} | "
-                     f"{f(r, 'step_ms', '.1f')} | {f(r, 'tok_s', '.0f')} | {f(r, 'tflops', '.1f')} | "
+                     f"{f(r, 'step_ms', '.1f')} | {f(r, 'tok_s', '.0f')} | {ratio} | {f(r, 'tflops', '.1f')} | "
                      f"{r.get('flops_model', '-')} | {f(r, 'peak_gb', '.2f')} | {f(r, 'reserved_gb', '.2f')} | "
                      f"{f(r, 'warmup_s', '.1f')} | {r.get('error', '')} |")
     return "\n".join(lines)
@@ -315,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", nargs="+", help="row names: mixers (small preset) and/or 340M presets")
     p.add_argument("--variants", nargs="+", choices=VARIANTS)
     p.add_argument("--shapes", nargs="+", type=_shape, help="only these BxT rows (e.g. 16x2048 4x4096)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile N more steps of every row: kernel time vs GPU idle, launches, top kernels")
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--compile-backend", default=os.environ.get("BENCH_COMPILE_BACKEND"),
@@ -327,15 +370,27 @@ def main(argv: list[str] | None = None) -> None:
     backend = a.compile_backend or sizes["compile_backend"]
     steps = a.steps or (sizes["quick_steps"] if a.quick else sizes["steps"])
     warmup = a.warmup or sizes["warmup"]
-    specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun, shapes=a.shapes)
+    if a.profile < 0:
+        raise SystemExit(f"error: --profile takes a number of steps >= 0, got {a.profile}")
+    try:
+        specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun, shapes=a.shapes)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     cuda = s.device == "cuda"
     set_tf32(torch.device(s.device), True)  # as the trainer's default train.tf32
     log(f"train-speed bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
         + (f" ({torch.cuda.get_device_name()})" if cuda else "")
         + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {backend}")
-    results = run_rows(s, specs, steps, warmup, backend)
+    results = run_rows(s, specs, steps, warmup, backend, a.profile)
     log(f"\ntraining step (bf16 autocast on CUDA, fused AdamW), {elapsed():.0f} s:")
     log(table(results["rows"]))
+    if a.profile:
+        from benchmarks.profile_train import profile_table
+
+        for r in results["rows"]:
+            if "profile" in r:
+                log("\n" + profile_table(f"{r['name']} {r['B']}×{r['T']} {r['variant']}: step {r['step_ms']:.1f} ms",
+                                          r["profile"]))
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(s.out_path("train_speed.json"), "w") as fh:

@@ -15,7 +15,7 @@ import torch
 
 from benchmarks import TARGETS
 from benchmarks.mixer_flops import MIXER_FLOP_NAMES, macs_per_token_head, mixer_forward_flops
-from benchmarks.train_speed import LARGE, flops_per_step, plan
+from benchmarks.train_speed import LARGE, PAPER_125M, add_ratios, config_of, flops_per_step, plan
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.models.mixers import MIXER_BUILDERS
 
@@ -29,14 +29,45 @@ def test_plan_covers_every_mixer_and_the_340m_presets():
     assert all(not v.endswith("+ckpt") for *_, v in small)
     for variant in ("eager+varlen", "compiled+varlen"):
         assert {(r[1], r[2]) for r in small if r[3] == variant} == {(16, 2048)}  # the first small shape only
-    large = [r for r in rows if r["name"] in LARGE]
+    large = [r for r in rows if r["name"] in LARGE and r["T"] == 4096]
     assert {r["name"] for r in large} == set(LARGE) and {r["variant"] for r in large} == {
-        "eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt"}
+        "eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt",
+        "compiled+blocks+ckpt"}
     assert not [r for r in plan(quick=True) if r["name"] in LARGE]
     assert {r["name"] for r in plan(models=["gdn", "gdn-340m"])} == {"gdn", "gdn-340m"}
     with pytest.raises(ValueError, match="--models accepts"):
         plan(models=["nope"])
     assert TARGETS["train"] == {"train": "train_speed"}
+
+
+def test_long_context_rows():
+    """The 340M presets at 2×16384 and 1×32768 and the 125M paper pair (+ s4d) at 8×2048 and 1×32768, compiled per
+    block by default, every checkpointed variant on request; out of the quick plan."""
+    long = [r for r in plan() if r["T"] > 4096 or r["name"] in PAPER_125M]
+    assert {(r["name"], r["B"], r["T"]) for r in long} == {
+        *((n, b, t) for n in LARGE for b, t in ((2, 16384), (1, 32768))),
+        *((n, b, t) for n in PAPER_125M for b, t in ((8, 2048), (1, 32768)))}
+    assert {r["variant"] for r in long} == {"compiled+blocks"}
+    assert not [r for r in plan(quick=True) if r["name"] in PAPER_125M]
+    picked = plan(models=["softmax-125m", "interdomain-125m"], shapes=[(1, 32768)],
+                  variants=["compiled+blocks", "compiled+blocks+ckpt", "eager+varlen"])
+    assert {(r["name"], r["variant"]) for r in picked} == {
+        (n, v) for n in ("softmax-125m", "interdomain-125m") for v in ("compiled+blocks", "compiled+blocks+ckpt")}
+    for name in PAPER_125M:  # the presets themselves, the mixer of the name in every layer
+        cfg = config_of(name)
+        assert set(cfg.mixer_types) == {name.split("-")[0]} and cfg.hidden_size == 768 and len(cfg.mixer_types) == 12
+
+
+def test_ratios_against_the_same_size_softmax_model():
+    rows = [dict(name="softmax", B=16, T=2048, variant="compiled", tok_s=200.0),
+            dict(name="gdn", B=16, T=2048, variant="compiled", tok_s=100.0),
+            dict(name="gdn", B=16, T=2048, variant="compiled+graphs", tok_s=120.0),  # no softmax row of this variant
+            dict(name="transformer-340m", B=1, T=32768, variant="compiled+blocks", tok_s=10.0),
+            dict(name="gdn-340m", B=1, T=32768, variant="compiled+blocks", tok_s=25.0),
+            dict(name="softmax-125m", B=1, T=32768, variant="compiled+blocks", error="OutOfMemoryError"),
+            dict(name="interdomain-125m", B=1, T=32768, variant="compiled+blocks", tok_s=50.0)]
+    got = [r["vs_base"] for r in add_ratios(rows)]
+    assert got == [1.0, 0.5, None, 1.0, 2.5, None, None]
 
 
 def test_document_mix():
@@ -105,7 +136,8 @@ def test_mixer_flop_counts_scale_as_their_algorithms():
 def test_train_bench_dryrun(tmp_path):
     env = {**os.environ, "BENCH_DRYRUN": "1", "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.train_speed", "--models", "gdn",
-                           "natsl-hybrid-340m"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           "natsl-hybrid-340m", "--shapes", "2x64", "4x32", "1x64"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "train_speed.json").read_text())
     assert res["errors"] == [], res["errors"]
@@ -114,7 +146,31 @@ def test_train_bench_dryrun(tmp_path):
                    ("gdn", "eager+varlen"), ("gdn", "compiled+varlen"), ("natsl-hybrid-340m", "eager"),
                    ("natsl-hybrid-340m", "compiled"), ("natsl-hybrid-340m", "compiled+blocks"),
                    ("natsl-hybrid-340m", "compiled+graphs"), ("natsl-hybrid-340m", "eager+ckpt"),
-                   ("natsl-hybrid-340m", "compiled+ckpt")}
+                   ("natsl-hybrid-340m", "compiled+ckpt"), ("natsl-hybrid-340m", "compiled+blocks+ckpt")}
     assert all(r["tok_s"] > 0 and r["step_ms"] > 0 for r in res["rows"])
     assert [r["documents"] > 1 for r in res["rows"] if r["variant"].endswith("+varlen")] == [True, True]
     assert "| model | layers | B×T | variant |" in proc.stdout
+
+
+def test_train_bench_dryrun_long_rows_with_profile(tmp_path):
+    """The 125M pair at the long shape, plain and checkpointed, each row profiled: ratios against softmax-125m of the
+    same variant and the split of the step (kernel time, idle, launches, top kernels) in the JSON and the output."""
+    env = {**os.environ, "BENCH_DRYRUN": "1", "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.train_speed", "--models", "softmax-125m",
+                           "interdomain-125m", "--shapes", "1x128", "--variants", "compiled+blocks",
+                           "compiled+blocks+ckpt", "--profile", "1"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "train_speed.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    rows = {(r["name"], r["variant"]): r for r in res["rows"]}
+    assert set(rows) == {(n, v) for n in ("softmax-125m", "interdomain-125m")
+                         for v in ("compiled+blocks", "compiled+blocks+ckpt")}
+    for (_, variant), r in rows.items():
+        base = rows[("softmax-125m", variant)]
+        assert r["vs_base"] == pytest.approx(r["tok_s"] / base["tok_s"])
+        prof = r["profile"]
+        assert prof["launches"] > 0 and prof["kernel_ms"] > 0 and 0 <= prof["gap_share"] <= 1
+        assert prof["top"] and all(0 < share <= 1 for *_, share in prof["top"])
+    assert "| tokens/s | vs base |" in proc.stdout
+    assert proc.stdout.count("launches/step") == 4
