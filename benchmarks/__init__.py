@@ -3,11 +3,11 @@
 ``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear] [--quick]`` runs the op-level sections,
 ``hybrid-attention bench models [--quick]`` the model-level ones (prefill, decode, training step). Each section
 prints its table and writes a JSON file to ``$OUT`` (or the working directory). Every measured version is recorded
-in ``benchmarks/NOTES.md``. Without a CUDA GPU every target and script stops with one ``error:`` line before any
-work, unless ``--dryrun`` (``BENCH_DRYRUN=1``; the CLI sets ``TRITON_INTERPRET=1`` on a CPU) runs it at tiny shapes as
-a smoke test of the benchmark code. Every script is ``main(argv)``; the environment (``BENCH_DRYRUN``,
-``BENCH_BUDGET_S``, ``OUT``) is read there, as the defaults of ``--dryrun`` / ``--budget-s`` / ``--out``
-(``common.bench_parser``), never at import.
+in ``benchmarks/NOTES.md``. Without a CUDA GPU every target and its section scripts stop with one ``error:``
+line before any work, unless ``--dryrun`` (``BENCH_DRYRUN=1``; the CLI sets ``TRITON_INTERPRET=1`` on a CPU) runs
+them at tiny shapes as a smoke test of the benchmark code. Every script is ``main(argv)``; the environment
+(``BENCH_DRYRUN``, ``BENCH_BUDGET_S``, ``OUT``) is read there, as the defaults of ``--dryrun`` / ``--budget-s`` /
+``--out`` (``common.bench_parser``), never at import.
 ``hybrid-attention bench train [--quick]``: the training-speed table (``train_speed``; JSON only with ``$OUT``).
 """
 
