@@ -53,7 +53,7 @@ def _check_symlinks(folder: Path, scope: Path) -> None:
                                     "a model folder through a link out of it")
 
 
-def _check_files(folder: Path) -> None:
+def _check_files(folder: Path, weights: bool) -> None:
     for dirpath, _, filenames in os.walk(folder, followlinks=False):
         for name in sorted(filenames):
             p = Path(dirpath) / name
@@ -66,7 +66,7 @@ def _check_files(folder: Path) -> None:
                                     "regular files only")
             if name.endswith(".py"):
                 raise FolderRefused(f"{p}: a model folder holds no code; this library never imports code from one")
-            if name.lower().endswith(PICKLE_SUFFIXES):
+            if weights and name.lower().endswith(PICKLE_SUFFIXES):
                 raise FolderRefused(f"{p}: a pickled weight file; model folders are loaded from safetensors only "
                                     "(model.safetensors)")
 
@@ -126,14 +126,15 @@ def default_scope(folder: Path) -> Path:
     return folder
 
 
-def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = None) -> None:
+def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = None, weights: bool = True) -> None:
     """Raise :class:`FolderRefused` (one line naming the file) when ``folder`` names code to import, holds pickled
-    weights or non-regular files, names a file outside itself, or is or holds a symlink resolving outside ``scope``
-    (a run directory for its ``final/``, ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`)."""
+    weights (``weights=False``: not checked, for a folder read only for its tokenizer) or non-regular files, names a
+    file outside itself, or is or holds a symlink resolving outside ``scope`` (a run directory for its ``final/``,
+    ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`)."""
     folder = Path(folder)
     _check_symlinks(folder, Path(scope) if scope is not None else default_scope(folder))
     _check_configs(folder)
-    _check_files(folder)
+    _check_files(folder, weights)
 
 
 def unverified_warning(folder: str | os.PathLike) -> str:

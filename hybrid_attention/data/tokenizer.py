@@ -88,11 +88,12 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: in
 
 def load_tokenizer(path: str | os.PathLike, scope: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
     """Any tokenizer saved with ``save_pretrained`` in a local directory. The directory must pass
-    :func:`hybrid_attention.model_folder.check_folder` (no code hooks, no pickles, no symlink out of ``scope``,
-    default the directory itself); no code from it is ever run (``trust_remote_code=False``, no prompt)."""
+    :func:`hybrid_attention.model_folder.check_folder` (no code hooks, no symlink out of ``scope``, default the
+    directory itself; weight files are not read here, so pickled ones beside the tokenizer are left to the model
+    loader); no code from it is ever run (``trust_remote_code=False``, no prompt)."""
     from hybrid_attention.model_folder import check_folder
 
-    check_folder(path, scope)
+    check_folder(path, scope, weights=False)
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:

@@ -272,3 +272,10 @@ def test_a_run_config_that_lies_about_sizes_is_one_line_without_allocating(run, 
     err = _err_lines(capsys)
     assert len(err) == 1 and "step-00000006 does not fit the model built from the config" in err[0], err
     assert time.monotonic() - start < 60  # a real model of that width needs terabytes
+
+
+def test_a_tokenizer_beside_pickled_weights_loads_but_not_the_model(run):
+    (run / "final" / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
+    assert len(load_tokenizer(run / "final")) == 259  # the tokenizer loader reads no weight file
+    with pytest.raises(FolderRefused, match="safetensors only"):
+        load_model(run / "final")
