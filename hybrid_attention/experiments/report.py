@@ -120,8 +120,8 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
             # the chance plateau, which the final accuracy alone does not show
             seeds = [r["seed"] for r in rs if "recall" in r] + list(partial)
             s["recall_history"] = {
-                t: [{"seed": sd, "lr": rc[t]["lr"], "task": rc[t].get("task"), "chance": rc[t].get("chance"),
-                     "history": rc[t]["history"]}
+                t: [{"seed": sd, "lr": rc[t]["lr"], "task": rc[t].get("task"), "history": rc[t]["history"],
+                     **({"chance": rc[t]["chance"]} if rc[t].get("chance") is not None else {})}
                     for sd, rc in zip(seeds, recs)
                     if t in rc and rc[t].get("history")] for t in suite.recall_tasks}
         summary[cell.name] = s

@@ -69,6 +69,10 @@ def test_recall_plots_have_a_chance_line(figures, tmp_path):
     hist = [{"epoch": 1, "accuracy": 0.0}, {"epoch": 2, "accuracy": 0.5}]
     report.plot_accuracy_curves({"mqar": [("c", "c", 0, hist)]}, tmp_path / "b.png", "t", chance={"mqar": 0.004})
     assert any(list(ln.get_ydata()) == [0.004, 0.004] for ln in figures[1].axes[0].lines)
+    doc = {"suite": "s", "summary": {"c": {"recall_history": {"mqar_t256": [
+        {"seed": 0, "lr": 1e-3, "task": "mqar", "chance": 0.002, "history": hist}]}}}}
+    report._plot_recall_curves(doc, tmp_path / "c.png")  # the rows' chance reaches the report's panel
+    assert any(list(ln.get_ydata()) == [0.002, 0.002] for ln in figures[2].axes[0].lines)
 
 
 def test_checkpoint_passkey_and_routing_plots(tmp_path, capsys):
