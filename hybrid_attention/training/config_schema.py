@@ -21,8 +21,34 @@ class ConfigError(ValueError):
     """A configuration problem, with a one-line message naming the key."""
 
 
+# Bounds on a YAML document: the deepest config (model.options.<mixer>.<option> in a list) is 5 levels and the
+# largest (a suite of dozens of cells) a few thousand nodes; an alias bomb ("billion laughs", 9 levels of 9 aliases)
+# expands to 10^9 nodes and deep nesting exhausts Python's recursion limit, so both are refused while composing.
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 100_000
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that rejects a mapping with the same key twice (plain PyYAML silently keeps the last)."""
+    """``yaml.SafeLoader`` that rejects a mapping with the same key twice (plain PyYAML silently keeps the last),
+    nesting deeper than MAX_YAML_DEPTH and documents whose aliases expand to more than MAX_YAML_NODES nodes."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _check_expanded_size(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -38,6 +64,34 @@ class UniqueKeyLoader(yaml.SafeLoader):
                         None, None, f"duplicate key {key!r} (first on line {first.start_mark.line + 1})",
                         key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """ComposerError when ``root`` with every alias expanded has more than MAX_YAML_NODES nodes (counted once per
+    distinct node, with memoized subtree sizes, so the count itself stays linear in the document)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in open_nodes:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to a value that contains it",
+                                              node.start_mark)
+        open_nodes.add(id(node))
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        if total > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"expands to more than {MAX_YAML_NODES:,} values (aliases included)", node.start_mark)
+        sizes[id(node)] = total
+        return total
+
+    size(root)
 
 
 def yaml_error_line(e: yaml.YAMLError) -> str:

@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 
 import torch
-import yaml
+
+from .config_schema import read_yaml_mapping
 
 
 class WarmupCosine:
@@ -106,12 +107,12 @@ def schedule_of_run_config(path: Path) -> dict | None:
     ``optim.min_lr_ratio``), for a checkpoint that does not store its own; None when the file is absent."""
     if not path.exists():
         return None
-    doc = yaml.safe_load(path.read_text()) or {}
-    optim, tr = doc.get("optim") or {}, doc.get("train") or {}
     try:
+        doc = read_yaml_mapping(path)
+        optim, tr = doc.get("optim") or {}, doc.get("train") or {}
         return {"warmup_steps": int(optim["warmup_steps"]), "total_steps": int(tr["steps"]),
                 "min_lr_ratio": float(optim["min_lr_ratio"])}
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):  # ConfigError is a ValueError
         return None
 
 
