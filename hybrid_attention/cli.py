@@ -177,22 +177,8 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         rows = length_sweep(loaded.model, tokens, base, a.multipliers, max_tokens=a.tokens, device=device,
                             byte_lengths=token_byte_lengths(loaded.tokenizer))
         print(length_table(rows))
-        png = Path(a.out or loaded.source) / "length_sweep.png"
-        partial = png.with_name(f".{png.stem}.partial{png.suffix}")  # renamed when complete: never a half-written plot
-        try:
-            plot_length_sweep({str(Path(a.checkpoint).name): rows}, partial)
-            os.replace(partial, png)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                partial.unlink()
-            if a.out:
-                raise CLIError(f"--out {a.out}: cannot write {png.name} ({e.strerror or e})") from e
-            # the table above is the result; a model folder that cannot be written (read-only mount, another user's
-            # run) only loses the plot, so this is a note and the exit status stays 0
-            print(f"note: plot not written: cannot write {png} ({e.strerror or e}); pass --out DIR to save it "
-                  "elsewhere", file=sys.stderr)
-        else:
-            print(f"plot: {png}")
+        _write_plot(a, plot_length_sweep, {str(Path(a.checkpoint).name): rows},
+                    Path(a.out or loaded.source) / "length_sweep.png", "perplexity vs context length")
     elif a.task == "passkey":
         from hybrid_attention.evaluation.checkpoint_plots import plot_passkey
         from hybrid_attention.evaluation.passkey import passkey_accuracy, passkey_table
@@ -215,10 +201,15 @@ def _cmd_eval(a: argparse.Namespace) -> int:
 
 def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> None:
     """``plot(data, png, title)``; with --out a failure is an error, next to the model only a note (the printed
-    table is the result, a read-only model folder only loses the plot)."""
+    table is the result, a read-only model folder only loses the plot; the exit status stays 0). The plot is drawn
+    into a partial file renamed when complete and removed on failure, so no half-written plot is left."""
+    partial = png.with_name(f".{png.stem}.partial{png.suffix}")
     try:
-        plot(data, png, title)
+        plot(data, partial, title)
+        os.replace(partial, png)
     except OSError as e:
+        with contextlib.suppress(OSError):
+            partial.unlink()
         if a.out:
             raise CLIError(f"--out {a.out}: cannot write {png.name} ({e.strerror or e})") from e
         print(f"note: plot not written: cannot write {png} ({e.strerror or e}); pass --out DIR to save it elsewhere",
