@@ -12,6 +12,8 @@
 #   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]  COMPILE_SCOPE [model; or blocks]
 #   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  TRAIN_SHAPES [16x2048]
 #   TRAIN_QUICK=1 [1] (0: the 340M rows too, e.g. TRAIN_MODELS="transformer-340m gdn-340m" TRAIN_SHAPES=4x4096)
+#   TRAIN_PROFILE [0: N profiles N more steps of every train row: kernel time vs GPU idle, launches, top kernels]
+#   TRAIN_STEPS, TRAIN_WARMUP [the bench's: 10, 3]
 #   S4D_CONV=1 [1]
 #   PROFILE_TRAIN [none: e.g. "s4d"]  PROFILE_DECODE [none: e.g. "gdn-340m transformer-340m"; with and without the
 #   fused decode GEMVs]  PROFILE_DECODE_LOG [none: 1 adds --log-compile (per-phase compile / JIT times, stack dumps
@@ -66,8 +68,9 @@ if [ "${#train_models[@]}" -gt 0 ]; then
   read -ra train_variants <<< "${TRAIN_VARIANTS:-compiled}"
   timeout -k 10 $(slot 30) python -m benchmarks.train_speed --models "${train_models[@]}" \
     --variants "${train_variants[@]}" --shapes ${TRAIN_SHAPES:-16x2048} $([ "${TRAIN_QUICK:-1}" = 1 ] && echo --quick) \
+    --profile "${TRAIN_PROFILE:-0}" ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} ${TRAIN_WARMUP:+--warmup "$TRAIN_WARMUP"} \
     --out "$OUT" > "$OUT/train_speed.log" 2>&1
-  echo "== bench train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^train |^\| " "$OUT/train_speed.log"
+  echo "== bench train: exit $? after $(( $(date +%s) - T0 )) s"; grep -E "^train |^\| |^#### " "$OUT/train_speed.log"
 fi
 
 if [ "${S4D_CONV:-1}" = 1 ]; then

@@ -38,9 +38,9 @@ the table and kept in the JSON; ``benchmarks/profile_train.py``), ``--steps N``,
 ``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
 split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
-``<--out>/train_speed.json`` when ``--out`` or ``$OUT`` is set. ``--dryrun`` (or ``BENCH_DRYRUN=1``) runs it on the
-CPU with toy widths / lengths (compiled rows use the ``eager`` Dynamo backend there unless ``--compile-backend`` says
-otherwise): a smoke test of this file, not a measurement.
+``<--out>/train_speed.json`` when ``--out`` or ``$OUT`` is set (rewritten after every row). ``--dryrun`` (or
+``BENCH_DRYRUN=1``) runs it on the CPU with toy widths / lengths (compiled rows use the ``eager`` Dynamo backend
+there unless ``--compile-backend`` says otherwise): a smoke test of this file, not a measurement.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ LARGE = ("transformer-340m", "gdn-340m", "natsl-hybrid-340m")
 PAPER_125M = ("softmax-125m", "interdomain-125m", "s4d-125m")
 VARIANTS = ("eager", "compiled", "compiled+blocks", "compiled+graphs", "eager+ckpt", "compiled+ckpt",
             "compiled+blocks+ckpt", "eager+varlen", "compiled+varlen")
-# the long-context rows' default variant: per-block compilation, the fastest measured 340M path (H200, 4×4096:
-# gdn-340m 116.8k tok/s with blocks vs 92.0k whole-model, transformer-340m 156.7k vs 157.6k) at 12–17 s of compile
-# instead of 49–167 s (benchmarks/README.md)
+# the long-context rows' default variant: per-block compilation, the fastest measured 340M path (H200, 4×4096, `bench
+# train` rows compiled and compiled+blocks: gdn-340m 116.8k tok/s with blocks vs 92.0k whole-model, transformer-340m
+# 156.7k vs 157.6k, warm-up 12–17 s vs 49–167 s)
 LONG_VARIANTS = ("compiled+blocks",)
 # the baseline of each row's "vs base" ratio: the softmax model of the same size
 BASELINE = {**{name: "transformer-340m" for name in LARGE}, **{name: "softmax-125m" for name in PAPER_125M}}
@@ -305,9 +305,10 @@ def _describe(mixers: list[str]) -> str:
 
 
 def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str,
-             profile_steps: int = 0) -> dict:
+             profile_steps: int = 0, on_row=None) -> dict:
     """Measure every row of ``specs``: this run's results ``{"errors": [...], "rows": [...]}`` (a failed row records
-    its error; rows past the budget are recorded as skipped)."""
+    its error; rows past the budget are recorded as skipped). ``on_row(results)`` runs after every row (the partial
+    JSON, so that a run stopped from outside keeps its finished rows)."""
     results: dict = {"errors": [], "rows": []}
     for spec in specs:
         label = f"{spec['name']} B={spec['B']} T={spec['T']} {spec['variant']}"
@@ -327,6 +328,8 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
             results["errors"].append(f"{label}: {row['error']}")
             log(f"train {label}: FAILED {row['error']}")
         results["rows"].append(row)
+        if on_row is not None:
+            on_row(results)
         if spec["variant"].startswith("compiled"):
             torch._dynamo.reset()
         _free()
@@ -381,7 +384,19 @@ def main(argv: list[str] | None = None) -> None:
     log(f"train-speed bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
         + (f" ({torch.cuda.get_device_name()})" if cuda else "")
         + f"; {len(specs)} rows, {warmup} warm-up + {steps} timed steps, compile backend {backend}")
-    results = run_rows(s, specs, steps, warmup, backend, a.profile)
+    header = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "dryrun": s.dryrun, "steps": steps, "warmup": warmup, "compile_backend": backend}
+
+    def save(results: dict) -> None:
+        if not a.out:
+            return
+        os.makedirs(a.out, exist_ok=True)
+        path = s.out_path("train_speed.json")
+        with open(path + ".tmp", "w") as fh:  # whole file or none: written aside, then renamed
+            json.dump({**header, **results}, fh, indent=1, default=str)
+        os.replace(path + ".tmp", path)
+
+    results = run_rows(s, specs, steps, warmup, backend, a.profile, on_row=save)
     log(f"\ntraining step (bf16 autocast on CUDA, fused AdamW), {elapsed():.0f} s:")
     log(table(results["rows"]))
     if a.profile:
@@ -391,12 +406,8 @@ def main(argv: list[str] | None = None) -> None:
             if "profile" in r:
                 log("\n" + profile_table(f"{r['name']} {r['B']}×{r['T']} {r['variant']}: step {r['step_ms']:.1f} ms",
                                           r["profile"]))
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(s.out_path("train_speed.json"), "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu",
-                       "torch": torch.__version__, "dryrun": s.dryrun, "steps": steps, "warmup": warmup,
-                       "compile_backend": backend, **results}, fh, indent=1, default=str)
+    add_ratios(results["rows"])
+    save(results)
 
 
 if __name__ == "__main__":
