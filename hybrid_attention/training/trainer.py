@@ -39,7 +39,7 @@ from .checkpoint import (
 from .checkpointing import enable_block_checkpointing
 from .compile import compile_model
 from .config import RunConfig, model_config, save_config
-from .config_schema import ConfigError, to_dict
+from .config_schema import ConfigError
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
 from .integrity import (
     CheckpointError,
@@ -54,6 +54,7 @@ from .metrics import read_metrics
 from .optimizer import build_optimizer
 from .plots import plot_training_curves
 from .progress import progress_bar
+from .resume_fields import check_resume_config
 from .schedule import (
     load_scheduler_state,
     resume_schedule,
@@ -116,17 +117,6 @@ def _no_sync(model: torch.nn.Module, sync: bool):
 
         return restore()
     return contextlib.nullcontext()
-
-
-def _config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _config_diff(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
-    return out
 
 
 def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict | None = None) -> None:
@@ -216,6 +206,9 @@ class Trainer:
         if existing and not resume:
             raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} already has checkpoints; pass "
                               "--resume to continue that run or choose another train.out_dir")
+        # a resume keeps every field that changes the model or its data (training/resume_fields.py), checked
+        # before the data loads and before anything is written
+        resume_note = check_resume_config(out_dir / "config.yaml", cfg) if resume and existing else None
         self._graphs = tc.compile and tc.compile_mode == "reduce-overhead"
         if self._graphs and ctx.world_size > 1:
             raise ConfigError(f"config error: train.compile_mode = 'reduce-overhead' (CUDA graphs) runs in one "
@@ -235,7 +228,8 @@ class Trainer:
             if data is None:
                 data = build_lm_data(cfg.data, tc.batch_size, tc.seed, tok_dir if saved_tok else None)
             mcfg = self._model_config(data)
-            self._config_note(resume)
+            if resume_note:
+                _say(ctx, resume_note)
             if not saved_tok:
                 out_dir.mkdir(parents=True, exist_ok=True)
                 data.tokenizer.save_pretrained(str(tok_dir))
@@ -307,16 +301,6 @@ class Trainer:
             raise DataError(f"validation split has {len(data.val_tokens)} tokens, too few for "
                             f"seq_len={cfg.data.seq_len}")
         return mcfg
-
-    def _config_note(self, resume: bool) -> None:
-        """When resuming: one note line listing what differs from the run's config.yaml (read only)."""
-        cfg_path = self.out_dir / "config.yaml"
-        if resume and cfg_path.exists():
-            import yaml
-
-            diff = _config_diff(yaml.safe_load(cfg_path.read_text()) or {}, to_dict(self.cfg))
-            if diff:
-                _say(self.ctx, "note: resuming with a changed config: " + "; ".join(diff))
 
     def _resume(self, tok, tok_dir: Path, vocab_size: int) -> None:
         """Load the newest intact checkpoint (falling back past damaged ones, which are named and moved aside)."""
