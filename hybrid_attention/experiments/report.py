@@ -116,7 +116,7 @@ def collect(suite: Suite, command: str | None = None, session_wall_s: float | No
                                 for seed, tasks in partial.items() for t in tasks)
         if recs:
             s["recall"] = {t: _stats([rc[t]["accuracy"] for rc in recs if t in rc]) for t in suite.recall_tasks}
-            # the best lr's per-epoch test accuracy (rows trained since session 22 keep it): when each model left
+            # the best lr's per-epoch test accuracy (rows that carry one): when each model left
             # the chance plateau, which the final accuracy alone does not show
             seeds = [r["seed"] for r in rs if "recall" in r] + list(partial)
             s["recall_history"] = {
@@ -223,8 +223,7 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
                          title: str, chance: dict[str, float] | None = None) -> Path | None:
     """Test accuracy against epoch, one panel per recall task: ``panels`` = {task: [(cell, label, style, history)]},
     one colour per cell, line style ``style`` (an index), the legend below each panel (``label`` None: unlabelled);
-    ``chance``: {task: the accuracy of guessing}, a dashed line in that task's panel.
-    Shared by the report (rows' histories) and ``console_curves`` (console logs of earlier runs)."""
+    ``chance``: {task: the accuracy of guessing}, a dashed line in that task's panel."""
     panels = {t: rows for t, rows in panels.items() if rows}
     if not panels:
         return None
@@ -242,7 +241,7 @@ def plot_accuracy_curves(panels: dict[str, list[tuple[str, str, int, list[dict]]
             if switch is not None:  # a length curriculum: mark the first epoch at the new training length
                 ax.axvline(switch["epoch"] - 0.5, color=color, ls=":", alpha=0.6)
                 a, b = h[0], switch
-                pa, pb = a.get("num_kv_pairs"), b.get("num_kv_pairs")  # MQAR rows since session 24
+                pa, pb = a.get("num_kv_pairs"), b.get("num_kv_pairs")  # MQAR rows that record their pairs
                 pairs = f" ({pa} → {pb} pairs)" if None not in (pa, pb) and pa != pb else ""
                 ax.annotate(f"train T {a['seq_len']} → {b['seq_len']}{pairs}", (switch["epoch"] - 0.5, 0.02),
                             fontsize=7, color=color, rotation=90, ha="right", va="bottom")
@@ -348,7 +347,7 @@ def plateau_table(summary: dict) -> list[str]:
     """Markdown lines: per recall task, one row per (cell, seed) with a per-epoch history (the best lr's): its final
     test accuracy and epochs, the first epoch at ≥ ``LEFT_CHANCE`` and at ≥ 0.8 (when it left the chance plateau, and
     when it had learned: the reading the recall suites quote) and a curriculum's switch (the first epoch at the full
-    length). Empty when no row has a history (rows trained before session 22)."""
+    length). Empty when no row has a history (rows stored without one)."""
     tasks = list(dict.fromkeys(t for s in summary.values() for t in (s.get("recall_history") or {})))
     lines = []
     for t in tasks:

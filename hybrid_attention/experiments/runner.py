@@ -168,8 +168,7 @@ def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
                 else:
                     log(f"  {mixer} d={dm} lr={lr:g}: accuracy {row['accuracy']:.3f} (kept from {rows_path.name})")
                 rows.append(row)
-    # every model's row is saved: the task's resume folder goes too (an empty folder left behind would be exported
-    # and carried by every later device call as if a model were still cut: session 20's first call)
+    # every model's row is saved: the task's resume folder goes too (an empty one would read as a model still cut)
     shutil.rmtree(rows_path.with_name(rows_path.name.replace(".rows.json", ".resume")), ignore_errors=True)
     best = max(rows, key=lambda r: r["accuracy"])  # max keeps the first of equal accuracies
     return {k: v for k, v in best.items() if k != "model_revision"}
@@ -188,7 +187,7 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> tupl
         if suite.recall_only is not None and task not in suite.recall_only:
             continue
         rc = from_dict(RecallConfig, d)
-        # names the task its epoch lines belong to, for a console cut before the task's accuracy line (console_curves)
+        # names the task its epoch lines belong to, so a log cut before the accuracy line still reads
         log(f"  {cell.name} seed {seed} {task}: training")
         best = {**_recall_sweep(rc, recall_rows_path(run_dir, task), log), "machine": machine_description()}
         _write_json(path, best)
