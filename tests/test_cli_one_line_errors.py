@@ -94,3 +94,20 @@ def test_single_process_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "_cmd_info", lambda a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["info", "x"])
+
+
+def test_markers_of_finished_runs_are_removed(monkeypatch, tmp_path):
+    from hybrid_attention.rank_errors import claim_error_report
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    stale = tmp_path / f"hybrid-attention-error-{done.pid}-0-localhost-1234"
+    alive = tmp_path / f"hybrid-attention-error-{os.getpid()}-0-localhost-1234"
+    stale.write_text("1")
+    alive.write_text("1")
+    assert claim_error_report()
+    assert not stale.exists() and alive.exists()
+    assert not claim_error_report()  # this run's own marker stays until its agent exits
