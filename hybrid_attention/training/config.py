@@ -203,5 +203,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
-    """The resolved configuration as YAML (loadable by :func:`load_config`)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """The resolved configuration as YAML (loadable by :func:`load_config`), written to a temporary file and
+    renamed into place, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)

@@ -55,6 +55,7 @@ from .optimizer import build_optimizer
 from .plots import plot_training_curves
 from .progress import progress_bar
 from .resume_fields import check_resume_config
+from .run_lock import RunLock, check_out_dir
 from .schedule import (
     load_scheduler_state,
     resume_schedule,
@@ -184,7 +185,11 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
     """
     ctx = init_distributed(cfg.train.device)
     try:
-        return Trainer(cfg, ctx, resume, data, quiet).run()
+        trainer = Trainer(cfg, ctx, resume, data, quiet)
+        try:
+            return trainer.run()
+        finally:
+            trainer.close()
     finally:
         shutdown_distributed(ctx)
 
@@ -209,6 +214,30 @@ class Trainer:
         # a resume keeps every field that changes the model or its data (training/resume_fields.py), checked
         # before the data loads and before anything is written
         resume_note = check_resume_config(out_dir / "config.yaml", cfg) if resume and existing else None
+        check_out_dir(out_dir)
+        # one process per run folder (training/run_lock.py): taken here when the folder exists, else just before
+        # the first write, so that a run refused for its data or model config leaves no folder behind
+        self._lock: RunLock | None = None
+        if ctx.is_main and out_dir.is_dir():
+            self._lock = RunLock(out_dir)
+        try:
+            self._setup(resume, existing, resume_note, data)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Free the run folder's lock (``train`` calls it when the run ends, however it ends)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _take_lock(self) -> None:
+        if self._lock is None and self.ctx.is_main:
+            self._lock = RunLock(self.out_dir)
+
+    def _setup(self, resume: bool, existing: list[Path], resume_note: str | None, data: LMData | None) -> None:
+        cfg, tc, ctx, quiet, out_dir = self.cfg, self.tc, self.ctx, self.quiet, self.out_dir
         self._graphs = tc.compile and tc.compile_mode == "reduce-overhead"
         if self._graphs and ctx.world_size > 1:
             raise ConfigError(f"config error: train.compile_mode = 'reduce-overhead' (CUDA graphs) runs in one "
@@ -231,7 +260,7 @@ class Trainer:
             if resume_note:
                 _say(ctx, resume_note)
             if not saved_tok:
-                out_dir.mkdir(parents=True, exist_ok=True)
+                self._take_lock()
                 data.tokenizer.save_pretrained(str(tok_dir))
         ctx.barrier()
         if not ctx.is_main:
@@ -259,7 +288,7 @@ class Trainer:
         elif resume and not quiet:
             _say(ctx, f"no checkpoint in {self.ckpt_root}: starting from scratch")
         if ctx.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
             save_config(cfg, out_dir / "config.yaml")
         if tc.compile:
             # static shapes: training uses one (batch, length); evaluation at other lengths recompiles once per shape
@@ -515,6 +544,7 @@ class Trainer:
             return self._finish()
         finally:
             self.log.close()
+            self.close()
 
     def _finish(self) -> TrainResult:
         ctx = self.ctx

@@ -1,0 +1,63 @@
+"""One training process per run folder: an exclusive OS lock on ``<out_dir>/.lock`` held for the whole run.
+
+The lock is ``flock``: the kernel drops it when the process ends in any way (``kill -9`` included), so a lock file
+left on disk never blocks a later run. The holder writes its PID into the file, which a refused run names.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+
+from .config_schema import ConfigError
+
+LOCK_NAME = ".lock"
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """ConfigError (one line) when ``out_dir`` is a regular file or lies under one; reads only."""
+    for p in (out_dir, *out_dir.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                where = "is" if p == out_dir else f"lies under {str(p)!r}, which is"
+                raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} {where} a file, not a folder; "
+                                  "choose a folder for train.out_dir")
+            return
+
+
+class RunLock:
+    """The held lock of one run folder; :meth:`release` (or the process ending) frees it."""
+
+    def __init__(self, out_dir: Path):
+        """Create ``out_dir`` if needed and take its lock; ConfigError (one line) when another process holds it or
+        the folder cannot be written."""
+        check_out_dir(out_dir)
+        self.path = out_dir / LOCK_NAME
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            f = open(self.path, "a+")
+        except OSError as e:
+            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable: "
+                              f"{e.strerror or e}") from e
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is in use by another train process "
+                              f"(PID {holder}); wait for it to end or choose another train.out_dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file: IO[str] | None = f
+
+    def release(self) -> None:
+        """Free the lock (the file stays; an unlocked file blocks nothing)."""
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
