@@ -14,9 +14,9 @@ __all__ = ["AUTOCAST_DEVICES", "autocast_off"]
 
 
 # The device types with an autocast, decided once at import: ``torch.amp.is_autocast_available`` is a C builtin that
-# torch 2.11's Dynamo cannot trace. Called inside the compiled s4d step it broke the graph in both convolution forms,
-# the resumed frames hit Dynamo's recompile limit and ran eagerly (H200, session 8: 1867 launches per `small` step,
-# kernels 35 ms of an 81 ms profiled step). A membership test of a constant set traces.
+# torch 2.11's Dynamo cannot trace. Called inside the compiled s4d step it breaks the graph in both convolution forms,
+# the resumed frames hit Dynamo's recompile limit and run eagerly (H200: 1867 launches per `small` step, kernels
+# 35 ms of an 81 ms profiled step). A membership test of a constant set traces.
 def _has_autocast(device_type: str) -> bool:
     try:
         return torch.amp.is_autocast_available(device_type)

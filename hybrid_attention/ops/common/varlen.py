@@ -115,7 +115,7 @@ def bucket_of(offsets: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Index i (int64, shape of ``pos``) with ``offsets[i] <= pos < offsets[i + 1]`` for sorted ``offsets [N + 1]``
     starting at 0 and ``pos >= 0``: ``searchsorted`` over the *whole* offsets, minus 1. Never over a slice such as
     ``offsets[1:]``: inductor in torch 2.11 cannot lower ``searchsorted`` whose sorted sequence is a view
-    (``NotImplementedError: SliceView`` from ``get_stride``, H200 session 10; torch 2.13 realizes it first)."""
+    (``NotImplementedError: SliceView`` from ``get_stride``; torch 2.13 realizes it first)."""
     return torch.searchsorted(offsets, pos.to(offsets.dtype), right=True) - 1
 
 

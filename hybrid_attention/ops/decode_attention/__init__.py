@@ -35,8 +35,8 @@ def default_num_splits(device: torch.device, rows_heads: int, max_keys: int) -> 
     return max(1, min(-(-4 * sms // rows_heads), -(-max_keys // MIN_KEYS_PER_SPLIT)))
 
 
-# DECISION (session 8): 64 keys per split at least (one BLOCK_N block), was 256. On the H200 the split kernel took
-# 12.5 µs per transformer-340m layer at 1K context (B = 1, 16 heads: 5 splits, 80 programs each walking 4 blocks in
+# DECISION: 64 keys per split at least (one BLOCK_N block). With 256, the split kernel takes 12.5 µs per
+# transformer-340m layer at 1K context on the H200 (B = 1, 16 heads: 5 splits, 80 programs each walking 4 blocks in
 # series) for 4 MB of K / V, i.e. latency, not bandwidth. At 1K this gives 17 splits of one block each; from ≈ 2K
-# keys on, the 4-waves-of-programs cap decides, as before.
+# keys on, the 4-waves-of-programs cap decides.
 MIN_KEYS_PER_SPLIT = 64

@@ -37,16 +37,16 @@ __all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "chunk_s4d", "auto_bac
 BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz", "chunk")
 FFT_ALIASES = ("reference", "triton")  # the names that run the FFT form (see the module docstring)
 
-# DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 2048, the FFT above. Evidence, H200 (benchmarks/NOTES.md
-# "Session 6", `python -m benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): Toeplitz 3.19x
-# faster than the FFT at B x T = 64 x 1024, 2.13x at 16 x 2048, 0.85x at 4 x 4096 (its cost grows with T at a fixed
-# token count, the FFT's with log T). Its bf16 error vs float64 was 2.8e-3 (outputs) / <= 3.3e-3 (gradients), inside
-# the kernels' 5e-3 / 1e-2 bars. On the CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
+# DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 2048, the FFT above. Evidence, H200 (`python -m
+# benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): Toeplitz 3.19x faster than the FFT at B x T =
+# 64 x 1024, 2.13x at 16 x 2048, 0.85x at 4 x 4096 (its cost grows with T at a fixed token count, the FFT's with log T).
+# Its bf16 error vs float64 is 2.8e-3 (outputs) / <= 3.3e-3 (gradients), inside the kernels' 5e-3 / 1e-2 bars. On the
+# CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
 # DECISION (packed documents, any device): "auto" with cu_seqlens runs "chunk". The Toeplitz / FFT forms run one
 # convolution per document at its own length with host-side offsets (``per_document``): under torch.compile Dynamo
-# re-specialised per document length and the packed s4d training step never finished (H200, B = 1, T = 32768, 82
+# re-specialises per document length and the packed s4d training step does not finish (H200, B = 1, T = 32768, 82
 # documents); the chunked form has static shapes given T, N and chunk_size and reads nothing on the host. Without
-# cu_seqlens the choice above stands until the chunk rows of benchmarks/s4d_conv.py have been measured on the GPU.
+# cu_seqlens the Toeplitz / FFT choice above applies (benchmarks/s4d_conv.py also times the chunk form).
 AUTO_TOEPLITZ_MAX_T = 2048
 
 

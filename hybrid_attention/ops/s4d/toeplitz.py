@@ -4,7 +4,7 @@ Same contract as ``naive_s4d``; the kernel, initial-state and final-state terms 
 convolution y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c] is written as y_h = T_h z_h with the lower-triangular
 Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
 as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
-bound by memory traffic and eager complex elementwise work; benchmarks/NOTES.md, session 5 profile). Memory: one
+bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). Memory: one
 [H, T, T] matrix per call (T = 1024, H = 8: 32 MB in float32), so it is meant for T <= ~4K.
 
 Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
@@ -38,8 +38,8 @@ def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
     Each row of G gets T zeros on its left ([H, T, 2T]); element (t, t-l) then sits at offset t·(2T+1) + 1 + l' in a
     head's block, with l' = T-1-l, and an upper-triangle position (t < l) falls into the zeros. So a strided view
     [H, T (t), T (l')] with strides (2T², 2T+1, 1) holds every diagonal as a column: summed over t with contiguous
-    (coalesced) reads along l', then flipped back to l. Decision (session 7): the earlier view put the sum along a
-    stride-(T+1) axis, one memory sector per element on a GPU."""
+    (coalesced) reads along l', then flipped back to l. A sum along a stride-(T+1) axis instead would read one
+    memory sector per element on a GPU."""
     H, T, _ = G.shape
     Gp = torch.cat([G.new_zeros(H, T, T), G], dim=2).contiguous()  # [H, T, 2T]
     return Gp.as_strided((H, T, T), (2 * T * T, 2 * T + 1, 1), 1).sum(1).flip(-1)

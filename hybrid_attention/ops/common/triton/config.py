@@ -45,8 +45,8 @@ class ScanConfig(KernelConfig):
     """Settings of the state scans (``ssm_scan.py``) and the ones every op's chunk kernels share.
 
     BMS / BCH: mode / channel block of the sequential state kernels; BCH_DZ: channel block of the state-carry
-    gradient kernel; fuse_dz: reverse scan and state-carry gradient in one launch (``_state_bwd_dz``: H200 session 2,
-    T=32K forward+backward 9.78 -> 8.52 ms, benchmarks/NOTES.md) with channel block BCH_FZ (it holds all M modes;
+    gradient kernel; fuse_dz: reverse scan and state-carry gradient in one launch (``_state_bwd_dz``: H200,
+    T=32K forward+backward 9.78 -> 8.52 ms) with channel block BCH_FZ (it holds all M modes;
     >= 16 for tl.dot) and warps_fz warps (sm_90 AOT: 4 warps spill 584 B, 8 warps 16 B, benchmarks/aot_regs.py);
     stages: software pipelining depth of the parallel chunk kernels, stages_state of the sequential scans (their
     loads do not depend on the carried state); dot_prec: input precision of float32 matmuls on the GPU ("tf32",

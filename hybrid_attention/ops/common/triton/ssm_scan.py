@@ -65,7 +65,7 @@ def power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
     lam.copy_(ll.transpose(1, 2))  # [H, M, (re, im)]: the layout torch.view_as_complex reads
     # made fresh each call, never cached in a module global: under CUDA graphs (torch.compile mode reduce-overhead)
     # a cached tensor first made inside the graph's warm-up lives in its memory pool untracked and the capture fails
-    # (session 21, H200: "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs", Interdomain recall)
+    # (H200: "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs", Interdomain recall)
     n = torch.arange(BT + 1, device=ll.device, dtype=torch.float64)
     P = torch.exp(n[None, :, None] * torch.view_as_complex(lam)[:, None, :])  # [H, BT+1, M] complex128
     out = torch.empty(H, 2, BT + 1, M, device=ll.device, dtype=torch.float32)

@@ -18,28 +18,27 @@ class InterdomainConfig(ScanConfig):
     """Frozen launch settings of one Interdomain forward / backward (see ``ScanConfig`` for the shared keys).
 
     BC: sub-chunk rows (>= 16: tl.dot minimum; BC >= L means one band-matmul block per chunk); warps_chunk_fwd /
-    warps_chunk_bwd: warps of the chunk kernels; max_chunk: kernel chunk length cap (run 2 on the H200: L=32 beat
-    L=64, benchmarks/NOTES.md); bwd_split: the backward chunk kernel as two launches (value side, key side).
+    warps_chunk_bwd: warps of the chunk kernels; max_chunk: kernel chunk length cap (H200: L=32 beats
+    L=64); bwd_split: the backward chunk kernel as two launches (value side, key side).
 
-    Defaults: the fastest measured on the H200 (run 3: the one-launch backward 3.93 ms vs split 4.48 ms at 32K,
+    Defaults: the fastest measured on the H200 (the one-launch backward 3.93 ms vs split 4.48 ms at 32K,
     forward at 4 warps). The sm_90 AOT report (benchmarks/aot_regs.py, triton 3.6 = the device's, R=D=M=64,
-    L=BC=32; registers / spill stores per thread, session 7 after the backward reorder) predicts the other choice:
-    forward 4 warps 255 / 52 B vs 8 warps 225 / 0 B; backward one launch 255 / 832 B vs split 255 / 0 B + 255 / 40 B
-    (run 3's split spilled 372 B on its key side). Kept as measured until the A/B runs on the device
-    (``benchmarks/interdomain_ops.py`` sweeps ``L32_BC32_fused``; ``dataclasses.replace(DEFAULT_CONFIG,
-    warps_chunk_fwd=8, bwd_split=True)``).
+    L=BC=32; registers / spill stores per thread) predicts the other choice:
+    forward 4 warps 255 / 52 B vs 8 warps 225 / 0 B; backward one launch 255 / 832 B vs split 255 / 0 B + 255 / 40 B.
+    The measured times decide; ``benchmarks/interdomain_ops.py`` sweeps the alternatives (``L32_BC32_fused``;
+    ``dataclasses.replace(DEFAULT_CONFIG, warps_chunk_fwd=8, bwd_split=True)``).
 
     real_one_pass: how readout="real" runs. True: one forward / backward pass of the chunk kernels with the readout
     r = Cᵀ Re(C p) of the key-side vector p, from C itself (two M×M tiles, REAL_C in kernels.py, whose DECISION
     comment holds its compile report), the cost of one transpose pass. False: two passes, "transpose" and "hermitian"
     with half of each operator, averaged (twice the work).
-    DECISION (session 10, H200, same op check): one pass is the default. Op fwd+bwd 2.18 / 4.60 / 9.05 ms against
-    7.36 / 9.21 / 18.01 ms for two passes at T = 4K / 16K / 32K (transpose 2.79 / 4.47 / 8.76); the `small` x6
-    training step at 16 x 2048 compiled 42.4 ms against 67.7 ms. Precision: within the 5e-3 bar at the training
-    shape (T = 1000 and 4096, R = D = M = 64: worst 2.7e-3 / 3.6e-3, two-pass 3.4e-3 at 4096); at tiny shapes with a
-    dominant slow mode (the denominator tests) tf32 dots make its dq 2.2e-2 (two-pass 3.2e-3), ieee dots 7e-6
-    (benchmarks/interdomain_real_precision.py; NOTES session 10). The registered op (the training path, which runs
-    ``DEFAULT_CONFIG``) follows this default.
+    DECISION (H200, ``python -m benchmarks.interdomain_ops``): one pass is the default. Op fwd+bwd 2.18 / 4.60 / 9.05 ms
+    against 7.36 / 9.21 / 18.01 ms for two passes at T = 4K / 16K / 32K (transpose 2.79 / 4.47 / 8.76); the `small` x6
+    training step at 16 x 2048 compiled 42.4 ms against 67.7 ms. Precision: within the 5e-3 bar at the training shape (T
+    = 1000 and 4096, R = D = M = 64: worst 2.7e-3 / 3.6e-3, two-pass 3.4e-3 at 4096); at tiny shapes with a dominant
+    slow mode (the denominator tests) tf32 dots make its dq 2.2e-2 (two-pass 3.2e-3), ieee dots 7e-6
+    (benchmarks/interdomain_real_precision.py). The registered op (the training path, which runs ``DEFAULT_CONFIG``)
+    follows this default.
 
     real_dot_prec: input precision of the one-pass "real" readout's chained products through C (x = Re(C p),
     r = Cᵀ x, and in the backward gx = gr Cᵀ, gp = gx C) on the GPU; every other dot keeps ``dot_prec``. "tf32"

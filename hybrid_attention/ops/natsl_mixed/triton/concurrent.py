@@ -74,7 +74,7 @@ def triton_natsl_mixed(
     # Sequential under torch.compile too: inductor cannot functionalise ``record_stream`` (aten::record_stream has an
     # alias annotation), and stream switches inside a traced region are not ours to order there.
     # is_compiling first: Dynamo folds it to True, so a traced call never reaches the CUDA capture query (a builtin
-    # that Dynamo may not trace: a graph break per call; the compiled natsl model showed 6 on the H200, session 8).
+    # that Dynamo may not trace: a graph break per call; the compiled natsl model shows 6 on the H200).
     if torch.compiler.is_compiling() or not (concurrent and q.is_cuda) or torch.cuda.is_current_stream_capturing():
         o_g, S = gdn()
         return o_g, S, attn()
