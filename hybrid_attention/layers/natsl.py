@@ -30,22 +30,18 @@ Decisions and deviations from the official code (each named once, here):
   no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
   unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1);
   `fused_outputs` ("both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a diagnostic
-  for the forced-softmax layer's slow recall, issue 19: is it the GDN branch's output beside the softmax one?);
+  of whether the GDN branch's output slows the softmax branch's recall);
   `attn_qk` ("shared" | "own": the softmax branch's q / k from projections of its own, W_qs x and W_ks x with no
-  short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; another diagnostic of
-  that slow recall, the last of the four ways the branch differs from the GDN Hybrid's softmax layer; "own_conv":
-  own projections with short convolutions and SiLU of their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"),
-  as the shared q / k have: a CPU probe (vocab 1024, T 128, 8 pairs, forced-softmax layer, the paper's fusion) solved
-  MQAR by epoch 7 with these (0.997), against 0.032 shared and 0.085 "own", which pointed at the sharing with the
-  delta-rule branch; on the GPU at vocabulary 8192 (RESULTS C4) the forced layer learned in 1 of 2 seeds with them and
-  the routed layer in neither, so that reading is not confirmed).
-- Prefill cache (issue 15, host syncs): a prefill from an empty state compacts its softmax chunks into the decode
+  short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; a diagnostic that
+  removes the sharing with the delta-rule branch; "own_conv": own projections with short convolutions and SiLU of
+  their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"), as the shared q / k have).
+- Prefill cache (host syncs): a prefill from an empty state compacts its softmax chunks into the decode
   state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
   for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
-  (one host sync per layer and prefill, the leanest cache, the state as before), "full" gives every complete chunk a
+  (one host sync per layer and prefill, the leanest cache), "full" gives every complete chunk a
   slot (no host sync, e.g. for CUDA-graph capture; outputs identical, decoding from it equal up to the summation
   order of the masked extra slots). Decoding keeps its one sync per completed chunk (the static step has none).
-- Packed documents (``cu_seqlens``; issues 15 and 17): the training forward and backward read nothing on the host,
+- Packed documents (``cu_seqlens``): the training forward and backward read nothing on the host,
   device offsets included. The list of complete chunks has the static length T // C (the first rows are the
   document chunks that have C tokens, in order; a mask marks them), the per-chunk inputs of the ops the sync-free row
   count ``max_chunks(T, N, C)`` (``ops/common/varlen.py``; rows past Nc ignored): shapes from T, N and C only.

@@ -125,8 +125,8 @@ class RoutingRecorder:
 
     # ------------------------------------------------------------------------------------------------ the layer's
     # Both run eagerly under torch.compile (a graph break per recorded layer): traced, their appends put guards on the
-    # recorder's list lengths into the graph, so every call of a compiled model with a recorder attached recompiled
-    # (session 17: a 128K natsl-hybrid-340m prefill timed 8.55 s against ~0.7 s, the compile inside the timing).
+    # recorder's list lengths into the graph, so every call of a compiled model with a recorder attached would recompile
+    # (H200: a 128K natsl-hybrid-340m prefill 8.55 s instead of ~0.7 s, the compile inside the timing).
     @torch.compiler.disable
     def record_pass(self, layer: nn.Module, types: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """A pass from an empty state typed its complete chunks: types [B, N, Hn] (N may be 0). valid [N] bool: which

@@ -2,7 +2,7 @@
 
 At batch 1 a decode step is a chain of small kernels (one per projection, norm, convolution, ...), each with a fixed
 launch-and-ramp cost inside the CUDA graph of a few microseconds: on the H200 a compiled and captured gdn-340m step
-ran ~19 kernels per layer in 1.75 ms where streaming its weights takes 0.16 ms (benchmarks/NOTES.md, session 6).
+runs ~19 kernels per layer in 1.75 ms where streaming its weights takes 0.16 ms (``benchmarks/profile_decode.py``).
 Concatenating the weights of projections that share an input (q/k/v/..., the SwiGLU gate and up) makes them one
 GEMV. DECISION: the static decode state keeps its own concatenated copy of those weights, made once when the state is
 built (the decoder's contract already requires frozen weights while serving); the training modules keep separate

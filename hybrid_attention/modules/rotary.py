@@ -40,8 +40,8 @@ class RotaryEmbedding(nn.Module):
         """cos | sin at positions 0 .. length-1, ``[length, 2, D]`` in the compute dtype of ``dtype`` inputs (float64
         for float64, else float32): the values `at` computes, precomputed for static decode steps (`at_table`).
 
-        DECISION (session 8): a static step gathers its row of this table (gpt-fast's precomputed table) instead of
-        recomputing the float64 angles. On the H200 the recomputation was 4 small kernels per softmax layer (96
+        DECISION: a static step gathers its row of this table (a precomputed table) instead of recomputing the
+        float64 angles. On the H200 the recomputation is 4 small kernels per softmax layer (96
         launches, 0.30 ms of transformer-340m's 1.38 ms of step kernels, `benchmarks/profile_decode.py`); a gather
         fuses into the rotation. One tensor per (dim, theta, length, device, dtype) is shared while referenced."""
         cdt = torch.float64 if dtype == torch.float64 else torch.float32

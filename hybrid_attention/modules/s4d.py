@@ -10,8 +10,8 @@ Decisions where the Interdomain paper (arXiv 2605.24330, §2.2 and §6.2) is sil
   initialised log-uniformly in [dt_min, dt_max] = [1e-3, 1e-1].
 - A: S4D-Inv as in state-spaces/s4. Re A = -exp(A_log_re) with A_log_re initialised to log(1/2);
   Im A_n = (N/π)(N/(2n+1) - 1) for n = 0..M-1 with N = 2M (S4 counts the state N in reals and keeps N/2 = M complex
-  modes): every frequency is >= 0, the top one (N/π)(N - 1) ≈ 5174 at M = 64. Both trainable. (Until the faithful-
-  controls issue this file used N = M, which gave half of the modes negative frequencies in [-10, -0.3].)
+  modes): every frequency is >= 0, the top one (N/π)(N - 1) ≈ 5174 at M = 64. Both trainable. (N = M
+  would give half of the modes negative frequencies in [-10, -0.3].)
 - B: DECISION (spec §6.2 item 2, and the parameter fit of §2.3): the paper's Table 3 counts R + d_h B-entries per
   layer (the "(R + d_h) small shared vector" of the fit), not M complex entries per head. A per-mode complex B_h would
   in any case be redundant with the full learned C_h (C_h diag(B_h) is just another full matrix), so B is one real gain

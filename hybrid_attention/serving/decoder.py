@@ -66,8 +66,8 @@ from hybrid_attention.ops.decode_linear import add_norm_linear, linear_residual,
 # torch.compile mode of the step ("default": inductor fusion, fast compile; "max-autotune-no-cudagraphs" adds GEMM
 # autotuning at a longer compile). Never a cudagraph mode: capture() captures the compiled step itself.
 COMPILE_MODE = "default"
-# DECISION (session 7): the fused decode GEMVs (ops/decode_linear) are opt-in until timed against inductor + cuBLAS
-# on the H200 (`benchmarks.profile_decode --fused-gemv`): they are tested on the CPU interpreter only, and the
+# DECISION: the fused decode GEMVs (ops/decode_linear) are opt-in; `benchmarks.profile_decode --fused-gemv` times them
+# against inductor + cuBLAS on a GPU. They are tested on the CPU interpreter, and the
 # LM-head and down GEMVs run fewer programs than the GPU has SMs (a possible loss to cuBLAS).
 FUSED_GEMV_DEFAULT = False
 
