@@ -64,7 +64,7 @@ from .integrity import (
 __all__ = [
     "CheckpointData", "CheckpointDamaged", "CheckpointError", "CheckpointMismatch", "NonFiniteState",
     "checkpoint_dirs", "latest_checkpoint", "load_checkpoint", "newest_intact", "read_checkpoint",
-    "read_model_tensors", "save_checkpoint", "vocab_size_of",
+    "read_model_tensors", "refuse_symlinks", "save_checkpoint", "vocab_size_of",
 ]
 
 REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng-rank0.safetensors")
@@ -73,8 +73,32 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+def refuse_symlinks(root: Path) -> None:
+    """CheckpointError (one line) when ``root`` or one of its ``step-N`` checkpoints, or a file in one, is a symbolic
+    link: loading, rotating or deleting through it would reach outside the run folder (another run's step read as
+    this run's, or another run's checkpoints rotated away)."""
+    def refuse(link: Path) -> CheckpointError:
+        return CheckpointError(f"{link} is a symbolic link (to {os.readlink(link)}): a run's checkpoints are never "
+                               "loaded, rotated or deleted through a link; replace it with the folder itself")
+
+    if root.is_symlink():
+        raise refuse(root)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if _STEP_DIR.match(p.name):
+            if p.is_symlink():
+                raise refuse(p)
+            if p.is_dir():
+                for f in p.iterdir():
+                    if f.is_symlink():
+                        raise refuse(f)
+
+
 def checkpoint_dirs(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
+    """Complete checkpoints under ``root``, oldest first; CheckpointError when a symbolic link is among them
+    (:func:`refuse_symlinks`)."""
+    refuse_symlinks(root)
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
@@ -171,6 +195,7 @@ def save_checkpoint(
                 if bad is not None:
                     raise NonFiniteState(f"step {step}: {bad[1]} non-finite value(s) in {label} tensor {bad[0]}; "
                                          f"checkpoint {final.name} was not written")
+        refuse_symlinks(root)
         try:
             root.mkdir(parents=True, exist_ok=True)
             for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:

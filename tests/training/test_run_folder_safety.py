@@ -103,3 +103,45 @@ def test_unwritable_out_dir_one_line(tmp_path, capsys, monkeypatch):
     assert main(["train", str(_config(tmp_path)), *tiny_overrides(tmp_path / "run", "train.steps=1")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "is not writable: Permission denied" in err
+
+
+def _tree(root):
+    return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory):
+    """A finished run whose checkpoints another folder links to."""
+    base = tmp_path_factory.mktemp("other")
+    out = base / "run"
+    assert main(["train", str(_config(base)), *tiny_overrides(out, "train.steps=2", "train.checkpoint_every=1",
+                                                              "train.save_final=false")]) == 0
+    return out
+
+
+def test_symlinked_step_refused_on_resume(tmp_path, capsys, other_run):
+    out, cfg = tmp_path / "run", _config(tmp_path)
+    assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=1", "train.save_final=false")]) == 0
+    link = out / "checkpoints" / "step-00000005"
+    link.symlink_to(other_run / "checkpoints" / "step-00000002")
+    before, other_before = _tree(out), _tree(other_run)
+    capsys.readouterr()
+    assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=6", "train.save_final=false"), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{link} is a symbolic link" in err
+    assert _tree(out) == before and _tree(other_run) == other_before
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_symlinked_checkpoints_folder_never_rotated(tmp_path, capsys, other_run, resume):
+    out, cfg = tmp_path / "run", _config(tmp_path)
+    out.mkdir()
+    (out / "checkpoints").symlink_to(other_run / "checkpoints", target_is_directory=True)
+    other_before = _tree(other_run)
+    capsys.readouterr()
+    args = ["train", str(cfg), *tiny_overrides(out, "train.steps=4", "train.checkpoint_every=1",
+                                               "train.keep_checkpoints=1", "train.save_final=false")]
+    assert main(args + (["--resume"] if resume else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "checkpoints is a symbolic link" in err
+    assert _tree(other_run) == other_before
