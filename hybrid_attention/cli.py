@@ -333,7 +333,13 @@ def _cmd_info(a: argparse.Namespace) -> int:
 def _cmd_bench(a: argparse.Namespace) -> int:
     import os
 
-    from benchmarks import run_target, section_names
+    try:  # the benchmarks live in the repository, not in the installed package
+        from benchmarks import run_target, section_names
+    except ModuleNotFoundError as e:
+        if e.name != "benchmarks":
+            raise
+        raise CLIError("bench: needs the benchmarks/ folder of a repository checkout (run from the repository root)"
+                       ) from e
 
     try:  # a bad --only name first: the message lists the allowed sections
         section_names(a.target, a.only)
