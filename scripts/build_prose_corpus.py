@@ -2,9 +2,9 @@
 """Build the offline prose corpus: Debian packages -> xz JSONL shards + manifest (+ a BPE tokenizer).
 
   # 1. fetch the packages (apt-get download + dpkg-deb -x, one folder per package; nothing is installed)
-  python scripts/build_prose_corpus.py fetch --root /work/prose_pkgs
+  python scripts/build_prose_corpus.py fetch --root PACKAGES_DIR
   # 2. parse them into shards (each <= 60 MiB compressed) with manifest.json; prints the source table
-  python scripts/build_prose_corpus.py shards --root /work/prose_pkgs --out build/prose
+  python scripts/build_prose_corpus.py shards --root PACKAGES_DIR --out build/prose
   # 3. train the BPE tokenizer on the train split of the shards, save it (configs/tokenizers/prose-bpe8192), count
   #    the corpus' tokens
   python scripts/build_prose_corpus.py tokenizer --out build/prose --vocab 8192 [--measure-token-shards]
