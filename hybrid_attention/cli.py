@@ -105,12 +105,32 @@ def _cmd_train(a: argparse.Namespace) -> int:
         given = next((o for o in reversed(a.overrides) if o.replace(" ", "").startswith("train.device=")), None)
         where = given or f"train.device: cuda in {a.config}"
         raise CLIError(f"{where}: CUDA is not available on this machine; use train.device=cpu")
-    res = train(cfg, resume=a.resume)
+    try:
+        res = train(cfg, resume=a.resume)
+    except KeyboardInterrupt:
+        print(_interrupted_line(a, Path(cfg.train.out_dir)), file=sys.stderr)
+        return 130
     v = res.val
     if v is not None and res.out_dir is not None:
         bpb = f", {v.bpb:.4f} bits/byte" if v.bpb is not None else ""
         print(f"done: {res.steps} steps, validation loss {v.loss:.4f}, ppl {v.ppl:.3f}{bpb}; run in {res.out_dir}")
     return 0
+
+
+def _interrupted_line(a: argparse.Namespace, out_dir: Path) -> str:
+    """The one line of a training run stopped by Ctrl-C: the last checkpoint on disk and the command that resumes."""
+    import shlex
+
+    from hybrid_attention.training.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        last = latest_checkpoint(out_dir / "checkpoints")
+    except CheckpointError:
+        last = None
+    saved = f"the last saved checkpoint is {last.name} (step {int(last.name.split('-')[1])})" if last else \
+        "no checkpoint was saved"
+    args = ["hybrid-attention", "train", *([a.config] if a.config else []), *a.overrides, "--resume"]
+    return f"interrupted: {saved} in {out_dir}; resume with: {shlex.join(args)}"
 
 
 def _val_tokens(loaded, tokens: int | None):

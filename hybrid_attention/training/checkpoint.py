@@ -222,6 +222,9 @@ def save_checkpoint(
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_error(root, final, e) from e
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) mid-save: no partial directory stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     barrier()
     if rank == 0:
         aside = root / f".old-step-{step:08d}"
@@ -237,6 +240,11 @@ def save_checkpoint(
             if aside.exists() and not final.exists():
                 os.replace(aside, final)
             raise _write_error(root, final, e) from e
+        except BaseException:  # interrupted between the two renames: the previous copy goes back in place
+            shutil.rmtree(tmp, ignore_errors=True)
+            if aside.exists() and not final.exists():
+                os.replace(aside, final)
+            raise
         shutil.rmtree(aside, ignore_errors=True)
         for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
             if old != final:  # hidden first (atomic), then deleted: a kill mid-delete leaves no half checkpoint

@@ -149,6 +149,11 @@ def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict |
             os.replace(aside, path)
         raise CheckpointError(f"could not write the final model to {path}: {one_line(e)}; the partial copy was "
                               "removed (the checkpoints are intact)") from e
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) mid-save: the same cleanup, then the interrupt goes on
+        shutil.rmtree(tmp, ignore_errors=True)
+        if aside.exists() and not path.exists():
+            os.replace(aside, path)
+        raise
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
