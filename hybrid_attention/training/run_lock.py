@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -39,8 +40,8 @@ class RunLock:
             out_dir.mkdir(parents=True, exist_ok=True)
             f = open(self.path, "a+")
         except OSError as e:
-            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable: "
-                              f"{e.strerror or e}") from e
+            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable "
+                              f"({e.strerror or e})") from e
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -49,10 +50,22 @@ class RunLock:
             f.close()
             raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is in use by another train process "
                               f"(PID {holder}); wait for it to end or choose another train.out_dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            # a run writes config.yaml, metrics.jsonl and checkpoints/ beside the lock: a folder that refuses a new
+            # file (read-only, or the lock file alone left writable) is reported here, before any work
+            for folder in (out_dir, out_dir / "checkpoints"):
+                if folder.is_dir():
+                    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+                        pass
+        except OSError as e:
+            f.close()
+            where = getattr(e, "filename", None) or out_dir
+            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable ({where}: "
+                              f"{e.strerror or e})") from e
         self._file: IO[str] | None = f
 
     def release(self) -> None:

@@ -102,7 +102,7 @@ def test_unwritable_out_dir_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(builtins, "open", deny)
     assert main(["train", str(_config(tmp_path)), *tiny_overrides(tmp_path / "run", "train.steps=1")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "is not writable: Permission denied" in err
+    assert "\n" not in err and "is not writable (Permission denied)" in err
 
 
 def _tree(root):
@@ -145,3 +145,48 @@ def test_symlinked_checkpoints_folder_never_rotated(tmp_path, capsys, other_run,
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "checkpoints is a symbolic link" in err
     assert _tree(other_run) == other_before
+
+
+def _finished_run(tmp_path):
+    out, cfg = tmp_path / "run", _config(tmp_path)
+    assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=1", "train.save_final=false")]) == 0
+    return out, cfg
+
+
+def test_read_only_checkpoints_folder_on_resume_simulated(tmp_path, capsys, monkeypatch):
+    """A checkpoints/ folder that refuses new files (simulated by the probe's writer: works as root too)."""
+    import tempfile
+
+    from hybrid_attention.training import run_lock
+
+    out, cfg = _finished_run(tmp_path)
+    real = tempfile.NamedTemporaryFile
+
+    def read_only(*args, dir=None, **kwargs):
+        if str(dir).endswith("checkpoints"):
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(run_lock.tempfile, "NamedTemporaryFile", read_only)
+    before = _tree(out)
+    capsys.readouterr()
+    assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=2", "train.save_final=false"), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"is not writable ({out / 'checkpoints'}: Permission denied)" in err
+    assert [t for t in _tree(out) if not t[0].endswith(LOCK_NAME)] == [t for t in before if
+                                                                       not t[0].endswith(LOCK_NAME)]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder; chmod cannot simulate it")
+@pytest.mark.parametrize("folder", ["", "checkpoints"])
+def test_read_only_run_folder_on_resume(tmp_path, capsys, folder):
+    out, cfg = _finished_run(tmp_path)
+    (out / folder).chmod(0o555)
+    try:
+        capsys.readouterr()
+        assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=2", "train.save_final=false"),
+                     "--resume"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "is not writable" in err
+    finally:
+        (out / folder).chmod(0o755)
