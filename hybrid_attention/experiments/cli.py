@@ -27,6 +27,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="run N (cell, seed) runs at once, each in its own subprocess on the same device "
                         "(default: the suite's jobs, 1)")
+    p.add_argument("--gpus", default=None, metavar="IDS",
+                   help="spread the runs over these GPUs of this machine, e.g. 0,1: one worker per run, each with "
+                        "CUDA_VISIBLE_DEVICES set to one GPU; --jobs workers at once (default: one per GPU)")
     p.add_argument("--list", action="store_true", help="print the cells and their state, run nothing")
     p.add_argument("--import-results", action="append", default=[], metavar="RESULTS_JSON",
                    help="first copy the finished runs of an earlier report of this suite (its results.json) into "
@@ -45,6 +48,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"config error: --jobs must be >= 1, got {a.jobs}")
+    gpus = parse_gpus(a.gpus) if a.gpus is not None else None
     suite = load_suite(a.suite, a.overrides + ([f"recall_only=[{','.join(a.tasks)}]"] if a.tasks else []))
     command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
     for path in a.import_results:
@@ -69,15 +73,26 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
                 return 2
             full = list(suite.cells)
             suite.cells = [c for c in full if c.name in a.only]
-            run_suite(suite, command=command, jobs=a.jobs)
+            run_suite(suite, command=command, jobs=a.jobs, gpus=gpus)
             suite.cells = full
             doc = collect(suite, command=command)
         else:
-            doc = run_suite(suite, command=command, jobs=a.jobs)
+            doc = run_suite(suite, command=command, jobs=a.jobs, gpus=gpus)
     if a.report_only or a.only:
         write_report(suite, doc)
     print((Path(suite.out_dir) / "results.md").read_text())
     return 0
+
+
+def parse_gpus(text: str) -> list[str]:
+    """``"0,1"`` -> ``["0", "1"]``; raises ConfigError naming --gpus unless it is distinct non-negative integers."""
+    from hybrid_attention.training.config_schema import ConfigError
+
+    ids = [x.strip() for x in text.split(",")]
+    if not all(x.isdigit() for x in ids) or len(set(ids)) != len(ids):
+        raise ConfigError(f"config error: --gpus must be distinct GPU indices separated by commas, e.g. 0,1; "
+                          f"got {text!r}")
+    return ids
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -282,15 +282,21 @@ def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
     return written
 
 
-def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | None = None) -> dict:
+def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | None = None,
+              gpus: list[str] | None = None) -> dict:
     """Run every unfinished (cell, seed), then write the report; returns the results document.
 
     ``jobs`` (default: the suite's ``jobs``, 1) > 1 runs that many (cell, seed) runs at once, each in its own
     subprocess on the same device (see :func:`_run_parallel`); ``jobs=1`` runs them one after the other in this
-    process.
+    process. ``gpus`` (GPU indices, e.g. ``["0", "1"]``) spreads the runs over those GPUs of this machine: one worker
+    subprocess per run, each seeing only its GPU (``CUDA_VISIBLE_DEVICES``), ``jobs`` workers at once (default: one
+    per GPU), each started on the GPU with the fewest running workers.
     """
 
-    jobs = suite.jobs if jobs is None else jobs
+    if gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
+        raise ValueError(f"gpus must be distinct GPU indices, got {gpus!r}")
+    if jobs is None:
+        jobs = len(gpus) if gpus else suite.jobs
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     out = Path(suite.out_dir)
@@ -308,7 +314,7 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
             log(f"[{i}/{len(todo)}] {cell.name} seed {seed}: finished earlier, skipped")
         else:
             pending.append((i, cell, seed))
-    if jobs == 1:
+    if jobs == 1 and not gpus:
         for i, cell, seed in pending:
             log(f"[{i}/{len(todo)}] {cell.name} seed {seed}")
             if _run_one(suite, cell, seed, out, cache, log):
@@ -316,7 +322,7 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
             else:
                 failed += 1
     else:
-        ran, failed = _run_parallel(suite, pending, len(todo), jobs, out, log)
+        ran, failed = _run_parallel(suite, pending, len(todo), jobs, out, log, gpus=gpus)
     wall = time.perf_counter() - t_start
     log(f"{ran} run(s) in {wall:.0f} s; {failed} failed; {len(todo) - ran - failed} skipped")
     doc = collect(suite, command=command, session_wall_s=wall)
@@ -334,8 +340,15 @@ def _exit_reason(returncode: int) -> str:
     return f"worker exit {returncode}"
 
 
-def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path, log) -> tuple[int, int]:
-    """Run the pending (index, cell, seed) runs as up to ``jobs`` concurrent worker subprocesses.
+def pick_gpu(gpus: list[str], busy: list[str]) -> str:
+    """The GPU of ``gpus`` with the fewest entries in ``busy`` (the GPUs of the running workers); the first on ties."""
+    return min(gpus, key=lambda g: (busy.count(g), gpus.index(g)))
+
+
+def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path, log,
+                  gpus: list[str] | None = None) -> tuple[int, int]:
+    """Run the pending (index, cell, seed) runs as up to ``jobs`` concurrent worker subprocesses (with ``gpus``:
+    each worker's ``CUDA_VISIBLE_DEVICES`` is the GPU :func:`pick_gpu` chooses).
 
     Design decisions:
     - subprocesses, not threads: every run gets its own CUDA context, RNG state and Triton/torch caches, exactly as
@@ -359,6 +372,7 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
     os.replace(tmp, spec)
     queue = list(pending)
     running: dict = {}  # Popen -> (index, cell, seed, log file, start time)
+    gpu_of: dict = {}  # Popen -> its GPU (with gpus)
     ran = failed = 0
 
     def _stop(signum, frame):  # noqa: ARG001
@@ -375,14 +389,22 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
                 run_dir = out / "cells" / cell.name / f"seed{seed}"
                 run_dir.mkdir(parents=True, exist_ok=True)
                 f = open(run_dir / "worker.log", "w")  # noqa: SIM115  (closed when the worker ends)
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                gpu = pick_gpu(gpus, list(gpu_of.values())) if gpus else None
+                if gpu is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = gpu
                 p = subprocess.Popen([sys.executable, "-m", "hybrid_attention.experiments.runner", str(spec),
                                       cell.name, str(seed)], stdout=f, stderr=subprocess.STDOUT,
-                                     cwd=os.getcwd(), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     cwd=os.getcwd(), env=env)
                 running[p] = (i, cell, seed, f, time.perf_counter())
-                log(f"[{i}/{total}] {cell.name} seed {seed} (worker {p.pid}, {len(running)} running)")
+                if gpu is not None:
+                    gpu_of[p] = gpu
+                where = f", GPU {gpu}" if gpu is not None else ""
+                log(f"[{i}/{total}] {cell.name} seed {seed} (worker {p.pid}{where}, {len(running)} running)")
             time.sleep(0.2)
             for p in [p for p in running if p.poll() is not None]:
                 i, cell, seed, f, t0 = running.pop(p)
+                gpu_of.pop(p, None)
                 f.close()
                 text = (out / "cells" / cell.name / f"seed{seed}" / "worker.log").read_text(errors="replace")
                 for line in text.splitlines():
