@@ -512,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return report(e, 2)
+    except KeyboardInterrupt:  # Ctrl-C outside a training run (which reports its own line): one line, status 130
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
     except Exception as e:
         if debug:
             raise

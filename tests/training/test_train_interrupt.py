@@ -74,3 +74,14 @@ def test_interrupt_before_any_checkpoint(tmp_path, capsys, monkeypatch):
     assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=3")]) == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"interrupted: no checkpoint was saved in {out}; resume with: hybrid-attention train")
+
+
+def test_interrupt_while_reading_the_config(tmp_path, capsys, monkeypatch):
+    from hybrid_attention.training import config as config_module
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(config_module, "load_config", interrupt)
+    assert main(["train", "x.yaml"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
