@@ -13,7 +13,7 @@ Sections (each guarded, so a failure in one still leaves the others' numbers):
      forward, forward+backward (all 7 gradients), peak memory; causal SDPA with the same H, d_h; achieved TFLOP/s of
      the kernels against the counted FLOP model ``flop_model``;
   4. real passes: readout="real" as two kernel passes (``real_one_pass=False``) vs one pass (r = Cᵀ Re(C p) on the
-     two tiles of C, ``real_one_pass=True``, the default since session 10) vs "transpose", forward and
+     two tiles of C, ``real_one_pass=True``, the default) vs "transpose", forward and
      forward+backward at the timing shapes (T in {4K, 16K, 32K}), after a check of both forms vs float64 and of
      one pass vs two (o, final state, the 7 gradients; the correctness limits); ``--real-passes`` runs only this
      section;

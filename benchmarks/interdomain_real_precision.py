@@ -1,7 +1,7 @@
 """Precision of readout="real" on the GPU: one kernel pass vs two, tf32 vs ieee dots, at the shapes of the CUDA tests.
 
-Session 10 (H200): ``test_real_one_pass_matches_float64_reference`` failed on dq only (2.2e-2 and 7.8e-3 against the
-5e-3 bar) in its two denominator cases, while the same op passed at T = 4096 (dq 3.6e-3, two-pass 3.4e-3). This
+On an H200, ``test_real_one_pass_matches_float64_reference``'s two denominator cases miss the 5e-3 bar on dq only
+(2.2e-2 and 7.8e-3) under tf32 dots, while the same op meets it at T = 4096 (dq 3.6e-3, two-pass 3.4e-3). This
 script separates the two explanations: a one-pass error (then the two-pass form at the same seed passes and ieee
 dots do not help) or the conditioning of that case under tf32 (then both forms miss together and ieee dots pass).
 From the repository root, on a GPU:

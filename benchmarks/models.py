@@ -159,9 +159,6 @@ def prefill(results: dict, s: BenchSettings, lengths: list[int], models: list[st
 
                 try:
                     ms = _time_ms(s, run, reps=3 if T <= 16384 else 2)
-                    # session-2 run: measured above the memory allocated after building the model, which
-                    # still held the previous model (a closure kept it alive): gdn/transformer rows low by ~0.7
-                    # GB. Fixed.
                     gb = _peak_gb(s, run, relative=True)
                     # the routing of one more call, eager and outside the timed ones: a recorder attached to the
                     # compiled model would make it recompile (its `recorders` are guarded) around an eager break
@@ -185,7 +182,7 @@ def prefill(results: dict, s: BenchSettings, lengths: list[int], models: list[st
 
 
 # ------------------------------------------------------------------------------------------------------------ decode
-# HBM bandwidth of the H200 (../shared/notes/h200-measurements.md: ~4.3 TB/s achievable of the 4.8 TB/s peak), the
+# HBM bandwidth of the H200 (~4.3 TB/s achievable of the 4.8 TB/s peak, a device-to-device copy), the
 # yardstick of the decode rows' GB/s
 HBM_GB_S = 4300.0
 
@@ -209,8 +206,7 @@ def stream_floor_gb(model: HybridForCausalLM, context: int, batch_size: int, fra
 def decode(results: dict, s: BenchSettings, contexts: list[int], models: list[str] | None = None,
            batch_sizes: list[int] | None = None) -> None:
     """models: a subset of the plan's preset names, run in the order given (default: all, in the plan's order);
-    batch_sizes: only the plan's rows of these batch sizes (default: every row; session 9's call spent its budget on
-    B = 8 rows and never reached the preset it was for)."""
+    batch_sizes: only the plan's rows of these batch sizes (default: every row)."""
     dev = s.device
     from benchmarks.decode_latency import decode_latency
 
@@ -226,7 +222,7 @@ def decode(results: dict, s: BenchSettings, contexts: list[int], models: list[st
         unknown = sorted(set(models) - {name for name, _, _ in plan})
         if unknown:
             raise ValueError(f"--decode-models: unknown {unknown}; allowed: {sorted({n for n, _, _ in plan})}")
-        # in the caller's order, so that a budget cut drops the last-named preset (session 9 lost the Transformer)
+        # in the caller's order, so that a time limit drops the last-named preset
         plan = [row for name in dict.fromkeys(models) for row in plan if row[0] == name]
     if batch_sizes is not None:
         plan = [(n, f, [b for b in bs if b in batch_sizes]) for n, f, bs in plan]

@@ -147,7 +147,7 @@ def natsl_op(x, routing, backend, C, G, final_state=True, concurrent=False,
 
 # (GDN buffers, output / state limit, gradient limit) of the correctness section: the fp32-buffer launch at the limits
 # the op has always met, and the default launch ("auto": bf16 buffers for these bf16 activations) at the bf16 bar of
-# tests/ops/test_gated_delta_bf16.py (fla's forward is 4.7-4.9e-3 from float64 at this shape, session 3)
+# tests/ops/test_gated_delta_bf16.py (fla's forward is 4.7-4.9e-3 from float64 at this shape)
 CORRECTNESS_MODES = (("fp32", 5e-3, 1e-2), ("auto", 2e-2, 2e-2))
 
 
@@ -446,35 +446,24 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
         dict(fwd_qc=1, fwd_warps=8, fwd_stages=3),
         dict(dq_qc=1, dq_warps=4, dq_stages=3),
         dict(dkv_qb=32, dkv_warps=4, dkv_stages=3),
-        # issue 15: one-pass backward (dq by atomics), QB64 8 warps 2 stages. Session 13 at 16K: f+b 3.58 ms vs the
-        # default's 2.49 (4 warps: 2.85, qb32 / 4 warps / 1 stage: 3.27, both dropped from the sweep)
+        # one-pass backward (dq by atomics), QB64 8 warps 2 stages: f+b 3.58 ms vs the default's 2.49 at 16K (H200)
         dict(bwd_mode="one_pass"),
     ]
     gdn_variants = [
         {},
-        # the forward launch until session 14 (fp32 buffers, 1-stage state forward, 8-warp parallel kernels; the
-        # backward at today's launches, its fp32-dot form); session 14's
-        # sweep of the forward-side launches (bf16 buffers, stages, V tiles 16-64, 2-8 warps): benchmarks/NOTES.md
+        # fp32 buffers, 1-stage state forward, 8-warp parallel kernels (the backward at the default launches)
         dict(buffer_dtype="fp32", seqf_stages=1, par_warps=8),
-        # session 15 (H200, ms fwd / f+b at 16K; 64K): default 0.766 / 3.423; 2.969 / 13.447. seqf_stages 3: forward
-        # 0.640; 2.477 (-17%), output identical. seqb_dots bf16: f+b 3.109; 12.211, with seqb_stages 2: 2.834; 11.034
-        # (-17% / -18%), with 32-wide tiles 3.225; 12.632. bwdk_bv 64: 3.257; 12.770. fin_warps 4: 3.184; 12.489.
-        # tile scales + 4 warps: 3.412; 13.370 (noise); with bf16 dots: illegal memory access at both lengths
-        # (codegen, as tile + 16 / 8 in session 13): dropped. Each kernel's launch in the combined row ran alone;
-        # the combination is the default since session 16. Session 14's default, then one step past each winner:
-        # (session 16: seqb_stages 2 with fp32 dots gave wrong gradients / an illegal memory access, so the
-        # fp32-dot launch keeps 1 stage: GatedDeltaConfig.seqb_stages_bf16)
+        # the default with fp32 backward dots and the alternatives of each tuned launch, then one step past each
+        # default (GatedDeltaConfig's docstring gives the deciding times)
         dict(seqf_stages=2, seqb_dots="fp32", bwdk_bv=32, fin_warps=8),
         dict(seqf_stages=4),
         dict(seqb_stages_bf16=3),  # AOT: 209 regs, 118 KB smem, no spills (fin_warps=2 spills 1.2 KB: not swept)
-        # a plain GDN layer's call (no commit mask) at chunk 64. Session 17 also swept a kernel chunk of 128 (half
-        # the serial steps of the latency-bound state forward) with 8-warp / 32-wide parallel tiles: an illegal
-        # memory access at 16K and 64K; session 18: the default launch at 128 needs 428 KB of shared memory at these
-        # heads (fp32). Dropped: `supported` now keeps chunk 128 to K <= 32 (support.py)
+        # a plain GDN layer's call (no commit mask) at chunk 64 (chunk 128 at these heads needs more shared memory
+        # than an H200 has: `supported` keeps chunk 128 to K <= 32, support.py)
         dict(call_commit=False),
     ]
     # one flat list of jobs, so that a run broken by a sticky CUDA error (an illegal memory access takes the whole
-    # context down: session 13 lost every GDN row that way) resumes at the next job in a fresh process
+    # context down) resumes at the next job in a fresh process
     # (--sweep-from, which benchmarks/gpu_timings.sh passes after exit code 3)
     jobs = [(T, kind, var) for T in (16384, 65536)
             for kind, var in ([("softmax", v) for v in attn_variants] + [("fla_gdn", {})]
@@ -548,7 +537,7 @@ def gdn_sweep_call(var: dict, C: int, commit):
 def _sweep_job(kind, var, C, G, xs, routing, req, dos, dog, o_default):
     """Time one sweep variant: {fwd, fb} ms (GDN: also o, the output, and o_rel against ``o_default``). fla's row and
     our default GDN row also time the forward under ``no_grad`` (``fwd_nograd``): the fair forward comparison, since
-    inputs that require grad make fla's forward save its tensors for a backward (session 14)."""
+    inputs that require grad make fla's forward save its tensors for a backward."""
     if kind == "softmax":
         cfg_a = dataclasses.replace(ATTN_DEFAULT, **var)
 

@@ -5,7 +5,7 @@ decode state, per preset, eager and compiled.
         [--variants eager compiled] [--top 20]
     python -m benchmarks.profile_prefill --dryrun          # CPU smoke test: the dry-run stand-in models, CPU events
 
-Why: at 128K tokens gdn-340m's prefill takes 604 ms (session 16) against a target of 400. Its projections and MLPs
+Why: at 128K tokens gdn-340m's prefill takes 604 ms (H200) against a target of 400. Its projections and MLPs
 (about 89 TFLOP at ~600 TFLOP/s) and its GDN kernels (~5 ms a layer) account for well under half of that. This
 table says where the rest goes: the kernels outside the GEMMs and the GDN / attention kernels (norms, short
 convolutions, gates, casts), and the gap between the wall time and the summed kernel time (host-side launch gaps

@@ -7,13 +7,12 @@ mode), against a float64 copy of the same weights on the CPU (the PyTorch refere
     TRITON_INTERPRET=1 python -m benchmarks.recall_gradcheck --backend triton --batch 2 --variants eager \
         --cells gdn --tasks mqar_t256                      # the Triton kernels' logic at the suite's shapes, on a CPU
 
-Why (session 20, H200): in ``credible_recall`` GDN stayed at chance on all three tasks and the NAtS-L Hybrid with its
-NAtS-L layer forced to softmax at chance on MQAR T 256, while the same layers' CPU runs at smaller sizes learned. A
-GPU-only error in a kernel's backward (fp32 buffers, chunk 64, B 64) would read the same way as a slow learner; this
-tells the two apart before the rows are read as science. Per row: the loss of both, the worst relative gradient
-error over the parameters (``|g - g_ref| / |g_ref|`` per tensor, tensors whose reference gradient is below 1e-6 of
-the largest skipped), its parameter, and the error of the whole gradient vector. fp32 without TF32 agrees with
-float64 to ~1e-5 at these sizes; a row above ``--tol`` (default 1e-2) is marked FAIL.
+Why: a model that stays at chance on a recall task on the GPU while the same layers learn on the CPU at smaller sizes is
+either a slow learner or hit by a GPU-only error in a kernel's backward (fp32 buffers, chunk 64, B 64); this tells the
+two apart before the rows are read as science. Per row: the loss of both, the worst relative gradient error over the
+parameters (``|g - g_ref| / |g_ref|`` per tensor, tensors whose reference gradient is below 1e-6 of the largest
+skipped), its parameter, and the error of the whole gradient vector. fp32 without TF32 agrees with float64 to ~1e-5 at
+these sizes; a row above ``--tol`` (default 1e-2) is marked FAIL.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ generator's time per epoch, and what a cell would take at the suite's full budge
     python -m benchmarks.recall_speed --cells gdn --tasks mqar_t256 --variants compiled cudagraphs
     python -m benchmarks.recall_speed --dryrun                          # CPU smoke test: toy sizes, not a measurement
 
-Why (session 16, H200): the softmax cell of ``credible_recall`` finished in 443 s alone, while three GDN-family cells
-side by side were cut at 420 s inside their first model (~20 s per epoch each). This measures where a cell's time
-goes before its next device call. Rows: (cell, task, variant) with ms per step (mean of ``--steps`` back-to-back steps
-after ``--warmup``; the compiled variant compiles during warmup, its compile seconds are a column), steps per epoch, the
+Why: on an H200 the softmax cell of ``credible_recall`` takes 443 s alone, while a GDN-family cell takes ~20 s per
+epoch with three side by side. This measures where a cell's time goes. Rows: (cell, task, variant) with ms per step
+(mean of ``--steps`` back-to-back steps after
+``--warmup``; the compiled variant compiles during warmup, its compile seconds are a column), steps per epoch, the
 generator's seconds per epoch (``fresh_data``: one call of ``make_examples`` per epoch), and the projected seconds
 of the cell's sweep at the full budget: sum over the task's lrs of epochs x (steps x step + generation). The step is
 the trainer's own (``recall.train_step``: loss at the queried positions gathered without a host sync, clipping,

@@ -12,7 +12,7 @@
 2. Op timing (CUDA events, median of 10 after 3 warm-ups): forward and forward+backward of ``fft_s4d``,
    ``toeplitz_s4d`` and ``chunk_s4d`` (``--chunk-size``), bf16 inputs under bf16 autocast, H=8, R=D=64, M=64, at the
    training shapes B×T = 64×1024, 16×2048, 4×4096; then fwd+bwd of ``chunk_s4d`` at the ``--chunk-sweep`` lengths
-   beside Toeplitz at the same shapes (session 10: L=64 was 2.1-4.1x slower than Toeplitz on dense batches).
+   beside Toeplitz at the same shapes (H200: L=64 is 2.1-4.1x slower than Toeplitz on dense batches).
 3. Packed documents (``--skip-packed`` to leave out): B=1, T=32768 cut into documents of benchmarks/train_speed.py's
    varlen mix (log-normal, median 256, seed 0), forward+backward under bf16 autocast: ``chunk_s4d`` eager and
    under ``torch.compile(fullgraph=True)`` (one graph for the whole pack), against the per-document FFT (eager
