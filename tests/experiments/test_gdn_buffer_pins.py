@@ -1,8 +1,8 @@
 """The suites with GPU results train their GDN and NAtS-L layers with the Triton buffer precision their results were
 trained with (``GatedDeltaConfig.buffer_dtype``, passed as ``mixer_options.<gdn|natsl>.buffer_dtype``): the default
-"auto" became bf16 buffers for bf16 activations in session 14, after those runs, and must not change what a later seed
-of a cell trains. A stored run config (``cells/<cell>/seed<k>/config.yaml``) without the key predates the option, when
-the buffers were always fp32; so do the suites whose results keep no run configs."""
+"auto" (bf16 buffers for bf16 activations) must not change what a later seed of a cell trains. A stored run config
+(``cells/<cell>/seed<k>/config.yaml``) without the key trained with fp32 buffers; so did the suites whose results keep
+no run configs."""
 
 import warnings
 
@@ -31,7 +31,7 @@ def recorded_buffers(name: str) -> str:
 
 
 def test_recorded_buffers_reads_the_stored_configs():
-    assert recorded_buffers("credible_natsl") == "fp32"  # its five session-14 runs predate the key
+    assert recorded_buffers("credible_natsl") == "fp32"  # its five stored runs have no key: fp32
     assert recorded_buffers("credible_prose") == "fp32"  # no GDN layer: the default answer
 
 

@@ -89,8 +89,8 @@ def test_parallel_workers_with_tasks_left_are_not_failures(tmp_path):
 
 
 def test_a_cell_finished_from_tasks_trained_elsewhere_names_their_machines(tmp_path, monkeypatch):
-    """Session 23: a cell's three tasks were trained in two device calls on fresh machines, so no call saw them all;
-    the process that later finds them all on disk writes result.json, which must name the GPU that trained them."""
+    """A cell's three tasks trained by two processes on different machines: the process that later finds them all
+    on disk writes result.json, which must name the GPU that trained them."""
     calls: list = []
     monkeypatch.setattr(runner_mod, "train_and_eval", fake_trainer(calls))
     run_suite(_suite(tmp_path), log=lambda *_: None)  # trains both tasks here

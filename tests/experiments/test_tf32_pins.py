@@ -24,8 +24,7 @@ def test_every_suite_with_gpu_results_is_listed():
 
 
 # Recall-only suites whose stored runs predate the "tf32" field of recall rows: the value their code trained with.
-# credible_recall's softmax cell (session 16) ran through the experiment runner, which never applied
-# RecallConfig.tf32 before session 18: PyTorch's default, TF32 off.
+# credible_recall's stored rows trained with PyTorch's default, TF32 off.
 RECALL_TF32_BEFORE_RECORDING = {"credible_recall": False}
 
 
@@ -45,7 +44,7 @@ def recorded_tf32(name: str) -> bool:
 
 
 def test_recorded_tf32_reads_the_stored_configs():
-    assert recorded_tf32("credible_cube") is True  # trained after the default turned on (session 10)
+    assert recorded_tf32("credible_cube") is True  # its stored configs record tf32 on
     assert recorded_tf32("credible_prose") is False  # its configs predate the key
 
 

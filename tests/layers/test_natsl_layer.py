@@ -124,8 +124,9 @@ def test_forced_routing():
 
 
 def test_recorder_under_compile_does_not_recompile_per_call():
-    # a recorder attached to a compiled layer records every call eagerly; traced, its list appends became guards on
-    # the list lengths and each call recompiled (session 17's 8.5 s natsl prefill). aot_eager: CPU CI has no inductor
+    # a recorder attached to a compiled layer records every call eagerly; traced, its list appends would become guards
+    # on the list lengths and each call would recompile (an 8.5 s natsl prefill on the H200). aot_eager: CPU CI has no
+    # inductor
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

@@ -1,5 +1,5 @@
 """``GatedDeltaConfig(buffer_dtype="bf16")``: bf16 w / u / S_n / vn buffers and bf16 operands of the state and output
-kernels' dots (issue 15), against the float64 reference; ``buffer_dtype="auto"`` (the default since session 14)
+kernels' dots, against the float64 reference; ``buffer_dtype="auto"`` (the default)
 picks it for bf16 / fp16 activations and keeps the fp32 launch for fp32 ones.
 
 Runs on CPU under the Triton interpreter (``TRITON_INTERPRET=1``) or on CUDA. The interpreter's ``tl.dot`` multiplies

@@ -120,12 +120,12 @@ def test_large_chunks_blocked_inverse(C):
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
-    # and the swept "tile" state backward: session 13 found that form passing every small-shape test on CUDA and the
-    # interpreter but hitting an illegal memory access at K = 128, V = 256 with 16-wide / 8-warp tiles (triton 3.6,
-    # sm_90) -- codegen, not indexing; that launch is not tested here (it takes the CUDA context down)
+    # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
+    # illegal memory access at K = 128, V = 256 with 16-wide / 8-warp tiles (triton 3.6, sm_90) -- codegen, not
+    # indexing; that launch is not tested here (it takes the CUDA context down)
     inputs, do, dS = make_case(1, 200, 2, K, V, 64, "random", True, seed=K)
     # (fp32 inputs: "auto" keeps fp32 buffers; the last two variants force the bf16 buffers that bf16 activations
-    # get, the last with fp32 state-backward dots: session 16's wrong gradients when that launch had 2 stages)
+    # get, the last with fp32 state-backward dots: wrong gradients on the H200 when that launch has 2 stages)
     cfg = dataclasses.replace(DEFAULT_CONFIG, **variant) if variant else None
     tol = BF16_TOL if variant.get("buffer_dtype") == "bf16" else TOL
     tri, ref = run_both(inputs, do, dS, 64, True, config=cfg)
@@ -301,8 +301,8 @@ print(max(rel(a.cpu(), b) for a, b in zip(tri, ref) if b is not None))
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 def test_chunk128_largest_supported_heads_on_cuda():
-    # chunk 128 is a public value; at the 340m heads (K 128 / V 256) the kernels ran out of shared memory (fp32) or
-    # hit an illegal access (session 17's bf16 sweep row), so `supported` stops at K 32 there (support.py). The
+    # chunk 128 is a public value; at the 340m heads (K 128 / V 256) the kernels run out of shared memory (fp32) or
+    # hit an illegal access (bf16, 8 warps, 32-wide tiles), so `supported` stops at K 32 there (support.py). The
     # largest supported heads run in a child process (an illegal access takes the CUDA context down), forward and
     # backward vs float64; the 340m heads fall back to the PyTorch chunk form
     import subprocess

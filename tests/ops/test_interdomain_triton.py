@@ -143,8 +143,8 @@ def test_readouts_match_float64_reference(readout, Bsz, T, H, R, D, M, chunk, de
 
 ONE_PASS = dict(real_one_pass=True)  # readout="real" as one kernel pass, r = Cᵀ Re(C p) from C (REAL_C)
 # The tiny cases with a dominant slow mode (the denominator channel) are ill-conditioned under tf32 dots: on the H200
-# the one-pass "real" gave dq 2.2e-2 and 7.8e-3 there (two-pass 3.2e-3 and 6.7e-3), and ieee dots 7e-6 for both
-# (benchmarks/interdomain_real_precision.py, NOTES session 10). Those cases check the kernels' logic with ieee dots;
+# the one-pass "real" gives dq 2.2e-2 and 7.8e-3 there (two-pass 3.2e-3 and 6.7e-3), and ieee dots 7e-6 for both
+# (benchmarks/interdomain_real_precision.py). Those cases check the kernels' logic with ieee dots;
 # tf32 precision is checked at the training shape (test_tf32_precision_at_training_shape). Under the interpreter the
 # dots are ieee anyway (ScanConfig.prec).
 IEEE_IF_DOMINANT = dict(dot_prec="ieee")
@@ -192,7 +192,7 @@ def test_tf32_precision_at_training_shape(readout, denominator):
 
 
 # The denominator ablation (``denominator=True``: o = read(U) / read(η), off by default, trained by no suite) with the
-# hermitian / real readouts under tf32 dots, H200 session 11 (this test): o 8.7e-3 / 1.2e-2, dq 8.2e-3 / 2.3e-2,
+# hermitian / real readouts under tf32 dots, H200 (this test): o 8.7e-3 / 1.2e-2, dq 8.2e-3 / 2.3e-2,
 # dX0 8.1e-3 / 2.3e-2 (transpose: o 8.5e-4, worst 2.1e-3; without the denominator every readout's worst field is
 # 3.5e-3 / 3.5e-3 / 4.3e-3 for transpose / hermitian / real). The quotient amplifies the tf32 rounding of its
 # numerator and denominator; ieee dots make the same kernels exact to 2e-5 (the tiny cases above). This bar holds

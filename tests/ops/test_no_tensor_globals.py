@@ -1,8 +1,8 @@
 """No op keeps a tensor in a module global: the kernel layers' forward and backward leave none behind.
 
-Why (session 21, H200): ``ops/common/triton/ssm_scan.py`` cached a float64 ``arange`` in a module-level dict. Made for
-the first time inside a CUDA-graph warm-up (``torch.compile(mode="reduce-overhead")``), it lived in the graph's memory
-pool untracked, and the capture failed ("tensor(s) in the cudagraph pool not tracked as outputs"). CUDA graphs do not
+Why: a tensor cached in a module global (e.g. a float64 ``arange``) that is made for the first time inside a
+CUDA-graph warm-up (``torch.compile(mode="reduce-overhead")``) lives in the graph's memory pool untracked, and the
+capture fails on the H200 ("tensor(s) in the cudagraph pool not tracked as outputs"). CUDA graphs do not
 exist on this CPU, so the property the failure broke is what is tested: after a training step of every layer with a
 Triton backend (the interpreter here), no ``hybrid_attention`` module holds a tensor in its globals, directly or in a
 plain container (weak containers, such as RoPE's decode tables, free their tensors with their last user).

@@ -2,7 +2,7 @@
 whole model, whatever the layer count: no graph break, no recompile over steps, the registered ops traced once per
 call site (not a frame per layer). Guard for the H200 report (the fused variant of `benchmarks.profile_decode` did
 not finish within ~300 s while the plain one compiled in well under a minute); on the CPU both compile in seconds
-(session 8: gdn-340m widths, 1/2/4 layers, one graph each, the fused inductor compile no slower than the plain one),
+(gdn-340m widths, 1/2/4 layers, one graph each, the fused inductor compile no slower than the plain one),
 so this pins what the CPU can check. The kernels run on the GPU when there is one, else in the interpreter."""
 
 from __future__ import annotations
