@@ -28,6 +28,20 @@ def check_out_dir(out_dir: Path) -> None:
             return
 
 
+# what a run writes in its folder; a symbolic link among them would send a write (or a rotation) elsewhere
+RUN_ENTRIES = (LOCK_NAME, "config.yaml", "metrics.jsonl", "tokenizer", "checkpoints", "final", "tensorboard")
+
+
+def refuse_linked_entries(out_dir: Path) -> None:
+    """ConfigError (one line) when one of the run's own entries in ``out_dir`` is a symbolic link; reads only."""
+    for name in RUN_ENTRIES:
+        p = out_dir / name
+        if p.is_symlink():
+            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r}: {name} is a symbolic link (to "
+                              f"{os.readlink(p)}); a run never writes or deletes through a link: replace it with a "
+                              "file or folder of the run")
+
+
 class RunLock:
     """The held lock of one run folder; :meth:`release` (or the process ending) frees it."""
 
@@ -35,10 +49,11 @@ class RunLock:
         """Create ``out_dir`` if needed and take its lock; ConfigError (one line) when another process holds it or
         the folder cannot be written."""
         check_out_dir(out_dir)
+        refuse_linked_entries(out_dir)
         self.path = out_dir / LOCK_NAME
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            f = open(self.path, "a+")
+            f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
         except OSError as e:
             raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable "
                               f"({e.strerror or e})") from e

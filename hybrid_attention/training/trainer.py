@@ -55,7 +55,7 @@ from .optimizer import build_optimizer
 from .plots import plot_training_curves
 from .progress import progress_bar
 from .resume_fields import check_resume_config
-from .run_lock import RunLock, check_out_dir
+from .run_lock import RunLock, check_out_dir, refuse_linked_entries
 from .schedule import (
     load_scheduler_state,
     resume_schedule,
@@ -218,8 +218,9 @@ class Trainer:
                               "--resume to continue that run or choose another train.out_dir")
         # a resume keeps every field that changes the model or its data (training/resume_fields.py), checked
         # before the data loads and before anything is written
-        resume_note = check_resume_config(out_dir / "config.yaml", cfg) if resume and existing else None
         check_out_dir(out_dir)
+        refuse_linked_entries(out_dir)
+        resume_note = check_resume_config(out_dir / "config.yaml", cfg) if resume and existing else None
         # one process per run folder (training/run_lock.py): taken here when the folder exists, else just before
         # the first write, so that a run refused for its data or model config leaves no folder behind
         self._lock: RunLock | None = None

@@ -90,16 +90,14 @@ def test_read_only_out_dir(tmp_path, capsys):
 
 def test_unwritable_out_dir_one_line(tmp_path, capsys, monkeypatch):
     """The same refusal when the lock file cannot be created (simulated: works as root too)."""
-    import builtins
-
-    real_open = builtins.open
+    real_open = os.open
 
     def deny(path, *args, **kwargs):
         if str(path).endswith(LOCK_NAME):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", deny)
+    monkeypatch.setattr(os, "open", deny)
     assert main(["train", str(_config(tmp_path)), *tiny_overrides(tmp_path / "run", "train.steps=1")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "is not writable (Permission denied)" in err
@@ -190,3 +188,17 @@ def test_read_only_run_folder_on_resume(tmp_path, capsys, folder):
         assert "\n" not in err and "is not writable" in err
     finally:
         (out / folder).chmod(0o755)
+
+
+@pytest.mark.parametrize("name", [LOCK_NAME, "metrics.jsonl", "config.yaml"])
+def test_linked_run_entry_refused_and_target_untouched(tmp_path, capsys, name):
+    out, cfg = _finished_run(tmp_path)
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious\n")
+    (out / name).unlink()
+    (out / name).symlink_to(target)
+    capsys.readouterr()
+    assert main(["train", str(cfg), *tiny_overrides(out, "train.steps=2", "train.save_final=false"), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{name} is a symbolic link" in err
+    assert target.read_text() == "precious\n"
