@@ -1,4 +1,4 @@
-"""GPU benchmarks: correctness against the float64 references plus timings, one device call per target.
+"""GPU benchmarks: correctness against the float64 references plus timings, one invocation per target.
 
 ``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear] [--quick]`` runs the op-level sections,
 ``hybrid-attention bench models [--quick]`` the model-level ones (prefill, decode, training step). Each section

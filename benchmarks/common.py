@@ -1,7 +1,7 @@
 """Shared helpers of the GPU benchmark sections (`hybrid-attention bench ...`).
 
 Every benchmark section is a function that appends its rows to a shared ``results`` dict and prints as it goes, so
-that one device call runs everything and a failure in one section still leaves the numbers of the others.
+that one invocation runs everything and a failure in one section still leaves the numbers of the others.
 
 Nothing here reads the environment at import: each script's ``main(argv)`` builds its parser with
 ``bench_parser`` (``--dryrun``, ``--budget-s``, ``--out``, ``--quick``, ``--sweep``; the first three default to
@@ -44,8 +44,8 @@ __all__ = [
 
 _T_START = time.time()
 # Soft wall-clock budget (seconds) shared by all sections of one invocation (measured from the process's first import
-# of this module): sections skip their optional parts when it is spent, so that a device call ends inside its time
-# limit with every table printed. A script may pass another default to ``bench_parser``; ``--budget-s`` /
+# of this module): sections skip their optional parts when it is spent, so that a time-limited invocation ends inside
+# its limit with every table printed. A script may pass another default to ``bench_parser``; ``--budget-s`` /
 # ``BENCH_BUDGET_S`` override both.
 DEFAULT_BUDGET_S = 540.0
 # The scripts that default to less than the one budget, as margins below it (the values of their former literals;
@@ -231,8 +231,8 @@ def peak_mb(fn: Callable[[], Any], relative: bool = True) -> float:
 
 
 def fla_gdn() -> Callable | None:
-    """fla's ``chunk_gated_delta_rule`` when fla is importable (a carried wheel on the device; never a runtime
-    dependency of the library), else None."""
+    """fla's ``chunk_gated_delta_rule`` when fla is importable (an optional comparison baseline;
+    never a runtime dependency of the library), else None."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except Exception as exc:

@@ -1,4 +1,4 @@
-# Sourced by the device scripts: when the optional fla wheels are carried in .wheels/ (flash-linear-attention,
+# Sourced by the GPU check scripts: when the optional fla wheels are in .wheels/ (flash-linear-attention,
 # fla-core, einops; a comparison baseline, never a runtime dependency), install them into a private folder and set
 # FLA_PATH=":/tmp/fla_site" for PYTHONPATH; otherwise FLA_PATH="".
 FLA_PATH=""

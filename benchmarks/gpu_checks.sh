@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Correctness only, no timings (one device call, ~3-5 minutes on an H200), from the repository root:
+# Correctness only, no timings (~3-5 minutes on an H200), from the repository root:
 #   OUT=/some/dir bash benchmarks/gpu_checks.sh
 # 1. NAtS-L op vs float64 (T 63/1000/4096/16384, softmax fractions 0/0.3/1, gradients, poisoned buffers), the NAtS-L
-#    layer (auto vs reference) and our GDN forward vs fla's (when the fla wheels are carried in .wheels/);
+#    layer (auto vs reference) and our GDN forward vs fla's (when fla is importable or its wheels are in .wheels/);
 # 2. the bilinear S4D Triton op vs float64 (s4d_bilinear_ops.correctness: T 63/1000/4096, poisoned buffers; the
 #    linear S4D-only op is an FFT convolution without Triton kernels, covered by tests/ops);
 # 3. the test suites whose kernels run on the GPU when there is one (ops, serving incl. CUDA-graph replay vs eager).

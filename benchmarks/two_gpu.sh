@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The two-GPU (NCCL) distributed-training check in one device call (<= 10 minutes on 2 H200s of one host), from the
+# The two-GPU (NCCL) distributed-training check (<= 10 minutes on 2 H200s of one host; LIMIT caps it), from the
 # repository root:
 #   OUT=/some/dir LIMIT=560 bash benchmarks/two_gpu.sh
 # and its CPU rehearsal (gloo, `tiny`, a few steps; what tests/bench/test_two_gpu_cpu.py runs):
 #   CPU=1 OUT=/some/dir bash benchmarks/two_gpu.sh
-# As a device call: run(kind="nvidia-h200-x2", timeout_s=600, command="LIMIT=560 bash benchmarks/two_gpu.sh")
-# ($OUT is set there; every file this script leaves in $OUT comes back).
+# Every file it writes goes under $OUT.
 # For every model of MODELS, at the same global batch and seed (configs/two_gpu.yaml: 50 steps, bf16 autocast over
 # fp32 weights, eager, byte tokenizer, a record per step):
 #   one    one process on GPU 0 (python -m hybrid_attention.cli train ...): the reference

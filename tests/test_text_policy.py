@@ -21,6 +21,7 @@ SELF = Path(__file__).resolve()
 PATTERNS: dict[str, re.Pattern[str]] = {
     "numbered session": re.compile(r"\bsessions?[ _-]?\d+(?:\s*(?:[-–—]|to|and)\s*\d+)?\b", re.IGNORECASE),
     "numbered device call": re.compile(r"\b(?:device )?calls?[ _-]?\d+\b(?!\s*(?:times|x)\b)", re.IGNORECASE),
+    "device call": re.compile(r"\bdevice calls?\b", re.IGNORECASE),
     "numbered lane": re.compile(r"\blanes?[ _-]?\d+\b", re.IGNORECASE),
     "run log name": re.compile(r"console_session", re.IGNORECASE),
     "until a later run": re.compile(
@@ -68,6 +69,7 @@ def _offences() -> list[str]:
     ("sessions 3–5 showed", "numbered session"),
     ("device call 4 timed out", "numbered device call"),
     ("lane 2 ran the cube", "numbered lane"),
+    ("so that a device call ends in time", "device call"),
     ("kept until session 40", "numbered session"),
     ("kept until the next session", "until a later run"),
     ("rows of the earlier layout", "earlier layout"),

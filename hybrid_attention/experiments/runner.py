@@ -146,8 +146,8 @@ def _train_lm(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, cache: dic
 
 def _recall_sweep(rc: RecallConfig, rows_path: Path, log) -> dict:
     """The best row (highest accuracy, the first of equals in sweep order) of one recall task's sweep over mixers x
-    d_models x lrs. Each finished model's row is saved to ``rows_path`` at once, so a run cut by a time limit (a
-    device call) keeps its finished models: the next call trains only the rest."""
+    d_models x lrs. Each finished model's row is saved to ``rows_path`` at once, so a run cut by a time limit or
+    a preemption keeps its finished models: the next run trains only the rest."""
     saved = json.loads(rows_path.read_text()) if rows_path.exists() else []
     done = {(r["mixer"], r["d_model"], r["lr"]): r for r in saved if r.get("model_revision") == MODEL_REVISION}
     device = resolve_device(rc.device)
@@ -198,8 +198,8 @@ def _recall(suite: Suite, cell: CellSpec, seed: int, run_dir: Path, log) -> tupl
 
 def _trained_on(recall: dict) -> str:
     """The machine(s) that trained a recall cell's tasks ("" when no task recorded one). A cell whose tasks ran on the
-    GPU in several device calls is finished by whichever run of the suite finds them all on disk (a later call, or
-    one here on the CPU that trains nothing): its ``result.json`` names the GPUs, not that process's machine."""
+    GPU in several processes is finished by whichever run of the suite finds them all on disk (a later one, or one on
+    a CPU machine that trains nothing): its ``result.json`` names the GPUs, not that process's machine."""
     return "; ".join(sorted({row["machine"] for row in recall.values() if row.get("machine")}))
 
 

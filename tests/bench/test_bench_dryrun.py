@@ -1,5 +1,5 @@
 """The GPU benchmark sections run end to end on the CPU in dry-run mode (tiny shapes, Triton interpreter): a smoke
-test of the benchmark code, so that a device call is not wasted on a bug in it. Each runs in a subprocess because
+test of the benchmark code, so that GPU time is not wasted on a bug in it. Each runs in a subprocess because
 the dry-run switch is read at import."""
 
 from __future__ import annotations

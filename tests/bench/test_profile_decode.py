@@ -1,5 +1,5 @@
 """benchmarks/profile_decode runs end to end on the CPU (--dryrun: the tiny preset, CPU op times) and prints its
-header and kernel table, so that a device call is not spent on a bug in it."""
+header and kernel table, so that GPU time is not spent on a bug in it."""
 
 from __future__ import annotations
 

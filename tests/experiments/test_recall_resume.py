@@ -1,5 +1,5 @@
 """A recall task's sweep (mixers x d_models x lrs) keeps each finished model's row at once
-(``recall_<task>.rows.json``): a run cut by a device call's time limit trains only the rest next time, and a row of
+(``recall_<task>.rows.json``): a run cut by a time limit trains only the rest next time, and a row of
 another model revision is trained again."""
 
 import json

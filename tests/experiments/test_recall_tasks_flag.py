@@ -1,4 +1,4 @@
-"""``--tasks`` (``recall_only``): a device call can train one recall task of several cells; a cell's result.json is
+"""``--tasks`` (``recall_only``): a run can train one recall task of several cells; a cell's result.json is
 written only once all of its tasks are done, and the report shows the finished tasks of unfinished runs."""
 
 import json
