@@ -7,6 +7,7 @@ on; a changed one is applied and listed in one note. A field in neither table co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +62,34 @@ def resume_changes(saved: dict, new: dict) -> tuple[list[str], list[str]]:
     return binding, safe
 
 
-def check_resume_config(config_path: Path, cfg: Any) -> str | None:
-    """Refuse (ConfigError, one line listing the differing fields) a resume whose binding fields differ from the run's
-    ``config_path``; otherwise the note listing the changed safe fields, or None. Reads only."""
-    if not config_path.exists():
+def saved_config(config_path: Path, checkpoints: list[Path]) -> tuple[dict | None, Path]:
+    """(the config a run's checkpoints were written with, where it was read): the ``config`` that the newest
+    checkpoint's ``trainer_state.json`` holds, else the run's ``config.yaml``; (None, config_path) when neither
+    exists. Reads only."""
+    for ckpt in reversed(checkpoints):
+        try:
+            doc = json.loads((ckpt / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue  # a damaged checkpoint: the resume itself reports it
+        if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
+            return doc["config"], ckpt / "trainer_state.json"
+        break  # a checkpoint written without its config: config.yaml tells
+    if config_path.exists():
+        return read_yaml_mapping(config_path), config_path
+    return None, config_path
+
+
+def check_resume_config(config_path: Path, cfg: Any, checkpoints: list[Path] = ()) -> str | None:
+    """Refuse (ConfigError, one line listing the differing fields) a resume whose binding fields differ from the
+    config the run's ``checkpoints`` were written with (:func:`saved_config`); otherwise the note listing the changed
+    safe fields, or None. Reads only."""
+    saved, source = saved_config(config_path, list(checkpoints))
+    if saved is None:
         return None
-    binding, safe = resume_changes(read_yaml_mapping(config_path), to_dict(cfg))
+    binding, safe = resume_changes(saved, to_dict(cfg))
     if binding:
         raise ConfigError(f"config error: --resume of {config_path.parent} with fields that change the model or its "
-                          f"data: {'; '.join(binding)}; resume with the run's values (in {config_path}) or start "
+                          f"data: {'; '.join(binding)}; resume with the run's values (in {source}) or start "
                           "a new train.out_dir")
     if safe:
         return "note: resuming with changed settings: " + "; ".join(safe)

@@ -39,7 +39,7 @@ from .checkpoint import (
 from .checkpointing import enable_block_checkpointing
 from .compile import compile_model
 from .config import RunConfig, model_config, save_config
-from .config_schema import ConfigError
+from .config_schema import ConfigError, to_dict
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
 from .integrity import (
     CheckpointError,
@@ -220,7 +220,7 @@ class Trainer:
         # before the data loads and before anything is written
         check_out_dir(out_dir)
         refuse_linked_entries(out_dir)
-        resume_note = check_resume_config(out_dir / "config.yaml", cfg) if resume and existing else None
+        resume_note = check_resume_config(out_dir / "config.yaml", cfg, existing) if resume and existing else None
         # one process per run folder (training/run_lock.py): taken here when the folder exists, else just before
         # the first write, so that a run refused for its data or model config leaves no folder behind
         self._lock: RunLock | None = None
@@ -462,7 +462,7 @@ class Trainer:
         """Write the checkpoint of the current step, only when weights and optimizer state are finite."""
         self._check_state()
         extra = {"scheduler": scheduler_state(self.scheduler), "schedule": schedule_spec(self.scheduler),
-                 "data": self.data.train.state_dict(), **self.state}
+                 "data": self.data.train.state_dict(), "config": to_dict(self.cfg), **self.state}
         try:
             path = save_checkpoint(self.ckpt_root, self.step, unwrap(self.model), self.optimizer, extra,
                                    self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier)

@@ -73,3 +73,18 @@ def test_safe_change_applied_and_listed(tmp_path, capsys):
     notes = [ln for ln in (text.out + text.err).splitlines() if ln.startswith("note: resuming with changed settings")]
     assert len(notes) == 1 and "train.steps: 2 -> 3" in notes[0] and "train.log_every: 1 -> 2" in notes[0]
     assert (out / "checkpoints" / "step-00000003").is_dir()
+
+
+@pytest.mark.parametrize("edit", ["delete", "rewrite"])
+def test_checkpoint_config_binds_when_config_yaml_is_gone_or_edited(tmp_path, capsys, edit):
+    out = tmp_path / "run"
+    assert _train(out, "train.steps=1") == 0
+    change = "data.seq_len=16"
+    if edit == "delete":
+        (out / "config.yaml").unlink()
+    else:
+        (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("seq_len: 32", "seq_len: 16"))
+    capsys.readouterr()
+    assert _train(out, "train.steps=2", change, resume=True) == 2
+    err = capsys.readouterr().err.strip()
+    assert "data.seq_len: 32 -> 16" in err and "trainer_state.json" in err and "\n" not in err
