@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call (<= 10 minutes on an H200) that first checks and then times the training and decode paths
-# (issues 13 and 14), from the repository root:
+# One invocation (<= LIMIT seconds, 10 minutes on an H200) that first checks and then times the training and decode
+# paths, from the repository root:
 #   OUT=/some/dir LIMIT=590 bash benchmarks/gpu_timings.sh
 # 1. correctness, two processes at once (no timing runs beside them): the op and serving test suites on CUDA (the
 #    Triton kernels natively, the compiled + CUDA-graph-captured decode step) and benchmarks.gpu_compile_check
@@ -33,19 +33,18 @@
 #   and task, the generator's s/epoch, each cell's projected seconds at the full budget)  RECALL_CELLS [all]
 #   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
-# Measured costs (session 6, H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv
-# ≈ 80 s (session 10: ≈ 45 s for the op tables, then the packed and the four compiled model rows: > 170 s, so
-# 260 s); a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
+# Measured costs (H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv ≈ 260 s
+# (≈ 45 s for the op tables, then the packed and the four compiled model rows); a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT="${OUT:-.}"
-mkdir -p "$OUT"  # session 15: an OUT that did not exist yet lost a whole check part (every log went nowhere)
-source benchmarks/fla_wheels.sh  # fla beside ours in the natsl_ops timings and sweep, when its wheels are carried
+mkdir -p "$OUT"  # every part's log goes under $OUT: a missing folder would lose them
+source benchmarks/fla_wheels.sh  # fla beside ours in the natsl_ops timings and sweep, when its wheels are in .wheels/
 export PYTHONPATH=".${FLA_PATH}"
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-# Seconds for the next part: what is left minus a reserve, at least 1. Never 0: `timeout 0` means no limit (session 9:
-# a part that ended exactly at its reserve gave the next one `timeout 0`, and the call ran past the device's limit).
+# Seconds for the next part: what is left minus a reserve, at least 1. Never 0: `timeout 0` means no limit, and a part
+# that ends exactly at its reserve would give the next one no limit at all.
 slot() { local t=$(( $(left) - ${1:-30} )); echo $(( t > 1 ? t : 1 )); }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -23,7 +23,7 @@ compiled variant compiles in the first), then ``steps`` steps timed together wit
 (``SIZES``: 3 and 10, 4 with ``--quick``).
 Peak memory = ``torch.cuda.max_memory_allocated()`` over the timed steps (weights, gradients, AdamW states and
 activations), GB = 2^30 bytes; ``reserved GB`` = ``torch.cuda.max_memory_reserved()`` over the same steps. Read the
-reserved column for ``compiled+graphs``: there the allocated counter read 0.24 GB for every mixer (H200, session 11),
+reserved column for ``compiled+graphs``: there the allocated counter reads 0.24 GB for every mixer (H200),
 less than the `small` model's weights + AdamW states alone, so it misses what the CUDA-graph pools hold.
 
 FLOP model (column ``flops``): 6·N·tokens, N = parameters without the input embedding (the LM head counts), plus
@@ -37,7 +37,7 @@ N more steps under ``torch.profiler``: kernel time vs GPU idle, launches per ste
 the table and kept in the JSON; ``benchmarks/profile_train.py``), ``--steps N``,
 ``--warmup N``, ``--compile-backend`` (default ``BENCH_COMPILE_BACKEND``). The soft budget ``--budget-s`` (default
 ``BENCH_BUDGET_S`` or ``common.DEFAULT_BUDGET_S``, 540 s) skips the remaining rows when spent (recorded as skipped);
-split a full run over several device calls with ``--models``. Prints a markdown table at the end and writes
+split a full run over several invocations with ``--models``. Prints a markdown table at the end and writes
 ``<--out>/train_speed.json`` when ``--out`` or ``$OUT`` is set (rewritten after every row). ``--dryrun`` (or
 ``BENCH_DRYRUN=1``) runs it on the CPU with toy widths / lengths (compiled rows use the ``eager`` Dynamo backend
 there unless ``--compile-backend`` says otherwise): a smoke test of this file, not a measurement.
