@@ -30,7 +30,7 @@ import time
 import torch
 
 from benchmarks.common import BenchSettings, bench_parser, elapsed, log, peak_mb, section, sync
-from hybrid_attention.layers.natsl_routing import RoutingRecorder, force_routing
+from hybrid_attention.layers.natsl.routing import RoutingRecorder, force_routing
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
 NAN = float("nan")

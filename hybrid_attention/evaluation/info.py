@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
 
 ASSUMED_SOFTMAX_FRACTION = 0.5  # NAtS-L state sizes assume half of the chunks routed to softmax unless told
 

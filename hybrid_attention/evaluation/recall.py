@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, prediction_accuracy
 from hybrid_attention.data.passkey import passkey_tokens
 from hybrid_attention.device import resolve_device, set_tf32
-from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.training.config import OptimSection
 from hybrid_attention.training.config_schema import ConfigError

@@ -28,7 +28,7 @@ from hybrid_attention.data.tokenizer import token_byte_lengths
 from hybrid_attention.device import resolve_device
 from hybrid_attention.evaluation.perplexity import evaluate_lm
 from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
-from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models.mixers import MODEL_REVISION
 from hybrid_attention.training.config_schema import from_dict
 from hybrid_attention.training.trainer import train

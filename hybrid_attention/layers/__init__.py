@@ -10,8 +10,8 @@ from hybrid_attention.layers.interdomain import (
     S4DMixer,
 )
 from hybrid_attention.layers.natsl import NatsLAttention, NatsLState
-from hybrid_attention.layers.natsl_routing import RoutingRecorder, RoutingSpec, force_routing
-from hybrid_attention.layers.natsl_static import NatsLStaticState
+from hybrid_attention.layers.natsl.routing import RoutingRecorder, RoutingSpec, force_routing
+from hybrid_attention.layers.natsl.static import NatsLStaticState
 from hybrid_attention.layers.softmax import KVState, SoftmaxAttention, StaticKVState
 
 __all__ = [

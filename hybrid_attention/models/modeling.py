@@ -307,7 +307,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
 
     def routing_layers(self) -> dict[int, TokenMixer]:
         """NAtS-L layers only: {layer index: mixer}, the layers a ``RoutingRecorder`` attaches to
-        (``layers/natsl_routing.py``: forced routing and the measured softmax fractions)."""
+        (``layers/natsl/routing.py``: forced routing and the measured softmax fractions)."""
         return {i: blk.mixer for i, blk in enumerate(self.model.layers) if isinstance(blk.mixer, NatsLAttention)}
 
     def forward(

@@ -23,7 +23,7 @@ from hybrid_attention.data.packing import local_slice, varlen_inputs
 from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byte_lengths
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
-from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models import HybridForCausalLM
 
 from .checkpoint import (

@@ -119,7 +119,7 @@ def test_recall_gradcheck_pins_the_triton_kernels(tmp_path, monkeypatch):
     pytest.importorskip("triton")
     import torch
 
-    import hybrid_attention.layers.natsl as natsl_mod
+    import hybrid_attention.layers.natsl.layer as natsl_mod
     from benchmarks import recall_gradcheck
 
     calls = []

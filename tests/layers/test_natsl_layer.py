@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
-from hybrid_attention.layers.natsl_routing import RoutingRecorder, RoutingSpec
+from hybrid_attention.layers.natsl.routing import RoutingRecorder, RoutingSpec
 
 D, HL, DK, HS, C = 24, 2, 8, 4, 4
 G, DKS, DVS = HS // HL, HL * DK // HS, 2 * HL * DK // HS
@@ -179,7 +179,7 @@ def test_all_gdn_softmax_branch_is_intra_chunk_and_gdn_branch_is_plain_gdn():
     layer = _layer()
     x = torch.randn(1, 14, D, dtype=torch.float64)
     captured = {}
-    import hybrid_attention.layers.natsl as natsl_mod
+    import hybrid_attention.layers.natsl.layer as natsl_mod
 
     orig_attn, orig_gdn = natsl_mod.chunk_attention, natsl_mod.gated_delta
 
@@ -238,7 +238,7 @@ def test_router_gradient_matches_finite_differences_of_relaxed_mask(monkeypatch)
     """The straight-through gradient reaching the router probabilities p equals, for the selected op of each
     (chunk, head), the derivative of the loss w.r.t. that op's mask: the GDN commit value (finite differences of a
     relaxed commit 1 -> 1-ε) and, for softmax, the per-chunk logit bias (finite differences of ±δ)."""
-    import hybrid_attention.layers.natsl as natsl_mod
+    import hybrid_attention.layers.natsl.layer as natsl_mod
 
     layer = _layer().train()
     x = torch.randn(1, 13, D, dtype=torch.float64)
@@ -358,7 +358,7 @@ def test_triton_backend_layer_matches_reference_with_gradients(monkeypatch, devi
     tri.to(dev)
     ref.routing = tri.routing = RoutingSpec(0.5)
     x = torch.randn(1, 3 * c + 5, D)
-    import hybrid_attention.layers.natsl as natsl_mod
+    import hybrid_attention.layers.natsl.layer as natsl_mod
 
     calls = []
     orig_mixed = natsl_mod.natsl_mixed

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybrid_attention.layers import NatsLAttention
-from hybrid_attention.layers.natsl_routing import RoutingSpec
+from hybrid_attention.layers.natsl.routing import RoutingSpec
 
 D, HL, DK, HS, C = 24, 2, 8, 4, 4
 

@@ -10,7 +10,7 @@ import torch
 from mixer_cases import HIDDEN, MIXER_CASES, _natsl
 from torch import nn
 
-from hybrid_attention.layers.natsl_routing import RoutingSpec
+from hybrid_attention.layers.natsl.routing import RoutingSpec
 from hybrid_attention.modules import ShortConvolution
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 
@@ -117,7 +117,7 @@ def test_layer_refuses_state_with_cu_seqlens() -> None:
 def test_natsl_packed_recorder_keeps_the_real_chunks() -> None:
     """The packed pass types a static bound of chunk rows (T // C, the complete chunks first); an attached recorder
     keeps the real ones: the same types as the documents' separate passes, in document order."""
-    from hybrid_attention.layers.natsl_routing import RoutingRecorder
+    from hybrid_attention.layers.natsl.routing import RoutingRecorder
 
     torch.manual_seed(0)
     layer = CASES["natsl"]().double()

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hybrid_attention  # noqa: F401  (registers the Auto classes)
-from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models import HybridCache, HybridConfig, HybridForCausalLM
 from hybrid_attention.training.param_groups import SSM_LR_CAP, ssm_param_groups
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybrid_attention.layers.natsl_routing import RoutingRecorder
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.modeling import HybridForCausalLM
 

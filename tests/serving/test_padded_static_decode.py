@@ -13,7 +13,7 @@ from test_static_decode import _NoHostSync
 from triton_device import DEVICE
 
 from hybrid_attention.layers.natsl import NatsLAttention
-from hybrid_attention.layers.natsl_routing import force_routing
+from hybrid_attention.layers.natsl.routing import force_routing
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving import StaticDecoder

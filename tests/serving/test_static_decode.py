@@ -17,7 +17,7 @@ from triton_device import DEVICE
 from benchmarks.decode_latency import decode_latency
 from hybrid_attention.layers.base import TokenMixer
 from hybrid_attention.layers.natsl import NatsLAttention
-from hybrid_attention.layers.natsl_routing import RoutingRecorder, RoutingSpec, force_routing
+from hybrid_attention.layers.natsl.routing import RoutingRecorder, RoutingSpec, force_routing
 from hybrid_attention.models.configuration import HybridConfig
 from hybrid_attention.models.modeling import HybridForCausalLM
 from hybrid_attention.serving import StaticDecoder

@@ -47,7 +47,7 @@ Decisions and deviations from the official code (each named once, here):
   count ``max_chunks(T, N, C)`` (``ops/common/varlen.py``; rows past Nc ignored): shapes from T, N and C only.
   Outputs are unchanged (gradients up to the BLAS rounding of a projection over more rows); ``sample="gumbel"``
   draws noise for the padded rows too. An attached ``RoutingRecorder`` keeps only the real chunks (one host read).
-- Routing analysis lives outside the layer and its state (layers/natsl_routing.py): forcing is configuration, a
+- Routing analysis lives outside the layer and its state (layers/natsl/routing.py): forcing is configuration, a
   frozen `RoutingSpec` in `routing` (the `force_routing` argument, or `force_routing(model, ...)`); the chunk types
   of a pass go to a `RoutingRecorder` attached for the calls it should see (`with rec.attach(model): ...`), never
   remembered on the module (`recorders` is empty outside `attach`).
@@ -63,8 +63,8 @@ from torch import nn
 
 from hybrid_attention.layers.base import TokenMixer, check_hidden, packed_positions
 from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
-from hybrid_attention.layers.natsl_routing import GDN, SOFTMAX, RoutingRecorder, RoutingSpec
-from hybrid_attention.layers.natsl_static import NatsLStaticStep
+from hybrid_attention.layers.natsl.routing import GDN, SOFTMAX, RoutingRecorder, RoutingSpec
+from hybrid_attention.layers.natsl.static import NatsLStaticStep
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.common.backend import resolve_backend
@@ -114,7 +114,7 @@ class NatsLState:
 
 class NatsLAttention(NatsLStaticStep, TokenMixer):
     """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]. Static decode step: `NatsLStaticStep`
-    (layers/natsl_static.py). ``buffer_dtype``: the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
+    (layers/natsl/static.py). ``buffer_dtype``: the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
     (pinned by a suite through ``mixer_options.natsl.buffer_dtype``)."""
 
     def __init__(
@@ -174,7 +174,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.counterfactual_grad, self.backend = counterfactual_grad, backend
         self.buffer_dtype = buffer_dtype  # the GDN branch's Triton buffer precision (ops/gated_delta/triton/config.py)
         self.prefill_cache = prefill_cache  # the prefill state's cache slots (_prefill_capacity)
-        self.routing = RoutingSpec(force_routing)  # forced chunk types (configuration; layers/natsl_routing.py)
+        self.routing = RoutingSpec(force_routing)  # forced chunk types (configuration; layers/natsl/routing.py)
         self.recorders: tuple[RoutingRecorder, ...] = ()  # analysis hooks, only inside RoutingRecorder.attach
 
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)

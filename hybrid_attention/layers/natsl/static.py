@@ -1,7 +1,7 @@
 """The static decode step of NAtS-L (the `step` part of the layer contract, layers/base.py), over preallocated buffers.
 
-`NatsLStaticStep` is a mixin of `NatsLAttention` (layers/natsl.py, whose helpers `_project`, `_fuse` and
-`_chunk_softmax_types` it uses); it lives in its own file to keep natsl.py readable.
+`NatsLStaticStep` is a mixin of `NatsLAttention` (layers/natsl/layer.py, whose helpers `_project`, `_fuse` and
+`_chunk_softmax_types` it uses); it lives in its own file to keep layer.py readable.
 
 Decisions (named once, here):
 - Compacted cache: slot j of decision head h holds that head's j-th softmax-typed chunk; filled slots are those with
@@ -47,7 +47,7 @@ from hybrid_attention.ops.decode_attention import decode_attention, default_num_
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 
 if TYPE_CHECKING:
-    from hybrid_attention.layers.natsl import NatsLState
+    from hybrid_attention.layers.natsl.layer import NatsLState
 
 
 @dataclass

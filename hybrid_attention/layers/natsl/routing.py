@@ -1,7 +1,7 @@
 """NAtS-L routing outside the layer's state: what may force it (``RoutingSpec``, configuration) and what records it
 (``RoutingRecorder``, an analysis hook).
 
-Decision (issue 14, the renovation; named once, here, and in the natsl.py docstring): a NAtS-L layer remembers
+Decision (issue 14, the renovation; named once, here, and in the layer.py docstring): a NAtS-L layer remembers
 nothing about its past passes, and its decode state holds only what decoding needs.
 - Forcing is configuration: a frozen ``RoutingSpec`` in the layer's ``routing`` attribute, set once (the layer's
   ``force_routing`` argument, ``mixer_options``, or ``force_routing(model, ...)`` before a measurement). The eager
@@ -16,7 +16,7 @@ nothing about its past passes, and its decode state holds only what decoding nee
   The recorder keeps, per layer and in call order, the chunk types of each pass from an empty state (prefill /
   training forward) and every chunk typed (those passes' chunks, then each chunk completed while decoding from a
   state). Outside ``attach`` a layer holds no recorder; attachments nest (an outer recorder keeps seeing the calls
-  of an inner one's block). The static step (``layers/natsl_static.py``) records
+  of an inner one's block). The static step (``layers/natsl/static.py``) records
   nothing: it runs inside compiled / captured graphs, where a host-side list is not allowed.
 """
 
