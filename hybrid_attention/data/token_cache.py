@@ -1,8 +1,8 @@
 """An opt-in on-disk cache of encoded document lists: ``HYBRID_ATTENTION_TOKEN_CACHE=DIR``.
 
 Every training run tokenizes its whole corpus before the first step: the 177 MB prose corpus with the BPE-8k
-tokenizer is 55M tokens, 52 s on this project's 2-core CPU machine. The device calls of the credible suites run two
-or more runs of the same corpus one after the other, so the second one can read the ids instead. Unset (the default),
+tokenizer is 55M tokens, 52 s on a 2-core CPU. A suite runs two or more runs of the same corpus one after the other,
+so the second one can read the ids instead. Unset (the default),
 nothing is cached and nothing is written.
 
 Key: sha256 over the tokenizer's full serialisation (its ``tokenizers`` JSON: vocabulary, merges, normalisation,

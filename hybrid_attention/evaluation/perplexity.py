@@ -62,7 +62,7 @@ def evaluate_lm(
     )
     # Scoring runs eager even when the model was compiled for training (``train.compile``: nn.Module.compile with
     # dynamic=False): every new window shape would compile again, ~60 s per shape for an Interdomain model on the
-    # H200, which made a 100M-token run overrun its device call; eager inference over the windows takes seconds.
+    # H200, longer than a 100M-token run's training; eager inference over the windows takes seconds.
     try:
         for i in range(0, len(windows), batch_size):
             x = windows[i : i + batch_size].to(device)

@@ -67,16 +67,14 @@ class RecallConfig:
     # torch.compile's mode for that backbone: "reduce-overhead" replays its forward and backward as CUDA graphs (one
     # launch each instead of one per kernel: a 2-layer d 128 model at B 64 is launch-bound). Same kernels, same math
     compile_mode: Literal["default", "reduce-overhead"] = "default"
-    # a length curriculum (issue 19, session 22): epochs 1..short_epochs train on examples of short_seq_len tokens,
+    # a length curriculum: epochs 1..short_epochs train on examples of short_seq_len tokens,
     # the later ones on seq_len; the test set is always at seq_len, so the first epochs' test accuracy is the short
-    # model's transfer to the full length. Off (None / 0) by default. Passkey at 512 tokens stayed at chance for 48
-    # epochs with Interdomain and GDN, which learn it at 384 / 256 within 4 epochs: does a start at the shorter
-    # length get them over the plateau (an optimisation limit) or not (a limit of the mixer at that length)?
+    # model's transfer to the full length. Off (None / 0) by default. It tells a plateau of the optimisation
+    # (learned after the start) from a limit of the mixer at that length (not learned).
     short_seq_len: int | None = None
     short_epochs: int = 0
-    # MQAR only: the short stage's pairs (None: num_kv_pairs). Session 24: with 64 pairs at 256 tokens (the densest
-    # MQAR) Interdomain stayed at 0.000 through the short stage, although it learns 16 pairs at 256 (credible_recall);
-    # a start on the task a mixer can learn asks whether its state then holds 64 pairs at 1024
+    # MQAR only: the short stage's pairs (None: num_kv_pairs): a start on a task the mixer learns (e.g. 16 pairs at
+    # 256 tokens) asks whether its state then holds more pairs at the full length
     short_num_kv_pairs: int | None = None
     out_dir: str = "runs/recall"
 
@@ -88,8 +86,8 @@ class RecallConfig:
                 except ValueError as e:
                     raise ConfigError(f"config error: mixers / d_models / model_options: {e}") from None
         # the generator's limits (data/mqar.py: even length, num_kv_pairs pairs and as many queries, vocabulary above
-        # the length) at every length trained: checked here, not at the first epoch of a device call (a curriculum's
-        # short length is generated only then)
+        # the length) at every length trained: checked here, not at the first epoch of a run (a curriculum's short
+        # length is generated only then)
         if self.short_num_kv_pairs is not None and (self.task != "mqar" or self.short_seq_len is None
                                                     or self.short_num_kv_pairs < 1):
             raise ConfigError("config error: short_num_kv_pairs must be a positive count, for task mqar with "
@@ -250,8 +248,8 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     accuracy after it: when a model leaves the chance plateau, the reading of the recall suites).
     ``resume_dir``: a checkpoint after every epoch there, and a start from the last one found (``recall_resume``: the
     same result as an uncut run)."""
-    # applied here, where the row records it: until session 18 only ``recall_sweep`` set it, so the experiment
-    # runner's recall rows (which call this function directly) trained with PyTorch's default, TF32 off
+    # applied here, where the row records it (the experiment runner calls this function directly, not
+    # ``recall_sweep``)
     set_tf32(device, cfg.tf32)
     torch.manual_seed(cfg.seed)
     model = build_recall_model(cfg, mixer, d_model).to(device)
@@ -288,7 +286,7 @@ def train_and_eval(cfg: RecallConfig, mixer: str, d_model: int, lr: float, devic
     try:
         for epoch in range(first, cfg.epochs + 1):
             # where an epoch's seconds go (logged): waiting for its examples, the training steps, the test pass, the
-            # checkpoint (session 19: MQAR T 1024 epochs took 10.9 s on the H200 for ~4 s of projected steps)
+            # checkpoint (an MQAR T 1024 epoch takes 10.9 s on the H200 for ~4 s of projected steps)
             t_epoch = time.perf_counter()
             if cfg.fresh_data and epoch > first:
                 x_tr, y_tr = nxt.result()

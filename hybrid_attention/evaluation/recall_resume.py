@@ -1,9 +1,9 @@
-"""Per-epoch checkpoints of one recall model, so that a model cut by a time limit (a device call) resumes at its last
-finished epoch instead of starting over.
+"""Per-epoch checkpoints of one recall model, so that a model cut by a time limit or a preemption resumes at its
+last finished epoch instead of starting over (preemption-safe training).
 
-A recall model (``recall.train_and_eval``) is short, but its full budget can be longer than one device call (a
-2-layer d 128 NAtS-L Hybrid on MQAR T 256: ~190 s per lr compiled, 48 epochs). Before this, the unit that survived a
-cut was one finished model; now it is one finished epoch. The checkpoint is the trainer's own format
+A recall model (``recall.train_and_eval``) is short, but its full budget can be longer than a time-limited job (a
+2-layer d 128 NAtS-L Hybrid on MQAR T 256: ~190 s per lr compiled, 48 epochs); what survives a cut is every finished
+epoch. The checkpoint is the trainer's own format
 (``training/checkpoint.py``: safetensors + JSON, atomic, verified on read, never written with a non-finite tensor),
 one step directory per epoch, the last one kept; its JSON state adds what the recall loop needs: the epoch, the
 scheduler, the permutation generator, the seconds trained so far, the last loss and accuracy, and a fingerprint of
@@ -43,8 +43,8 @@ def fingerprint(cfg: RecallConfig, mixer: str, d_model: int, lr: float) -> dict[
 
 def _comparable(stored: dict) -> dict:
     """A fingerprint with its config's None values left out: ``fingerprint`` writes it so and the stored one is read
-    so, so that a field added later with a None default (short_num_kv_pairs, session 24) keeps the earlier
-    checkpoints resumable."""
+    so, so that a field added with a None default (e.g. short_num_kv_pairs) keeps checkpoints written
+    without it resumable."""
     cfg_d = {k: v for k, v in stored.get("config", {}).items() if v is not None}
     return {**stored, "config": cfg_d}
 
@@ -68,7 +68,7 @@ def restore_epoch(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
                   log=None) -> dict[str, Any] | None:
     """Load the newest intact checkpoint under ``root`` with fingerprint ``fp`` into model, optimizer, scheduler and
     generator; returns its JSON state (epoch, seconds, loss, accuracy, history: the per-epoch rows so far, empty
-    in checkpoints written before session 22, ...), or None to start fresh."""
+    in checkpoints that have none, ...), or None to start fresh."""
     if not root.is_dir():
         return None
     data, damaged = newest_intact(root, state_keys=_STATE_KEYS)

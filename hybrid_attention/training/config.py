@@ -72,7 +72,7 @@ class TrainSection:
     compile: bool = False
     # torch.compile mode when compile is on. "reduce-overhead": the compiled forward and backward replay as CUDA graphs
     # (one launch per graph instead of ~1500 per step for the `small` s4d model, whose step was host-bound on the
-    # H200: 50.1 ms with 27.2 ms of kernels, benchmarks/NOTES.md session 10); CUDA and one process only.
+    # H200: 50.1 ms with 27.2 ms of kernels, ``bench train``); CUDA and one process only.
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     # what torch.compile compiles (training/compile.py): "model" one region; "blocks" each decoder block and the loss
     # (regional compilation: one graph per distinct block, reused for every layer; a fraction of the compile time)

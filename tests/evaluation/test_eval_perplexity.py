@@ -54,7 +54,7 @@ def test_too_short_for_a_window():
 
 def test_scoring_a_compiled_model_compiles_nothing():
     """evaluate_lm runs eager under a model compiled for training: new window shapes must not compile again (on the
-    H200 each recompile of an Interdomain model took ~60 s and cost a 100M-token run its device call)."""
+    H200 each recompile of an Interdomain model takes ~60 s)."""
     from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
     graphs = []

@@ -210,7 +210,6 @@ def test_cuda_training_step_makes_no_sync():
 
 def test_train_and_eval_applies_the_tf32_it_records(monkeypatch):
     # the experiment runner calls train_and_eval directly: the TF32 setting its row records must be the one applied
-    # (before session 18 only recall_sweep applied it, and the runner's rows said tf32 true while TF32 was off)
     import torch
 
     from hybrid_attention.evaluation import recall

@@ -57,8 +57,8 @@ def test_a_model_cut_inside_its_length_curriculum_resumes_to_the_uncut_result(tm
 
 
 def test_a_checkpoint_from_before_a_new_none_field_still_resumes(tmp_path, monkeypatch):
-    # session-23 checkpoints store every config field, None ones included, and no short_num_kv_pairs (added in
-    # session 24): the fingerprint leaves None values out on both sides, so such a checkpoint resumes
+    # a checkpoint that stores every config field, None ones included, but not a field added later with a None
+    # default (short_num_kv_pairs): the fingerprint leaves None values out on both sides, so it resumes
     from hybrid_attention.evaluation import recall_resume
 
     cfg, cpu = _cfg(), torch.device("cpu")
