@@ -112,7 +112,6 @@ def test_a_quoted_example_is_not_an_offence() -> None:
     assert bare is not None and not _quoted(line, bare)
 
 
-@pytest.mark.xfail(strict=False, reason="the cleanup of history and machine text (issue 45) is in progress")
 def test_no_forbidden_text() -> None:
     offences = _offences()
     assert not offences, f"{len(offences)} lines break the text policy (CONTRIBUTING.md):\n" + "\n".join(offences)
