@@ -11,7 +11,7 @@ The launches are not copied here: ``function._launch_fwd`` / ``_launch_bwd`` run
 swapped for recorders, once per backward mode, so every kernel is compiled with exactly the arguments, constexprs,
 dtypes, ``num_warps`` / ``num_stages`` the real launch passes and the JIT's own specialisation. Shape: the NAtS-L
 softmax branch of ``benchmarks/natsl_ops.py`` (B = 1, T = 65536, 12 heads, Dk = 64, chunk 64, 30% routed, with
-the routing bias; bf16 q, k, v, do; ``--dv``: 64 as issue 15 states it, 128 as natsl_ops' ``V // G``). Register
+the routing bias; bf16 q, k, v, do; ``--dv``: 64 as the target shape, 128 as natsl_ops' ``V // G``). Register
 use does not depend on T or the routed fraction (they only set the grid and the loop trip counts). Then the
 one-pass kernel again for every (num_warps, num_stages) of the sweep. Columns as ``aot_regs_gdn.py``: registers per
 thread, spill stores / loads (bytes), shared memory (bytes, triton's launch value), an estimate of resident CTAs per

@@ -1,5 +1,5 @@
 """The split-KV decode attention kernel alone (``hybrid_attention.ops.decode_attention``): correctness and a launch
-sweep, for issue 14's decode steps (one query per row and head over a static K/V buffer).
+sweep, for the decode steps (one query per row and head over a static K/V buffer).
 
     python -m benchmarks.decode_attention_ops [--dryrun] [--budget-s S] [--out DIR]
 

@@ -1,4 +1,4 @@
-"""Per-token decode latency at long contexts, graph vs graph (issues 5 and 7).
+"""Per-token decode latency at long contexts, graph vs graph.
 
     rows = decode_latency(model, contexts=[1024, 4096, 131072], batch_sizes=[1, 8])
 

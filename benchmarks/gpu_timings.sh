@@ -22,7 +22,7 @@
 #   DECODE_BATCHES [all rows: 1,8]
 #   DECODE_AUTOTUNE [none: a preset timed with compile mode max-autotune-no-cudagraphs at 1K, B = 1]
 #   PREFILL_MODELS [none: e.g. "gdn-340m,natsl-hybrid-340m,transformer-340m"]  PREFILL_LENGTHS [131072]
-#   PREFILL_COMPILE=0 [0]  (benchmarks.models --sections prefill, issue 15's whole-model prefill; 1: torch.compile)
+#   PREFILL_COMPILE=0 [0]  (benchmarks.models --sections prefill, the whole-model prefill; 1: torch.compile)
 #   PROFILE_PREFILL [none: e.g. "gdn-340m natsl-hybrid-340m"]  (benchmarks.profile_prefill: top kernels of one 128K
 #   prefill, eager and compiled, and the wall vs summed-kernel time)
 #   NATSL_OPS=0 [0]  (benchmarks.natsl_ops: float64 correctness, the op timings at 4K / 16K / 64K and the profile)

@@ -1,6 +1,6 @@
 """Forward FLOPs of each token mixer's sequence op, for the "model TFLOP/s" column of ``bench train``.
 
-One convention for every mixer, decided here (issue 13 asks for "6N plus the mixers' counted FLOPs"):
+One convention for every mixer, decided here ("6N plus the mixers' counted FLOPs"):
 
 * count the matmul-class multiply-accumulates (MACs) of the mixer's *chunked* algorithm with chunk length L (the
   layer's ``chunk_size``), the minimal chunk-parallel form the model needs, not the tile work of one kernel (the op

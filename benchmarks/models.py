@@ -3,17 +3,17 @@
     hybrid-attention bench models [--quick]     (or: python -m benchmarks.models)
 
 Sections (each guarded; random weights, bf16, B=1 unless stated):
-  1. prefill (issue 5): `natsl-hybrid-340m` (routing as produced by the random router, and forced to softmax
+  1. prefill: `natsl-hybrid-340m` (routing as produced by the random router, and forced to softmax
      fractions 0.25 and 0.5), `gdn-340m`, `transformer-340m` at T = 4K, 16K, 64K, 128K: one forward pass that builds
      the decode state (`model(ids, use_cache=True, logits_to_keep=1)`), median wall time (CUDA events) and peak memory
      above the weights;
-  2. decode (issues 5 and 7): ms/token of one greedy step through `hybrid_attention.serving.StaticDecoder`, captured
+  2. decode: ms/token of one greedy step through `hybrid_attention.serving.StaticDecoder`, captured
      in CUDA graphs on both sides, contexts 1K…128K (states filled at random to the context: the costs of a real
      context), for the three 340M presets (NAtS-L at fractions 0.25 / 0.5) and the `interdomain-1.3b` /
      `softmax-1.3b` pair (B = 1 and 8);
-  3. training (issue 5): tokens/s of a full training step (forward, backward, AdamW) at T = 4K, B = 4, bf16
+  3. training: tokens/s of a full training step (forward, backward, AdamW) at T = 4K, B = 4, bf16
      autocast over float32 weights;
-  4. Table 12 (issue 7, spec interdomain §5.6): peak prefill memory (GB, weights included, as the paper reports it)
+  4. Table 12 (spec interdomain §5.6): peak prefill memory (GB, weights included, as the paper reports it)
      of `interdomain-1.3b` (one pass, and chunked prefill with C = 2048) vs `softmax-1.3b`, bf16, at the paper's
      (B, L) pairs.
 Prints one table per section plus the issue targets (met / missed with the number) and writes
@@ -375,11 +375,11 @@ def summary(results: dict) -> None:
     if T_top:
         tf = _get(P, model="transformer-340m", T=T_top)
         gd = _get(P, model="gdn-340m", T=T_top)
-        if gd and T_top == 131072:  # issue 15: gdn-340m prefill at 128K <= 400 ms
+        if gd and T_top == 131072:  # target: gdn-340m prefill at 128K <= 400 ms
             log(f"target prefill@{T_top} gdn-340m: {gd['ms']:.1f} ms (<= 400: {_verdict(gd['ms'] <= 400)})")
         for label, _ in NATSL_VARIANTS:
             na = _get(P, model="natsl-hybrid-340m", variant=label, T=T_top)
-            if tf and gd and na:  # issue 15: >= 4x faster than the Transformer, <= 1.3x GDN's time
+            if tf and gd and na:  # target: >= 4x faster than the Transformer, <= 1.3x GDN's time
                 s_tf, s_gd = tf["ms"] / na["ms"], na["ms"] / gd["ms"]
                 log(
                     f"target prefill@{T_top} ({label}): {s_tf:.2f}x faster than Transformer (>= 4: "

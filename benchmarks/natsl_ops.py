@@ -47,7 +47,7 @@ from hybrid_attention.ops.natsl_mixed.triton import triton_natsl_mixed
 
 RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "profile": {}}
 guarded = functools.partial(_guarded, RESULTS)
-# official NAtS-L kernel on this H200, same shapes (issue 5 / shared notes): ms
+# official NAtS-L kernel on an H200, same shapes: ms
 OFFICIAL = {
     4096: dict(fwd=2.43, fb=6.57, sdpa_fb=0.43, fla_gdn_fb=2.85),
     16384: dict(fwd=3.44, fb=9.38, sdpa_fb=4.36, fla_gdn_fb=2.66),

@@ -1,4 +1,4 @@
-"""Where a whole-model prefill spends its GPU time (issue 15): the top CUDA kernels of one forward that builds the
+"""Where a whole-model prefill spends its GPU time: the top CUDA kernels of one forward that builds the
 decode state, per preset, eager and compiled.
 
     python -m benchmarks.profile_prefill [--models gdn-340m natsl-hybrid-340m] [--length 131072]

@@ -29,7 +29,7 @@ def left_padding_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
     """attention_mask [B, T] -> the token count of every row [B] (int64), or None when it holds no zero (the fast
     path: the mask is then ignored). Raises ``ValueError`` (one line naming attention_mask) unless left padding.
 
-    DECISION (issue 15): one host read of a device mask per call (both flags at once), not none: which path runs
+    DECISION: one host read of a device mask per call (both flags at once), not none: which path runs
     (the batched one, or packing the rows into documents: a data-dependent token count, per-row decode states for
     NAtS-L) and the error for a bad mask depend on its values. Taking the packed path for every mask would not
     remove the read (packing sizes by the count of ones) and would make unpadded batches pay the varlen path."""

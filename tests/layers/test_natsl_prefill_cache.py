@@ -1,4 +1,4 @@
-"""The NAtS-L prefill's compacted cache without host reads (issue 15): the fixed-size gather equals the decode path's
+"""The NAtS-L prefill's compacted cache without host reads: the fixed-size gather equals the decode path's
 ``nonzero`` scatter, forced routing knows its slot count on the host, and ``prefill_cache="full"`` (no sync) gives
 the same outputs and an equivalent state as the default "trim" (one sync)."""
 

@@ -1,4 +1,4 @@
-"""Whole-model dense forwards read nothing on the host (issue 15): a tiny model of every mixer runs on the ``meta``
+"""Whole-model dense forwards read nothing on the host: a tiny model of every mixer runs on the ``meta``
 device, where any host read (``.item()``, ``int(tensor)``, ``nonzero``, a data-dependent shape) raises.
 
 The GPU form is what runs: each mixer's backend is "triton" (conftest sets ``TRITON_INTERPRET=1`` on the CPU, so
@@ -7,7 +7,7 @@ side of the wrappers, the layers and the model runs as on the GPU, minus the ker
 back). The S4D mixer has no Triton form; its CUDA "auto" choices (Toeplitz up to 2K tokens, FFT above) and its chunked
 form run as such.
 The CUDA-only tests at the end check the same calls with ``torch.cuda.set_sync_debug_mode("error")``.
-Packed documents (``cu_seqlens``, issue 17): the training call with the offsets on the meta device as well, for every
+Packed documents (``cu_seqlens``): the training call with the offsets on the meta device as well, for every
 mixer with a sync-free packed form (all but S4D's Toeplitz / FFT forms; its chunked form, which "auto" runs for
 packed documents, is one).
 """
@@ -99,7 +99,7 @@ PACKED_RUNS = [(case, natsl) for case in PACKED_CASES for natsl in PACKED_NATSL
 
 @pytest.mark.parametrize("case,natsl", PACKED_RUNS)
 def test_packed_training_forward_and_backward_read_nothing_on_the_host(case, natsl, _no_launches):
-    """Packed documents (issue 17): ``cu_seqlens`` is a meta tensor too, so its values cannot be read; every shape
+    """Packed documents: ``cu_seqlens`` is a meta tensor too, so its values cannot be read; every shape
     comes from T, N = cu_seqlens.numel() - 1 and the chunk size (NAtS-L: its chunk list padded to the static bounds
     T // C and ``max_chunks``). NAtS-L: the router's routing, a forced fraction, the counterfactual gradient."""
     layers, options = {**CASES, **PACKED_ONLY}[case]

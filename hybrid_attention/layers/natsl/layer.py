@@ -424,7 +424,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         Returns (x_full [B, N_full, C, D], valid, R, place): ``place(vals [B, N_full, Hn], fill) -> [B, R, Hn]`` puts
         the values of the complete chunks at their chunk rows (chunk order) and ``fill`` at the others (partial
         chunks get no type; so do the spare rows). Dense: N_full = T // C, R = ceil(T / C), valid None (every row of
-        x_full is a chunk). Packed (issue 15, no host read of the offsets): the shapes come from T, N and C alone,
+        x_full is a chunk). Packed (no host read of the offsets): the shapes come from T, N and C alone,
         N_full = T // C (the most complete chunks T tokens hold) and R = ``max_chunks(T, N, C)`` (the sync-free row
         count the ops accept, ``ops/common/varlen.py``); valid [N_full] bool marks the rows of x_full that are
         complete chunks (the first ones, in order; the others hold tokens of no meaning and get no type)."""

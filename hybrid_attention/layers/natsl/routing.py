@@ -1,7 +1,7 @@
 """NAtS-L routing outside the layer's state: what may force it (``RoutingSpec``, configuration) and what records it
 (``RoutingRecorder``, an analysis hook).
 
-Decision (issue 14, the renovation; named once, here, and in the layer.py docstring): a NAtS-L layer remembers
+Decision (named once, here, and in the layer.py docstring): a NAtS-L layer remembers
 nothing about its past passes, and its decode state holds only what decoding needs.
 - Forcing is configuration: a frozen ``RoutingSpec`` in the layer's ``routing`` attribute, set once (the layer's
   ``force_routing`` argument, ``mixer_options``, or ``force_routing(model, ...)`` before a measurement). The eager

@@ -7,7 +7,7 @@ the residual add after the output projections.
     h = linear_residual(a, W_down, h)                       # h + a Wᵀ                        [B, K] -> [B, N]
 
 At decode batch sizes (B <= 8) a step is a chain of small kernels, each with a fixed launch-and-ramp cost inside the
-CUDA graph (issue 14: gdn-340m on the H200 at 1.13 ms/token against a 0.16 ms weight-streaming floor, ~47 µs per
+CUDA graph (gdn-340m on the H200 at 1.13 ms/token against a 0.16 ms weight-streaming floor, ~47 µs per
 layer for ~8–10 kernels). The MLP half of a block was four of them after inductor's fusion (mixer residual add +
 RMSNorm, gate|up GEMV, SiLU·mul, down GEMV; the down residual add folded into the next block's norm); here it is two.
 
