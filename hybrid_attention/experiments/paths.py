@@ -1,8 +1,5 @@
-"""Where an experiment suite keeps its results: a leaf module shared by the runner (writes) and the report (reads).
-
-``result_path`` used to live in ``runner.py``, which made report -> runner -> report a cycle hidden behind an import
-inside a function; both now import it from here.
-"""
+"""Where an experiment suite keeps its results: a leaf module shared by the runner (writes) and the report (reads),
+so that neither imports the other."""
 
 from __future__ import annotations
 
