@@ -27,7 +27,7 @@ Ablation flags (the paper's 125M mechanism cube, Table 4):
   GPU the quotient amplifies the Triton op's tf32 rounding: with the hermitian / real readouts o is within ~1e-2
   of float64 and some gradients ~2e-2 (H200, T = 1000; transpose ~1e-3; without the denominator ≤ 4.3e-3).
 `S4DMixer` is the S4D-only control (dual_input=False, query_readout=False, linear contraction, rope=False) and
-`S4DBilinearMixer` the same with the bilinear contraction; both at the same state size as InterdomainAttention.
+`S4DBilinearMixer` the same with the bilinear contraction; all three build on `S4DCoreMixer`, at the same state size.
 """
 
 from __future__ import annotations
@@ -120,9 +120,13 @@ class InterdomainStaticState(StaticState):
             buf.normal_(generator=generator)
 
 
-class InterdomainAttention(TokenMixer):
-    """Interdomain Attention token mixer. x [B, T, hidden] -> y [B, T, hidden].
+class S4DCoreMixer(TokenMixer):
+    """A token mixer on one complex diagonal S4D core per head (``S4DCore``), the base of Interdomain Attention and
+    of the S4D-only controls. x [B, T, hidden] -> y [B, T, hidden].
 
+    It holds what they share: the branch projections and short convolutions, the key / value RMSNorms with biases,
+    the core's parameters and input gain, the read of the state (the query readout, or the linear / bilinear
+    contraction), the output map, and the eager, packed and static decode paths. Arguments: module docstring.
     State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed prefill's
     per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
     """
@@ -369,7 +373,16 @@ class InterdomainAttention(TokenMixer):
         return safe_divide(o[..., :d], o[..., d:]) if self.denominator else o
 
 
-class S4DMixer(InterdomainAttention):
+class InterdomainAttention(S4DCoreMixer):
+    """Interdomain Attention token mixer. x [B, T, hidden] -> y [B, T, hidden].
+
+    The S4D core read through the query (``query_readout``; the flags of the module docstring give its ablations).
+    State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed prefill's
+    per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
+    """
+
+
+class S4DMixer(S4DCoreMixer):
     """The S4D-only control (§3): generic inputs [a; b], a learned contraction *linear* in the state instead of the
     query, no RoPE by default; the same S4D core and therefore the same state size as InterdomainAttention."""
 

@@ -83,7 +83,7 @@ PRESETS.update({
 
 def mixer_option_names(cls: type) -> list[str]:
     """The keyword arguments a mixer class accepts after ``hidden_size``: its ``__init__`` parameters and, where it
-    forwards ``**kwargs``, those of the parent class it forwards to (e.g. S4DMixer -> InterdomainAttention)."""
+    forwards ``**kwargs``, those of the parent class it forwards to (e.g. S4DMixer -> S4DCoreMixer)."""
     names: list[str] = []
     for klass in cls.__mro__:
         if "__init__" not in vars(klass) or klass in (torch.nn.Module, object):

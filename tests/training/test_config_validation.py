@@ -88,7 +88,7 @@ def test_unknown_mixer_option_of_an_unused_mixer_is_caught_too():
 
 def test_mixer_option_names_follow_the_kwargs_chain():
     s4d = mixer_option_names(MIXER_BUILDERS["s4d"][0])
-    assert {"num_heads", "state_size", "dt_min", "readout", "rope"} <= set(s4d)  # S4DMixer -> InterdomainAttention
+    assert {"num_heads", "state_size", "dt_min", "readout", "rope"} <= set(s4d)  # S4DMixer -> S4DCoreMixer
     assert "hidden_size" not in s4d
     # S4DMixer accepts (and ignores) readout: a shared mixer_options block stays valid
     cfg = load_config(None, ["model.layers=s4d", "model.options={mixer_options: {s4d: {readout: real, rope: true}}}"])
