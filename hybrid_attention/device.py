@@ -1,7 +1,7 @@
 """Device resolution: a leaf module (imports only torch) shared by training, evaluation, experiments and the CLI.
 
-``resolve_device`` used to live in ``training/distributed.py``; evaluation and the experiment runner imported it from
-there inside functions to hide the training <-> evaluation import cycle. ``training.distributed`` re-exports it.
+A leaf, so that evaluation and the experiment runner need not import training; ``training.distributed`` re-exports
+``resolve_device``.
 """
 
 from __future__ import annotations

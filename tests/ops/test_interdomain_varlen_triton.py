@@ -125,7 +125,7 @@ def test_without_cu_seqlens_the_result_differs():
 
 
 def test_dispatch_picks_triton_for_packed_inputs():
-    """"auto" no longer falls back for Interdomain varlen calls; backend="triton" takes cu_seqlens."""
+    """"auto" picks the Triton kernels for Interdomain varlen calls; backend="triton" takes cu_seqlens."""
     assert resolve_backend("auto", "interdomain", True, BACKENDS, varlen=True, no_varlen=()) == "triton"
     assert resolve_backend("auto", "interdomain", True, BACKENDS, varlen=True) == "reference"  # ops still without
     tensors, _, _, cu = _problem((3, 20), 16, 16, 16, seed=3)

@@ -9,8 +9,8 @@ path) and toeplitz.py (the convolution as a dense Toeplitz matmul on tensor core
 convolutions, chunk.py for the chunked form (a Toeplitz matmul inside chunks, complex states between them: packed
 documents without a per-document loop or a host sync).
 
-The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) that used to live here is kept as the stronger
-``s4d_bilinear`` baseline in ``hybrid_attention.ops.s4d_bilinear``.
+The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) is the stronger ``s4d_bilinear`` baseline in
+``hybrid_attention.ops.s4d_bilinear``.
 
 Backends: "naive" runs the token loop (the definition); "toeplitz" the dense-Toeplitz convolution
 ``toeplitz_s4d``; "fft" the FFT convolution ``fft_s4d``; "chunk" the chunked form ``chunk_s4d``; "auto" picks
