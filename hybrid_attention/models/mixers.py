@@ -30,8 +30,8 @@ def _ssm(cfg: HybridConfig) -> dict[str, Any]:
 
 
 # Revision of what the mixer names compute, stamped on every experiment result (experiments/runner.py) so that results
-# of an earlier revision are never merged with new ones under the same cell name. 1: until the faithful-controls
-# issue (bilinear `s4d`, S4D-Inv with N = M, a complex B per head). 2: `s4d` is the linear control and the bilinear
+# of an earlier revision are never merged with new ones under the same cell name. 1: bilinear `s4d`, S4D-Inv
+# with N = M, a complex B per head. 2: `s4d` is the linear control and the bilinear
 # one is `s4d_bilinear`; S4D-Inv with N = 2M; B one real gain per SSM input channel; the `readout` flag.
 MODEL_REVISION = 2
 
