@@ -25,7 +25,8 @@ def _wait_for_lock(proc: subprocess.Popen, lock, timeout: float = 120.0) -> None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        if lock.exists() and lock.read_text().strip() == str(proc.pid):
+        # the lock is taken before config.yaml is written: wait for both
+        if lock.exists() and lock.read_text().strip() == str(proc.pid) and (lock.parent / "config.yaml").exists():
             return
         time.sleep(0.2)
     raise AssertionError("the first run did not take the lock")
