@@ -21,6 +21,7 @@ __all__ = ["interdomain", "naive_interdomain", "chunk_interdomain", "triton_inte
            "DEFAULT_READOUT"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
+_FORMS = {"reference": chunk_interdomain, "naive": naive_interdomain, "triton": triton_interdomain}
 
 
 def interdomain(
@@ -61,46 +62,7 @@ def interdomain(
                               no_varlen=())
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     validate_readout(readout)
-    if backend == "naive":
-        return naive_interdomain(
-            q,
-            k,
-            v,
-            log_lam,
-            B,
-            C,
-            denominator=denominator,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            readout=readout,
-            cu_seqlens=cu_seqlens,
-        )
-    if backend == "triton":
-        return triton_interdomain(
-            q,
-            k,
-            v,
-            log_lam,
-            B,
-            C,
-            denominator=denominator,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            chunk_size=chunk_size,
-            readout=readout,
-            cu_seqlens=cu_seqlens,
-        )
-    return chunk_interdomain(
-        q,
-        k,
-        v,
-        log_lam,
-        B,
-        C,
-        denominator=denominator,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        chunk_size=chunk_size,
-        readout=readout,
-        cu_seqlens=cu_seqlens,
-    )
+    fn = _FORMS[backend]
+    extra = {} if backend == "naive" else {"chunk_size": chunk_size}  # the token loop has no chunks
+    return fn(q, k, v, log_lam, B, C, denominator=denominator, initial_state=initial_state,
+              output_final_state=output_final_state, readout=readout, cu_seqlens=cu_seqlens, **extra)

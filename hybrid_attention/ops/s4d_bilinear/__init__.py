@@ -21,6 +21,7 @@ from .triton import triton_s4d_bilinear
 __all__ = ["s4d_bilinear", "naive_s4d_bilinear", "chunk_s4d_bilinear", "triton_s4d_bilinear", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "naive", "triton")
+_FORMS = {"reference": chunk_s4d_bilinear, "naive": naive_s4d_bilinear, "triton": triton_s4d_bilinear}
 
 
 def s4d_bilinear(
@@ -55,31 +56,7 @@ def s4d_bilinear(
     backend = resolve_backend(backend, "s4d_bilinear", supported, BACKENDS, varlen=cu_seqlens is not None,
                               no_varlen=())
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
-    if backend == "naive":
-        return naive_s4d_bilinear(
-            a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-        )
-    if backend == "triton":
-        return triton_s4d_bilinear(
-            a,
-            b,
-            log_lam,
-            B,
-            C,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            chunk_size=chunk_size,
-            cu_seqlens=cu_seqlens,
-        )
-    return chunk_s4d_bilinear(
-        a,
-        b,
-        log_lam,
-        B,
-        C,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        chunk_size=chunk_size,
-        cu_seqlens=cu_seqlens,
-    )
+    fn = _FORMS[backend]
+    extra = {} if backend == "naive" else {"chunk_size": chunk_size}  # the token loop has no chunks
+    return fn(a, b, log_lam, B, C, initial_state=initial_state, output_final_state=output_final_state,
+              cu_seqlens=cu_seqlens, **extra)
