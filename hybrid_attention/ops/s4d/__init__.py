@@ -36,6 +36,8 @@ __all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "chunk_s4d", "auto_bac
 
 BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz", "chunk")
 FFT_ALIASES = ("reference", "triton")  # the names that run the FFT form (see the module docstring)
+_FORMS = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d, "chunk": chunk_s4d,
+          **{alias: fft_s4d for alias in FFT_ALIASES}}
 
 # DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 2048, the FFT above. Evidence, H200 (`python -m
 # benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): Toeplitz 3.19x faster than the FFT at B x T =
@@ -95,11 +97,6 @@ def s4d(
     validate_backend(backend, "s4d", BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     backend = resolve_backend(backend, "s4d", True, BACKENDS, fast=lambda: auto_backend(a, cu_seqlens))
-    if backend in FFT_ALIASES:
-        backend = "fft"
-    if backend == "chunk":
-        return chunk_s4d(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
-                         chunk_size=chunk_size, cu_seqlens=cu_seqlens)
-    fn = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d}[backend]
-    return fn(a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
-              cu_seqlens=cu_seqlens)
+    extra = {"chunk_size": chunk_size} if backend == "chunk" else {}  # the only chunked form
+    return _FORMS[backend](a, b, log_lam, B, C, w, initial_state=initial_state, output_final_state=output_final_state,
+                           cu_seqlens=cu_seqlens, **extra)
