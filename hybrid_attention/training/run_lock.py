@@ -51,20 +51,7 @@ class RunLock:
         check_out_dir(out_dir)
         refuse_linked_entries(out_dir)
         self.path = out_dir / LOCK_NAME
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
-        except OSError as e:
-            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable "
-                              f"({e.strerror or e})") from e
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is in use by another train process "
-                              f"(PID {holder}); wait for it to end or choose another train.out_dir") from None
+        f = self._acquire(out_dir)
         try:
             f.seek(0)
             f.truncate()
@@ -83,9 +70,42 @@ class RunLock:
                               f"{e.strerror or e})") from e
         self._file: IO[str] | None = f
 
+    def _acquire(self, out_dir: Path) -> IO[str]:
+        """Open and flock the lock file. A releasing run may unlink the lock file it created (see :meth:`release`),
+        so a lock counts only while the locked file is still the one at ``self.path``; else open it again."""
+        for _ in range(3):
+            self._created = not self.path.exists()
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
+            except OSError as e:
+                raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is not writable "
+                                  f"({e.strerror or e})") from e
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r} is in use by another train "
+                                  f"process (PID {holder}); wait for it to end or choose another train.out_dir"
+                                  ) from None
+            try:
+                if os.fstat(f.fileno()).st_ino == os.stat(self.path, follow_symlinks=False).st_ino:
+                    return f
+            except FileNotFoundError:
+                pass
+            f.close()
+        raise ConfigError(f"config error: train.out_dir = {str(out_dir)!r}: its lock file keeps being replaced; "
+                          "another process is starting and ending runs in it")
+
     def release(self) -> None:
-        """Free the lock (the file stays; an unlocked file blocks nothing)."""
+        """Free the lock. The file stays (an unlocked file blocks nothing), except when this run created it and
+        wrote nothing else: a run refused before its first write leaves the folder as it found it."""
         if self._file is not None:
+            out_dir = self.path.parent
+            if self._created and [p.name for p in out_dir.iterdir()] == [LOCK_NAME]:
+                self.path.unlink(missing_ok=True)  # still held: a run that opened it now sees another inode
             fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
