@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hybrid_attention.data.errors import DataError
 
-__all__ = ["FolderRefused", "admit", "check_folder", "unverified_warning"]
+__all__ = ["FolderRefused", "admit", "check_folder", "refuse_links", "unverified_warning"]
 
 REMOTE_CODE_FIELDS = ("auto_map", "custom_pipelines")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -40,17 +40,31 @@ def _inside(target: str, scope: str) -> bool:
     return target == scope or target.startswith(scope.rstrip(os.sep) + os.sep)
 
 
-def _check_symlinks(folder: Path, scope: Path) -> None:
-    root = os.path.realpath(scope)
-    if not _inside(os.path.realpath(folder), root):
-        raise FolderRefused(f"{folder}: a symlink to {os.path.realpath(folder)}, outside {scope}: refusing to load "
-                            "a model folder through a link out of it")
+LOAD_REFUSAL = "refusing to load a model folder through a link out of it"
+
+
+def refuse_links(folder: str | os.PathLike, scope: str | os.PathLike | None = None, why: str = LOAD_REFUSAL,
+                 error: type[DataError] | None = None) -> None:
+    """Raise ``error`` (default :class:`FolderRefused`; one line naming the link and ``why``) when ``folder`` is, or
+    holds at any depth, a symbolic link resolving outside ``scope``; ``scope=None``: any symbolic link at all (a run's
+    checkpoints are rotated and deleted, never through a link). Reads only; never follows a link while walking."""
+    folder, err = Path(folder), error or FolderRefused
+    root = os.path.realpath(scope) if scope is not None else None
+
+    def refused(p: str) -> DataError:
+        if root is None:
+            return err(f"{p} is a symbolic link (to {os.readlink(p)}): {why}")
+        return err(f"{p}: a symlink to {os.path.realpath(p)}, outside {scope}: {why}")
+
+    if folder.is_symlink() if root is None else not _inside(os.path.realpath(folder), root):
+        raise refused(str(folder))
+    if not folder.is_dir():
+        return
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        for name in dirnames + filenames:
+        for name in sorted(dirnames + filenames):
             p = os.path.join(dirpath, name)
-            if os.path.islink(p) and not _inside(os.path.realpath(p), root):
-                raise FolderRefused(f"{p}: a symlink to {os.path.realpath(p)}, outside {scope}: refusing to load "
-                                    "a model folder through a link out of it")
+            if os.path.islink(p) and (root is None or not _inside(os.path.realpath(p), root)):
+                raise refused(p)
 
 
 def _check_files(folder: Path, weights: bool) -> None:
@@ -132,7 +146,7 @@ def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = No
     file outside itself, or is or holds a symlink resolving outside ``scope`` (a run directory for its ``final/``,
     ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`)."""
     folder = Path(folder)
-    _check_symlinks(folder, Path(scope) if scope is not None else default_scope(folder))
+    refuse_links(folder, scope if scope is not None else default_scope(folder))
     _check_configs(folder)
     _check_files(folder, weights)
 

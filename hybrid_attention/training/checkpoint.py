@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -49,6 +49,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from hybrid_attention.model_folder import admit, check_folder, refuse_links
 
 from .integrity import (
     CheckpointDamaged,
@@ -64,7 +66,7 @@ from .integrity import (
 __all__ = [
     "CheckpointData", "CheckpointDamaged", "CheckpointError", "CheckpointMismatch", "NonFiniteState",
     "checkpoint_dirs", "latest_checkpoint", "load_checkpoint", "newest_intact", "read_checkpoint",
-    "read_model_tensors", "refuse_symlinks", "save_checkpoint", "vocab_size_of",
+    "read_model_tensors", "save_checkpoint", "saved_vocab_size", "vocab_size_of",
 ]
 
 REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng-rank0.safetensors")
@@ -73,32 +75,21 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def refuse_symlinks(root: Path) -> None:
-    """CheckpointError (one line) when ``root`` or one of its ``step-N`` checkpoints, or a file in one, is a symbolic
-    link: loading, rotating or deleting through it would reach outside the run folder (another run's step read as
-    this run's, or another run's checkpoints rotated away)."""
-    def refuse(link: Path) -> CheckpointError:
-        return CheckpointError(f"{link} is a symbolic link (to {os.readlink(link)}): a run's checkpoints are never "
-                               "loaded, rotated or deleted through a link; replace it with the folder itself")
+LINK_REFUSAL = ("a run's checkpoints are never loaded, rotated or deleted through a link; replace it with the "
+                "folder itself")
 
-    if root.is_symlink():
-        raise refuse(root)
-    if not root.is_dir():
-        return
-    for p in root.iterdir():
-        if _STEP_DIR.match(p.name):
-            if p.is_symlink():
-                raise refuse(p)
-            if p.is_dir():
-                for f in p.iterdir():
-                    if f.is_symlink():
-                        raise refuse(f)
+
+def _refuse_links(root: Path) -> None:
+    """CheckpointError (one line) when ``root`` or anything under it is a symbolic link: loading, rotating or deleting
+    through it would reach outside the run folder (another run's step read as this run's, or another run's
+    checkpoints rotated away). The check is :func:`hybrid_attention.model_folder.refuse_links` with no scope."""
+    refuse_links(root, None, LINK_REFUSAL, CheckpointError)
 
 
 def checkpoint_dirs(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first; CheckpointError when a symbolic link is among them
-    (:func:`refuse_symlinks`)."""
-    refuse_symlinks(root)
+    """Complete checkpoints under ``root``, oldest first; CheckpointError when ``root`` is or holds a symbolic link
+    (:func:`_refuse_links`)."""
+    _refuse_links(root)
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
@@ -195,7 +186,7 @@ def save_checkpoint(
                 if bad is not None:
                     raise NonFiniteState(f"step {step}: {bad[1]} non-finite value(s) in {label} tensor {bad[0]}; "
                                          f"checkpoint {final.name} was not written")
-        refuse_symlinks(root)
+        _refuse_links(root)
         try:
             root.mkdir(parents=True, exist_ok=True)
             for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
@@ -303,13 +294,17 @@ def read_model_tensors(path: Path) -> tuple[dict[str, torch.Tensor], bool]:
     return tensors, verified
 
 
-def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = ()) -> CheckpointData:
-    """Verify and read every file of checkpoint ``path`` (no side effects). Raises CheckpointDamaged.
+def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = (),
+                    scope: Path | None = None) -> CheckpointData:
+    """Admit, verify and read every file of checkpoint ``path`` (no side effects). Raises FolderRefused (the folder
+    fails :func:`hybrid_attention.model_folder.admit`: code, pickles, a link out of ``scope``, default the folder) and
+    CheckpointDamaged.
 
-    ``state_keys``: keys of ``trainer_state.json`` the caller needs besides step, param_groups and rng.
+    ``state_keys``: keys of ``trainer_state.json`` the caller needs besides step, param_groups and rng; ``scope``:
+    the run folder the checkpoint belongs to.
     """
     path = Path(path)
-    verified = verify_manifest(path, required=REQUIRED_FILES)
+    verified = admit(path, scope, required=REQUIRED_FILES)
     name = "trainer_state.json"
     try:
         doc = json.loads((path / name).read_text())
@@ -345,11 +340,30 @@ def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = ()) -
     return CheckpointData(path, doc, model_sd, optim, rng, verified)
 
 
+EMBEDDING_KEYS = ("embeddings.weight", "embed_tokens.weight")
+
+
 def vocab_size_of(state: dict[str, torch.Tensor]) -> int | None:
     """Rows of the token embedding in a model state dict (None when there is none)."""
     for k, v in state.items():
-        if k.endswith(("embeddings.weight", "embed_tokens.weight")) and v.dim() == 2:
+        if k.endswith(EMBEDDING_KEYS) and v.dim() == 2:
             return int(v.shape[0])
+    return None
+
+
+def saved_vocab_size(path: Path, scope: Path | None = None) -> int | None:
+    """Rows of the token embedding in checkpoint ``path``'s ``model.safetensors``, read from the file's header alone
+    (no tensor data); None when the file cannot be read (the full read, :func:`read_checkpoint`, reports why). The
+    folder passes :func:`hybrid_attention.model_folder.check_folder` (``scope``: the run folder) first."""
+    check_folder(path, scope)
+    try:
+        with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+            for k in f.keys():
+                shape = f.get_slice(k).get_shape()
+                if k.endswith(EMBEDDING_KEYS) and len(shape) == 2:
+                    return int(shape[0])
+    except (OSError, SafetensorError, ValueError, RuntimeError):
+        return None
     return None
 
 
@@ -396,12 +410,14 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
 
 
 def newest_intact(root: Path, rank: int = 0, state_keys: Iterable[str] = (),
-                  reader: Callable[..., Any] | None = None) -> tuple[Any, list[CheckpointDamaged]]:
+                  reader: Callable[..., Any] | None = None,
+                  scope: Path | None = None) -> tuple[Any, list[CheckpointDamaged]]:
     """(the newest checkpoint under ``root`` that reads back intact or None, the damaged newer ones, newest first).
 
-    ``reader(path)`` defaults to :func:`read_checkpoint`; evaluation passes :func:`read_model_tensors`.
+    ``reader(path)`` defaults to :func:`read_checkpoint` (admitted with ``scope``, the run folder); evaluation passes
+    :func:`read_model_tensors`. A refused folder (FolderRefused) is not damage: it ends the walk with its one line.
     """
-    read = reader or (lambda p: read_checkpoint(p, rank, state_keys))
+    read = reader or (lambda p: read_checkpoint(p, rank, state_keys, scope))
     damaged: list[CheckpointDamaged] = []
     for p in reversed(checkpoint_dirs(root)):
         try:

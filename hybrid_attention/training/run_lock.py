@@ -6,6 +6,7 @@ left on disk never blocks a later run. The holder writes its PID into the file, 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -58,11 +59,15 @@ class RunLock:
             f.write(f"{os.getpid()}\n")
             f.flush()
             # a run writes config.yaml, metrics.jsonl and checkpoints/ beside the lock: a folder that refuses a new
-            # file (read-only, or the lock file alone left writable) is reported here, before any work
+            # file (read-only, or the lock file alone left writable) is reported here, before any work; the probe
+            # puts the folder's times back, so a resume refused later leaves the run folder as it found it
             for folder in (out_dir, out_dir / "checkpoints"):
                 if folder.is_dir():
+                    times = folder.stat()
                     with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
                         pass
+                    with contextlib.suppress(OSError):
+                        os.utime(folder, ns=(times.st_atime_ns, times.st_mtime_ns))
         except OSError as e:
             f.close()
             where = getattr(e, "filename", None) or out_dir

@@ -24,6 +24,7 @@ from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byt
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 from hybrid_attention.layers.natsl.routing import RoutingRecorder
+from hybrid_attention.model_folder import unverified_warning
 from hybrid_attention.models import HybridForCausalLM
 
 from .checkpoint import (
@@ -34,6 +35,7 @@ from .checkpoint import (
     newest_intact,
     one_line,
     save_checkpoint,
+    saved_vocab_size,
     vocab_size_of,
 )
 from .checkpointing import enable_block_checkpointing
@@ -265,6 +267,8 @@ class Trainer:
             mcfg = self._model_config(data)
             if resume_note:
                 _say(ctx, resume_note)
+            if resume and existing and not saved_tok:  # a refused resume writes nothing: check before tokenizer/
+                self._check_saved_vocab(existing, data.tokenizer, tok_dir, mcfg.vocab_size)
             if not saved_tok:
                 self._take_lock()
                 data.tokenizer.save_pretrained(str(tok_dir))
@@ -337,19 +341,34 @@ class Trainer:
                             f"seq_len={cfg.data.seq_len}")
         return mcfg
 
+    @staticmethod
+    def _refuse_vocab(path: Path, ckpt_vocab: int | None, tok, tok_dir: Path, vocab_size: int) -> None:
+        """CheckpointMismatch (one line) when checkpoint ``path`` has another vocabulary size than the model built
+        for the tokenizer ``tok``."""
+        if ckpt_vocab is not None and ckpt_vocab != vocab_size:
+            raise CheckpointMismatch(f"checkpoint {path} has vocab_size {ckpt_vocab} but the tokenizer "
+                                     f"({tok_dir}) has {len(tok)} tokens, so the model would have vocab_size "
+                                     f"{vocab_size}: resume with the run's own tokenizer and model config")
+
+    def _check_saved_vocab(self, existing: list[Path], tok, tok_dir: Path, vocab_size: int) -> None:
+        """A resume whose ``tokenizer/`` is missing: the newest readable checkpoint's vocabulary (read from its
+        header, the folder admitted first) must fit the tokenizer about to be written there."""
+        for path in reversed(existing):
+            ckpt_vocab = saved_vocab_size(path, self.out_dir)
+            if ckpt_vocab is not None:
+                self._refuse_vocab(path, ckpt_vocab, tok, tok_dir, vocab_size)
+                return
+
     def _resume(self, tok, tok_dir: Path, vocab_size: int) -> None:
         """Load the newest intact checkpoint (falling back past damaged ones, which are named and moved aside)."""
         ctx, root = self.ctx, self.ckpt_root
-        found, damaged = newest_intact(root, ctx.rank, state_keys=("scheduler", "data", *self.state))
+        found, damaged = newest_intact(root, ctx.rank, state_keys=("scheduler", "data", *self.state),
+                                       scope=self.out_dir)
         if found is None:
             raise CheckpointError(f"no intact checkpoint to resume from in {root}: "
                                   + "; ".join(d.short for d in damaged)
                                   + "; move the checkpoints folder away to start from scratch")
-        ckpt_vocab = vocab_size_of(found.model)
-        if ckpt_vocab is not None and ckpt_vocab != vocab_size:
-            raise CheckpointMismatch(f"checkpoint {found.path} has vocab_size {ckpt_vocab} but the tokenizer "
-                                     f"({tok_dir}) has {len(tok)} tokens, so the model would have vocab_size "
-                                     f"{vocab_size}: resume with the run's own tokenizer and model config")
+        self._refuse_vocab(found.path, vocab_size_of(found.model), tok, tok_dir, vocab_size)
         configured = [g["initial_lr"] for g in self.optimizer.param_groups]  # the learning rates of this config
         doc = apply_checkpoint(found, unwrap(self.model), self.optimizer)
         load_scheduler_state(self.scheduler, doc["scheduler"])
@@ -369,8 +388,7 @@ class Trainer:
             _say(ctx, f"note: newest checkpoint damaged: {'; '.join(d.short for d in damaged)}{where}; "
                       f"falling back to {found.path.name}")
         if not found.verified:
-            _say(ctx, f"warning: {found.path} has no manifest.json (written by an older version): loaded without "
-                      "size/checksum verification")
+            _say(ctx, unverified_warning(found.path))
         _say(ctx, f"resumed from {found.path} at step {self.step}")
 
     def _apply_configured_lr(self, configured: list[float]) -> None:
