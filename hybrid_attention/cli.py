@@ -108,7 +108,10 @@ def _cmd_train(a: argparse.Namespace) -> int:
     try:
         res = train(cfg, resume=a.resume)
     except KeyboardInterrupt:
-        print(_interrupted_line(a, Path(cfg.train.out_dir)), file=sys.stderr)
+        from hybrid_attention.rank_errors import claim_error_report
+
+        if claim_error_report():  # under torchrun every rank is interrupted: the first one reports
+            print(_interrupted_line(a, Path(cfg.train.out_dir)), file=sys.stderr)
         return 130
     v = res.val
     if v is not None and res.out_dir is not None:

@@ -7,6 +7,8 @@ import math
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,13 +194,43 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
     """
     ctx = init_distributed(cfg.train.device)
     try:
-        trainer = Trainer(cfg, ctx, resume, data, quiet)
-        try:
-            return trainer.run()
-        finally:
-            trainer.close()
+        with _one_interrupt(ctx.world_size > 1):
+            trainer = Trainer(cfg, ctx, resume, data, quiet)
+            try:
+                return trainer.run()
+            finally:
+                trainer.close()
     finally:
         shutdown_distributed(ctx)
+
+
+@contextlib.contextmanager
+def _one_interrupt(enabled: bool):
+    """Under torchrun a Ctrl-C reaches every rank twice: from the terminal (the whole process group) and again from
+    the launcher, which forwards SIGINT to its workers. The first one raises KeyboardInterrupt; later ones are ignored,
+    so that they cannot break the cleanup it starts (lock release, process group shutdown) and leave the rank hanging
+    until the launcher kills it, nor turn its exit status 130 into death by SIGINT. Active in the main thread of a
+    distributed run only; the previous handler returns when the run ends without an interrupt."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rank ends with status 130: a repeat changes nothing
+        raise
+    except BaseException:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        raise
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Trainer:
