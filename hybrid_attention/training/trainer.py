@@ -29,6 +29,7 @@ from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.model_folder import unverified_warning
 from hybrid_attention.models import HybridForCausalLM
 
+from .activation_checkpointing import enable_block_checkpointing
 from .checkpoint import (
     _FULL,
     apply_checkpoint,
@@ -40,7 +41,6 @@ from .checkpoint import (
     saved_vocab_size,
     vocab_size_of,
 )
-from .checkpointing import enable_block_checkpointing
 from .compile import compile_model
 from .config import RunConfig, model_config, save_config
 from .config_schema import ConfigError, to_dict

@@ -12,7 +12,7 @@ import torch
 
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.models.mixers import MIXER_BUILDERS
-from hybrid_attention.training.checkpointing import (
+from hybrid_attention.training.activation_checkpointing import (
     checkpointed_blocks,
     disable_block_checkpointing,
     enable_block_checkpointing,
@@ -51,7 +51,7 @@ def test_same_loss_and_grads_with_checkpointing():
         calls.append(kw.get("use_reentrant"))
         return orig(*a, **kw)
 
-    import hybrid_attention.training.checkpointing as mod
+    import hybrid_attention.training.activation_checkpointing as mod
 
     mod.checkpoint = spy
     try:
