@@ -19,6 +19,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="suite YAML (configs/experiments/*.yaml)")
     p.add_argument("overrides", nargs="*", help="suite overrides key=value, e.g. seeds=[0] base.train.steps=20")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="use the suite's profile NAME (its profiles section, e.g. cpu); the name and out_dir get "
+                        "the _NAME suffix")
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help="train only these recall tasks now (put it before --only); a cell's result is written once "
                         "all its tasks are done")
@@ -49,8 +52,10 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"config error: --jobs must be >= 1, got {a.jobs}")
     gpus = parse_gpus(a.gpus) if a.gpus is not None else None
-    suite = load_suite(a.suite, a.overrides + ([f"recall_only=[{','.join(a.tasks)}]"] if a.tasks else []))
-    command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in [a.suite, *a.overrides])
+    suite = load_suite(a.suite, a.overrides + ([f"recall_only=[{','.join(a.tasks)}]"] if a.tasks else []),
+                       profile=a.profile)
+    words = [a.suite, *(["--profile", a.profile] if a.profile else []), *a.overrides]
+    command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in words)
     for path in a.import_results:
         try:
             import_results(suite, path)

@@ -21,6 +21,10 @@ recall_only: [mqar]             # optional: the recall tasks this invocation tra
 A cell's ``recall`` mapping is merged into every recall task (``mixers: [m]`` or ``model_options``); ``lm: false``
 in the suite (or the cell) skips language-model training. Overrides on the command line address the suite:
 ``seeds=[0] base.train.steps=10 out_dir=/tmp/x``.
+
+``profiles: {cpu: {...}}`` holds named variants of the suite (``--profile cpu`` or ``profile=cpu``): a profile merges
+into the suite like an override (mappings merge, other values replace, ``null`` removes a key so that its default
+applies), and names the suite ``<name>_<profile>`` with ``out_dir`` ``<out_dir>_<profile>`` unless it sets them.
 """
 
 from __future__ import annotations
@@ -101,9 +105,56 @@ class Suite:
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
-def load_suite(path: str | os.PathLike, overrides: list[str] = ()) -> Suite:
-    """Read and validate a suite YAML (every cell's run config is checked up front)."""
-    data = merge(read_yaml_mapping(path), parse_overrides(list(overrides)))  # the run configs' checks (duplicates, ...)
+def _merge_profile(base: dict, extra: dict) -> dict:
+    """``merge`` where a ``None`` in ``extra`` removes the key from ``base``."""
+    out = dict(base)
+    for k, v in extra.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge_profile(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def apply_profile(data: dict, profile: str | None) -> dict:
+    """The suite mapping ``data`` with its ``profiles`` section resolved: without a profile the section is dropped;
+    with one, that profile is merged in and the name and out_dir get the ``_<profile>`` suffix unless it sets them.
+    Raises ConfigError naming --profile and the suite's profiles when ``profile`` is not one of them."""
+    data = dict(data)
+    profiles = data.pop("profiles", None) or {}
+    if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
+        raise ConfigError("config error: profiles must map each profile name to a mapping of suite overrides")
+    if profile is None:
+        return data
+    if profile not in profiles:
+        raise ConfigError(f"config error: --profile must be one of the suite's profiles "
+                          f"({', '.join(profiles) or 'none'}), got {profile!r}")
+    chosen = profiles[profile]
+    out = _merge_profile(data, chosen)
+    for key in ("name", "out_dir"):
+        if key not in chosen and isinstance(data.get(key), str):
+            out[key] = f"{data[key]}_{profile}"
+    return out
+
+
+def load_suite(path: str | os.PathLike, overrides: list[str] = (), profile: str | None = None) -> Suite:
+    """Read and validate a suite YAML (every cell's run config is checked up front).
+
+    Args:
+        path: the suite YAML.
+        overrides: ``key=value`` suite overrides, applied after the profile; ``profile=NAME`` selects a profile.
+        profile: a name under the suite's ``profiles`` (None: the suite as written).
+    """
+    extra = parse_overrides(list(overrides))
+    chosen = extra.pop("profile", None)
+    if chosen is not None and profile is not None and chosen != profile:
+        raise ConfigError(f"config error: --profile {profile} and profile={chosen} disagree; give one")
+    profile = profile if profile is not None else chosen
+    if profile is not None and not isinstance(profile, str):
+        raise ConfigError(f"config error: profile must be a profile name, got {profile!r}")
+    data = merge(apply_profile(read_yaml_mapping(path), profile), extra)  # the run configs' checks (duplicates, ...)
     suite = from_dict(Suite, data)
     suite.cells = [from_dict(CellSpec, c, f"cells[{i}].") if isinstance(c, dict) else c
                    for i, c in enumerate(suite.cells)]
