@@ -114,7 +114,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
             print(_interrupted_line(a, Path(cfg.train.out_dir)), file=sys.stderr)
         return 130
     v = res.val
-    if v is not None and res.out_dir is not None:
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank returns the result: rank 0 prints it
+    if v is not None and res.out_dir is not None and main_rank:
         bpb = f", {v.bpb:.4f} bits/byte" if v.bpb is not None else ""
         print(f"done: {res.steps} steps, validation loss {v.loss:.4f}, ppl {v.ppl:.3f}{bpb}; run in {res.out_dir}")
     return 0

@@ -49,3 +49,22 @@ def test_sigint_to_the_process_group_of_two_ranks(tmp_path, forwarded):
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("interrupted: the last saved checkpoint is step-"), text
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_a_finished_two_rank_run_reports_once(tmp_path):
+    out, cfg = tmp_path / "run", tmp_path / "empty.yaml"
+    cfg.write_text("")
+    cmd = cli_cmd("train", str(cfg), *tiny_overrides(out, "train.device=cpu", "train.steps=2"))
+    port = str(free_port())
+    procs = [subprocess.Popen(cmd, env=dict(cli_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                                            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "".join(outs).count("done: 2 steps") == 1, outs
