@@ -32,7 +32,7 @@ class DataConfig:
     seq_len: int = 256
     # How documents share a packed row (documents are joined by EOS and cut into rows of seq_len tokens either way):
     # "concat" (default): one sequence per row, states, convolutions and attention run across document boundaries
-    #   (the papers' setting, kept so that results stay comparable with earlier runs);
+    #   (the papers' setting, and the one every stored result in results/ trains with);
     # "varlen": every document starts from a fresh state (the fla/flame practice): the trainer flattens a batch
     #   [B, L] to one row [1, B*L] with cu_seqlens at every document and row start (data.packing.document_offsets).
     pack: Literal["concat", "varlen"] = "concat"

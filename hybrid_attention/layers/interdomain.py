@@ -403,7 +403,7 @@ class S4DMixer(S4DCoreMixer):
 
 
 class S4DBilinearMixer(S4DMixer):
-    """The library's earlier S4D-only mixer, kept as the `s4d_bilinear` baseline: the same inputs and core, read by
+    """A multiplicative S4D-only mixer, the `s4d_bilinear` baseline: the same inputs and core as `s4d`, read by
     Re(diag(UᵀΓ)) (a product of the two filtered halves, H3-style), then C_out and W_O."""
 
     CONTRACTION = "bilinear"

@@ -128,8 +128,8 @@ def test_sync_free_query_gather_equals_the_mask():
 
 
 def test_prefetched_fresh_epochs_are_the_same_examples(monkeypatch):
-    # with fresh_data, epoch e's examples are generated ahead in a thread: same seeds as before (seed + 7919 e), one
-    # call per epoch after the first, none beyond the last epoch, and the same trained result as generating in line
+    # with fresh_data, epoch e's examples are generated ahead in a thread: the same seeds as in line (seed + 7919 e),
+    # one call per epoch after the first, none beyond the last epoch, and the same trained result as generating in line
     import torch
 
     from hybrid_attention.evaluation import recall

@@ -110,7 +110,7 @@ def test_damaged_newest_checkpoint_falls_back(two_checkpoints, fault):
 
 @pytest.mark.parametrize("fault", ["truncated_model", "header_flip", "truncated_json", "deleted_rng"])
 def test_damage_without_manifest_is_still_caught_when_it_breaks_parsing(two_checkpoints, fault):
-    """Older (manifest-less) checkpoints load with verified=False; a file that no longer parses still falls back."""
+    """A checkpoint without a manifest loads with verified=False; a file that does not parse still falls back."""
     name, damage, _ = FAULTS[fault]
     for p in checkpoint_dirs(two_checkpoints):
         (p / "manifest.json").unlink()
@@ -143,7 +143,7 @@ def test_non_finite_tensors_are_never_written(tmp_path):
 
 
 def test_a_non_finite_checkpoint_on_disk_is_skipped(two_checkpoints):
-    """A checkpoint written by an older version with NaN optimizer state is not resumed from."""
+    """A checkpoint without a manifest whose optimizer state holds NaN is not resumed from."""
     newest = checkpoint_dirs(two_checkpoints)[-1]
     (newest / "manifest.json").unlink()
     from safetensors.torch import load_file, save_file

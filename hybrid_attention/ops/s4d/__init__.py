@@ -93,7 +93,7 @@ def s4d(
     pass, the other forms one convolution per document; initial and final states per sequence ``[N, ...]``.
     """
     # "auto" is decided once, by auto_backend (every form runs every input, so "auto" is always "supported"; every
-    # form takes cu_seqlens). The name is validated before chunk_size and auto_backend runs after both, as before.
+    # form takes cu_seqlens). The name is validated before chunk_size, and auto_backend runs after both.
     validate_backend(backend, "s4d", BACKENDS)
     validate_chunk_size(chunk_size)  # checked for every backend so that errors do not depend on the backend
     backend = resolve_backend(backend, "s4d", True, BACKENDS, fast=lambda: auto_backend(a, cu_seqlens))
