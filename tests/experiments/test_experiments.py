@@ -23,21 +23,21 @@ def _lines():
     return out, out.append
 
 
-def test_every_suite_loads_and_has_a_cpu_variant():
+def test_every_suite_loads_and_has_a_cpu_profile():
     names = sorted(p.stem for p in SUITES.glob("*.yaml"))
-    gpu = [n for n in names if not n.endswith("_cpu")]
-    assert {"interdomain_vs_s4d", "interdomain_cube", "interdomain_length", "recall", "natsl_vs_baselines"} <= set(gpu)
-    for n in gpu:
-        assert f"{n}_cpu" in names
+    assert {"interdomain_vs_s4d", "interdomain_cube", "interdomain_length", "recall",
+            "natsl_vs_baselines"} <= set(names)
     for n in names:
         suite = load_suite(SUITES / f"{n}.yaml")
         assert suite.name == n and suite.cells
+        cpu = load_suite(SUITES / f"{n}.yaml", profile="cpu")
+        assert cpu.name == f"{n}_cpu" and cpu.cells
 
 
 def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
     t0 = time.perf_counter()
     out = tmp_path / "suite"
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*SMALL, f"out_dir={out}"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", *SMALL, f"out_dir={out}"])
     lines, log = _lines()
     doc = run_suite(suite, log=log)
     names = [c.name for c in suite.cells]
@@ -89,8 +89,8 @@ def test_cpu_suite_end_to_end_and_resume(tmp_path, monkeypatch):
 
 def test_natsl_routing_heatmap_and_recall_cell(tmp_path):
     out = tmp_path / "natsl"
-    suite = load_suite(SUITES / "natsl_vs_baselines_cpu.yaml",
-                       [*SMALL, f"out_dir={out}", "seeds=[0]", "eval.routing_windows=2"])
+    suite = load_suite(SUITES / "natsl_vs_baselines.yaml",
+                       ["profile=cpu", *SMALL, f"out_dir={out}", "seeds=[0]", "eval.routing_windows=2"])
     suite.cells = [suite.cell("natsl_hybrid")]
     doc = run_suite(suite, log=lambda *_: None)
     assert doc["failed"] == []
@@ -101,7 +101,7 @@ def test_natsl_routing_heatmap_and_recall_cell(tmp_path):
     assert "softmax fraction per layer" in (out / "results.md").read_text()
 
     rec = tmp_path / "recall"
-    suite = load_suite(SUITES / "recall_cpu.yaml", [f"out_dir={rec}", "recall_tasks.mqar.train_examples=64",
+    suite = load_suite(SUITES / "recall.yaml", ["profile=cpu", f"out_dir={rec}", "recall_tasks.mqar.train_examples=64",
                                                     "recall_tasks.mqar.test_examples=32", "recall_tasks.mqar.epochs=1",
                                                     "recall_tasks.passkey.train_examples=64",
                                                     "recall_tasks.passkey.test_examples=32",
@@ -116,12 +116,12 @@ def test_natsl_routing_heatmap_and_recall_cell(tmp_path):
 
 def test_bad_suites_fail_with_one_line(tmp_path):
     with pytest.raises(ConfigError, match="reference"):
-        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["reference=nope"])
+        load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", "reference=nope"])
     with pytest.raises(ConfigError, match="unknown key"):
-        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["base.train.stepz=3"])
+        load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", "base.train.stepz=3"])
     with pytest.raises(ConfigError, match="unique"):
-        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["cells=[{name: a}, {name: a}]"])
-    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), "seeds=[]"]) == 2
+        load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", "cells=[{name: a}, {name: a}]"])
+    assert main([str(SUITES / "interdomain_vs_s4d.yaml"), "profile=cpu", "seeds=[]"]) == 2
 
 
 def test_add_parser_defines_the_experiment_subcommand():
@@ -140,10 +140,10 @@ def test_parallel_jobs_match_sequential_and_resume(tmp_path):
     over = [*SMALL, "seeds=[0]", "cells=[{name: softmax, overrides: {model: {layers: softmax}}}, "
             "{name: interdomain, overrides: {model: {layers: interdomain}}}]", "reference=softmax"]
     # the CLI path: --only drops the reference cell from what the workers see (they must not need it)
-    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, f"out_dir={par}", "--jobs", "2",
+    assert main([str(SUITES / "interdomain_vs_s4d.yaml"), "profile=cpu", *over, f"out_dir={par}", "--jobs", "2",
                  "--only", "interdomain"]) == 0
     assert not (par / "cells" / "softmax").exists()
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={par}", "jobs=2"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", *over, f"out_dir={par}", "jobs=2"])
     lines, log = _lines()
     doc = run_suite(suite, log=log)
     assert doc["failed"] == [], lines
@@ -153,7 +153,7 @@ def test_parallel_jobs_match_sequential_and_resume(tmp_path):
         assert "val ppl" in (par / "cells" / name / "seed0" / "worker.log").read_text()
     # the sequential in-process run of the same (cell, seed) gives the same numbers
     seq = tmp_path / "seq"
-    suite1 = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={seq}"])
+    suite1 = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", *over, f"out_dir={seq}"])
     suite1.cells = [suite1.cell("interdomain")]
     doc1 = run_suite(suite1, log=lambda *_: None, jobs=1)
     a = doc["summary"]["interdomain"]["val_ppl"]["mean"]
@@ -167,7 +167,7 @@ def test_parallel_jobs_match_sequential_and_resume(tmp_path):
     s = collect(suite)["summary"]["softmax"]
     assert s["seeds"] == [] and "val_ppl" not in s
     with pytest.raises(ConfigError, match="jobs"):
-        load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", ["jobs=0"])
+        load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", "jobs=0"])
     assert time.perf_counter() - t0 < 60
 
 
@@ -181,7 +181,8 @@ def test_parallel_run_stops_cleanly_on_sigterm(tmp_path):
     import sys
 
     out = tmp_path / "stop"
-    cmd = [sys.executable, "-m", "hybrid_attention.experiments", str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *SMALL,
+    cmd = [sys.executable, "-m", "hybrid_attention.experiments", str(SUITES / "interdomain_vs_s4d.yaml"),
+           "profile=cpu", *SMALL,
            "base.train.steps=2000", "base.train.checkpoint_every=1000", "seeds=[0]", f"out_dir={out}",
            "--jobs", "2", "--only", "softmax", "interdomain"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -203,13 +204,13 @@ def test_parallel_run_stops_cleanly_on_sigterm(tmp_path):
     assert not list(out.glob("cells/*/seed*/result.json"))
 
 
-@pytest.mark.parametrize("suite_name", ["interdomain_cube_cpu", "interdomain_length_cpu"])
+@pytest.mark.parametrize("suite_name", ["interdomain_cube", "interdomain_length"])
 def test_remaining_cpu_suites_smoke_run(tmp_path, suite_name):
     """The CPU variants not exercised above run end to end at a few steps: every cell trains and is evaluated, and
     the report is written (a broken cell config must fail here, not after minutes of a real run)."""
     tiny = ["base.train.steps=2", "base.train.checkpoint_every=2", "base.data.seq_len=32", "base.data.val_tokens=256",
             "base.data.max_bytes=1000000", "base.train.batch_size=2", "eval.length_tokens=256", "seeds=[0]"]
-    suite = load_suite(SUITES / f"{suite_name}.yaml", [*tiny, f"out_dir={tmp_path / 'out'}"])
+    suite = load_suite(SUITES / f"{suite_name}.yaml", [*tiny, f"out_dir={tmp_path / 'out'}"], profile="cpu")
     lines, log = _lines()
     doc = run_suite(suite, log=log)
     assert doc["failed"] == [], lines
@@ -227,10 +228,10 @@ def test_import_results_merges_earlier_runs(tmp_path):
     first = tmp_path / "first"
     over = [*SMALL, "seeds=[0, 1]", "cells=[{name: softmax, overrides: {model: {layers: softmax}}}]",
             "reference=softmax"]
-    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, "seeds=[0]", f"out_dir={first}"]) == 0
+    assert main([str(SUITES / "interdomain_vs_s4d.yaml"), "profile=cpu", *over, "seeds=[0]", f"out_dir={first}"]) == 0
     earlier = json.loads((first / "results.json").read_text())
     second = tmp_path / "second"
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, f"out_dir={second}"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", *over, f"out_dir={second}"])
     kept = runner_mod.result_path(second, "softmax", 1)
     kept.parent.mkdir(parents=True)
     kept.write_text(json.dumps({"cell": "softmax", "seed": 1, "marker": True}))
@@ -247,7 +248,7 @@ def test_import_results_merges_earlier_runs(tmp_path):
     assert json.loads(kept.read_text()) == {"cell": "softmax", "seed": 1, "marker": True}
     got = json.loads(runner_mod.result_path(second, "softmax", 0).read_text())
     assert got["seed"] == 0 and got["lm"]["val_ppl"] == earlier["runs"][0]["lm"]["val_ppl"]
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [*over, "seeds=[0]", f"out_dir={second}"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", *over, "seeds=[0]", f"out_dir={second}"])
     lines, log = _lines()
     run_suite(suite, log=log)
     assert any("finished earlier, skipped" in x for x in lines)
@@ -257,7 +258,7 @@ def test_import_results_merges_earlier_runs(tmp_path):
         (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=name):
             runner_mod.import_results(suite, tmp_path / name)
-    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), *over, f"out_dir={second}", "--list",
+    assert main([str(SUITES / "interdomain_vs_s4d.yaml"), "profile=cpu", *over, f"out_dir={second}", "--list",
                  "--import-results", str(tmp_path / "other.json")]) == 2
 
 
@@ -276,7 +277,7 @@ def test_report_pairs_cells_with_the_reference_by_seed(tmp_path):
     over = ["seeds=[0, 1, 2, 3]", "reference=softmax", f"out_dir={tmp_path}",
             "cells=[{name: softmax, overrides: {model: {layers: softmax}}}, "
             "{name: interdomain, overrides: {model: {layers: interdomain}}}]"]
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", over)
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", over, profile="cpu")
     runs = [_fake_run("softmax", 0, 10.0), _fake_run("softmax", 1, 20.0),
             _fake_run("interdomain", 0, 9.0), _fake_run("interdomain", 1, 22.0), _fake_run("interdomain", 2, 1.0),
             _fake_run("softmax", 3, 5.0), _fake_run("interdomain", 3, float("inf"))]  # a diverged run is not paired
@@ -304,7 +305,7 @@ def test_suite_yaml_with_duplicate_keys_is_one_line(tmp_path):
     from hybrid_attention.training.config_schema import ConfigError
 
     dup = tmp_path / "dup.yaml"
-    dup.write_text((SUITES / "interdomain_vs_s4d_cpu.yaml").read_text() + "seeds: [5]\n")
+    dup.write_text((SUITES / "interdomain_vs_s4d.yaml").read_text() + "seeds: [5]\n")
     with pytest.raises(ConfigError, match="seeds"):
         load_suite(dup)
     top = tmp_path / "list.yaml"

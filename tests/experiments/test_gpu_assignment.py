@@ -62,7 +62,7 @@ def fake_workers(monkeypatch):
 
 
 def test_each_run_sees_one_gpu_and_no_gpu_runs_two_workers(tmp_path, fake_workers):
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [f"out_dir={tmp_path}", "seeds=[0,1]"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", f"out_dir={tmp_path}", "seeds=[0,1]"])
     n_runs = sum(len(suite.cell_seeds(c)) for c in suite.cells)
     run_suite(suite, log=lambda *_: None, gpus=["0", "1"])
     launched = fake_workers.launched
@@ -74,7 +74,7 @@ def test_each_run_sees_one_gpu_and_no_gpu_runs_two_workers(tmp_path, fake_worker
 
 
 def test_jobs_above_the_gpu_count_share_the_least_busy_gpu(tmp_path, fake_workers):
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [f"out_dir={tmp_path}", "seeds=[0]"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", f"out_dir={tmp_path}", "seeds=[0]"])
     run_suite(suite, log=lambda *_: None, jobs=4, gpus=["2", "5"])
     first = [gpu for *_, gpu, _ in fake_workers.launched[:4]]
     assert first == ["2", "5", "2", "5"]
@@ -82,7 +82,7 @@ def test_jobs_above_the_gpu_count_share_the_least_busy_gpu(tmp_path, fake_worker
 
 def test_without_gpus_workers_inherit_the_environment(tmp_path, fake_workers, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    suite = load_suite(SUITES / "interdomain_vs_s4d_cpu.yaml", [f"out_dir={tmp_path}", "seeds=[0]"])
+    suite = load_suite(SUITES / "interdomain_vs_s4d.yaml", ["profile=cpu", f"out_dir={tmp_path}", "seeds=[0]"])
     run_suite(suite, log=lambda *_: None, jobs=2)
     assert fake_workers.launched and all(gpu is None for *_, gpu, _ in fake_workers.launched)
 
@@ -97,7 +97,7 @@ def test_pick_gpu_takes_the_least_busy_then_the_first():
 def test_bad_gpus_flag_is_one_line_naming_it(bad, capsys):
     with pytest.raises(ConfigError, match="--gpus"):
         parse_gpus(bad)
-    assert main([str(SUITES / "interdomain_vs_s4d_cpu.yaml"), "--gpus", bad, "--list"]) == 2
+    assert main([str(SUITES / "interdomain_vs_s4d.yaml"), "profile=cpu", "--gpus", bad, "--list"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "--gpus" in err and "\n" not in err
 

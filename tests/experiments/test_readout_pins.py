@@ -22,7 +22,10 @@ PINNED = ["credible_prose", "credible_prose_cpu", "interdomain_cube", "interdoma
 @pytest.mark.parametrize("name", PINNED)
 def test_pinned_suites_keep_transpose_under_a_switched_default(monkeypatch, name):
     monkeypatch.setattr(readout_mod, "DEFAULT_READOUT", "hermitian")
-    suite = load_suite(SUITES / f"{name}.yaml")
+    profile = next((q for q in ("long_cpu", "cpu") if name.endswith(f"_{q}")), None)  # X_cpu: X.yaml --profile cpu
+    stem = name[: -len(profile) - 1] if profile else name
+    suite = load_suite(SUITES / f"{stem}.yaml", profile=profile)
+    assert suite.name == name
     checked = 0
     for cell in suite.cells:
         if suite.uses_lm(cell):

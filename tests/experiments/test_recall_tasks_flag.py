@@ -28,7 +28,7 @@ def fake_trainer(calls: list):
 
 
 def _suite(out: Path, *extra: str):
-    suite = load_suite(SUITES / "recall_cpu.yaml", [f"out_dir={out}", "seeds=[0]", *extra])
+    suite = load_suite(SUITES / "recall.yaml", ["profile=cpu", f"out_dir={out}", "seeds=[0]", *extra])
     suite.cells = [suite.cell("softmax")]
     return suite
 
@@ -67,7 +67,8 @@ def test_a_task_at_a_time_finishes_the_cell_when_all_are_done(tmp_path, monkeypa
 def test_unknown_task_names_fail_with_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"recall_only \(--tasks\).*tasks: mqar, passkey"):
         _suite(tmp_path, "recall_only=[mqar, nope]")
-    assert main([str(SUITES / "recall_cpu.yaml"), f"out_dir={tmp_path}", "--tasks", "nope", "--only", "softmax"]) != 0
+    assert main([str(SUITES / "recall.yaml"), "profile=cpu", f"out_dir={tmp_path}", "--tasks", "nope",
+                 "--only", "softmax"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recall_only (--tasks)" in err[0] and "nope" in err[0]
 
