@@ -1,10 +1,10 @@
 """The suite schema: a base run config, cells (config overrides) x seeds, the evaluations to run after training.
 
 ```yaml
-name: interdomain_vs_s4d_cpu
+name: interdomain_vs_s4d
 description: what the suite tests
 claims: ["interdomain §5.1: Interdomain 13-16% below S4D-only"]
-out_dir: runs/experiments/interdomain_vs_s4d_cpu
+out_dir: runs/experiments/interdomain_vs_s4d
 seeds: [0, 1]
 reference: softmax              # cell the "vs ref" column compares with (optional)
 base: {model: {...}, data: {...}, optim: {...}, train: {...}}    # a RunConfig (hybrid_attention.training.config)
@@ -17,6 +17,8 @@ recall_tasks:                   # optional train-and-eval recall tasks (hybrid_a
   mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
 recall_only: [mqar]             # optional: the recall tasks this invocation trains (--tasks); a cell's result.json is
                                 # written once all its tasks are done, the others wait for a later invocation
+profiles:                       # optional: --profile cpu gives interdomain_vs_s4d_cpu, out_dir ..._cpu
+  cpu: {seeds: [0], base: {model: {preset: tiny}, train: {device: cpu, steps: 20, compile: null}}}
 ```
 A cell's ``recall`` mapping is merged into every recall task (``mixers: [m]`` or ``model_options``); ``lm: false``
 in the suite (or the cell) skips language-model training. Overrides on the command line address the suite:

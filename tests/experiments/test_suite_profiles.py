@@ -115,3 +115,17 @@ def test_cli_profile_lists_the_profile_cells(capsys, tmp_path):
     assert experiment_main([str(SUITES / "recall.yaml"), f"out_dir={out}", "--profile", "cpu", "--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "softmax: seeds [0], finished []"
+
+
+def test_profile_null_removes_a_key_and_a_set_name_is_kept(tmp_path):
+    text = (SUITES / "interdomain_vs_s4d.yaml").read_text().split("\nprofiles:")[0]
+    path = tmp_path / "s.yaml"
+    path.write_text(text + "\nprofiles:\n  cpu: {base: {train: {tf32: null, device: cpu}}}\n"
+                    "  named: {name: other, out_dir: elsewhere, base: {train: {device: cpu}}}\n")
+    written = load_suite(path)
+    assert written.base["train"]["tf32"] is False  # the suite as written pins tf32 off
+    cpu = load_suite(path, profile="cpu")
+    assert "tf32" not in cpu.base["train"] and cpu.run_config(cpu.cells[0], 0, Path("run")).train.tf32 is True
+    assert (cpu.name, cpu.out_dir) == ("interdomain_vs_s4d_cpu", "runs/experiments/interdomain_vs_s4d_cpu")
+    named = load_suite(path, profile="named")
+    assert (named.name, named.out_dir) == ("other", "elsewhere")
