@@ -9,8 +9,9 @@ from hybrid_attention.experiments.suite import load_suite
 
 
 def add_selection_args(p: argparse.ArgumentParser, variants: tuple[str, ...]) -> None:
-    """``--suite``, ``--cells``, ``--tasks`` and ``--variants`` (choices: ``variants``, default all of them)."""
+    """``--suite``, ``--profile``, ``--cells``, ``--tasks`` and ``--variants`` (choices: ``variants``, default all)."""
     p.add_argument("--suite", default="configs/experiments/credible_recall.yaml")
+    p.add_argument("--profile", default=None, help="a profile of the suite, e.g. cpu (default: the suite as written)")
     p.add_argument("--cells", nargs="*", default=None, help="cell names (default: every cell of the suite)")
     p.add_argument("--tasks", nargs="*", default=None, help="task names of the suite (default: every task)")
     p.add_argument("--variants", nargs="+", default=list(variants), choices=variants)
@@ -19,7 +20,7 @@ def add_selection_args(p: argparse.ArgumentParser, variants: tuple[str, ...]) ->
 def selected_tasks(args: argparse.Namespace, overrides: dict | None = None) -> list[tuple[str, str, dict]]:
     """(cell name, task name, RecallConfig fields with ``overrides`` on top) of seed 0, for the cells and tasks that
     ``args`` selects, in suite order. An unknown cell name exits with one line naming the suite's cells."""
-    suite = load_suite(args.suite)
+    suite = load_suite(args.suite, profile=getattr(args, "profile", None))
     cells = [c for c in suite.cells if args.cells is None or c.name in args.cells]
     if args.cells and len(cells) != len(args.cells):
         known = ", ".join(c.name for c in suite.cells)
