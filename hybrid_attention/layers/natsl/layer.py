@@ -1,56 +1,11 @@
 """NAtS-L: chunk-level routing between softmax attention and Gated DeltaNet inside one layer (arXiv 2602.03681).
 
-Per layer (spec natsl.md §1; shapes of the released 340M config in brackets):
-    q, k, v  = SiLU(ShortConv_4(W_q x)), ... shared by both branches          [Dk = 768, Dk, Dv = 1536]
-    β, g     = σ(W_b x), -exp(A_log)·softplus(W_a x + dt_bias)                 (GDN, per GDN head)
-    route    : chunk n of C tokens gets, per decision head h (= GDN head), the type
-               argmax(W_s mean_{t∈n} x_t) ∈ {0: softmax, 1: GDN}, with a straight-through softmax gradient
-    softmax  : heads H_s = G·H_l carved from the GDN heads' channels [12 heads, 64/128], QK-RMSNorm, no RoPE by
-               default; a query sees its own chunk causally + every earlier chunk typed softmax for its group
-    GDN      : gated delta rule; every chunk is "pseudo-updated" for its own tokens, and at its end the chunk's
-               writes are kept if typed GDN, else rolled back (the start state still decays, `decay_uncommitted`)
-    fusion   : per token and 128-channel slot i: y = (ω₀ RMSN(o_gdn)γ₁ + ω₁ RMSN(o_sa)γ₂) ⊙ swish(W_g x),
-               ω = softmax(W_ω q) over the 2 branches; out = W_o y
-
-Decisions and deviations from the official code (each named once, here):
-- Last chunk: the official code forces the last chunk to "both ops" (bookkeeping for its kernels; it inflates the
-  logged softmax fraction). We never force: a complete chunk is typed as soon as it has C tokens (also at the end of a
-  call), and a partial chunk gets no type until it completes (during decoding it is typed when its C-th token
-  arrives). Outputs are identical; the reported fraction counts complete chunks only.
-- Gradient to the router: only the selected op's mask derivative (official default). `counterfactual_grad=True` also
-  gives the unselected op its exact derivative at the current hard mask: for GDN autograd through the commit mask;
-  for softmax a dense pass that includes unselected earlier chunks with weight m = 0 (the official flags for this are
-  broken: misspelt / mis-wired config keys).
-- Decode never uses side streams (the official decode launches SDPA and GDN on unsynchronised new CUDA streams).
-- Continued prefill from any non-empty state, split anywhere (mid-chunk included), reproduces the full forward (the
-  official cache cannot do this); batched decode with different routings per row is supported.
-- Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
-  scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
-  the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel"); `qk_norm` (False:
-  no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
-  unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1);
-  `fused_outputs` ("both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a diagnostic
-  of whether the GDN branch's output slows the softmax branch's recall);
-  `attn_qk` ("shared" | "own": the softmax branch's q / k from projections of its own, W_qs x and W_ks x with no
-  short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; a diagnostic that
-  removes the sharing with the delta-rule branch; "own_conv": own projections with short convolutions and SiLU of
-  their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"), as the shared q / k have).
-- Prefill cache (host syncs): a prefill from an empty state compacts its softmax chunks into the decode
-  state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
-  for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the device
-  (one host sync per layer and prefill, the leanest cache), "full" gives every complete chunk a
-  slot (no host sync, e.g. for CUDA-graph capture; outputs identical, decoding from it equal up to the summation
-  order of the masked extra slots). Decoding keeps its one sync per completed chunk (the static step has none).
-- Packed documents (``cu_seqlens``): the training forward and backward read nothing on the host,
-  device offsets included. The list of complete chunks has the static length T // C (the first rows are the
-  document chunks that have C tokens, in order; a mask marks them), the per-chunk inputs of the ops the sync-free row
-  count ``max_chunks(T, N, C)`` (``ops/common/varlen.py``; rows past Nc ignored): shapes from T, N and C only.
-  Outputs are unchanged (gradients up to the BLAS rounding of a projection over more rows); ``sample="gumbel"``
-  draws noise for the padded rows too. An attached ``RoutingRecorder`` keeps only the real chunks (one host read).
-- Routing analysis lives outside the layer and its state (layers/natsl/routing.py): forcing is configuration, a
-  frozen `RoutingSpec` in `routing` (the `force_routing` argument, or `force_routing(model, ...)`); the chunk types
-  of a pass go to a `RoutingRecorder` attached for the calls it should see (`with rec.attach(model): ...`), never
-  remembered on the module (`recorders` is empty outside `attach`).
+`NatsLAttention` is the token mixer: q / k / v are shared by both branches, a router types each complete chunk of C
+tokens softmax or GDN per decision head, and a per-token learned weighting fuses the two branches' normed outputs.
+Its docstring gives the per-layer equations and every deviation from the official code. `NatsLState` is the decode
+state. Routing analysis (forcing, recording) lives outside the layer and its state, in layers/natsl/routing.py:
+forcing is configuration (a frozen `RoutingSpec`), the chunk types of a pass go to a `RoutingRecorder` attached for
+the calls it should see, never remembered on the module.
 """
 
 from __future__ import annotations
@@ -115,7 +70,56 @@ class NatsLState:
 class NatsLAttention(NatsLStaticStep, TokenMixer):
     """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]. Static decode step: `NatsLStaticStep`
     (layers/natsl/static.py). ``buffer_dtype``: the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
-    (pinned by a suite through ``mixer_options.natsl.buffer_dtype``)."""
+    (pinned by a suite through ``mixer_options.natsl.buffer_dtype``).
+
+    Per layer (spec natsl.md §1; shapes of the released 340M config in brackets):
+        q, k, v  = SiLU(ShortConv_4(W_q x)), ... shared by both branches          [Dk = 768, Dk, Dv = 1536]
+        β, g     = σ(W_b x), -exp(A_log)·softplus(W_a x + dt_bias)                 (GDN, per GDN head)
+        route    : chunk n of C tokens gets, per decision head h (= GDN head), the type
+                   argmax(W_s mean_{t∈n} x_t) ∈ {0: softmax, 1: GDN}, with a straight-through softmax gradient
+        softmax  : heads H_s = G·H_l carved from the GDN heads' channels [12 heads, 64/128], QK-RMSNorm, no RoPE by
+                   default; a query sees its own chunk causally + every earlier chunk typed softmax for its group
+        GDN      : gated delta rule; every chunk is "pseudo-updated" for its own tokens, and at its end the chunk's
+                   writes are kept if typed GDN, else rolled back (the start state still decays, `decay_uncommitted`)
+        fusion   : per token and 128-channel slot i: y = (ω₀ RMSN(o_gdn)γ₁ + ω₁ RMSN(o_sa)γ₂) ⊙ swish(W_g x),
+                   ω = softmax(W_ω q) over the 2 branches; out = W_o y
+
+    Decisions and deviations from the official code (each named once, here):
+    - Last chunk: the official code forces the last chunk to "both ops" (bookkeeping for its kernels; it inflates the
+      logged softmax fraction). We never force: a complete chunk is typed as soon as it has C tokens (also at the end of
+      a call), and a partial chunk gets no type until it completes (during decoding it is typed when its C-th token
+      arrives). Outputs are identical; the reported fraction counts complete chunks only.
+    - Gradient to the router: only the selected op's mask derivative (official default). `counterfactual_grad=True` also
+      gives the unselected op its exact derivative at the current hard mask: for GDN autograd through the commit mask;
+      for softmax a dense pass that includes unselected earlier chunks with weight m = 0 (the official flags for this
+      are broken: misspelt / mis-wired config keys).
+    - Decode never uses side streams (the official decode launches SDPA and GDN on unsynchronised new CUDA streams).
+    - Continued prefill from any non-empty state, split anywhere (mid-chunk included), reproduces the full forward (the
+      official cache cannot do this); batched decode with different routings per row is supported.
+    - Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
+      scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
+      the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel"); `qk_norm` (False:
+      no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
+      unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1);
+      `fused_outputs` ("both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a diagnostic
+      of whether the GDN branch's output slows the softmax branch's recall);
+      `attn_qk` ("shared" | "own": the softmax branch's q / k from projections of its own, W_qs x and W_ks x with no
+      short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; a diagnostic that
+      removes the sharing with the delta-rule branch; "own_conv": own projections with short convolutions and SiLU of
+      their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"), as the shared q / k have).
+    - Prefill cache (host syncs): a prefill from an empty state compacts its softmax chunks into the decode
+      state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
+      for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the
+      device (one host sync per layer and prefill, the leanest cache), "full" gives every complete chunk a
+      slot (no host sync, e.g. for CUDA-graph capture; outputs identical, decoding from it equal up to the summation
+      order of the masked extra slots). Decoding keeps its one sync per completed chunk (the static step has none).
+    - Packed documents (``cu_seqlens``): the training forward and backward read nothing on the host,
+      device offsets included. The list of complete chunks has the static length T // C (the first rows are the
+      document chunks that have C tokens, in order; a mask marks them), the per-chunk inputs of the ops the sync-free
+      row count ``max_chunks(T, N, C)`` (``ops/common/varlen.py``; rows past Nc ignored): shapes from T, N and C only.
+      Outputs are unchanged (gradients up to the BLAS rounding of a projection over more rows); ``sample="gumbel"``
+      draws noise for the padded rows too. An attached ``RoutingRecorder`` keeps only the real chunks (one host read).
+    """
 
     def __init__(
         self,
@@ -192,7 +196,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
         self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
         self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
-        # attn_qk="own" / "own_conv" (module docstring): the softmax branch's q / k projections, linear in x for
+        # attn_qk="own" / "own_conv" (class docstring): the softmax branch's q / k projections, linear in x for
         # "own", followed by their own ShortConvs + SiLU (convs "q_s", "k_s") for "own_conv" (None: "shared")
         own_qk = attn_qk in ("own", "own_conv")
         self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if own_qk else None
@@ -266,7 +270,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]; gate = g_proj(x),
         omega = omega_proj(x) [B, T, ·] when the caller projected them already (the fused decode step)."""
         b, t = x.shape[:2]
-        if self.fused_outputs == "softmax":  # diagnostic (module docstring): the softmax branch alone, no ω
+        if self.fused_outputs == "softmax":  # diagnostic (class docstring): the softmax branch alone, no ω
             y = rms_norm(o_sa, self.norm_eps) * (self.attn_scale if self.separate_norms else self.gdn_scale)
             return self._gate_out(x, y, gate)
         if self.fused_outputs == "gdn":

@@ -1,54 +1,11 @@
 """Triton kernels of the chunked gated delta rule with the NAtS-L per-chunk commit mask.
 
-Our own formulation (the same WY algebra as ``chunk.py``; no fla code). Per (batch b, head h) and chunk n of C tokens,
-with k̂ = r_k·k, q̂ = r_q·q (l2 norm factors r), chunk-local inclusive log-gate cumsum G, Γ = e^{G_last}:
-
-    A_ts = β_t (k̂_t·k̂_s) e^{G_t-G_s}  (s < t),   X = (I + A)^{-1}            (forward substitution, fp32)
-    w    = X diag(β e^G) k̂,   u = X diag(β) v
-    vn   = u - w S_n                                                         (S_n: state at the start of chunk n)
-    o    = scale (e^G q̂ S_n + ((q̂ k̂ᵀ) ⊙ D) vn),   D_ts = e^{G_t-G_s} (s <= t)
-    S_{n+1} = a_n S_n + m_n K̃ᵀ vn,   K̃ = e^{G_last-G} k̂,   a_n = Γ (decay_uncommitted) or m_n Γ + 1 - m_n
-
-Forward: ``prep`` (parallel over chunks: G, r, X, w, u) -> ``state_fwd`` (sequential over chunks per V tile: S_n,
-vn) -> ``output`` (parallel). Backward: ``bwd_local`` (parallel: dvn_local = scale (P⊙D)ᵀ dO and dP⊙D) ->
-``state_bwd`` (reverse sequential: dS at every chunk end, total dvn, d initial state) -> ``bwd_k`` (parallel over
-chunks × K tiles: dq̂, dk̂ slices, dw and the partial sums) -> ``bwd_finish`` (parallel over chunks: WY backward,
-dβ, dG -> dg, dv, dm, l2-norm backward). All state math is fp32; dots take fp32 operands (tf32 on the GPU).
-
-Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``). Decided once for all seven
-kernels: the internal buffers are indexed by *chunk row* n of the call's ``ChunkTable`` (``varlen.chunk_table``,
-built on the device, no host sync): its NT = ``max_chunks(T, N, C)`` rows are the real chunks in document order
-(chunks restart at each document start; rows ``[0, Nc)``, Nc = Σ ceil(len_i / C), so row n *is* global chunk n),
-then up to N - 1 spare rows without tokens. Buffer row n·C + i; only the token rows read from / written to the
-packed ``[1, T, ...]`` inputs and outputs move: row i of chunk row n is packed token ``t0 + i``, valid while
-``< t1``, ``(doc, t0, t1) = table_row(cu, indices, n, C)`` (the tail of a document's last chunk is the same zero
-padding as the partial last chunk of an unpacked call). Chunk-parallel kernels keep one program per (chunk row,
-head) and return at once on a spare row (``t1 <= t0``): it reads and writes nothing, so it adds nothing to any
-gradient. The two sequential kernels run one program per (document, head) over its chunk rows
-``[offsets[d], offsets[d + 1])`` (real rows only), starting from zero or ``initial_state[d]`` and storing
-``final_state[d]`` (their gradients likewise). The per-chunk commit mask and its gradient are ``[1, NM, H]`` with
-NM the true Nc (the caller's tensor, checked by ``varlen.check_packed``), read at row n (masked ``n < NM``).
-Without ``VARLEN`` the kernels compute the same quantities from n (chunk start n·C, end T) and NM = N.
-
-Interpreter-compatible (TRITON_INTERPRET=1): plain pointer arithmetic with masks, no block pointers, loop indices are
-never cast. Internal buffers use a padded token axis Tp = N·C (rows past T hold the zero padding of ``chunk.py``).
-
-No runtime float arguments: the output scale is the constexpr ``SCALE``. ``torch.compile`` traces the launches in
-``function.py`` and inductor re-compiles these kernels, typing Python float runtime arguments fp64; ``fp64 · fp32``
-would promote the fp32 loop-carried states (dS of ``state_bwd``) and Triton refuses the loop. Every accumulator is
-created with an explicit fp32 dtype, and every operand that meets the state is fp32 (activations are cast on load).
-
-bf16 buffers (``BF16``, ``GatedDeltaConfig.buffer_dtype`` "bf16", or the default "auto" with bf16 / fp16
-activations): w, u, S_n and vn are stored bf16 and the dots of ``state_fwd`` / ``output`` take bf16 operands
-(``_bf16``: the fp32 value rounded to nearest even, then the dot accumulates in fp32); the carried S, every
-elementwise term of its update and all of ``prep``'s math stay fp32 (prep rounds only on store). The backward
-kernels keep their fp32 path and cast every buffer they load to fp32 (``.to(tl.float32)``: a no-op on fp32 buffers,
-so the fp32 launch compiles to the same code); only the state backward's dots may take bf16 operands too
-(``GatedDeltaConfig.seqb_dots="bf16"``, with bf16 buffers). ``UPCAST`` (interpreter only, GPU value False): the
-interpreter's ``tl.dot`` multiplies bf16's uint16 storage as integers and its fp32 -> bf16 cast truncates, so there
-``_bf16`` keeps an fp32 tensor holding the round-to-nearest-even bf16 value (products of two bf16 values are exact
-in fp32, so the interpreter's dot is the GPU's bf16 MMA with fp32 accumulation up to the summation order) and stores
-of such values into a bf16 buffer are exact.
+Our own formulation: the same WY algebra as ``chunk.py`` (no fla code). Forward: ``prep`` (parallel over chunks)
+-> ``state_fwd`` (sequential over chunks) -> ``output`` (parallel); backward: ``bwd_local`` -> ``state_bwd``
+(reverse sequential) -> ``bwd_k`` -> ``bwd_finish``. All state math is fp32. `_prep_kernel` gives the per-chunk
+equations and the pipeline, `_chunk_rows` the packed-document (``VARLEN``) layout, `_bf16` the bf16-buffer path,
+`_state_bwd_kernel` why no kernel takes a runtime float argument. Interpreter-compatible (TRITON_INTERPRET=1): plain
+pointer arithmetic with masks, no block pointers, loop indices never cast.
 """
 
 from __future__ import annotations
@@ -62,7 +19,23 @@ from ...common.triton.chunk_rows import table_row
 @triton.jit
 def _chunk_rows(cu_ptr, ci_ptr, n, T, C: tl.constexpr, VARLEN: tl.constexpr):
     """Packed token index ``[C]`` of the rows of chunk row n, their validity mask (row < the chunk's end) and the
-    chunk's token range ``[t0, t1)`` (``t1 <= t0``: a spare row of the chunk table)."""
+    chunk's token range ``[t0, t1)`` (``t1 <= t0``: a spare row of the chunk table).
+
+    Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``). Decided once for all seven
+    kernels: the internal buffers are indexed by *chunk row* n of the call's ``ChunkTable`` (``varlen.chunk_table``,
+    built on the device, no host sync): its NT = ``max_chunks(T, N, C)`` rows are the real chunks in document order
+    (chunks restart at each document start; rows ``[0, Nc)``, Nc = Σ ceil(len_i / C), so row n *is* global chunk n),
+    then up to N - 1 spare rows without tokens. Buffer row n·C + i; only the token rows read from / written to the
+    packed ``[1, T, ...]`` inputs and outputs move: row i of chunk row n is packed token ``t0 + i``, valid while
+    ``< t1``, ``(doc, t0, t1) = table_row(cu, indices, n, C)`` (the tail of a document's last chunk is the same zero
+    padding as the partial last chunk of an unpacked call). Chunk-parallel kernels keep one program per (chunk row,
+    head) and return at once on a spare row (``t1 <= t0``): it reads and writes nothing, so it adds nothing to any
+    gradient. The two sequential kernels run one program per (document, head) over its chunk rows
+    ``[offsets[d], offsets[d + 1])`` (real rows only), starting from zero or ``initial_state[d]`` and storing
+    ``final_state[d]`` (their gradients likewise). The per-chunk commit mask and its gradient are ``[1, NM, H]`` with
+    NM the true Nc (the caller's tensor, checked by ``varlen.check_packed``), read at row n (masked ``n < NM``).
+    Without ``VARLEN`` the kernels compute the same quantities from n (chunk start n·C, end T) and NM = N.
+    """
     if VARLEN:
         _, t0, t1 = table_row(cu_ptr, ci_ptr, n, C)
     else:
@@ -77,8 +50,21 @@ def _bf16(x, BF16: tl.constexpr, UPCAST: tl.constexpr):
     """x as a bf16 dot operand / bf16-buffer value when ``BF16`` (x itself otherwise: the fp32 path is unchanged).
 
     GPU: ``x.to(tl.bfloat16)`` (cvt.rn: round to nearest even; a bf16 load passes through). ``UPCAST``
-    (interpreter): an fp32 tensor holding that rounded value (see the module docstring): a bf16 load is cast to fp32
-    (exact); an fp32 value is rounded to nearest even on its bits (NaN kept: poisoned buffers must stay visible)."""
+    (interpreter): an fp32 tensor holding that rounded value (see below): a bf16 load is cast to fp32
+    (exact); an fp32 value is rounded to nearest even on its bits (NaN kept: poisoned buffers must stay visible).
+
+    bf16 buffers (``BF16``, ``GatedDeltaConfig.buffer_dtype`` "bf16", or the default "auto" with bf16 / fp16
+    activations): w, u, S_n and vn are stored bf16 and the dots of ``state_fwd`` / ``output`` take bf16 operands
+    (``_bf16``: the fp32 value rounded to nearest even, then the dot accumulates in fp32); the carried S, every
+    elementwise term of its update and all of ``prep``'s math stay fp32 (prep rounds only on store). The backward
+    kernels keep their fp32 path and cast every buffer they load to fp32 (``.to(tl.float32)``: a no-op on fp32 buffers,
+    so the fp32 launch compiles to the same code); only the state backward's dots may take bf16 operands too
+    (``GatedDeltaConfig.seqb_dots="bf16"``, with bf16 buffers). ``UPCAST`` (interpreter only, GPU value False): the
+    interpreter's ``tl.dot`` multiplies bf16's uint16 storage as integers and its fp32 -> bf16 cast truncates, so there
+    ``_bf16`` keeps an fp32 tensor holding the round-to-nearest-even bf16 value (products of two bf16 values are exact
+    in fp32, so the interpreter's dot is the GPU's bf16 MMA with fp32 accumulation up to the summation order) and stores
+    of such values into a bf16 buffer are exact.
+    """
     if BF16:
         if UPCAST:
             if x.dtype == tl.bfloat16:
@@ -164,6 +150,25 @@ def _prep_kernel(
     USE_L2: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr, BF16: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """Per (chunk row, head): G, r, X, w, u of the chunk (the first kernel of the forward).
+
+    Per (batch b, head h) and chunk n of C tokens, with k̂ = r_k·k, q̂ = r_q·q (l2 norm factors r), chunk-local
+    inclusive log-gate cumsum G, Γ = e^{G_last}:
+
+        A_ts = β_t (k̂_t·k̂_s) e^{G_t-G_s}  (s < t),   X = (I + A)^{-1}            (forward substitution, fp32)
+        w    = X diag(β e^G) k̂,   u = X diag(β) v
+        vn   = u - w S_n                                                         (S_n: state at the start of chunk n)
+        o    = scale (e^G q̂ S_n + ((q̂ k̂ᵀ) ⊙ D) vn),   D_ts = e^{G_t-G_s} (s <= t)
+        S_{n+1} = a_n S_n + m_n K̃ᵀ vn,   K̃ = e^{G_last-G} k̂,   a_n = Γ (decay_uncommitted) or m_n Γ + 1 - m_n
+
+    Forward: ``prep`` (parallel over chunks: G, r, X, w, u) -> ``state_fwd`` (sequential over chunks per V tile: S_n,
+    vn) -> ``output`` (parallel). Backward: ``bwd_local`` (parallel: dvn_local = scale (P⊙D)ᵀ dO and dP⊙D) ->
+    ``state_bwd`` (reverse sequential: dS at every chunk end, total dvn, d initial state) -> ``bwd_k`` (parallel over
+    chunks × K tiles: dq̂, dk̂ slices, dw and the partial sums) -> ``bwd_finish`` (parallel over chunks: WY backward,
+    dβ, dG -> dg, dv, dm, l2-norm backward). All state math is fp32; dots take fp32 operands (tf32 on the GPU).
+
+    Internal buffers use a padded token axis Tp = N·C (rows past T hold the zero padding of ``chunk.py``).
+    """
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -481,7 +486,13 @@ def _state_bwd_kernel(
 ):
     """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
     dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
-    (V tile, sequence / document, head), like ``_state_fwd_kernel``."""
+    (V tile, sequence / document, head), like ``_state_fwd_kernel``.
+
+    No runtime float arguments: the output scale is the constexpr ``SCALE``. ``torch.compile`` traces the launches in
+    ``function.py`` and inductor re-compiles these kernels, typing Python float runtime arguments fp64; ``fp64 · fp32``
+    would promote the fp32 loop-carried states (dS of ``state_bwd``) and Triton refuses the loop. Every accumulator is
+    created with an explicit fp32 dtype, and every operand that meets the state is fp32 (activations are cast on load).
+    """
     pv = tl.program_id(0)
     sh = tl.program_id(1).to(tl.int64)  # (sequence, head): indexes S0 / Sfin
     b, h, bh, c0, c1 = _seq_program(sh, co_ptr, H, N, VARLEN)
