@@ -1,51 +1,11 @@
 """Chunked form of the S4D-only control: a Toeplitz matmul inside chunks, complex states between them, packed
 documents (``cu_seqlens``) without a per-document loop or a host sync.
 
-Same contract as ``naive_s4d`` (naive.py: the definition), including ``cu_seqlens`` (``ops/common/varlen.py``):
-initial states ``[N, H, M, R + D]`` per sequence, final states per sequence. With c̃ = Cᵀw and K(l) = Re(Σ_m c̃_m
-B_m λ_m^l) as in conv_form.py, the output splits at chunk boundaries (chunks of L = ``chunk_size`` tokens, L = T when
-T < ``chunk_size``; T is zero-padded up to NC·L, the padded tail is a "document" of its own that nothing reads):
-
-1. Document ids. ``doc[t]`` for every padded position from ``cu_seqlens`` by ``torch.searchsorted`` on the device
-   (the tail gets id N); without ``cu_seqlens`` every row is one document and no mask is built at all (the padded
-   tail follows the last real token, so causality alone keeps it out).
-2. Intra-chunk: y_intra = (Toeplitz_L(K[:L]) ⊙ [doc(t) == doc(s)]) @ z per chunk, one batched real matmul
-   ([H, L, L] shared by every chunk without ``cu_seqlens``, [NC, H, L, L] masked with them).
-3. Chunk-end states, planar (real, imaginary) float parts ``[H, M, NC, B, R + D]``: the local part of chunk n,
-   restricted to the document d_n running at its last row, b_n = Σ_{s in n, doc(s) = d_n} λ^{L-1-s} B z_s (one
-   einsum), plus the initial state X0 of d_n decayed to the chunk end, λ^{L - o} X0 (o: the document's start offset
-   in the chunk), when d_n starts in chunk n. Then S_n = Σ_{j <= n, d_j = d_n} μ^{n-j} b_j with μ = λ^L: the same
-   masked Toeplitz structure one level up (``_decay_scan``), as complex-times-complex matmuls of [SCAN_BLOCK]² lag
-   matrices of μ powers; above SCAN_BLOCK chunks the chunks are grouped by SCAN_BLOCK and the group-end states go
-   through the same function with μ^SCAN_BLOCK (a static recursion of depth log_SCAN_BLOCK(NC)), so the weights
-   stay H·M·NC·SCAN_BLOCK entries (no [NC, NC] matrix per head and mode at T = 32K).
-4. Inter-chunk readout: tokens of chunk n whose document ran at the end of chunk n - 1 get
-   Re(Σ_m c̃_m λ_m^{p+1} S_{n-1}[m, :]), p the token's row in the chunk. Tokens of a document's first chunk get the
-   initial-state term Re(Σ_m c̃_m λ_m^{pos+1} X0[m, :]) instead (pos < L: its position in the document), gathered
-   from one [N, L] table per document.
-5. Final states (``output_final_state``): per document i ending at row r of chunk n, Σ_{s <= r, doc(s) = i}
-   λ^{r-s} B z_s over chunk n (gathered), plus λ^{r+1} S_{n-1} if i started before chunk n, else λ^{r-o+1} X0_i.
-Every λ power is λ^k with 0 <= k <= L (or μ^k with 0 <= k <= SCAN_BLOCK): they only decay, nothing overflows, and
-nothing is divided by a power of λ. Every shape follows from (B, T, H, R, D, M, chunk_size, N = numel(cu_seqlens) -
-1): no ``.item()``, ``.tolist()`` or ``nonzero`` on the offsets (CPU offsets are still checked in full, eagerly;
-not while torch.compile traces, where their values are not readable without a graph break), so one compiled graph
-serves every document layout of the same T and N, and the whole form is differentiable by autograd.
-
-Precision. The λ tables are built in float64 in real arithmetic, |λ|^k (cos, sin)(k Im log λ), as in conv_form.py
-(the phases k·L·Im log λ of the chunk-level powers grow large), then cast to the real compute dtype
-(``compute_dtypes``: float32, float64 for float64 inputs; bf16/fp16 inputs are computed in float32 and y cast
-back). Under autocast the intra-chunk Toeplitz matmul runs in the autocast dtype, the decision of toeplitz.py ("the
-matmuls run in the dtype of the autocast region they are called in ... like every Linear layer": it is the same
-lower-triangular Toeplitz matmul, cut to L lags); everything that builds, carries or reads a state (steps 3-5) runs
-in the compute dtype with autocast off, the decision of conv_form.py for its state terms (DESIGN.md via
-``compute_dtypes``: the complex state is never kept in low precision), so the final states keep float32 accuracy.
-
-Cost per (head, channel column), T tokens, M modes: intra T·L multiply-adds (autocast dtype), b_n 2·M·T, the chunk
-scan 4·M·NC·min(NC, SCAN_BLOCK) (+ a carry term of 4·M·T per level above one), readout 2·M·T and final states
-2·M·N·L (compute dtype), against T² for the dense Toeplitz form. At B×T = 16×2048, H = 8, R = D = M = 64, L = 64
-(NC = 32), forward: 2.1 GMAC (bf16) + 12.9 GMAC (fp32) vs 68.7 GMAC (bf16) for toeplitz_s4d, i.e. 4.6x fewer
-multiply-adds but most of them in float32; the chunk states b, S are H·M·NC·B·C complex, 268 MB each in float32
-there (twice the inputs' float32 bytes at M = L), vs the dense form's 67 MB [H, T, T] bf16 matrix.
+`chunk_s4d` has the contract of ``naive_s4d`` (naive.py: the definition); its docstring gives the five steps of the
+split at chunk boundaries, the precision of each step and the cost against the dense Toeplitz form. The one idea:
+inside a chunk the output is a masked Toeplitz matmul, between chunks the complex chunk-end states follow the same
+masked Toeplitz structure one level up (`_decay_scan`), so every shape follows from (B, T, H, R, D, M, chunk_size, N)
+and one compiled graph serves every document layout.
 """
 
 from __future__ import annotations
@@ -144,14 +104,60 @@ def chunk_s4d(
     chunk_size: int = 64,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only control in chunks of ``chunk_size`` tokens (equal to ``naive_s4d`` to rounding; the module docstring
-    has the design).
+    """S4D-only control in chunks of ``chunk_size`` tokens (equal to ``naive_s4d`` to rounding).
 
     Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]`` complex
     (or each a ``Planar`` pair of real tensors: no complex op then without states); w ``[H, M]`` real;
     initial_state ``[B, H, M, R + D]`` complex (``[N, ...]`` with ``cu_seqlens [N + 1]``, B == 1).
     Any T >= 0, any positive ``chunk_size``. Returns ``y [B, T, H, R + D]`` in ``a.dtype`` and the final state
     (``[B, ...]``, or ``[N, ...]`` per sequence; complex128 for float64 inputs, else complex64) or ``None``.
+
+    Same contract as ``naive_s4d`` (naive.py: the definition), including ``cu_seqlens`` (``ops/common/varlen.py``):
+    initial states ``[N, H, M, R + D]`` per sequence, final states per sequence. With c̃ = Cᵀw and K(l) = Re(Σ_m c̃_m
+    B_m λ_m^l) as in conv_form.py, the output splits at chunk boundaries (chunks of L = ``chunk_size`` tokens, L = T
+    when T < ``chunk_size``; T is zero-padded up to NC·L, the padded tail is a "document" of its own that nothing
+    reads):
+
+    1. Document ids. ``doc[t]`` for every padded position from ``cu_seqlens`` by ``torch.searchsorted`` on the device
+       (the tail gets id N); without ``cu_seqlens`` every row is one document and no mask is built at all (the padded
+       tail follows the last real token, so causality alone keeps it out).
+    2. Intra-chunk: y_intra = (Toeplitz_L(K[:L]) ⊙ [doc(t) == doc(s)]) @ z per chunk, one batched real matmul
+       ([H, L, L] shared by every chunk without ``cu_seqlens``, [NC, H, L, L] masked with them).
+    3. Chunk-end states, planar (real, imaginary) float parts ``[H, M, NC, B, R + D]``: the local part of chunk n,
+       restricted to the document d_n running at its last row, b_n = Σ_{s in n, doc(s) = d_n} λ^{L-1-s} B z_s (one
+       einsum), plus the initial state X0 of d_n decayed to the chunk end, λ^{L - o} X0 (o: the document's start offset
+       in the chunk), when d_n starts in chunk n. Then S_n = Σ_{j <= n, d_j = d_n} μ^{n-j} b_j with μ = λ^L: the same
+       masked Toeplitz structure one level up (``_decay_scan``), as complex-times-complex matmuls of [SCAN_BLOCK]² lag
+       matrices of μ powers; above SCAN_BLOCK chunks the chunks are grouped by SCAN_BLOCK and the group-end states go
+       through the same function with μ^SCAN_BLOCK (a static recursion of depth log_SCAN_BLOCK(NC)), so the weights
+       stay H·M·NC·SCAN_BLOCK entries (no [NC, NC] matrix per head and mode at T = 32K).
+    4. Inter-chunk readout: tokens of chunk n whose document ran at the end of chunk n - 1 get
+       Re(Σ_m c̃_m λ_m^{p+1} S_{n-1}[m, :]), p the token's row in the chunk. Tokens of a document's first chunk get the
+       initial-state term Re(Σ_m c̃_m λ_m^{pos+1} X0[m, :]) instead (pos < L: its position in the document), gathered
+       from one [N, L] table per document.
+    5. Final states (``output_final_state``): per document i ending at row r of chunk n, Σ_{s <= r, doc(s) = i}
+       λ^{r-s} B z_s over chunk n (gathered), plus λ^{r+1} S_{n-1} if i started before chunk n, else λ^{r-o+1} X0_i.
+    Every λ power is λ^k with 0 <= k <= L (or μ^k with 0 <= k <= SCAN_BLOCK): they only decay, nothing overflows, and
+    nothing is divided by a power of λ. Every shape follows from (B, T, H, R, D, M, chunk_size, N = numel(cu_seqlens) -
+    1): no ``.item()``, ``.tolist()`` or ``nonzero`` on the offsets (CPU offsets are still checked in full, eagerly;
+    not while torch.compile traces, where their values are not readable without a graph break), so one compiled graph
+    serves every document layout of the same T and N, and the whole form is differentiable by autograd.
+
+    Precision. The λ tables are built in float64 in real arithmetic, |λ|^k (cos, sin)(k Im log λ), as in conv_form.py
+    (the phases k·L·Im log λ of the chunk-level powers grow large), then cast to the real compute dtype
+    (``compute_dtypes``: float32, float64 for float64 inputs; bf16/fp16 inputs are computed in float32 and y cast
+    back). Under autocast the intra-chunk Toeplitz matmul runs in the autocast dtype, the decision of toeplitz.py ("the
+    matmuls run in the dtype of the autocast region they are called in ... like every Linear layer": it is the same
+    lower-triangular Toeplitz matmul, cut to L lags); everything that builds, carries or reads a state (steps 3-5) runs
+    in the compute dtype with autocast off, the decision of conv_form.py for its state terms (DESIGN.md via
+    ``compute_dtypes``: the complex state is never kept in low precision), so the final states keep float32 accuracy.
+
+    Cost per (head, channel column), T tokens, M modes: intra T·L multiply-adds (autocast dtype), b_n 2·M·T, the chunk
+    scan 4·M·NC·min(NC, SCAN_BLOCK) (+ a carry term of 4·M·T per level above one), readout 2·M·T and final states
+    2·M·N·L (compute dtype), against T² for the dense Toeplitz form. At B×T = 16×2048, H = 8, R = D = M = 64, L = 64
+    (NC = 32), forward: 2.1 GMAC (bf16) + 12.9 GMAC (fp32) vs 68.7 GMAC (bf16) for toeplitz_s4d, i.e. 4.6x fewer
+    multiply-adds but most of them in float32; the chunk states b, S are H·M·NC·B·C complex, 268 MB each in float32
+    there (twice the inputs' float32 bytes at M = L), vs the dense form's 67 MB [H, T, T] bf16 matrix.
     """
     validate_chunk_size(chunk_size)
     packed = cu_seqlens is not None
