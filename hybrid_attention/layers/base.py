@@ -1,47 +1,10 @@
-"""The token-mixer contract shared by every layer (see DESIGN.md).
+"""The token-mixer contract shared by every layer (see DESIGN.md), and the helpers its implementations share.
 
-Training, prefill and eager (Python-side state) decoding:
-
-    y, state = layer(x, state=None)              # x: [B, T, hidden]
-    state = layer.init_state(batch_size, device=..., dtype=...)
-    n = layer.state_size(seq_len)                # real numbers kept per sequence after seq_len tokens
-
-`state=None` runs a stateless pass (training) and returns `(y, None)` unless `output_state=True`. Passing a state
-(e.g. from `init_state`) continues from it and returns the updated state; the state object is not modified in place,
-so a caller can keep an old state to branch from it. Prefill then one-token decoding, or feeding a sequence in
-arbitrary pieces, reproduces the full forward pass.
-
-Static decoding (serving: `StaticDecoder` captures a whole-model step in a CUDA graph, optionally compiled):
-
-    static = layer.init_static_state(batch_size, max_len, device, dtype)   # preallocated buffers (a StaticState)
-    layer.load_static_state(static, state)       # copy an eager (prefill) state of at most max_len tokens into them
-    y_t = layer.step(x_t, static, pos)           # x_t, y_t: [B, 1, hidden]; pos: long device tensor, 0-d or [B]
-
-`step` reads and updates only the buffers of `static`, in place, and equals the eager one-token decode
-`layer(x_t, state)` on the same state. It is gpt-fast shaped: no host sync (`.item()`, `.tolist()`, `nonzero`, ...),
-no shape that depends on a tensor value and no Python branch on one, so it traces into one graph
-(`torch.compile(fullgraph=True)`) and captures into a CUDA graph. Positions are device tensors; RoPE reads them
-through `RotaryEmbedding.at` (`rope_positions`). A step may branch on `pos.dim()` (a shape, fixed per graph):
-
-- pos 0-d: every row at the same position (equal-length prompts; the original path, unchanged).
-- pos [B]: per-row positions (prompts of different lengths, after a left-padded prefill: row b holds its own document
-  from position 0, ``models/padding.py``). Static layout per row: softmax K/V of row b's position p in slot p (the
-  valid keys of row b: 0..pos[b]); recurrent states are per row anyway; NAtS-L's chunk slot is pos[b] mod C.
-  `load_static_state` then takes the packed prefill's state (``KVState.pad``: right-aligned rows are moved to slot 0)
-  or, for a mixer without ``packed_states`` (NAtS-L), one batch-1 state per row through ``StaticState.row(b)``.
-
-DECISION (chunk ends, named once here): a mixer whose step does extra work at the end of each chunk of C tokens (NAtS-L:
-type the chunk, commit or roll back its GDN writes, keep or drop its K/V) declares C through `step_chunk_size()`, and
-its `step` takes the host-known flag `chunk_end`. With a 0-d pos, chunk_end = "this token completes a chunk" =
-(position + 1) % C == 0: the caller knows every position on the host (it chooses a CUDA graph per pattern of flags), so
-the step never computes the chunk-end work and masks it out, and never branches on the device position. With per-row
-positions ([B]) rows complete chunks at different steps; chunk_end then means "at least one row may complete a chunk
-here" (the host knows every row's length): the step computes the chunk-end work for every row and applies it under the
-device-side per-row mask (pos[b] + 1) % C == 0; chunk_end=False promises that no row completes one. So there are still
-two graphs per chunk size (inside-chunk, chunk-final), and the cost of the per-row design is that a chunk-final step
-does the chunk-end work of all B rows (routing, the S select, the K/V copy of the chunk) to use it for some: with rows
-at distinct phases up to min(B, C) of every C steps are chunk-final instead of one. Mixers without chunks return None
-and ignore the flag.
+`TokenMixer` documents the contract: training, prefill and eager decoding (`layer(x, state)`, `init_state`,
+`state_size`), and static decoding for serving (`init_static_state`, `load_static_state`, `step`, with 0-d or per-row
+positions and the host-known `chunk_end` flag of mixers with chunks). `StaticState` holds one mixer's preallocated
+decode buffers. The one idea: a static `step` equals the eager one-token decode on the same state and never
+syncs with the host, so a whole-model step traces into one graph and captures into a CUDA graph.
 """
 
 from __future__ import annotations
@@ -94,6 +57,49 @@ class TokenMixer(nn.Module):
     packed_states: whether a packed call (``cu_seqlens``, from an empty state) returns a state with
     ``output_state=True``: the ordinary batched decode state whose row i continues document i (the prefill of a
     left-padded batch, ``models/padding.py``). Mixers without it refuse ``output_state`` with ``cu_seqlens``.
+
+    Training, prefill and eager (Python-side state) decoding:
+
+        y, state = layer(x, state=None)              # x: [B, T, hidden]
+        state = layer.init_state(batch_size, device=..., dtype=...)
+        n = layer.state_size(seq_len)                # real numbers kept per sequence after seq_len tokens
+
+    `state=None` runs a stateless pass (training) and returns `(y, None)` unless `output_state=True`. Passing a state
+    (e.g. from `init_state`) continues from it and returns the updated state; the state object is not modified in place,
+    so a caller can keep an old state to branch from it. Prefill then one-token decoding, or feeding a sequence in
+    arbitrary pieces, reproduces the full forward pass.
+
+    Static decoding (serving: `StaticDecoder` captures a whole-model step in a CUDA graph, optionally compiled):
+
+        static = layer.init_static_state(batch_size, max_len, device, dtype)   # preallocated buffers (a StaticState)
+        layer.load_static_state(static, state)       # copy an eager (prefill) state of at most max_len tokens into them
+        y_t = layer.step(x_t, static, pos)           # x_t, y_t: [B, 1, hidden]; pos: long device tensor, 0-d or [B]
+
+    `step` reads and updates only the buffers of `static`, in place, and equals the eager one-token decode
+    `layer(x_t, state)` on the same state. It is gpt-fast shaped: no host sync (`.item()`, `.tolist()`, `nonzero`, ...),
+    no shape that depends on a tensor value and no Python branch on one, so it traces into one graph
+    (`torch.compile(fullgraph=True)`) and captures into a CUDA graph. Positions are device tensors; RoPE reads them
+    through `RotaryEmbedding.at` (`rope_positions`). A step may branch on `pos.dim()` (a shape, fixed per graph):
+
+    - pos 0-d: every row at the same position (equal-length prompts; the original path, unchanged).
+    - pos [B]: per-row positions (prompts of different lengths, after a left-padded prefill: row b holds its own
+      document from position 0, ``models/padding.py``). Static layout per row: softmax K/V of row b's position p in slot
+      p (the valid keys of row b: 0..pos[b]); recurrent states are per row anyway; NAtS-L's chunk slot is pos[b] mod C.
+      `load_static_state` then takes the packed prefill's state (``KVState.pad``: right-aligned rows are moved to slot
+      0) or, for a mixer without ``packed_states`` (NAtS-L), one batch-1 state per row through ``StaticState.row(b)``.
+
+    DECISION (chunk ends, named once here): a mixer whose step does extra work at the end of each chunk of C tokens
+    (NAtS-L: type the chunk, commit or roll back its GDN writes, keep or drop its K/V) declares C through
+    `step_chunk_size()`, and its `step` takes the host-known flag `chunk_end`. With a 0-d pos, chunk_end = "this token
+    completes a chunk" = (position + 1) % C == 0: the caller knows every position on the host (it chooses a CUDA graph
+    per pattern of flags), so the step never computes the chunk-end work and masks it out, and never branches on the
+    device position. With per-row positions ([B]) rows complete chunks at different steps; chunk_end then means "at
+    least one row may complete a chunk here" (the host knows every row's length): the step computes the chunk-end work
+    for every row and applies it under the device-side per-row mask (pos[b] + 1) % C == 0; chunk_end=False promises that
+    no row completes one. So there are still two graphs per chunk size (inside-chunk, chunk-final), and the cost of the
+    per-row design is that a chunk-final step does the chunk-end work of all B rows (routing, the S select, the K/V copy
+    of the chunk) to use it for some: with rows at distinct phases up to min(B, C) of every C steps are chunk-final
+    instead of one. Mixers without chunks return None and ignore the flag.
     """
 
     packed_states: bool = False

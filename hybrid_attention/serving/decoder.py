@@ -1,48 +1,10 @@
 """StaticDecoder: whole-model decode over static buffers, compiled and CUDA-graph capturable.
 
-    dec = StaticDecoder(model, batch_size=1, max_length=4096)
-    logits = dec.prefill(input_ids)         # [B, V] of the last prompt token (the model's chunked prefill)
-    dec.capture()                           # CUDA only: one graph per chunk-phase pattern (see below)
-    logits = dec.step(next_ids)             # [B, V]; next_ids [B, 1]
-    tokens = dec.generate(input_ids, 64)    # greedy, [B, T0 + 64]
-    tokens = dec.generate(ids, 64, attention_mask=mask)   # prompts of different lengths, left padded
-
 Every layer's mixer brings its own static state and one-token step (the mixer contract, layers/base.py:
 `init_static_state`, `load_static_state`, `step`); this module only chains them with the norms and MLPs, compiles,
-captures and generates. It has no per-mixer code.
-
-Decisions:
-- Graphs per chunk phase: a mixer with chunks (NAtS-L, `step_chunk_size()`) does extra work in the step that completes
-  a chunk, and takes the host-known flag `chunk_end` (layers/base.py). The host knows every position, so there is one
-  graph per pattern of chunk-end flags over the layers (two graphs when all NAtS-L layers share a chunk size:
-  inside-chunk and chunk-final; one graph for models without NAtS-L). Inside a graph nothing branches on tensor values.
-- The position lives twice: a 0-d long device tensor (read by RoPE, masks and cache writes; advanced in place by the
-  captured step) and a host int (`length`) used only for bounds checks and for choosing the graph.
-- Prompts of different lengths (`prefill(..., attention_mask=...)` with left padding, models/padding.py): the rows get
-  their own positions, a [B] long device tensor (`row_pos`, advanced in place) beside the host lengths; every mixer
-  step takes it instead of the 0-d one (the per-row layout and NAtS-L's per-row chunk ends: layers/base.py). It is a
-  second mode with its own compiled step and graphs (`per_row`); equal-length prompts (no mask, or one without zeros)
-  keep the 0-d path unchanged. In the per-row mode a layer's chunk-end flag is "some row completes a chunk"; the graphs
-  cover every pattern of those flags over the distinct chunk sizes (two for one size), so one `capture()` in the
-  per-row mode serves any later padded prefill. `length` is then the longest row's length (the bound of the buffers).
-- compile (default: on CUDA): the whole-model step is `torch.compile(fullgraph=True, dynamic=False)`d once per chunk
-  phase, before the CUDA-graph capture (`capture()` captures the compiled step; inductor's own cudagraphs are never
-  used: `COMPILE_MODE`). Every Triton kernel a step calls is a registered custom op with a fake kernel
-  (ops/decode_attention, ops/gated_delta/triton/decode.py, ops/interdomain/triton/decode.py), so inductor traces
-  around it. compile=False runs the plain step (the CPU default).
-- Fused projections (modules/fused_linear.py): the static states and the decoder keep concatenated copies of the
-  weights that read one input (a mixer's input projections, each SwiGLU's gate|up), so a step runs one GEMV where the
-  training modules run several (at B = 1 the step is a chain of small kernels; a compiled gdn-340m step went from
-  ~19 to ~8 inductor kernels per layer, counted on the CPU). Cost: that extra copy of the fused weights.
-- Fused GEMVs (use_kernels, B <= 8, ops/decode_linear): each block's MLP half runs as two Triton launches, the
-  mixer's residual add + RMSNorm + gate|up GEMV + SwiGLU (add and norm as the GEMV's prologue, the SwiGLU as its
-  epilogue) and down GEMV + residual add, where the compiled plain step runs four (add + norm, GEMV, SiLU·mul, GEMV;
-  the down's residual add goes into the next block's norm kernel); the final norm + lm_head is one launch too.
-  The mixer half keeps the mixer contract (`step` takes the normed x and runs its own fused input GEMV): fusing the
-  attention norm into that GEMV, or the residual into the output projection, would move the norm and the residual
-  into every mixer's step, so it is not done here.
-- The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
-  the next step.
+captures and generates. It has no per-mixer code. `StaticDecoder`'s docstring shows the use and names its decisions
+(one graph per chunk-phase pattern, device and host positions, per-row positions, compile, fused projections and
+GEMVs, the static logits buffer).
 """
 
 from __future__ import annotations
@@ -80,8 +42,52 @@ class StaticDecoder:
     (default: on CUDA). natsl_cache_chunks: softmax-typed chunks a NAtS-L layer can keep per (row, decision head)
     (default: all complete chunks of max_length; smaller = an expected softmax fraction, cheaper steps; exceeding it
     is reported by `overflowed()` and makes `generate` raise). compile: `torch.compile` the step (default: on CUDA;
-    see the module docstring); compile_mode: its mode. fused_gemv: the MLP halves and the LM head as fused Triton
+    see "compile" below); compile_mode: its mode. fused_gemv: the MLP halves and the LM head as fused Triton
     GEMVs (ops/decode_linear; needs use_kernels and batch_size <= 8; default off, see FUSED_GEMV_DEFAULT).
+
+    Use:
+
+        dec = StaticDecoder(model, batch_size=1, max_length=4096)
+        logits = dec.prefill(input_ids)         # [B, V] of the last prompt token (the model's chunked prefill)
+        dec.capture()                           # CUDA only: one graph per chunk-phase pattern (see below)
+        logits = dec.step(next_ids)             # [B, V]; next_ids [B, 1]
+        tokens = dec.generate(input_ids, 64)    # greedy, [B, T0 + 64]
+        tokens = dec.generate(ids, 64, attention_mask=mask)   # prompts of different lengths, left padded
+
+    Decisions:
+    - Graphs per chunk phase: a mixer with chunks (NAtS-L, `step_chunk_size()`) does extra work in the step that
+      completes a chunk, and takes the host-known flag `chunk_end` (layers/base.py). The host knows every position, so
+      there is one graph per pattern of chunk-end flags over the layers (two graphs when all NAtS-L layers share a chunk
+      size: inside-chunk and chunk-final; one graph for models without NAtS-L). Inside a graph nothing branches on
+      tensor values.
+    - The position lives twice: a 0-d long device tensor (read by RoPE, masks and cache writes; advanced in place by the
+      captured step) and a host int (`length`) used only for bounds checks and for choosing the graph.
+    - Prompts of different lengths (`prefill(..., attention_mask=...)` with left padding, models/padding.py): the rows
+      get their own positions, a [B] long device tensor (`row_pos`, advanced in place) beside the host lengths; every
+      mixer step takes it instead of the 0-d one (the per-row layout and NAtS-L's per-row chunk ends: layers/base.py).
+      It is a second mode with its own compiled step and graphs (`per_row`); equal-length prompts (no mask, or one
+      without zeros) keep the 0-d path unchanged. In the per-row mode a layer's chunk-end flag is "some row completes a
+      chunk"; the graphs cover every pattern of those flags over the distinct chunk sizes (two for one size), so one
+      `capture()` in the per-row mode serves any later padded prefill. `length` is then the longest row's length (the
+      bound of the buffers).
+    - compile (default: on CUDA): the whole-model step is `torch.compile(fullgraph=True, dynamic=False)`d once per chunk
+      phase, before the CUDA-graph capture (`capture()` captures the compiled step; inductor's own cudagraphs are never
+      used: `COMPILE_MODE`). Every Triton kernel a step calls is a registered custom op with a fake kernel
+      (ops/decode_attention, ops/gated_delta/triton/decode.py, ops/interdomain/triton/decode.py), so inductor traces
+      around it. compile=False runs the plain step (the CPU default).
+    - Fused projections (modules/fused_linear.py): the static states and the decoder keep concatenated copies of the
+      weights that read one input (a mixer's input projections, each SwiGLU's gate|up), so a step runs one GEMV where
+      the training modules run several (at B = 1 the step is a chain of small kernels; a compiled gdn-340m step runs ~8
+      inductor kernels per layer instead of ~19, counted on the CPU). Cost: that extra copy of the fused weights.
+    - Fused GEMVs (use_kernels, B <= 8, ops/decode_linear): each block's MLP half runs as two Triton launches, the
+      mixer's residual add + RMSNorm + gate|up GEMV + SwiGLU (add and norm as the GEMV's prologue, the SwiGLU as its
+      epilogue) and down GEMV + residual add, where the compiled plain step runs four (add + norm, GEMV, SiLU·mul, GEMV;
+      the down's residual add goes into the next block's norm kernel); the final norm + lm_head is one launch too.
+      The mixer half keeps the mixer contract (`step` takes the normed x and runs its own fused input GEMV): fusing the
+      attention norm into that GEMV, or the residual into the output projection, would move the norm and the residual
+      into every mixer's step, so it is not done here.
+    - The returned logits are the decoder's static output buffer (as with any CUDA graph): clone them to keep them past
+      the next step.
     """
 
     def __init__(self, model: HybridForCausalLM, batch_size: int, max_length: int,
@@ -194,7 +200,7 @@ class StaticDecoder:
         """input_ids [B, T0] -> logits [B, V] of the last position. Runs `model.prefill` (chunked, Python-side
         state) and copies every layer's state into the static buffers. attention_mask [B, T0] (left padding,
         models/padding.py): prompts of different lengths; with a zero in it the decoder runs in the per-row mode
-        (module docstring) until the next prefill; without one it is ignored."""
+        (class docstring) until the next prefill; without one it is ignored."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch_size, T0], got shape {tuple(input_ids.shape)}")
         b, t0 = input_ids.shape
