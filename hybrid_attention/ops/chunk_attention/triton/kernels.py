@@ -1,41 +1,13 @@
 """The block-sparse Triton kernels of chunk attention (the NAtS-L softmax branch), forward + backward.
 
-Our own FlashAttention-2 style kernels over the chunk routing. Query t (chunk c(t), softmax head i, decision head
-h = i // G) sees its own chunk causally and every earlier chunk n with routing[b, n, h] = 1; cross-chunk logits get
-``routing_bias[b, n, h]`` (the NAtS-L routing gradient is d bias = Σ dS over those pairs, no softmax-scale factor).
-
-* Forward / dq: one program per (query tile of QC chunks, b, head). It walks the compacted, ascending list of routed
-  chunks before its tile (``idx``/``cnt``, built on the device from the routing, no host sync) without masks, then
-  the QC diagonal chunks with the causal + routing mask. Cost ∝ ρ·T²/2 + T·C per head (ρ = routed fraction).
-* dk/dv: one program per (key chunk, b, head): its own chunk causally, then, only if the chunk is routed, every
-  later query tile (unmasked); it also accumulates Σ dS over those later queries = the routing-bias gradient.
-  These are the transpose of the forward's block lists: a routed chunk is seen by every later query of its
-  document, an unrouted one only by its own chunk, so the dk/dv walk needs no list.
-* One-pass backward (``_bwd_kernel``, ``ChunkAttentionConfig(bwd_mode="one_pass")``): the dk/dv program (same body,
-  ``_dkv_program``) also computes each query step's dq share dS·K and adds it with relaxed fp32 ``tl.atomic_add``
-  into a zero-initialised fp32 dq buffer (cast to q's dtype by the host), as FlashAttention-2's backward: 5 matmuls
-  per (query step, key chunk) pair instead of the two-pass 3 (dq kernel) + 4 (dk/dv kernel), and no second read of
-  k, v; the price is C·Dk fp32 atomic adds per (query chunk, key chunk) pair, in no fixed order (dq is not
-  bit-reproducible run to run on a GPU).
-
-Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``), decided once for the three
-kernels: chunks restart at each document start and are numbered globally in document order (routing, bias and
-their gradient ``[1, N, Hn]`` with N the true Nc = Σ ceil(len_i / C), the caller's tensors); the grids run over the
-rows of the call's ``ChunkTable`` (``varlen.chunk_table``, built on the device, no host sync): its first Nc rows
-are those chunks (row c *is* global chunk c), ``table_row`` gives a row's document and token range, and the up to
-N_docs - 1 spare rows after them have no tokens: their programs return at once (they read and write nothing, and
-store no bias gradient). Query tiles are one chunk (QC = 1): one program per (chunk row, head) with the chunk's
-true rows (masked at a document's partial last chunk); the routed chunks of its own document before it are
-``idx[cnt[offsets[doc]] : cnt[c]]`` (the same device-built lists as unpacked: cnt counts routed chunks in global
-order, idx is ascending; both indices clamped to N, so no read goes past the lists). An earlier chunk of the same
-document is always full. dk/dv: one program per (key chunk row, head); its later query rows stop at its document's
-end ``cu[doc + 1]``. So no query ever reads another document.
-
-Softmax statistics in fp32 (log2 domain); dots take the input dtype (bf16 on the GPU) with fp32 accumulation.
-Interpreter-compatible (``TRITON_INTERPRET=1``): runtime-bounded loops become ``while`` loops there (NumPy >= 2.4
-refuses ``int()`` of the interpreter's 1-element scalars), the compiled kernels use ``for`` loops.
-The softmax scales are constexpr: inductor (``torch.compile``) types Python float runtime arguments of user Triton
-kernels fp64, which would promote the fp32 loop-carried accumulators (Triton refuses the loop).
+Our own FlashAttention-2 style kernels over the chunk routing: query t sees its own chunk causally and every earlier
+chunk routed to softmax for its decision head; cross-chunk logits get ``routing_bias`` (its gradient is the routing
+gradient). `_fwd_kernel` (forward, and the dq pass) walks a device-built list of routed chunks, `_dkv_kernel` the
+transpose; `_bwd_kernel` is the one-pass backward; `_query_tile` gives the packed-document (``VARLEN``) layout.
+Softmax statistics in fp32 (log2 domain); dots take the input dtype with fp32 accumulation. Softmax scales
+are constexpr (inductor types Python float runtime arguments fp64, promoting the fp32 loop-carried accumulators).
+Runtime-bounded loops are ``while`` loops under ``TRITON_INTERPRET=1`` (NumPy >= 2.4 refuses ``int()`` of the
+interpreter's 1-element scalars), ``for`` loops when compiled.
 """
 
 from __future__ import annotations
@@ -94,7 +66,21 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows,
 def _query_tile(cu_ptr, ci_ptr, pid_m, T, C: tl.constexpr, BM: tl.constexpr, VARLEN: tl.constexpr):
     """(doc, r0, r1, rows [BM], rm [BM], rchunk [BM]) of query tile pid_m: its document (packed; 0 otherwise), token
     range [r0, r1), row indices, their validity and chunk index. Packed (QC == 1): the tile is chunk row pid_m of the
-    chunk table (= global chunk pid_m) with its true rows; r1 <= r0 marks a spare row (no queries)."""
+    chunk table (= global chunk pid_m) with its true rows; r1 <= r0 marks a spare row (no queries).
+
+    Packed documents (``cu_seqlens``, ``VARLEN``; B == 1, ``ops/common/varlen.py``), decided once for the three
+    kernels: chunks restart at each document start and are numbered globally in document order (routing, bias and
+    their gradient ``[1, N, Hn]`` with N the true Nc = Σ ceil(len_i / C), the caller's tensors); the grids run over the
+    rows of the call's ``ChunkTable`` (``varlen.chunk_table``, built on the device, no host sync): its first Nc rows
+    are those chunks (row c *is* global chunk c), ``table_row`` gives a row's document and token range, and the up to
+    N_docs - 1 spare rows after them have no tokens: their programs return at once (they read and write nothing, and
+    store no bias gradient). Query tiles are one chunk (QC = 1): one program per (chunk row, head) with the chunk's
+    true rows (masked at a document's partial last chunk); the routed chunks of its own document before it are
+    ``idx[cnt[offsets[doc]] : cnt[c]]`` (the same device-built lists as unpacked: cnt counts routed chunks in global
+    order, idx is ascending; both indices clamped to N, so no read goes past the lists). An earlier chunk of the same
+    document is always full. dk/dv: one program per (key chunk row, head); its later query rows stop at its document's
+    end ``cu[doc + 1]``. So no query ever reads another document.
+    """
     if VARLEN:
         doc, r0, r1 = table_row(cu_ptr, ci_ptr, pid_m, C)
         rows = r0 + tl.arange(0, BM)
@@ -116,6 +102,16 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
                 UPCAST: tl.constexpr, STORE_O32: tl.constexpr, VARLEN: tl.constexpr):
+    """Forward of one query tile (QC chunks) of one (b, head): the output and the log-sum-exp.
+
+    Query t (chunk c(t), softmax head i, decision head
+    h = i // G) sees its own chunk causally and every earlier chunk n with routing[b, n, h] = 1; cross-chunk logits get
+    ``routing_bias[b, n, h]`` (the NAtS-L routing gradient is d bias = Σ dS over those pairs, no softmax-scale factor).
+
+    Forward / dq: one program per (query tile of QC chunks, b, head). It walks the compacted, ascending list of routed
+    chunks before its tile (``idx``/``cnt``, built on the device from the routing, no host sync) without masks, then
+    the QC diagonal chunks with the causal + routing mask. Cost ∝ ρ·T²/2 + T·C per head (ρ = routed fraction).
+    """
     BM: tl.constexpr = QC * C
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles (most routed chunks) first
     bh = tl.program_id(1).to(tl.int64)
@@ -383,7 +379,13 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
                 UPCAST: tl.constexpr, VARLEN: tl.constexpr):
-    """Two-pass backward, second pass: dk, dv and Σ dS of one key chunk (the dq kernel did dq)."""
+    """Two-pass backward, second pass: dk, dv and Σ dS of one key chunk (the dq kernel did dq).
+
+    dk/dv: one program per (key chunk, b, head): its own chunk causally, then, only if the chunk is routed, every
+    later query tile (unmasked); it also accumulates Σ dS over those later queries = the routing-bias gradient.
+    These are the transpose of the forward's block lists: a routed chunk is seen by every later query of its
+    document, an unrouted one only by its own chunk, so the dk/dv walk needs no list.
+    """
     _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
                  cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP, UPCAST,
                  VARLEN, False)
@@ -396,7 +398,15 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr,
                 QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
                 UPCAST: tl.constexpr, VARLEN: tl.constexpr):
     """One-pass backward: dk, dv, Σ dS of one key chunk as ``_dkv_kernel``, plus its dq share added with atomics
-    into ``dq_ptr`` (fp32 ``[B, T, HS, DK]``, zero-initialised by the host)."""
+    into ``dq_ptr`` (fp32 ``[B, T, HS, DK]``, zero-initialised by the host).
+
+    One-pass backward (``_bwd_kernel``, ``ChunkAttentionConfig(bwd_mode="one_pass")``): the dk/dv program (same body,
+    ``_dkv_program``) also computes each query step's dq share dS·K and adds it with relaxed fp32 ``tl.atomic_add``
+    into a zero-initialised fp32 dq buffer (cast to q's dtype by the host), as FlashAttention-2's backward: 5 matmuls
+    per (query step, key chunk) pair instead of the two-pass 3 (dq kernel) + 4 (dk/dv kernel), and no second read of
+    k, v; the price is C·Dk fp32 atomic adds per (query chunk, key chunk) pair, in no fixed order (dq is not
+    bit-reproducible run to run on a GPU).
+    """
     _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
                  cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP, UPCAST,
                  VARLEN, True)
