@@ -1,40 +1,12 @@
 """Variable-length (packed) sequences: the ``cu_seqlens`` convention of every op and layer, decided once here.
 
-Convention (fla's): N documents are concatenated along the time axis of a batch of one row, ``x [1, T, ...]``, and
-``cu_seqlens [N + 1]`` holds their offsets: document i is ``x[:, cu_seqlens[i]:cu_seqlens[i + 1]]``, with
-``cu_seqlens[0] == 0`` and ``cu_seqlens[N] == T``. Nothing crosses a document boundary: recurrent states start fresh
-at each document (or from ``initial_state[i]``, one per sequence: ``[N, ...]``), final states are returned per
-sequence (``[N, ...]``), attention never reads another document, convolutions see zeros before a document start,
-RoPE positions restart at 0, and chunks (of ``chunk_size`` tokens) restart at each document start, so that
-per-chunk inputs (the NAtS-L commit mask / routing) are ``[1, Nc, ...]`` with ``Nc = Σ_i ceil(len_i / chunk_size)``
-in document order.
-
-Decisions:
-- dtype: int32 (fla's) or int64 (what ``torch.cumsum`` returns) are both accepted; any other dtype is an error.
-- Documents are non-empty: the offsets must be strictly increasing (an empty document has no final token, so no
-  final state worth reporting; packers never produce one).
-- The reference forms read the offsets on the host (one sync per call) and run each document as its own sequence
-  (``per_document``): exact by construction, and chunks restart at each document start for free.
-- Every Triton kernel that takes the offsets (gated delta, chunk attention, and through them NAtS-L mixed; the
-  complex diagonal-SSM ones: Interdomain, bilinear S4D and the state scans they share, ``ops/common/triton/
-  ssm_scan*.py``) reads one table design, the ``ChunkTable``, from one builder, ``chunk_table``: the offsets as
-  int32, the per-document chunk offsets and a per-chunk-row index table (document, chunk in the document), built
-  with device ops (``searchsorted``) and no host sync. Its row count is the static upper bound
-  ``max_chunks(T, N, chunk_size)`` (at most N - 1 above the true Nc), so no grid or buffer shape depends on the
-  offsets' values (no sync; ``torch.compile`` and CUDA graphs see static shapes). Rows ``[0, Nc)`` are the real
-  chunks in document order, so row c *is* global chunk c and indexes the ``[1, Nc, ...]`` per-chunk inputs
-  directly; the rows after them are empty (they point past their document's end): a kernel reads and writes
-  nothing for them (``ops/common/triton/chunk_rows.py``, ``table_row``), so they add nothing to any gradient.
-  The host checks need no sync either (``check_cu_seqlens``, ``check_packed``): a CPU ``cu_seqlens`` is checked in
-  full (its values are already on the host) and the per-chunk inputs for the exact Nc; a device one for dtype and
-  shape only (its values are trusted, as fla does: wrong device offsets are undefined behaviour) and the per-chunk
-  inputs for Nc within the bounds every split of T tokens into N documents allows (``min_chunks``, ``max_chunks``;
-  the kernels read per-chunk inputs masked by their own row count). No other index table exists.
-- Per-chunk inputs may also have the sync-free row count ``max_chunks(T, N, chunk_size)`` itself, whatever the
-  offsets' device and the form (the NAtS-L layer's packed routing, which cannot know Nc without a host read): rows
-  ``[0, Nc)`` are the chunks, the rows past Nc are ignored (never read by a kernel, sliced off by ``per_document``);
-  their gradient is zero in the reference forms and unspecified (not written) in the Triton ones.
-  Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
+Convention (fla's): N non-empty documents are concatenated along the time axis of one row, ``x [1, T, ...]``, and
+``cu_seqlens [N + 1]`` (int32 or int64) holds their offsets, ``cu_seqlens[0] == 0``, ``cu_seqlens[N] == T``. Nothing
+crosses a document boundary: states start fresh at each document (or from ``initial_state[i]``, ``[N, ...]``), final
+states are per sequence, attention never reads another document, convolutions see zeros before a document start,
+RoPE positions and chunks restart at each document start, so per-chunk inputs are ``[1, Nc, ...]`` with
+``Nc = Σ_i ceil(len_i / chunk_size)`` in document order. The reference forms run each document alone
+(`per_document`); every Triton kernel reads one sync-free index table, the `ChunkTable` of `chunk_table`.
 """
 
 from __future__ import annotations
@@ -83,7 +55,12 @@ def validate_cu_seqlens(
     cu_seqlens: torch.Tensor, total_len: int, batch_size: int = 1, name: str = "cu_seqlens"
 ) -> list[int]:
     """Check ``cu_seqlens`` against inputs of ``batch_size`` rows and ``total_len`` tokens; return the offsets as a
-    host list ``[N + 1]``. Raises ``ValueError`` with one line naming the argument."""
+    host list ``[N + 1]``. Raises ``ValueError`` with one line naming the argument.
+
+    dtype: int32 (fla's) or int64 (what ``torch.cumsum`` returns) are both accepted; any other dtype is an error.
+    Documents are non-empty: the offsets must be strictly increasing (an empty document has no final token, so no
+    final state worth reporting; packers never produce one).
+    """
     _check_form(cu_seqlens, batch_size, name)
     offs = [int(o) for o in cu_seqlens.tolist()]
     if offs[0] != 0:
@@ -170,7 +147,24 @@ class ChunkTable(NamedTuple):
     ``offsets`` the chunk offsets ``[N + 1]`` (document i owns chunk rows ``[offsets[i], offsets[i + 1])``);
     ``indices [NT, 2]`` one row (document, chunk index inside the document) per chunk row, ``NT = max_chunks(...)``
     rows, those past ``offsets[N]`` empty (document N - 1, a chunk index past its end); ``chunk_size`` the chunk
-    length the table was built for."""
+    length the table was built for.
+
+    Every Triton kernel that takes the offsets (gated delta, chunk attention, and through them NAtS-L mixed; the
+    complex diagonal-SSM ones: Interdomain, bilinear S4D and the state scans they share, ``ops/common/triton/
+    ssm_scan*.py``) reads one table design, the ``ChunkTable``, from one builder, ``chunk_table``: the offsets as
+    int32, the per-document chunk offsets and a per-chunk-row index table (document, chunk in the document), built
+    with device ops (``searchsorted``) and no host sync. Its row count is the static upper bound
+    ``max_chunks(T, N, chunk_size)`` (at most N - 1 above the true Nc), so no grid or buffer shape depends on the
+    offsets' values (no sync; ``torch.compile`` and CUDA graphs see static shapes). Rows ``[0, Nc)`` are the real
+    chunks in document order, so row c *is* global chunk c and indexes the ``[1, Nc, ...]`` per-chunk inputs
+    directly; the rows after them are empty (they point past their document's end): a kernel reads and writes
+    nothing for them (``ops/common/triton/chunk_rows.py``, ``table_row``), so they add nothing to any gradient.
+    The host checks need no sync either (``check_cu_seqlens``, ``check_packed``): a CPU ``cu_seqlens`` is checked in
+    full (its values are already on the host) and the per-chunk inputs for the exact Nc; a device one for dtype and
+    shape only (its values are trusted, as fla does: wrong device offsets are undefined behaviour) and the per-chunk
+    inputs for Nc within the bounds every split of T tokens into N documents allows (``min_chunks``, ``max_chunks``;
+    the kernels read per-chunk inputs masked by their own row count). No other index table exists.
+    """
 
     cu: torch.Tensor
     offsets: torch.Tensor
@@ -306,7 +300,14 @@ def check_packed(
     ``[N, ...]``, and each per-chunk input of ``chunked`` against ``[1, M, ...]``: ``Nc <= M <= max_chunks(T, N, L)``
     for CPU offsets (the rows past Nc are ignored), else ``min_chunks(T, N, L) <= M <= max_chunks(T, N, L)`` (the
     kernels read per-chunk inputs masked by their own row count). Returns N. Raises ``ValueError`` with one line
-    naming the argument (``first`` is named ``q``)."""
+    naming the argument (``first`` is named ``q``).
+
+    Per-chunk inputs may also have the sync-free row count ``max_chunks(T, N, chunk_size)`` itself, whatever the
+    offsets' device and the form (the NAtS-L layer's packed routing, which cannot know Nc without a host read): rows
+    ``[0, Nc)`` are the chunks, the rows past Nc are ignored (never read by a kernel, sliced off by ``per_document``);
+    their gradient is zero in the reference forms and unspecified (not written) in the Triton ones.
+    Ops whose Triton kernels do not take the offsets list "triton" in ``resolve_backend(no_varlen=...)``.
+    """
     if not isinstance(first, torch.Tensor) or first.dim() < 2:
         raise ValueError(f"q must be a [B, T, ...] tensor, got {getattr(first, 'shape', first)}")
     T = first.shape[1]
@@ -341,6 +342,9 @@ def per_document(tokens: tuple[str, ...], chunks: tuple[str, ...] = (), outputs:
     arguments ``[1, Nc, ...]`` (sliced by ``chunk_offsets`` with the form's ``chunk_size``); ``initial_state``, when
     the form takes one, is per sequence ``[N, ...]``. outputs: one letter per returned value (a single "t" = the form
     returns one tensor), "t" for ``[1, T, ...]`` outputs, "n" for per-sequence ones (final states -> ``[N, ...]``).
+
+    The reference forms read the offsets on the host (one sync per call) and run each document as its own sequence
+    (``per_document``): exact by construction, and chunks restart at each document start for free.
     """
 
     def wrap(fn: Callable) -> Callable:
