@@ -1,6 +1,6 @@
 """Triton kernels of the chunked bilinear S4D readout (imported only when triton is installed).
 
-Notation (math in ``ops.py``'s module docstring). Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT
+Notation (math: ``triton_s4d_bilinear``, ops.py). Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT
 tokens (local index τ = t - t0) is entered with X0, the stored chunk-boundary state written by the state scan shared
 with the Interdomain op (``hybrid_attention.ops.common.triton.ssm_scan.states_fwd`` with k = a, v = b). Per mode m:
 

@@ -3,44 +3,10 @@
 
 The bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the paper's
 S4D-only control is the linear readout in ``hybrid_attention.ops.s4d`` (an FFT convolution, no Triton kernel).
-
-Math (same contract as ``chunk_s4d_bilinear``; definition in ``naive.py``). Per (batch, head),
-z_t = [a_t ; b_t] ∈ R^{2R}, X_t = λ ⊙ X_{t-1} + B z_tᵀ ∈ C^{M×2R}, o_t[j] = Re Σ_m (C X^a_t)[m, j] (C X^b_t)[m, j].
-For a chunk [t0, t0 + L) entered with state X0 and local index τ = t - t0 ∈ [0, L):
-
-    X_t = λ^{τ+1} ⊙ X0 + Σ_{s<=τ} λ^{τ-s} B z_sᵀ
-    Y^a_t[m, j] = (C X^a_t)[m, j] = Σ_n P[m, τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]
-      with P[m, τ, n] = C[m, n] λ_n^{τ+1}   and   Kern[m, d] = Σ_n C[m, n] B_n λ_n^d,
-    o_t[j] = Re Σ_m Y^a_t[m, j] Y^b_t[m, j].
-
-Both tables are chunk-invariant. Pipeline (forward):
-  1. X0 of every chunk by the forward state scan shared with the Interdomain op (``states_fwd`` in
-     ``hybrid_attention.ops.common.triton.ssm_scan``) with (k, v) = (a, b).
-  2. ``_readout_fwd`` (this package): per (chunk, b·h, channel tile), o from X0, the chunk's a, b and the tables.
-Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
-  g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then, in ``_readout_bwd``,
-  da_local = Re(Toe^H g_{Y^a}) (Toe[τ, s] = Kern[m, τ-s], s <= τ), dX0_local = P^H g_Y, g_P = g_Y X0^H and
-  g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums), each
-  program's share written to its own slot of a partial buffer and the slots summed by one torch reduction; then the
-  shared reverse state scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the
-  λ^L-carry part of d log λ) and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB,
-  d log λ), called through the shared host helper ``state_bwd`` (the fused variant ``_state_bwd_dz`` when the
-  config's ``fuse_dz`` is on).
-The launch configuration is a frozen ``S4DBilinearConfig`` (``config.py``) passed as an argument: the registered
-ops run ``DEFAULT_CONFIG``; ``triton_s4d_bilinear(..., config=..., hooks=...)`` runs another one eagerly
-(``common.triton.eager``; benchmarks, tests).
-Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
-to d log λ, dB and dC.
-
-The table gradients (dC, d log λ, dKern) are float32 sums over batch rows, chunks and channel tiles of per-program
-partials (no atomics): the summation order is fixed by the launch shape, so they are the same from run to run. The
-partial buffer holds H·B·NT·⌈R/JT⌉ slots of 2M² + 2M·BT + 2M floats, i.e. (2M² + 2M·BT + 2M)·4 B·⌈R/JT⌉/BT per
-token and head: 3.1 KB at M = R = 64, BT = JT = 32, so 0.41 GB at B=32, T=512, H=8 and 0.81 GB at B=16, T=2048
-(transient, freed when the backward returns).
-
-Memory: like the Interdomain op, the chunk-boundary states live only inside one op call (recomputed in the
-backward); autograd saves the inputs only; no per-token state is materialised (the table-gradient partials above
-are the backward's largest transient buffer).
+`triton_s4d_bilinear` gives the chunk math and the forward / backward pipeline: chunk-entering states by the state
+scan shared with the Interdomain op, then a readout kernel per chunk from chunk-invariant tables (P, Kern).
+`tab_partial_bytes` gives the backward's table-gradient partial buffer (fixed summation order, no atomics) and the
+op's memory: the chunk-boundary states live only inside one call, autograd saves the inputs only.
 """
 
 from __future__ import annotations
@@ -86,7 +52,18 @@ def _tab_width(M: int, BT: int) -> int:
 
 def tab_partial_bytes(Bsz: int, T: int, H: int, R: int, M: int, chunk_size: int = 64,
                       cfg: S4DBilinearConfig = DEFAULT_CONFIG) -> int:
-    """Size of the backward's table-gradient partial buffer for dense inputs of this shape (float32)."""
+    """Size of the backward's table-gradient partial buffer for dense inputs of this shape (float32).
+
+    The table gradients (dC, d log λ, dKern) are float32 sums over batch rows, chunks and channel tiles of per-program
+    partials (no atomics): the summation order is fixed by the launch shape, so they are the same from run to run. The
+    partial buffer holds H·B·NT·⌈R/JT⌉ slots of 2M² + 2M·BT + 2M floats, i.e. (2M² + 2M·BT + 2M)·4 B·⌈R/JT⌉/BT per
+    token and head: 3.1 KB at M = R = 64, BT = JT = 32, so 0.41 GB at B=32, T=512, H=8 and 0.81 GB at B=16, T=2048
+    (transient, freed when the backward returns).
+
+    Memory: like the Interdomain op, the chunk-boundary states live only inside one op call (recomputed in the
+    backward); autograd saves the inputs only; no per-token state is materialised (the table-gradient partials above
+    are the backward's largest transient buffer).
+    """
     BT = kernel_chunk(chunk_size, cfg)
     return 4 * H * Bsz * triton.cdiv(T, BT) * triton.cdiv(R, _jt(R, cfg)) * _tab_width(M, BT)
 
@@ -152,7 +129,7 @@ def _bwd_impl(
     dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
     NJ = triton.cdiv(R, JT)
     # Table-gradient partials: one slot per (chunk, batch row, channel tile) program, grouped by head (layout in the
-    # kernels' module docstring), summed below by one reduction (memory: the module docstring).
+    # kernels' module docstring), summed below by one reduction (memory: ``tab_partial_bytes``).
     tab = cfg.empty(H, Bsz * NT * NJ, _tab_width(M, BT), device=dev)
     for part in (1, 2) if cfg.bwd_split else (0,):
         K._readout_bwd[(NT, Bsz * H, NJ)](
@@ -311,6 +288,34 @@ def triton_s4d_bilinear(
     the kernels run eagerly with them instead of through the registered op (which always runs ``DEFAULT_CONFIG``).
     ``cu_seqlens [N + 1]``: packed documents (a, b ``[1, T, H, R]``; initial / final states ``[N, H, M, 2R]``), as
     in ``triton_interdomain`` (no host sync; the shared chunk-table design of ``ops/common/triton/ssm_scan.py``).
+
+    Math (same contract as ``chunk_s4d_bilinear``; definition in ``naive.py``). Per (batch, head),
+    z_t = [a_t ; b_t] ∈ R^{2R}, X_t = λ ⊙ X_{t-1} + B z_tᵀ ∈ C^{M×2R}, o_t[j] = Re Σ_m (C X^a_t)[m, j] (C X^b_t)[m, j].
+    For a chunk [t0, t0 + L) entered with state X0 and local index τ = t - t0 ∈ [0, L):
+
+        X_t = λ^{τ+1} ⊙ X0 + Σ_{s<=τ} λ^{τ-s} B z_sᵀ
+        Y^a_t[m, j] = (C X^a_t)[m, j] = Σ_n P[m, τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]
+          with P[m, τ, n] = C[m, n] λ_n^{τ+1}   and   Kern[m, d] = Σ_n C[m, n] B_n λ_n^d,
+        o_t[j] = Re Σ_m Y^a_t[m, j] Y^b_t[m, j].
+
+    Both tables are chunk-invariant. Pipeline (forward):
+      1. X0 of every chunk by the forward state scan shared with the Interdomain op (``states_fwd`` in
+         ``hybrid_attention.ops.common.triton.ssm_scan``) with (k, v) = (a, b).
+      2. ``_readout_fwd`` (this package): per (chunk, b·h, channel tile), o from X0, the chunk's a, b and the tables.
+    Backward (real loss ℓ, PyTorch's complex gradient convention g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w):
+      g_{Y^a} = dO conj(Y^b), g_{Y^b} = dO conj(Y^a)  (from o = Re(Y^a Y^b)); then, in ``_readout_bwd``,
+      da_local = Re(Toe^H g_{Y^a}) (Toe[τ, s] = Kern[m, τ-s], s <= τ), dX0_local = P^H g_Y, g_P = g_Y X0^H and
+      g_Toe = g_Y zᵀ, with g_P folded into dC and d log λ inside the kernel and g_Toe into dKern (band sums), each
+      program's share written to its own slot of a partial buffer and the slots summed by one torch reduction; then the
+      shared reverse state scan ``_state_bwd`` (total adjoint of every chunk-boundary state, d initial_state, the
+      λ^L-carry part of d log λ) and the shared state-carry kernel ``_chunk_dz`` (state-path part of da, db and of dB,
+      d log λ), called through the shared host helper ``state_bwd`` (the fused variant ``_state_bwd_dz`` when the
+      config's ``fuse_dz`` is on).
+    The launch configuration is a frozen ``S4DBilinearConfig`` (``config.py``) passed as an argument: the registered
+    ops run ``DEFAULT_CONFIG``; ``triton_s4d_bilinear(..., config=..., hooks=...)`` runs another one eagerly
+    (``common.triton.eager``; benchmarks, tests).
+    Kern is built from (log λ, B, C) with differentiable torch ops outside the registered op, so autograd carries dKern
+    to d log λ, dB and dC.
     """
     if cu_seqlens is None:
         validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
