@@ -2,38 +2,10 @@
 kernels. The chunk-boundary state scans they run between (forward scan, reverse adjoint scan, state-carry gradient)
 are shared with the bilinear S4D op and live in ``hybrid_attention.ops.common.triton.ssm_scan_kernels``.
 
-Notation (see ``hybrid_attention/ops/interdomain/chunk.py`` for the math, ``ops.py`` for the host side). Per (b, h):
-the state is X = [X^k | X^v] in C^{M x (R+D)}; a chunk of BT tokens is entered with X0 (stored chunk-boundary state);
-P[n] = λ^n (n = 0..BT, complex, overflow-free since |λ^n| <= 1) is the per-head power table, stored planar
-(re plane, im plane) in float32 and computed on the host in float64.
-
-Overflow-free decays. Every power of λ used is λ^n with n >= 0 (|λ^n| <= 1), read from P, so fast modes
-(Re log λ << 0) underflow to 0, their exact limit, and nothing overflows; λ^{-s} is never formed.
-  * Diagonal (band) part, t and s in the same block of BC rows: Σ_s S[t, s] λ^{t-s} = Σ_d S[t, t-d] λ^d, i.e. the
-    "band" of S (band[t, d] = S[t, t-d], built with ``tl.gather``) times the table rows P[0:BC]: one tensor-core
-    matmul. The transposed form W[t, s] = Re Σ_m r_t[m] λ_m^{t-s} is ``r @ P[0:BC]ᵀ`` gathered back to [t, s].
-  * Cross part (only when BC < BT), s in an earlier block of first row b_i: λ^{t-s} = λ^{t-b_i} · λ^{b_i-s}, both
-    exponents >= 0: ``S[:, :b_i] @ G_i`` (G_i[s] = λ^{b_i-s}) then a row scaling by A[t] = λ^{t-b_i}.
-  The measured default is BC = BT = 32 (one band block per chunk, no cross part; benchmarks/NOTES.md).
-All decay/state arithmetic is float32 (complex as real pairs); matmuls with float32 operands use ``DOT_PREC`` (tf32
-on the GPU by default).
-
-Kernels (the pipeline: common _state_fwd, then _chunk_fwd; backward: _state_fwd again, _chunk_bwd, then the common
-_state_bwd + _chunk_dz or their fused _state_bwd_dz):
-  _chunk_fwd   parallel over (chunk, b·h): outputs o of one chunk from X_j and the chunk's q, k, v.
-  _chunk_bwd   parallel over (chunk, b·h): recomputes the chunk forward and produces dq, the chunk-local parts of
-               dk/dv, the chunk's contribution to the adjoint of X_j, and per-chunk partial grads of K, B, log λ.
-Readout (ops/interdomain/readout.py): r = K p (CONJ_P False, "transpose"), K conj(p) (CONJ_P, "hermitian"), or
-r = Cᵀ Re(C p) (REAL_C, "real" in one pass, from C itself: two M x M tiles, Re C and Im C, each used in both
-orientations, as the complex product; the backward writes the per-chunk partials of dC, planar). The choice of this
-form is the DECISION above ``_real_x``.
-
-Packed documents (IS_VARLEN, B == 1; the design is in ``ops/common/triton/ssm_scan.py``): program (row, head) takes
-its chunk's true start and length from the chunk table (``chunk_info``: cu_seqlens ``cu``, per-row (document,
-chunk in the document) ``ci``); chunks restart at each document start, so a chunk never spans two documents and the
-chunk math is unchanged; a document's last chunk is partial (rows / columns past Lj masked). Rows past the real
-chunks (the grid is a static upper bound) have Lj <= 0: they load no token and no chunk state (never written) and
-store zero partials.
+The math is in ``hybrid_attention/ops/interdomain/chunk.py``, the host side in ``ops.py``. `_chunk_fwd` gives the
+notation, the pipeline and the packed-document (IS_VARLEN) layout; `_decay` the overflow-free decays (every power of
+λ is λ^n with n >= 0, read from a table); `_readout_r` the three readouts. All decay/state arithmetic is float32
+(complex as real pairs).
 """
 
 from __future__ import annotations
@@ -89,7 +61,13 @@ def _real_cx(x, kb, pk, km, M, DOT_PREC: tl.constexpr):
 @triton.jit
 def _readout_r(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr):
     """r from the key-side vector p ([BC, BM] re, im) and the planar complex K at kb ([2, M, M]): r = p @ Kᵀ,
-    r_t[m] = Σ_n K[m, n] p_t[n] (KT[n, m] = K[m, n])."""
+    r_t[m] = Σ_n K[m, n] p_t[n] (KT[n, m] = K[m, n]).
+
+    Readout (ops/interdomain/readout.py): r = K p (CONJ_P False, "transpose"), K conj(p) (CONJ_P, "hermitian"), or
+    r = Cᵀ Re(C p) (REAL_C, "real" in one pass, from C itself: two M x M tiles, Re C and Im C, each used in both
+    orientations, as the complex product; the backward writes the per-chunk partials of dC, planar). The choice of this
+    form is the DECISION above ``_real_x``.
+    """
     kt_re = tl.load(kb + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
     kt_im = tl.load(kb + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
     r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
@@ -130,7 +108,26 @@ def _chunk_fwd(
     """Outputs of one chunk. CONJ_P (the Hermitian readout): the key-side vector p_t = X^k_t q_t enters the readout
     conjugated, r = K conj(p) with K = Cᵀ conj(C) from the host (see ops/interdomain/readout.py). REAL_C (the
     "real" readout in one pass; CONJ_P False): Kp holds the planar readout matrix C itself ([H, 2, M, M]) instead of
-    a planar K, and r = Cᵀ Re(C p) (``_real_x``, ``_real_cx``)."""
+    a planar K, and r = Cᵀ Re(C p) (``_real_x``, ``_real_cx``).
+
+    Notation (see ``hybrid_attention/ops/interdomain/chunk.py`` for the math, ``ops.py`` for the host side). Per (b, h):
+    the state is X = [X^k | X^v] in C^{M x (R+D)}; a chunk of BT tokens is entered with X0 (stored chunk-boundary
+    state); P[n] = λ^n (n = 0..BT, complex, overflow-free since |λ^n| <= 1) is the per-head power table, stored planar
+    (re plane, im plane) in float32 and computed on the host in float64.
+
+    Kernels (the pipeline: common _state_fwd, then _chunk_fwd; backward: _state_fwd again, _chunk_bwd, then the common
+    _state_bwd + _chunk_dz or their fused _state_bwd_dz):
+      _chunk_fwd   parallel over (chunk, b·h): outputs o of one chunk from X_j and the chunk's q, k, v.
+      _chunk_bwd   parallel over (chunk, b·h): recomputes the chunk forward and produces dq, the chunk-local parts of
+                   dk/dv, the chunk's contribution to the adjoint of X_j, and per-chunk partial grads of K, B, log λ.
+
+    Packed documents (IS_VARLEN, B == 1; the design is in ``ops/common/triton/ssm_scan.py``): program (row, head) takes
+    its chunk's true start and length from the chunk table (``chunk_info``: cu_seqlens ``cu``, per-row (document,
+    chunk in the document) ``ci``); chunks restart at each document start, so a chunk never spans two documents and the
+    chunk math is unchanged; a document's last chunk is partial (rows / columns past Lj masked). Rows past the real
+    chunks (the grid is a static upper bound) have Lj <= 0: they load no token and no chunk state (never written) and
+    store zero partials.
+    """
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     h = i_bh % H
@@ -249,7 +246,19 @@ def _chunk_fwd(
 @triton.jit
 def _decay(X, Xb, a_re, a_im, g_re, g_im, cross, DOT_PREC: tl.constexpr, HAS_CROSS: tl.constexpr):
     """Σ_s X[t, s] λ^{t-s} of one sub-chunk's [BC, BT] tile X (Xb = its band): the cross part a · (X[:, :b_i] @ G_i)
-    when HAS_CROSS, plus band(X) @ P[0:BC]. Returns the [BC, BM] (re, im) pair."""
+    when HAS_CROSS, plus band(X) @ P[0:BC]. Returns the [BC, BM] (re, im) pair.
+
+    Overflow-free decays. Every power of λ used is λ^n with n >= 0 (|λ^n| <= 1), read from P, so fast modes
+    (Re log λ << 0) underflow to 0, their exact limit, and nothing overflows; λ^{-s} is never formed.
+    * Diagonal (band) part, t and s in the same block of BC rows: Σ_s S[t, s] λ^{t-s} = Σ_d S[t, t-d] λ^d, i.e. the
+      "band" of S (band[t, d] = S[t, t-d], built with ``tl.gather``) times the table rows P[0:BC]: one tensor-core
+      matmul. The transposed form W[t, s] = Re Σ_m r_t[m] λ_m^{t-s} is ``r @ P[0:BC]ᵀ`` gathered back to [t, s].
+    * Cross part (only when BC < BT), s in an earlier block of first row b_i: λ^{t-s} = λ^{t-b_i} · λ^{b_i-s}, both
+      exponents >= 0: ``S[:, :b_i] @ G_i`` (G_i[s] = λ^{b_i-s}) then a row scaling by A[t] = λ^{t-b_i}.
+    The measured default is BC = BT = 32 (one band block per chunk, no cross part; benchmarks/NOTES.md).
+    All decay/state arithmetic is float32 (complex as real pairs); matmuls with float32 operands use ``DOT_PREC`` (tf32
+    on the GPU by default).
+    """
     if HAS_CROSS:
         Xx = tl.where(cross[None, :], X, 0.0)
         y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
