@@ -1,34 +1,10 @@
 """The static decode step of NAtS-L (the `step` part of the layer contract, layers/base.py), over preallocated buffers.
 
 `NatsLStaticStep` is a mixin of `NatsLAttention` (layers/natsl/layer.py, whose helpers `_project`, `_fuse` and
-`_chunk_softmax_types` it uses); it lives in its own file to keep layer.py readable.
-
-Decisions (named once, here):
-- Compacted cache: slot j of decision head h holds that head's j-th softmax-typed chunk; filled slots are those with
-  j < n_kept[b, h] (a device counter). At a chunk end the finished chunk is written, for every (row, head), at slot
-  n_kept, and n_kept is then increased only where the chunk is softmax-typed: a GDN-typed chunk's write lands in a
-  slot that stays invalid and is overwritten by the next kept chunk. One spare slot makes that write always in range.
-  The capacity (`cache_chunks`, default: every chunk of max_len) may be set lower, e.g. to an expected softmax
-  fraction; keeping more chunks than that sets the device flag `overflow` (outputs are then not guaranteed). Both GDN
-  outcomes (commit, decayed rollback) are computed and selected with `torch.where`.
-- The chunk buffer of the current chunk lives behind the compacted cache in the same tensor ([cache | chunk]), so the
-  attention of a step is one call over one buffer (two key ranges), without a per-step concatenation of the cache.
-- The chunk-end work runs only in steps called with `chunk_end=True` (the host-known flag of layers/base.py). Routing
-  at a chunk end: the layer's router, or its forced routing; a forced softmax fraction needs the chunk number, taken
-  from the device position.
-- Per-row positions (pos [B], prompts of different lengths; layers/base.py): each row's chunk buffer is at its own
-  phase (row b writes slot pos[b] mod C and sees slots 0..pos[b] mod C of it). A step with chunk_end=True does the
-  chunk-end work for every row and applies it only where (pos[b] + 1) % C == 0 (a device mask; no host sync, no
-  branch): the types are masked to "GDN, not kept" for the other rows, which leaves their S untouched (the commit
-  branch of the select), and S_start / g_sum are reset under the mask. The chunk copy into slot n_kept runs for every
-  row: for a row not at its chunk end it lands in a slot that is not valid (>= n_kept, the spare one when full) and is
-  overwritten by that row's real chunk end, so it needs no mask. Cost: the chunk-final step's work (router, two
-  selects over S, the C-token K/V copy) for all B rows, on every step at which some row ends a chunk (up to
-  min(B, C) of every C steps instead of 1). Chosen over graphs per pattern of ending rows (up to C + 1 graphs, known
-  only after the prefill) and over the chunk-end work in every step (one graph, C times the cost when rows agree).
-  The load of a left-padded prefill takes one batch-1 state per row (`NatsLStaticState.row`).
-- Attention: with `use_kernels`, the split-KV Triton kernel (ops/decode_attention), which reads only the valid keys;
-  otherwise SDPA over the whole buffer with a boolean mask of the valid keys. The GDN branch: `gated_delta_step`.
+`_chunk_softmax_types` it uses); it lives in its own file to keep layer.py readable. `NatsLStaticState` holds the
+buffers and the compacted-cache layout (softmax-typed chunks compacted per decision head, the current chunk behind
+them); `NatsLStaticStep` names the step's decisions (chunk-end work only under the host-known ``chunk_end`` flag,
+per-row positions under a device mask, the attention and GDN kernels).
 """
 
 from __future__ import annotations
@@ -52,7 +28,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class NatsLStaticState(StaticState):
-    """Static decode buffers of one NAtS-L layer (module docstring for the cache layout).
+    """Static decode buffers of one NAtS-L layer (the cache layout: the decisions below).
 
     kv_k, kv_v     [B, Hs, cap + C, d]  compacted cache (cap = (capacity + 1)·C) | current chunk (slot p mod C)
     x_buf          [B, C, hidden]       layer inputs of the current chunk (its routing input)
@@ -61,6 +37,18 @@ class NatsLStaticState(StaticState):
     n_kept         [B, Hl] long         kept chunks per (row, decision head); overflow: 0-d bool, n_kept > capacity
     conv                                ShortConv states by branch name (q, k, v, and q_s, k_s with "own_conv")
     cache_slot [cap], chunk_pos [C], buf_start [1, 1]: constant index tensors
+
+    Decisions (named once, here):
+    - Compacted cache: slot j of decision head h holds that head's j-th softmax-typed chunk; filled slots are those with
+      j < n_kept[b, h] (a device counter). At a chunk end the finished chunk is written, for every (row, head), at slot
+      n_kept, and n_kept is then increased only where the chunk is softmax-typed: a GDN-typed chunk's write lands in a
+      slot that stays invalid and is overwritten by the next kept chunk. One spare slot makes that write always in
+      range. The capacity (`cache_chunks`, default: every chunk of max_len) may be set lower, e.g. to an expected
+      softmax fraction; keeping more chunks than that sets the device flag `overflow` (outputs are then not guaranteed).
+      Both GDN outcomes (commit, decayed rollback) are computed and selected with `torch.where`.
+    - The chunk buffer of the current chunk lives behind the compacted cache in the same tensor ([cache | chunk]), so
+      the attention of a step is one call over one buffer (two key ranges), without a per-step concatenation of the
+      cache.
     """
 
     kv_k: torch.Tensor
@@ -144,7 +132,26 @@ class NatsLStaticState(StaticState):
 
 
 class NatsLStaticStep:
-    """`init_static_state` / `load_static_state` / `step` of `NatsLAttention` (a mixin; see the module docstring)."""
+    """`init_static_state` / `load_static_state` / `step` of `NatsLAttention` (a mixin; its decisions below).
+
+    Decisions (named once, here):
+    - The chunk-end work runs only in steps called with `chunk_end=True` (the host-known flag of layers/base.py).
+      Routing at a chunk end: the layer's router, or its forced routing; a forced softmax fraction needs the chunk
+      number, taken from the device position.
+    - Per-row positions (pos [B], prompts of different lengths; layers/base.py): each row's chunk buffer is at its own
+      phase (row b writes slot pos[b] mod C and sees slots 0..pos[b] mod C of it). A step with chunk_end=True does the
+      chunk-end work for every row and applies it only where (pos[b] + 1) % C == 0 (a device mask; no host sync, no
+      branch): the types are masked to "GDN, not kept" for the other rows, which leaves their S untouched (the commit
+      branch of the select), and S_start / g_sum are reset under the mask. The chunk copy into slot n_kept runs for
+      every row: for a row not at its chunk end it lands in a slot that is not valid (>= n_kept, the spare one when
+      full) and is overwritten by that row's real chunk end, so it needs no mask. Cost: the chunk-final step's work
+      (router, two selects over S, the C-token K/V copy) for all B rows, on every step at which some row ends a chunk
+      (up to min(B, C) of every C steps instead of 1). Chosen over graphs per pattern of ending rows (up to C + 1
+      graphs, known only after the prefill) and over the chunk-end work in every step (one graph, C times the cost when
+      rows agree). The load of a left-padded prefill takes one batch-1 state per row (`NatsLStaticState.row`).
+    - Attention: with `use_kernels`, the split-KV Triton kernel (ops/decode_attention), which reads only the valid keys;
+      otherwise SDPA over the whole buffer with a boolean mask of the valid keys. The GDN branch: `gated_delta_step`.
+    """
 
     def step_chunk_size(self) -> int:
         return self.chunk_size
@@ -157,7 +164,7 @@ class NatsLStaticStep:
         st = self.init_state(b, device=device, dtype=dtype)
         device, dtype = st.x_buf.device, st.x_buf.dtype
         capacity = max_len // c if cache_chunks is None else cache_chunks
-        cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (module docstring)
+        cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (NatsLStaticState)
         names = tuple(self.convs)  # q, k, v(, q_s, k_s): the convolved projections come first, in this order
         own = [self.attn_q_proj, self.attn_k_proj]
         projs = [self.q_proj, self.k_proj, self.v_proj, *(own if self.attn_qk == "own_conv" else [])]
@@ -203,7 +210,7 @@ class NatsLStaticStep:
     def step(self, x: torch.Tensor, static: NatsLStaticState, pos: torch.Tensor,
              chunk_end: bool = False) -> torch.Tensor:
         """x [B, 1, hidden] at position pos -> [B, 1, hidden]. pos 0-d: chunk_end = (pos + 1) % C == 0, known on the
-        host; pos [B] (per row): chunk_end = some row may complete its chunk (module docstring)."""
+        host; pos [B] (per row): chunk_end = some row may complete its chunk (class docstring)."""
         b = x.shape[0]
         per_row = pos.dim() == 1
         c, hl, hs, grp = self.chunk_size, self.num_heads, self.num_attn_heads, self.group
@@ -264,7 +271,7 @@ class NatsLStaticStep:
 
     def _finish_static_chunk(self, static: NatsLStaticState, pos: torch.Tensor) -> None:
         """The C-th token of a chunk arrived: type it, commit or roll back the GDN writes, keep or drop its K/V.
-        pos [B] (per row): only in the rows where (pos + 1) % C == 0 (module docstring)."""
+        pos [B] (per row): only in the rows where (pos + 1) % C == 0 (class docstring)."""
         b = static.x_buf.shape[0]
         c, hs, grp = self.chunk_size, self.num_attn_heads, self.group
         sel = self._chunk_softmax_types(static.x_buf, torch.div(pos, c, rounding_mode="floor"))  # [B, Hn]
