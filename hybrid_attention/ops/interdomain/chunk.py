@@ -1,39 +1,10 @@
 """Chunk-parallel PyTorch form of the Interdomain Attention core (exact, differentiable by autograd).
 
-Same contract as ``naive_interdomain`` (see naive.py for the definition). Per batch b and head h, write the state as
-X_t = [X^k_t | X^v_t] (key channels, value channels). Then U_t q_t = C X^k_t q_t and Γ_t = C X^v_t, so
-
-    o_t = Re(q_tᵀ U_tᵀ Γ_t) = Re((C X^k_t q_t)ᵀ (C X^v_t)) = Re(X^v_tᵀ K X^k_t q_t),      K = Cᵀ C  (plain transpose)
-
-and the per-token states never need to exist: only the M-vector p_t = X^k_t q_t and r_t = K p_t do. The other
-readouts (readout.py) only change r_t: r_t = K₁ p_t + K₂ conj(p_t) (hermitian: K₁ = 0, K₂ = Cᵀ conj(C); real: half
-of each), everything else below is the same.
-
-Factorisation for a chunk [t0, t0 + L) entered with state X0 (the state after token t0 - 1), local indices t, s in
-[0, L). Unrolling the recurrence inside the chunk gives X_t = Σ_{s<=t} λ^{t-s} ⊙ B z_sᵀ + λ^{t+1} ⊙ X0, hence
-
-    Ldec[t, s, m] = exp(log_lam[m] (t - s)) if s <= t else 0             [H, L, L, M]   intra-chunk decays
-    Din[t, m]     = exp(log_lam[m] (t + 1))                              [H, L, M]      decay of the entering state
-    S[t, s]       = q_t · k_s                                            [B, H, L, L]   query-key scores
-    p_t = Σ_s S[t, s] Ldec[t, s] ⊙ B  +  Din[t] ⊙ (X0^k q_t)             [B, H, L, M]   (= X^k_t q_t)
-    r_t = K₁ p_t + K₂ conj(p_t)                                          [B, H, L, M]   (transpose: K₁ = K, K₂ = 0)
-    W[t, s] = Σ_m r_t[m] B[m] Ldec[t, s, m]                              [B, H, L, L]
-    o_t = Re(Σ_s W[t, s] v_s)  +  Re((r_t ⊙ Din[t])ᵀ X0^v)               [B, H, L, D]
-    X_end = Din[L-1] ⊙ X0 + Σ_s Ldec[L-1, s] ⊙ B z_sᵀ                    [B, H, M, R+D]  (carried to the next chunk)
-
-With ``denominator=True`` the value gets a constant-1 channel, v' = [v ; 1], and the same formulas give
-num = o'[..., :D] and den = o'[..., D] = Re(q_tᵀ U_tᵀ η_t); o = num / safe(den) exactly as in naive.py.
-
-Numerical safety for fast-decaying modes: every power of λ is computed directly as exp(log_lam * n) with n >= 0
-(n = t - s on and below the diagonal, n = t + 1 for the entering state), so |λ^n| = exp(Re(log_lam) n) <= 1 and no
-intermediate can overflow. The FLA-style split λ^{t-s} = λ^t · λ^{-s} is deliberately NOT used: λ^{-s} =
-exp(-Re(log_lam) s) reaches e^{5·63} ≈ 1e137 for Re(log_lam) = -5 in a 64-token chunk (inf in float32, and in
-float64 too for faster modes), and the product with the tiny λ^t would lose all precision even before overflowing.
-The price is the explicit [H, L, L, M] decay tensor instead of two rank-one factors; fast modes simply underflow to 0,
-which is their exact limit. Masked entries (s > t) use n = 0 before being zeroed, so no inf/NaN reaches autograd.
-
-Memory: the python loop over chunks keeps per chunk O(L·L·M + L·M·(R+D)) per head, plus the O(T·(R+D)) inputs and
-outputs; X_t is never materialised for every position (autograd still saves the per-chunk intermediates).
+`chunk_interdomain` has the contract of ``naive_interdomain`` (naive.py: the definition). The one idea: with the
+state X_t = [X^k_t | X^v_t], the output o_t = Re(X^v_tᵀ K X^k_t q_t) (K = Cᵀ C for the transpose readout) needs
+only the M-vectors p_t = X^k_t q_t and r_t = K p_t, never the per-token states; inside a chunk they come from
+query-key scores and explicit decay tensors, between chunks from the carried state. Its docstring gives the
+factorisation, the denominator channel, the overflow-free decays and the memory.
 """
 
 from __future__ import annotations
@@ -84,6 +55,41 @@ def chunk_interdomain(
     chunk_size >= 1 (the last chunk may be partial; on the CPU at most REFERENCE_CHUNK tokens per chunk). Returns
     ``o [B, T, H, D]`` in ``q.dtype`` and the final raw state (complex128 for float64 inputs, complex64 otherwise) or
     ``None`` unless ``output_final_state``.
+
+    Same contract as ``naive_interdomain`` (see naive.py for the definition). Per batch b and head h, write the state as
+    X_t = [X^k_t | X^v_t] (key channels, value channels). Then U_t q_t = C X^k_t q_t and Γ_t = C X^v_t, so
+
+        o_t = Re(q_tᵀ U_tᵀ Γ_t) = Re((C X^k_t q_t)ᵀ (C X^v_t)) = Re(X^v_tᵀ K X^k_t q_t),  K = Cᵀ C (plain transpose)
+
+    and the per-token states never need to exist: only the M-vector p_t = X^k_t q_t and r_t = K p_t do. The other
+    readouts (readout.py) only change r_t: r_t = K₁ p_t + K₂ conj(p_t) (hermitian: K₁ = 0, K₂ = Cᵀ conj(C); real: half
+    of each), everything else below is the same.
+
+    Factorisation for a chunk [t0, t0 + L) entered with state X0 (the state after token t0 - 1), local indices t, s in
+    [0, L). Unrolling the recurrence inside the chunk gives X_t = Σ_{s<=t} λ^{t-s} ⊙ B z_sᵀ + λ^{t+1} ⊙ X0, hence
+
+        Ldec[t, s, m] = exp(log_lam[m] (t - s)) if s <= t else 0             [H, L, L, M]   intra-chunk decays
+        Din[t, m]     = exp(log_lam[m] (t + 1))                              [H, L, M]      decay of the entering state
+        S[t, s]       = q_t · k_s                                            [B, H, L, L]   query-key scores
+        p_t = Σ_s S[t, s] Ldec[t, s] ⊙ B  +  Din[t] ⊙ (X0^k q_t)             [B, H, L, M]   (= X^k_t q_t)
+        r_t = K₁ p_t + K₂ conj(p_t)                                          [B, H, L, M]   (transpose: K₁ = K, K₂ = 0)
+        W[t, s] = Σ_m r_t[m] B[m] Ldec[t, s, m]                              [B, H, L, L]
+        o_t = Re(Σ_s W[t, s] v_s)  +  Re((r_t ⊙ Din[t])ᵀ X0^v)               [B, H, L, D]
+        X_end = Din[L-1] ⊙ X0 + Σ_s Ldec[L-1, s] ⊙ B z_sᵀ                    [B, H, M, R+D]  (carried to the next chunk)
+
+    With ``denominator=True`` the value gets a constant-1 channel, v' = [v ; 1], and the same formulas give
+    num = o'[..., :D] and den = o'[..., D] = Re(q_tᵀ U_tᵀ η_t); o = num / safe(den) exactly as in naive.py.
+
+    Numerical safety for fast-decaying modes: every power of λ is computed directly as exp(log_lam * n) with n >= 0
+    (n = t - s on and below the diagonal, n = t + 1 for the entering state), so |λ^n| = exp(Re(log_lam) n) <= 1 and no
+    intermediate can overflow. The FLA-style split λ^{t-s} = λ^t · λ^{-s} is deliberately NOT used: λ^{-s} =
+    exp(-Re(log_lam) s) reaches e^{5·63} ≈ 1e137 for Re(log_lam) = -5 in a 64-token chunk (inf in float32, and in
+    float64 too for faster modes), and the product with the tiny λ^t would lose all precision even before overflowing.
+    The price is the explicit [H, L, L, M] decay tensor instead of two rank-one factors; fast modes simply underflow to
+    0, which is their exact limit. Masked entries (s > t) use n = 0 before being zeroed, so no inf/NaN reaches autograd.
+
+    Memory: the python loop over chunks keeps per chunk O(L·L·M + L·M·(R+D)) per head, plus the O(T·(R+D)) inputs and
+    outputs; X_t is never materialised for every position (autograd still saves the per-chunk intermediates).
     """
     validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)

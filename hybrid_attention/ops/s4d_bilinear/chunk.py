@@ -15,8 +15,8 @@ per token instead of two. The last state X_{L-1} is carried to the next chunk.
 
 Unlike Interdomain, the diagonal readout has no query to contract the key half with, so the chunk-local states are
 materialised (O(L·M·2R) per head, one chunk at a time, never the whole sequence). Every power of λ has a
-non-negative exponent, |λ^n| <= 1, so fast-decaying modes underflow to 0 instead of overflowing (see the
-Interdomain chunk module docstring).
+non-negative exponent, |λ^n| <= 1, so fast-decaying modes underflow to 0 instead of overflowing (see
+``chunk_interdomain`` in ops/interdomain/chunk.py).
 """
 
 from __future__ import annotations
