@@ -81,7 +81,7 @@ class TokenMixer(nn.Module):
     (`torch.compile(fullgraph=True)`) and captures into a CUDA graph. Positions are device tensors; RoPE reads them
     through `RotaryEmbedding.at` (`rope_positions`). A step may branch on `pos.dim()` (a shape, fixed per graph):
 
-    - pos 0-d: every row at the same position (equal-length prompts; the original path, unchanged).
+    - pos 0-d: every row at the same position (equal-length prompts).
     - pos [B]: per-row positions (prompts of different lengths, after a left-padded prefill: row b holds its own
       document from position 0, ``models/padding.py``). Static layout per row: softmax K/V of row b's position p in slot
       p (the valid keys of row b: 0..pos[b]); recurrent states are per row anyway; NAtS-L's chunk slot is pos[b] mod C.

@@ -66,7 +66,7 @@ class StaticDecoder:
       get their own positions, a [B] long device tensor (`row_pos`, advanced in place) beside the host lengths; every
       mixer step takes it instead of the 0-d one (the per-row layout and NAtS-L's per-row chunk ends: layers/base.py).
       It is a second mode with its own compiled step and graphs (`per_row`); equal-length prompts (no mask, or one
-      without zeros) keep the 0-d path unchanged. In the per-row mode a layer's chunk-end flag is "some row completes a
+      without zeros) use the 0-d path. In the per-row mode a layer's chunk-end flag is "some row completes a
       chunk"; the graphs cover every pattern of those flags over the distinct chunk sizes (two for one size), so one
       `capture()` in the per-row mode serves any later padded prefill. `length` is then the longest row's length (the
       bound of the buffers).
