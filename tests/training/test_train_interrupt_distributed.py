@@ -12,6 +12,12 @@ import pytest
 from training_helpers import cli_cmd, cli_env, free_port, tiny_overrides
 
 
+def _rank_env(rank: int, port: str) -> dict[str, str]:
+    """The environment torchrun gives worker ``rank`` of two."""
+    return dict(cli_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+
+
 @pytest.mark.parametrize("forwarded", [False, True])
 def test_sigint_to_the_process_group_of_two_ranks(tmp_path, forwarded):
     out, cfg = tmp_path / "run", tmp_path / "empty.yaml"
@@ -20,12 +26,10 @@ def test_sigint_to_the_process_group_of_two_ranks(tmp_path, forwarded):
                                                      "train.checkpoint_every=3", "train.save_final=false"))
     port = str(free_port())
     procs: list[subprocess.Popen] = []
-    for rank in (0, 1):  # the environment torchrun gives its workers; one process group, as under a terminal
-        env = dict(cli_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    for rank in (0, 1):  # one process group, as under a terminal
         group = {"process_group": procs[0].pid if procs else 0}
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      **group))
+        procs.append(subprocess.Popen(cmd, env=_rank_env(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, **group))
     try:
         deadline = time.monotonic() + 180
         while not (out / "checkpoints" / "step-00000003").is_dir():
@@ -56,9 +60,8 @@ def test_a_finished_two_rank_run_reports_once(tmp_path):
     cfg.write_text("")
     cmd = cli_cmd("train", str(cfg), *tiny_overrides(out, "train.device=cpu", "train.steps=2"))
     port = str(free_port())
-    procs = [subprocess.Popen(cmd, env=dict(cli_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                                            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    procs = [subprocess.Popen(cmd, env=_rank_env(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
     try:
         outs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
