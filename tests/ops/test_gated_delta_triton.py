@@ -290,7 +290,7 @@ def test_decode_step_matches_token_loop():
 
 _CHUNK128_PROBE = """
 import sys, torch
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {root!r} + "/tests"]
 from tests.ops.test_gated_delta_triton import make_case, run_both, rel
 inputs, do, dS = make_case(1, 300, 2, 32, 64, 128, "random", True, seed=128)
 tri, ref = run_both(inputs, do, dS, 128, True)
