@@ -1,0 +1,107 @@
+"""Launch configurations of the Interdomain Triton op at given shapes, forward and forward+backward, beside causal
+SDPA of the same heads (GPU only):
+
+    python -m benchmarks.interdomain_launch [--shapes 16x2048x8 1x4096x16 1x32768x16] [--variants default split_w8 ...]
+
+Shapes are B×T×H with R = D = M = 64 (the `small` training step is 16×2048×8; the op target is 1×T×16). Every variant
+is first checked against the default configuration on the same inputs (relative RMS of o and of the 6 gradients;
+the default itself is checked against float64 by tests/ops and benchmarks/interdomain_ops.py). Prints one table:
+milliseconds (median of ``triton.testing.do_bench``) and SDPA's time over the variant's (``vs SDPA``; > 1: faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.interdomain_ops import make_inputs, make_params
+
+VARIANTS = {
+    "default": {},
+    "fused_w4": {"warps_chunk_bwd": 4},
+    "split_w4": {"bwd_split": True, "warps_chunk_bwd": 4},
+    "split_w8": {"bwd_split": True, "warps_chunk_bwd": 8},
+    "fused_s2": {"stages": 2},
+    "fwd_w8": {"warps_chunk_fwd": 8},
+}
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        b, t, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes takes BxTxH such as 16x2048x8, got {text!r}") from None
+    return b, t, h
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = torch.view_as_real(a) if a.is_complex() else a, torch.view_as_real(b) if b.is_complex() else b
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def _one_shape(B: int, T: int, H: int, variants: list[str]) -> list[dict]:
+    """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, and SDPA's."""
+    from triton.testing import do_bench
+
+    from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
+    from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
+
+    dev = torch.device("cuda")
+    R = D = M = 64
+    log_lam, Bp, C = make_params(H, M, 7, dev)
+    leaves = [t.to(torch.complex64).requires_grad_() for t in (log_lam, Bp, C)]
+    q, k, v = (t.requires_grad_() for t in make_inputs(B, T, H, R, D, 5, dev))
+    do = torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16)
+    inputs = [q, k, v, *leaves]
+    rows, ref = [], None
+    for name in variants:
+        cfg = dataclasses.replace(DEFAULT_CONFIG, **VARIANTS[name])
+
+        def fwd(cfg=cfg):
+            with torch.no_grad():
+                return triton_interdomain(q, k, v, *leaves, config=cfg)[0]
+
+        def fwdbwd(cfg=cfg):
+            triton_interdomain(q, k, v, *leaves, config=cfg)[0].backward(do)
+
+        for t in inputs:
+            t.grad = None
+        o = triton_interdomain(q, k, v, *leaves, config=cfg)[0]
+        o.backward(do)
+        got = [o.detach()] + [t.grad.detach().clone() for t in inputs]
+        ref = ref or got
+        rows.append({"shape": f"{B}x{T}x{H}", "variant": name,
+                     "max_rel_vs_default": max(_rel(a, b) for a, b in zip(got, ref)),
+                     "fwd_ms": do_bench(fwd, warmup=5, rep=40, return_mode="median"),
+                     "fb_ms": do_bench(fwdbwd, warmup=5, rep=40, grad_to_none=inputs, return_mode="median")})
+        print(rows[-1], flush=True)
+    qs, ks, vs = (torch.randn(B, H, T, R, device=dev, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dos = torch.randn(B, H, T, R, device=dev, dtype=torch.bfloat16)
+    sdpa = do_bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(dos),
+                    warmup=5, rep=40, grad_to_none=[qs, ks, vs], return_mode="median")
+    for r in rows:
+        r["sdpa_fb_ms"] = sdpa
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", type=_shape, nargs="+", default=[(16, 2048, 8), (1, 4096, 16), (1, 32768, 16)])
+    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    args = p.parse_args(argv)
+    rows = []
+    for B, T, H in args.shapes:
+        rows += _one_shape(B, T, H, args.variants)
+        torch.cuda.empty_cache()
+    print("| B×T×H | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['variant']} | {r['max_rel_vs_default']:.1e} | {r['fwd_ms']:.3f} | {r['fb_ms']:.3f} "
+              f"| {r['sdpa_fb_ms']:.3f} | {r['sdpa_fb_ms'] / r['fb_ms']:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
