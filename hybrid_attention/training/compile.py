@@ -33,7 +33,7 @@ __all__ = ["COMPILE_SCOPES", "compile_model"]
 COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 
 
-def compile_model(model: nn.Module, scope: str = "model", mode: str | None = None,
+def compile_model(model: nn.Module, scope: str = "blocks", mode: str | None = None,
                   backend: str = "inductor") -> nn.Module:
     """Compile ``model`` (a HybridForCausalLM, possibly DDP-wrapped) in place for ``scope`` with torch.compile ``mode``
     (None: the default mode) and ``backend``. Returns ``model``. Call after activation checkpointing and wrapping."""
