@@ -5,9 +5,9 @@
 # 1. correctness, two processes at once (no timing runs beside them): the op and serving test suites on CUDA (the
 #    Triton kernels natively, the compiled + CUDA-graph-captured decode step) and benchmarks.gpu_compile_check
 #    (compiled vs eager loss and gradients of a 2-layer model of every mixer);
-# 2. timings, one process at a time: `bench train` compiled at small B=16 x 2048 for the issue-13 mixers,
+# 2. timings, one process at a time: `bench train` compiled at small B=16 x 2048 for every mixer,
 #    benchmarks.s4d_conv (FFT vs Toeplitz, op and compiled model), then decode (StaticDecoder, compiled step captured
-#    in CUDA graphs) of the issue-14 presets at 1K and 128K with whatever time is left (LIMIT, seconds).
+#    in CUDA graphs) of the 340M / 1.3B presets at 1K and 128K with whatever time is left (LIMIT, seconds).
 # Each part's log is $OUT/<part>.log; JSON results land in $OUT. Parts and rows by environment (defaults in brackets):
 #   CHECKS=1 [1]  PYTEST_PATHS [tests/ops tests/serving]  COMPILE_MIXERS [all]  COMPILE_SCOPE [model; or blocks]
 #   TRAIN_MODELS [softmax interdomain s4d gdn natsl]  TRAIN_VARIANTS [compiled]  TRAIN_SHAPES [16x2048]

@@ -22,7 +22,7 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "numbered session": re.compile(r"\bsessions?[ _-]?\d+(?:\s*(?:[-–—]|to|and)\s*\d+)?\b", re.IGNORECASE),
     "numbered device call": re.compile(r"\b(?:device )?calls?[ _-]?\d+\b(?!\s*(?:times|x)\b)", re.IGNORECASE),
     "device call": re.compile(r"\bdevice calls?\b", re.IGNORECASE),
-    "issue number": re.compile(r"\bissues? \d+\b|\bissues? #\d+", re.IGNORECASE),
+    "issue number": re.compile(r"\bissues?[ -]\d+\b|\bissues? #\d+", re.IGNORECASE),
     "numbered lane": re.compile(r"\blanes?[ _-]?\d+\b", re.IGNORECASE),
     "run log name": re.compile(r"console_session", re.IGNORECASE),
     "until a later run": re.compile(
@@ -81,6 +81,7 @@ def _offences() -> list[str]:
     ("lane 2 ran the cube", "numbered lane"),
     ("so that a device call ends in time", "device call"),
     ("packed documents (issue 17)", "issue number"),
+    ("the issue-13 mixers", "issue number"),
     ("kept until session 40", "numbered session"),
     ("kept until the next session", "until a later run"),
     ("rows of the earlier layout", "earlier layout"),
