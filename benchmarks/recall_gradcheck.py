@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.recall_suite import add_selection_args, selected_tasks
+from hybrid_attention.config.run_config import from_dict
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
@@ -37,7 +38,6 @@ from hybrid_attention.evaluation.recall import (
     query_logits,
     query_positions,
 )
-from hybrid_attention.training.config import from_dict
 
 VARIANTS = ("eager", "compiled")  # compiled: the suite's compile_mode (CUDA graphs for credible_recall)
 KERNEL_MIXERS = ("gdn", "natsl", "interdomain")  # the mixers whose layers take backend="triton"

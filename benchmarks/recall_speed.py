@@ -31,6 +31,7 @@ import torch
 
 from benchmarks.common import cuda_steps_ms, sync
 from benchmarks.recall_suite import add_selection_args, selected_tasks
+from hybrid_attention.config.run_config import from_dict
 from hybrid_attention.device import set_tf32
 from hybrid_attention.evaluation.recall import (
     RecallConfig,
@@ -41,7 +42,6 @@ from hybrid_attention.evaluation.recall import (
     recall_optimizer,
     train_step,
 )
-from hybrid_attention.training.config import from_dict
 
 # compiled: torch.compile's default mode; cudagraphs: its "reduce-overhead" mode (RecallConfig.compile_mode), the
 # backbone's forward and backward replayed as CUDA graphs

@@ -230,7 +230,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     """Build, (compile with ``compile_backend``,) warm up and time one row, then profile ``profile_steps`` more steps
     (``row["profile"]``, see ``benchmarks.profile_train.profile_steps``); raises on failure (the caller records
     it)."""
-    from hybrid_attention.training.activation_checkpointing import enable_block_checkpointing
+    from hybrid_attention.modules.activation_checkpointing import enable_block_checkpointing
 
     dev = s.device
     name, B, T, variant = spec["name"], spec["B"], spec["T"], spec["variant"]

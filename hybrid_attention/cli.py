@@ -97,7 +97,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from hybrid_attention.training.config import load_config
+    from hybrid_attention.config.run_config import load_config
     from hybrid_attention.training.trainer import train
 
     cfg = load_config(a.config, a.overrides)
@@ -125,7 +125,7 @@ def _interrupted_line(a: argparse.Namespace, out_dir: Path) -> str:
     """The one line of a training run stopped by Ctrl-C: the last checkpoint on disk and the command that resumes."""
     import shlex
 
-    from hybrid_attention.training.checkpoint import CheckpointError, latest_checkpoint
+    from hybrid_attention.checkpoints.step_checkpoints import CheckpointError, latest_checkpoint
 
     try:
         last = latest_checkpoint(out_dir / "checkpoints")
@@ -271,8 +271,8 @@ def _save_lm_eval(a: argparse.Namespace, results: dict) -> None:
 
 
 def _eval_recall(a: argparse.Namespace) -> int:
+    from hybrid_attention.config.schema import from_dict, merge, parse_overrides, read_yaml_mapping
     from hybrid_attention.evaluation.recall import RecallConfig, recall_sweep, recall_table
-    from hybrid_attention.training.config_schema import from_dict, merge, parse_overrides, read_yaml_mapping
 
     data = read_yaml_mapping(a.config) if a.config else {}
     data = merge(data, parse_overrides(a.overrides))
@@ -495,9 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybrid-attention`` script; returns the exit status. Every user error ends here as one
     ``error: ...`` line on stderr (status 2; 1 for a diverged training run); ``--debug`` re-raises it instead. Under
     torchrun the first rank to fail reports, once (``rank_errors``)."""
-    from hybrid_attention.data.errors import DataError
+    from hybrid_attention.config.schema import ConfigError
+    from hybrid_attention.errors import DataError
     from hybrid_attention.rank_errors import claim_error_report, world_rank
-    from hybrid_attention.training.config_schema import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

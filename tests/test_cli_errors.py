@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hybrid_attention.cli import CLIError, main
-from hybrid_attention.training.config_schema import ConfigError
+from hybrid_attention.config.schema import ConfigError
 
 GEN = ["generate", "--checkpoint", "/nonexistent/run"]  # arguments are checked before the model is loaded
 

@@ -1,8 +1,9 @@
 """Corpora, tokenizers, packing and synthetic recall tasks."""
 
+from hybrid_attention.errors import DataError
+
 from .config import DataConfig
 from .corpus import Corpus, is_validation, local_corpus, stdlib_corpus
-from .errors import DataError
 from .lm_data import LMData, build_lm_data, get_tokenizer, load_corpus, validation_tokens
 from .mqar import MQARConfig, multiquery_ar, recall_accuracy
 from .packing import PackedSequences, ShuffledBatches, StreamingBatches, local_slice

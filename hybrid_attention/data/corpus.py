@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DataError
+from hybrid_attention.errors import DataError
+
 from .formats import html_to_text
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".html", ".htm", ".jsonl", ".parquet")  # data.source local, by default

@@ -17,7 +17,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-from .errors import DataError
+from hybrid_attention.errors import DataError
 
 _B64 = {c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
 

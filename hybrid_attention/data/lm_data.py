@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from hybrid_attention.errors import DataError
+
 from .config import DataConfig
 from .corpus import Corpus, hf_streaming_documents, local_corpus, stdlib_corpus
-from .errors import DataError
 from .packing import PackedSequences, ShuffledBatches, StreamingBatches
 from .prose import prose_corpus
 from .shards import text_dir_corpus

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from .errors import DataError
+from hybrid_attention.errors import DataError
+
 from .tokenizer import encode_documents
 
 

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybrid_attention.errors import DataError
+
 from . import formats
 from .corpus import Corpus, _add, _check_nonempty
-from .errors import DataError
 
 MIN_DOC_CHARS = 64  # shorter documents (stubs, empty index pages) are dropped
 

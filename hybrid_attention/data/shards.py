@@ -22,9 +22,10 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hybrid_attention.errors import DataError
+
 from ..files import hash_file
 from .corpus import Corpus, _add, _check_nonempty
-from .errors import DataError
 
 MANIFEST = "manifest.json"
 MIB = 1 << 20

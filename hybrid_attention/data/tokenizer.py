@@ -6,7 +6,8 @@
     same ids (tested).
   * ``bpe``: byte-level BPE trained offline with ``tokenizers`` on the training split (specials get ids 0, 1, 2).
   * any Hugging Face tokenizer directory (``AutoTokenizer.from_pretrained(dir, local_files_only=True,
-    trust_remote_code=False)``), after :func:`hybrid_attention.model_folder.check_folder` admits the directory.
+    trust_remote_code=False)``), after
+  :func:`hybrid_attention.checkpoints.model_folder.check_folder` admits the directory.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from .errors import DataError
+from hybrid_attention.errors import DataError
 
 SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
 BYTE_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
@@ -88,10 +89,10 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: in
 
 def load_tokenizer(path: str | os.PathLike, scope: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
     """Any tokenizer saved with ``save_pretrained`` in a local directory. The directory must pass
-    :func:`hybrid_attention.model_folder.check_folder` (no code hooks, no symlink out of ``scope``, default the
-    directory itself; weight files are not read here, so pickled ones beside the tokenizer are left to the model
-    loader); no code from it is ever run (``trust_remote_code=False``, no prompt)."""
-    from hybrid_attention.model_folder import check_folder
+    :func:`hybrid_attention.checkpoints.model_folder.check_folder` (no code hooks, no symlink out of ``scope``,
+    default the directory itself; weight files are not read here, so pickled ones beside the tokenizer are left to
+    the model loader); no code from it is ever run (``trust_remote_code=False``, no prompt)."""
+    from hybrid_attention.checkpoints.model_folder import check_folder
 
     check_folder(path, scope, weights=False)
     try:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hybrid_attention.training.plots import plt, save_figure
+from hybrid_attention.plots import plt, save_figure
 
 
 def plot_passkey(rows: Sequence[dict], path: Path, title: str = "passkey retrieval") -> Path:

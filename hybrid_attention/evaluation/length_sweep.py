@@ -51,7 +51,7 @@ def length_table(rows: list[dict]) -> str:
 
 def plot_length_sweep(results: dict[str, list[dict]], path: Path, title: str = "perplexity vs context length") -> Path:
     """One line per model name: perplexity against context length (log2 x axis)."""
-    from hybrid_attention.training.plots import plot_series
+    from hybrid_attention.plots import plot_series
 
     series = {name: [(r["seq_len"], r["ppl"]) for r in rows] for name, rows in results.items()}
     return plot_series(series, path, "context length (tokens)", "validation perplexity", title, logx=True, logy=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hybrid_attention.data.errors import DataError
+from hybrid_attention.errors import DataError
 
 TOY_TASK = "hybrid_toy_mc"
 _TASK_DIR = Path(__file__).parent / "lm_eval_tasks"

@@ -3,9 +3,10 @@
 Accepted paths: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
 (``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``.
 
-Every folder read here (model, checkpoint, tokenizer) first passes :func:`hybrid_attention.model_folder.admit`: no
-code hooks (``auto_map``, ``*.py``), safetensors only, no symlink out of the run directory (or out of the folder when it
-is not part of a run), ``manifest.json`` verified when present. No code from a folder is ever run
+Every folder read here (model, checkpoint, tokenizer) first passes
+:func:`hybrid_attention.checkpoints.model_folder.admit`: no code hooks (``auto_map``, ``*.py``), safetensors only, no
+symlink out of the run directory (or out of the folder when it is not part of a run), ``manifest.json`` verified when
+present. No code from a folder is ever run
 (``trust_remote_code=False``, no prompt).
 
 Every problem is one :class:`CheckpointError` / :class:`FolderRefused` line (DataErrors, so the CLI prints
@@ -31,19 +32,25 @@ from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerBase
 
 import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
-from hybrid_attention.data.errors import DataError
-from hybrid_attention.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer, load_tokenizer
-from hybrid_attention.model_folder import FolderRefused, admit, check_folder, unverified_warning
-from hybrid_attention.models import HybridForCausalLM
-from hybrid_attention.training.checkpoint import check_fits, newest_intact, one_line, read_model_tensors, vocab_size_of
-from hybrid_attention.training.config import load_config, model_config
-from hybrid_attention.training.integrity import (
+from hybrid_attention.checkpoints.integrity import (
     MANIFEST,
     CheckpointDamaged,
     CheckpointError,
     CheckpointMismatch,
     first_nonfinite,
 )
+from hybrid_attention.checkpoints.model_folder import FolderRefused, admit, check_folder, unverified_warning
+from hybrid_attention.checkpoints.step_checkpoints import (
+    check_fits,
+    newest_intact,
+    one_line,
+    read_model_tensors,
+    vocab_size_of,
+)
+from hybrid_attention.config.run_config import load_config, model_config
+from hybrid_attention.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer, load_tokenizer
+from hybrid_attention.errors import DataError
+from hybrid_attention.models import HybridForCausalLM
 
 
 @dataclass

@@ -19,15 +19,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from hybrid_attention.config.run_config import OptimSection
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.data.mqar import MQARConfig, multiquery_ar, prediction_accuracy
 from hybrid_attention.data.passkey import passkey_tokens
 from hybrid_attention.device import resolve_device, set_tf32
 from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
-from hybrid_attention.training.config import OptimSection
-from hybrid_attention.training.config_schema import ConfigError
+from hybrid_attention.plots import plot_series
 from hybrid_attention.training.optimizer import build_optimizer
-from hybrid_attention.training.plots import plot_series
 from hybrid_attention.training.schedule import warmup_cosine_scheduler
 
 from .recall_resume import fingerprint, restore_epoch, save_epoch

@@ -3,11 +3,10 @@ last finished epoch instead of starting over (preemption-safe training).
 
 A recall model (``recall.train_and_eval``) is short, but its full budget can be longer than a time-limited job (a
 2-layer d 128 NAtS-L Hybrid on MQAR T 256: ~190 s per lr compiled, 48 epochs); what survives a cut is every finished
-epoch. The checkpoint is the trainer's own format
-(``training/checkpoint.py``: safetensors + JSON, atomic, verified on read, never written with a non-finite tensor),
-one step directory per epoch, the last one kept; its JSON state adds what the recall loop needs: the epoch, the
-scheduler, the permutation generator, the seconds trained so far, the last loss and accuracy, and a fingerprint of
-everything that decides the model's trajectory. A checkpoint whose fingerprint differs (another config, mixer, width
+epoch. The checkpoint is the trainer's own format (``checkpoints/step_checkpoints.py``: safetensors + JSON, atomic,
+verified on read, never written with a non-finite tensor), one step directory per epoch, the last one kept; its
+JSON state adds what the recall loop needs: the epoch, the scheduler, the permutation generator, the seconds trained
+so far, the last loss and accuracy, and a fingerprint of everything that decides the model's trajectory. A checkpoint whose fingerprint differs (another config, mixer, width
 or lr) is ignored, and a damaged one falls back to an older intact one or to a fresh start.
 """
 
@@ -20,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hybrid_attention.training.checkpoint import NonFiniteState, apply_checkpoint, newest_intact, save_checkpoint
+from hybrid_attention.checkpoints.step_checkpoints import (
+    NonFiniteState,
+    apply_checkpoint,
+    newest_intact,
+    save_checkpoint,
+)
 from hybrid_attention.training.schedule import load_scheduler_state, scheduler_state
 
 if TYPE_CHECKING:

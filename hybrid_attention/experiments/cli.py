@@ -42,7 +42,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 def _cmd_experiment(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
 
     from .paths import result_path
     from .report import collect, write_report
@@ -91,7 +91,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 
 def parse_gpus(text: str) -> list[str]:
     """``"0,1"`` -> ``["0", "1"]``; raises ConfigError naming --gpus unless it is distinct non-negative integers."""
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
 
     ids = [x.strip() for x in text.split(",")]
     if not all(x.isdigit() for x in ids) or len(set(ids)) != len(ids):
@@ -101,8 +101,8 @@ def parse_gpus(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybrid_attention.data.errors import DataError
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
+    from hybrid_attention.errors import DataError
 
     p = argparse.ArgumentParser(prog="python -m hybrid_attention.experiments", description=__doc__)
     _arguments(p)

@@ -21,8 +21,8 @@ import argparse
 import math
 from pathlib import Path
 
+from hybrid_attention.plots import plot_series
 from hybrid_attention.training.metrics import read_metrics
-from hybrid_attention.training.plots import plot_series
 
 __all__ = ["paired_gaps", "train_losses"]
 

@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..training.plots import plain_log_axis, save_figure  # noqa: E402
+from ..plots import plain_log_axis, save_figure  # noqa: E402
 from ..training.trainer import describe_layers  # noqa: E402
 from .paths import recall_rows_path, recall_task_path, result_path  # noqa: E402
 from .suite import Suite  # noqa: E402

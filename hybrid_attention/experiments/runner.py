@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hybrid_attention.config.schema import from_dict
 from hybrid_attention.data.lm_data import LMData, build_lm_data
 from hybrid_attention.data.packing import ShuffledBatches
 from hybrid_attention.data.tokenizer import token_byte_lengths
@@ -30,7 +31,6 @@ from hybrid_attention.evaluation.perplexity import evaluate_lm
 from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
 from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models.mixers import MODEL_REVISION
-from hybrid_attention.training.config_schema import from_dict
 from hybrid_attention.training.trainer import train
 
 from .paths import recall_rows_path, recall_task_path, result_path

@@ -7,7 +7,7 @@ claims: ["interdomain §5.1: Interdomain 13-16% below S4D-only"]
 out_dir: runs/experiments/interdomain_vs_s4d
 seeds: [0, 1]
 reference: softmax              # cell the "vs ref" column compares with (optional)
-base: {model: {...}, data: {...}, optim: {...}, train: {...}}    # a RunConfig (hybrid_attention.training.config)
+base: {model: {...}, data: {...}, optim: {...}, train: {...}}    # a RunConfig (hybrid_attention.config.run_config)
 cells:
   - {name: softmax, overrides: {model: {layers: softmax}}}
   - {name: interdomain, overrides: {model: {layers: interdomain}}}
@@ -37,9 +37,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_attention.config.run_config import RunConfig, check
+from hybrid_attention.config.schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping
 from hybrid_attention.evaluation.recall import RecallConfig
-from hybrid_attention.training.config import RunConfig, check
-from hybrid_attention.training.config_schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping
 
 
 @dataclass

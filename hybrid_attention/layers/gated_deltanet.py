@@ -1,12 +1,4 @@
-"""Gated DeltaNet layer, equivalent to fla's `GatedDeltaNet` (the NAtS-L baseline and its hybrid partner layers).
-
-    q, k, v = SiLU(ShortConv_4(W_q x)), SiLU(ShortConv_4(W_k x)), SiLU(ShortConv_4(W_v x))
-    β = σ(W_b x),  g = -exp(A_log) · softplus(W_a x + dt_bias)          (log-decay, float32)
-    o = gated_delta(q, k, v, g, β)                                      (q, k ℓ2-normalised inside, scale d_k^-1/2)
-    y = W_o( RMSNorm_head(o) ⊙ swish(W_g x) )
-Heads: num_heads × head_dim for q/k and num_heads × head_dim·expand_v for v. A_log ~ log U(0, 16); dt_bias = softplus⁻¹
-of dt log-uniform in [1e-3, 1e-1] floored at 1e-4 (Mamba's recipe); both carry `_no_weight_decay`.
-"""
+"""Gated DeltaNet layer, equivalent to fla's `GatedDeltaNet` (the NAtS-L baseline and its hybrid partner layers)."""
 
 from __future__ import annotations
 
@@ -81,9 +73,29 @@ class GDNStaticState(StaticState):
 
 class GatedDeltaNet(TokenMixer):
     """fla-equivalent Gated DeltaNet. x [B, T, hidden] -> y [B, T, hidden]; state H·d_k·d_v reals, flat in T.
-    Position-free decode: a packed prefill's per-document states are the rows of the batched state.
-    ``buffer_dtype`` ("auto" / "fp32" / "bf16"): the chunk kernels' buffer precision (``GatedDeltaConfig``); a
-    suite pins it through ``mixer_options.gdn.buffer_dtype`` so its runs keep training the same kernel."""
+
+        q, k, v = SiLU(ShortConv_4(W_q x)), SiLU(ShortConv_4(W_k x)), SiLU(ShortConv_4(W_v x))
+        β = σ(W_b x),  g = -exp(A_log) · softplus(W_a x + dt_bias)          (log-decay, float32)
+        o = gated_delta(q, k, v, g, β)                                      (q, k ℓ2-normalised inside, scale d_k^-1/2)
+        y = W_o( RMSNorm_head(o) ⊙ swish(W_g x) )
+
+    A_log ~ log U(0, 16); dt_bias = softplus⁻¹ of dt log-uniform in [1e-3, 1e-1] floored at 1e-4 (Mamba's recipe); both
+    carry ``_no_weight_decay``. Position-free decode: a packed prefill's per-document states are the rows of the
+    batched state.
+
+    Args:
+        hidden_size: width of x and y.
+        num_heads: H, the number of heads.
+        head_dim: d_k, the q/k width of a head.
+        expand_v: d_v / d_k; head_dim · expand_v must be an integer.
+        conv_size: kernel width of the causal short convolutions on q, k, v.
+        use_gate: multiply the normed output by swish(W_g x) (False: no W_g).
+        norm_eps: epsilon of the per-head output RMSNorm.
+        chunk_size: chunk length of the chunk-parallel op.
+        backend: form of the op, one of ``ops.gated_delta.BACKENDS`` ("auto", "reference", "naive", "triton").
+        buffer_dtype: "auto" / "fp32" / "bf16", the chunk kernels' buffer precision (``GatedDeltaConfig``); a suite
+            pins it through ``mixer_options.gdn.buffer_dtype`` so its runs keep training the same kernel.
+    """
 
     packed_states = True
 

@@ -1,34 +1,5 @@
-"""Interdomain Attention (arXiv 2605.24330, §2.2) and its ablations, including the S4D-only control.
-
-Data flow per token (the full layer, all flags at their defaults):
-
-    q = W_Q x, k = W_K x, v = W_V x                                 (no biases)
-    q, k <- ShortConv_4(q), ShortConv_4(k)                          (causal depthwise, before the head split)
-    ξ(q) = ℓ2(SiLU(RoPE(q))), ξ(k) = ℓ2(SiLU(RoPE(k)))              (per head, over R = d_h)
-    k̃ = RMSNorm_h(ξ(k)) + b^k_h,  ṽ = RMSNorm_h(v) + b^v_h          (per-head gains and biases, "B-side" norm)
-    X_t = Λ ⊙ X_{t-1} + B̄ [k̃_t; ṽ_t]ᵀ,  U = C X[:, :R], Γ = C X[:, R:]   (one complex S4D per head, S4DCore)
-    z = B ⊙ [k̃_t; ṽ_t]                                              (per-channel input gain B, modules/s4d.py)
-    X_t = Λ ⊙ X_{t-1} + B̄ z_tᵀ,  U = C X[:, :R], Γ = C X[:, R:]      (one complex S4D per head, S4DCore)
-    o_t = read(ξ(q_t), U_t, Γ_t)                                    (no η denominator, no output norm)
-    y = W_O concat_h(o)                                             (optionally gated: σ(W_g x) ⊙ o)
-
-`readout` picks the complex-to-real product (ops/interdomain/readout.py, where the default is decided):
-"transpose" Re(ξ(q)ᵀUᵀΓ), "hermitian" Re(ξ(q)ᵀU^HΓ), "real" Re(Uξ(q))ᵀRe(Γ).
-
-Ablation flags (the paper's 125M mechanism cube, Table 4):
-- query_readout=False: no W_Q; the state is read by a learned contraction instead of the query. `contraction`
-  "linear" (the paper's control, default): y_t = Re(w_hᵀ C_h X_t) ∈ R^{R+d_h} per head with a learned w_h ∈ R^M
-  (the paper's +H·M parameters), then one output map R^{H(R+d_h)} → R^d that stands for C_out and W_O together
-  (`ops.s4d`, an FFT convolution: the layer is linear in its input). "bilinear": Re(diag(UᵀΓ)) per head, an H3-style
-  product of the two filtered halves, then C_out ∈ R^{d×d} and W_O (`ops.s4d_bilinear`; a different, stronger mixer).
-- dual_input=False: generic inputs [a; b] = [W_a x; W_b x], each with its ShortConv and its N+b norm, no ξ on a.
-- rope: RoPE on q and on the key half (k, or a with generic inputs).
-- denominator=True: the ideal Nadaraya–Watson readout divided by read(ξ(q), U, η) (needs query_readout). On the
-  GPU the quotient amplifies the Triton op's tf32 rounding: with the hermitian / real readouts o is within ~1e-2
-  of float64 and some gradients ~2e-2 (H200, T = 1000; transpose ~1e-3; without the denominator ≤ 4.3e-3).
-`S4DMixer` is the S4D-only control (dual_input=False, query_readout=False, linear contraction, rope=False) and
-`S4DBilinearMixer` the same with the bilinear contraction; all three build on `S4DCoreMixer`, at the same state size.
-"""
+"""Interdomain Attention (arXiv 2605.24330, §2.2), its ablations and the S4D-only controls, all on one S4D core per
+head (`S4DCoreMixer`)."""
 
 from __future__ import annotations
 
@@ -126,7 +97,7 @@ class S4DCoreMixer(TokenMixer):
 
     It holds what they share: the branch projections and short convolutions, the key / value RMSNorms with biases,
     the core's parameters and input gain, the read of the state (the query readout, or the linear / bilinear
-    contraction), the output map, and the eager, packed and static decode paths. Arguments: module docstring.
+    contraction), the output map, and the eager, packed and static decode paths (arguments: ``__init__``).
     State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed prefill's
     per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
     """
@@ -154,6 +125,38 @@ class S4DCoreMixer(TokenMixer):
         norm_eps: float = 1e-6,
         backend: str = "auto",
     ) -> None:
+        """Build the branches, the S4D core and the read of the state; the defaults give the full layer.
+
+        Args:
+            hidden_size: d, the width of x [B, T, d] and y [B, T, d].
+            num_heads: H, the number of heads (one S4D core each).
+            head_dim: d_h = R, the width of a head (default hidden_size // num_heads).
+            state_size: M, the complex state dimension of each head's S4D core.
+            conv_size: kernel width of the causal depthwise short convolutions.
+            rope: RoPE on q and on the key half (k, or a with generic inputs).
+            rope_theta: RoPE base.
+            query_readout: read the state through the query (False: no W_Q, read by ``contraction``).
+            dual_input: inputs k, v with ξ on k (False: generic inputs [a; b] = [W_a x; W_b x], each with its
+                ShortConv and its N+b norm, no ξ on a).
+            denominator: divide by the normaliser read(ξ(q), U, η), the ideal Nadaraya–Watson readout; needs
+                query_readout. On the GPU the quotient amplifies the Triton op's tf32 rounding: with the hermitian /
+                real readouts o is within ~1e-2 of float64 and some gradients ~2e-2 (H200, T = 1000; transpose
+                ~1e-3; without the denominator ≤ 4.3e-3).
+            readout: the complex-to-real product of the query readout, "transpose" Re(ξ(q)ᵀUᵀΓ), "hermitian"
+                Re(ξ(q)ᵀU^HΓ) or "real" Re(Uξ(q))ᵀRe(Γ) (``ops/interdomain/readout.py`` decides the default).
+            contraction: the read without a query, "linear" (the paper's control): y_t = Re(w_hᵀ C_h X_t) ∈
+                R^{R+d_h} per head with a learned w_h ∈ R^M (+H·M parameters), then one output map R^{H(R+d_h)} → R^d
+                standing for C_out and W_O together (``ops.s4d``, an FFT convolution: linear in the input); or
+                "bilinear": Re(diag(UᵀΓ)) per head, an H3-style product of the two filtered halves, then C_out ∈
+                R^{d×d} and W_O (``ops.s4d_bilinear``).
+            output_gate: gate the heads' output, σ(W_g x) ⊙ o.
+            chunk_size: chunk length of the chunk-parallel op.
+            dt_min: lower end of the S4D step sizes' log-uniform initialisation.
+            dt_max: upper end of the S4D step sizes' log-uniform initialisation.
+            norm_eps: epsilon of the key / value RMSNorms.
+            backend: form of the op, one of the backends of ``ops.interdomain`` (query readout), ``ops.s4d``
+                (linear contraction) or ``ops.s4d_bilinear`` ("auto", "reference", "naive", "triton", ...).
+        """
         super().__init__()
         if denominator and not query_readout:
             raise ValueError("denominator=True needs query_readout=True (η is read through the query)")
@@ -376,15 +379,40 @@ class S4DCoreMixer(TokenMixer):
 class InterdomainAttention(S4DCoreMixer):
     """Interdomain Attention token mixer. x [B, T, hidden] -> y [B, T, hidden].
 
-    The S4D core read through the query (``query_readout``; the flags of the module docstring give its ablations).
-    State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed prefill's
-    per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
+    Data flow per token (the full layer, all flags at their defaults):
+
+        q = W_Q x, k = W_K x, v = W_V x                                 (no biases)
+        q, k <- ShortConv_4(q), ShortConv_4(k)                          (causal depthwise, before the head split)
+        ξ(q) = ℓ2(SiLU(RoPE(q))), ξ(k) = ℓ2(SiLU(RoPE(k)))              (per head, over R = d_h)
+        k̃ = RMSNorm_h(ξ(k)) + b^k_h,  ṽ = RMSNorm_h(v) + b^v_h          (per-head gains and biases, "B-side" norm)
+        z = B ⊙ [k̃_t; ṽ_t]                                              (per-channel input gain B, modules/s4d.py)
+        X_t = Λ ⊙ X_{t-1} + B̄ z_tᵀ,  U = C X[:, :R], Γ = C X[:, R:]      (one complex S4D per head, S4DCore)
+        o_t = read(ξ(q_t), U_t, Γ_t)                                    (no η denominator, no output norm)
+        y = W_O concat_h(o)                                             (optionally gated: σ(W_g x) ⊙ o)
+
+    The flags of ``__init__`` (query_readout, dual_input, rope, denominator) give the paper's 125M mechanism cube
+    (Table 4). State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed
+    prefill's per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
+
+    Args: hidden_size, num_heads, head_dim, state_size, conv_size, rope, rope_theta, query_readout, dual_input,
+    denominator, readout, contraction, output_gate, chunk_size, dt_min, dt_max, norm_eps, backend; each is described
+    in ``__init__`` below.
     """
 
 
 class S4DMixer(S4DCoreMixer):
     """The S4D-only control (§3): generic inputs [a; b], a learned contraction *linear* in the state instead of the
-    query, no RoPE by default; the same S4D core and therefore the same state size as InterdomainAttention."""
+    query, no RoPE by default; the same S4D core and therefore the same state size as InterdomainAttention.
+    x [B, T, hidden] -> y [B, T, hidden].
+
+    Args:
+        hidden_size: d, the width of x and y.
+        num_heads: H, the number of heads (one S4D core each).
+        head_dim: d_h, the width of a head (default hidden_size // num_heads).
+        **kwargs: the other arguments of ``S4DCoreMixer`` (state_size, conv_size, rope (default False), rope_theta,
+            output_gate, chunk_size, dt_min, dt_max, norm_eps, backend); query_readout, dual_input and denominator
+            must be False and contraction must be this class's ``CONTRACTION``.
+    """
 
     CONTRACTION = "linear"
 
@@ -404,6 +432,9 @@ class S4DMixer(S4DCoreMixer):
 
 class S4DBilinearMixer(S4DMixer):
     """A multiplicative S4D-only mixer, the `s4d_bilinear` baseline: the same inputs and core as `s4d`, read by
-    Re(diag(UᵀΓ)) (a product of the two filtered halves, H3-style), then C_out and W_O."""
+    Re(diag(UᵀΓ)) (a product of the two filtered halves, H3-style), then C_out and W_O.
+
+    Args: hidden_size, num_heads, head_dim and **kwargs as for ``S4DMixer``, with contraction "bilinear".
+    """
 
     CONTRACTION = "bilinear"

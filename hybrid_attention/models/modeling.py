@@ -110,7 +110,7 @@ class HybridBlock(nn.Module):
 class HybridPreTrainedModel(PreTrainedModel):
     config_class = HybridConfig
     base_model_prefix = "model"
-    # activation checkpointing through training/activation_checkpointing.py's block wrapper (the same one
+    # activation checkpointing through modules/activation_checkpointing.py's block wrapper (the same one
     # train.checkpointing uses): the HF names below map to it, so `Trainer(gradient_checkpointing=True)` and PEFT
     # recipes work
     supports_gradient_checkpointing = True
@@ -121,7 +121,7 @@ class HybridPreTrainedModel(PreTrainedModel):
         """Run every decoder block under ``torch.utils.checkpoint`` (non-reentrant) while training: activations
         are recomputed in the backward, the weights and outputs are unchanged. Only the defaults are supported:
         ``use_reentrant=False``, ``every_n_layers=1``, ``offload=False`` (ValueError naming the argument)."""
-        from hybrid_attention.training.activation_checkpointing import enable_block_checkpointing
+        from hybrid_attention.modules.activation_checkpointing import enable_block_checkpointing
 
         kwargs = dict(activation_checkpointing_kwargs or {})
         if kwargs.pop("use_reentrant", False):
@@ -135,7 +135,7 @@ class HybridPreTrainedModel(PreTrainedModel):
 
     def activation_checkpointing_disable(self) -> None:
         """Undo :meth:`activation_checkpointing_enable` (every block runs its plain forward)."""
-        from hybrid_attention.training.activation_checkpointing import disable_block_checkpointing
+        from hybrid_attention.modules.activation_checkpointing import disable_block_checkpointing
 
         disable_block_checkpointing(self)
 
@@ -151,7 +151,7 @@ class HybridPreTrainedModel(PreTrainedModel):
     @property
     def is_activation_checkpointing(self) -> bool:
         """Whether the decoder blocks run under activation checkpointing."""
-        from hybrid_attention.training.activation_checkpointing import checkpointed_blocks
+        from hybrid_attention.modules.activation_checkpointing import checkpointed_blocks
 
         return checkpointed_blocks(self) > 0
 

@@ -8,11 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x**2, -1) + eps), computed in at least float32. Shape preserved."""
-    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+from hybrid_attention.ops.common.norm import rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -25,7 +25,8 @@ from typing import get_args
 import torch
 from torch import nn
 
-from .config import CompileScope
+from hybrid_attention.config.run_config import CompileScope
+
 from .distributed import unwrap
 
 __all__ = ["COMPILE_SCOPES", "compile_model"]

@@ -28,16 +28,24 @@ from pathlib import Path
 
 import torch
 
+from hybrid_attention.config.run_config import (
+    ModelSection,
+    OptimSection,
+    RunConfig,
+    TrainSection,
+    check,
+    model_config,
+    save_config,
+)
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.data.lm_data import LMData, build_lm_data
 from hybrid_attention.data.packing import ShuffledBatches
 from hybrid_attention.data.tokenizer import token_byte_lengths
 from hybrid_attention.device import resolve_device
+from hybrid_attention.plots import plot_series
 
-from .config import ModelSection, OptimSection, RunConfig, TrainSection, check, model_config, save_config
-from .config_schema import ConfigError
 from .metrics import read_metrics
-from .plots import plot_series
 from .progress import LineProgress, fit_to_terminal, progress_bar
 
 DEMO_MIXERS = ("softmax", "interdomain", "s4d", "gdn", "natsl")

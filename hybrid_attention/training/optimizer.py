@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hybrid_attention.config.run_config import OptimSection
 from hybrid_attention.training.param_groups import ssm_param_groups
-
-from .config import OptimSection
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.AdamW:

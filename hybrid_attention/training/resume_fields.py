@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config_schema import ConfigError, read_yaml_mapping, to_dict
+from hybrid_attention.config.schema import ConfigError, read_yaml_mapping, to_dict
 
 # model.*: the architecture and the mixers' options (e.g. another Interdomain readout with the same parameter shapes
 # is another model); data.*: what the text is, how it is split, tokenized and packed; train.seed and

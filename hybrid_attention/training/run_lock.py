@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from .config_schema import ConfigError
+from hybrid_attention.config.schema import ConfigError
 
 LOCK_NAME = ".lock"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .config_schema import read_yaml_mapping
+from hybrid_attention.config.schema import read_yaml_mapping
 
 
 class WarmupCosine:

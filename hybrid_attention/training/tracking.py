@@ -11,23 +11,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config_schema import ConfigError
+from hybrid_attention.config.run_config import check_tensorboard
+
 from .metrics import MetricsLog
 
 # metrics.jsonl key -> TensorBoard tag
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tok_per_s": "train/tokens_per_s",
            "val_loss": "val/loss", "val_ppl": "val/ppl", "val_bpb": "val/bpb"}
-INSTALL = "pip install 'hybrid_attention[train]' (or pip install tensorboard)"
-
-
-def check_tensorboard() -> None:
-    """ConfigError naming ``train.tensorboard`` when the ``tensorboard`` package is not installed."""
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"config error: train.tensorboard = true needs the tensorboard package: {INSTALL}") from None
-
-
 def routing_shares(routing: dict[str, list[float]]) -> dict[str, float]:
     """Mean softmax share per layer of a validation record's ``routing`` ({layer: [share per decision head]})."""
     return {str(layer): sum(f) / len(f) for layer, f in routing.items() if f}

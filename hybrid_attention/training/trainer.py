@@ -19,18 +19,17 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from tqdm.auto import tqdm
 
-from hybrid_attention.data.errors import DataError
-from hybrid_attention.data.lm_data import LMData, build_lm_data
-from hybrid_attention.data.packing import local_slice, varlen_inputs
-from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byte_lengths
-from hybrid_attention.device import set_tf32
-from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
-from hybrid_attention.layers.natsl.routing import RoutingRecorder
-from hybrid_attention.model_folder import unverified_warning
-from hybrid_attention.models import HybridForCausalLM
-
-from .activation_checkpointing import enable_block_checkpointing
-from .checkpoint import (
+from hybrid_attention.checkpoints.integrity import (
+    CheckpointError,
+    CheckpointMismatch,
+    NonFiniteState,
+    fsync_dir,
+    max_abs,
+    nonfinite_count,
+    write_manifest,
+)
+from hybrid_attention.checkpoints.model_folder import unverified_warning
+from hybrid_attention.checkpoints.step_checkpoints import (
     _FULL,
     apply_checkpoint,
     checkpoint_dirs,
@@ -41,22 +40,23 @@ from .checkpoint import (
     saved_vocab_size,
     vocab_size_of,
 )
+from hybrid_attention.config.run_config import RunConfig, model_config, save_config
+from hybrid_attention.config.schema import ConfigError, to_dict
+from hybrid_attention.data.lm_data import LMData, build_lm_data
+from hybrid_attention.data.packing import local_slice, varlen_inputs
+from hybrid_attention.data.tokenizer import check_vocab, separator_id, token_byte_lengths
+from hybrid_attention.device import set_tf32
+from hybrid_attention.errors import DataError
+from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
+from hybrid_attention.layers.natsl.routing import RoutingRecorder
+from hybrid_attention.models import HybridForCausalLM
+from hybrid_attention.modules.activation_checkpointing import enable_block_checkpointing
+from hybrid_attention.plots import plot_training_curves
+
 from .compile import compile_model
-from .config import RunConfig, model_config, save_config
-from .config_schema import ConfigError, to_dict
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
-from .integrity import (
-    CheckpointError,
-    CheckpointMismatch,
-    NonFiniteState,
-    fsync_dir,
-    max_abs,
-    nonfinite_count,
-    write_manifest,
-)
 from .metrics import read_metrics
 from .optimizer import build_optimizer
-from .plots import plot_training_curves
 from .progress import progress_bar
 from .resume_fields import check_resume_config
 from .run_lock import RunLock, check_out_dir, refuse_linked_entries

@@ -9,8 +9,8 @@ import pytest
 
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.data.corpus import local_corpus
-from hybrid_attention.data.errors import DataError
 from hybrid_attention.data.lm_data import load_corpus
+from hybrid_attention.errors import DataError
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hybrid_attention.training.config import load_config
+from hybrid_attention.config.run_config import load_config
 from hybrid_attention.training.trainer import train
 
 

@@ -5,10 +5,10 @@ import shutil
 
 import pytest
 
+from hybrid_attention.checkpoints.integrity import CheckpointDamaged, CheckpointError, CheckpointMismatch
 from hybrid_attention.cli import main
 from hybrid_attention.data.tokenizer import byte_tokenizer
 from hybrid_attention.evaluation.loading import load_model
-from hybrid_attention.training.integrity import CheckpointDamaged, CheckpointError, CheckpointMismatch
 
 
 @pytest.fixture

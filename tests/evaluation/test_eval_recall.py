@@ -285,7 +285,7 @@ def test_mqar_curriculum_over_pairs_trains_the_short_stage_on_fewer_pairs(monkey
 @pytest.mark.parametrize("bad", [{"task": "passkey"}, {"short_seq_len": None, "short_epochs": 0},
                                  {"short_num_kv_pairs": 0}])
 def test_short_num_kv_pairs_needs_an_mqar_curriculum(bad):
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
 
     kw = {"task": "mqar", "vocab_size": 128, "seq_len": 64, "num_kv_pairs": 8, "short_seq_len": 32,
           "short_epochs": 2, "short_num_kv_pairs": 4, "epochs": 6}
@@ -303,7 +303,7 @@ def test_short_num_kv_pairs_needs_an_mqar_curriculum(bad):
                                         ({"short_seq_len": 32, "short_epochs": 6}, "short_epochs"),
                                         ({"short_epochs": 2}, "short_epochs")])
 def test_length_curriculum_rejects_bad_settings(bad, field):
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=f"^config error: {field} "):
         RecallConfig(seq_len=64, epochs=6, **bad)
@@ -314,7 +314,7 @@ def test_length_curriculum_rejects_bad_settings(bad, field):
 def test_mqar_lengths_must_hold_the_pairs_and_queries(lengths, field):
     """8 pairs and 8 queries need 32 tokens, and the vocabulary must exceed the length: refused when the config is
     read, not at the curriculum's first epoch."""
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=f"^config error: {field} = \\d+ does not fit mqar: 4 \\* num_kv_pairs"):
         RecallConfig(task="mqar", num_kv_pairs=8, epochs=6, **lengths)

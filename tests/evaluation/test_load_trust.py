@@ -14,11 +14,11 @@ import time
 
 import pytest
 
+from hybrid_attention.checkpoints.integrity import CheckpointError, write_manifest
+from hybrid_attention.checkpoints.model_folder import FolderRefused, check_folder
 from hybrid_attention.cli import main
 from hybrid_attention.data.tokenizer import load_tokenizer
 from hybrid_attention.evaluation.loading import load_model
-from hybrid_attention.model_folder import FolderRefused, check_folder
-from hybrid_attention.training.integrity import CheckpointError, write_manifest
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 from collections.abc import Iterator
 from pathlib import Path
 
+from hybrid_attention.config.run_config import RunConfig
 from hybrid_attention.experiments import Suite
-from hybrid_attention.training.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 WITH_GPU_RESULTS = sorted(p.name[: -len("_gpu")] for p in (ROOT / "results").glob("*_gpu") if p.is_dir())

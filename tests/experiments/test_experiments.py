@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.experiments import load_suite, run_suite
 from hybrid_attention.experiments import runner as runner_mod
 from hybrid_attention.experiments.cli import add_parser, main
-from hybrid_attention.training.config_schema import ConfigError
 
 SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 SMALL = ["base.train.steps=3", "base.train.checkpoint_every=3", "base.data.seq_len=32", "base.data.val_tokens=512",
@@ -302,7 +302,7 @@ def test_worker_exit_reason_names_the_signal():
 
 def test_suite_yaml_with_duplicate_keys_is_one_line(tmp_path):
     """A suite file gets the run configs' checks: duplicate keys and a non-mapping top level are one ConfigError."""
-    from hybrid_attention.training.config_schema import ConfigError
+    from hybrid_attention.config.schema import ConfigError
 
     dup = tmp_path / "dup.yaml"
     dup.write_text((SUITES / "interdomain_vs_s4d.yaml").read_text() + "seeds: [5]\n")

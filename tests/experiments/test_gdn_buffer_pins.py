@@ -11,11 +11,11 @@ import torch
 import yaml
 from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
 
+from hybrid_attention.config.run_config import model_config
 from hybrid_attention.experiments import load_suite
 from hybrid_attention.layers import GatedDeltaNet, NatsLAttention
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.ops.gated_delta.triton import config_with_buffers
-from hybrid_attention.training.config import model_config
 
 GDN_MIXERS = ("gdn", "natsl")
 

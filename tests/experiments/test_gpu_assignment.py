@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.experiments import load_suite, run_suite
 from hybrid_attention.experiments.cli import main, parse_gpus
 from hybrid_attention.experiments.paths import result_path
 from hybrid_attention.experiments.runner import pick_gpu
-from hybrid_attention.training.config_schema import ConfigError
 
 SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.experiments import load_suite, run_suite
 from hybrid_attention.experiments import runner as runner_mod
 from hybrid_attention.experiments.cli import main
 from hybrid_attention.experiments.runner import machine_description
-from hybrid_attention.training.config_schema import ConfigError
 
 SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 

@@ -42,7 +42,7 @@ def test_gradient_checkpointing_enable_maps_to_the_blocks(monkeypatch):
     calls = []
     orig = torch.utils.checkpoint.checkpoint
     monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
-    import hybrid_attention.training.activation_checkpointing as ck
+    import hybrid_attention.modules.activation_checkpointing as ck
 
     monkeypatch.setattr(ck, "checkpoint", torch.utils.checkpoint.checkpoint)
     ids = torch.randint(0, plain.config.vocab_size, (2, 24))

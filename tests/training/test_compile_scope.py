@@ -8,10 +8,10 @@ import torch
 from torch._dynamo.utils import counters
 from training_helpers import tiny_config
 
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.training import trainer as trainer_mod
 from hybrid_attention.training.compile import COMPILE_SCOPES, compile_model
-from hybrid_attention.training.config_schema import ConfigError
 from hybrid_attention.training.distributed import init_distributed
 
 

@@ -2,11 +2,11 @@
 
 import pytest
 
+from hybrid_attention.config.run_config import load_config
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.models import HybridConfig
 from hybrid_attention.models.configuration import mixer_option_names
 from hybrid_attention.models.mixers import MIXER_BUILDERS
-from hybrid_attention.training.config import load_config
-from hybrid_attention.training.config_schema import ConfigError
 
 
 def _error(path=None, overrides=()) -> str:

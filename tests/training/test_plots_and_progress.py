@@ -10,7 +10,7 @@ import re
 import pytest
 
 import hybrid_attention.experiments.report as report
-import hybrid_attention.training.plots as plots
+import hybrid_attention.plots as plots
 from hybrid_attention.cli import main
 from hybrid_attention.evaluation.recall import RecallConfig, chance_accuracy
 from hybrid_attention.training.progress import LineProgress, fit_to_terminal, progress_bar

@@ -9,10 +9,10 @@ import shutil
 import pytest
 from training_helpers import tiny_overrides
 
+from hybrid_attention.checkpoints import step_checkpoints as checkpoint
+from hybrid_attention.checkpoints.model_folder import unverified_warning
 from hybrid_attention.cli import main
 from hybrid_attention.data.tokenizer import byte_tokenizer, train_bpe_tokenizer
-from hybrid_attention.model_folder import unverified_warning
-from hybrid_attention.training import checkpoint
 from hybrid_attention.training.run_lock import LOCK_NAME
 
 STEP = "step-00000002"

@@ -8,7 +8,7 @@ import pytest
 from training_helpers import tiny_overrides
 
 from hybrid_attention.cli import main
-from hybrid_attention.training.config import RunConfig
+from hybrid_attention.config.run_config import RunConfig
 from hybrid_attention.training.resume_fields import BINDING, SAFE, resume_changes
 
 

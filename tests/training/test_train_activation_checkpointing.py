@@ -10,15 +10,15 @@ import copy
 import pytest
 import torch
 
+from hybrid_attention.config.run_config import load_config
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 from hybrid_attention.models.mixers import MIXER_BUILDERS
-from hybrid_attention.training.activation_checkpointing import (
+from hybrid_attention.modules.activation_checkpointing import (
     checkpointed_blocks,
     disable_block_checkpointing,
     enable_block_checkpointing,
 )
-from hybrid_attention.training.config import load_config
-from hybrid_attention.training.config_schema import ConfigError
 
 
 def _tiny(layers: list[str]) -> HybridForCausalLM:
@@ -51,7 +51,7 @@ def test_same_loss_and_grads_with_checkpointing():
         calls.append(kw.get("use_reentrant"))
         return orig(*a, **kw)
 
-    import hybrid_attention.training.activation_checkpointing as mod
+    import hybrid_attention.modules.activation_checkpointing as mod
 
     mod.checkpoint = spy
     try:

@@ -5,7 +5,12 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from hybrid_attention.training.checkpoint import checkpoint_dirs, latest_checkpoint, load_checkpoint, save_checkpoint
+from hybrid_attention.checkpoints.step_checkpoints import (
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def _model_and_opt(seed: int):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from training_helpers import tiny_config
 
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.training import trainer as trainer_mod
-from hybrid_attention.training.config_schema import ConfigError
 from hybrid_attention.training.distributed import init_distributed
 
 

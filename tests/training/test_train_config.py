@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybrid_attention.training.config import load_config, save_config
-from hybrid_attention.training.config_schema import ConfigError
+from hybrid_attention.config.run_config import load_config, save_config
+from hybrid_attention.config.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,8 +62,8 @@ def test_bad_yaml_file(tmp_path):
 def test_shipped_configs_validate(path):
     data = yaml.safe_load(path.read_text())
     if "task" in data or "mixers" in data:  # recall sweep configs
+        from hybrid_attention.config.schema import from_dict
         from hybrid_attention.evaluation.recall import RecallConfig
-        from hybrid_attention.training.config_schema import from_dict
 
         from_dict(RecallConfig, data)
     else:

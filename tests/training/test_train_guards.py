@@ -9,12 +9,17 @@ import pytest
 import torch
 from training_helpers import tiny_config
 
-import hybrid_attention.training.checkpoint as ckpt_mod
+import hybrid_attention.checkpoints.step_checkpoints as ckpt_mod
+from hybrid_attention.checkpoints.step_checkpoints import (
+    CheckpointError,
+    CheckpointMismatch,
+    checkpoint_dirs,
+    read_checkpoint,
+)
 from hybrid_attention.cli import main
+from hybrid_attention.config.run_config import save_config
 from hybrid_attention.data import DataError
 from hybrid_attention.data.tokenizer import byte_tokenizer
-from hybrid_attention.training.checkpoint import CheckpointError, CheckpointMismatch, checkpoint_dirs, read_checkpoint
-from hybrid_attention.training.config import save_config
 from hybrid_attention.training.distributed import init_distributed
 from hybrid_attention.training.trainer import Trainer, TrainingDiverged, train
 

@@ -17,9 +17,9 @@ import torch
 from safetensors import SafetensorError
 from training_helpers import REPO, cli_env
 
-import hybrid_attention.training.checkpoint as ckpt_mod
-from hybrid_attention.data import DataError
-from hybrid_attention.training.checkpoint import (
+import hybrid_attention.checkpoints.step_checkpoints as ckpt_mod
+from hybrid_attention.checkpoints.integrity import verify_manifest
+from hybrid_attention.checkpoints.step_checkpoints import (
     CheckpointDamaged,
     CheckpointError,
     NonFiniteState,
@@ -29,7 +29,7 @@ from hybrid_attention.training.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from hybrid_attention.training.integrity import verify_manifest
+from hybrid_attention.data import DataError
 
 
 def _model_and_opt(seed: int = 0):
@@ -206,7 +206,7 @@ def test_disk_full_while_writing_the_manifest(tmp_path, monkeypatch):
 _SAVER = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from hybrid_attention.training.checkpoint import save_checkpoint
+    from hybrid_attention.checkpoints.step_checkpoints import save_checkpoint
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
@@ -256,7 +256,7 @@ def test_read_checkpoint_has_no_side_effects_on_failure(two_checkpoints):
 def test_max_abs_reduces_tensors_of_mixed_devices():
     """AdamW keeps its `step` counters as 0-d CPU tensors beside the moments on the accelerator (found on the H200:
     the check before a checkpoint raised in torch.stack). The meta device stands in for the accelerator here."""
-    from hybrid_attention.training.integrity import max_abs
+    from hybrid_attention.checkpoints.integrity import max_abs
 
     m = max_abs([torch.randn(3, device="meta"), torch.tensor(5.0)])
     assert m.device.type == "meta" and m.dim() == 0

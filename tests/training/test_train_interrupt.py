@@ -10,8 +10,8 @@ import time
 
 from training_helpers import cli_cmd, cli_env, tiny_overrides
 
+from hybrid_attention.checkpoints import step_checkpoints as checkpoint_module
 from hybrid_attention.cli import main
-from hybrid_attention.training import checkpoint as checkpoint_module
 
 
 def test_sigint_during_training(tmp_path):
@@ -77,7 +77,7 @@ def test_interrupt_before_any_checkpoint(tmp_path, capsys, monkeypatch):
 
 
 def test_interrupt_while_reading_the_config(tmp_path, capsys, monkeypatch):
-    from hybrid_attention.training import config as config_module
+    from hybrid_attention.config import run_config as config_module
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from training_helpers import cli_cmd, cli_env, tiny_overrides
 
-from hybrid_attention.training.config import load_config, save_config
+from hybrid_attention.config.run_config import load_config, save_config
 
 STEPS = 24
 

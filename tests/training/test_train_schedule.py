@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from hybrid_attention.config.run_config import OptimSection
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
-from hybrid_attention.training.config import OptimSection
 from hybrid_attention.training.optimizer import build_optimizer
 from hybrid_attention.training.schedule import WarmupCosine, warmup_cosine_scheduler
 

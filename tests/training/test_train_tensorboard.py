@@ -9,7 +9,7 @@ import builtins
 import pytest
 from training_helpers import tiny_config
 
-from hybrid_attention.training.config_schema import ConfigError
+from hybrid_attention.config.schema import ConfigError
 from hybrid_attention.training.trainer import train
 
 

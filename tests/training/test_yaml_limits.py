@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hybrid_attention.cli import main
-from hybrid_attention.training.config_schema import MAX_YAML_DEPTH, ConfigError, load_yaml
+from hybrid_attention.config.schema import MAX_YAML_DEPTH, ConfigError, load_yaml
 
 
 def _bomb(levels: int = 9) -> str:

@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from hybrid_attention.training.config import load_config
+from hybrid_attention.config.run_config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hybrid_attention.modules.norm import rms_norm
+from hybrid_attention.ops.common.norm import rms_norm
 
 
 def norm_linear_reference(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,

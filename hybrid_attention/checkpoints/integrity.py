@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid_attention.data.errors import DataError
+from hybrid_attention.errors import DataError
 from hybrid_attention.files import hash_file
 
 MANIFEST = "manifest.json"

@@ -24,7 +24,7 @@ import yaml
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.models import PRESETS, HybridConfig, HybridForCausalLM
 
-from .config_schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping, to_dict
+from .schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping, to_dict
 
 
 @dataclass
@@ -139,10 +139,20 @@ def check(cfg: RunConfig) -> RunConfig:
                           f"train.grad_accum = {cfg.train.grad_accum}")
     check_model(cfg.model)
     if cfg.train.tensorboard:
-        from .tracking import check_tensorboard
-
         check_tensorboard()
     return cfg
+
+
+TENSORBOARD_INSTALL = "pip install 'hybrid_attention[train]' (or pip install tensorboard)"
+
+
+def check_tensorboard() -> None:
+    """ConfigError naming ``train.tensorboard`` when the ``tensorboard`` package is not installed."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ConfigError("config error: train.tensorboard = true needs the tensorboard package: "
+                          f"{TENSORBOARD_INSTALL}") from None
 
 
 def model_config(section: ModelSection, vocab_size: int | None = None):

@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from hybrid_attention.model_folder import admit, check_folder, refuse_links
+from hybrid_attention.checkpoints.model_folder import admit, check_folder, refuse_links
 
 from .integrity import (
     CheckpointDamaged,
@@ -82,7 +82,7 @@ LINK_REFUSAL = ("a run's checkpoints are never loaded, rotated or deleted throug
 def _refuse_links(root: Path) -> None:
     """CheckpointError (one line) when ``root`` or anything under it is a symbolic link: loading, rotating or deleting
     through it would reach outside the run folder (another run's step read as this run's, or another run's
-    checkpoints rotated away). The check is :func:`hybrid_attention.model_folder.refuse_links` with no scope."""
+    checkpoints rotated away). The check is :func:`.model_folder.refuse_links` with no scope."""
     refuse_links(root, None, LINK_REFUSAL, CheckpointError)
 
 
@@ -297,7 +297,7 @@ def read_model_tensors(path: Path) -> tuple[dict[str, torch.Tensor], bool]:
 def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = (),
                     scope: Path | None = None) -> CheckpointData:
     """Admit, verify and read every file of checkpoint ``path`` (no side effects). Raises FolderRefused (the folder
-    fails :func:`hybrid_attention.model_folder.admit`: code, pickles, a link out of ``scope``, default the folder) and
+    fails :func:`.model_folder.admit`: code, pickles, a link out of ``scope``, default the folder) and
     CheckpointDamaged.
 
     ``state_keys``: keys of ``trainer_state.json`` the caller needs besides step, param_groups and rng; ``scope``:
@@ -354,7 +354,7 @@ def vocab_size_of(state: dict[str, torch.Tensor]) -> int | None:
 def saved_vocab_size(path: Path, scope: Path | None = None) -> int | None:
     """Rows of the token embedding in checkpoint ``path``'s ``model.safetensors``, read from the file's header alone
     (no tensor data); None when the file cannot be read (the full read, :func:`read_checkpoint`, reports why). The
-    folder passes :func:`hybrid_attention.model_folder.check_folder` (``scope``: the run folder) first."""
+    folder passes :func:`hybrid_attention.checkpoints.model_folder.check_folder` (``scope``: the run folder) first."""
     check_folder(path, scope)
     try:
         with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:

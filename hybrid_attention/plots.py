@@ -1,4 +1,4 @@
-"""PNG plots of a run (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of runs, sweeps and evaluations (matplotlib, Agg backend: no display needed)."""
 
 from __future__ import annotations
 

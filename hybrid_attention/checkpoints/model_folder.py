@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hybrid_attention.data.errors import DataError
+from hybrid_attention.errors import DataError
 
 __all__ = ["FolderRefused", "admit", "check_folder", "refuse_links", "unverified_warning"]
 
@@ -162,7 +162,7 @@ def admit(folder: str | os.PathLike, scope: str | os.PathLike | None = None, req
     must list; ``only``: check just these). Returns True when a manifest was present and every checked file matched,
     False (after logging :func:`unverified_warning` to ``log``) when there is no manifest. Raises FolderRefused or
     CheckpointDamaged (both one line)."""
-    from hybrid_attention.training.integrity import verify_manifest
+    from hybrid_attention.checkpoints.integrity import verify_manifest
 
     check_folder(folder, scope)
     verified = verify_manifest(Path(folder), required=required, only=only)
