@@ -393,10 +393,6 @@ class InterdomainAttention(S4DCoreMixer):
     The flags of ``__init__`` (query_readout, dual_input, rope, denominator) give the paper's 125M mechanism cube
     (Table 4). State size: 2·H·M·(R+d_h) real numbers per sequence, independent of the sequence length. A packed
     prefill's per-document states are the rows of the batched state (positions per row in ``InterdomainState.pad``).
-
-    Args: hidden_size, num_heads, head_dim, state_size, conv_size, rope, rope_theta, query_readout, dual_input,
-    denominator, readout, contraction, output_gate, chunk_size, dt_min, dt_max, norm_eps, backend; each is described
-    in ``__init__`` below.
     """
 
 
