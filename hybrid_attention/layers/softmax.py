@@ -70,10 +70,17 @@ class StaticKVState(StaticState):
 class SoftmaxAttention(TokenMixer):
     """Multi-head causal softmax attention (SDPA), RoPE on q/k, no biases.
 
-    x [B, T, hidden] -> y [B, T, hidden]; heads: num_heads × head_dim (default hidden / num_heads). A packed
-    prefill's state holds each document's keys right-aligned in its row (``KVState.pad``). ``backend``: the form of
-    the packed (``cu_seqlens``) attention, ``ops/packed_attention`` ("auto": FlashAttention varlen for CUDA fp16 /
-    bf16, else the dense-mask reference).
+    x [B, T, hidden] -> y [B, T, hidden]. A packed prefill's state holds each document's keys right-aligned in its
+    row (``KVState.pad``).
+
+    Args:
+        hidden_size: width of x and y.
+        num_heads: the number of heads.
+        head_dim: the width of a head (default hidden_size // num_heads).
+        rope: RoPE on q and k.
+        rope_theta: RoPE base.
+        backend: the form of the packed (``cu_seqlens``) attention, one of ``ops.packed_attention.BACKENDS``
+            ("auto": FlashAttention varlen for CUDA fp16 / bf16, else the dense-mask "reference"; "flash").
     """
 
     packed_states = True

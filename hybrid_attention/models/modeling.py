@@ -183,7 +183,11 @@ class HybridPreTrainedModel(PreTrainedModel):
 
 
 class HybridModel(HybridPreTrainedModel):
-    """Embeddings, blocks and the final norm. forward(input_ids [B, T]) -> hidden [B, T, d], cache."""
+    """Embeddings, blocks and the final norm. forward(input_ids [B, T]) -> hidden [B, T, d], cache.
+
+    Args:
+        config: the ``HybridConfig`` (sizes, ``mixer_types`` per layer, ``mixer_options``).
+    """
 
     def __init__(self, config: HybridConfig) -> None:
         super().__init__(config)
@@ -232,7 +236,11 @@ class HybridModel(HybridPreTrainedModel):
 
 class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     """Causal LM. forward(input_ids [B, T], labels=None, cache|past_key_values=None, use_cache=None)
-    -> HybridCausalLMOutput(loss, logits [B, T, vocab], cache)."""
+    -> HybridCausalLMOutput(loss, logits [B, T, vocab], cache).
+
+    Args:
+        config: the ``HybridConfig`` (sizes, ``mixer_types`` per layer, ``mixer_options``).
+    """
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
 

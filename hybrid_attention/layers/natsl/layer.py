@@ -1,11 +1,6 @@
-"""NAtS-L: chunk-level routing between softmax attention and Gated DeltaNet inside one layer (arXiv 2602.03681).
-
-`NatsLAttention` is the token mixer: q / k / v are shared by both branches, a router types each complete chunk of C
-tokens softmax or GDN per decision head, and a per-token learned weighting fuses the two branches' normed outputs.
-Its docstring gives the per-layer equations and every deviation from the official code. `NatsLState` is the decode
-state. Routing analysis (forcing, recording) lives outside the layer and its state, in layers/natsl/routing.py:
-forcing is configuration (a frozen `RoutingSpec`), the chunk types of a pass go to a `RoutingRecorder` attached for
-the calls it should see, never remembered on the module.
+"""NAtS-L (arXiv 2602.03681): chunk-level routing between softmax attention and Gated DeltaNet inside one layer.
+`NatsLAttention` is the token mixer, `NatsLState` its decode state; forcing and recording the routing live in
+layers/natsl/routing.py, outside the layer and its state.
 """
 
 from __future__ import annotations
@@ -69,8 +64,8 @@ class NatsLState:
 
 class NatsLAttention(NatsLStaticStep, TokenMixer):
     """NAtS-L token mixer. x [B, T, hidden] -> y [B, T, hidden]. Static decode step: `NatsLStaticStep`
-    (layers/natsl/static.py). ``buffer_dtype``: the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
-    (pinned by a suite through ``mixer_options.natsl.buffer_dtype``).
+    (layers/natsl/static.py). q / k / v are shared by both branches, a router types each complete chunk of C tokens
+    softmax or GDN per decision head, and a per-token learned weighting fuses the two branches' normed outputs.
 
     Per layer (spec natsl.md §1; shapes of the released 340M config in brackets):
         q, k, v  = SiLU(ShortConv_4(W_q x)), ... shared by both branches          [Dk = 768, Dk, Dv = 1536]
@@ -96,17 +91,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
     - Decode never uses side streams (the official decode launches SDPA and GDN on unsynchronised new CUDA streams).
     - Continued prefill from any non-empty state, split anywhere (mid-chunk included), reproduces the full forward (the
       official cache cannot do this); batched decode with different routings per row is supported.
-    - Ablations as flags: `weights_from` ("q" | "x"); `separate_norms` (False: one RMSNorm of the ω-weighted sum, one
-      scale); `decay_uncommitted` (False: a skipped chunk restores the start state undecayed); `rope` (softmax branch;
-      the paper's all-layers "NAtS-L" uses it, the Hybrid does not); `sample` ("argmax" | "gumbel"); `qk_norm` (False:
-      no per-head RMSNorm of the softmax q / k, the official `attn_qk_norm=False`; the logits are then q·k/√d_ks
-      unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the norm weights are near 1);
-      `fused_outputs` ("both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a diagnostic
-      of whether the GDN branch's output slows the softmax branch's recall);
-      `attn_qk` ("shared" | "own": the softmax branch's q / k from projections of its own, W_qs x and W_ks x with no
-      short convolution or SiLU, as in a plain softmax layer, instead of the GDN branch's q / k; a diagnostic that
-      removes the sharing with the delta-rule branch; "own_conv": own projections with short convolutions and SiLU of
-      their own, SiLU(ShortConv_4(W_qs x)), ... (convs "q_s", "k_s"), as the shared q / k have).
+    - Ablations as flags (``__init__``): weights_from, separate_norms, decay_uncommitted, rope, sample, qk_norm,
+      fused_outputs, attn_qk.
     - Prefill cache (host syncs): a prefill from an empty state compacts its softmax chunks into the decode
       state's cache with a fixed-size gather (no ``nonzero``). Its slot count is known on the host for forced routing;
       for the router's own routing `prefill_cache` decides: "trim" (default) reads the largest kept count from the
@@ -146,6 +132,41 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         prefill_cache: str = "trim",
         buffer_dtype: str = "auto",
     ) -> None:
+        """Build the shared projections, the router, the fusion and both branches.
+
+        Args:
+            hidden_size: width of x and y.
+            num_heads: GDN heads, which are also the router's decision heads.
+            head_dim: d_k, the q / k width of a GDN head.
+            expand_v: d_v / d_k; head_dim · expand_v must be an integer.
+            num_attn_heads: softmax heads H_s = G · num_heads carved from the GDN heads' channels (a multiple of
+                num_heads dividing num_heads · head_dim and its value width).
+            chunk_size: C, the routing chunk length in tokens.
+            conv_size: kernel width of the causal short convolutions on q, k, v.
+            norm_eps: epsilon of the RMSNorms.
+            rope: RoPE on the softmax branch (the paper's all-layers "NAtS-L" uses it, the Hybrid does not).
+            rope_theta: RoPE base.
+            qk_norm: per-head RMSNorm of the softmax q / k (False: the official ``attn_qk_norm=False``; the logits
+                are then q·k/√d_ks unbounded, as in a plain softmax layer, instead of at most √d_ks in size while the
+                norm weights are near 1).
+            fused_outputs: "both" | "softmax" | "gdn": the fusion keeps one branch's normed output, ω unused; a
+                diagnostic of whether the GDN branch's output slows the softmax branch's recall.
+            attn_qk: "shared" (the GDN branch's q / k) | "own" (projections of its own, W_qs x and W_ks x with no
+                short convolution or SiLU, as in a plain softmax layer; a diagnostic that removes the sharing with
+                the delta-rule branch) | "own_conv" (own projections with short convolutions and SiLU of their own,
+                SiLU(ShortConv_4(W_qs x)), ..., convs "q_s", "k_s", as the shared q / k have).
+            weights_from: "q" | "x", the input of the fusion weights ω.
+            separate_norms: one RMSNorm per branch (False: one RMSNorm of the ω-weighted sum, one scale).
+            decay_uncommitted: a chunk typed softmax still decays the GDN start state (False: restores it undecayed).
+            sample: "argmax" | "gumbel", how the router picks a chunk's type.
+            counterfactual_grad: also give the unselected op its exact mask derivative (class docstring).
+            backend: form of the mixed op, one of ``ops.natsl_mixed.BACKENDS`` ("auto", "reference", "triton").
+            force_routing: None (the router decides), "softmax", "gdn" or a softmax fraction in [0, 1]
+                (``RoutingSpec``).
+            prefill_cache: "trim" | "full", the slots of a prefill's softmax cache (class docstring).
+            buffer_dtype: "auto" / "fp32" / "bf16", the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
+                (pinned by a suite through ``mixer_options.natsl.buffer_dtype``).
+        """
         super().__init__()
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
         if prefill_cache not in ("trim", "full"):
