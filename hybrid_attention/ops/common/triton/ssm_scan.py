@@ -1,37 +1,7 @@
-"""Host side of the shared chunked state scans (``ssm_scan_kernels.py``): launches, the power table, the planar
-complex layout.
-
-Shared by the Interdomain Attention op (``hybrid_attention.ops.interdomain.triton.ops``, channels z = [k | v]) and
-the bilinear S4D op (``hybrid_attention.ops.s4d_bilinear.triton.ops``, z = [a | b]): both carry the same complex
-diagonal state X_t = λ ⊙ X_{t-1} + B z_tᵀ across chunk boundaries and differ only in their chunk-local readout
-kernels. The linear S4D op (``hybrid_attention.ops.s4d``) is an FFT convolution and does not use this module.
-
-Entry points (all take planar float32 tables: a leading re/im axis of size 2):
-  ``planar``              complex -> planar float32 (differentiable).
-  ``power_table``         P = λ^n, n = 0..BT, [H, 2, BT+1, M], computed in float64.
-  ``states_fwd``          forward scan: the chunk-entering states [B·H, NT, 2, M, NC] and / or the final state.
-  ``pow2_block``          the power-of-two block size (>= 16) covering a dimension, for the ops' launches too.
-  ``_state_bwd_unfused``  reverse adjoint scan (``_state_bwd``) then the state-carry gradient (``_chunk_dz``).
-  ``_state_bwd_dz``       the same in one fused launch (``_state_bwd_dz``).
-  ``state_bwd``           one of the two, as ``cfg.fuse_dz`` says.
-Every launcher takes the launch configuration ``cfg`` (a frozen ``config.ScanConfig``) and the launch hooks
-``hooks`` (``hooks.LaunchHooks``: per-stage timing and kernel records, no-ops unless a benchmark passes its own) as
-arguments; nothing here is mutable module state.
-
-Packed documents (``vl``, a ``ops.common.varlen.ChunkTable``; B == 1): the design of every varlen kernel of these
-scans and of the ops' chunk kernels, decided here once.
-  * Sequential scans (``_state_fwd``, ``_state_bwd``, ``_state_bwd_dz``): one program per (tile, document · head);
-    the program reads its document's token range from ``vl.cu`` and its first chunk row from ``vl.offsets``, starts
-    from zero or ``initial_state[n]``, runs ceil(len_n / BT) chunks (the last one partial) and writes the final state
-    (or d initial_state) of row n. Init / final / their gradients are ``[N, H, 2, M, NC]``, exactly the dense
-    ``[B, H, ...]`` layout with B -> N.
-  * Chunk-parallel kernels (``_chunk_dz`` and the ops' chunk kernels): one program per (chunk row, head[, tile]);
-    the row's (document, chunk in the document) from ``vl.indices`` gives its true start and length
-    (``chunk_info``). The grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no
-    tokens, read no state and write zero partials.
-  * The chunk-state buffers (``states``, ``dx``, per-chunk partials) are ``[H, vl.n_rows, ...]``: the dense
-    ``[B·H, NT, ...]`` with B = 1; every sum over their chunk axis stays as it is.
-"""
+"""Host side of the chunked complex state scans shared by the Interdomain and bilinear S4D Triton ops: launches, the
+power table, the planar layout. Both carry X_t = λ ⊙ X_{t-1} + B z_tᵀ across chunks (z = [k | v] or [a | b]) and
+differ only in their chunk-local readout kernels (``ssm_scan_kernels.py``). Launchers take the launch configuration
+``cfg`` (``config.ScanConfig``) and ``hooks`` (``hooks.LaunchHooks``) as arguments: no mutable module state."""
 
 from __future__ import annotations
 
@@ -73,6 +43,19 @@ def power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
     return out
 
 
+# DECISION: packed documents (``vl``, a ``varlen.ChunkTable``; B == 1), one design for every varlen kernel of these
+# scans and of the ops' chunk kernels.
+# - Sequential scans (``_state_fwd``, ``_state_bwd``, ``_state_bwd_dz``): one program per (tile, document · head); it
+#   reads its document's token range from ``vl.cu`` and its first chunk row from ``vl.offsets``, starts from zero or
+#   ``initial_state[n]``, runs ceil(len_n / BT) chunks (the last one partial) and writes the final state (or
+#   d initial_state) of row n. Init / final / their gradients are ``[N, H, 2, M, NC]``, the dense ``[B, H, ...]``
+#   layout with B -> N.
+# - Chunk-parallel kernels (``_chunk_dz`` and the ops' chunk kernels): one program per (chunk row, head[, tile]); the
+#   row's (document, chunk in the document) from ``vl.indices`` gives its true start and length (``chunk_info``). The
+#   grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no tokens, read no state and
+#   write zero partials.
+# - The chunk-state buffers (``states``, ``dx``, per-chunk partials) are ``[H, vl.n_rows, ...]``: the dense
+#   ``[B·H, NT, ...]`` with B = 1; every sum over their chunk axis stays as it is.
 def _layout(k: torch.Tensor, BT: int, vl: ChunkTable | None) -> tuple[int, int]:
     """(sequences, chunk rows) of one call: (B, cdiv(T, BT)) dense, (N, vl.n_rows) packed (B == 1)."""
     if vl is None:

@@ -1,34 +1,5 @@
-"""Triton kernels of the chunked state scans of the complex diagonal-SSM ops (imported only when triton is installed).
-
-Shared by the Interdomain Attention op (``hybrid_attention.ops.interdomain.triton``, z = [k | v]) and the bilinear S4D
-op (``hybrid_attention.ops.s4d_bilinear.triton``, z = [a | b]): both carry the same state X_t = λ ⊙ X_{t-1} + B z_tᵀ
-over the chunk boundaries and differ only in the chunk-local readout kernels, which stay in their own packages. The
-linear S4D op (``hybrid_attention.ops.s4d``) is an FFT convolution and needs none of this. Host side (launches, the
-launch configuration): ``ssm_scan.py``.
-
-Notation. Per (b, h): the state is X = [X^k | X^v] in C^{M x (R+D)} (channels c < R read from k, the others from v);
-a chunk of BT tokens is entered with X0 (stored chunk-boundary state); P[n] = λ^n (n = 0..BT, complex, overflow-free
-since |λ^n| <= 1) is the per-head power table, stored planar (re plane, im plane) in float32 and computed on the
-host in float64. Every power of λ used is λ^n with n >= 0, read from P, so fast modes underflow to 0, their exact
-limit, and nothing overflows. All state arithmetic is float32 (complex as real pairs); matmuls with float32 operands
-use ``DOT_PREC``.
-
-Kernels:
-  _state_fwd   sequential over chunks, parallel over (channel block, mode block, b·h): stores every chunk-entering
-               state X_j and the final state. X_{j+1} = λ^L ⊙ X_j + Σ_s B λ^{L-1-s} z_sᵀ (one matmul per chunk).
-  _state_bwd   sequential (reverse) over chunks: adjoint state scan dX_{j} = conj(λ^L) dX_{j+1} + local_j, written
-               in place; partial grad of log λ through the λ^L carry.
-  _chunk_dz    parallel over (chunk, b·h, channel block): the state-carry part of dk/dv and of the B / log λ grads.
-  _state_bwd_dz  (``fuse_dz=True``) _state_bwd and _chunk_dz in one sequential launch over (channel block, b·h),
-               each program holding all M modes: the carry part of dk/dv/B/log λ is produced while dXe_j is in
-               registers, so the adjoint buffer is read once and never written back.
-The local adjoints local_j of the chunk-boundary states (the ``dx`` buffer) come from the op's own backward chunk
-kernel. ``cmul`` (complex product of real pairs) is also used by the Interdomain chunk kernels.
-
-Packed documents (constexpr IS_VARLEN; the design is in ``ssm_scan.py``): a sequential program takes its document's
-token range, chunk count and first chunk row from ``_seq_info``, a chunk-parallel one its chunk's start and length
-from ``chunk_info`` (also used by the Interdomain chunk kernels); with IS_VARLEN False both reduce to the dense
-indexing (sequence b = i_bh // H of T tokens, chunk j at row i_bh·NT + j) and the table pointers are never read.
+"""Triton kernels of the chunked complex state scans shared by the Interdomain and bilinear S4D ops (imported only when
+triton is installed); their chunk-local readout kernels stay in their own packages, the launches in ``ssm_scan.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +10,18 @@ import triton.language as tl
 from .chunk_rows import table_row
 
 __all__ = ["cmul", "chunk_info"]  # the helpers the ops' chunk kernels call; the scan kernels are used via ssm_scan.py
+
+# Notation. Per (b, h): the state is X = [X^k | X^v] in C^{M x (R+D)} (channels c < R read from k, the others from v);
+# a chunk of BT tokens is entered with X0 (stored chunk-boundary state); P[n] = λ^n (n = 0..BT, complex, overflow-free
+# since |λ^n| <= 1) is the per-head power table, stored planar (re plane, im plane) in float32 and computed on the host
+# in float64. Every power of λ used is λ^n with n >= 0, read from P, so fast modes underflow to 0, their exact limit,
+# and nothing overflows. All state arithmetic is float32 (complex as real pairs); matmuls with float32 operands use
+# ``DOT_PREC``. The local adjoints local_j of the chunk-boundary states (the ``dx`` buffer) come from the op's own
+# backward chunk kernel.
+# Packed documents (constexpr IS_VARLEN; the design is at ``ssm_scan._layout``): a sequential program takes its
+# document's token range, chunk count and first chunk row from ``_seq_info``, a chunk-parallel one its chunk's start and
+# length from ``chunk_info``; with IS_VARLEN False both reduce to the dense indexing (sequence b = i_bh // H of T
+# tokens, chunk j at row i_bh·NT + j) and the table pointers are never read.
 
 
 @triton.jit
@@ -162,6 +145,8 @@ def _state_fwd(
     BCH: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
+    """Sequential over chunks, parallel over (channel block, mode block, b·h): stores every chunk-entering
+    state X_j and the final state. X_{j+1} = λ^L ⊙ X_j + Σ_s B λ^{L-1-s} z_sᵀ (one matmul per chunk)."""
     i_c = tl.program_id(0)
     i_m = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -282,6 +267,8 @@ def _state_bwd(
     BMS: tl.constexpr,
     BCH: tl.constexpr,
 ):
+    """Sequential (reverse) over chunks: the adjoint state scan dX_j = conj(λ^L) dX_{j+1} + local_j, written
+    in place; the partial gradient of log λ through the λ^L carry."""
     """Reverse adjoint scan. On entry dx[j] holds chunk j's local adjoint of X_j; on exit dx[j] holds dXe_j, the
     total adjoint of the state after chunk j (= X_{j+1}), which ``_chunk_dz`` turns into dk/dv. Loads are
     software-prefetched one chunk ahead (the loop has no matmul for the compiler to pipeline around)."""
@@ -360,6 +347,8 @@ def _chunk_dz(
     BCH: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
+    """Parallel over (chunk, b·h, channel block): the state-carry part of dk / dv and of the B / log λ
+    gradients."""
     """dz_s += Re Σ_m conj(B λ^{L-1-s})_m dXe[m, :] (state-carry part of dk, dv) and the B / log λ partials."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -567,6 +556,9 @@ def _state_bwd_dz(
     BCH: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
+    """``_state_bwd`` and ``_chunk_dz`` in one sequential launch over (channel block, b·h) (``fuse_dz=True``),
+    each program holding all M modes: the carry part of dk / dv / B / log λ is produced while dXe_j is in registers,
+    so the adjoint buffer is read once and never written back."""
     """Fused reverse adjoint scan + state-carry gradient. Grid (channel blocks, b·h); each program holds all modes.
     Reads dx[j] (chunk j's local adjoint from _chunk_bwd) and never writes it; adds the carry part to dk / dv and
     writes the per-(b·h, channel block) partials of dB and d log λ (carry + input terms) and dX0."""
