@@ -1,35 +1,6 @@
-"""Host side of the Triton Interdomain core: launches, the autograd rule and the ``torch.library`` registration.
-
-Public entry: ``triton_interdomain`` (same contract as ``chunk_interdomain``). Internally every complex tensor crosses
-the op boundary as a *planar* float32 tensor (a leading re/im axis of size 2), so the registered custom ops only see
-real tensors; the conversion to and from complex is done with differentiable torch ops around them.
-
-Registered ops (opaque to ``torch.compile``, with fake implementations for tracing):
-  ``hybrid_attention::interdomain_fwd(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final,
-  readout) -> (o, final)``
-  ``hybrid_attention::interdomain_bwd(...) -> (dq, dk, dv, dll, dbb, dkk, dinit)``
-with ll = log λ [H, 2, M], bb = B [H, 2, M], kk [H, 2, M, M] planar complex, init [B, H, 2, M, R+D] (planar);
-readout (ops/interdomain/readout.py) says what kk is and how the kernels read it: "transpose" K = Cᵀ C, r = K p;
-"hermitian" K = Cᵀ conj(C), r = K conj(p) (the kernels' CONJ_P); "real" kk = C itself, r = Cᵀ Re(C p)
-= ½ (K₁ p + K₂ conj p) in one pass (the kernels' REAL_C, the cost of one transpose call; dkk is then dC).
-
-Packed documents (``cu_seqlens``, B == 1; design in ``ops/common/triton/ssm_scan.py``): (cu, co, ci) is the
-``ChunkTable`` of the offsets (int32 cu_seqlens [N+1], chunk offsets [N+1], per-chunk (document, chunk in the
-document) [NT, 2], NT = ``max_chunks(T, N, L)``), built once per call by ``triton_interdomain`` on the device (no host
-sync) and shared by the forward, the backward and both passes of the two-pass "real" readout; all three None for
-dense inputs. init / final / dinit are then [N, H, 2, M, R+D]. readout="real" is the average of "transpose" and
-"hermitian": with ``InterdomainConfig.real_one_pass`` one call of the op with readout "real" (kk = C), else two calls,
-"transpose" and "hermitian" (twice the work).
-
-The chunk-boundary state scans, the power table and the planar conversion are shared with the bilinear S4D op and
-live in ``hybrid_attention.ops.common.triton``; this module launches the Interdomain chunk kernels (``kernels.py``)
-between them. The launch configuration is a frozen ``InterdomainConfig`` (``config.py``) passed as an argument: the
-registered ops run ``DEFAULT_CONFIG``; ``triton_interdomain(..., config=..., hooks=...)`` runs another one (or
-watches the launches through ``LaunchHooks``) eagerly through ``common.triton.eager`` (benchmarks, tests).
-
-Memory: the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D] float32 buffer,
-freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk states. No per-token
-state is ever materialised.
+"""Host side of the Triton Interdomain core (``triton_interdomain``): launches of the chunk kernels (``kernels.py``)
+between the shared state scans (``ops/common/triton``), the autograd rule and the ``torch.library`` registration.
+Complex tensors cross the registered ops as planar float32 (a leading re/im axis), so those ops see real tensors only.
 """
 
 from __future__ import annotations
@@ -271,6 +242,18 @@ def interdomain_fwd_op(
     need_final: bool,
     readout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hybrid_attention::interdomain_fwd`` (opaque to ``torch.compile``, with a fake implementation) -> (o, final);
+    ``interdomain_bwd`` returns (dq, dk, dv, dll, dbb, dkk, dinit). It runs ``DEFAULT_CONFIG``.
+
+    ll = log λ [H, 2, M], bb = B [H, 2, M], kk [H, 2, M, M] planar complex, init [B, H, 2, M, R+D] (planar). readout
+    (ops/interdomain/readout.py) says what kk is and how the kernels read it: "transpose" K = Cᵀ C, r = K p;
+    "hermitian" K = Cᵀ conj(C), r = K conj(p) (the kernels' CONJ_P); "real" kk = C itself, r = Cᵀ Re(C p)
+    = ½ (K₁ p + K₂ conj p) in one pass (the kernels' REAL_C, the cost of one transpose call; dkk is then dC).
+    Packed documents: (cu, co, ci) is the ``ChunkTable`` (int32 cu_seqlens [N+1], chunk offsets [N+1], per-chunk
+    (document, chunk in the document) [NT, 2], NT = ``max_chunks(T, N, L)``), built once per call on the device and
+    shared by the forward, the backward and both passes of the two-pass "real" readout; all three None for dense
+    inputs; init / final / dinit are then [N, H, 2, M, R+D].
+    """
     return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout)
 
 
@@ -432,6 +415,10 @@ def triton_interdomain(
     every document starts from zero or ``initial_state[n]`` (``[N, H, M, R + D(+1)]``), the final state is
     ``[N, H, M, R + D(+1)]``, chunks restart at each document start. No host sync: a CUDA ``cu_seqlens`` is checked
     for dtype and shape only (its values are trusted); a CPU one is fully checked, then copied to the device.
+
+    Memory: the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D] float32
+    buffer, freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk
+    states. No per-token state is materialised.
     """
     validate_readout(readout)
     if cu_seqlens is None:
