@@ -1,35 +1,5 @@
-"""Triton kernels of the chunked bilinear S4D readout (imported only when triton is installed).
-
-Notation (math: ``triton_s4d_bilinear``, ops.py). Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT
-tokens (local index τ = t - t0) is entered with X0, the stored chunk-boundary state written by the state scan shared
-with the Interdomain op (``hybrid_attention.ops.common.triton.ssm_scan.states_fwd`` with k = a, v = b). Per mode m:
-
-    Y^a_m[τ, j] = Σ_n P_m[τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]      P_m[τ, n] = C[m, n] λ_n^{τ+1}
-    o_τ[j]      = Re Σ_m Y^a_m[τ, j] Y^b_m[τ, j]
-
-Tables (all complex, stored planar: a leading re/im axis of size 2, float32):
-  P  [H, 2, BT+1, M]  λ^n for n = 0..BT (the shared power table, computed in float64 on the host)
-  Cp [H, 2, M, M]     the readout C
-  Kp [H, 2, M, BT]    Kern[m, d] = Σ_n C[m, n] B_n λ_n^d (chunk-invariant impulse response of mode m)
-Every power of λ has a non-negative exponent (|λ^n| <= 1): fast modes underflow to 0, nothing overflows.
-
-Complex products are real-pair ``tl.dot``s (float32 operands, ``DOT_PREC``); every tile dimension is >= 16.
-
-Kernels (grid: chunk, b·h, channel tile of JT channels; design decision: the channel tile is the parallel axis
-because the readout is diagonal in the channel j, so channel tiles never interact):
-  Packed documents (IS_VARLEN, B == 1; design in ``ops/common/triton/ssm_scan.py``): the chunk's true start and
-  length come from the chunk table (``chunk_info``); an empty row (Lj <= 0) loads no token and no state.
-  _readout_fwd  o of one chunk and channel tile; loops over the M output modes m, each a [BT, M] @ [M, JT] state
-                product (P_m X0) and a [BT, BT] @ [BT, JT] Toeplitz product (Kern_m * a), for a and for b.
-  _readout_bwd  recomputes Y^a_m, Y^b_m and produces the chunk-local da, db, the chunk's local adjoint of X0 (for
-                the shared reverse state scan), and the program's share of the table gradients dC (through P),
-                d log λ (through P) and dKern, written to its own slot of a partial buffer (no atomics; the host
-                sums the slots, ``ops.py``); by default in two launches (PART 1: da, db, X0 adjoint; PART 2: the table
-                gradients), each recomputing Y, which holds fewer live tiles than the single launch (PART 0).
-  Partial-buffer slot of program (i_t, i_bh = b·H + h, i_j): index ((h·NB + b)·NT + i_t)·NJ + i_j of [H, NB·NT·NJ]
-  (NB = batch rows, NJ = channel tiles), each slot TAB_W = 2M² + 2M·BT + 2M floats laid out as
-  [dC re | dC im ([M, M] each) | dKern re | dKern im ([M, BT] each) | d log λ re | d log λ im ([M] each)].
-"""
+"""Triton kernels of the chunked bilinear S4D readout (imported only when triton is installed); the state scan is the
+one shared with the Interdomain op (``ops/common/triton/ssm_scan.py``), the math is at ``triton_s4d_bilinear``."""
 
 from __future__ import annotations
 
@@ -37,6 +7,25 @@ import triton
 import triton.language as tl
 
 from ...common.triton.ssm_scan_kernels import chunk_info
+
+# Notation. Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT tokens (local index τ = t - t0) is entered
+# with X0, the stored chunk-boundary state written by the shared state scan (``ssm_scan.states_fwd`` with k = a,
+# v = b). Per mode m:
+#     Y^a_m[τ, j] = Σ_n P_m[τ, n] X0^a[n, j] + Σ_{s<=τ} Kern[m, τ-s] a_s[j]      P_m[τ, n] = C[m, n] λ_n^{τ+1}
+#     o_τ[j]      = Re Σ_m Y^a_m[τ, j] Y^b_m[τ, j]
+# Tables (all complex, stored planar: a leading re/im axis of size 2, float32):
+#   P  [H, 2, BT+1, M]  λ^n for n = 0..BT (the shared power table, computed in float64 on the host)
+#   Cp [H, 2, M, M]     the readout C
+#   Kp [H, 2, M, BT]    Kern[m, d] = Σ_n C[m, n] B_n λ_n^d (chunk-invariant impulse response of mode m)
+# Every power of λ has a non-negative exponent (|λ^n| <= 1): fast modes underflow to 0, nothing overflows. Complex
+# products are real-pair ``tl.dot``s (float32 operands, ``DOT_PREC``); every tile dimension is >= 16.
+# DECISION: grid (chunk, b·h, channel tile of JT channels): the channel tile is the parallel axis because the readout is
+# diagonal in the channel j, so channel tiles never interact. Packed documents (IS_VARLEN, B == 1; design at
+# ``ssm_scan._layout``): the chunk's true start and length come from the chunk table (``chunk_info``); an empty row
+# (Lj <= 0) loads no token and no state.
+# Partial-buffer slot of program (i_t, i_bh = b·H + h, i_j): index ((h·NB + b)·NT + i_t)·NJ + i_j of [H, NB·NT·NJ]
+# (NB = batch rows, NJ = channel tiles), each slot TAB_W = 2M² + 2M·BT + 2M floats laid out as
+# [dC re | dC im ([M, M] each) | dKern re | dKern im ([M, BT] each) | d log λ re | d log λ im ([M] each)].
 
 
 @triton.jit
@@ -123,6 +112,8 @@ def _readout_fwd(
     JT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
+    """o of one chunk and channel tile; loops over the M output modes m, each a [BT, M] @ [M, JT] state
+    product (P_m X0) and a [BT, BT] @ [BT, JT] Toeplitz product (Kern_m * a), for a and for b."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_j = tl.program_id(2)
@@ -212,15 +203,20 @@ def _readout_bwd(
     DOT_PREC: tl.constexpr,
     PART: tl.constexpr,
 ):
-    """Gradient convention (PyTorch's): for a complex w the gradient is g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w; for a linear
+    """Recomputes Y^a_m, Y^b_m and produces the chunk-local da, db, the chunk's local adjoint of X0 (for
+    the shared reverse state scan), and the program's share of the table gradients dC (through P), d log λ (through P)
+    and dKern, written to its own slot of the partial buffer (no atomics; the host sums the slots, ``ops.py``); by
+    default in two launches (PART 1, then PART 2).
+
+    Gradient convention (PyTorch's): for a complex w the gradient is g_w = ∂ℓ/∂Re w + i ∂ℓ/∂Im w; for a linear
     map Y = A X it is g_X = A^H g_Y and g_A = g_Y X^H; for o = Re(Y^a Y^b) it is g_{Y^a} = dO conj(Y^b).
 
     PART 0 computes everything; PART 1 only da, db and the X0 adjoint, PART 2 only the table gradients (design
     decision: the split form recomputes Y twice but holds fewer live tiles; compiled for sm_90 the fused form spills
     ~2.6 KB per thread at JT=32, so both are kept and the benchmark compares them).
 
-    ``tab``: the table-gradient partial buffer [H, NB·NT·NJ, TAB_W] (module docstring); every program with TAB
-    writes its whole slot (zeros for an empty varlen row), never another program's."""
+    ``tab``: the table-gradient partial buffer [H, NB·NT·NJ, TAB_W] (slot layout above the kernels); every program
+    with TAB writes its whole slot (zeros for an empty varlen row), never another program's."""
     INP: tl.constexpr = PART != 2  # da, db, X0 adjoint
     TAB: tl.constexpr = PART != 1  # dC, d log λ, dKern
     i_t = tl.program_id(0)
