@@ -29,15 +29,8 @@ import torch.nn.functional as F
 from benchmarks.recall_suite import add_selection_args, selected_tasks
 from hybrid_attention.config.run_config import from_dict
 from hybrid_attention.device import set_tf32
-from hybrid_attention.evaluation.recall import (
-    RecallConfig,
-    build_recall_model,
-    compiled_backbone,
-    labels_per_row,
-    make_examples,
-    query_logits,
-    query_positions,
-)
+from hybrid_attention.evaluation.recall import labels_per_row, query_logits, query_positions
+from hybrid_attention.training.recall import RecallConfig, build_recall_model, compiled_backbone, make_examples
 
 VARIANTS = ("eager", "compiled")  # compiled: the suite's compile_mode (CUDA graphs for credible_recall)
 KERNEL_MIXERS = ("gdn", "natsl", "interdomain")  # the mixers whose layers take backend="triton"

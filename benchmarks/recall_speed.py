@@ -1,4 +1,4 @@
-"""Speed of the recall trainer (``hybrid_attention.evaluation.recall``) per cell and task of a recall suite:
+"""Speed of the recall trainer (``hybrid_attention.training.recall``) per cell and task of a recall suite:
 optimizer-step time eager, compiled and as CUDA graphs (``RecallConfig.compile``, ``compile_mode``), the example
 generator's time per epoch, and what a cell would take at the suite's full budget (every epoch, no early stop).
 
@@ -33,11 +33,11 @@ from benchmarks.common import cuda_steps_ms, sync
 from benchmarks.recall_suite import add_selection_args, selected_tasks
 from hybrid_attention.config.run_config import from_dict
 from hybrid_attention.device import set_tf32
-from hybrid_attention.evaluation.recall import (
+from hybrid_attention.evaluation.recall import labels_per_row
+from hybrid_attention.training.recall import (
     RecallConfig,
     build_recall_model,
     compiled_backbone,
-    labels_per_row,
     make_examples,
     recall_optimizer,
     train_step,

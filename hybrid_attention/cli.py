@@ -272,7 +272,8 @@ def _save_lm_eval(a: argparse.Namespace, results: dict) -> None:
 
 def _eval_recall(a: argparse.Namespace) -> int:
     from hybrid_attention.config.schema import from_dict, merge, parse_overrides, read_yaml_mapping
-    from hybrid_attention.evaluation.recall import RecallConfig, recall_sweep, recall_table
+    from hybrid_attention.evaluation.recall import recall_table
+    from hybrid_attention.training.recall import RecallConfig, recall_sweep
 
     data = read_yaml_mapping(a.config) if a.config else {}
     data = merge(data, parse_overrides(a.overrides))

@@ -28,9 +28,9 @@ from hybrid_attention.data.packing import ShuffledBatches
 from hybrid_attention.data.tokenizer import token_byte_lengths
 from hybrid_attention.device import resolve_device
 from hybrid_attention.evaluation.perplexity import evaluate_lm
-from hybrid_attention.evaluation.recall import RecallConfig, train_and_eval
 from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models.mixers import MODEL_REVISION
+from hybrid_attention.training.recall import RecallConfig, train_and_eval
 from hybrid_attention.training.trainer import train
 
 from .paths import recall_rows_path, recall_task_path, result_path

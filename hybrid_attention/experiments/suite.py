@@ -13,7 +13,7 @@ cells:
   - {name: interdomain, overrides: {model: {layers: interdomain}}}
 eval: {length_multipliers: [1, 2, 3.5], length_tokens: 16384, routing: true}
 jobs: 1                         # optional: (cell, seed) runs at once (subprocesses), overridden by --jobs
-recall_tasks:                   # optional train-and-eval recall tasks (hybrid_attention.evaluation.recall.RecallConfig)
+recall_tasks:                   # optional train-and-eval recall tasks (hybrid_attention.training.recall.RecallConfig)
   mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
 recall_only: [mqar]             # optional: the recall tasks this invocation trains (--tasks); a cell's result.json is
                                 # written once all its tasks are done, the others wait for a later invocation
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from hybrid_attention.config.run_config import RunConfig, check
 from hybrid_attention.config.schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping
-from hybrid_attention.evaluation.recall import RecallConfig
+from hybrid_attention.training.recall import RecallConfig
 
 
 @dataclass

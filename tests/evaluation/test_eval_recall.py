@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from hybrid_attention.evaluation.recall import RecallConfig, recall_sweep, recall_table
+from hybrid_attention.evaluation.recall import recall_table
+from hybrid_attention.training.recall import RecallConfig, recall_sweep
 
 
 def test_mqar_sweep_runs_and_reports(tmp_path):
@@ -36,7 +37,8 @@ def test_query_logits_give_the_full_forward_loss_and_accuracy():
     import torch.nn.functional as F
 
     from hybrid_attention.data.mqar import recall_accuracy
-    from hybrid_attention.evaluation.recall import _accuracy, build_recall_model, make_examples, query_logits
+    from hybrid_attention.evaluation.recall import _accuracy, query_logits
+    from hybrid_attention.training.recall import build_recall_model, make_examples
 
     cfg = RecallConfig(vocab_size=64, seq_len=32, num_kv_pairs=3, model_options={"state_size": 8, "chunk_size": 8})
     for mixer in ("softmax", "gdn"):
@@ -69,7 +71,7 @@ def test_compiled_training_step_matches_eager(monkeypatch):
     # every training step (8 full batches and 1 partial per epoch, 2 epochs)
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     calls, modes, real_compile = [], [], torch.compile
 
@@ -101,7 +103,7 @@ def test_sync_free_query_gather_equals_the_mask():
     # training step on either gives the same loss; labels_per_row finds each task's fixed count and None for ragged rows
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     for task, kw in (("mqar", dict(vocab_size=64, seq_len=32, num_kv_pairs=3)), ("passkey", dict(vocab_size=40,
                                                                                                   seq_len=32))):
@@ -132,7 +134,7 @@ def test_prefetched_fresh_epochs_are_the_same_examples(monkeypatch):
     # one call per epoch after the first, none beyond the last epoch, and the same trained result as generating in line
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     seeds, real = [], recall.make_examples
 
@@ -187,7 +189,7 @@ def test_cuda_training_step_makes_no_sync():
     import pytest
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (sync debug mode)")
@@ -212,7 +214,7 @@ def test_train_and_eval_applies_the_tf32_it_records(monkeypatch):
     # the experiment runner calls train_and_eval directly: the TF32 setting its row records must be the one applied
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     seen = []
     monkeypatch.setattr(recall, "set_tf32", lambda device, enabled: seen.append(enabled))
@@ -230,7 +232,7 @@ def test_length_curriculum_trains_short_then_full(monkeypatch, fresh):
     # set regenerated once at the switch), the test set and the later epochs are at seq_len
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     made, stepped, real_make, real_step = [], [], recall.make_examples, recall.train_step
 
@@ -263,7 +265,7 @@ def test_mqar_curriculum_over_pairs_trains_the_short_stage_on_fewer_pairs(monkey
     # set num_kv_pairs; each epoch's history names its pairs
     import torch
 
-    from hybrid_attention.evaluation import recall
+    from hybrid_attention.training import recall
 
     made, real_make = [], recall.make_examples
 

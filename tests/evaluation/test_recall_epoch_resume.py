@@ -5,8 +5,8 @@ uncut run: same loss, accuracy and epochs, on fresh examples per epoch, with a N
 import pytest
 import torch
 
-from hybrid_attention.evaluation import recall
-from hybrid_attention.evaluation.recall import RecallConfig
+from hybrid_attention.training import recall
+from hybrid_attention.training.recall import RecallConfig
 
 
 class Cut(Exception):
@@ -59,7 +59,7 @@ def test_a_model_cut_inside_its_length_curriculum_resumes_to_the_uncut_result(tm
 def test_a_checkpoint_from_before_a_new_none_field_still_resumes(tmp_path, monkeypatch):
     # a checkpoint that stores every config field, None ones included, but not a field added later with a None
     # default (short_num_kv_pairs): the fingerprint leaves None values out on both sides, so it resumes
-    from hybrid_attention.evaluation import recall_resume
+    from hybrid_attention.training import recall_resume
 
     cfg, cpu = _cfg(), torch.device("cpu")
     real = recall_resume.fingerprint

@@ -7,10 +7,10 @@ import pytest
 
 from hybrid_attention.config.run_config import model_config
 from hybrid_attention.config.schema import from_dict
-from hybrid_attention.evaluation.recall import RecallConfig, build_recall_model
 from hybrid_attention.experiments import load_suite
 from hybrid_attention.layers.interdomain import InterdomainAttention
 from hybrid_attention.ops.interdomain import readout as readout_mod
+from hybrid_attention.training.recall import RecallConfig, build_recall_model
 
 SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 PINNED = ["credible_prose", "credible_prose_cpu", "interdomain_cube", "interdomain_cube_cpu",

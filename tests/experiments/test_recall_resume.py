@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hybrid_attention.evaluation.recall import RecallConfig
 from hybrid_attention.experiments import runner as runner_mod
+from hybrid_attention.training.recall import RecallConfig
 
 
 class Cut(Exception):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hybrid_attention.config.schema import ConfigError, from_dict
-from hybrid_attention.evaluation.recall import RecallConfig
 from hybrid_attention.experiments.cli import main as experiment_main
 from hybrid_attention.experiments.suite import load_suite
+from hybrid_attention.training.recall import RecallConfig
 
 SUITES = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 

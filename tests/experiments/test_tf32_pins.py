@@ -11,8 +11,8 @@ from suite_runs import ROOT, WITH_GPU_RESULTS, lm_runs
 
 from hybrid_attention.config.run_config import TrainSection
 from hybrid_attention.config.schema import from_dict
-from hybrid_attention.evaluation.recall import RecallConfig
 from hybrid_attention.experiments import load_suite
+from hybrid_attention.training.recall import RecallConfig
 
 
 def test_the_defaults_turn_tf32_on():

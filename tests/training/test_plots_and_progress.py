@@ -12,8 +12,9 @@ import pytest
 import hybrid_attention.experiments.report as report
 import hybrid_attention.plots as plots
 from hybrid_attention.cli import main
-from hybrid_attention.evaluation.recall import RecallConfig, chance_accuracy
+from hybrid_attention.evaluation.recall import chance_accuracy
 from hybrid_attention.training.progress import LineProgress, fit_to_terminal, progress_bar
+from hybrid_attention.training.recall import RecallConfig
 from hybrid_attention.training.trainer import train
 
 

@@ -63,7 +63,7 @@ def test_shipped_configs_validate(path):
     data = yaml.safe_load(path.read_text())
     if "task" in data or "mixers" in data:  # recall sweep configs
         from hybrid_attention.config.schema import from_dict
-        from hybrid_attention.evaluation.recall import RecallConfig
+        from hybrid_attention.training.recall import RecallConfig
 
         from_dict(RecallConfig, data)
     else:

@@ -6,8 +6,9 @@ A recall model (``recall.train_and_eval``) is short, but its full budget can be 
 epoch. The checkpoint is the trainer's own format (``checkpoints/step_checkpoints.py``: safetensors + JSON, atomic,
 verified on read, never written with a non-finite tensor), one step directory per epoch, the last one kept; its
 JSON state adds what the recall loop needs: the epoch, the scheduler, the permutation generator, the seconds trained
-so far, the last loss and accuracy, and a fingerprint of everything that decides the model's trajectory. A checkpoint whose fingerprint differs (another config, mixer, width
-or lr) is ignored, and a damaged one falls back to an older intact one or to a fresh start.
+so far, the last loss and accuracy, and a fingerprint of everything that decides the model's trajectory. A
+checkpoint whose fingerprint differs (another config, mixer, width or lr) is ignored, and a damaged one falls back
+to an older intact one or to a fresh start.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from hybrid_attention.checkpoints.step_checkpoints import (
     newest_intact,
     save_checkpoint,
 )
-from hybrid_attention.training.schedule import load_scheduler_state, scheduler_state
+
+from .schedule import load_scheduler_state, scheduler_state
 
 if TYPE_CHECKING:
     from .recall import RecallConfig
