@@ -1,29 +1,5 @@
-"""fla-style faces of the token mixers: drop-in layers for model code written for flash-linear-attention (fla).
-
-    from hybrid_attention.integrations.fla import GatedDeltaNet, InterdomainAttention, LayerCache
-    attn = InterdomainAttention(hidden_size=1024, num_heads=16, layer_idx=0, mode="chunk", state_size=64)
-    o, _, cache = attn(x, attention_mask=mask, use_cache=True)       # x [B, T, 1024]; mask [B, T] 0/1, left padding
-    step_mask = torch.cat([mask, mask.new_ones(B, 1)], 1)            # generate() extends the mask by a column of ones
-    o1, _, cache = attn(x1, attention_mask=step_mask, past_key_values=cache, use_cache=True)   # x1 [B, 1, 1024]
-    cache[0], len(cache), cache.get_seq_length(0)                    # layer 0's state, layer slots, tokens seen
-    gdn = GatedDeltaNet(hidden_size=1024, num_heads=6, head_dim=128, norm_eps=1e-6, layer_idx=1)  # the model's shape
-    gdn.load_state_dict(model.model.layers[1].mixer.state_dict())    # a HybridForCausalLM's layer 1, names 1:1
-    o, _, cache = gdn(x, past_key_values=cache, use_cache=True)      # one LayerCache serves every layer
-
-Each face is a subclass of the library's layer (``hybrid_attention.layers``) with fla's constructor keywords and
-fla's call ``layer(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
-output_attentions=False, **kwargs) -> (o, None, past_key_values)``. Its parameters are the layer's, under the same
-names, so ``state_dict`` maps 1:1: key ``model.layers.{i}.mixer.<name>`` of a ``HybridForCausalLM`` is the face's
-``<name>`` (the constructor arguments must give the layer's shape and ε: fla's defaults differ from the config's).
-The math is the layer's own forward; padding and states follow ``models/padding.py`` (a left-padded
-prefill runs packed, so padding never reaches a state; NAtS-L keeps one state per row after it).
-
-``mode``: "chunk" -> ``backend="auto"`` (the Triton chunk kernels for supported CUDA inputs, else the PyTorch chunk
-forms), "fused_recurrent" -> ``backend="naive"`` (the token-by-token recurrences). A ``backend=`` option wins over
-``mode``. fla switches to its recurrent kernel for short inputs at inference; these layers run every length with the
-backend ``mode`` picks. Op aliases with fla's names, and the one default that differs (q / k
-ℓ2 normalisation inside the op: on in ``ops.gated_delta``, off in fla's ops): ``integrations/fla_ops.py``.
-"""
+"""fla-style faces of the token mixers: drop-in layers for model code written for flash-linear-attention (fla), with
+fla's constructor keywords and call (the contract and an example: ``_FLAFace``)."""
 
 from __future__ import annotations
 
@@ -89,7 +65,32 @@ def _lists_options(layer: type, *exclude: str) -> Callable[[type], type]:
 
 
 class _FLAFace:
-    """fla's call contract over a library layer (a ``TokenMixer``): the mixin of every face."""
+    """fla's call contract over a library layer (a ``TokenMixer``): the mixin of every face.
+
+        from hybrid_attention.integrations.fla import GatedDeltaNet, InterdomainAttention, LayerCache
+        attn = InterdomainAttention(hidden_size=1024, num_heads=16, layer_idx=0, mode="chunk", state_size=64)
+        o, _, cache = attn(x, attention_mask=mask, use_cache=True)   # x [B, T, 1024]; mask [B, T] 0/1, left padding
+        step_mask = torch.cat([mask, mask.new_ones(B, 1)], 1)        # generate() extends the mask by a column of ones
+        o1, _, cache = attn(x1, attention_mask=step_mask, past_key_values=cache, use_cache=True)   # x1 [B, 1, 1024]
+        cache[0], len(cache), cache.get_seq_length(0)                    # layer 0's state, layer slots, tokens seen
+        gdn = GatedDeltaNet(hidden_size=1024, num_heads=6, head_dim=128, norm_eps=1e-6, layer_idx=1)  # model's shape
+        gdn.load_state_dict(model.model.layers[1].mixer.state_dict())    # a HybridForCausalLM's layer 1, names 1:1
+        o, _, cache = gdn(x, past_key_values=cache, use_cache=True)      # one LayerCache serves every layer
+
+    Each face is a subclass of the library's layer (``hybrid_attention.layers``) with fla's constructor keywords and
+    fla's call ``layer(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
+    output_attentions=False, **kwargs) -> (o, None, past_key_values)``. Its parameters are the layer's, under the same
+    names, so ``state_dict`` maps 1:1: key ``model.layers.{i}.mixer.<name>`` of a ``HybridForCausalLM`` is the face's
+    ``<name>`` (the constructor arguments must give the layer's shape and ε: fla's defaults differ from the config's).
+    The math is the layer's own forward; padding and states follow ``models/padding.py`` (a left-padded
+    prefill runs packed, so padding never reaches a state; NAtS-L keeps one state per row after it).
+
+    ``mode``: "chunk" -> ``backend="auto"`` (the Triton chunk kernels for supported CUDA inputs, else the PyTorch chunk
+    forms), "fused_recurrent" -> ``backend="naive"`` (the token-by-token recurrences). A ``backend=`` option wins over
+    ``mode``. fla switches to its recurrent kernel for short inputs at inference; these layers run every length with
+    the backend ``mode`` picks. Op aliases with fla's names, and the one default that differs (q / k ℓ2 normalisation
+    inside the op: on in ``ops.gated_delta``, off in fla's ops): ``integrations/fla_ops.py``.
+    """
 
     layer_idx: int | None
     mode: str

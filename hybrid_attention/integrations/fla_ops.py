@@ -1,17 +1,7 @@
 """The gated delta rule under fla's op names and argument defaults, mapped onto ``ops.gated_delta.gated_delta``.
-
-Names: fla's ``chunk_gated_delta_rule`` is its fast chunked kernel; this library's ``ops.gated_delta.chunk_gated_delta``
-is the plain-PyTorch chunked reference form (one of ``gated_delta``'s backends). The aliases below take fla's names and
-pick a backend: ``chunk_gated_delta_rule`` -> ``backend="auto"`` (the Triton chunk kernels for supported CUDA inputs,
-else the PyTorch chunk form), ``fused_recurrent_gated_delta_rule`` -> ``backend="naive"`` (the token-by-token
-recurrence). Either accepts ``backend=`` to choose another form ("reference", "naive", "triton", "auto").
-
-q / k normalisation (the one default that differs): ``gated_delta(use_qk_l2norm=True)`` ℓ2-normalises q and k inside
-the op by default, fla's ops do not (``use_qk_l2norm_in_kernel=False``: the caller normalises). The aliases keep fla's
-default; the layers (ours and fla's ``GatedDeltaNet``) both normalise inside. Argument order ``(q, k, v, g, beta)``,
-shapes, the log-space decay g, the state layout ``[N, H, K, V]`` (fla's ``state_v_first=False``) and ``cu_seqlens``
-are the same in both libraries.
-"""
+Argument order ``(q, k, v, g, beta)``, shapes, the log-space decay g, the state layout ``[N, H, K, V]`` (fla's
+``state_v_first=False``) and ``cu_seqlens`` are the same in both libraries; q / k ℓ2 normalisation is the one default
+that differs."""
 
 from __future__ import annotations
 
@@ -41,14 +31,17 @@ def chunk_gated_delta_rule(
     chunk_size: int = 64,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated delta rule, chunked (fla's name and defaults; ``gated_delta`` with ``backend="auto"``).
+    """Gated delta rule, chunked (fla's name and defaults; ``gated_delta`` with ``backend="auto"``). fla's op of this
+    name is its fast chunked kernel; this library's ``ops.gated_delta.chunk_gated_delta`` is the plain-PyTorch chunked
+    reference form, one of ``gated_delta``'s backends.
 
     Args:
         q, k: ``[B, T, H, K]``. v: ``[B, T, H, V]``. g: log-decay (<= 0) ``[B, T, H]``. beta: ``[B, T, H]``.
         scale: the query scale (default ``K ** -0.5``).
         initial_state: ``[N, H, K, V]`` (N = B, or the number of documents with ``cu_seqlens``).
         output_final_state: also return the final state ``[N, H, K, V]``.
-        use_qk_l2norm_in_kernel: ℓ2-normalise q and k inside (fla's default False; ``gated_delta``'s is True).
+        use_qk_l2norm_in_kernel: ℓ2-normalise q and k inside (fla's default False: the caller normalises;
+            ``gated_delta``'s is True; the layers, this library's and fla's ``GatedDeltaNet``, normalise inside).
         cu_seqlens: ``[N + 1]`` offsets of packed documents (B == 1).
         head_first: must be False (``[B, H, T, D]`` inputs are not taken).
         chunk_size: the chunk length of the chunked forms.
