@@ -1,29 +1,5 @@
-"""Parameters of the complex diagonal S4D core shared by Interdomain Attention and the S4D-only control.
-
-Per head h: Λ_h = exp(Δ_h A_h) ∈ C^M and a full complex readout C_h ∈ C^{M×M}; per layer, a real input gain
-B ∈ R^{channels} (one entry per SSM input channel, shared by the heads). The ops in `hybrid_attention.ops.interdomain`
-/ `.s4d` take the *discretised* quantities (log Λ, B̄, C) returned by `S4DCore.forward()`; the layers scale their SSM
-inputs by `S4DCore.input_gain()`. All parameterisation choices live in this one file.
-
-Decisions where the Interdomain paper (arXiv 2605.24330, §2.2 and §6.2) is silent:
-- Δ granularity: one Δ per head (the paper's parameter counts fit exactly one scalar per head), stored as log Δ and
-  initialised log-uniformly in [dt_min, dt_max] = [1e-3, 1e-1].
-- A: S4D-Inv as in state-spaces/s4. Re A = -exp(A_log_re) with A_log_re initialised to log(1/2);
-  Im A_n = (N/π)(N/(2n+1) - 1) for n = 0..M-1 with N = 2M (S4 counts the state N in reals and keeps N/2 = M complex
-  modes): every frequency is >= 0, the top one (N/π)(N - 1) ≈ 5174 at M = 64. Both trainable. (N = M
-  would give half of the modes negative frequencies in [-10, -0.3].)
-- B: DECISION (spec §6.2 item 2, and the parameter fit of §2.3): the paper's Table 3 counts R + d_h B-entries per
-  layer (the "(R + d_h) small shared vector" of the fit), not M complex entries per head. A per-mode complex B_h would
-  in any case be redundant with the full learned C_h (C_h diag(B_h) is just another full matrix), so B is one real gain
-  per SSM input channel, shared by the heads, initialised to 1: the input z = [k̃; ṽ] becomes B ⊙ z. The per-mode input
-  vector is then fixed to 1 and discretised by ZOH, B̄ = (exp(ΔA) - 1)/A, as in S4D: it makes the state's scale
-  independent of Δ (a raw B with Δ = 1e-3 would let slow modes grow to ~1/(1-|λ|) ≈ 2000× the input), which matters
-  because the layer has no output normalisation. With this B the eight paper presets match Table 3 exactly.
-- C: one full complex M×M matrix per head, shared by the key and value halves (a single shared basis), initialised
-  complex Gaussian with E|C_ij|² = 1/M so that C preserves the state's scale.
-Complex parameters are stored as real tensors with a trailing (real, imag) axis so that optimisers, safetensors and
-autocast see only real tensors.
-"""
+"""Parameters of the complex diagonal S4D core shared by Interdomain Attention and the S4D-only control; every
+parameterisation choice lives in this one file (``S4DCore``'s docstring)."""
 
 from __future__ import annotations
 
@@ -52,6 +28,38 @@ class S4DCore(nn.Module):
     parameters and complex128 for float64 parameters; planar() -> the same three as ``Planar`` (real, imaginary)
     pairs of float32 (float64) tensors, what the layers' training path uses (no complex op for torch.compile);
     input_gain() -> B [channels] real.
+
+    Per head h: Λ_h = exp(Δ_h A_h) ∈ C^M and a full complex readout C_h ∈ C^{M×M}; per layer, a real input gain B ∈
+    R^{channels} (one entry per SSM input channel, shared by the heads). The ops in `hybrid_attention.ops.interdomain` /
+    `.s4d` take the *discretised* quantities (log Λ, B̄, C) returned by `forward()`; the layers scale their SSM inputs
+    by `input_gain()`.
+
+    Decisions where the Interdomain paper (arXiv 2605.24330, §2.2 and §6.2) is silent:
+    - Δ granularity: one Δ per head (the paper's parameter counts fit exactly one scalar per head), stored as log Δ and
+      initialised log-uniformly in [dt_min, dt_max] = [1e-3, 1e-1].
+    - A: S4D-Inv as in state-spaces/s4. Re A = -exp(A_log_re) with A_log_re initialised to log(1/2);
+      Im A_n = (N/π)(N/(2n+1) - 1) for n = 0..M-1 with N = 2M (S4 counts the state N in reals and keeps N/2 = M complex
+      modes): every frequency is >= 0, the top one (N/π)(N - 1) ≈ 5174 at M = 64. Both trainable. (N = M
+      would give half of the modes negative frequencies in [-10, -0.3].)
+    - B: DECISION (spec §6.2 item 2, and the parameter fit of §2.3): the paper's Table 3 counts R + d_h B-entries per
+      layer (the "(R + d_h) small shared vector" of the fit), not M complex entries per head. A per-mode complex B_h
+      would in any case be redundant with the full learned C_h (C_h diag(B_h) is just another full matrix), so B is one
+      real gain per SSM input channel, shared by the heads, initialised to 1: the input z = [k̃; ṽ] becomes B ⊙ z. The
+      per-mode input vector is then fixed to 1 and discretised by ZOH, B̄ = (exp(ΔA) - 1)/A, as in S4D: it makes the
+      state's scale independent of Δ (a raw B with Δ = 1e-3 would let slow modes grow to ~1/(1-|λ|) ≈ 2000× the input),
+      which matters because the layer has no output normalisation. With this B the eight paper presets match Table 3
+      exactly.
+    - C: one full complex M×M matrix per head, shared by the key and value halves (a single shared basis), initialised
+      complex Gaussian with E|C_ij|² = 1/M so that C preserves the state's scale.
+    Complex parameters are stored as real tensors with a trailing (real, imag) axis so that optimisers, safetensors and
+    autocast see only real tensors.
+
+    Args:
+        num_heads: H, one SSM per head.
+        state_size: M, the complex modes per head.
+        channels: the SSM input channels (the length of the input gain B).
+        dt_min: lower end of Δ's log-uniform initialisation (0 < dt_min <= dt_max).
+        dt_max: upper end of Δ's log-uniform initialisation.
     """
 
     def __init__(self, num_heads: int, state_size: int = 64, channels: int = 1, dt_min: float = 1e-3,
