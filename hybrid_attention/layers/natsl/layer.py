@@ -18,6 +18,7 @@ from hybrid_attention.layers.natsl.static import NatsLStaticStep
 from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.common.backend import resolve_backend
+from hybrid_attention.ops.common.order import selected_first
 from hybrid_attention.ops.common.varlen import chunk_layout, chunk_offsets, document_ids, positions_in_document
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.triton import config_with_buffers
@@ -402,7 +403,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         c, g, cap = self.chunk_size, self.group, st.valid.shape[-1]
         if n == 0 or cap == 0:
             return
-        order = torch.sort((~sel).to(torch.uint8), dim=1, stable=True).indices  # [B, N, Hn]: selected chunks first
+        order = selected_first(sel, dim=1)  # [B, N, Hn]: selected chunks first, in order
         j = torch.arange(cap, device=sel.device)[None, :, None]  # [1, cap, 1]
         rank = j - kept_before[:, None, :]  # [B, cap, Hn]: the slot's rank among this call's selected chunks
         fill = (rank >= 0) & (j < st.n_kept[:, None, :])  # [B, cap, Hn]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..common.order import selected_first
 from .naive import routing_to_heads, validate_chunk_attention_inputs
 
 try:  # guarded: FlexAttention is a prototype API (torch >= 2.5)
@@ -65,7 +66,7 @@ def build_chunk_block_mask(routing: torch.Tensor, seq_len: int, chunk_size: int,
     # Decision: force contiguous index tensors. `full` is built from a transposed view, so the sort output has
     # non-standard strides, and the compiled CPU flex kernel (torch 2.13) read them as if contiguous (wrong rows).
     full_num = full_num.contiguous()
-    full_idx = torch.sort((~full).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32).contiguous()
+    full_idx = selected_first(full).to(torch.int32)
     # Partial list: the diagonal block only. The unused tail of each index row is a permutation of the other blocks
     # (what create_block_mask produces) rather than repeated zeros, to stay on the layout flex is tested with.
     diag_num = torch.ones(B, Hs, N, dtype=torch.int32, device=device)

@@ -9,6 +9,7 @@ import math
 import torch
 import triton
 
+from ...common.order import selected_first
 from ...common.triton import interpreting
 from ...common.varlen import ChunkTable, check_packed, chunk_table
 from ..naive import validate_chunk_attention_inputs
@@ -21,13 +22,29 @@ __all__ = ["triton_chunk_attention"]
 LOG2E = 1.4426950408889634
 
 
-def _routing_lists(routing: torch.Tensor):
-    """routing [B, N, Hn] -> (r [B, Hn, N] int32, idx [B, Hn, N] int32 routed chunks first (ascending),
-    cnt [B, Hn, N + 1] int32: number of routed chunks before chunk n). All on the device, no host sync."""
+@torch.library.custom_op("hybrid_attention::chunk_routing_lists", mutates_args=())
+def _routing_lists_op(routing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r = (routing if routing.dtype == torch.bool else routing > 0.5).transpose(1, 2)
-    idx = torch.sort((~r).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32).contiguous()
+    idx = selected_first(r).to(torch.int32)
     cnt = torch.nn.functional.pad(r.to(torch.int32).cumsum(-1), (1, 0)).to(torch.int32).contiguous()
     return r.to(torch.int32).contiguous(), idx, cnt
+
+
+@_routing_lists_op.register_fake
+def _(routing):
+    B, N, Hn = routing.shape
+    r = routing.new_empty(B, Hn, N, dtype=torch.int32)
+    return r, torch.empty_like(r), routing.new_empty(B, Hn, N + 1, dtype=torch.int32)
+
+
+def _routing_lists(routing: torch.Tensor):
+    """routing [B, N, Hn] -> (r [B, Hn, N] int32, idx [B, Hn, N] int32 routed chunks first (ascending),
+    cnt [B, Hn, N + 1] int32: number of routed chunks before chunk n). All on the device, no host sync.
+
+    A custom op, so opaque to the compiler. DECISION: inductor otherwise fuses these index ops with the router's
+    softmax into one split-scan Triton kernel that fails to compile at 512 chunks (natsl-hybrid-340m at 1×32768 and
+    2×16384 under ``bench train``, torch 2.11 / triton 3.6, H200)."""
+    return _routing_lists_op(routing.detach())
 
 
 def _p2(x: int) -> int:
