@@ -1,29 +1,5 @@
-"""Decoder-only language model over any mix of token mixers, with HuggingFace integration.
-
-Block (pre-norm, Llama style):  h = h + Mixer(RMSNorm(h));  h = h + SwiGLU(RMSNorm(h)).
-Untied input/output embeddings by default; N(0, initializer_range) init; GPT-2 rule for the residual-path outputs
-(mixer o_proj and SwiGLU down_proj get std initializer_range / sqrt(2·L)) when `rescale_residual`.
-
-Left-padded batches (attention_mask with zeros; DECISIONS, the mechanics in ``models/padding.py``):
-- Only left padding (HF ``padding_side="left"``): every row zeros then ones up to the last column; any other mask
-  raises one line naming attention_mask. A mask without zeros is ignored: the unpadded path, bit for bit.
-- Prefill (forward / ``prefill`` / generate's first call, empty cache): the rows' tokens are packed into documents
-  (``cu_seqlens`` from the mask) and run through the packed forward, so padding never reaches a layer or a state;
-  logits and hidden states come back as [B, T, ...] with zeros at the padding. The cache counts the padded width T
-  (``seen_tokens``, what generate() slices by); each layer's state keeps its rows' own positions: softmax keeps row
-  b's keys right-aligned with ``KVState.pad[b]`` empty leading slots masked in attention and RoPE at position
-  offset - pad[b]; Interdomain / S4D keep ``InterdomainState.pad`` for their RoPE; GDN is position-free. NAtS-L (one
-  partial-chunk phase per state) keeps one state per row (``RowStates``): exact, its decode steps run row by row.
-- Decode steps after it: every row advances one token (the mask grows by a column of ones; a zero among the new
-  columns raises).
-- position_ids (keyword, HF style [B or 1, T']) are validated, never used: every position follows from the mask, the
-  cache (``HybridCache.pad``) or cu_seqlens (row b's own tokens count from 0), and position_ids that disagree at a
-  non-padding token raise one line naming position_ids (``models/padding.check_position_ids``). Not in the signature
-  on purpose: generate() then does not build them every step (a check = a host sync); passed to generate(), they are
-  extended by it and checked at every step.
-- Static decoding (``StaticDecoder``) takes the same left-padded prompts: per-row positions in its static buffers
-  (serving/decoder.py).
-"""
+"""Decoder-only language model over any mix of token mixers (pre-norm blocks, one mixer and one SwiGLU MLP each), with
+HuggingFace integration."""
 
 from __future__ import annotations
 
@@ -80,6 +56,13 @@ def _causal_lm_output(**fields) -> HybridCausalLMOutput:
 
 
 class HybridBlock(nn.Module):
+    """Pre-norm block, Llama style: h = h + Mixer(RMSNorm(h)); h = h + SwiGLU(RMSNorm(h)).
+
+    Args:
+        config: the ``HybridConfig``.
+        layer_idx: the block's index; ``config.mixer_types[layer_idx]`` names its mixer.
+    """
+
     def __init__(self, config: HybridConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -162,6 +145,8 @@ class HybridPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:  # safe to call twice (transformers 5 may re-run it)
+        """N(0, initializer_range) init; the GPT-2 rule for the residual-path outputs (mixer o_proj and SwiGLU
+        down_proj get std initializer_range / sqrt(2·L)) when ``rescale_residual``."""
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
             if getattr(module, "_is_residual_out", False) and self.config.rescale_residual:
@@ -236,7 +221,28 @@ class HybridModel(HybridPreTrainedModel):
 
 class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     """Causal LM. forward(input_ids [B, T], labels=None, cache|past_key_values=None, use_cache=None)
-    -> HybridCausalLMOutput(loss, logits [B, T, vocab], cache).
+    -> HybridCausalLMOutput(loss, logits [B, T, vocab], cache). Input and output embeddings are untied by default
+    (``tie_word_embeddings``).
+
+    Left-padded batches (attention_mask with zeros; DECISIONS, the mechanics in ``models/padding.py``):
+    - Only left padding (HF ``padding_side="left"``): every row zeros then ones up to the last column; any other mask
+      raises one line naming attention_mask. A mask without zeros is ignored: the unpadded path, bit for bit.
+    - Prefill (forward / ``prefill`` / generate's first call, empty cache): the rows' tokens are packed into documents
+      (``cu_seqlens`` from the mask) and run through the packed forward, so padding never reaches a layer or a state;
+      logits and hidden states come back as [B, T, ...] with zeros at the padding. The cache counts the padded width T
+      (``seen_tokens``, what generate() slices by); each layer's state keeps its rows' own positions: softmax keeps row
+      b's keys right-aligned with ``KVState.pad[b]`` empty leading slots masked in attention and RoPE at position
+      offset - pad[b]; Interdomain / S4D keep ``InterdomainState.pad`` for their RoPE; GDN is position-free. NAtS-L (one
+      partial-chunk phase per state) keeps one state per row (``RowStates``): exact, its decode steps run row by row.
+    - Decode steps after it: every row advances one token (the mask grows by a column of ones; a zero among the new
+      columns raises).
+    - position_ids (keyword, HF style [B or 1, T']) are validated, never used: every position follows from the mask, the
+      cache (``HybridCache.pad``) or cu_seqlens (row b's own tokens count from 0), and position_ids that disagree at a
+      non-padding token raise one line naming position_ids (``models/padding.check_position_ids``). Not in the signature
+      on purpose: generate() then does not build them every step (a check = a host sync); passed to generate(), they are
+      extended by it and checked at every step.
+    - Static decoding (``StaticDecoder``) takes the same left-padded prompts: per-row positions in its static buffers
+      (serving/decoder.py).
 
     Args:
         config: the ``HybridConfig`` (sizes, ``mixer_types`` per layer, ``mixer_options``).
@@ -341,8 +347,8 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         position_ids. Packed calls start from an empty state (a cache given raises); use_cache defaults to False,
         True returns a cache whose row i continues document i (``seen_tokens`` = the longest document's length).
         Labels are used as given: the trainer decides what the last token of a document predicts.
-        attention_mask [B, T']: left padding (module docstring); labels at padding should be -100.
-        position_ids [B or 1, T'] (in kwargs): checked against the positions above, not used (module docstring)."""
+        attention_mask [B, T']: left padding (class docstring); labels at padding should be -100.
+        position_ids [B or 1, T'] (in kwargs): checked against the positions above, not used (class docstring)."""
         # transformers <= 5.2x passes past_key_values=, newer releases pass cache=: accept both, refuse a conflict.
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("got different objects for cache= and past_key_values=; pass one of them")
@@ -356,7 +362,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         pad_mask = self._padded_prefill(attention_mask, cache, cu_seqlens, t) if attention_mask is not None else None
         if use_cache is None:
             use_cache = cache is not None or (self.config.use_cache and not self.training and cu_seqlens is None)
-        if pad_mask is not None:  # pack the rows' tokens into documents (module docstring)
+        if pad_mask is not None:  # pack the rows' tokens into documents (class docstring)
             input_ids, inputs_embeds = (None if z is None else pack_rows(z, pad_mask)
                                         for z in (input_ids, inputs_embeds))
             cache, cu_seqlens = None, cu_seqlens_from_lengths((pad_mask != 0).sum(1), device=pad_mask.device)

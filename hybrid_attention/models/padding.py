@@ -1,18 +1,6 @@
-"""Left-padded batches: the ``attention_mask`` of prompts of different lengths, decided once here.
-
-A left-padded mask ``[B, T]`` holds, in every row, zeros (padding) and then ones (the row's tokens) up to the last
-column: what HF tokenizers produce with ``padding_side="left"`` and what ``generate()`` extends by one column of ones
-per step. Any other mask (a zero after a one, a row without a token) raises one line naming ``attention_mask``.
-
-The prefill of a padded batch packs the valid tokens of each row into one varlen sequence (row i = document i,
-``cu_seqlens`` from the mask, ``ops/common/varlen.py``), runs the packed forward, and scatters the outputs back to
-``[B, T, ...]`` (padding positions hold zeros). Padding is never fed to any layer, so it never touches a state.
-
-Mixers whose packed call returns per-document states (``TokenMixer.packed_states``) assemble their ordinary batched
-decode state from them (row i = document i, per-row positions inside the state). The others (NAtS-L: its partial
-chunk buffer has one phase for all rows) run their prefill one document at a time and keep one state per row
-(``RowStates``): their decode steps then run row by row (exact, not batched).
-"""
+"""Left-padded batches (HF ``padding_side="left"``: every row zeros, then ones up to the last column), decided once
+here: a padded prefill packs each row's tokens as one document (``cu_seqlens``), runs the packed forward and scatters
+the outputs back with zeros at the padding, so padding never reaches a layer or a state."""
 
 from __future__ import annotations
 
@@ -98,7 +86,12 @@ def unpack_rows(z: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class RowStates:
-    """One decode state per row (each of batch one) of a mixer without per-document packed states."""
+    """One decode state per row (each of batch one) of a mixer without per-document packed states.
+
+    Mixers whose packed call returns per-document states (``TokenMixer.packed_states``) assemble their ordinary
+    batched decode state from them (row i = document i, per-row positions inside the state). The others (NAtS-L: its
+    partial chunk buffer has one phase for all rows) run their prefill one document at a time and keep one state per
+    row here: their decode steps then run row by row (exact, not batched)."""
 
     rows: list[Any]
 
