@@ -1,25 +1,7 @@
-"""S4D-only control op of Interdomain Attention (arXiv 2605.24330, §3 "S4D-only"): a readout linear in the state.
-
-Per batch and head, the complex diagonal S4D state of Interdomain Attention, X_t = λ ⊙ X_{t-1} + B z_tᵀ over the
-inputs z_t = [a_t ; b_t] ∈ R^{R+D}, is read out linearly: y_t = Re(wᵀ C X_t) ∈ R^{R+D}, with C the shared M×M
-readout and w ∈ R^M per head the paper's extra H·M parameters. Being linear in the state, the layer is an S4-style
-convolution: y = K_h * z per channel with K_h(l) = Re(c̃ᵀ (λ^l ⊙ B)), c̃ = Cᵀw (plus the decaying response to an
-initial state). See naive.py for the definition, conv_form.py for the convolution view, fft.py (the default fast
-path) and toeplitz.py (the convolution as a dense Toeplitz matmul on tensor cores, for training lengths) for the
-convolutions, chunk.py for the chunked form (a Toeplitz matmul inside chunks, complex states between them: packed
-documents without a per-document loop or a host sync).
-
-The bilinear (H3-style multiplicative) mixer o = Re(diag(UᵀΓ)) is the stronger ``s4d_bilinear`` baseline in
-``hybrid_attention.ops.s4d_bilinear``.
-
-Backends: "naive" runs the token loop (the definition); "toeplitz" the dense-Toeplitz convolution
-``toeplitz_s4d``; "fft" the FFT convolution ``fft_s4d``; "chunk" the chunked form ``chunk_s4d``; "auto" picks
-between Toeplitz and FFT (``AUTO_TOEPLITZ_MAX_T`` below), and runs "chunk" for packed documents (``cu_seqlens``);
-"reference" and "triton" are aliases of "fft" (``FFT_ALIASES``). There is no Triton kernel: cuFFT and cuBLAS already
-run the convolution. "triton" is accepted on purpose, for configuration compatibility: the Interdomain layer passes
-its one ``backend`` to whichever core it runs (``layers/interdomain.py``), so a model configured with
-``backend: triton`` and the linear contraction runs the FFT here.
-"""
+"""S4D-only control op of Interdomain Attention (arXiv 2605.24330, §3 "S4D-only"): the Interdomain S4D state read out
+linearly, y_t = Re(wᵀ C X_t), hence an S4-style convolution. Forms: naive.py (the definition), conv_form.py (the
+convolution view), fft.py, toeplitz.py and chunk.py (packed documents without a host sync); the bilinear mixer is
+``ops.s4d_bilinear``."""
 
 from __future__ import annotations
 
@@ -35,7 +17,11 @@ from .toeplitz import toeplitz_s4d
 __all__ = ["s4d", "naive_s4d", "fft_s4d", "toeplitz_s4d", "chunk_s4d", "auto_backend", "BACKENDS", "FFT_ALIASES"]
 
 BACKENDS = ("auto", "reference", "naive", "triton", "fft", "toeplitz", "chunk")
-FFT_ALIASES = ("reference", "triton")  # the names that run the FFT form (see the module docstring)
+# "reference" and "triton" run the FFT form. There is no Triton kernel: cuFFT and cuBLAS already run the convolution.
+# "triton" is accepted for configuration compatibility: the Interdomain layer passes its one ``backend`` to whichever
+# core it runs (``layers/interdomain.py``), so a model configured with ``backend: triton`` and the linear contraction
+# runs the FFT here.
+FFT_ALIASES = ("reference", "triton")
 _FORMS = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d, "chunk": chunk_s4d,
           **{alias: fft_s4d for alias in FFT_ALIASES}}
 
@@ -77,6 +63,11 @@ def s4d(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """S4D-only control (linear readout y_t = Re(wᵀ C X_t)), dispatched to a backend.
+
+    Per batch and head, the complex diagonal state X_t = λ ⊙ X_{t-1} + B z_tᵀ over z_t = [a_t ; b_t] ∈ R^{R+D} is read
+    out with C the shared M×M readout and w ∈ R^M per head (the paper's extra H·M parameters). Linear in the state, it
+    is a convolution y = K_h * z per channel with K_h(l) = Re(c̃ᵀ (λ^l ⊙ B)), c̃ = Cᵀw (plus the decaying response to
+    an initial state).
 
     Shapes: a ``[B, T, H, R]``, b ``[B, T, H, D]`` real (R may differ from D); log_lam, B ``[H, M]`` complex
     (discretised); C ``[H, M, M]`` complex; w ``[H, M]`` real; initial_state ``[B, H, M, R + D]`` complex.

@@ -1,12 +1,6 @@
-"""Chunked form of the S4D-only control: a Toeplitz matmul inside chunks, complex states between them, packed
-documents (``cu_seqlens``) without a per-document loop or a host sync.
-
-`chunk_s4d` has the contract of ``naive_s4d`` (naive.py: the definition); its docstring gives the five steps of the
-split at chunk boundaries, the precision of each step and the cost against the dense Toeplitz form. The one idea:
-inside a chunk the output is a masked Toeplitz matmul, between chunks the complex chunk-end states follow the same
-masked Toeplitz structure one level up (`_decay_scan`), so every shape follows from (B, T, H, R, D, M, chunk_size, N)
-and one compiled graph serves every document layout.
-"""
+"""Chunked form of the S4D-only control (``chunk_s4d``): a Toeplitz matmul inside chunks, complex states between them
+(the same masked Toeplitz structure one level up, `_decay_scan`), so packed documents run without a per-document loop
+or a host sync and one compiled graph serves every document layout."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""The S4D-only control as a causal convolution, with the convolution itself left to the caller (FFT or Toeplitz).
-
-Same contract as ``naive_s4d`` (see naive.py for the definition). The readout is linear in the state, so with
-c̃_h = C_hᵀ w_h ∈ C^M (only this product of C and w matters) the layer is a per-channel causal convolution::
-
-    y_t[c] = Σ_{s<=t} K_h(t - s) z_s[c] + Re(Σ_m c̃_m λ_m^{t+1} X0[m, c]),   K_h(l) = Re(Σ_m c̃_m B_m λ_m^l),
-    X_T = λ^T ⊙ X0 + Σ_s λ^{T-1-s} B z_sᵀ
-
-(the S4 convolution view). The Vandermonde table λ^l = exp(l·log λ) is built in float64 in real arithmetic
-(|λ|^l·(cos, sin)(l·Im log λ)): the phases l·Im(log λ) reach ~1e6 rad at T = 4K, where float32 would lose ~0.1 rad.
-The kernel, the initial-state table and the final-state weights are then cast to the real compute dtype (float32,
-or float64 for float64 inputs; bf16/fp16 inputs are computed in float32 and the output cast back to ``a.dtype``).
-``conv_s4d`` takes the causal convolution ``convolve(z [B, T, H, C], K [H, T]) -> [B, T, H, C]`` as an argument:
-``fft.py`` (rfft/irfft, O(T log T)) and ``toeplitz.py`` (a dense lower-triangular Toeplitz matmul, O(T²) on tensor
-cores). The initial-state term (only with ``initial_state``) and the final state (only with ``output_final_state``)
-are real einsums against the λ tables; no per-token M×(R+D) state is materialised.
-"""
+"""The S4D-only control as a causal convolution (the S4 convolution view), with the convolution itself left to the
+caller: ``fft.py`` (rfft/irfft, O(T log T)) or ``toeplitz.py`` (a dense Toeplitz matmul, O(T²) on tensor cores)."""
 
 from __future__ import annotations
 
@@ -80,6 +65,21 @@ def conv_s4d(
     initial_state ``[B, H, M, R + D]`` complex. Any T >= 0. Returns ``y [B, T, H, R + D]`` in ``a.dtype`` and the
     final raw state X_T (complex128 for float64 inputs, else complex64) or ``None``: the states are complex by
     contract, split or joined only here, at the boundary.
+
+    Same contract as ``naive_s4d`` (see naive.py for the definition). The readout is linear in the state, so with
+    c̃_h = C_hᵀ w_h ∈ C^M (only this product of C and w matters) the layer is a per-channel causal convolution::
+
+        y_t[c] = Σ_{s<=t} K_h(t - s) z_s[c] + Re(Σ_m c̃_m λ_m^{t+1} X0[m, c]),   K_h(l) = Re(Σ_m c̃_m B_m λ_m^l),
+        X_T = λ^T ⊙ X0 + Σ_s λ^{T-1-s} B z_sᵀ
+
+    (the S4 convolution view). The Vandermonde table λ^l = exp(l·log λ) is built in float64 in real arithmetic
+    (|λ|^l·(cos, sin)(l·Im log λ)): the phases l·Im(log λ) reach ~1e6 rad at T = 4K, where float32 would lose ~0.1 rad.
+    The kernel, the initial-state table and the final-state weights are then cast to the real compute dtype (float32,
+    or float64 for float64 inputs; bf16/fp16 inputs are computed in float32 and the output cast back to ``a.dtype``).
+    ``conv_s4d`` takes the causal convolution ``convolve(z [B, T, H, C], K [H, T]) -> [B, T, H, C]`` as an argument:
+    ``fft.py`` (rfft/irfft, O(T log T)) and ``toeplitz.py`` (a dense lower-triangular Toeplitz matmul, O(T²) on tensor
+    cores). The initial-state term (only with ``initial_state``) and the final state (only with ``output_final_state``)
+    are real einsums against the λ tables; no per-token M×(R+D) state is materialised.
     """
     validate_s4d_inputs(a, b, log_lam, B, C, w, initial_state)
     Bsz, T, H, R = a.shape

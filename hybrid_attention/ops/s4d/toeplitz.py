@@ -1,18 +1,5 @@
-"""Dense-Toeplitz form of the S4D-only control: the causal convolution as one lower-triangular matmul per head.
-
-Same contract as ``naive_s4d``; the kernel, initial-state and final-state terms are those of ``conv_form.py``. The
-convolution y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c] is written as y_h = T_h z_h with the lower-triangular
-Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
-as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
-bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). Memory: one
-[H, T, T] matrix per call (T = 1024, H = 8: 32 MB in float32), so it is meant for T <= ~4K.
-
-Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
-training's bf16 autocast, like every Linear layer: the kernel K is then rounded to bf16, relative 2^-9), otherwise
-in the compute dtype (float32, or float64 for float64 inputs). The backward is written out (``_ToeplitzConv``):
-dz = T_hᵀ dy, and dK[h, l] = Σ_t G_h[t, t-l] with G_h = Σ_{b,c} dy z ᵀ (one matmul, then sums along its
-diagonals through a strided view), so no scatter of T² entries.
-"""
+"""Dense-Toeplitz form of the S4D-only control: the causal convolution as one lower-triangular matmul per head, the
+cheaper side at training lengths (T ~ 1-2K)."""
 
 from __future__ import annotations
 
@@ -101,6 +88,20 @@ def toeplitz_s4d(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only control through a dense Toeplitz matmul (equal to ``naive_s4d`` to rounding); shapes of ``conv_s4d``."""
+    """S4D-only control through a dense Toeplitz matmul (equal to ``naive_s4d`` to rounding); shapes of ``conv_s4d``.
+
+    Same contract as ``naive_s4d``; the kernel, initial-state and final-state terms are those of ``conv_form.py``. The
+    convolution y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c] is written as y_h = T_h z_h with the lower-triangular
+    Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
+    as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
+    bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). Memory: one
+    [H, T, T] matrix per call (T = 1024, H = 8: 32 MB in float32), so it is meant for T <= ~4K.
+
+    Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
+    training's bf16 autocast, like every Linear layer: the kernel K is then rounded to bf16, relative 2^-9), otherwise
+    in the compute dtype (float32, or float64 for float64 inputs). The backward is written out (``_ToeplitzConv``):
+    dz = T_hᵀ dy, and dK[h, l] = Σ_t G_h[t, t-l] with G_h = Σ_{b,c} dy z ᵀ (one matmul, then sums along its
+    diagonals through a strided view), so no scatter of T² entries.
+    """
     return conv_s4d(toeplitz_convolve, a, b, log_lam, B, C, w, initial_state=initial_state,
                     output_final_state=output_final_state)
