@@ -1,5 +1,5 @@
-"""The split-KV Triton kernel of `decode_attention` (see the package docstring for the algorithm and decisions).
-Imports triton: imported only through ``..triton`` (guarded)."""
+"""The split-KV Triton kernel of `decode_attention` (the algorithm and its decisions: the op's docstring). Imports
+triton: imported only through ``..triton`` (guarded)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,24 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len1: to
     [1, 1]) integer device tensors (len1 + len2 >= 1 everywhere). Returns o [B, H, DV] in v.dtype. A registered
     custom op (fake kernel below), so `torch.compile` traces a step that calls it without looking into Triton.
     Two launches and no other device work (the lengths are read through their broadcast strides, the splits are
-    combined by a kernel): every extra op here ran eagerly inside a compiled, graph-captured decode step."""
+    combined by a kernel): every extra op here ran eagerly inside a compiled, graph-captured decode step.
+
+    Per (batch row, head) the keys are the union of two ranges of the buffer: [0, len1) and [start2, start2 + len2),
+    with the lengths read from device tensors. Softmax attention uses one range ([0, pos + 1)); NAtS-L uses both (the
+    compacted cache prefix [0, n_kept·C) and the current chunk [cap, cap + slot + 1)). The valid keys are treated as one
+    virtual sequence of len1 + len2 keys, cut into `num_splits` equal parts, each reduced by its own program (running
+    max, sum and weighted values in float32); the parts are then combined with their log-sum-exp weights.
+
+    DECISIONS:
+    - Why not SDPA with a boolean mask: it reads the whole buffer (cost of max_length keys whatever the length), and its
+      masked kernel parallelises over (query, head, row) only: with one query and B·H = 16 the GPU is mostly idle at
+      long contexts. Here the work follows the real number of keys and is spread over B·H·num_splits programs.
+    - The split bounds are computed inside the kernel from the device lengths (no host sync, graph capturable); only
+      `num_splits` (static) fixes the grid.
+    - Inference only, no autograd. The PyTorch reference (`decode_attention_reference`, naive.py) defines the result.
+    - The kernel is a registered custom op (`hybrid_attention::decode_attention`, with a fake kernel) so that a compiled
+      decode step treats it as one opaque call (inductor failed inside `_split_kernel` when it traced the raw kernel).
+    """
     b, h, L, d = k.shape
     dv = v.shape[-1]
     if not (k.is_contiguous() and v.is_contiguous()):
