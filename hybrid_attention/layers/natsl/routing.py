@@ -1,24 +1,6 @@
 """NAtS-L routing outside the layer's state: what may force it (``RoutingSpec``, configuration) and what records it
-(``RoutingRecorder``, an analysis hook).
-
-Decision (named once, here, and in the layer.py docstring): a NAtS-L layer remembers
-nothing about its past passes, and its decode state holds only what decoding needs.
-- Forcing is configuration: a frozen ``RoutingSpec`` in the layer's ``routing`` attribute, set once (the layer's
-  ``force_routing`` argument, ``mixer_options``, or ``force_routing(model, ...)`` before a measurement). The eager
-  forward, the continued prefill / decode and the static step all read it.
-- Analysis output goes to a ``RoutingRecorder`` passed in for the calls it should see:
-
-      rec = RoutingRecorder()
-      with rec.attach(model):       # a model (its ``routing_layers()``), one layer, or {key: layer}
-          model(ids)
-      rec.fractions()               # {layer index: softmax fraction per decision head [Hn]} of the last pass
-
-  The recorder keeps, per layer and in call order, the chunk types of each pass from an empty state (prefill /
-  training forward) and every chunk typed (those passes' chunks, then each chunk completed while decoding from a
-  state). Outside ``attach`` a layer holds no recorder; attachments nest (an outer recorder keeps seeing the calls
-  of an inner one's block). The static step (``layers/natsl/static.py``) records
-  nothing: it runs inside compiled / captured graphs, where a host-side list is not allowed.
-"""
+(``RoutingRecorder``, an analysis hook). DECISION: a NAtS-L layer remembers nothing about its past passes, and its
+decode state holds only what decoding needs."""
 
 from __future__ import annotations
 
@@ -39,7 +21,11 @@ SOFTMAX, GDN = 0, 1  # op indices of the routing logits (the fusion weights ω u
 class RoutingSpec:
     """The forced chunk types of a NAtS-L layer. ``force``: None (the router decides), "softmax", "gdn", or a
     softmax fraction p in [0, 1] (chunk n is softmax iff floor((n+1)p) > floor(np): evenly spaced, the same for
-    every row and head): analysis, tests and speed measurements at a set fraction. Validated on construction."""
+    every row and head): analysis, tests and speed measurements at a set fraction. Validated on construction.
+
+    Forcing is configuration: a frozen spec in the layer's ``routing`` attribute, set once (the layer's
+    ``force_routing`` argument, ``mixer_options``, or ``force_routing(model, ...)`` before a measurement). The eager
+    forward, the continued prefill / decode and the static step all read it."""
 
     force: str | float | None = None
 
@@ -100,7 +86,20 @@ def force_routing(target: nn.Module | Mapping[Hashable, nn.Module], force: str |
 
 
 class RoutingRecorder:
-    """Chunk types of the NAtS-L layers it is attached to (module docstring), all bool tensors, True = softmax."""
+    """Chunk types of the NAtS-L layers it is attached to, all bool tensors, True = softmax; passed in for the calls
+    it should see:
+
+        rec = RoutingRecorder()
+        with rec.attach(model):       # a model (its ``routing_layers()``), one layer, or {key: layer}
+            model(ids)
+        rec.fractions()               # {layer index: softmax fraction per decision head [Hn]} of the last pass
+
+    The recorder keeps, per layer and in call order, the chunk types of each pass from an empty state (prefill /
+    training forward) and every chunk typed (those passes' chunks, then each chunk completed while decoding from a
+    state). Outside ``attach`` a layer holds no recorder; attachments nest (an outer recorder keeps seeing the calls of
+    an inner one's block). The static step (``layers/natsl/static.py``) records nothing: it runs inside compiled /
+    captured graphs, where a host-side list is not allowed.
+    """
 
     def __init__(self) -> None:
         self._keys: dict[int, Hashable] = {}  # id(layer) -> key
