@@ -1,23 +1,5 @@
-"""Chunk-parallel PyTorch form of the bilinear S4D core (exact, differentiable by autograd).
-
-The bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the paper's
-S4D-only control is the linear readout in ``hybrid_attention.ops.s4d``.
-
-Same contract as ``naive_s4d_bilinear`` (see naive.py for the definition). For a chunk [t0, t0 + L) entered with
-state X0, with local indices t, s in [0, L), the per-token states of the chunk are
-
-    X_t = Σ_{s<=t} Ldec[t, s] ⊙ B z_sᵀ + Din[t] ⊙ X0                    [B, H, L, M, 2R]
-
-with Ldec[t, s, m] = exp(log_lam[m] (t - s)) (s <= t, else 0) and Din[t, m] = exp(log_lam[m] (t + 1)), the decay
-tables of ``hybrid_attention.ops.common.ssm.chunk_decays``. Then o_t = Re(diag(U_tᵀ Γ_t)) with U = C X^a,
-Γ = C X^b, computed as o_t[j] = Re(Σ_m X^a_t[m, j] (K X^b_t)[m, j]) with K = CᵀC (plain transpose): one M×M product
-per token instead of two. The last state X_{L-1} is carried to the next chunk.
-
-Unlike Interdomain, the diagonal readout has no query to contract the key half with, so the chunk-local states are
-materialised (O(L·M·2R) per head, one chunk at a time, never the whole sequence). Every power of λ has a
-non-negative exponent, |λ^n| <= 1, so fast-decaying modes underflow to 0 instead of overflowing (see
-``chunk_interdomain`` in ops/interdomain/chunk.py).
-"""
+"""Chunk-parallel PyTorch form of the bilinear S4D core (exact, differentiable by autograd), the ``s4d_bilinear``
+baseline; the paper's S4D-only control is the linear readout in ``ops.s4d``."""
 
 from __future__ import annotations
 
@@ -66,6 +48,21 @@ def chunk_s4d_bilinear(
     initial_state ``[B, H, M, 2R]`` complex. Any T >= 0 and chunk_size >= 1 (on the CPU chunks of at most
     reference_chunk(M) tokens, see the DECISION above). Returns ``o [B, T, H, R]`` in ``a.dtype`` and the final raw
     state (complex128 for float64 inputs, else complex64) or ``None``.
+
+    For a chunk [t0, t0 + L) entered with state X0, with local indices t, s in [0, L), the per-token states of the chunk
+    are
+
+        X_t = Σ_{s<=t} Ldec[t, s] ⊙ B z_sᵀ + Din[t] ⊙ X0                    [B, H, L, M, 2R]
+
+    with Ldec[t, s, m] = exp(log_lam[m] (t - s)) (s <= t, else 0) and Din[t, m] = exp(log_lam[m] (t + 1)), the decay
+    tables of ``hybrid_attention.ops.common.ssm.chunk_decays``. Then o_t = Re(diag(U_tᵀ Γ_t)) with U = C X^a,
+    Γ = C X^b, computed as o_t[j] = Re(Σ_m X^a_t[m, j] (K X^b_t)[m, j]) with K = CᵀC (plain transpose): one M×M product
+    per token instead of two. The last state X_{L-1} is carried to the next chunk.
+
+    Unlike Interdomain, the diagonal readout has no query to contract the key half with, so the chunk-local states are
+    materialised (O(L·M·2R) per head, one chunk at a time, never the whole sequence). Every power of λ has a
+    non-negative exponent, |λ^n| <= 1, so fast-decaying modes underflow to 0 instead of overflowing (see
+    ``chunk_interdomain`` in ops/interdomain/chunk.py).
     """
     validate_s4d_bilinear_inputs(a, b, log_lam, B, C, initial_state)
     validate_chunk_size(chunk_size)
