@@ -1,17 +1,7 @@
-"""Triton availability and the state scans shared by the complex diagonal-SSM ops (Interdomain, bilinear S4D).
-
-Every op's ``triton/`` package shows the same face built on this module: ``HAS_TRITON`` (triton imports),
-``supported(...)`` (the kernels handle these inputs) and the op's entry point, which raises a clear
-``RuntimeError`` (``require_triton``; ``missing(name)`` builds that stand-in) when triton is missing.
-``interpreting()`` says whether the kernels run under the CPU interpreter (``TRITON_INTERPRET=1``), read at call
-time.
-
-Both diagonal-SSM ops carry the same state X_t = λ ⊙ X_{t-1} + B z_tᵀ across chunk boundaries and differ only in
-their chunk-local readout kernels, so the chunk-boundary scans live here once: ``ssm_scan_kernels.py`` (the Triton
-kernels: forward scan, reverse adjoint scan, state-carry gradient, and their fused variant), ``ssm_scan.py`` (their
-host side: the power table, the planar complex layout, launches) and ``config.py`` (the frozen launch
-configuration). The linear S4D op (``hybrid_attention.ops.s4d``) is an FFT convolution and needs none of it.
-The scan modules import triton and are only imported by the ops' Triton entry points.
+"""Triton availability and the pieces shared by the ops' Triton forms. Every op's ``triton/`` package shows the same
+face: ``HAS_TRITON``, ``supported(...)`` and its entry point, which raises a clear ``RuntimeError`` (``require_triton``,
+``missing``) when triton is missing. The chunked state scans shared by the diagonal-SSM ops live in ``ssm_scan.py``
+(host side), ``ssm_scan_kernels.py`` and ``config.py``; those import triton.
 """
 
 from __future__ import annotations
