@@ -1,19 +1,4 @@
-"""Chunk-parallel gated delta rule (WY representation) with the NAtS-L per-chunk commit mask, in pure PyTorch.
-
-Per chunk of C tokens with start state S (K x V), chunk-local inclusive log-gate cumsum G_t = Σ_{r<=t} g_r (<= 0):
-
-    A_ts   = β_t (k̂_t·k̂_s) exp(G_t - G_s)            s < t  (strictly lower)
-    (I + A) [w | u] = [β e^{G} k̂ | β v]              (unit-lower triangular solve)
-    v_new  = u - w S                                  (the delta-rule "corrected values" u_t of the token loop)
-    o      = scale (e^{G} q̂ S + ((q̂ k̂ᵀ) ⊙ exp(G_t - G_s))_{s<=t} v_new)
-    ΔS     = Σ_s exp(G_C - G_s) k̂_s v_newᵀ_s           (the chunk's own writes, decayed to the chunk end)
-    S_end  = Γ S + m ΔS  (Γ = e^{G_C}),  or (mΓ + 1 - m) S + m ΔS when not ``decay_uncommitted``
-
-Everything except the state recursion is batched over all chunks at once; a Python loop over chunks carries S.
-Autograd through this form gives every gradient, including d m_n = ⟨dS_end(n), ΔS_n⟩ (with v_new depending on
-S_start, which is the exact derivative; the spec's formula treats v_new as constant, which is the same thing because
-m_n enters only through S_end(n)).
-"""
+"""Chunk-parallel gated delta rule (WY representation) with the NAtS-L per-chunk commit mask, in pure PyTorch."""
 
 from __future__ import annotations
 
@@ -49,6 +34,20 @@ def chunk_gated_delta(
     Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; commit ``[B, ceil(T/C), H]``;
     initial_state ``[B, H, K, V]``. Returns ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] or None)``;
     the state is float32 (float64 for float64 inputs).
+
+    Per chunk of C tokens with start state S (K x V), chunk-local inclusive log-gate cumsum G_t = Σ_{r<=t} g_r (<= 0):
+
+        A_ts   = β_t (k̂_t·k̂_s) exp(G_t - G_s)            s < t  (strictly lower)
+        (I + A) [w | u] = [β e^{G} k̂ | β v]              (unit-lower triangular solve)
+        v_new  = u - w S                                  (the delta-rule "corrected values" u_t of the token loop)
+        o      = scale (e^{G} q̂ S + ((q̂ k̂ᵀ) ⊙ exp(G_t - G_s))_{s<=t} v_new)
+        ΔS     = Σ_s exp(G_C - G_s) k̂_s v_newᵀ_s           (the chunk's own writes, decayed to the chunk end)
+        S_end  = Γ S + m ΔS  (Γ = e^{G_C}),  or (mΓ + 1 - m) S + m ΔS when not ``decay_uncommitted``
+
+    Everything except the state recursion is batched over all chunks at once; a Python loop over chunks carries S.
+    Autograd through this form gives every gradient, including d m_n = ⟨dS_end(n), ΔS_n⟩ (with v_new depending on
+    S_start, which is the exact derivative; the spec's formula treats v_new as constant, which is the same thing because
+    m_n enters only through S_end(n)).
     """
     validate_gated_delta_inputs(q, k, v, g, beta, commit, chunk_size, initial_state)
     B, T, H, K = q.shape
