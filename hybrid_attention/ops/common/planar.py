@@ -1,16 +1,5 @@
-"""Planar complex arithmetic: a complex tensor carried as its (real, imaginary) float parts.
-
-Why: torch.compile's inductor generates no code for complex dtypes ("Torchinductor does not support code generation
-for complex operators"): every complex op of a compiled graph runs as its own eager ATen kernel, unfused. The
-training paths of the S4D-only control and of the Interdomain glue therefore compute their complex parameters and
-tables as pairs of real tensors (``Planar``), which inductor fuses like any real elementwise work
-(``benchmarks/compile_graph_stats.py`` counts what is left). Complex tensors remain at the public boundaries that
-are complex by contract (states handed to or returned to the caller) and in the naive / reference oracles.
-
-Autograd: for real leaves (the stored parameters are real) the gradient of a real function computed in planar form
-equals the one PyTorch's complex (Wirtinger) autograd gives through the complex form, so swapping one for the other
-changes results by float rounding only.
-"""
+"""Planar complex arithmetic: a complex tensor carried as its (real, imaginary) float parts, so that compiled
+training graphs hold no complex op (``Planar``'s docstring says why)."""
 
 from __future__ import annotations
 
@@ -26,6 +15,17 @@ class Planar(NamedTuple):
 
     It answers ``shape``, ``dim()``, ``device`` and ``dtype`` (the real dtype) like a tensor, so that the shape
     checks of the ops take it in place of a complex tensor.
+
+    Why: torch.compile's inductor generates no code for complex dtypes ("Torchinductor does not support code generation
+    for complex operators"): every complex op of a compiled graph runs as its own eager ATen kernel, unfused. The
+    training paths of the S4D-only control and of the Interdomain glue therefore compute their complex parameters and
+    tables as pairs of real tensors (``Planar``), which inductor fuses like any real elementwise work
+    (``benchmarks/compile_graph_stats.py`` counts what is left). Complex tensors remain at the public boundaries that
+    are complex by contract (states handed to or returned to the caller) and in the naive / reference oracles.
+
+    Autograd: for real leaves (the stored parameters are real) the gradient of a real function computed in planar form
+    equals the one PyTorch's complex (Wirtinger) autograd gives through the complex form, so swapping one for the other
+    changes results by float rounding only.
     """
 
     re: torch.Tensor

@@ -1,18 +1,5 @@
-"""Fused single-token decode step of the Interdomain core (state update + readout), one Triton launch.
-
-Per (b, h), with the readout operators K₁, K₂ precomputed once (``decode_params``, readout.py)::
-
-    X^k ← λ ⊙ X^k + B k_tᵀ,   X^v ← λ ⊙ X^v + B v_tᵀ        (the recurrence of naive.py)
-    p = X^k q_t ∈ C^M,   r = K₁ p + K₂ conj(p) ∈ C^M,   o_t = Re(rᵀ X^v) ∈ R^D   (= read(q_t, U_t, Γ_t), chunk.py)
-
-transpose: K₁ = Cᵀ C, no K₂; hermitian: K₂ = Cᵀ conj(C), no K₁; real: half of each (the same operators as the
-training forms).
-
-Cost O(M(R+D) + M²) per head instead of the O(M²(R+D)) of forming U and Γ. The state is updated IN PLACE (complex64
-buffer [B, H, M, R+D(+1)]), and the output can be written into a caller-provided buffer, so the step captures into a
-CUDA graph with static buffers; its cost does not depend on the context length. Inference only (no autograd).
-``interdomain_decode_op`` is the same step registered as a custom op (state mutated, fake kernel) for compiled steps.
-"""
+"""Fused single-token decode step of the Interdomain core (state update + readout), one Triton launch, in place on
+the state: ``interdomain_decode_step`` and its registered op ``interdomain_decode_op``."""
 
 from __future__ import annotations
 
@@ -140,7 +127,22 @@ def interdomain_decode_step(
     ``torch.view_as_real`` float32 [..., 2]), updated in place and returned. Returns
     ``(o [B, H, D] in q.dtype (or ``out``), state)``. Equals ``naive_interdomain`` with T = 1 and
     ``initial_state=state``. ``params`` = ``decode_params(log_lam, B, C, readout)`` skips recomputing λ and the
-    readout operators (then log_lam, B, C and ``readout`` are taken from it and may be None)."""
+    readout operators (then log_lam, B, C and ``readout`` are taken from it and may be None).
+
+    Per (b, h), with the readout operators K₁, K₂ precomputed once (``decode_params``, readout.py)::
+
+        X^k ← λ ⊙ X^k + B k_tᵀ,   X^v ← λ ⊙ X^v + B v_tᵀ        (the recurrence of naive.py)
+        p = X^k q_t ∈ C^M,   r = K₁ p + K₂ conj(p) ∈ C^M,   o_t = Re(rᵀ X^v) ∈ R^D   (= read(q_t, U_t, Γ_t), chunk.py)
+
+    transpose: K₁ = Cᵀ C, no K₂; hermitian: K₂ = Cᵀ conj(C), no K₁; real: half of each (the same operators as the
+    training forms).
+
+    Cost O(M(R+D) + M²) per head instead of the O(M²(R+D)) of forming U and Γ. The state is updated IN PLACE (complex64
+    buffer [B, H, M, R+D(+1)]), and the output can be written into a caller-provided buffer, so the step captures into a
+    CUDA graph with static buffers; its cost does not depend on the context length. Inference only (no autograd).
+    ``interdomain_decode_op`` is the same step registered as a custom op (state mutated, fake kernel) for compiled
+    steps.
+    """
     state_r = torch.view_as_real(state) if state.dtype == torch.complex64 else state
     if state_r.dtype != torch.float32 or state_r.shape[-1:] != (2,) or not state_r.is_contiguous():
         raise ValueError("state must be a contiguous complex64 tensor [B, H, M, R + D (+1)] or its view_as_real "
