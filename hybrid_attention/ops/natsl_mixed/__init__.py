@@ -1,14 +1,6 @@
-"""The NAtS-L mixed op: the layer's two branches in one call, the GDN branch (``gated_delta`` with the commit mask)
-and the chunk-routed softmax branch (``chunk_attention``), which share no intermediate.
-
-Its own folder (not ``gated_delta/triton/``) because it composes two ops: it depends on both and belongs to
-neither. On the Triton kernels the GDN branch runs on a synchronised side stream while the softmax kernels fill the
-rest of the GPU (``triton/concurrent.py``); the reference form (``chunk.py``) runs the two PyTorch forms in turn.
-
-Public op: ``natsl_mixed(q, k, v, g, beta, commit, q_attn, k_attn, v_attn, routing, *, ..., backend="triton")``.
-Decision: the default backend is "triton" (not "auto") because its caller, the NAtS-L layer, decides itself when the
-mixed path runs (its ``_concurrent_branches``: ``supported``, and backend "triton" or "auto" resolved by
-``resolve_backend`` on CUDA inputs) and then wants the kernels, also under the CPU interpreter.
+"""The NAtS-L mixed op (``natsl_mixed``): the layer's GDN branch (``gated_delta`` with the commit mask) and chunk-routed
+softmax branch (``chunk_attention``) in one call. Its own folder because it composes two ops and belongs to neither;
+the Triton form runs the GDN branch on a side stream (``triton/concurrent.py``), the reference (``chunk.py``) in turn.
 """
 
 from __future__ import annotations
@@ -62,6 +54,10 @@ def natsl_mixed(
     "auto" (Triton for CUDA inputs both kernels support). ``cu_seqlens [N + 1]``: packed documents (B == 1,
     ``ops/common/varlen.py``), passed to both branches; every backend takes them. ``buffer_dtype``: the GDN branch's
     Triton buffer precision, as in ``gated_delta`` (checked for every backend; the reference form ignores it).
+
+    DECISION: the default backend is "triton" (not "auto") because its caller, the NAtS-L layer, decides itself when
+    the mixed path runs (its ``_concurrent_branches``: ``supported``, and backend "triton" or "auto" resolved by
+    ``resolve_backend`` on CUDA inputs) and then wants the kernels, also under the CPU interpreter.
     """
     gdn_config = config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype
     supported = lambda: q.is_cuda and triton_backend.supported(q, v, q_attn, v_attn, chunk_size)  # noqa: E731

@@ -1,14 +1,5 @@
-"""The block-sparse Triton kernels of chunk attention (the NAtS-L softmax branch), forward + backward.
-
-Our own FlashAttention-2 style kernels over the chunk routing: query t sees its own chunk causally and every earlier
-chunk routed to softmax for its decision head; cross-chunk logits get ``routing_bias`` (its gradient is the routing
-gradient). `_fwd_kernel` (forward, and the dq pass) walks a device-built list of routed chunks, `_dkv_kernel` the
-transpose; `_bwd_kernel` is the one-pass backward; `_query_tile` gives the packed-document (``VARLEN``) layout.
-Softmax statistics in fp32 (log2 domain); dots take the input dtype with fp32 accumulation. Softmax scales
-are constexpr (inductor types Python float runtime arguments fp64, promoting the fp32 loop-carried accumulators).
-Runtime-bounded loops are ``while`` loops under ``TRITON_INTERPRET=1`` (NumPy >= 2.4 refuses ``int()`` of the
-interpreter's 1-element scalars), ``for`` loops when compiled.
-"""
+"""The block-sparse Triton kernels of chunk attention (the NAtS-L softmax branch), forward + backward; the design
+notes are above the kernels."""
 
 from __future__ import annotations
 
@@ -16,6 +7,15 @@ import triton
 import triton.language as tl
 
 from ...common.triton.chunk_rows import table_row
+
+# Our own FlashAttention-2 style kernels over the chunk routing: query t sees its own chunk causally and every earlier
+# chunk routed to softmax for its decision head; cross-chunk logits get ``routing_bias`` (its gradient is the routing
+# gradient). `_fwd_kernel` (forward, and the dq pass) walks a device-built list of routed chunks, `_dkv_kernel` the
+# transpose; `_bwd_kernel` is the one-pass backward; `_query_tile` gives the packed-document (``VARLEN``) layout.
+# Softmax statistics in fp32 (log2 domain); dots take the input dtype with fp32 accumulation. Softmax scales
+# are constexpr (inductor types Python float runtime arguments fp64, promoting the fp32 loop-carried accumulators).
+# Runtime-bounded loops are ``while`` loops under ``TRITON_INTERPRET=1`` (NumPy >= 2.4 refuses ``int()`` of the
+# interpreter's 1-element scalars), ``for`` loops when compiled.
 
 
 @triton.jit

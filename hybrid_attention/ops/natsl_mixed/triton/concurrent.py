@@ -1,14 +1,5 @@
 """The NAtS-L mixed op on the Triton kernels: GDN branch (commit mask) and block-sparse softmax branch, optionally
-concurrent.
-
-The two branches share no intermediate, and the GDN branch contains two sequential kernels (the chunk recurrence,
-forward and backward) that occupy only B·H·V/BV programs. Running the GDN branch on a side stream lets the softmax
-kernels fill the rest of the GPU meanwhile. The side stream is synchronised both ways (it waits for the caller's
-stream before starting; the caller's stream waits for it before returning), outputs made on it are recorded on the
-caller's stream, and autograd runs each branch's backward on the stream its forward used (the engine inserts the
-cross-stream waits), so the result is identical to the sequential call. Under CUDA-graph capture, under
-``torch.compile``, on the CPU or with ``concurrent=False`` both branches run on the current stream.
-"""
+concurrent (``triton_natsl_mixed``)."""
 
 from __future__ import annotations
 
@@ -59,7 +50,16 @@ def triton_natsl_mixed(
     ``triton_chunk_attention(q_attn, k_attn, v_attn, routing, routing_bias=..., config=attn_config)``; returns
     ``(o_gdn [B, T, H, V], final_state or None, o_attn [B, T, Hs, Dv])``. Shapes as in the two ops.
     ``cu_seqlens [N + 1]``: packed documents, passed to both as given; each branch builds its ``ChunkTable`` on the
-    device (``ops/common/varlen.py``), so a packed call makes no device -> host sync."""
+    device (``ops/common/varlen.py``), so a packed call makes no device -> host sync.
+
+    The two branches share no intermediate, and the GDN branch contains two sequential kernels (the chunk recurrence,
+    forward and backward) that occupy only B·H·V/BV programs. Running the GDN branch on a side stream lets the softmax
+    kernels fill the rest of the GPU meanwhile. The side stream is synchronised both ways (it waits for the caller's
+    stream before starting; the caller's stream waits for it before returning), outputs made on it are recorded on the
+    caller's stream, and autograd runs each branch's backward on the stream its forward used (the engine inserts the
+    cross-stream waits), so the result is identical to the sequential call. Under CUDA-graph capture, under
+    ``torch.compile``, on the CPU or with ``concurrent=False`` both branches run on the current stream.
+    """
 
     def gdn():
         return triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk_size,
