@@ -1,12 +1,7 @@
-"""Variable-length (packed) sequences: the ``cu_seqlens`` convention of every op and layer, decided once here.
-
-Convention (fla's): N non-empty documents are concatenated along the time axis of one row, ``x [1, T, ...]``, and
-``cu_seqlens [N + 1]`` (int32 or int64) holds their offsets, ``cu_seqlens[0] == 0``, ``cu_seqlens[N] == T``. Nothing
-crosses a document boundary: states start fresh at each document (or from ``initial_state[i]``, ``[N, ...]``), final
-states are per sequence, attention never reads another document, convolutions see zeros before a document start,
-RoPE positions and chunks restart at each document start, so per-chunk inputs are ``[1, Nc, ...]`` with
-``Nc = Σ_i ceil(len_i / chunk_size)`` in document order. The reference forms run each document alone
-(`per_document`); every Triton kernel reads one sync-free index table, the `ChunkTable` of `chunk_table`.
+"""Variable-length (packed) sequences, fla's ``cu_seqlens`` convention for every op and layer: N non-empty documents
+concatenated in one row ``x [1, T, ...]``, ``cu_seqlens [N + 1]`` (int32 / int64) their offsets from 0 to T. Nothing
+crosses a document boundary: states, convolutions, RoPE positions and chunks restart at each document start (per-chunk
+inputs ``[1, Nc, ...]``, Nc = Σ_i ceil(len_i / chunk_size)); initial / final states are per document, ``[N, ...]``.
 """
 
 from __future__ import annotations

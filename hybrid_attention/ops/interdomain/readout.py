@@ -1,13 +1,5 @@
-"""The complex-to-real readout of Interdomain Attention: which real number the query reads from (U, Γ).
-
-The paper writes o_t = ξ(q_t)ᵀ U_tᵀ Γ_t (Eq. 13) with real basis functions in mind; with the complex S4D basis it
-does not say how the complex product becomes real (spec §6.2 item 1). Three readouts (``READOUTS``): "transpose"
-Re(Σ_m u_m Γ_m), "hermitian" Re(Σ_m conj(u_m) Γ_m) and "real" Σ_m Re(u_m) Re(Γ_m), u = U_t q_t; `readout_product`
-gives them by definition and as kernels over (key, value) pairs. All three are real-linear in the key-side vector
-p_t = X^k_t q_t: `readout_operators` gives the one factorisation every chunked, Triton and decode form uses.
-The default is "real" (the DECISION at ``DEFAULT_READOUT``); models saved without a recorded readout read
-``LEGACY_READOUT``.
-"""
+"""The complex-to-real readout of Interdomain Attention (``READOUTS``): which real number the query reads from
+(U, Γ); the default is decided at ``DEFAULT_READOUT``."""
 
 from __future__ import annotations
 
@@ -19,6 +11,11 @@ from ..common.planar import Planar
 __all__ = ["READOUTS", "DEFAULT_READOUT", "LEGACY_READOUT", "validate_readout", "readout_operators",
            "planar_readout_operator", "readout_product"]
 
+# The paper writes o_t = ξ(q_t)ᵀ U_tᵀ Γ_t (Eq. 13) with real basis functions in mind; with the complex S4D basis it
+# does not say how the complex product becomes real (spec §6.2 item 1). Three readouts (``READOUTS``): "transpose"
+# Re(Σ_m u_m Γ_m), "hermitian" Re(Σ_m conj(u_m) Γ_m) and "real" Σ_m Re(u_m) Re(Γ_m), u = U_t q_t; `readout_product`
+# gives them by definition and as kernels over (key, value) pairs. All three are real-linear in the key-side vector
+# p_t = X^k_t q_t: `readout_operators` gives the one factorisation every chunked, Triton and decode form uses.
 READOUTS = ("transpose", "hermitian", "real")
 
 # DECISION: "real", by the credible-scale A/B (RESULTS.md C1; 35M parameters, 100M BPE tokens of English prose,

@@ -1,13 +1,5 @@
-"""Launch configurations of the Triton ops as frozen (hashable, immutable) objects: the base every op's config
-shares (``KernelConfig``: NaN-poisoned buffers) and the settings of the shared diagonal-SSM state scans.
-
-Fixed settings, no autotuning: the interpreter needs one configuration, and the GPU benchmarks compare variants
-explicitly by passing another config (``ScanConfig``, an op's subclass, or ``GatedDeltaConfig`` /
-``ChunkAttentionConfig``, which subclass ``KernelConfig``) as an argument; nothing here is module state.
-The registered custom ops (``torch.library``) always run the defaults and take only scalars, so ``torch.compile``
-never sees a config object. Each op's kernel configuration subclasses ``ScanConfig`` with its chunk-kernel keys
-(``InterdomainConfig``, ``S4DBilinearConfig``), so one object describes an op's whole launch sequence.
-"""
+"""Launch configurations of the Triton ops as frozen (hashable, immutable) objects passed as arguments: the base every
+op's config shares (``KernelConfig``) and the settings of the shared diagonal-SSM state scans (``ScanConfig``)."""
 
 from __future__ import annotations
 
@@ -24,7 +16,15 @@ __all__ = ["KernelConfig", "ScanConfig"]
 class KernelConfig:
     """What every op's launch configuration has: ``poison`` fills every kernel-written buffer with NaN before the
     launch (tests / benchmark checks: an element a kernel skips shows up). Keyword-only, so subclasses keep their
-    own positional order."""
+    own positional order.
+
+    DECISION: Fixed settings, no autotuning: the interpreter needs one configuration, and the GPU benchmarks compare
+    variants explicitly by passing another config (``ScanConfig``, an op's subclass, or ``GatedDeltaConfig`` /
+    ``ChunkAttentionConfig``, which subclass ``KernelConfig``) as an argument; nothing here is module state. The
+    registered custom ops (``torch.library``) always run the defaults and take only scalars, so ``torch.compile`` never
+    sees a config object. Each op's kernel configuration subclasses ``ScanConfig`` with its chunk-kernel keys
+    (``InterdomainConfig``, ``S4DBilinearConfig``), so one object describes an op's whole launch sequence.
+    """
 
     poison: bool = field(default=False, kw_only=True)
 

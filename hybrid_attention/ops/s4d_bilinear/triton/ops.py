@@ -1,12 +1,5 @@
-"""Host side of the Triton bilinear S4D core (``s4d_bilinear``): launches, the autograd rule and the
-``torch.library`` registration (ops ``hybrid_attention::s4d_bilinear_fwd`` / ``_bwd``).
-
-The bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the paper's
-S4D-only control is the linear readout in ``hybrid_attention.ops.s4d`` (an FFT convolution, no Triton kernel).
-`triton_s4d_bilinear` gives the chunk math and the forward / backward pipeline: chunk-entering states by the state
-scan shared with the Interdomain op, then a readout kernel per chunk from chunk-invariant tables (P, Kern).
-`tab_partial_bytes` gives the backward's table-gradient partial buffer (fixed summation order, no atomics) and the
-op's memory: the chunk-boundary states live only inside one call, autograd saves the inputs only.
+"""Host side of the Triton bilinear S4D core (``triton_s4d_bilinear``, which gives the chunk math and pipeline):
+launches, the autograd rule and the ``torch.library`` registration (``hybrid_attention::s4d_bilinear_fwd`` / ``_bwd``).
 """
 
 from __future__ import annotations
