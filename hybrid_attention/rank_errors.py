@@ -1,12 +1,5 @@
-"""One error report per distributed run: under ``torchrun`` every rank reaches the CLI's error handler, and a rank
-that stops leaves the others failing in their next collective with long tracebacks that bury its one clear line.
-
-The first rank of a run to fail creates a marker file (``O_EXCL``, so exactly one wins) and reports; a later rank
-of the same run prints nothing for a user error (its line is the same or a consequence) and one short line for any
-other exception. A run is identified by the torchrun agent that started its ranks (their parent process), its
-restart count and its master port, so that a marker never silences another run; markers of runs whose agent has
-exited are removed by the next run that reports. A single process always reports.
-"""
+"""One error report per distributed run: under ``torchrun`` every rank reaches the CLI's error handler, and the ranks
+that fail in their next collective would bury the first one's clear line under long tracebacks."""
 
 from __future__ import annotations
 
@@ -43,7 +36,14 @@ def _remove_stale_markers(folder: Path) -> None:
 
 def claim_error_report() -> bool:
     """True when this process should report its error: always in a single process; under torchrun only for the
-    first rank of the run to call it (on one machine; a multi-node run reports once per node)."""
+    first rank of the run to call it (on one machine; a multi-node run reports once per node).
+
+    The first rank of a run to fail creates a marker file (``O_EXCL``, so exactly one wins) and reports; a later rank
+    of the same run prints nothing for a user error (its line is the same or a consequence) and one short line for any
+    other exception. A run is identified by the torchrun agent that started its ranks (their parent process), its
+    restart count and its master port, so that a marker never silences another run; markers of runs whose agent has
+    exited are removed by the next run that reports. A single process always reports.
+    """
     world, rank = world_rank()
     if world <= 1:
         return True

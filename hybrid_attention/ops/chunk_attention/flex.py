@@ -1,15 +1,5 @@
-"""FlexAttention forward path for chunk attention (inference; GPU is the target).
-
-The ``BlockMask`` is built directly from ``routing`` with block size = chunk size, without evaluating a T×T
-``mask_mod`` (``create_block_mask`` would): for query block c and softmax head i,
-
-* full kv blocks    = the earlier chunks n < c with routing[b, n, i // G] = 1 (no mask evaluated inside);
-* partial kv blocks = the diagonal block c only (causal mask inside).
-
-Cost per head is therefore ≈ ρ·T²/2 + T·C with ρ the routed ("softmax") fraction. The optional ``routing_bias`` is
-applied by a ``score_mod`` to cross-chunk pairs only. Backward works on GPU but not on CPU (torch raises
-NotImplementedError there); CPU training uses ``chunk.py``.
-"""
+"""FlexAttention forward path for chunk attention (inference; GPU is the target), its ``BlockMask`` built directly
+from the routing."""
 
 from __future__ import annotations
 
@@ -99,6 +89,16 @@ def flex_chunk_attention(
     Shapes: q, k ``[B, T, Hs, Dk]``; v ``[B, T, Hs, Dv]``; routing, routing_bias ``[B, ceil(T / C), Hs // G]``.
     Returns ``o [B, T, Hs, Dv]`` in ``q.dtype`` (flex requires q, k, v of one dtype).
     ``compiled=None`` compiles on CUDA and runs the unfused eager implementation elsewhere (tests, CPU).
+
+    The ``BlockMask`` is built directly from ``routing`` with block size = chunk size, without evaluating a T×T
+    ``mask_mod`` (``create_block_mask`` would): for query block c and softmax head i,
+
+    * full kv blocks    = the earlier chunks n < c with routing[b, n, i // G] = 1 (no mask evaluated inside);
+    * partial kv blocks = the diagonal block c only (causal mask inside).
+
+    Cost per head is therefore ≈ ρ·T²/2 + T·C with ρ the routed ("softmax") fraction. The optional ``routing_bias`` is
+    applied by a ``score_mod`` to cross-chunk pairs only. Backward works on GPU but not on CPU (torch raises
+    NotImplementedError there); CPU training uses ``chunk.py``.
     """
     if not FLEX_AVAILABLE:
         raise RuntimeError("torch.nn.attention.flex_attention is not available in this torch build")

@@ -1,12 +1,6 @@
-"""The one backend dispatcher of every op: "reference" | "triton" | "auto" (plus an op's extra names) decided once.
-
-Each public op (``ops/<op>/__init__.py``) calls ``resolve_backend`` with its allowed names and whether its Triton
-kernels would run these inputs, then runs the form the returned name stands for. The error message for an unknown
-name is built here, from the op's allowed list, so that every op words it the same way (``validate_backend``, also
-for callers that only check a name they pass on, e.g. a layer's constructor). The decode steps' public
-``use_kernels`` flags (``init_static_state``, ``StaticDecoder``, ``gated_delta_step``) stand for backend names
-(``flag_backend``) and are decided by ``resolve_backend`` too (``resolve_use_kernels``).
-"""
+"""The one backend dispatcher of every op: "reference" | "triton" | "auto" (plus an op's extra names), decided once by
+``resolve_backend`` from the op's allowed names and whether its Triton kernels run these inputs; ``validate_backend``
+words every unknown-name error the same way, and the decode steps' ``use_kernels`` flags map onto backend names."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Token-by-token reference of the bilinear S4D core (after arXiv 2605.24330, §3 "S4D-only", Fig. 3d).
-
-This is the bilinear (H3-style multiplicative) S4D mixer, kept as the stronger ``s4d_bilinear`` baseline; the
-paper's S4D-only control is the readout linear in the state, y = Re(wᵀ C X), in ``hybrid_attention.ops.s4d``.
-
-The same complex diagonal S4D core as Interdomain Attention (``hybrid_attention.ops.interdomain``), with generic
-inputs [a_t ; b_t] instead of [ξ(k_t) ; v_t] and no query. This file is the readable definition and the float64
-test oracle; ``chunk.py`` must agree with it to rounding. Validation and dtype helpers are shared with the
-Interdomain op so that both use exactly the same conventions.
-"""
+"""Token-by-token reference of the bilinear S4D core (after arXiv 2605.24330, §3 "S4D-only", Fig. 3d), the
+``s4d_bilinear`` baseline: the readable definition and the float64 test oracle."""
 
 from __future__ import annotations
 
@@ -59,6 +51,11 @@ def naive_s4d_bilinear(
         z_t = [a_t ; b_t] ∈ R^{2R};   X_t = λ ⊙ X_{t-1} + B z_tᵀ ∈ C^{M×2R}   (X_{-1} = initial_state, or 0)
         Y_t = C X_t;   U_t = Y_t[:, :R],  Γ_t = Y_t[:, R:]                  ∈ C^{M×R}
         o_t[j] = Re(Σ_m U_t[m, j] Γ_t[m, j]) = Re(diag(U_tᵀ Γ_t))[j]          ∈ R^R
+
+    The same complex diagonal S4D core as Interdomain Attention (``hybrid_attention.ops.interdomain``), with generic
+    inputs [a_t ; b_t] instead of [ξ(k_t) ; v_t] and no query. This file is the readable definition and the float64
+    test oracle; ``chunk.py`` must agree with it to rounding. Validation and dtype helpers are shared with the
+    Interdomain op so that both use exactly the same conventions.
     """
     # DECISION (spec §3 and §6.2 item 14, the readout "C_out z_t" as first read): o_t = Re(diag(U_tᵀ Γ_t)), i.e. the
     # bilinear plain-transpose readout of Interdomain (naive_interdomain, same Re/no-conjugation convention) with the

@@ -1,12 +1,5 @@
-"""Triton kernels of the chunked gated delta rule with the NAtS-L per-chunk commit mask.
-
-Our own formulation: the same WY algebra as ``chunk.py`` (no fla code). Forward: ``prep`` (parallel over chunks)
--> ``state_fwd`` (sequential over chunks) -> ``output`` (parallel); backward: ``bwd_local`` -> ``state_bwd``
-(reverse sequential) -> ``bwd_k`` -> ``bwd_finish``. All state math is fp32. `_prep_kernel` gives the per-chunk
-equations and the pipeline, `_chunk_rows` the packed-document (``VARLEN``) layout, `_bf16` the bf16-buffer path,
-`_state_bwd_kernel` why no kernel takes a runtime float argument. Interpreter-compatible (TRITON_INTERPRET=1): plain
-pointer arithmetic with masks, no block pointers, loop indices never cast.
-"""
+"""Triton kernels of the chunked gated delta rule with the NAtS-L per-chunk commit mask (the pipeline is described
+above the kernels)."""
 
 from __future__ import annotations
 
@@ -14,6 +7,13 @@ import triton
 import triton.language as tl
 
 from ...common.triton.chunk_rows import table_row
+
+# Our own formulation: the same WY algebra as ``chunk.py`` (no fla code). Forward: ``prep`` (parallel over chunks)
+# -> ``state_fwd`` (sequential over chunks) -> ``output`` (parallel); backward: ``bwd_local`` -> ``state_bwd``
+# (reverse sequential) -> ``bwd_k`` -> ``bwd_finish``. All state math is fp32. `_prep_kernel` gives the per-chunk
+# equations and the pipeline, `_chunk_rows` the packed-document (``VARLEN``) layout, `_bf16` the bf16-buffer path,
+# `_state_bwd_kernel` why no kernel takes a runtime float argument. Interpreter-compatible (TRITON_INTERPRET=1): plain
+# pointer arithmetic with masks, no block pointers, loop indices never cast.
 
 
 @triton.jit
