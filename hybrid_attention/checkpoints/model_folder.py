@@ -1,19 +1,5 @@
-"""May this folder be loaded: the one check every model, checkpoint and tokenizer folder passes before it is read.
-
-A folder is refused with one :class:`FolderRefused` line naming the file and the reason when it
-
-  * names code to import: an ``auto_map`` / ``custom_pipelines`` field in a ``*config.json``, or any ``*.py`` file
-    (the library never runs code from a model folder; its Hugging Face calls pass ``trust_remote_code=False``),
-  * holds a pickled weight file (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``, ``*.pkl``, ``*.pickle``): safetensors only,
-  * is, or holds, a symlink resolving outside its scope (the folder itself, the run directory it belongs to, or for a
-    snapshot in the Hugging Face hub cache, ``models--…/``, whose ``blobs/`` its files link to),
-  * names a file outside itself in a ``*_file`` field of ``tokenizer_config.json`` or in ``manifest.json``,
-  * holds something other than regular files and folders (a FIFO would block the reader), or a ``*config.json`` /
-    ``manifest.json`` larger than any this library writes,
-  * fails its ``manifest.json`` check (size and sha256 of every listed file, see ``training.integrity``).
-
-A folder without ``manifest.json`` passes with one warning line (:func:`unverified_warning`): its bytes are unchecked.
-"""
+"""May this folder be loaded: the one check every model, checkpoint and tokenizer folder passes before it is read
+(``admit``; the rules at ``check_folder``)."""
 
 from __future__ import annotations
 
@@ -144,7 +130,24 @@ def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = No
     """Raise :class:`FolderRefused` (one line naming the file) when ``folder`` names code to import, holds pickled
     weights (``weights=False``: not checked, for a folder read only for its tokenizer) or non-regular files, names a
     file outside itself, or is or holds a symlink resolving outside ``scope`` (a run directory for its ``final/``,
-    ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`)."""
+    ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`).
+
+    A folder is refused with one :class:`FolderRefused` line naming the file and the reason when it
+
+      * names code to import: an ``auto_map`` / ``custom_pipelines`` field in a ``*config.json``, or any ``*.py`` file
+        (the library never runs code from a model folder; its Hugging Face calls pass ``trust_remote_code=False``),
+      * holds a pickled weight file (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``, ``*.pkl``, ``*.pickle``): safetensors
+        only,
+      * is, or holds, a symlink resolving outside its scope (the folder itself, the run directory it belongs to, or for
+        a snapshot in the Hugging Face hub cache, ``models--…/``, whose ``blobs/`` its files link to),
+      * names a file outside itself in a ``*_file`` field of ``tokenizer_config.json`` or in ``manifest.json``,
+      * holds something other than regular files and folders (a FIFO would block the reader), or a ``*config.json`` /
+        ``manifest.json`` larger than any this library writes,
+      * fails its ``manifest.json`` check (size and sha256 of every listed file, see ``checkpoints.integrity``).
+
+    A folder without ``manifest.json`` passes with one warning line (:func:`unverified_warning`): its bytes are
+    unchecked.
+    """
     folder = Path(folder)
     refuse_links(folder, scope if scope is not None else default_scope(folder))
     _check_configs(folder)

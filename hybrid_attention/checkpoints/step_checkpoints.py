@@ -1,30 +1,5 @@
-"""Training checkpoints without pickle: tensors in safetensors, everything else in JSON, written atomically and
-verified on load.
-
-Layout of ``<out_dir>/checkpoints/step-00000100/``::
-
-    model.safetensors        full (unsharded) model state dict
-    optimizer.safetensors    optimizer state tensors, keys "<param fqn>/<name>" (e.g. "lm_head.weight/exp_avg")
-    rng-rank<r>.safetensors  torch CPU (and CUDA) generator states of rank r
-    trainer_state.json       step, optimizer param groups, scheduler, data position, counters, Python/NumPy RNG
-    manifest.json            size and sha256 of every file above (written last; see ``integrity``)
-
-Writing: everything goes into ``.tmp-step-…`` (each file fsynced), the manifest last (tmp + fsync + ``os.replace``),
-then the directory is renamed with ``os.replace``, so a crash or ``kill -9`` never leaves a half-written ``step-…``
-directory; leftover temporary directories are removed on the next save. A checkpoint holding a NaN/inf tensor is never
-written (:class:`NonFiniteState`). An I/O error (disk full, ...) removes the partial directory and raises one
-:class:`CheckpointError` line; the earlier checkpoints are untouched. The last ``keep`` checkpoints are kept (only
-once the new one is complete).
-
-Reading (:func:`read_checkpoint`) verifies the manifest, parses every file and checks that the tensors are finite
-before anything is applied to the model; any failure is a :class:`CheckpointDamaged` naming the file and the check.
-:func:`newest_intact` walks the checkpoints newest first and returns the first intact one plus what was wrong with the
-newer ones, so a resume falls back to an older intact checkpoint.
-
-Checkpoints without ``manifest.json`` (written before checksums existed) ARE loaded, with a warning: their files are
-still parsed and checked for finiteness, but bit flips inside tensor data cannot be detected
-(:attr:`CheckpointData.verified` is False; the trainer prints the warning line).
-"""
+"""Training checkpoints without pickle: tensors in safetensors, everything else in JSON, written atomically
+(``save_checkpoint``) and verified on load (``read_checkpoint``, ``newest_intact``)."""
 
 from __future__ import annotations
 
@@ -169,6 +144,21 @@ def save_checkpoint(
 
     Raises NonFiniteState (nothing written; rank 0 checks, so under torch.distributed check collectively first, as
     the trainer does) and CheckpointError for an I/O error (the partial directory is removed, older checkpoints stay).
+
+    Layout of ``<out_dir>/checkpoints/step-00000100/``::
+
+        model.safetensors        full (unsharded) model state dict
+        optimizer.safetensors    optimizer state tensors, keys "<param fqn>/<name>" (e.g. "lm_head.weight/exp_avg")
+        rng-rank<r>.safetensors  torch CPU (and CUDA) generator states of rank r
+        trainer_state.json       step, optimizer param groups, scheduler, data position, counters, Python/NumPy RNG
+        manifest.json            size and sha256 of every file above (written last; see ``integrity``)
+
+    Writing: everything goes into ``.tmp-step-…`` (each file fsynced), the manifest last (tmp + fsync + ``os.replace``),
+    then the directory is renamed with ``os.replace``, so a crash or ``kill -9`` never leaves a half-written ``step-…``
+    directory; leftover temporary directories are removed on the next save. A checkpoint holding a NaN/inf tensor is
+    never written (:class:`NonFiniteState`). An I/O error (disk full, ...) removes the partial directory and raises one
+    :class:`CheckpointError` line; the earlier checkpoints are untouched. The last ``keep`` checkpoints are kept (only
+    once the new one is complete).
     """
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
@@ -302,6 +292,15 @@ def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = (),
 
     ``state_keys``: keys of ``trainer_state.json`` the caller needs besides step, param_groups and rng; ``scope``:
     the run folder the checkpoint belongs to.
+
+    Reading (:func:`read_checkpoint`) verifies the manifest, parses every file and checks that the tensors are finite
+    before anything is applied to the model; any failure is a :class:`CheckpointDamaged` naming the file and the check.
+    :func:`newest_intact` walks the checkpoints newest first and returns the first intact one plus what was wrong with
+    the newer ones, so a resume falls back to an older intact checkpoint.
+
+    Checkpoints without ``manifest.json`` are loaded, with a warning: their files are still parsed and checked for
+    finiteness, but bit flips inside tensor data cannot be detected (:attr:`CheckpointData.verified` is False; the
+    trainer prints the warning line).
     """
     path = Path(path)
     verified = admit(path, scope, required=REQUIRED_FILES)
