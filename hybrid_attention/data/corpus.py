@@ -1,19 +1,5 @@
-"""Text corpora as lists of documents, split deterministically into train and validation.
-
-Sources:
-  * ``stdlib``: the running interpreter's standard-library ``.py`` files (always present, offline). Files are visited
-    in sorted relative-path order; ``site-packages`` and caches are skipped; files that are not UTF-8 are skipped and
-    counted.
-  * local files, or folders of them: ``.txt`` / ``.md`` / ``.rst`` (one document per file, as is), ``.html`` /
-    ``.htm`` (one document per page, tags stripped by the stdlib ``html.parser``: ``formats.html_to_text``),
-    ``.jsonl`` (one document per line, text in ``text_field``), ``.parquet`` (one per row, needs ``pyarrow``);
-    ``.py`` only when ``data.local_suffixes`` names it. Files of a folder that are of another type, not UTF-8 or
-    empty are skipped and counted by reason (``Corpus.describe``); a file named directly must be readable.
-
-The split is by hash: a document goes to validation when the first 8 hex digits of ``sha1(key)`` read as a fraction
-of 2**32 fall below ``val_fraction``; the key is the relative path (plus ``:line``/``:row`` for multi-document files).
-So adding or removing a file never moves another document between splits.
-"""
+"""Text corpora as lists of documents (``Corpus``: the sources), split deterministically into train and validation
+by a hash of each document's key (``is_validation``)."""
 
 from __future__ import annotations
 
@@ -37,7 +23,18 @@ _SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 @dataclass
 class Corpus:
-    """Documents of one source, already split. ``n_bytes`` counts UTF-8 bytes of both splits."""
+    """Documents of one source, already split. ``n_bytes`` counts UTF-8 bytes of both splits.
+
+    Sources:
+      * ``stdlib``: the running interpreter's standard-library ``.py`` files (always present, offline). Files are
+        visited in sorted relative-path order; ``site-packages`` and caches are skipped; files that are not UTF-8 are
+        skipped and counted.
+      * local files, or folders of them: ``.txt`` / ``.md`` / ``.rst`` (one document per file, as is), ``.html`` /
+        ``.htm`` (one document per page, tags stripped by the stdlib ``html.parser``: ``formats.html_to_text``),
+        ``.jsonl`` (one document per line, text in ``text_field``), ``.parquet`` (one per row, needs ``pyarrow``);
+        ``.py`` only when ``data.local_suffixes`` names it. Files of a folder that are of another type, not UTF-8 or
+        empty are skipped and counted by reason (``Corpus.describe``); a file named directly must be readable.
+    """
 
     source: str
     train: list[str] = field(default_factory=list)
@@ -65,7 +62,12 @@ class Corpus:
 
 
 def is_validation(key: str, val_fraction: float) -> bool:
-    """Deterministic hash split: True when ``key`` belongs to the validation split."""
+    """Deterministic hash split: True when ``key`` belongs to the validation split.
+
+    The split is by hash: a document goes to validation when the first 8 hex digits of ``sha1(key)`` read as a fraction
+    of 2**32 fall below ``val_fraction``; the key is the relative path (plus ``:line``/``:row`` for multi-document
+    files). So adding or removing a file never moves another document between splits.
+    """
     h = int(hashlib.sha1(key.encode("utf-8")).hexdigest()[:8], 16)
     return h / 2**32 < val_fraction
 

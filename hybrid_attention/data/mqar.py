@@ -1,17 +1,5 @@
-"""Multi-query associative recall (MQAR), re-implemented from zoology's description (Arora et al., 2023).
-
-An example of length ``T`` with ``K`` key-value pairs:
-
-  * positions ``0 .. 2K-1``: ``k1 v1 k2 v2 ...``; keys drawn from ``[1, vocab/2)``, values from ``[vocab/2, vocab)``,
-    each without replacement, so every key occurs once in the context;
-  * the query region (``T - 2K`` positions): every key reappears once, at an even offset ``2*gap`` where the ``K``
-    distinct gaps are drawn from a power law ``p(i) ∝ a * i**(a-1)`` (``a = power_a``, i = 1..(T-2K)/2), so most
-    queries come early; the other positions are 0 (or random tokens with ``random_non_queries``, which, as in
-    zoology, may collide with keys).
-
-Labels follow zoology: ``labels[t]`` is the target *at* position ``t`` (no shift): the value of the key that stands at a
-query position, -100 everywhere else. Score with :func:`recall_accuracy` on logits of the same positions.
-"""
+"""Multi-query associative recall (MQAR), re-implemented from zoology's description (Arora et al., 2023): the
+examples (``multiquery_ar``) and their scores (``recall_accuracy``)."""
 
 from __future__ import annotations
 
@@ -57,7 +45,20 @@ def _distinct(weights: torch.Tensor | None, k: int, g: torch.Generator, shape: t
 
 
 def multiquery_ar(cfg: MQARConfig, num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``num_examples`` MQAR examples: ``(inputs, labels)``, both int64 of shape [num_examples, input_seq_len]."""
+    """``num_examples`` MQAR examples: ``(inputs, labels)``, both int64 of shape [num_examples, input_seq_len].
+
+    An example of length ``T`` with ``K`` key-value pairs:
+
+      * positions ``0 .. 2K-1``: ``k1 v1 k2 v2 ...``; keys drawn from ``[1, vocab/2)``, values from ``[vocab/2,
+        vocab)``, each without replacement, so every key occurs once in the context;
+      * the query region (``T - 2K`` positions): every key reappears once, at an even offset ``2*gap`` where the ``K``
+        distinct gaps are drawn from a power law ``p(i) ∝ a * i**(a-1)`` (``a = power_a``, i = 1..(T-2K)/2), so most
+        queries come early; the other positions are 0 (or random tokens with ``random_non_queries``, which, as in
+        zoology, may collide with keys).
+
+    Labels follow zoology: ``labels[t]`` is the target *at* position ``t`` (no shift): the value of the key that stands
+    at a query position, -100 everywhere else. Score with :func:`recall_accuracy` on logits of the same positions.
+    """
     T, K, V = cfg.input_seq_len, cfg.num_kv_pairs, cfg.vocab_size  # checked by MQARConfig
     g = torch.Generator().manual_seed(seed)
     N, half = num_examples, V // 2

@@ -1,15 +1,5 @@
-"""Compressed document shards with a manifest, and ``data.source: text_dir`` that reads them back.
-
-A shard is JSON lines, one document per line ``{"id": KEY, "source": NAME, "text": ...}``, compressed with xz (stdlib
-``lzma``). Shards fill up to ``shard_raw_bytes`` of text; a shard whose compressed size would exceed
-``max_shard_bytes`` is split in two, so every file fits one transfer. ``manifest.json`` lists each shard's sha256,
-compressed and raw bytes and document count, plus the sources (package, version, licence, size).
-
-``text_dir`` reads every ``*.jsonl``/``*.txt`` file of the given folders, plain or ``.gz``/``.xz``/``.zst``
-(``.zst`` needs the ``zstandard`` module), sorted by path; a ``.txt`` file is one document keyed by its path, a JSON
-line by its ``id``. When a folder has ``manifest.json`` every listed shard must be there with the listed sha256:
-a truncated or corrupted copy fails with a one-line error naming the shard.
-"""
+"""Compressed document shards with a manifest (``write_shards``), and ``data.source: text_dir`` that reads them back
+(``iter_text_dir``)."""
 
 from __future__ import annotations
 
@@ -46,7 +36,13 @@ def write_shards(
     preset: int = 9,
     extra: dict | None = None,
 ) -> dict:
-    """Write ``(id, source, text)`` documents as ``PREFIX-NNNNN.jsonl.xz`` shards plus ``manifest.json``."""
+    """Write ``(id, source, text)`` documents as ``PREFIX-NNNNN.jsonl.xz`` shards plus ``manifest.json``.
+
+    A shard is JSON lines, one document per line ``{"id": KEY, "source": NAME, "text": ...}``, compressed with xz
+    (stdlib ``lzma``). Shards fill up to ``shard_raw_bytes`` of text; a shard whose compressed size would exceed
+    ``max_shard_bytes`` is split in two, so every file fits one transfer. ``manifest.json`` lists each shard's sha256,
+    compressed and raw bytes and document count, plus the sources (package, version, licence, size).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"{prefix}-*.jsonl.xz"):
@@ -150,7 +146,13 @@ def text_files(folder: Path) -> list[tuple[str, Path]]:
 
 
 def iter_text_dir(folder: str | os.PathLike) -> Iterator[tuple[str, str]]:
-    """``(key, text)`` of every document in one folder (manifest verified first when present)."""
+    """``(key, text)`` of every document in one folder (manifest verified first when present).
+
+    ``text_dir`` reads every ``*.jsonl``/``*.txt`` file of the given folders, plain or ``.gz``/``.xz``/``.zst``
+    (``.zst`` needs the ``zstandard`` module), sorted by path; a ``.txt`` file is one document keyed by its path, a JSON
+    line by its ``id``. When a folder has ``manifest.json`` every listed shard must be there with the listed sha256:
+    a truncated or corrupted copy fails with a one-line error naming the shard.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError(f"data.source=text_dir: no such folder {folder}")

@@ -1,16 +1,5 @@
-"""An opt-in on-disk cache of encoded document lists: ``HYBRID_ATTENTION_TOKEN_CACHE=DIR``.
-
-Every training run tokenizes its whole corpus before the first step: the 177 MB prose corpus with the BPE-8k
-tokenizer is 55M tokens, 52 s on a 2-core CPU. A suite runs two or more runs of the same corpus one after the other,
-so the second one can read the ids instead. Unset (the default),
-nothing is cached and nothing is written.
-
-Key: sha256 over the tokenizer's full serialisation (its ``tokenizers`` JSON: vocabulary, merges, normalisation,
-pre-tokenisation, specials), the separator id, and every document's UTF-8 text, length-prefixed, in order. So a
-different tokenizer, corpus, split or document order is a different file; the same inputs give the same ids, by
-construction. Files are ``DIR/<key>.npy`` (int32, 1-D), written to a temporary name and renamed, so a reader never
-sees half a file; a file that does not load as that is recomputed and replaced.
-"""
+"""An opt-in on-disk cache of encoded document lists, ``HYBRID_ATTENTION_TOKEN_CACHE=DIR``: a suite's runs of one
+corpus tokenize it once. Unset (the default), nothing is cached and nothing is written."""
 
 from __future__ import annotations
 
@@ -56,7 +45,19 @@ def _load(path: Path) -> np.ndarray | None:
 
 
 def cached_ids(key: str, encode: Callable[[], np.ndarray], folder: Path) -> np.ndarray:
-    """The ids of ``key`` from ``folder``, or ``encode()`` stored there atomically first."""
+    """The ids of ``key`` from ``folder``, or ``encode()`` stored there atomically first.
+
+    Every training run tokenizes its whole corpus before the first step: the 177 MB prose corpus with the BPE-8k
+    tokenizer is 55M tokens, 52 s on a 2-core CPU. A suite runs two or more runs of the same corpus one after the other,
+    so the second one can read the ids instead. Unset (the default),
+    nothing is cached and nothing is written.
+
+    Key: sha256 over the tokenizer's full serialisation (its ``tokenizers`` JSON: vocabulary, merges, normalisation,
+    pre-tokenisation, specials), the separator id, and every document's UTF-8 text, length-prefixed, in order. So a
+    different tokenizer, corpus, split or document order is a different file; the same inputs give the same ids, by
+    construction. Files are ``DIR/<key>.npy`` (int32, 1-D), written to a temporary name and renamed, so a reader never
+    sees half a file; a file that does not load as that is recomputed and replaced.
+    """
     path = folder / f"{key}.npy"
     if path.is_file() and (ids := _load(path)) is not None:
         return ids
