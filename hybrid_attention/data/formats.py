@@ -1,14 +1,5 @@
-"""Readers that turn documentation in its shipped format into plain text.
-
-  * dictd databases (``NAME.index`` + ``NAME.dict.dz``/``NAME.dict``): entries in index order, cut into documents of
-    about ``chunk_chars`` characters (an entry never splits).
-  * plain text (reST, AsciiDoc, Vim help, ...), optionally ``.gz``: kept as is.
-  * HTML: the stdlib ``html.parser``; script/style/head and navigation blocks dropped, entities decoded, the main
-    block (``role="main"``, Sphinx ``div.body``, Django ``#docs-content``) kept when the page has one.
-  * troff man pages: a minimal macro strip (request lines dropped, font/escape sequences removed, section heads and
-    ``.B``/``.I``-style arguments kept as text).
-  * POD: command paragraphs reduced to their text, formatting codes (``B<...>``, ``L<text|link>``, ``E<gt>``) resolved.
-"""
+"""Readers that turn documentation in its shipped format into plain text: dictd databases, plain text, HTML, troff
+man pages and POD (``prose.parse_file`` picks one per source)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Passkey (needle) retrieval data, two forms.
-
-  * :func:`passkey_tokens`: synthetic, token level, for train-and-evaluate runs like MQAR. Filler tokens from
-    ``[2 + n_digits_vocab, vocab)``, a needle ``<KEY> d1..dn`` at a chosen depth, and at the end ``<KEY> d1..dn`` again;
-    labels (zoology convention, no shift: ``labels[t]`` is the target at position ``t``) ask for ``d_{j+1}`` at the
-    position of ``<KEY>``/``d_j`` in the final copy, -100 elsewhere.
-  * :func:`passkey_prompt`: text, for evaluating a trained language model: a prompt with a 5-digit pass key hidden in
-    filler text at a chosen depth, ending in "The pass key is", and the expected answer.
-"""
+"""Passkey (needle) retrieval data in two forms: synthetic token-level examples for train-and-evaluate runs like MQAR
+(:func:`passkey_tokens`) and text prompts for a trained language model (:func:`passkey_prompt`)."""
 
 from __future__ import annotations
 
@@ -24,6 +17,10 @@ def passkey_tokens(
     """Synthetic passkey examples ``(inputs, labels)``, int64 [num_examples, seq_len].
 
     ``depth`` in [0, 1] places the needle at that fraction of the filler; ``None`` draws it uniformly per example.
+
+    Filler tokens from ``[2 + n_digits_vocab, vocab)``, a needle ``<KEY> d1..dn`` at the chosen depth, and at the end
+    ``<KEY> d1..dn`` again; labels (zoology convention, no shift: ``labels[t]`` is the target at position ``t``) ask for
+    ``d_{j+1}`` at the position of ``<KEY>``/``d_j`` in the final copy, -100 elsewhere.
     """
     filler_lo = DIGIT_OFFSET + 10
     if vocab_size <= filler_lo:
@@ -52,7 +49,11 @@ _FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. T
 
 
 def passkey_prompt(n_filler: int, depth: float, seed: int, filler: str = _FILLER) -> tuple[str, str]:
-    """A prompt with ``n_filler`` repetitions of ``filler`` and the key at ``depth``; returns (prompt, key)."""
+    """A prompt with ``n_filler`` repetitions of ``filler`` and the key at ``depth``; returns (prompt, key).
+
+    For evaluating a trained language model: a 5-digit pass key hidden in filler text at ``depth``, the prompt ending in
+    "The pass key is".
+    """
     key = str(random.Random(seed).randint(10000, 99999))
     before = int(round(depth * n_filler))
     head = "Find the pass key hidden in this text.\n"

@@ -1,13 +1,5 @@
-"""``data.source: prose``: English prose and technical prose from Debian packages, read in their shipped formats.
-
-Every source is one Debian package (main, DFSG-free), found under each root in ``data.paths`` either as an installed
-tree (``ROOT/usr/share/...``, e.g. ROOT = ``/``) or as one extracted package per folder (``ROOT/PACKAGE/usr/share/...``,
-what ``scripts/build_prose_corpus.py --fetch`` lays out with ``apt-get download`` + ``dpkg-deb -x``, nothing
-installed). A document is one file (one page, one man page, one POD file), or ~40 kB of consecutive entries of a
-dictionary; its key ``SOURCE/relative/path`` (``SOURCE/NNNNN`` for dictionary chunks) decides the train/validation
-split by hash (:func:`hybrid_attention.data.corpus.is_validation`), so the split is the same when the documents are
-read back from shards (``data.source: text_dir``).
-"""
+"""``data.source: prose``: English prose and technical prose from Debian packages (``ProseSource``), read in their
+shipped formats."""
 
 from __future__ import annotations
 
@@ -27,6 +19,17 @@ MIN_DOC_CHARS = 64  # shorter documents (stubs, empty index pages) are dropped
 
 @dataclass(frozen=True)
 class ProseSource:
+    """One source of the prose corpus.
+
+    Every source is one Debian package (main, DFSG-free), found under each root in ``data.paths`` either as an installed
+    tree (``ROOT/usr/share/...``, e.g. ROOT = ``/``) or as one extracted package per folder
+    (``ROOT/PACKAGE/usr/share/...``, what ``scripts/build_prose_corpus.py --fetch`` lays out with ``apt-get download`` +
+    ``dpkg-deb -x``, nothing installed). A document is one file (one page, one man page, one POD file), or ~40 kB of
+    consecutive entries of a dictionary; its key ``SOURCE/relative/path`` (``SOURCE/NNNNN`` for dictionary chunks)
+    decides the train/validation split by hash (:func:`hybrid_attention.data.corpus.is_validation`), so the split is the
+    same when the documents are read back from shards (``data.source: text_dir``).
+    """
+
     name: str
     package: str  # Debian package that ships the files
     licence: str
@@ -167,7 +170,18 @@ def _dictd_data(index: Path) -> Path:
 
 
 def parse_file(fmt: str, path: Path) -> list[str]:
-    """The documents of one file (dictd: its index file) in format ``fmt``."""
+    """The documents of one file (dictd: its index file) in format ``fmt``.
+
+    * dictd databases (``NAME.index`` + ``NAME.dict.dz``/``NAME.dict``): entries in index order, cut into documents of
+      about ``chunk_chars`` characters (an entry never splits).
+    * plain text (reST, AsciiDoc, Vim help, ...), optionally ``.gz``: kept as is.
+    * HTML: the stdlib ``html.parser``; script/style/head and navigation blocks dropped, entities decoded, the main
+      block (``role="main"``, Sphinx ``div.body``, Django ``#docs-content``) kept when the page has one.
+    * troff man pages: a minimal macro strip (request lines dropped, font/escape sequences removed, section heads and
+      ``.B``/``.I``-style arguments kept as text).
+    * POD: command paragraphs reduced to their text, formatting codes (``B<...>``, ``L<text|link>``, ``E<gt>``)
+      resolved.
+    """
     if fmt == "dictd":
         return formats.chunk_entries(formats.dictd_entries(path, _dictd_data(path)))
     text = formats.read_text(path)

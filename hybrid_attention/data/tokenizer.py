@@ -1,14 +1,6 @@
-"""Tokenizers, all as ``transformers.PreTrainedTokenizerFast`` so that a run's tokenizer saves, loads and plugs into
-``generate()`` and lm-eval the same way whatever its kind.
-
-  * ``byte``: 256 byte tokens (id == byte value) + ``<bos>`` 256, ``<eos>`` 257, ``<pad>`` 258: vocab 259, no training.
-    Built with the ``tokenizers`` byte-level alphabet and no merges; encoding takes a NumPy fast path that gives the
-    same ids (tested).
-  * ``bpe``: byte-level BPE trained offline with ``tokenizers`` on the training split (specials get ids 0, 1, 2).
-  * any Hugging Face tokenizer directory (``AutoTokenizer.from_pretrained(dir, local_files_only=True,
-    trust_remote_code=False)``), after
-  :func:`hybrid_attention.checkpoints.model_folder.check_folder` admits the directory.
-"""
+"""Tokenizers (``byte``, trained ``bpe``, or a Hugging Face tokenizer folder), all as
+``transformers.PreTrainedTokenizerFast`` so that a run's tokenizer saves, loads and plugs into ``generate()`` and
+lm-eval the same way whatever its kind."""
 
 from __future__ import annotations
 
@@ -48,7 +40,9 @@ def _wrap(tk: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """The default tokenizer: one token per UTF-8 byte (id = byte value), specials at 256..258."""
+    """The default tokenizer: one token per UTF-8 byte (id = byte value), ``<bos>`` 256, ``<eos>`` 257, ``<pad>`` 258:
+    vocab 259, no training. Built with the ``tokenizers`` byte-level alphabet and no merges; encoding takes a NumPy
+    fast path that gives the same ids (tested)."""
     vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     vocab.update({tok: 256 + i for i, tok in enumerate(SPECIAL_TOKENS)})
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
