@@ -1,15 +1,5 @@
-"""How the gap between two cells evolves during training: the seed-paired ratio of their training perplexities.
-
-The report (``report.py``) compares cells at the end of training only. Whether a gap is closing or opening, which
-claim 2's "parity at a larger budget" turns on, is in the training curves: every run's ``metrics.jsonl`` has the
-mean training loss of each logging window (``train.log_every`` steps). For two cells A and B that ran the same data,
-schedule and seeds, the gap at step s in seed k is
-
-    exp(L_A(s, k) - L_B(s, k)) - 1        (the training-perplexity ratio minus 1; > 0: A is worse)
-
-paired by seed (the same data order and initial draws up to the mixer). It is the training loss of one window of
-batches, not a held-out number, and the learning-rate schedule shapes it (a longer run's gap at the same step would
-differ); read it as the course of the gap within these runs, not as a prediction of a longer one.
+"""How the gap between two cells evolves during training: the seed-paired ratio of their training perplexities
+(``paired_gaps``).
 
     python -m hybrid_attention.experiments.curves results/credible_prose_gpu/cells/interdomain_real \\
         results/credible_natsl_gpu/cells/softmax --out results/credible_prose_gpu/gap_real_vs_softmax.png
@@ -42,7 +32,19 @@ def _seed_runs(cell_dir: Path) -> dict[str, Path]:
 
 def paired_gaps(cell_a: Path, cell_b: Path) -> tuple[list[str], list[tuple[int, int, list[float]]]]:
     """(seeds, rows): the seeds both cells ran, and per step that every one of those runs logged,
-    (step, tokens, [gap per seed]) with gap = exp(L_A - L_B) - 1 (module docstring)."""
+    (step, tokens, [gap per seed]) with gap = exp(L_A - L_B) - 1.
+
+    The report (``report.py``) compares cells at the end of training only. Whether a gap is closing or opening, which
+    claim 2's "parity at a larger budget" turns on, is in the training curves: every run's ``metrics.jsonl`` has the
+    mean training loss of each logging window (``train.log_every`` steps). For two cells A and B that ran the same data,
+    schedule and seeds, the gap at step s in seed k is
+
+        exp(L_A(s, k) - L_B(s, k)) - 1        (the training-perplexity ratio minus 1; > 0: A is worse)
+
+    paired by seed (the same data order and initial draws up to the mixer). It is the training loss of one window of
+    batches, not a held-out number, and the learning-rate schedule shapes it (a longer run's gap at the same step would
+    differ); read it as the course of the gap within these runs, not as a prediction of a longer one.
+    """
     runs_a, runs_b = _seed_runs(cell_a), _seed_runs(cell_b)
     seeds = [s for s in runs_a if s in runs_b]
     if not seeds:

@@ -1,33 +1,5 @@
-"""The suite schema: a base run config, cells (config overrides) x seeds, the evaluations to run after training.
-
-```yaml
-name: interdomain_vs_s4d
-description: what the suite tests
-claims: ["interdomain §5.1: Interdomain 13-16% below S4D-only"]
-out_dir: runs/experiments/interdomain_vs_s4d
-seeds: [0, 1]
-reference: softmax              # cell the "vs ref" column compares with (optional)
-base: {model: {...}, data: {...}, optim: {...}, train: {...}}    # a RunConfig (hybrid_attention.config.run_config)
-cells:
-  - {name: softmax, overrides: {model: {layers: softmax}}}
-  - {name: interdomain, overrides: {model: {layers: interdomain}}}
-eval: {length_multipliers: [1, 2, 3.5], length_tokens: 16384, routing: true}
-jobs: 1                         # optional: (cell, seed) runs at once (subprocesses), overridden by --jobs
-recall_tasks:                   # optional train-and-eval recall tasks (hybrid_attention.training.recall.RecallConfig)
-  mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
-recall_only: [mqar]             # optional: the recall tasks this invocation trains (--tasks); a cell's result.json is
-                                # written once all its tasks are done, the others wait for a later invocation
-profiles:                       # optional: --profile cpu gives interdomain_vs_s4d_cpu, out_dir ..._cpu
-  cpu: {seeds: [0], base: {model: {preset: tiny}, train: {device: cpu, steps: 20, compile: null}}}
-```
-A cell's ``recall`` mapping is merged into every recall task (``mixers: [m]`` or ``model_options``); ``lm: false``
-in the suite (or the cell) skips language-model training. Overrides on the command line address the suite:
-``seeds=[0] base.train.steps=10 out_dir=/tmp/x``.
-
-``profiles: {cpu: {...}}`` holds named variants of the suite (``--profile cpu`` or ``profile=cpu``): a profile merges
-into the suite like an override (mappings merge, other values replace, ``null`` removes a key so that its default
-applies), and names the suite ``<name>_<profile>`` with ``out_dir`` ``<out_dir>_<profile>`` unless it sets them.
-"""
+"""The suite schema (``Suite``): a base run config, cells (config overrides) x seeds, the evaluations to run after
+training; ``load_suite`` reads one from YAML."""
 
 from __future__ import annotations
 
@@ -62,6 +34,34 @@ class EvalSpec:
 
 @dataclass
 class Suite:
+    """One experiment suite, as written in YAML:
+
+    ```yaml
+    name: interdomain_vs_s4d
+    description: what the suite tests
+    claims: ["interdomain §5.1: Interdomain 13-16% below S4D-only"]
+    out_dir: runs/experiments/interdomain_vs_s4d
+    seeds: [0, 1]
+    reference: softmax              # cell the "vs ref" column compares with (optional)
+    base: {model: {...}, data: {...}, optim: {...}, train: {...}}    # a RunConfig (hybrid_attention.config.run_config)
+    cells:
+      - {name: softmax, overrides: {model: {layers: softmax}}}
+      - {name: interdomain, overrides: {model: {layers: interdomain}}}
+    eval: {length_multipliers: [1, 2, 3.5], length_tokens: 16384, routing: true}
+    jobs: 1                         # optional: (cell, seed) runs at once (subprocesses), overridden by --jobs
+    recall_tasks:                   # optional train-and-eval recall tasks (training.recall.RecallConfig)
+      mqar: {task: mqar, seq_len: 64, num_kv_pairs: 4}
+    recall_only: [mqar]             # optional: the recall tasks this invocation trains (--tasks); a cell's
+                                    # result.json is written once all its tasks are done, the others wait for a
+                                    # later invocation
+    profiles:                       # optional: --profile cpu gives interdomain_vs_s4d_cpu, out_dir ..._cpu
+      cpu: {seeds: [0], base: {model: {preset: tiny}, train: {device: cpu, steps: 20, compile: null}}}
+    ```
+    A cell's ``recall`` mapping is merged into every recall task (``mixers: [m]`` or ``model_options``); ``lm: false``
+    in the suite (or the cell) skips language-model training. Overrides on the command line address the suite:
+    ``seeds=[0] base.train.steps=10 out_dir=/tmp/x``.
+    """
+
     name: str
     out_dir: str
     cells: list[CellSpec]
@@ -123,7 +123,13 @@ def _merge_profile(base: dict, extra: dict) -> dict:
 def apply_profile(data: dict, profile: str | None) -> dict:
     """The suite mapping ``data`` with its ``profiles`` section resolved: without a profile the section is dropped;
     with one, that profile is merged in and the name and out_dir get the ``_<profile>`` suffix unless it sets them.
-    Raises ConfigError naming --profile and the suite's profiles when ``profile`` is not one of them."""
+    Raises ConfigError naming --profile and the suite's profiles when ``profile`` is not one of them.
+
+    ``profiles: {cpu: {...}}`` holds named variants of the suite (``--profile cpu`` or ``profile=cpu``): a profile
+    merges into the suite like an override (mappings merge, other values replace, ``null`` removes a key so that its
+    default applies), and names the suite ``<name>_<profile>`` with ``out_dir`` ``<out_dir>_<profile>`` unless it sets
+    them.
+    """
     data = dict(data)
     profiles = data.pop("profiles", None) or {}
     if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
