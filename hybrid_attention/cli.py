@@ -1,4 +1,5 @@
-"""The ``hybrid-attention`` command: demo, train, eval, generate, info, bench.
+"""The ``hybrid-attention`` command: demo, train, eval, generate, info, bench; user errors end as one ``error: ...``
+line in :func:`main`.
 
     hybrid-attention demo [--minutes 10] [--device auto|cpu|cuda] [--out runs/demo]
     hybrid-attention train CONFIG.yaml [key=value ...] [--resume]
@@ -6,10 +7,6 @@
     hybrid-attention generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] ...
     hybrid-attention info DIR
     hybrid-attention bench ...
-
-User errors (bad arguments, bad config, missing data, diverged training) print one ``error: ...`` line on stderr and
-exit with status 2 (arguments/configuration/data) or 1 (training stopped); ``--debug`` (anywhere on the command
-line) shows the traceback instead. :func:`main` is the one place where errors become that line.
 """
 
 from __future__ import annotations
@@ -495,7 +492,11 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybrid-attention`` script; returns the exit status. Every user error ends here as one
     ``error: ...`` line on stderr (status 2; 1 for a diverged training run); ``--debug`` re-raises it instead. Under
-    torchrun the first rank to fail reports, once (``rank_errors``)."""
+    torchrun the first rank to fail reports, once (``rank_errors``).
+
+    User errors (bad arguments, bad config, missing data, diverged training) exit with status 2
+    (arguments/configuration/data) or 1 (training stopped); ``--debug`` may stand anywhere on the command line.
+    """
     from hybrid_attention.config.schema import ConfigError
     from hybrid_attention.errors import DataError
     from hybrid_attention.rank_errors import claim_error_report, world_rank

@@ -1,13 +1,5 @@
-"""Integrity of what a run writes: per-directory manifests (size + sha256 of every file), atomic writes, finiteness.
-
-``manifest.json`` is written last into a directory that is itself complete (a checkpoint's ``.tmp-step-…``, the final
-model's ``.tmp-final``), through ``manifest.json.tmp`` + fsync + ``os.replace`` + fsync of the directory, so a
-manifest that exists describes files that were fully written and flushed. :func:`verify_manifest` re-checks every
-listed file (present, size, sha256) and names the first one that fails.
-
-Every problem with a checkpoint or model folder is a :class:`CheckpointError`: a :class:`DataError`, so the CLI
-prints it as one ``error: ...`` line (exit status 2) like any other data problem.
-"""
+"""Integrity of what a run writes: per-directory manifests (size + sha256 of every file), atomic writes, finiteness;
+every problem is a :class:`CheckpointError`."""
 
 from __future__ import annotations
 
@@ -28,7 +20,11 @@ MANIFEST_VERSION = 1
 
 
 class CheckpointError(DataError):
-    """A checkpoint or model folder that cannot be used: damaged, incomplete, not writable, or not fitting the model."""
+    """A checkpoint or model folder that cannot be used: damaged, incomplete, not writable, or not fitting the model.
+
+    Every problem with a checkpoint or model folder is a :class:`CheckpointError`: a :class:`DataError`, so the CLI
+    prints it as one ``error: ...`` line (exit status 2) like any other data problem.
+    """
 
 
 class CheckpointDamaged(CheckpointError):
@@ -79,7 +75,13 @@ def write_json_atomic(path: Path, doc: object) -> None:
 
 
 def write_manifest(directory: Path, **extra) -> dict:
-    """Hash (and fsync) every regular file of ``directory`` (recursively) into ``manifest.json``, written last."""
+    """Hash (and fsync) every regular file of ``directory`` (recursively) into ``manifest.json``, written last.
+
+    ``manifest.json`` is written last into a directory that is itself complete (a checkpoint's ``.tmp-step-…``, the
+    final model's ``.tmp-final``), through ``manifest.json.tmp`` + fsync + ``os.replace`` + fsync of the directory, so a
+    manifest that exists describes files that were fully written and flushed. :func:`verify_manifest` re-checks every
+    listed file (present, size, sha256) and names the first one that fails.
+    """
     files = {}
     for p in sorted(directory.rglob("*")):
         if p.is_file() and p.name not in (MANIFEST, MANIFEST + ".tmp"):

@@ -1,11 +1,4 @@
-"""Collect the per-(cell, seed) results of a suite and write ``results.json``, ``results.md`` and PNG plots.
-
-Per cell: mean ± sample standard deviation over seeds (n shown); with one seed the spread is blank. The "vs ref"
-column is the relative difference of mean validation perplexity to the suite's reference cell; the "paired" column
-pairs the runs by seed (same data order and initialisation seed) and gives the mean ± std of the per-seed relative
-differences and in how many of the shared seeds the cell was lower. With seed spreads of several percent the two
-columns can differ by points; the paired one is the comparison to read.
-"""
+"""Collect the per-(cell, seed) results of a suite and write ``results.json``, ``results.md`` and PNG plots."""
 
 from __future__ import annotations
 
@@ -69,7 +62,14 @@ def _rows_seconds(run_dir: Path, task: str) -> float:
 
 
 def collect(suite: Suite, command: str | None = None, session_wall_s: float | None = None) -> dict:
-    """The results document: every finished (cell, seed) and per-cell summaries."""
+    """The results document: every finished (cell, seed) and per-cell summaries.
+
+    Per cell: mean ± sample standard deviation over seeds (n shown); with one seed the spread is blank. The "vs ref"
+    column is the relative difference of mean validation perplexity to the suite's reference cell; the "paired" column
+    pairs the runs by seed (same data order and initialisation seed) and gives the mean ± std of the per-seed relative
+    differences and in how many of the shared seeds the cell was lower. With seed spreads of several percent the two
+    columns can differ by points; the paired one is the comparison to read.
+    """
     out = Path(suite.out_dir)
     runs, summary = [], {}
     partial_machines: set[str] = set()  # the machines of recall tasks finished by runs without result.json

@@ -1,12 +1,6 @@
-"""Run a suite cell by cell, resumable: a (cell, seed) with ``result.json`` is skipped, an unfinished training run
-resumes from its newest checkpoint, finished recall tasks (``recall_<task>.json``) are not re-run, and neither are
-the finished models of an unfinished task's sweep (``recall_<task>.rows.json``, one row per mixer / d_model / lr,
-stamped with ``MODEL_REVISION``: a row of another revision is trained again), and a model cut mid-training resumes at
-its last finished epoch (``recall_<task>.resume/<mixer>_d<d>_lr<lr>/``, removed once its row is saved).
-
-Layout under ``out_dir``: ``cells/<cell>/seed<k>/`` (the training run: config, metrics, checkpoints; then
-``result.json``), and the report files of :func:`hybrid_attention.experiments.report.write_report`.
-"""
+"""Run a suite cell by cell, resumable (``run_suite``): finished runs, recall tasks and sweep rows are skipped, an
+unfinished run resumes from its newest checkpoint. Layout under ``out_dir``: ``cells/<cell>/seed<k>/`` (the training
+run, then ``result.json``) and the report files of :func:`hybrid_attention.experiments.report.write_report`."""
 
 from __future__ import annotations
 
@@ -291,6 +285,12 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
     process. ``gpus`` (GPU indices, e.g. ``["0", "1"]``) spreads the runs over those GPUs of this machine: one worker
     subprocess per run, each seeing only its GPU (``CUDA_VISIBLE_DEVICES``), ``jobs`` workers at once (default: one
     per GPU), each started on the GPU with the fewest running workers.
+
+    Resuming: a (cell, seed) with ``result.json`` is skipped, an unfinished training run resumes from its newest
+    checkpoint, finished recall tasks (``recall_<task>.json``) are not re-run, and neither are the finished models of an
+    unfinished task's sweep (``recall_<task>.rows.json``, one row per mixer / d_model / lr, stamped with
+    ``MODEL_REVISION``: a row of another revision is trained again), and a model cut mid-training resumes at its last
+    finished epoch (``recall_<task>.resume/<mixer>_d<d>_lr<lr>/``, removed once its row is saved).
     """
 
     if gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):

@@ -1,12 +1,5 @@
-"""Activation checkpointing of the decoder blocks (``train.checkpointing: true``).
-
-The model's HF hooks (``gradient_checkpointing_enable`` / ``activation_checkpointing_enable`` and their ``disable``)
-call the functions here. This rebinds each ``HybridBlock.forward`` on the instance: in training mode with autograd
-recording, the block runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (its activations are
-recomputed in the backward, the RNG state is restored for the recomputation); in eval mode or under ``no_grad`` it is
-the plain forward. The weights, the state dict and the module tree are unchanged (checkpoints and HF exports are the
-same with or without it).
-"""
+"""Activation checkpointing of the decoder blocks (``train.checkpointing: true``), behind the model's HF hooks
+(``gradient_checkpointing_enable`` and the like)."""
 
 from __future__ import annotations
 
@@ -36,7 +29,15 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def enable_block_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     """Run every decoder block of ``model`` (a HybridForCausalLM or HybridModel) under activation checkpointing
-    while training. Idempotent; returns ``model``. Call before wrapping (DDP / FSDP2) or compiling."""
+    while training. Idempotent; returns ``model``. Call before wrapping (DDP / FSDP2) or compiling.
+
+    The model's HF hooks (``gradient_checkpointing_enable`` / ``activation_checkpointing_enable`` and their ``disable``)
+    call the functions here. This rebinds each ``HybridBlock.forward`` on the instance: in training mode with autograd
+    recording, the block runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (its activations are
+    recomputed in the backward, the RNG state is restored for the recomputation); in eval mode or under ``no_grad`` it
+    is the plain forward. The weights, the state dict and the module tree are unchanged (checkpoints and HF exports are
+    the same with or without it).
+    """
     for blk in _blocks(model):
         blk.forward = types.MethodType(_checkpointed_forward, blk)  # deepcopy rebinds it to the copy
     return model
