@@ -1,10 +1,6 @@
-"""The token-mixer contract shared by every layer (see DESIGN.md), and the helpers its implementations share.
-
-`TokenMixer` documents the contract: training, prefill and eager decoding (`layer(x, state)`, `init_state`,
-`state_size`), and static decoding for serving (`init_static_state`, `load_static_state`, `step`, with 0-d or per-row
-positions and the host-known `chunk_end` flag of mixers with chunks). `StaticState` holds one mixer's preallocated
-decode buffers. The one idea: a static `step` equals the eager one-token decode on the same state and never
-syncs with the host, so a whole-model step traces into one graph and captures into a CUDA graph.
+"""The token-mixer contract shared by every layer (`TokenMixer`, docs/DESIGN.md) and the helpers its implementations
+share. The one idea: a static `step` equals the eager one-token decode on the same state and never syncs with the
+host, so a whole-model step traces into one graph and captures into a CUDA graph.
 """
 
 from __future__ import annotations

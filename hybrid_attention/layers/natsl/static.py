@@ -1,10 +1,6 @@
-"""The static decode step of NAtS-L (the `step` part of the layer contract, layers/base.py), over preallocated buffers.
-
-`NatsLStaticStep` is a mixin of `NatsLAttention` (layers/natsl/layer.py, whose helpers `_project`, `_fuse` and
-`_chunk_softmax_types` it uses); it lives in its own file to keep layer.py readable. `NatsLStaticState` holds the
-buffers and the compacted-cache layout (softmax-typed chunks compacted per decision head, the current chunk behind
-them); `NatsLStaticStep` names the step's decisions (chunk-end work only under the host-known ``chunk_end`` flag,
-per-row positions under a device mask, the attention and GDN kernels).
+"""The static decode step of NAtS-L (the `step` part of the layer contract, layers/base.py) over preallocated buffers:
+`NatsLStaticState` holds the buffers and the compacted-cache layout, `NatsLStaticStep` (a mixin of `NatsLAttention`,
+in its own file to keep layer.py readable) names the step's decisions.
 """
 
 from __future__ import annotations

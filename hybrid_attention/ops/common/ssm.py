@@ -1,10 +1,6 @@
-"""PyTorch helpers of the complex diagonal-SSM ops: input validation, dtype policy, parameter casts, chunk decays.
-
-Shared by every op built on the complex diagonal S4D state X_t = λ ⊙ X_{t-1} + B z_tᵀ: Interdomain Attention
-(``hybrid_attention.ops.interdomain``), the S4D-only control (``hybrid_attention.ops.s4d``, an FFT convolution) and
-the bilinear S4D baseline (``hybrid_attention.ops.s4d_bilinear``), so that the naive, chunk, FFT and Triton forms of
-all three use exactly the same conventions. Interdomain-only helpers (the query checks, the safe denominator of the
-ideal readout) stay in ``hybrid_attention.ops.interdomain.naive``.
+"""PyTorch helpers of the complex diagonal-SSM ops (Interdomain, S4D-only, bilinear S4D): input validation, dtype
+policy, parameter casts, chunk decays, so that the naive, chunk, FFT and Triton forms of all three use the same
+conventions. Interdomain-only helpers stay in ``ops/interdomain/naive.py``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The eager (non-registered) autograd path of a diagonal-SSM Triton op, for a non-default config or launch hooks.
-
-Each op registers its forward and backward as ``torch.library`` custom ops that take only tensors and scalars and
-always run the default launch configuration: that is the path ``torch.compile`` sees. A benchmark or test that
-compares another ``ScanConfig`` (or watches the launches through ``LaunchHooks``) goes through the
-``torch.autograd.Function`` built here instead, which runs the same host implementations with the config and hooks
-as arguments and reuses the op's own ``setup_context`` and gradient rule, so the two paths cannot drift apart.
+"""The eager (non-registered) autograd path of a diagonal-SSM Triton op, for a non-default config or launch hooks: the
+registered custom ops always run the default configuration (what ``torch.compile`` sees); this
+``torch.autograd.Function`` runs the same host implementations with the config and hooks as arguments and reuses the
+op's own ``setup_context`` and gradient rule, so the two paths cannot drift apart.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Fused single-token gated-delta step for decoding (one launch, state updated in place, CUDA-graph capturable).
 
 Per (b, h): S ← e^{g} S;  u = β (v - Sᵀ k̂);  S ← S + k̂ uᵀ;  o = scale · Sᵀ q̂   (k̂, q̂ l2-normalised).
-One program per (V tile, b·h) holds its [K, BV] slice of the fp32 state in registers; nothing is allocated when
-``out`` is given and the state is updated in place, so the call can be captured in a CUDA graph with static buffers.
-The NAtS-L chunk-end commit / rollback stays a ``torch.where`` on the state in the layer (no host sync).
-``gated_delta_step_op`` is the same step registered as a custom op (state mutated, fake kernel) for compiled steps.
+One program per (V tile, b·h) holds its [K, BV] slice of the fp32 state in registers. The NAtS-L chunk-end commit /
+rollback stays a ``torch.where`` on the state in the layer; ``gated_delta_step_op`` is the registered custom op.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Triton kernels of the chunked Interdomain Attention core (imported only when triton is installed): the chunk-local
-kernels. The chunk-boundary state scans they run between (forward scan, reverse adjoint scan, state-carry gradient)
-are shared with the bilinear S4D op and live in ``hybrid_attention.ops.common.triton.ssm_scan_kernels``.
-
-The math is in ``hybrid_attention/ops/interdomain/chunk.py``, the host side in ``ops.py``. `_chunk_fwd` gives the
-notation, the pipeline and the packed-document (IS_VARLEN) layout; `_decay` the overflow-free decays (every power of
-λ is λ^n with n >= 0, read from a table); `_readout_r` the three readouts. All decay/state arithmetic is float32
-(complex as real pairs).
+"""Chunk-local Triton kernels of the Interdomain Attention core (imported only when triton is installed); they run
+between the state scans shared with the bilinear S4D op (``ops/common/triton/ssm_scan_kernels.py``). The math is in
+``ops/interdomain/chunk.py``, the host side in ``ops.py``; `_chunk_fwd` gives the notation, pipeline and packed layout,
+`_decay` the overflow-free decays, `_readout_r` the three readouts. Decay / state arithmetic is float32.
 """
 
 from __future__ import annotations
