@@ -1,11 +1,4 @@
-"""LayerCache: every layer's decode state by ``layer_idx``, for the fla-style faces (``integrations/fla.py``).
-
-It follows the method set of fla's ``Cache`` (``update``, ``__getitem__``, ``__len__``, ``get_seq_length``) with one
-difference, decided here: an entry is the layer's own state object (``GDNState``, ``InterdomainState``,
-``NatsLState``, or ``models.padding.RowStates`` after a left-padded prefill of NAtS-L), not fla's dict of
-``recurrent_state`` / ``attn_state`` / ``conv_state`` tensors. A model passes the cache through its layers and never
-reads the entries, so fla-style model code runs unchanged.
-"""
+"""LayerCache: every layer's decode state by ``layer_idx``, for the fla-style faces (``integrations/fla.py``)."""
 
 from __future__ import annotations
 
@@ -21,6 +14,12 @@ class LayerCache:
     ``cache[layer_idx]`` returns the state (``KeyError`` for a layer never updated); ``len(cache)`` is the number of
     layer slots (the highest updated ``layer_idx`` + 1) and iterating yields them (None for a slot never updated);
     ``get_seq_length(layer_idx)`` is the tokens that layer has seen (0 before its first update).
+
+    It follows the method set of fla's ``Cache`` (``update``, ``__getitem__``, ``__len__``, ``get_seq_length``) with one
+    difference, decided here: an entry is the layer's own state object (``GDNState``, ``InterdomainState``,
+    ``NatsLState``, or ``models.padding.RowStates`` after a left-padded prefill of NAtS-L), not fla's dict of
+    ``recurrent_state`` / ``attn_state`` / ``conv_state`` tensors. A model passes the cache through its layers and never
+    reads the entries, so fla-style model code runs unchanged.
     """
 
     is_compileable = False

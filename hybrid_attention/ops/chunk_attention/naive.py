@@ -1,13 +1,5 @@
-"""Dense masked-softmax reference of the NAtS-L softmax branch ("chunk attention"); the float64 test oracle.
-
-Query t (chunk c(t) = t // C, softmax head i, decision head h(i) = i // group_size) attends to
-
-    { s : c(s) = c(t), s <= t }                                  (own chunk, causal: always visible)
-  ∪ { s : c(s) < c(t), routing[b, c(s), h(i)] = 1 }             (earlier chunks typed "softmax" for head group h)
-
-with logits ``scale * q_t·k_s + [c(s) < c(t)] * routing_bias[b, c(s), h(i)]``. Shared helpers (validation, routing
-to per-head booleans, dtype policy) live here so the other forms use exactly the same conventions.
-"""
+"""Dense masked-softmax reference of the NAtS-L softmax branch ("chunk attention"), the float64 test oracle, and the
+helpers every form shares (validation, routing to per-head booleans, dtype policy)."""
 
 from __future__ import annotations
 
@@ -91,6 +83,13 @@ def naive_chunk_attention(
     Shapes: q, k ``[B, T, Hs, Dk]``; v ``[B, T, Hs, Dv]``; routing and routing_bias ``[B, N, Hn]`` with
     ``N = ceil(T / chunk_size)``, ``Hn = Hs // group_size``. Returns ``o [B, T, Hs, Dv]`` in ``v.dtype``.
     Memory O(B·Hs·T²): use only as an oracle.
+
+    Query t (chunk c(t) = t // C, softmax head i, decision head h(i) = i // group_size) attends to
+
+        { s : c(s) = c(t), s <= t }                                  (own chunk, causal: always visible)
+      ∪ { s : c(s) < c(t), routing[b, c(s), h(i)] = 1 }             (earlier chunks typed "softmax" for head group h)
+
+    with logits ``scale * q_t·k_s + [c(s) < c(t)] * routing_bias[b, c(s), h(i)]``.
     """
     validate_chunk_attention_inputs(q, k, v, routing, chunk_size, group_size, routing_bias)
     B, T, Hs, Dk = q.shape

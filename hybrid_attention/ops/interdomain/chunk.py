@@ -1,11 +1,6 @@
-"""Chunk-parallel PyTorch form of the Interdomain Attention core (exact, differentiable by autograd).
-
-`chunk_interdomain` has the contract of ``naive_interdomain`` (naive.py: the definition). The one idea: with the
-state X_t = [X^k_t | X^v_t], the output o_t = Re(X^v_tᵀ K X^k_t q_t) (K = Cᵀ C for the transpose readout) needs
-only the M-vectors p_t = X^k_t q_t and r_t = K p_t, never the per-token states; inside a chunk they come from
-query-key scores and explicit decay tensors, between chunks from the carried state. Its docstring gives the
-factorisation, the denominator channel, the overflow-free decays and the memory.
-"""
+"""Chunk-parallel PyTorch form of the Interdomain Attention core (exact, differentiable by autograd):
+``chunk_interdomain``, whose docstring gives the factorisation through the M-vectors p_t = X^k_t q_t and r_t = K p_t
+(never the per-token states), the denominator channel, the overflow-free decays and the memory."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Flash form of packed causal attention: PyTorch's FlashAttention varlen op (``torch.nn.attention.varlen``).
-
-``varlen_attn`` runs every document of the packed row as its own causal sequence in one kernel launch, reading the
-offsets on the device; it has an autograd rule and a fake kernel, so it runs under ``torch.compile``. CUDA only,
-fp16 / bf16, head dims FlashAttention supports (``supported``).
-
-Its public signature changed between torch versions: torch 2.10 / 2.11 take ``is_causal=True``, torch 2.12+ take
-``window_size=(-1, 0)`` (keyword-only) instead. ``causal_kwargs`` reads the signature once, at import.
-"""
+"""Flash form of packed causal attention: PyTorch's FlashAttention varlen op (``torch.nn.attention.varlen``), one
+launch for every document of the packed row, offsets read on the device, with autograd and a fake kernel (runs under
+``torch.compile``). CUDA only, fp16 / bf16, head dims FlashAttention supports (``supported``)."""
 
 from __future__ import annotations
 
@@ -27,7 +21,11 @@ __all__ = ["FLASH_AVAILABLE", "causal_kwargs", "supported", "flash_packed_causal
 def causal_kwargs(fn: Callable[..., Any] | None) -> dict[str, Any] | None:
     """The keyword argument that makes ``fn`` (a ``varlen_attn``) causal: ``{"is_causal": True}`` when it has an
     ``is_causal`` parameter (torch 2.10 / 2.11), ``{"window_size": (-1, 0)}`` when it has ``window_size``
-    (torch 2.12+: left window unbounded, right window 0), else None (no known causal form: flash unavailable)."""
+    (torch 2.12+: left window unbounded, right window 0), else None (no known causal form: flash unavailable).
+
+    Its public signature changed between torch versions: torch 2.10 / 2.11 take ``is_causal=True``, torch 2.12+ take
+    ``window_size=(-1, 0)`` (keyword-only) instead. ``causal_kwargs`` reads the signature once, at import.
+    """
     if fn is None:
         return None
     try:
