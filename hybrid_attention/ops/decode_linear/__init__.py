@@ -1,6 +1,6 @@
-"""Decode-time GEMVs with their neighbours fused in (Triton): the RMSNorm before a projection, the SwiGLU after it,
-the residual add after the output projections. Inference only; the PyTorch forms (naive.py) define the results and the
-kernels' design is at ``triton/kernel.py``.
+"""Decode-time GEMVs with their neighbours fused in (Triton): the RMSNorm before a projection, the SwiGLU after it, the
+residual add after the output projections. Inference only; naive.py defines the results, ``triton/kernel.py`` holds the
+kernels' design.
 
     y = norm_linear(x, norm_weight, W, eps)                 # RMSNorm(x) Wᵀ                  x [B, K] -> [B, N]
     h, a = add_norm_linear(y, h, norm_weight, W_gate_up, eps, "swiglu")   # silu(g) * u of RMSNorm(h + y), and h + y
