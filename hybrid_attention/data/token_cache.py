@@ -23,7 +23,7 @@ def cache_dir() -> Path | None:
 
 
 def documents_key(tokenizer_json: str, separator: int, docs: Sequence[str]) -> str:
-    """sha256 hex of (tokenizer serialisation, separator id, every document length-prefixed) (module docstring)."""
+    """sha256 hex of (tokenizer serialisation, separator id, every document length-prefixed) (``cached_ids``)."""
     h = hashlib.sha256()
     for part in (tokenizer_json.encode("utf-8"), str(separator).encode("ascii")):
         h.update(len(part).to_bytes(8, "little"))

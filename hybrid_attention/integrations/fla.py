@@ -179,7 +179,7 @@ class GatedDeltaNet(_FLAFace, layers.GatedDeltaNet):
         head_dim: q / k head width d_k.
         num_heads: heads H (q, k, v and decay per head).
         num_v_heads: None or num_heads (fla's grouped value heads are not implemented).
-        mode: "chunk" | "fused_recurrent" (module docstring: mapped to backend "auto" | "naive").
+        mode: "chunk" | "fused_recurrent" (``_FLAFace``: mapped to backend "auto" | "naive").
         use_gate: the swish output gate g_proj.
         use_short_conv: True (the layer always convolves q, k, v).
         allow_neg_eigval: False (β in (0, 1)).
@@ -225,7 +225,7 @@ class InterdomainAttention(_FLAFace, layers.InterdomainAttention):
         hidden_size: model width D (input and output [B, T, D]).
         num_heads: heads H.
         head_dim: head width d_h (default hidden_size // num_heads).
-        mode: "chunk" | "fused_recurrent" (module docstring: mapped to backend "auto" | "naive").
+        mode: "chunk" | "fused_recurrent" (``_FLAFace``: mapped to backend "auto" | "naive").
         layer_idx: the layer's slot in the ``LayerCache`` (needed with a cache).
         norm_eps: ε of the key / value RMSNorms.
     """
@@ -255,7 +255,7 @@ class S4DMixer(_FLAFace, layers.S4DMixer):
         hidden_size: model width D (input and output [B, T, D]).
         num_heads: heads H.
         head_dim: head width d_h (default hidden_size // num_heads).
-        mode: "chunk" | "fused_recurrent" (module docstring: mapped to backend "auto" | "naive").
+        mode: "chunk" | "fused_recurrent" (``_FLAFace``: mapped to backend "auto" | "naive").
         layer_idx: the layer's slot in the ``LayerCache`` (needed with a cache).
         norm_eps: ε of the input RMSNorms.
     """
@@ -287,7 +287,7 @@ class NatsLAttention(_FLAFace, layers.NatsLAttention):
         head_dim: q / k head width of the GDN heads.
         num_heads: GDN heads (= routing decision heads).
         num_attn_heads: softmax heads (a multiple of num_heads).
-        mode: "chunk" | "fused_recurrent" (module docstring: mapped to backend "auto" | "naive").
+        mode: "chunk" | "fused_recurrent" (``_FLAFace``: mapped to backend "auto" | "naive").
         conv_size: ShortConvolution kernel width.
         layer_idx: the layer's slot in the ``LayerCache`` (needed with a cache).
         norm_eps: ε of the RMSNorms.

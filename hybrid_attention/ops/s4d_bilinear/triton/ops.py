@@ -121,8 +121,8 @@ def _bwd_impl(
     db = cfg.empty(Bsz, T, H, R, device=dev)
     dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
     NJ = triton.cdiv(R, JT)
-    # Table-gradient partials: one slot per (chunk, batch row, channel tile) program, grouped by head (layout in the
-    # kernels' module docstring), summed below by one reduction (memory: ``tab_partial_bytes``).
+    # Table-gradient partials: one slot per (chunk, batch row, channel tile) program, grouped by head (the slot
+    # layout beside the kernels in kernels.py), summed below by one reduction (memory: ``tab_partial_bytes``).
     tab = cfg.empty(H, Bsz * NT * NJ, _tab_width(M, BT), device=dev)
     for part in (1, 2) if cfg.bwd_split else (0,):
         K._readout_bwd[(NT, Bsz * H, NJ)](
