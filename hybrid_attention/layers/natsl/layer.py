@@ -218,7 +218,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
         self.omega_proj = nn.Linear(key_dim if weights_from == "q" else hidden_size, 2 * num_attn_heads, bias=False)
         self.score_proj = nn.Linear(hidden_size, 2 * num_heads, bias=False)
-        # attn_qk="own" / "own_conv" (class docstring): the softmax branch's q / k projections, linear in x for
+        # attn_qk="own" / "own_conv" (__init__ docstring): the softmax branch's q / k projections, linear in x for
         # "own", followed by their own ShortConvs + SiLU (convs "q_s", "k_s") for "own_conv" (None: "shared")
         own_qk = attn_qk in ("own", "own_conv")
         self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if own_qk else None
@@ -292,7 +292,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         """Per-slot fusion of the two branches, gate and output projection. o_*: [B, T, Hs, d_vs]; gate = g_proj(x),
         omega = omega_proj(x) [B, T, ·] when the caller projected them already (the fused decode step)."""
         b, t = x.shape[:2]
-        if self.fused_outputs == "softmax":  # diagnostic (class docstring): the softmax branch alone, no ω
+        if self.fused_outputs == "softmax":  # diagnostic (__init__ docstring): the softmax branch alone, no ω
             y = rms_norm(o_sa, self.norm_eps) * (self.attn_scale if self.separate_norms else self.gdn_scale)
             return self._gate_out(x, y, gate)
         if self.fused_outputs == "gdn":
