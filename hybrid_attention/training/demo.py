@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,6 @@ from hybrid_attention.config.run_config import (
     RunConfig,
     TrainSection,
     check,
-    model_config,
     save_config,
 )
 from hybrid_attention.config.schema import ConfigError
@@ -160,30 +160,34 @@ def _retarget(tr, steps: int) -> None:
 
 
 def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int = 1, n: int = 3) -> float:
-    """Median seconds per optimizer step of this model on random tokens (after ``warmup`` steps); the median keeps
-    a spike of load on a shared machine from skewing the first plan (the demo re-measures as it trains)."""
-    from hybrid_attention.models import HybridForCausalLM
+    """Median seconds per ``Trainer.train_step`` of this config (after ``warmup`` steps), in a scratch run folder
+    that is removed afterwards; the median keeps a spike of load on a shared machine from skewing the first plan (the
+    demo re-measures as it trains)."""
+    from .distributed import DistContext
+    from .trainer import Trainer
 
-    from .optimizer import build_optimizer
-
-    torch.manual_seed(cfg.train.seed)
-    model = HybridForCausalLM(model_config(cfg.model, vocab_size=len(data.tokenizer))).to(device)
-    opt = build_optimizer(model, cfg.optim)
-    x = torch.randint(0, 256, (cfg.train.batch_size, cfg.data.seq_len), device=device)
-    amp = torch.bfloat16 if device.type == "cuda" else None
+    c = copy.deepcopy(cfg)
+    c.train.steps = warmup + n + 1  # never the last step: no validation or final checkpoint is timed
+    c.train.eval_every = c.train.checkpoint_every = 0
+    c.train.progress = False
     times = []
-    for i in range(warmup + n):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            model(input_ids=x, labels=x, use_cache=False).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
+    with tempfile.TemporaryDirectory() as scratch:
+        c.train.out_dir = str(Path(scratch) / "run")
+        batches = ShuffledBatches(data.train.sequences, c.train.batch_size, c.train.seed)
+        tr = Trainer(c, DistContext(device=device), data=LMData(data.tokenizer, batches, data.val_tokens,
+                                                                  data.description), quiet=True)
+        try:
+            for i in range(warmup + n):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                tr.train_step()  # reads the loss back to the host: the step has finished
+                if i >= warmup:
+                    times.append(time.perf_counter() - t)
+        finally:
+            tr.bar.close()
+            tr.log.close()
+            tr.close()
     return sorted(times)[len(times) // 2]
 
 

@@ -55,6 +55,7 @@ from hybrid_attention.plots import plot_training_curves
 
 from .compile import compile_model
 from .distributed import DistContext, init_distributed, shutdown_distributed, unwrap, wrap_model
+from .loop import Hook, TrainingLoop
 from .metrics import read_metrics
 from .optimizer import build_optimizer
 from .progress import progress_bar
@@ -68,6 +69,7 @@ from .schedule import (
     scheduler_state,
     warmup_cosine_scheduler,
 )
+from .step import optimizer_step
 from .tracking import TrackedLog
 
 
@@ -102,26 +104,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _no_sync(model: torch.nn.Module, sync: bool):
-    """Skip gradient all-reduce on non-final micro-batches (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``)."""
-    if sync:
-        return contextlib.nullcontext()
-    if hasattr(model, "no_sync"):
-        return model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(False)
-
-        @contextlib.contextmanager
-        def restore():
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-
-        return restore()
-    return contextlib.nullcontext()
 
 
 def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict | None = None) -> None:
@@ -237,7 +219,10 @@ class Trainer:
     """One run, step by step: ``Trainer(...)`` sets everything up (and resumes), ``train_step()`` does one optimizer
     step with its logging, validation and checkpoint, ``finish()`` writes the final model and plots.
 
-    ``run()`` is the plain loop; the demo interleaves the steps of several trainers and may ``finish`` early.
+    The steps run in a ``loop.TrainingLoop``: the unit is one optimizer step (``step.optimizer_step``), its hooks are
+    the validation (every ``train.eval_every`` steps) and the checkpoint (every ``train.checkpoint_every`` steps, or
+    the first finite step after one that was put off), both also after the last step. ``run()`` is the plain loop;
+    the demo interleaves the steps of several trainers and may ``finish`` early.
     """
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, resume: bool = False, data: LMData | None = None,
@@ -360,6 +345,10 @@ class Trainer:
         self.val_routing: dict[int, list[float]] = {}  # NAtS-L softmax fraction per decision head, by layer
         self.val_step = -1
         self.last_loss = float("nan")
+        self.loop = TrainingLoop(self._optimizer_step, last=lambda: self.tc.steps, hooks=[
+            Hook(lambda step: self.validate(), every=tc.eval_every),
+            Hook(self._checkpoint_hook, every=tc.checkpoint_every, pending=lambda: self._ckpt_pending),
+        ])
         self.model.train()
 
     def _model_config(self, data: LMData):
@@ -440,19 +429,21 @@ class Trainer:
             return "; no checkpoint was written"
         return f"; the last finite checkpoint is {p} (--resume continues from it)"
 
-    def _diverged(self, what: str) -> TrainingDiverged:
-        return TrainingDiverged(f"stopping at step {self.step}: {what}{self._last_good()}; lower optim.lr, raise "
+    def _diverged(self, what: str, step: int | None = None) -> TrainingDiverged:
+        step = self.step if step is None else step
+        return TrainingDiverged(f"stopping at step {step}: {what}{self._last_good()}; lower optim.lr, raise "
                                 "optim.warmup_steps or use train.precision=fp32")
 
-    def _check_weights(self) -> None:
-        """After an optimizer step: TrainingDiverged when any weight is NaN/inf (one fused reduction per step)."""
+    def _check_weights(self, step: int) -> None:
+        """Right after optimizer step ``step``: TrainingDiverged when any weight is NaN/inf (one fused reduction per
+        step)."""
         params = list(unwrap(self.model).parameters())
         m = max_abs(params)
         flag = torch.zeros((), device=self.ctx.device) if m is None else (~torch.isfinite(m)).float()
         if self.ctx.all_reduce_sum(flag.to(self.ctx.device)).item() > 0:
             lr = self.optimizer.param_groups[-1]["lr"]
             raise self._diverged(f"the optimizer step (lr {lr:.3g}) made {nonfinite_count(params)} weight(s) "
-                                 "non-finite")
+                                 "non-finite", step)
 
     def _check_state(self) -> None:
         """Before a checkpoint: TrainingDiverged when weights or optimizer state hold NaN/inf (nothing is written)."""
@@ -529,28 +520,30 @@ class Trainer:
         return {"input_ids": ids, "labels": labels, "cu_seqlens": cu}
 
     def train_step(self) -> float:
-        """One optimizer step (skipped when the loss or gradient is not finite); returns the step's mean loss."""
+        """One optimizer step (skipped when the loss or gradient is not finite) and the validation and checkpoint
+        due after it; returns the step's mean loss."""
+        self.loop.advance(self.step + 1)
+        return self.last_loss
+
+    def _optimizer_step(self, step: int) -> None:
+        """The loop's unit: optimizer step number ``step`` (``self.step`` becomes ``step``) with its logging."""
         tc, ctx, cfg, model = self.tc, self.ctx, self.cfg, self.model
         t0 = time.perf_counter()
         micro = local_slice(self.data.train.next_batch(), self.accum, ctx.rank, ctx.world_size)
-        loss_sum = torch.zeros((), device=ctx.device)
-        for a in range(self.accum):
+
+        def micro_loss(a: int) -> torch.Tensor:
             x = micro[a].to(ctx.device, non_blocking=True)
             if self._graphs:  # a new iteration: the previous replay's outputs (loss, gradients) are consumed
                 torch.compiler.cudagraph_mark_step_begin()
-            with _no_sync(model, a == self.accum - 1):
-                with torch.autocast(ctx.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext():
-                    loss = model(**self._lm_inputs(x), use_cache=False).loss
-                (loss / self.accum).backward()
-            loss_sum += loss.detach().float()
-        step_loss = ctx.all_reduce_mean(loss_sum / self.accum)
-        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        finite = bool(torch.isfinite(step_loss)) and bool(torch.isfinite(grad_norm))
-        self.step += 1
+            return model(**self._lm_inputs(x), use_cache=False).loss
+
+        result = optimizer_step(model, self.optimizer, self.scheduler, micro_loss, accum=self.accum,
+                                grad_clip=cfg.optim.grad_clip, autocast_dtype=self.amp, device_type=ctx.device.type,
+                                reduce=ctx.all_reduce_mean, skip_nonfinite=True,
+                                after_update=lambda: self._check_weights(step))
+        step_loss, grad_norm, finite = result.loss, result.grad_norm, result.applied
+        self.step = step
         if finite:
-            self.optimizer.step()
-            self._check_weights()
             self.streak = 0
         else:
             self.streak += 1
@@ -560,8 +553,6 @@ class Trainer:
             if self.streak >= tc.max_nonfinite:
                 raise self._diverged(f"{self.streak} consecutive steps with a non-finite loss or gradient "
                                      f"(train.max_nonfinite={tc.max_nonfinite})")
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         dt = time.perf_counter() - t0
         self.state["tokens"] += self.tokens_per_step
         self.state["train_seconds"] += dt
@@ -580,17 +571,15 @@ class Trainer:
                           "tokens": self.state["tokens"], "tok_per_s": tps, "skipped": self.state["skipped"]})
             self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tps:,.0f}", lr=f"{lr:.2e}")
             self._interval = [0.0, 0, 0, 0.0]
-        if self.done or (tc.eval_every and self.step % tc.eval_every == 0):
-            self.validate()
-        if self.done or self._ckpt_pending or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0):
-            if self.streak and not self.done:
-                # The newest step was not finite: do not rotate older checkpoints away for it; write at the next
-                # finite step instead.
-                self._ckpt_pending = True
-            else:
-                self.checkpoint()
         self.last_loss = step_loss.item()
-        return self.last_loss
+
+    def _checkpoint_hook(self, step: int) -> None:
+        """The loop's checkpoint: written now, or (the newest step was not finite) put off to the next finite step
+        so that older checkpoints are not rotated away for it."""
+        if self.streak and not self.done:
+            self._ckpt_pending = True
+        else:
+            self.checkpoint()
 
     def finish(self) -> TrainResult:
         """Validate and checkpoint the current step if not yet done (a finished or stopped run), then write the
@@ -620,6 +609,7 @@ class Trainer:
                            tps, self.val, self.state["skipped"], self.out_dir, self.val_routing)
 
     def run(self) -> TrainResult:
+        """The plain loop: ``train_step`` to the run's last step, then ``finish``."""
         while not self.done:
             self.train_step()
         return self.finish()
