@@ -24,8 +24,8 @@ def test_compile_mode_reaches_torch_compile_and_marks_steps(tmp_path, monkeypatc
     monkeypatch.setattr(torch.nn.Module, "compile", fake_compile)
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     cfg = tiny_config(tmp_path, "train.device=cpu", "train.save_final=false", "train.compile=true",
-                      f"train.compile_mode={mode}", "train.grad_accum=2", "train.steps=2",
-                      "train.checkpoint_every=0")
+                      "train.compile_scope=model", f"train.compile_mode={mode}", "train.grad_accum=2",
+                      "train.steps=2", "train.checkpoint_every=0")
     tr = trainer_mod.Trainer(cfg, init_distributed("cpu"), quiet=True)
     assert modes == [expect_mode]
     tr.train_step()
