@@ -18,8 +18,11 @@ def test_sigint_during_training(tmp_path):
     out, cfg = tmp_path / "run", tmp_path / "empty.yaml"
     cfg.write_text("")
     overrides = tiny_overrides(out, "train.steps=1000000", "train.checkpoint_every=3", "train.save_final=false")
+    # the default Ctrl-C disposition in the child: a test process started in the background of a non-interactive
+    # shell ignores SIGINT, and an ignored signal stays ignored across exec
     proc = subprocess.Popen(cli_cmd("train", str(cfg), *overrides), env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 180
     while not (out / "checkpoints" / "step-00000003").is_dir():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
