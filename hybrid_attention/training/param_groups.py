@@ -1,14 +1,4 @@
-"""AdamW parameter groups following the Interdomain paper's recipe (spec §4.2).
-
-Three groups:
-- "ssm": the S4D core (Δ, A, B, C) and the gains/biases of the SSM-input norms (Eq. 12); lr = min(lr, 1e-3), no weight
-  decay. The paper names norms, Δ, A and C; B is not named — we put it in this group too (it is an SSM parameter of
-  the same scale and would otherwise be decayed towards 0, which switches the mode off).
-- "no_decay": every other norm gain, bias, embedding and 1-D parameter; weight decay 0.
-- "decay": all remaining matrices; weight decay `weight_decay`.
-Each group carries its `name` and an `lr_scale` relative to the base lr so that a scheduler that scales the base lr
-keeps the cap: the ssm group's lr_scale is min(1, 1e-3 / lr).
-"""
+"""AdamW parameter groups following the Interdomain paper's recipe (spec §4.2): a capped, undecayed SSM group."""
 
 from __future__ import annotations
 
@@ -34,7 +24,24 @@ def _ssm_param_ids(model: nn.Module) -> set[int]:
 
 
 def ssm_param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict]:
-    """AdamW param groups: [ssm, no_decay, decay] (empty groups dropped). Every trainable parameter appears once."""
+    """AdamW param groups: [ssm, no_decay, decay] (empty groups dropped). Every trainable parameter appears once.
+
+    - "ssm": the S4D core (Δ, A, B, C) and the gains/biases of the SSM-input norms (Eq. 12); lr = min(lr, 1e-3), no
+      weight decay.
+    - "no_decay": every other norm gain, bias, embedding and 1-D parameter; weight decay 0.
+    - "decay": all remaining matrices; weight decay ``weight_decay``.
+
+    Each group carries its ``name`` and an ``lr_scale`` relative to the base lr so that a scheduler that scales the
+    base lr keeps the cap: the ssm group's lr_scale is min(1, 1e-3 / lr).
+
+    DECISION: the paper names norms, Δ, A and C; B is not named and goes into the ssm group too (it is an SSM
+    parameter of the same scale and would otherwise be decayed towards 0, which switches the mode off).
+
+    Args:
+        model: the model whose trainable parameters are grouped.
+        lr: the base learning rate.
+        weight_decay: the weight decay of the "decay" group.
+    """
     ssm_ids = _ssm_param_ids(model)
     no_decay_ids: set[int] = set()
     for module in model.modules():

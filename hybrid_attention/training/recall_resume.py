@@ -1,15 +1,5 @@
-"""Per-epoch checkpoints of one recall model, so that a model cut by a time limit or a preemption resumes at its
-last finished epoch instead of starting over (preemption-safe training).
-
-A recall model (``recall.train_and_eval``) is short, but its full budget can be longer than a time-limited job (a
-2-layer d 128 NAtS-L Hybrid on MQAR T 256: ~190 s per lr compiled, 48 epochs); what survives a cut is every finished
-epoch. The checkpoint is the trainer's own format (``checkpoints/step_checkpoints.py``: safetensors + JSON, atomic,
-verified on read, never written with a non-finite tensor), one step directory per epoch, the last one kept; its
-JSON state adds what the recall loop needs: the epoch, the scheduler, the permutation generator, the seconds trained
-so far, the last loss and accuracy, and a fingerprint of everything that decides the model's trajectory. A
-checkpoint whose fingerprint differs (another config, mixer, width or lr) is ignored, and a damaged one falls back
-to an older intact one or to a fresh start.
-"""
+"""Per-epoch checkpoints of one recall model (``recall.train_and_eval``), so that a model cut by a time limit or a
+preemption resumes at its last finished epoch instead of starting over."""
 
 from __future__ import annotations
 
@@ -59,7 +49,16 @@ def save_epoch(root: Path, epoch: int, model: torch.nn.Module, opt: torch.optim.
                sched: torch.optim.lr_scheduler.LRScheduler, gen: torch.Generator, fp: dict, seconds: float,
                loss: float, accuracy: float, log=None, history: list[dict] | None = None) -> None:
     """Checkpoint ``root/step-<epoch>`` (the previous epoch's is removed once it is complete). A non-finite model
-    or optimizer state writes nothing (one log line): a diverged model is left to finish its epochs, not resumed."""
+    or optimizer state writes nothing (one log line): a diverged model is left to finish its epochs, not resumed.
+
+    The checkpoint is the trainer's own format (``checkpoints/step_checkpoints.py``: safetensors + JSON, atomic,
+    verified on read, never written with a non-finite tensor), one step directory per epoch, the last one kept; its
+    JSON state adds what the recall loop needs: the epoch, the scheduler, the permutation generator, the seconds
+    trained so far, the last loss and accuracy, the per-epoch ``history`` and the fingerprint ``fp``.
+
+    DECISION: a checkpoint per epoch, because a recall model's full budget can be longer than a time-limited job (a
+    2-layer d 128 NAtS-L Hybrid on MQAR T 256: ~190 s per lr compiled, 48 epochs) and what survives a cut is every
+    finished epoch."""
     state = {"epoch": epoch, "scheduler": scheduler_state(sched), "generator": gen.get_state().tolist(),
              "seconds": seconds, "loss": loss, "accuracy": accuracy, "fingerprint": fp, "history": history or []}
     try:
@@ -74,7 +73,9 @@ def restore_epoch(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
                   log=None) -> dict[str, Any] | None:
     """Load the newest intact checkpoint under ``root`` with fingerprint ``fp`` into model, optimizer, scheduler and
     generator; returns its JSON state (epoch, seconds, loss, accuracy, history: the per-epoch rows so far, empty
-    in checkpoints that have none, ...), or None to start fresh."""
+    in checkpoints that have none, ...), or None to start fresh. A checkpoint whose fingerprint differs (another
+    config, mixer, width or lr) is ignored, and a damaged one falls back to an older intact one or to a fresh
+    start."""
     if not root.is_dir():
         return None
     data, damaged = newest_intact(root, state_keys=_STATE_KEYS)

@@ -1,11 +1,5 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to ``min_lr_ratio`` of the peak.
-
-A resumed run keeps the schedule its checkpoint was written with (:func:`resume_schedule`): when ``train.steps``
-asks for more steps than that schedule has, it runs to its end and then ``optim.extend_schedule`` decides the rest:
-``constant`` (the default) holds its final lr, ``cosine`` warms back up to the peak over ``optim.warmup_steps`` and
-decays to ``min_lr_ratio`` again at the new last step. Recomputing the cosine over the new length instead makes the
-lr jump at the resumed step (a finished run resumed at three quarters of its new length: 0.10 -> 0.23 x the peak).
-"""
+"""Learning-rate schedule: linear warmup, then cosine decay to ``min_lr_ratio`` of the peak; a resumed run keeps
+the schedule its checkpoint was written with (:func:`resume_schedule`)."""
 
 from __future__ import annotations
 
@@ -83,7 +77,14 @@ def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict, t
     checkpoint) for a run of ``total_steps`` resumed at ``step``; returns the rule as one line to print.
 
     Only the multiplier's shape is taken from ``saved``; the peak learning rates stay those of the current config
-    (``optim.lr`` may change on resume). ``extend``: "constant" or "cosine" (:class:`ExtendedSchedule`)."""
+    (``optim.lr`` may change on resume). When ``total_steps`` asks for more steps than the saved schedule has, it runs
+    to its end and then ``extend`` (``optim.extend_schedule``) decides the rest: "constant" (the default) holds its
+    final lr, "cosine" warms back up to the peak over ``optim.warmup_steps`` and decays to ``min_lr_ratio`` again at
+    the new last step (:class:`ExtendedSchedule`).
+
+    DECISION: the saved schedule is continued rather than the cosine recomputed over the new length, which makes the
+    lr jump at the resumed step (a finished run resumed at three quarters of its new length: 0.10 -> 0.23 x the
+    peak)."""
     base = schedule_from_spec(saved)
     if total_steps <= base.total_steps:
         f = base

@@ -27,9 +27,6 @@ EXEMPT = {
     "evaluation/loading.py",
     "training/compile.py",
     "training/demo.py",
-    "training/param_groups.py",
-    "training/recall_resume.py",
-    "training/schedule.py",
 }
 
 
