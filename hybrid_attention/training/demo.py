@@ -1,21 +1,5 @@
-"""``hybrid-attention demo``: the main job in one command, sized to a time budget.
-
-Trains one small model per available mixer (softmax, interdomain, s4d, and gdn / natsl once they exist) on the
-embedded corpus (the interpreter's standard library, byte-level) with the *same time budget*, then prints one
-table: parameters, state size, validation perplexity at the training length and at 2x / 4x of it, training tokens/s,
-steps and training tokens.
-Writes each run to ``<out>/<mixer>/`` (metrics, plots, final model), the comparison plots to ``<out>/``, and prints a
-sample from the model with the lowest validation perplexity.
-
-The budget is planned by the clock. After loading the corpus every model is timed for a few steps; then the models
-train interleaved, always stepping the one that has used the least training time so far, so that every model gets
-a fair share of the time (and a spike of load on a shared machine hits them all alike). Before every step the plan
-is redone from each model's re-measured seconds per step: the time left until the deadline (the budget minus a
-reserve for evaluation, the final models, plots and the sample) is shared out so that the models' training times
-end up equal, and each model's remaining steps (and its learning-rate schedule) follow its share. A faster model
-therefore gets more steps: the table says how many steps and training tokens each model got. Every model trains at
-least ``min_steps``; the progress bar counts seconds against the budget.
-"""
+"""``hybrid-attention demo``: the main job in one command, sized to a time budget: one small model per available
+mixer trained on the embedded corpus with the same time budget, then one comparison table (:func:`run_demo`)."""
 
 from __future__ import annotations
 
@@ -213,7 +197,28 @@ def _check_options(opts: DemoOptions) -> None:
 
 def run_demo(opts: DemoOptions, log=print) -> dict:
     """Run the demo; returns {"rows": [...], "table": str, "sample": str, "best": mixer, "seconds": float,
-    "steps": {mixer: steps}, "tokens": {mixer: training tokens}}."""
+    "steps": {mixer: steps}, "tokens": {mixer: training tokens}}.
+
+    Trains one small model per available mixer (:func:`available_mixers`: those of softmax, interdomain, s4d, gdn and
+    natsl that the mixer registry builds) on the embedded corpus (the interpreter's standard library, byte-level)
+    with the *same time budget*, then prints one table: parameters, state size, validation perplexity at the training
+    length and at 2x / 4x of it, training tokens/s, steps and training tokens. Writes each run to ``<out>/<mixer>/``
+    (metrics, plots, final model), the comparison plots to ``<out>/``, and prints a sample from the model with the
+    lowest validation perplexity.
+
+    DECISION: the budget is planned by the clock (:class:`ClockPlan`). After loading the corpus every model is timed
+    for a few steps; then the models train interleaved, always stepping the one that has used the least training time
+    so far, so that every model gets a fair share of the time (and a spike of load on a shared machine hits them all
+    alike). Before every step the plan is redone from each model's re-measured seconds per step: the time left until
+    the deadline (the budget minus a reserve for evaluation, the final models, plots and the sample) is shared out so
+    that the models' training times end up equal, and each model's remaining steps (and its learning-rate schedule)
+    follow its share. A faster model therefore gets more steps: the table says how many steps and training tokens
+    each model got. Every model trains at least ``min_steps``; the progress bar counts seconds against the budget.
+
+    Args:
+        opts: the command's options (minutes, mixers, preset, device, output folder, ...).
+        log: where progress lines go.
+    """
     from hybrid_attention.evaluation.generation import generate_text
     from hybrid_attention.evaluation.info import has_routing, measured_fraction, state_note, state_size
     from hybrid_attention.evaluation.length_sweep import length_sweep

@@ -25,7 +25,6 @@ PACKAGE_DOC_LIMIT = 50_000
 EXEMPT = {
     "evaluation/lm_eval_adapter.py",
     "evaluation/loading.py",
-    "training/demo.py",
 }
 
 
