@@ -1,22 +1,5 @@
-"""Load a trained model, its tokenizer and (when there is one) its run configuration from a directory.
-
-Accepted paths: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
-(``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``.
-
-Every folder read here (model, checkpoint, tokenizer) first passes
-:func:`hybrid_attention.checkpoints.model_folder.admit`: no code hooks (``auto_map``, ``*.py``), safetensors only, no
-symlink out of the run directory (or out of the folder when it is not part of a run), ``manifest.json`` verified when
-present. No code from a folder is ever run
-(``trust_remote_code=False``, no prompt).
-
-Every problem is one :class:`CheckpointError` / :class:`FolderRefused` line (DataErrors, so the CLI prints
-``error: ...``): a refused folder, a file failing its ``manifest.json`` check (size, sha256), an unreadable
-safetensors / config.json / tokenizer, missing weights, non-finite weights, or a tokenizer whose vocabulary does not
-fit the model.
-A folder without a manifest (a plain HF directory) is loaded without checksums, with the same warning line on every
-path (final/, HF directory, checkpoint). A run directory without ``final/`` uses its newest intact checkpoint and
-notes the damaged newer ones.
-"""
+"""Load a trained model, its tokenizer and (when there is one) its run configuration from a directory
+(:func:`load_model`), after checking every folder it reads; no code from a folder is ever run."""
 
 from __future__ import annotations
 
@@ -205,7 +188,24 @@ def check_tokenizer_fits(tok: PreTrainedTokenizerBase, tok_dir: Path | None, mod
 def load_model(path: str | Path, device: str | torch.device = "cpu",
                log: Callable[[str], None] | None = None) -> LoadedModel:
     """Load for evaluation. Raises DataError with the path when nothing loadable is there (CheckpointError when
-    something is there but damaged or not fitting); ``log`` gets the note / warning lines (default: stderr)."""
+    something is there but damaged or not fitting); ``log`` gets the note / warning lines (default: stderr).
+
+    ``path``: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
+    (``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``. ``device``: where
+    the model is moved.
+
+    Every folder read here (model, checkpoint, tokenizer) first passes
+    :func:`hybrid_attention.checkpoints.model_folder.admit`: no code hooks (``auto_map``, ``*.py``), safetensors
+    only, no symlink out of the run directory (or out of the folder when it is not part of a run), ``manifest.json``
+    verified when present. No code from a folder is ever run (``trust_remote_code=False``, no prompt).
+
+    Every problem is one :class:`CheckpointError` / :class:`FolderRefused` line (DataErrors, so the CLI prints
+    ``error: ...``): a refused folder, a file failing its ``manifest.json`` check (size, sha256), an unreadable
+    safetensors / config.json / tokenizer, missing weights, non-finite weights, or a tokenizer whose vocabulary does
+    not fit the model. A folder without a manifest (a plain HF directory) is loaded without checksums, with the same
+    warning line on every path (final/, HF directory, checkpoint). A run directory without ``final/`` uses its
+    newest intact checkpoint and notes the damaged newer ones.
+    """
     log = log or _stderr
     path = Path(path)
     if not path.exists():

@@ -24,7 +24,6 @@ PACKAGE_DOC_LIMIT = 50_000
 # shrinks: a listed module that is within the limit (or gone) fails test_exemptions_are_current.
 EXEMPT = {
     "evaluation/lm_eval_adapter.py",
-    "evaluation/loading.py",
 }
 
 
