@@ -1,14 +1,5 @@
-"""lm-evaluation-harness on our checkpoints (optional ``eval`` extra: ``pip install 'hybrid_attention[eval]'``).
-
-Two routes, both registering the ``hybrid_attention`` model type first (``import hybrid_attention``):
-
-  * :func:`run_lm_eval`: Python API with a loaded model and its tokenizer wrapped in lm-eval's ``HFLM``.
-  * ``python -m hybrid_attention.evaluation.lm_eval_adapter --model hf --model_args pretrained=<run>/final ...``:
-    lm-eval's own command line (``cli_evaluate``) after the registration, as fla does.
-
-A small offline multiple-choice task (``hybrid_toy_mc``, Python-flavoured completions) ships with the package; its
-task YAML is written at run time so that it points at the bundled JSONL file by absolute path.
-"""
+"""lm-evaluation-harness on our checkpoints (optional ``eval`` extra: ``pip install 'hybrid_attention[eval]'``),
+from Python (:func:`run_lm_eval`) or lm-eval's own command line (:func:`main`), with a small offline toy task."""
 
 from __future__ import annotations
 
@@ -63,7 +54,12 @@ def _import_lm_eval():
 
 
 def toy_task_dir(where: Path | None = None) -> Path:
-    """A directory holding the toy task's YAML (pointing at the bundled JSONL); pass it as ``include_path``."""
+    """A directory holding the toy task's YAML (pointing at the bundled JSONL); pass it as ``include_path``.
+
+    The toy task (``hybrid_toy_mc``) is a small offline multiple-choice task of Python-flavoured completions that
+    ships with the package; its YAML is written here at run time so that it points at the bundled JSONL file by
+    absolute path. ``where``: the directory to write to (None: a new temporary directory).
+    """
     where = Path(where or tempfile.mkdtemp(prefix="hybrid_lm_eval_"))
     where.mkdir(parents=True, exist_ok=True)
     data = (_TASK_DIR / "toy_mc.jsonl").resolve()
@@ -80,7 +76,13 @@ def run_lm_eval(
     limit: int | None = None,
     device: str = "cpu",
 ) -> dict:
-    """``lm_eval.simple_evaluate`` on a loaded model; returns lm-eval's ``results`` dict (metrics per task)."""
+    """``lm_eval.simple_evaluate`` on a loaded model; returns lm-eval's ``results`` dict (metrics per task).
+
+    Registers the ``hybrid_attention`` model type first (``import hybrid_attention``), then wraps ``model`` and
+    ``tokenizer`` in lm-eval's ``HFLM``. ``tasks``: lm-eval task names or YAML files (the toy task by default);
+    ``include_path``: a directory of further task YAMLs; ``batch_size``, ``limit`` (examples per task, None: all) and
+    ``device`` go to lm-eval.
+    """
     import hybrid_attention  # noqa: F401  (registers the model type)
 
     lm_eval, HFLM, TaskManager = _import_lm_eval()
@@ -104,7 +106,11 @@ def run_lm_eval(
 
 
 def main() -> None:
-    """lm-eval's command line, with our model type registered and the toy task on the include path."""
+    """lm-eval's command line, with our model type registered and the toy task on the include path.
+
+    ``python -m hybrid_attention.evaluation.lm_eval_adapter --model hf --model_args pretrained=<run>/final ...``:
+    lm-eval's own ``cli_evaluate`` after the registration (``import hybrid_attention``), as fla does.
+    """
     import sys
 
     import hybrid_attention  # noqa: F401
