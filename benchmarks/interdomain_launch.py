@@ -5,8 +5,10 @@ SDPA of the same heads (GPU only):
 
 Shapes are B×T×H with R = D = M = 64 (the `small` training step is 16×2048×8; the op target is 1×T×16). Every variant
 is first checked against the default configuration on the same inputs (relative RMS of o and of the 6 gradients;
-the default itself is checked against float64 by tests/ops and benchmarks/interdomain_ops.py). Prints one table:
-milliseconds (median of ``triton.testing.do_bench``) and SDPA's time over the variant's (``vs SDPA``; > 1: faster).
+the default itself is checked against float64 by tests/ops and benchmarks/interdomain_ops.py). SDPA is timed first
+at each shape, so the GPU is warm before the first variant. Prints one table: milliseconds (median of
+``triton.testing.do_bench``), SDPA's time over the variant's (``vs SDPA``; > 1: faster) and the forward+backward's
+per-stage split (CUDA events around each launch group: state scans, chunk kernels, host-side reductions).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ VARIANTS = {
     "split_w8": {"bwd_split": True, "warps_chunk_bwd": 8},
     "fused_s2": {"stages": 2},
     "fwd_w8": {"warps_chunk_fwd": 8},
+    "split_w4_s2": {"bwd_split": True, "warps_chunk_bwd": 4, "stages": 2},
+    "L64_BC32": {"max_chunk": 64},
 }
 
 
@@ -42,15 +46,27 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
+def _sdpa_ms(B: int, T: int, H: int, d: int, dev: torch.device) -> float:
+    """Causal SDPA forward+backward at B x H x T x d, bf16, median ms (its long warm-up also brings the clocks up)."""
+    from triton.testing import do_bench
+
+    qs, ks, vs = (torch.randn(B, H, T, d, device=dev, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dos = torch.randn(B, H, T, d, device=dev, dtype=torch.bfloat16)
+    return do_bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(dos),
+                    warmup=25, rep=100, grad_to_none=[qs, ks, vs], return_mode="median")
+
+
 def _one_shape(B: int, T: int, H: int, variants: list[str]) -> list[dict]:
     """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, and SDPA's."""
     from triton.testing import do_bench
 
+    from benchmarks.profiling import StageProfiler
     from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
     dev = torch.device("cuda")
     R = D = M = 64
+    sdpa = _sdpa_ms(B, T, H, R, dev)
     log_lam, Bp, C = make_params(H, M, 7, dev)
     leaves = [t.to(torch.complex64).requires_grad_() for t in (log_lam, Bp, C)]
     q, k, v = (t.requires_grad_() for t in make_inputs(B, T, H, R, D, 5, dev))
@@ -73,17 +89,15 @@ def _one_shape(B: int, T: int, H: int, variants: list[str]) -> list[dict]:
         o.backward(do)
         got = [o.detach()] + [t.grad.detach().clone() for t in inputs]
         ref = ref or got
-        rows.append({"shape": f"{B}x{T}x{H}", "variant": name,
+        prof = StageProfiler()
+        for _ in range(3):
+            triton_interdomain(q, k, v, *leaves, config=cfg, hooks=prof)[0].backward(do)
+        rows.append({"shape": f"{B}x{T}x{H}", "variant": name, "sdpa_fb_ms": sdpa,
                      "max_rel_vs_default": max(_rel(a, b) for a, b in zip(got, ref)),
                      "fwd_ms": do_bench(fwd, warmup=5, rep=40, return_mode="median"),
-                     "fb_ms": do_bench(fwdbwd, warmup=5, rep=40, grad_to_none=inputs, return_mode="median")})
+                     "fb_ms": do_bench(fwdbwd, warmup=5, rep=40, grad_to_none=inputs, return_mode="median"),
+                     "stages_ms": {s: round(t / 3, 3) for s, t in prof.summary().items()}})
         print(rows[-1], flush=True)
-    qs, ks, vs = (torch.randn(B, H, T, R, device=dev, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
-    dos = torch.randn(B, H, T, R, device=dev, dtype=torch.bfloat16)
-    sdpa = do_bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(dos),
-                    warmup=5, rep=40, grad_to_none=[qs, ks, vs], return_mode="median")
-    for r in rows:
-        r["sdpa_fb_ms"] = sdpa
     return rows
 
 
@@ -96,11 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     for B, T, H in args.shapes:
         rows += _one_shape(B, T, H, args.variants)
         torch.cuda.empty_cache()
-    print("| B×T×H | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| B×T×H | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA "
+          "| fwd+bwd stages ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stages_ms"].items(), key=lambda kv: -kv[1]))
         print(f"| {r['shape']} | {r['variant']} | {r['max_rel_vs_default']:.1e} | {r['fwd_ms']:.3f} | {r['fb_ms']:.3f} "
-              f"| {r['sdpa_fb_ms']:.3f} | {r['sdpa_fb_ms'] / r['fb_ms']:.2f}× |")
+              f"| {r['sdpa_fb_ms']:.3f} | {r['sdpa_fb_ms'] / r['fb_ms']:.2f}× | {stages} |")
 
 
 if __name__ == "__main__":
