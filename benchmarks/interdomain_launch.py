@@ -30,6 +30,8 @@ VARIANTS = {
     "fwd_w8": {"warps_chunk_fwd": 8},
     "split_w4_s2": {"bwd_split": True, "warps_chunk_bwd": 4, "stages": 2},
     "L64_BC32": {"max_chunk": 64},
+    "scan_c16": {"BCH": 16},
+    "scan_m16_c16": {"BMS": 16, "BCH": 16},
 }
 
 
