@@ -1,7 +1,7 @@
 """The S4D-only control's forms on the GPU: FFT (the default), the dense Toeplitz matmul and the chunked form.
 
     python -m benchmarks.s4d_conv [--model-steps 10] [--skip-model] [--skip-packed] [--chunk-size 64]
-                                  [--chunk-sweep 128 256]
+                                  [--chunk-sweep 128 256] [--toeplitz-blocks 4096 512 256 128]
 
 1. Correctness: ``toeplitz_s4d`` and ``chunk_s4d`` under bf16 autocast (the training setting) and in float32, and
    ``fft_s4d`` in float32, against ``fft_s4d`` in float64 (equal to the token-loop definition to 1e-10,
@@ -13,6 +13,9 @@
    ``toeplitz_s4d`` and ``chunk_s4d`` (``--chunk-size``), bf16 inputs under bf16 autocast, H=8, R=D=64, M=64, at the
    training shapes B×T = 64×1024, 16×2048, 4×4096; then fwd+bwd of ``chunk_s4d`` at the ``--chunk-sweep`` lengths
    beside Toeplitz at the same shapes (H200: L=64 is 2.1-4.1x slower than Toeplitz on dense batches).
+2b. With ``--toeplitz-blocks``: the Toeplitz form at those block sizes (``toeplitz_convolve``'s rows per block, the
+   zero blocks above the diagonal skipped; a block >= T is the dense matmul), eager at the three shapes and compiled
+   at 16×2048.
 3. Packed documents (``--skip-packed`` to leave out): B=1, T=32768 cut into documents of benchmarks/train_speed.py's
    varlen mix (log-normal, median 256, seed 0), forward+backward under bf16 autocast: ``chunk_s4d`` eager and
    under ``torch.compile(fullgraph=True)`` (one graph for the whole pack), against the per-document FFT (eager
@@ -25,6 +28,7 @@ Prints one table per part.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 
 import torch
@@ -32,6 +36,8 @@ import torch
 from benchmarks.common import training_step
 from benchmarks.train_speed import document_mix
 from hybrid_attention.ops.s4d import chunk_s4d, fft_s4d, toeplitz_s4d
+from hybrid_attention.ops.s4d.conv_form import conv_s4d
+from hybrid_attention.ops.s4d.toeplitz import toeplitz_convolve
 
 F64 = torch.float64
 
@@ -173,6 +179,30 @@ def chunk_sweep(sizes: list[int]) -> str:
     return "\n".join(lines)
 
 
+def block_sweep(blocks: list[int]) -> str:
+    """fwd and fwd+bwd ms of the Toeplitz form at several ``toeplitz_convolve`` block sizes (rows per block; a block
+    >= T is the dense matmul) on the dense training batches (bf16 autocast, H=8, R=D=M=64), eager, and compiled
+    (``torch.compile`` of the op's forward+backward) at 16×2048, the `small` training shape."""
+    H, R, D, M = 8, 64, 64, 64
+    params = tuple(x.to(torch.complex64) if x.is_complex() else x.float() for x in _params(H, M, "cuda"))
+    lines = ["| B×T | block | fwd ms | fwd+bwd ms | compiled fwd+bwd ms |", "|---|---|---|---|---|"]
+    for Bsz, T in ((64, 1024), (16, 2048), (4, 4096)):
+        a = torch.randn(Bsz, T, H, R, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.randn(Bsz, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for blk in blocks:
+            def form(*args, _blk=blk, **kw):
+                return conv_s4d(functools.partial(toeplitz_convolve, block=_blk), *args, **kw)
+            fwd, fwd_bwd = _op_fns(form, a, b, params)
+            comp = "–"
+            if T == 2048:
+                compiled = torch.compile(form)
+                comp = f"{_time(_op_fns(compiled, a, b, params)[1]):.2f}"
+            lines.append(f"| {Bsz}×{T} | {blk if blk < T else 'dense'} | {_time(fwd):.2f} | {_time(fwd_bwd):.2f} "
+                         f"| {comp} |")
+        torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
 def packed_timing(chunk_size: int = 64, T: int = 32768) -> str:
     """Forward+backward on one packed row of T tokens (the varlen mix), bf16 autocast, H=8, R=D=M=64."""
     H, R, D, M = 8, 64, 64, 64
@@ -231,11 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunk-size", type=int, default=64, help="chunk length of chunk_s4d (default 64)")
     p.add_argument("--chunk-sweep", type=int, nargs="*", default=[128, 256],
                    help="chunk lengths timed against Toeplitz on the dense batches (default 128 256; none: skip)")
+    p.add_argument("--toeplitz-blocks", type=int, nargs="*", default=[],
+                   help="block sizes of the Toeplitz form to time (e.g. 4096 512 256 128; default: skip)")
     a = p.parse_args(argv)
     print("## s4d forms: correctness vs float64 FFT\n" + correctness(a.chunk_size), flush=True)
     print("\n## s4d forms: op time (bf16 autocast, H=8, R=D=M=64)\n" + op_timing(a.chunk_size), flush=True)
     if a.chunk_sweep:
         print("\n## s4d chunk length sweep: fwd+bwd (bf16 autocast, H=8, R=D=M=64)\n" + chunk_sweep(a.chunk_sweep),
+              flush=True)
+    if a.toeplitz_blocks:
+        print("\n## s4d Toeplitz block sizes (bf16 autocast, H=8, R=D=M=64)\n" + block_sweep(a.toeplitz_blocks),
               flush=True)
     if not a.skip_packed:
         print("\n## s4d packed documents: fwd+bwd (bf16 autocast, H=8, R=D=M=64)\n" + packed_timing(a.chunk_size),

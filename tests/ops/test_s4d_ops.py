@@ -362,3 +362,39 @@ def test_torch_compile_smoke(fast):
     assert max_err(y.detach(), y_e) < 1e-5 and max_err(s.detach(), s_e) < 1e-5
     grads = torch.autograd.grad(y.sum() + s.abs().sum(), leaves)
     assert all(torch.isfinite(torch.view_as_real(g) if g.is_complex() else g).all() for g in grads)
+
+
+def _dense_causal_conv(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c], as a plain double loop over (t, s)."""
+    T = z.shape[1]
+    y = torch.zeros_like(z)
+    for t in range(T):
+        for s in range(t + 1):
+            y[:, t] += K[:, t - s][None, :, None] * z[:, s]
+    return y
+
+
+@pytest.mark.parametrize("T", [1, 17, 64, 100])
+@pytest.mark.parametrize("block", [1, 16, 33, 64, 1000])
+def test_toeplitz_blocks_equal_the_dense_convolution(T, block):
+    """The blocked Toeplitz convolution (zero blocks above the diagonal skipped; T not a multiple of the block, one
+    block, one row per block) gives the output and both gradients of the causal convolution, float64."""
+    from hybrid_attention.ops.s4d.toeplitz import toeplitz_convolve
+
+    g = torch.Generator().manual_seed(T * 131 + block)
+    z = torch.randn(2, T, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    K = torch.randn(3, T, dtype=torch.float64, generator=g, requires_grad=True)
+    dy = torch.randn(2, T, 3, 4, dtype=torch.float64, generator=g)
+    y = toeplitz_convolve(z, K, block)
+    dz, dK = torch.autograd.grad(y, (z, K), dy)
+    y_ref = _dense_causal_conv(z, K)
+    dz_ref, dK_ref = torch.autograd.grad(y_ref, (z, K), dy)
+    for got, want in ((y, y_ref), (dz, dz_ref), (dK, dK_ref)):
+        assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max().item() + 1e-14)
+
+
+def test_toeplitz_block_must_be_positive():
+    from hybrid_attention.ops.s4d.toeplitz import toeplitz_convolve
+
+    with pytest.raises(ValueError, match="block must be a positive number of rows, got 0"):
+        toeplitz_convolve(torch.zeros(1, 4, 1, 1), torch.zeros(1, 4), 0)

@@ -12,24 +12,48 @@ from .conv_form import conv_s4d
 __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
 
 
-def _toeplitz(K: torch.Tensor) -> torch.Tensor:
-    """Lower-triangular Toeplitz matrices T[h, t, s] = K[h, t-s] for s <= t, else 0: ``[H, T, T]`` from K ``[H, T]``."""
-    T = K.shape[-1]
-    lag = torch.arange(T, device=K.device)[:, None] - torch.arange(T, device=K.device)[None, :]
+# DECISION: the Toeplitz matmul runs in blocks of TOEPLITZ_BLOCK rows and skips the zero blocks above the diagonal: with
+# n = ceil(T / block) blocks it does n (n + 1) / 2 of the n² block products (9/16 of the dense work at T = 2048) and
+# never builds the T x T matrix (only one [block, n·block] block row, T² / n entries). T <= block is the dense form.
+TOEPLITZ_BLOCK = 256
+
+
+def _lags(K: torch.Tensor, lag: torch.Tensor) -> torch.Tensor:
+    """K[h, lag] where lag >= 0, else 0: ``[H, *lag.shape]`` from K ``[H, L]`` (every lag < L)."""
     return torch.where(lag >= 0, K[:, lag.clamp(min=0)], K.new_zeros(()))
 
 
-def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
-    """S[h, l] = Σ_{t>=l} G[h, t, t-l] for l = 0..T-1 (sums along the lower diagonals): ``[H, T]`` from ``[H, T, T]``.
+def _last_block_row(K: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """Rows [(n-1)·block, n·block) of the lower-triangular Toeplitz matrix of K ``[H, n·block]``: ``[H, block,
+    n·block]`` with entry [a, s] = K[(n-1)·block + a - s] (0 above the diagonal). Output block i reads its columns
+    from (n-1-i)·block on: they are the rows of block i, shifted."""
+    a = torch.arange(block, device=K.device)[:, None]
+    s = torch.arange(n * block, device=K.device)[None, :]
+    return _lags(K, (n - 1) * block + a - s)
 
-    Each row of G gets T zeros on its left ([H, T, 2T]); element (t, t-l) then sits at offset t·(2T+1) + 1 + l' in a
-    head's block, with l' = T-1-l, and an upper-triangle position (t < l) falls into the zeros. So a strided view
-    [H, T (t), T (l')] with strides (2T², 2T+1, 1) holds every diagonal as a column: summed over t with contiguous
-    (coalesced) reads along l', then flipped back to l. A sum along a stride-(T+1) axis instead would read one
-    memory sector per element on a GPU."""
-    H, T, _ = G.shape
-    Gp = torch.cat([G.new_zeros(H, T, T), G], dim=2).contiguous()  # [H, T, 2T]
-    return Gp.as_strided((H, T, T), (2 * T * T, 2 * T + 1, 1), 1).sum(1).flip(-1)
+
+def _first_block_column_t(K: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """The transposed first block column of the Toeplitz matrix of K ``[H, n·block]``: ``[H, block, n·block]`` with
+    entry [c, r] = K[r - c]; input block j's gradient reads its first (n-j)·block columns."""
+    c = torch.arange(block, device=K.device)[:, None]
+    r = torch.arange(n * block, device=K.device)[None, :]
+    return _lags(K, r - c)
+
+
+def _diagonal_sums(G: torch.Tensor, n_lags: int) -> torch.Tensor:
+    """dK[h, l] = Σ_a G[h, a, (W - A) + a - l] for l = 0..n_lags-1 (n_lags <= W), entries outside G counting 0:
+    ``[H, n_lags]`` from G ``[H, A, W]`` (A <= W; the block-row layout of ``_last_block_row``, lag = W - A + a - s).
+
+    Each row of G gets A zeros on its left ([H, A, W + A]); element (a, a + j) then sits at offset
+    a·(W + A + 1) + A + j of a head's block, and an index past either end of a row lands in padding zeros. So a
+    strided view [H, A (a), W (j)] with strides (A·(W + A), W + A + 1, 1) holds every diagonal j = W - A - l as a
+    column: summed over a with contiguous (coalesced) reads along j, then flipped to l. A sum along a stride-(W + 1)
+    axis instead would read one memory sector per element on a GPU."""
+    H, A, W = G.shape
+    Gp = torch.cat([G.new_zeros(H, A, A), G], dim=2).contiguous()  # [H, A, W + A]
+    j0 = W - A - (n_lags - 1)  # the diagonal of the largest lag (>= 1 - A)
+    sums = Gp.as_strided((H, A, n_lags), (A * (W + A), W + A + 1, 1), A + j0).sum(1)  # column c: lag n_lags-1-c
+    return sums.flip(-1)
 
 
 def _mm_dtype(z: torch.Tensor) -> torch.dtype:
@@ -39,41 +63,62 @@ def _mm_dtype(z: torch.Tensor) -> torch.dtype:
     return z.dtype
 
 
+def _blocks(T: int, block: int) -> tuple[int, int]:
+    """(block rows, block count n) for length T: one dense block when T <= block."""
+    b = T if T <= block else block
+    return b, -(-T // b)
+
+
 class _ToeplitzConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, z: torch.Tensor, K: torch.Tensor, block: int) -> torch.Tensor:
         dt = _mm_dtype(z)
         zd = z.to(dt)  # the matmul operand; saved instead of z (bf16 under autocast: half the bytes, same values)
         ctx.save_for_backward(zd, K)
-        ctx.mm_dtype, ctx.z_dtype = dt, z.dtype
+        ctx.mm_dtype, ctx.z_dtype, ctx.block = dt, z.dtype, block
         Bsz, T, H, C = z.shape
+        b, n = _blocks(T, block)
+        Tp = n * b
         with autocast_off(z.device.type):
-            zh = zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C)  # [H, T, B·C]
-            y = torch.matmul(_toeplitz(K.to(dt)), zh)  # [H, T, B·C]
-        return y.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
+            zh = torch.nn.functional.pad(zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C), (0, 0, 0, Tp - T))
+            rows = _last_block_row(torch.nn.functional.pad(K.to(dt), (0, Tp - T)), b, n)  # [H, b, Tp]
+            # output block i = (rows of block i) @ z[: (i+1) b]: the zero blocks right of the diagonal are skipped
+            y = torch.cat([torch.matmul(rows[:, :, (n - 1 - i) * b :], zh[:, : (i + 1) * b]) for i in range(n)], 1)
+        return y[:, :T].reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         zd, K = ctx.saved_tensors  # zd: z in the matmul dtype
         dt = ctx.mm_dtype
         Bsz, T, H, C = zd.shape
+        b, n = _blocks(T, ctx.block)
+        Tp = n * b
+        dz = dK = None
         with autocast_off(zd.device.type):
-            dyh = dy.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
-            dz = dK = None
-            if ctx.needs_input_grad[0]:
-                dz = torch.matmul(_toeplitz(K.to(dt)).transpose(1, 2), dyh)
-                dz = dz.reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(ctx.z_dtype)
+            dyh = torch.nn.functional.pad(dy.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C), (0, 0, 0, Tp - T))
+            if ctx.needs_input_grad[0]:  # input block j: (first block column)ᵀ @ dy[j b :]
+                cols = _first_block_column_t(torch.nn.functional.pad(K.to(dt), (0, Tp - T)), b, n)  # [H, b, Tp]
+                dz = torch.cat([torch.matmul(cols[:, :, : (n - j) * b], dyh[:, j * b :]) for j in range(n)], 1)
+                dz = dz[:, :T].reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(ctx.z_dtype)
             if ctx.needs_input_grad[1]:
-                zh = zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
-                G = torch.matmul(dyh, zh.transpose(1, 2))  # [H, T (t), T (s)] = Σ_{b,c} dy[t] z[s]
-                dK = _diagonal_sums(G.to(K.dtype))
-        return dz, dK
+                # G[a, s] = Σ_i Σ_{b,c} dy[i b + a] z[s - (n-1-i) b] (block i's products, right-aligned as in
+                # _last_block_row, so lag = (n-1) b + a - s for every term); dK = sums along its diagonals
+                zh = torch.nn.functional.pad(zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C), (0, 0, 0, Tp - T))
+                G = torch.zeros(H, b, Tp, device=zd.device, dtype=K.dtype)
+                for i in range(n):
+                    dyi = dyh[:, i * b : (i + 1) * b]
+                    G[:, :, (n - 1 - i) * b :] += torch.matmul(dyi, zh[:, : (i + 1) * b].transpose(1, 2))
+                dK = _diagonal_sums(G, T)
+        return dz, dK, None
 
 
-def toeplitz_convolve(z: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """Causal convolution along time as a Toeplitz matmul: y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c].
-    z ``[B, T, H, C]``, K ``[H, T]`` (same real dtype); returns ``[B, T, H, C]`` in z's dtype."""
-    return _ToeplitzConv.apply(z, K)
+def toeplitz_convolve(z: torch.Tensor, K: torch.Tensor, block: int = TOEPLITZ_BLOCK) -> torch.Tensor:
+    """Causal convolution along time as a block-lower-triangular Toeplitz matmul:
+    y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c]. z ``[B, T, H, C]``, K ``[H, T]`` (same real dtype); returns
+    ``[B, T, H, C]`` in z's dtype. ``block``: rows per block (``TOEPLITZ_BLOCK``; T <= block is one dense matmul)."""
+    if block < 1:
+        raise ValueError(f"block must be a positive number of rows, got {block}")
+    return _ToeplitzConv.apply(z, K, block)
 
 
 @per_document(tokens=("a", "b"))
@@ -88,20 +133,21 @@ def toeplitz_s4d(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S4D-only control through a dense Toeplitz matmul (equal to ``naive_s4d`` to rounding); shapes of ``conv_s4d``.
+    """S4D-only control through a Toeplitz matmul (equal to ``naive_s4d`` to rounding); shapes of ``conv_s4d``.
 
     Same contract as ``naive_s4d``; the kernel, initial-state and final-state terms are those of ``conv_form.py``. The
     convolution y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c] is written as y_h = T_h z_h with the lower-triangular
     Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
     as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
-    bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). Memory: one
-    [H, T, T] matrix per call (T = 1024, H = 8: 32 MB in float32), so it is meant for T <= ~4K.
+    bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). The matmul runs in
+    blocks of ``TOEPLITZ_BLOCK`` rows, the zero blocks above the diagonal skipped (``toeplitz_convolve``). Memory: one
+    [H, block, T] block row per call (T = 2048, H = 8: 8 MB in bf16), so it is meant for T <= ~4K.
 
     Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
     training's bf16 autocast, like every Linear layer: the kernel K is then rounded to bf16, relative 2^-9), otherwise
     in the compute dtype (float32, or float64 for float64 inputs). The backward is written out (``_ToeplitzConv``):
-    dz = T_hᵀ dy, and dK[h, l] = Σ_t G_h[t, t-l] with G_h = Σ_{b,c} dy z ᵀ (one matmul, then sums along its
-    diagonals through a strided view), so no scatter of T² entries.
+    dz = T_hᵀ dy, and dK[h, l] = Σ_t Σ_{b,c} dy[t] z[t-l]: the block products dy z ᵀ summed into one [block, T] tile
+    whose diagonals hold the lags, then summed along them through a strided view, so no scatter of T² entries.
     """
     return conv_s4d(toeplitz_convolve, a, b, log_lam, B, C, w, initial_state=initial_state,
                     output_final_state=output_final_state)
