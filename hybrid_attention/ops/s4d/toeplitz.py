@@ -1,5 +1,5 @@
-"""Dense-Toeplitz form of the S4D-only control: the causal convolution as one lower-triangular matmul per head, the
-cheaper side at training lengths (T ~ 1-2K)."""
+"""Toeplitz form of the S4D-only control: the causal convolution as a lower-triangular matmul per head (optionally in
+blocks that skip the zero upper part), the cheaper side at training lengths (T ~ 1-2K)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from .conv_form import conv_s4d
 __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
 
 
-# DECISION: the Toeplitz matmul runs in blocks of TOEPLITZ_BLOCK rows and skips the zero blocks above the diagonal: with
-# n = ceil(T / block) blocks it does n (n + 1) / 2 of the n² block products (9/16 of the dense work at T = 2048) and
-# never builds the T x T matrix (only one [block, n·block] block row, T² / n entries). T <= block is the dense form.
-TOEPLITZ_BLOCK = 256
+# DECISION: the default block (TOEPLITZ_BLOCK = 4096 rows) keeps one dense matmul at every length "auto" runs this form
+# at (T <= 2048, ops/s4d/__init__.py): the form whose GPU times are measured (benchmarks/README.md, S4D convolution
+# forms). A smaller block skips the zero blocks above the diagonal: with n = ceil(T / block) blocks it does
+# n (n + 1) / 2 of the n² block products (9/16 of the dense work at T = 2048, block 256) and builds one
+# [block, n·block] block row instead of the T x T matrix; `python -m benchmarks.s4d_conv --toeplitz-blocks 4096 512
+# 256 128` times the choices side by side, and a block becomes the default when that table shows it faster.
+TOEPLITZ_BLOCK = 4096
 
 
 def _lags(K: torch.Tensor, lag: torch.Tensor) -> torch.Tensor:
@@ -69,6 +72,23 @@ def _blocks(T: int, block: int) -> tuple[int, int]:
     return b, -(-T // b)
 
 
+def _heads_first(x: torch.Tensor, Tp: int) -> torch.Tensor:
+    """x ``[B, T, H, C]`` -> ``[H, Tp, B·C]``, zero rows appended up to Tp >= T."""
+    Bsz, T, H, C = x.shape
+    xh = x.permute(2, 1, 0, 3).reshape(H, T, Bsz * C)
+    return torch.nn.functional.pad(xh, (0, 0, 0, Tp - T)) if Tp > T else xh
+
+
+def _padded(K: torch.Tensor, Tp: int) -> torch.Tensor:
+    """K ``[H, T]`` with zero lags appended up to Tp."""
+    return torch.nn.functional.pad(K, (0, Tp - K.shape[-1])) if Tp > K.shape[-1] else K
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The per-block results joined along time (no copy for a single block)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
 class _ToeplitzConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: torch.Tensor, K: torch.Tensor, block: int) -> torch.Tensor:
@@ -80,10 +100,10 @@ class _ToeplitzConv(torch.autograd.Function):
         b, n = _blocks(T, block)
         Tp = n * b
         with autocast_off(z.device.type):
-            zh = torch.nn.functional.pad(zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C), (0, 0, 0, Tp - T))
-            rows = _last_block_row(torch.nn.functional.pad(K.to(dt), (0, Tp - T)), b, n)  # [H, b, Tp]
+            zh = _heads_first(zd, Tp)
+            rows = _last_block_row(_padded(K.to(dt), Tp), b, n)  # [H, b, Tp]
             # output block i = (rows of block i) @ z[: (i+1) b]: the zero blocks right of the diagonal are skipped
-            y = torch.cat([torch.matmul(rows[:, :, (n - 1 - i) * b :], zh[:, : (i + 1) * b]) for i in range(n)], 1)
+            y = _joined([torch.matmul(rows[:, :, (n - 1 - i) * b :], zh[:, : (i + 1) * b]) for i in range(n)])
         return y[:, :T].reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
 
     @staticmethod
@@ -95,19 +115,22 @@ class _ToeplitzConv(torch.autograd.Function):
         Tp = n * b
         dz = dK = None
         with autocast_off(zd.device.type):
-            dyh = torch.nn.functional.pad(dy.to(dt).permute(2, 1, 0, 3).reshape(H, T, Bsz * C), (0, 0, 0, Tp - T))
+            dyh = _heads_first(dy.to(dt), Tp)
             if ctx.needs_input_grad[0]:  # input block j: (first block column)ᵀ @ dy[j b :]
-                cols = _first_block_column_t(torch.nn.functional.pad(K.to(dt), (0, Tp - T)), b, n)  # [H, b, Tp]
-                dz = torch.cat([torch.matmul(cols[:, :, : (n - j) * b], dyh[:, j * b :]) for j in range(n)], 1)
+                cols = _first_block_column_t(_padded(K.to(dt), Tp), b, n)  # [H, b, Tp]
+                dz = _joined([torch.matmul(cols[:, :, : (n - j) * b], dyh[:, j * b :]) for j in range(n)])
                 dz = dz[:, :T].reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(ctx.z_dtype)
             if ctx.needs_input_grad[1]:
                 # G[a, s] = Σ_i Σ_{b,c} dy[i b + a] z[s - (n-1-i) b] (block i's products, right-aligned as in
                 # _last_block_row, so lag = (n-1) b + a - s for every term); dK = sums along its diagonals
-                zh = torch.nn.functional.pad(zd.permute(2, 1, 0, 3).reshape(H, T, Bsz * C), (0, 0, 0, Tp - T))
-                G = torch.zeros(H, b, Tp, device=zd.device, dtype=K.dtype)
-                for i in range(n):
-                    dyi = dyh[:, i * b : (i + 1) * b]
-                    G[:, :, (n - 1 - i) * b :] += torch.matmul(dyi, zh[:, : (i + 1) * b].transpose(1, 2))
+                zh = _heads_first(zd, Tp)
+                if n == 1:
+                    G = torch.matmul(dyh, zh.transpose(1, 2)).to(K.dtype)
+                else:
+                    G = torch.zeros(H, b, Tp, device=zd.device, dtype=K.dtype)
+                    for i in range(n):
+                        dyi = dyh[:, i * b : (i + 1) * b]
+                        G[:, :, (n - 1 - i) * b :] += torch.matmul(dyi, zh[:, : (i + 1) * b].transpose(1, 2))
                 dK = _diagonal_sums(G, T)
         return dz, dK, None
 
@@ -139,9 +162,9 @@ def toeplitz_s4d(
     convolution y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c] is written as y_h = T_h z_h with the lower-triangular
     Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
     as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
-    bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). The matmul runs in
-    blocks of ``TOEPLITZ_BLOCK`` rows, the zero blocks above the diagonal skipped (``toeplitz_convolve``). Memory: one
-    [H, block, T] block row per call (T = 2048, H = 8: 8 MB in bf16), so it is meant for T <= ~4K.
+    bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). Memory: one
+    [H, T, T] matrix per call (T = 2048, H = 8: 64 MB in bf16; a [H, block, T] block row with a smaller
+    ``toeplitz_convolve`` block), so it is meant for T <= ~4K.
 
     Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
     training's bf16 autocast, like every Linear layer: the kernel K is then rounded to bf16, relative 2^-9), otherwise
