@@ -21,31 +21,22 @@ __all__ = ["toeplitz_s4d", "toeplitz_convolve"]
 TOEPLITZ_BLOCK = 4096
 
 
-def _lags(K: torch.Tensor, lag: torch.Tensor) -> torch.Tensor:
-    """K[h, lag] where lag >= 0, else 0: ``[H, *lag.shape]`` from K ``[H, L]`` (every lag < L)."""
+def _block_row(K: torch.Tensor, block: int, n: int, *, transposed: bool = False) -> torch.Tensor:
+    """One [block, n·block] strip of the lower-triangular Toeplitz matrix of K ``[H, n·block]`` (0 above the diagonal):
+    ``[H, block, n·block]``.
+
+    transposed=False: its last block row, entry [a, s] = K[(n-1)·block + a - s]; output block i reads its columns from
+    (n-1-i)·block on (the rows of block i, shifted). transposed=True: its first block column, transposed, entry
+    [c, r] = K[r - c]; input block j's gradient reads its first (n-j)·block columns."""
+    i = torch.arange(block, device=K.device)[:, None]
+    j = torch.arange(n * block, device=K.device)[None, :]
+    lag = j - i if transposed else (n - 1) * block + i - j
     return torch.where(lag >= 0, K[:, lag.clamp(min=0)], K.new_zeros(()))
-
-
-def _last_block_row(K: torch.Tensor, block: int, n: int) -> torch.Tensor:
-    """Rows [(n-1)·block, n·block) of the lower-triangular Toeplitz matrix of K ``[H, n·block]``: ``[H, block,
-    n·block]`` with entry [a, s] = K[(n-1)·block + a - s] (0 above the diagonal). Output block i reads its columns
-    from (n-1-i)·block on: they are the rows of block i, shifted."""
-    a = torch.arange(block, device=K.device)[:, None]
-    s = torch.arange(n * block, device=K.device)[None, :]
-    return _lags(K, (n - 1) * block + a - s)
-
-
-def _first_block_column_t(K: torch.Tensor, block: int, n: int) -> torch.Tensor:
-    """The transposed first block column of the Toeplitz matrix of K ``[H, n·block]``: ``[H, block, n·block]`` with
-    entry [c, r] = K[r - c]; input block j's gradient reads its first (n-j)·block columns."""
-    c = torch.arange(block, device=K.device)[:, None]
-    r = torch.arange(n * block, device=K.device)[None, :]
-    return _lags(K, r - c)
 
 
 def _diagonal_sums(G: torch.Tensor, n_lags: int) -> torch.Tensor:
     """dK[h, l] = Σ_a G[h, a, (W - A) + a - l] for l = 0..n_lags-1 (n_lags <= W), entries outside G counting 0:
-    ``[H, n_lags]`` from G ``[H, A, W]`` (A <= W; the block-row layout of ``_last_block_row``, lag = W - A + a - s).
+    ``[H, n_lags]`` from G ``[H, A, W]`` (A <= W; the block-row layout of ``_block_row``, lag = W - A + a - s).
 
     Each row of G gets A zeros on its left ([H, A, W + A]); element (a, a + j) then sits at offset
     a·(W + A + 1) + A + j of a head's block, and an index past either end of a row lands in padding zeros. So a
@@ -101,7 +92,7 @@ class _ToeplitzConv(torch.autograd.Function):
         Tp = n * b
         with autocast_off(z.device.type):
             zh = _heads_first(zd, Tp)
-            rows = _last_block_row(_padded(K.to(dt), Tp), b, n)  # [H, b, Tp]
+            rows = _block_row(_padded(K.to(dt), Tp), b, n)  # [H, b, Tp]
             # output block i = (rows of block i) @ z[: (i+1) b]: the zero blocks right of the diagonal are skipped
             y = _joined([torch.matmul(rows[:, :, (n - 1 - i) * b :], zh[:, : (i + 1) * b]) for i in range(n)])
         return y[:, :T].reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(z.dtype)
@@ -117,12 +108,12 @@ class _ToeplitzConv(torch.autograd.Function):
         with autocast_off(zd.device.type):
             dyh = _heads_first(dy.to(dt), Tp)
             if ctx.needs_input_grad[0]:  # input block j: (first block column)ᵀ @ dy[j b :]
-                cols = _first_block_column_t(_padded(K.to(dt), Tp), b, n)  # [H, b, Tp]
+                cols = _block_row(_padded(K.to(dt), Tp), b, n, transposed=True)  # [H, b, Tp]
                 dz = _joined([torch.matmul(cols[:, :, : (n - j) * b], dyh[:, j * b :]) for j in range(n)])
                 dz = dz[:, :T].reshape(H, T, Bsz, C).permute(2, 1, 0, 3).to(ctx.z_dtype)
             if ctx.needs_input_grad[1]:
                 # G[a, s] = Σ_i Σ_{b,c} dy[i b + a] z[s - (n-1-i) b] (block i's products, right-aligned as in
-                # _last_block_row, so lag = (n-1) b + a - s for every term); dK = sums along its diagonals
+                # _block_row, so lag = (n-1) b + a - s for every term); dK = sums along its diagonals
                 zh = _heads_first(zd, Tp)
                 if n == 1:
                     G = torch.matmul(dyh, zh.transpose(1, 2)).to(K.dtype)
