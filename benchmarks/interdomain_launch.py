@@ -23,17 +23,15 @@ from benchmarks.interdomain_ops import make_inputs, make_params
 
 VARIANTS = {
     "default": {},
-    "fused_w4": {"warps_chunk_bwd": 4},
-    "split_w4": {"bwd_split": True, "warps_chunk_bwd": 4},
-    "split_w8": {"bwd_split": True, "warps_chunk_bwd": 8},
-    "fused_s2": {"stages": 2},
+    "fused_w8": {"bwd_split": False, "warps_chunk_bwd": 8},
+    "fused_w4": {"bwd_split": False, "warps_chunk_bwd": 4},
+    "split_w8": {"warps_chunk_bwd": 8},
+    "stages2": {"stages": 2},
     "fwd_w8": {"warps_chunk_fwd": 8},
-    "split_w4_s2": {"bwd_split": True, "warps_chunk_bwd": 4, "stages": 2},
     "L64_BC32": {"max_chunk": 64},
     "scan_c16": {"BCH": 16},
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
 }
-
 
 def _shape(text: str) -> tuple[int, int, int]:
     try:

@@ -25,7 +25,35 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.common import cuda_steps_ms, training_step
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
-__all__ = ["kernel_table", "profile_steps", "profile_table", "profile_mixer"]
+__all__ = ["kernel_category", "CATEGORIES", "kernel_table", "profile_steps", "profile_table", "profile_mixer"]
+
+CATEGORIES = ("matmul", "attention", "mixer op", "fused glue", "optimizer", "elementwise", "other")
+"""The kinds of kernel a training step's GPU time is split into (``kernel_category``)."""
+
+_CATEGORY_MARKS = (  # (category, name fragments), first match wins; names lower-cased. Inductor's kernels first: the
+    # names of its fused pointwise kernels carry the ops they fuse ("..._flash_attention_...", "..._addmm_...")
+    ("matmul", ("triton_tem_",)),
+    ("fused glue", ("triton_poi_", "triton_red_", "triton_per_")),
+    ("attention", ("flash", "fmha", "sdpa", "attention")),
+    ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "wgmma", "splitk")),
+    ("optimizer", ("multi_tensor", "adam", "foreach")),
+    ("elementwise", ("elementwise", "reduce_kernel", "memcpy", "memset", "copy", "fill", "index", "scatter",
+                     "gather", "cat", "softmax", "norm")),
+)
+
+
+def kernel_category(name: str) -> str:
+    """The kind of one CUDA kernel, from its name (one of ``CATEGORIES``): "attention" (flash / cuDNN SDPA),
+    "matmul" (cuBLAS, CUTLASS, nvjet, inductor's matmul templates), "optimizer" (fused / foreach AdamW), "fused glue"
+    (inductor's pointwise, reduction and persistent-reduction kernels), "elementwise" (eager ATen elementwise,
+    reductions, copies), "mixer op" (the library's own Triton kernels, whose names start with "_"), else "other"."""
+    if name.startswith("_"):
+        return "mixer op"
+    low = name.lower()
+    for category, marks in _CATEGORY_MARKS:
+        if any(m in low for m in marks):
+            return category
+    return "other"
 
 
 def kernel_table(prof, steps: int, top: int, device_type=None) -> tuple[float, float, list[str]]:
@@ -64,8 +92,9 @@ def profile_steps(step, steps: int, step_ms: float, top: int = 10) -> dict:
     ``step_ms``: the step time measured without the profiler (CUDA events). Returns ``kernel_ms`` (summed kernel
     time per step), ``busy_ms`` (time per step with at least one kernel running), ``gap_ms`` = step_ms - busy_ms (the
     GPU idle: host launch overhead, syncs; ≥ 0), ``gap_share`` (gap_ms / step_ms), ``launches`` (kernel launches per
-    step) and ``top`` (the ``top`` kernels by total time: [name cut to 70 characters, calls/step, ms/step, share of
-    kernel_ms]). On the CPU (dry runs) the operators stand in for kernels.
+    step), ``top`` (the ``top`` kernels by total time: [name cut to 70 characters, calls/step, ms/step, share of
+    kernel_ms]) and ``categories`` ({``kernel_category``: ms/step} over every kernel).
+    On the CPU (dry runs) the operators stand in for kernels.
     """
     cuda = torch.cuda.is_available()
     device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
@@ -88,17 +117,23 @@ def profile_steps(step, steps: int, step_ms: float, top: int = 10) -> dict:
             intervals.append((ev.time_range.start, ev.time_range.end))
     kernel_ms = sum(total.values()) / steps
     busy_ms = _busy_ms(intervals) / steps if cuda else kernel_ms
+    categories = dict.fromkeys(CATEGORIES, 0.0)
+    for name, ms in total.items():
+        categories[kernel_category(name)] += ms / steps
     gap_ms = max(step_ms - busy_ms, 0.0)
     top_rows = [[name[:70], calls[name] / steps, ms / steps, ms / steps / max(kernel_ms, 1e-12)]
                 for name, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]]
     return dict(kernel_ms=kernel_ms, busy_ms=busy_ms, gap_ms=gap_ms, gap_share=gap_ms / max(step_ms, 1e-12),
-                launches=sum(calls.values()) / steps, top=top_rows)
+                launches=sum(calls.values()) / steps, top=top_rows, categories=categories)
 
 
 def profile_table(label: str, prof: dict) -> str:
-    """Markdown of one ``profile_steps`` result: a heading line with the split and a table of the top kernels."""
+    """Markdown of one ``profile_steps`` result: a heading line with the split, a line with the kernel time per
+    category and a table of the top kernels."""
+    cats = ", ".join(f"{c} {ms:.1f}" for c, ms in prof.get("categories", {}).items() if ms > 0)
     lines = [f"#### {label}: kernels {prof['kernel_ms']:.1f} ms/step (busy {prof['busy_ms']:.1f} ms), GPU idle "
              f"{prof['gap_ms']:.1f} ms ({prof['gap_share']:.0%}), {prof['launches']:.0f} launches/step",
+             f"by kind (ms/step): {cats}",
              "| kernel | calls/step | ms/step | share |", "|---|---:|---:|---:|"]
     lines += [f"| {n} | {c:.0f} | {ms:.3f} | {sh:.1%} |" for n, c, ms, sh in prof["top"]]
     return "\n".join(lines)

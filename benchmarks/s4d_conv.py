@@ -14,8 +14,8 @@
    training shapes B×T = 64×1024, 16×2048, 4×4096; then fwd+bwd of ``chunk_s4d`` at the ``--chunk-sweep`` lengths
    beside Toeplitz at the same shapes (H200: L=64 is 2.1-4.1x slower than Toeplitz on dense batches).
 2b. With ``--toeplitz-blocks``: the Toeplitz form at those block sizes (``toeplitz_convolve``'s rows per block, the
-   zero blocks above the diagonal skipped; a block >= T is the dense matmul), eager at the three shapes and compiled
-   at 16×2048.
+   zero blocks above the diagonal skipped; a block >= T is the dense matmul) and the FFT form beside them, eager at
+   the three shapes and compiled at 16×2048 and 4×4096.
 3. Packed documents (``--skip-packed`` to leave out): B=1, T=32768 cut into documents of benchmarks/train_speed.py's
    varlen mix (log-normal, median 256, seed 0), forward+backward under bf16 autocast: ``chunk_s4d`` eager and
    under ``torch.compile(fullgraph=True)`` (one graph for the whole pack), against the per-document FFT (eager
@@ -181,24 +181,23 @@ def chunk_sweep(sizes: list[int]) -> str:
 
 def block_sweep(blocks: list[int]) -> str:
     """fwd and fwd+bwd ms of the Toeplitz form at several ``toeplitz_convolve`` block sizes (rows per block; a block
-    >= T is the dense matmul) on the dense training batches (bf16 autocast, H=8, R=D=M=64), eager, and compiled
-    (``torch.compile`` of the op's forward+backward) at 16×2048, the `small` training shape."""
+    >= T is the dense matmul) and of the FFT form beside them, on the dense training batches (bf16 autocast, H=8,
+    R=D=M=64), eager, and compiled (``torch.compile`` of the op's forward+backward) from T = 2048 on (the `small`
+    training shape and the length where "auto" chooses between the two forms)."""
     H, R, D, M = 8, 64, 64, 64
     params = tuple(x.to(torch.complex64) if x.is_complex() else x.float() for x in _params(H, M, "cuda"))
-    lines = ["| B×T | block | fwd ms | fwd+bwd ms | compiled fwd+bwd ms |", "|---|---|---|---|---|"]
+    lines = ["| B×T | form | fwd ms | fwd+bwd ms | compiled fwd+bwd ms |", "|---|---|---|---|---|"]
     for Bsz, T in ((64, 1024), (16, 2048), (4, 4096)):
         a = torch.randn(Bsz, T, H, R, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         b = torch.randn(Bsz, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for blk in blocks:
-            def form(*args, _blk=blk, **kw):
-                return conv_s4d(functools.partial(toeplitz_convolve, block=_blk), *args, **kw)
+        forms = [(f"toeplitz block {blk}" if blk < T else "toeplitz dense",
+                  functools.partial(conv_s4d, functools.partial(toeplitz_convolve, block=blk))) for blk in blocks]
+        for label, form in forms + [("fft", fft_s4d)]:
             fwd, fwd_bwd = _op_fns(form, a, b, params)
             comp = "–"
-            if T == 2048:
-                compiled = torch.compile(form)
-                comp = f"{_time(_op_fns(compiled, a, b, params)[1]):.2f}"
-            lines.append(f"| {Bsz}×{T} | {blk if blk < T else 'dense'} | {_time(fwd):.2f} | {_time(fwd_bwd):.2f} "
-                         f"| {comp} |")
+            if T >= 2048:
+                comp = f"{_time(_op_fns(torch.compile(form), a, b, params)[1]):.2f}"
+            lines.append(f"| {Bsz}×{T} | {label} | {_time(fwd):.2f} | {_time(fwd_bwd):.2f} | {comp} |")
         torch.cuda.empty_cache()
     return "\n".join(lines)
 

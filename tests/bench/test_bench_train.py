@@ -172,5 +172,30 @@ def test_train_bench_dryrun_long_rows_with_profile(tmp_path):
         prof = r["profile"]
         assert prof["launches"] > 0 and prof["kernel_ms"] > 0 and 0 <= prof["gap_share"] <= 1
         assert prof["top"] and all(0 < share <= 1 for *_, share in prof["top"])
+        assert sum(prof["categories"].values()) == pytest.approx(prof["kernel_ms"])
     assert "| tokens/s | vs base |" in proc.stdout
-    assert proc.stdout.count("launches/step") == 4
+    assert proc.stdout.count("launches/step") == 4 and proc.stdout.count("by kind (ms/step):") == 4
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("_chunk_bwd", "mixer op"),
+    ("_bwd_k_kernel", "mixer op"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_3", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "matmul"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_128x64>", "matmul"),
+    ("triton_tem_fused_mm_0", "matmul"),
+    ("triton_poi_fused__to_copy_add_mul_0", "fused glue"),
+    ("triton_red_fused_rms_norm_1", "fused glue"),
+    ("triton_per_fused_sum_2", "fused glue"),
+    ("triton_poi_fused__scaled_dot_product_flash_attention_view_3", "fused glue"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "elementwise"),
+    ("Memcpy DtoD (Device -> Device)", "elementwise"),
+    ("some_unknown_kernel", "other"),
+])
+def test_profile_kernel_kinds(name, kind):
+    from benchmarks.profile_train import CATEGORIES, kernel_category
+
+    assert kernel_category(name) == kind and kind in CATEGORIES

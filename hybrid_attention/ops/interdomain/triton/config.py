@@ -21,12 +21,14 @@ class InterdomainConfig(ScanConfig):
     warps_chunk_bwd: warps of the chunk kernels; max_chunk: kernel chunk length cap (H200: L=32 beats
     L=64); bwd_split: the backward chunk kernel as two launches (value side, key side).
 
-    Defaults: the fastest measured on the H200 (the one-launch backward 3.93 ms vs split 4.48 ms at 32K,
-    forward at 4 warps). The sm_90 AOT report (benchmarks/aot_regs.py, triton 3.6 = the device's, R=D=M=64,
-    L=BC=32; registers / spill stores per thread) predicts the other choice:
-    forward 4 warps 255 / 52 B vs 8 warps 225 / 0 B; backward one launch 255 / 832 B vs split 255 / 0 B + 255 / 40 B.
-    The measured times decide; ``benchmarks/interdomain_ops.py`` sweeps the alternatives (``L32_BC32_fused``;
-    ``dataclasses.replace(DEFAULT_CONFIG, warps_chunk_fwd=8, bwd_split=True)``).
+    Defaults: the fastest measured on the H200. DECISION: the split backward at 4 warps. ``python -m
+    benchmarks.interdomain_launch`` (R = D = M = 64, readout "real", bf16), forward + backward ms, split at 4 warps
+    against the one-launch backward at 8 warps: 4.040 vs 4.250 at B×T×H = 16×2048×8 and 8.555 vs 8.977 at 1×32768×16
+    (the backward chunk stage 1.97 vs 2.19 and 3.85 vs 4.29); split at 8 warps 4.218 / 8.944, one launch at 4 warps
+    4.492 / 9.593; the same order in two runs on different days. The sm_90 AOT report (benchmarks/aot_regs.py,
+    triton 3.6 = the device's, L = BC = 32; registers / spill stores per thread) agrees: one launch 255 / 832 B,
+    split 255 / 0 B + 255 / 40 B. Forward at 4 warps (255 / 52 B) measures faster than 8 warps (225 / 0 B):
+    0.741 vs 0.956 ms at 16×2048×8.
 
     real_one_pass: how readout="real" runs. True: one forward / backward pass of the chunk kernels with the readout
     r = Cᵀ Re(C p) of the key-side vector p, from C itself (two M×M tiles, REAL_C in kernels.py, whose DECISION
@@ -48,9 +50,9 @@ class InterdomainConfig(ScanConfig):
 
     BC: int = 32
     warps_chunk_fwd: int = 4
-    warps_chunk_bwd: int = 8
+    warps_chunk_bwd: int = 4
     max_chunk: int = 32
-    bwd_split: bool = False
+    bwd_split: bool = True
     real_one_pass: bool = True
     real_dot_prec: str = "tf32"
 
