@@ -20,7 +20,7 @@ the CPU), runs one forward (LM loss, bf16 autocast unless ``--no-amp``) and its 
 * ``calls``: fused + extern + fallback + custom, the launch proxy.
 
 The backend each mixer runs is the one "auto" picks on the GPU at training lengths (``GPU_BACKENDS``): the Toeplitz
-S4D form (T <= 2048) and the Triton Interdomain op, run here through the Triton interpreter (``TRITON_INTERPRET=1``
+S4D form (T <= 4096) and the Triton Interdomain op, run here through the Triton interpreter (``TRITON_INTERPRET=1``
 is set before the kernels are imported when no GPU is present). Counts do not depend on T (static shapes), so short
 sequences keep the interpreter fast (``--tiny``: toy widths too, same counts). The caches of inductor are disabled
 so that every graph is compiled and counted.

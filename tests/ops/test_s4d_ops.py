@@ -398,3 +398,23 @@ def test_toeplitz_block_must_be_positive():
 
     with pytest.raises(ValueError, match="block must be a positive number of rows, got 0"):
         toeplitz_convolve(torch.zeros(1, 4, 1, 1), torch.zeros(1, 4), 0)
+
+
+def test_toeplitz_default_block_is_dense_then_blocked():
+    """The default block: one dense matmul up to DENSE_MAX_T tokens, TOEPLITZ_BLOCK rows above; the default call equals
+    the dense convolution at a length that runs blocks (float64, output and both gradients)."""
+    from hybrid_attention.ops.s4d.toeplitz import DENSE_MAX_T, TOEPLITZ_BLOCK, default_block, toeplitz_convolve
+
+    assert default_block(1) == 1 and default_block(DENSE_MAX_T) == DENSE_MAX_T
+    assert default_block(DENSE_MAX_T + 1) == TOEPLITZ_BLOCK < DENSE_MAX_T
+    T = DENSE_MAX_T + 37  # blocks, the last one partial
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(1, T, 1, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    K = torch.randn(1, T, dtype=torch.float64, generator=g, requires_grad=True)
+    dy = torch.randn(1, T, 1, 2, dtype=torch.float64, generator=g)
+    y = toeplitz_convolve(z, K)
+    dz, dK = torch.autograd.grad(y, (z, K), dy)
+    y_ref = toeplitz_convolve(z, K, T)  # one dense block, equal to the double loop (the test above)
+    dz_ref, dK_ref = torch.autograd.grad(y_ref, (z, K), dy)
+    for got, want in ((y, y_ref), (dz, dz_ref), (dK, dK_ref)):
+        assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max().item() + 1e-14)

@@ -9,16 +9,25 @@ from ..common.autocast import AUTOCAST_DEVICES, autocast_off
 from ..common.varlen import per_document
 from .conv_form import conv_s4d
 
-__all__ = ["toeplitz_s4d", "toeplitz_convolve"]
+__all__ = ["toeplitz_s4d", "toeplitz_convolve", "default_block", "DENSE_MAX_T", "TOEPLITZ_BLOCK"]
 
 
-# DECISION: the default block (TOEPLITZ_BLOCK = 4096 rows) keeps one dense matmul at every length "auto" runs this form
-# at (T <= 2048, ops/s4d/__init__.py): the form whose GPU times are measured (benchmarks/README.md, S4D convolution
-# forms). A smaller block skips the zero blocks above the diagonal: with n = ceil(T / block) blocks it does
-# n (n + 1) / 2 of the n² block products (9/16 of the dense work at T = 2048, block 256) and builds one
-# [block, n·block] block row instead of the T x T matrix; `python -m benchmarks.s4d_conv --toeplitz-blocks 4096 512
-# 256 128` times the choices side by side, and a block becomes the default when that table shows it faster.
-TOEPLITZ_BLOCK = 4096
+# DECISION: one dense matmul up to DENSE_MAX_T tokens, blocks of TOEPLITZ_BLOCK rows above. A block skips the zero
+# blocks above the diagonal (with n = ceil(T / block) blocks it does n (n + 1) / 2 of the n² block products) and builds
+# one [block, n·block] block row instead of the T x T matrix; each block product is a smaller matmul. Evidence
+# (`python -m benchmarks.s4d_conv --skip-model --skip-packed --toeplitz-blocks 4096 512 256`, bf16 autocast, H = 8,
+# R = D = M = 64, forward + backward ms, eager / compiled): H100, 16 x 2048 dense 2.71 / 1.29, block 512 2.88 / 1.89,
+# block 256 4.54 / 1.83; 4 x 4096 dense 4.46 / 6.53, block 512 2.52 / 1.84, block 256 3.33 / 2.77, FFT 4.11 / 4.48.
+# H200 eager: 16 x 2048 dense 2.83, block 512 2.67 (compiled 1.69 / 1.81); 4 x 4096 dense 3.86, block 512 2.93, FFT
+# 3.71. So "auto" runs this form up to 4096 tokens (ops/s4d/__init__.py).
+DENSE_MAX_T = 2048
+TOEPLITZ_BLOCK = 512
+
+
+def default_block(T: int) -> int:
+    """Rows per block of ``toeplitz_convolve`` at length T: T (one dense matmul) up to ``DENSE_MAX_T``, else
+    ``TOEPLITZ_BLOCK`` (the DECISION above)."""
+    return T if T <= DENSE_MAX_T else TOEPLITZ_BLOCK
 
 
 def _block_row(K: torch.Tensor, block: int, n: int, *, transposed: bool = False) -> torch.Tensor:
@@ -126,10 +135,13 @@ class _ToeplitzConv(torch.autograd.Function):
         return dz, dK, None
 
 
-def toeplitz_convolve(z: torch.Tensor, K: torch.Tensor, block: int = TOEPLITZ_BLOCK) -> torch.Tensor:
+def toeplitz_convolve(z: torch.Tensor, K: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """Causal convolution along time as a block-lower-triangular Toeplitz matmul:
     y[b, t, h, c] = Σ_{s<=t} K[h, t-s] z[b, s, h, c]. z ``[B, T, H, C]``, K ``[H, T]`` (same real dtype); returns
-    ``[B, T, H, C]`` in z's dtype. ``block``: rows per block (``TOEPLITZ_BLOCK``; T <= block is one dense matmul)."""
+    ``[B, T, H, C]`` in z's dtype. ``block``: rows per block (T <= block is one dense matmul); None:
+    ``default_block(T)``."""
+    if block is None:
+        block = default_block(z.shape[1])
     if block < 1:
         raise ValueError(f"block must be a positive number of rows, got {block}")
     return _ToeplitzConv.apply(z, K, block)
@@ -154,8 +166,8 @@ def toeplitz_s4d(
     Toeplitz matrix T_h[t, s] = K[h, t-s] (s <= t): O(T²) multiply-adds per channel instead of the FFT's O(T log T), but
     as batched matmuls on tensor cores, which is the cheaper side at training lengths (T ~ 1-2K, where the FFT path is
     bound by memory traffic and eager complex elementwise work; ``python -m benchmarks.s4d_conv``). Memory: one
-    [H, T, T] matrix per call (T = 2048, H = 8: 64 MB in bf16; a [H, block, T] block row with a smaller
-    ``toeplitz_convolve`` block), so it is meant for T <= ~4K.
+    [H, T, T] matrix per call up to ``DENSE_MAX_T`` (T = 2048, H = 8: 64 MB in bf16), one [H, block, T] block row
+    above it; it is meant for T <= ~4K.
 
     Precision, decided here: the matmuls run in the dtype of the autocast region they are called in (bf16 under the
     training's bf16 autocast, like every Linear layer: the kernel K is then rounded to bf16, relative 2^-9), otherwise
