@@ -6,9 +6,9 @@
 1. Correctness: ``toeplitz_s4d`` and ``chunk_s4d`` under bf16 autocast (the training setting) and in float32, and
    ``fft_s4d`` in float32, against ``fft_s4d`` in float64 (equal to the token-loop definition to 1e-10,
    tests/ops/test_s4d_ops.py, test_s4d_chunk.py): relative RMS error of the output, the final state and every
-   gradient, B=2, T=1000, H=4, R=D=64, M=64, random initial state; and ``chunk_s4d`` on packed documents (B=1,
-   T=4000, the log-normal mix of the varlen rows below) against the float64 FFT run per document. Bars: 5e-3
-   outputs, 1e-2 gradients.
+   gradient, B=2, T=1000 (and T=3000 for the Toeplitz form in blocks), H=4, R=D=64, M=64, random initial state; and
+   ``chunk_s4d`` on packed documents (B=1, T=4000, the log-normal mix of the varlen rows below) against the float64
+   FFT run per document. Bars: 5e-3 outputs, 1e-2 gradients.
 2. Op timing (CUDA events, median of 10 after 3 warm-ups): forward and forward+backward of ``fft_s4d``,
    ``toeplitz_s4d`` and ``chunk_s4d`` (``--chunk-size``), bf16 inputs under bf16 autocast, H=8, R=D=64, M=64, at the
    training shapes B×T = 64×1024, 16×2048, 4×4096; then fwd+bwd of ``chunk_s4d`` at the ``--chunk-sweep`` lengths
@@ -60,13 +60,10 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def correctness(chunk_size: int = 64) -> str:
     dev = "cuda"
-    Bsz, T, H, R, D, M = 2, 1000, 4, 64, 64, 64
+    Bsz, H, R, D, M = 2, 4, 64, 64, 64
     log_lam, B, C, w = _params(H, M, dev)
-    a = torch.randn(Bsz, T, H, R, dtype=F64, device=dev)
-    b = torch.randn(Bsz, T, H, D, dtype=F64, device=dev)
-    X0 = torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, device=dev) * 0.1
-    dy = torch.randn(Bsz, T, H, R + D, dtype=F64, device=dev)
     names = ("out", "final", "da", "db", "dlog_lam", "dB", "dC", "dw", "dX0")
+    lines = ["| form | " + " | ".join(names) + " | verdict |", "|---|" + "---|" * (len(names) + 1)]
 
     def run(fn, dtype, autocast):
         lo = [x.to(torch.complex64 if x.is_complex() else torch.float32) if dtype != F64 else x
@@ -80,20 +77,26 @@ def correctness(chunk_size: int = 64) -> str:
     def chunk(*args, **kw):
         return chunk_s4d(*args, chunk_size=chunk_size, **kw)
 
-    ref = run(fft_s4d, F64, False)
-    lines = ["| form | " + " | ".join(names) + " | verdict |", "|---|" + "---|" * (len(names) + 1)]
-
     def row(label, got, want):
         errs = [_rel(x, r) for x, r in zip(got, want)]
         ok = max(errs[:2]) <= 5e-3 and max(errs[2:]) <= 1e-2 and all(e == e for e in errs)
         lines.append(f"| {label} | " + " | ".join(f"{e:.1e}" for e in errs) + f" | {'PASS' if ok else 'FAIL'} |")
 
-    for label, fn, dtype, ac in (("toeplitz bf16 autocast", toeplitz_s4d, torch.float32, True),
-                                 ("toeplitz float32", toeplitz_s4d, torch.float32, False),
-                                 (f"chunk L={chunk_size} bf16 autocast", chunk, torch.float32, True),
-                                 (f"chunk L={chunk_size} float32", chunk, torch.float32, False),
-                                 ("fft float32", fft_s4d, torch.float32, False)):
-        row(label, run(fn, dtype, ac), ref)
+    # T = 1000: the Toeplitz form as one dense matmul; T = 3000: in blocks (toeplitz.default_block)
+    for T in (1000, 3000):
+        a = torch.randn(Bsz, T, H, R, dtype=F64, device=dev)
+        b = torch.randn(Bsz, T, H, D, dtype=F64, device=dev)
+        X0 = torch.randn(Bsz, H, M, R + D, dtype=torch.complex128, device=dev) * 0.1
+        dy = torch.randn(Bsz, T, H, R + D, dtype=F64, device=dev)
+        ref = run(fft_s4d, F64, False)
+        forms = [("toeplitz bf16 autocast", toeplitz_s4d, torch.float32, True),
+                 ("toeplitz float32", toeplitz_s4d, torch.float32, False)]
+        if T == 1000:
+            forms += [(f"chunk L={chunk_size} bf16 autocast", chunk, torch.float32, True),
+                      (f"chunk L={chunk_size} float32", chunk, torch.float32, False),
+                      ("fft float32", fft_s4d, torch.float32, False)]
+        for label, fn, dtype, ac in forms:
+            row(f"{label} (T={T})", run(fn, dtype, ac), ref)
 
     # packed documents: B = 1, T = 4000 of the varlen mix, chunk vs the float64 FFT run per document
     T_p = 4000
