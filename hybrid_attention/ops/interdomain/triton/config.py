@@ -25,7 +25,7 @@ class InterdomainConfig(ScanConfig):
     benchmarks.interdomain_launch`` (R = D = M = 64, readout "real", bf16), forward + backward ms, split at 4 warps
     against the one-launch backward at 8 warps: 4.040 vs 4.250 at B×T×H = 16×2048×8 and 8.555 vs 8.977 at 1×32768×16
     (the backward chunk stage 1.97 vs 2.19 and 3.85 vs 4.29); split at 8 warps 4.218 / 8.944, one launch at 4 warps
-    4.492 / 9.593; the same order in two runs on different days. The sm_90 AOT report (benchmarks/aot_regs.py,
+    4.492 / 9.593; the same order in two separate runs. The sm_90 AOT report (benchmarks/aot_regs.py,
     triton 3.6 = the device's, L = BC = 32; registers / spill stores per thread) agrees: one launch 255 / 832 B,
     split 255 / 0 B + 255 / 40 B. Forward at 4 warps (255 / 52 B) measures faster than 8 warps (225 / 0 B):
     0.741 vs 0.956 ms at 16×2048×8.
