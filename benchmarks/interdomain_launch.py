@@ -33,6 +33,7 @@ VARIANTS = {
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
 }
 
+
 def _shape(text: str) -> tuple[int, int, int]:
     try:
         b, t, h = (int(x) for x in text.lower().split("x"))

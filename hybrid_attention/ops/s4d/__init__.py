@@ -29,8 +29,8 @@ _FORMS = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d, "chunk":
 # benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): H200 eager, Toeplitz 3.28x faster than the FFT
 # at B x T = 64 x 1024, 2.01x at 16 x 2048 (dense), 1.27x at 4 x 4096 (in blocks of 512 rows, toeplitz.py); H100 at
 # 4 x 4096, blocks of 512 1.63x eager and 2.43x compiled (1.84 vs 4.48 ms). Its cost per token grows with T, the FFT's
-# with log T. Its bf16 error vs float64 is 2.9e-3 (outputs) / <= 2.8e-3 (gradients), inside the 5e-3 / 1e-2 bars. On the
-# CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
+# with log T. Its bf16 error vs float64 is 2.9e-3 (outputs) / <= 2.9e-3 (gradients) at T = 1000 (dense) and T = 3000
+# (blocks), inside the 5e-3 / 1e-2 bars. On the CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
 # DECISION (packed documents, any device): "auto" with cu_seqlens runs "chunk". The Toeplitz / FFT forms run one
 # convolution per document at its own length with host-side offsets (``per_document``): under torch.compile Dynamo
 # re-specialises per document length and the packed s4d training step does not finish (H200, B = 1, T = 32768, 82
