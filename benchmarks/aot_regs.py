@@ -26,13 +26,14 @@ venv may hold another), put that wheel first on the path (it is one `pip install
     PYTHONPATH=/tmp/t36:. python benchmarks/aot_regs.py --chunk-only     # benchmarks/aot_regs_gdn.py likewise
 
 Prints one line per kernel variant: registers per thread, spill stores / loads (bytes), static shared memory (bytes
-reported by triton for the launch). A kernel with > 0 spill bytes or 255 registers is the first suspect of a slow stage.
+reported by triton for the launch) and the matrix instructions in its PTX (``wgmma.mma_async``: Hopper's warpgroup
+MMA; ``mma.sync``: the per-warp MMA of earlier architectures). A kernel with > 0 spill bytes or 255 registers is
+the first suspect of a slow stage.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -45,6 +46,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from benchmarks.common import config_with  # noqa: E402
 from hybrid_attention.ops.common.triton import ssm_scan_kernels as K  # noqa: E402
 from hybrid_attention.ops.interdomain.triton import kernels as IK  # noqa: E402
 from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG, InterdomainConfig  # noqa: E402
@@ -99,7 +101,9 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, bf16_a
         ).stderr
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    return {"regs": regs, "spill_st": int(spill.group(1)), "spill_ld": int(spill.group(2)), "smem": ck.metadata.shared}
+    ptx = ck.asm["ptx"]
+    return {"regs": regs, "spill_st": int(spill.group(1)), "spill_ld": int(spill.group(2)), "smem": ck.metadata.shared,
+            "wgmma": len(re.findall(r"\bwgmma\.mma_async\b", ptx)), "mma_sync": len(re.findall(r"\bmma\.sync\b", ptx))}
 
 
 def variants(BT: int = 32, M: int = 64, NC: int = 128):
@@ -145,6 +149,7 @@ def chunk_variants(
         "DOT_PREC": cfg.dot_prec,
         "LP_DOT": True,
         "REAL_PREC": cfg.real_dot_prec,
+        "SAVE_PR": cfg.save_readout,
     }
     parts = (1, 2) if cfg.bwd_split else (0,)
     variants = [("trans", False, False, {}), ("herm", True, False, {}), ("real1", False, True, {})]
@@ -181,17 +186,8 @@ def bilinear_variants(chunk_size: int = 64, M: int = 64, R: int = 64):
 
 def _print(label: str, r: dict) -> None:
     spills = f"{r['spill_st']:4d}/{r['spill_ld']:4d} B"
-    print(f"{label:34s} regs {r['regs']:3d}  spill st/ld {spills}  smem {r['smem']} B")
-
-
-def _config(pairs: list[str]) -> InterdomainConfig:
-    """``DEFAULT_CONFIG`` with ``key=value`` overrides (typed as the default's field: int, bool 0/1, str)."""
-    changes = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        old = getattr(DEFAULT_CONFIG, key)
-        changes[key] = bool(int(value)) if isinstance(old, bool) else type(old)(value)
-    return dataclasses.replace(DEFAULT_CONFIG, **changes)
+    print(f"{label:34s} regs {r['regs']:3d}  spill st/ld {spills}  smem {r['smem']} B  "
+          f"wgmma {r['wgmma']:3d}  mma.sync {r['mma_sync']:3d}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -201,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bilinear-only", action="store_true", help="only the bilinear S4D readout kernels")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="InterdomainConfig override")
     args = ap.parse_args(argv)
-    cfg = _config(args.set)
+    cfg = config_with(DEFAULT_CONFIG, args.set)
     print(f"sm_90 AOT compile (triton {triton.__version__}), BT=32, M=64, R=D=64")
     if args.bilinear_only:
         for label, fn, cx, warps, stages, bf16 in bilinear_variants():

@@ -38,6 +38,7 @@ __all__ = [
     "bench_ms",
     "peak_mb",
     "rel_rms",
+    "config_with",
     "sync",
     "fla_gdn",
 ]
@@ -249,3 +250,19 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor, abs_floor: float = 1e-20) -> float
     if nb < abs_floor:
         return (a - b).norm().item()
     return ((a - b).norm() / nb).item()
+
+
+def config_with(base: Any, pairs: list[str]) -> Any:
+    """The frozen launch config ``base`` with ``KEY=VALUE`` overrides, each typed as the field it replaces (int, bool
+    as 0/1, str); an unknown key names the config's fields."""
+    import dataclasses
+
+    changes = {}
+    fields = {f.name for f in dataclasses.fields(base)}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--set: {key!r} is not a field of {type(base).__name__} ({', '.join(sorted(fields))})")
+        old = getattr(base, key)
+        changes[key] = bool(int(value)) if isinstance(old, bool) else type(old)(value)
+    return dataclasses.replace(base, **changes)

@@ -40,6 +40,7 @@ from benchmarks.common import (
     INTERDOMAIN_OPS_BUDGET_S,
     BenchSettings,
     bench_parser,
+    config_with,
     elapsed,
     fla_gdn,
     log,
@@ -632,7 +633,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--final", action="store_true", help="the last run of a lease: no smoke / decode sections")
     p.add_argument("--correctness-only", action="store_true", help="every readout vs float64, no timings")
     p.add_argument("--real-passes", action="store_true", help="only the real-passes section (1 vs 2 passes)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="InterdomainConfig override of the checked / timed configuration (e.g. save_readout=1)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.set:
+        from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
+
+        CONFIG["chosen"] = config_with(DEFAULT_CONFIG, args.set)
     results: dict = {"errors": []}  # this run's JSON (every section writes into it; local to the run)
     s, quick = BenchSettings.from_args(args), args.quick
     import triton

@@ -1,7 +1,7 @@
 """The S4D-only control's forms on the GPU: FFT (the default), the dense Toeplitz matmul and the chunked form.
 
     python -m benchmarks.s4d_conv [--model-steps 10] [--skip-model] [--skip-packed] [--chunk-size 64]
-                                  [--chunk-sweep 128 256] [--toeplitz-blocks 4096 512 256 128]
+                                  [--chunk-sweep 128 256] [--toeplitz-blocks 4096 512 256 128] [--long-only]
 
 1. Correctness: ``toeplitz_s4d`` and ``chunk_s4d`` under bf16 autocast (the training setting) and in float32, and
    ``fft_s4d`` in float32, against ``fft_s4d`` in float64 (equal to the token-loop definition to 1e-10,
@@ -20,6 +20,9 @@
    varlen mix (log-normal, median 256, seed 0), forward+backward under bf16 autocast: ``chunk_s4d`` eager and
    under ``torch.compile(fullgraph=True)`` (one graph for the whole pack), against the per-document FFT (eager
    only: compiled, it re-specialises per document length, the recompile storm that motivated the chunked form).
+3b. With ``--long-only`` (nothing else): the dense long-context rows, 4×8192, 2×16384 and 1×32768 at H=12: the FFT,
+   the Toeplitz form in blocks of 512 and the chunked form at ``--chunk-size`` and the ``--chunk-sweep`` lengths,
+   eager and compiled (what "auto" runs above 4096 tokens).
 4. Model: compiled training step (bf16 autocast, fused AdamW) of the credible-scale model (small preset, 8 layers,
    vocabulary 8192, B=32, T=1024) with ``s4d`` layers on each form, and a softmax model beside them: tokens/s.
 Prints one table per part.
@@ -205,6 +208,29 @@ def block_sweep(blocks: list[int]) -> str:
     return "\n".join(lines)
 
 
+def long_timing(chunk_sizes: list[int], H: int = 12) -> str:
+    """fwd+bwd ms of the forms "auto" chooses between above 4096 tokens on dense batches (bf16 autocast, H heads,
+    R=D=M=64, the s4d-125m shape): the FFT (eager; compiled it runs cuFFT the same), the Toeplitz form in blocks of
+    512 rows (compiled) and the chunked form at ``chunk_sizes`` (eager and compiled)."""
+    R, D, M = 64, 64, 64
+    params = tuple(x.to(torch.complex64) if x.is_complex() else x.float() for x in _params(H, M, "cuda"))
+    lines = ["| B×T | form | fwd+bwd ms | compiled fwd+bwd ms |", "|---|---|---|---|"]
+    for Bsz, T in ((4, 8192), (2, 16384), (1, 32768)):
+        a = torch.randn(Bsz, T, H, R, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.randn(Bsz, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        forms = [("fft", fft_s4d, False),
+                 ("toeplitz block 512", functools.partial(conv_s4d, functools.partial(toeplitz_convolve, block=512)),
+                  True)]
+        forms += [(f"chunk L={L}", functools.partial(chunk_s4d, chunk_size=L), True) for L in chunk_sizes]
+        for label, form, comp in forms:
+            eager = _time(_op_fns(form, a, b, params)[1])
+            compiled = f"{_time(_op_fns(torch.compile(form), a, b, params)[1]):.2f}" if comp else "–"
+            lines.append(f"| {Bsz}×{T} | {label} | {eager:.2f} | {compiled} |")
+            torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
 def packed_timing(chunk_size: int = 64, T: int = 32768) -> str:
     """Forward+backward on one packed row of T tokens (the varlen mix), bf16 autocast, H=8, R=D=M=64."""
     H, R, D, M = 8, 64, 64, 64
@@ -265,7 +291,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="chunk lengths timed against Toeplitz on the dense batches (default 128 256; none: skip)")
     p.add_argument("--toeplitz-blocks", type=int, nargs="*", default=[],
                    help="block sizes of the Toeplitz form to time (e.g. 4096 512 256 128; default: skip)")
+    p.add_argument("--long-only", action="store_true",
+                   help="only the dense long-context rows (4x8192, 2x16384, 1x32768, H=12): FFT, Toeplitz, chunk")
     a = p.parse_args(argv)
+    if a.long_only:
+        print("## s4d dense long context: fwd+bwd (bf16 autocast, H=12, R=D=M=64)\n"
+              + long_timing([a.chunk_size, *a.chunk_sweep]), flush=True)
+        return
     print("## s4d forms: correctness vs float64 FFT\n" + correctness(a.chunk_size), flush=True)
     print("\n## s4d forms: op time (bf16 autocast, H=8, R=D=M=64)\n" + op_timing(a.chunk_size), flush=True)
     if a.chunk_sweep:

@@ -253,7 +253,7 @@ def test_real_c_kernels_orientation(cfg):
     def op(leaves, kk, readout):
         q_, k_, v_, ll_, bb_, _, init_ = leaves
         args = (q_, k_, v_, ll_, bb_, kk, init_, None, None, None, 32, True, True, readout)
-        return _EagerInterdomain.apply(config, NO_HOOKS, *args)
+        return _EagerInterdomain.apply(config, NO_HOOKS, *args)[:2]  # (o, final); the kept tensors follow
 
     def planar(z):
         return torch.stack([z.real, z.imag], 1).contiguous()
@@ -289,7 +289,7 @@ def test_registered_op_follows_the_default_real_one_pass(monkeypatch):
     real_op = ops.interdomain_fwd_op
 
     def spy(*args):
-        calls.append(args[-1])
+        calls.append(args[13])  # the readout
         return real_op(*args)
 
     monkeypatch.setattr(ops, "interdomain_fwd_op", spy)
@@ -325,6 +325,62 @@ def test_kernel_configurations(cfg, chunk):
     res = run_both(1, 70, 1, 16, 16, 16, chunk, seed=31 + chunk + cfg["BC"], config=InterdomainConfig(**cfg))
     for name, (a, b) in res.items():
         assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+SAVED = [
+    dict(save_states=True),
+    dict(save_readout=True),
+    dict(save_states=True, save_readout=True),
+    dict(save_states=True, save_readout=True, bwd_split=False),
+    dict(save_states=True, save_readout=True, BC=16),  # two sub-chunks per chunk
+]
+
+
+@pytest.mark.parametrize("readout", ["transpose", "hermitian", "real"])
+@pytest.mark.parametrize("cfg", SAVED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_saved_forward_tensors(cfg, readout):
+    """The backward from the forward's kept states / p and r (and gp handed from the value to the key side) vs the
+    float64 reference: o, the final state and every gradient; T never a multiple of the chunk; NaN-poisoned buffers
+    (a row the forward did not store, or the value side did not hand over, shows up)."""
+    config = InterdomainConfig(**cfg, poison=True)
+    res = run_both(2, 45, 2, 12, 20, 10, 32, seed=len(cfg) + len(readout), readout=readout, config=config)
+    for name, (a, b) in res.items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_saved_forward_tensors_with_the_denominator():
+    config = InterdomainConfig(save_states=True, save_readout=True, poison=True, **IEEE_IF_DOMINANT)
+    res = run_both(1, 37, 2, 12, 20, 10, 16, seed=5, denominator=True, readout="real", dominant=True, config=config)
+    for name, (a, b) in res.items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < _tol(), (name, rel(a, b))
+
+
+def test_the_forward_keeps_tensors_only_for_a_gradient(monkeypatch):
+    """The registered op is asked to keep its states / p, r (per DEFAULT_CONFIG) only when a gradient is needed:
+    never under no_grad (inference stores nothing extra), and then the fake implementation agrees with the op."""
+    import dataclasses
+
+    from hybrid_attention.ops.interdomain.triton import ops
+
+    calls = []
+    real_op = ops.interdomain_fwd_op
+
+    def spy(*args):
+        calls.append(args[14:16])
+        return real_op(*args)
+
+    monkeypatch.setattr(ops, "interdomain_fwd_op", spy)
+    monkeypatch.setattr(ops, "DEFAULT_CONFIG",
+                        dataclasses.replace(ops.DEFAULT_CONFIG, save_states=True, save_readout=True))
+    g = torch.Generator().manual_seed(2)
+    log_lam, B, C = (t.to(DEV, torch.complex64) for t in make_params(1, 10, g))
+    q, k, v = (t.to(DEV, torch.float32) for t in make_inputs(1, 20, 1, 12, 12, g))
+    with torch.no_grad():
+        triton_interdomain(q, k, v, log_lam, B, C, chunk_size=16)
+    triton_interdomain(q, k, v.requires_grad_(), log_lam, B, C, chunk_size=16)[0].sum().backward()
+    assert calls == [(False, False), (True, True)]
 
 
 def test_no_state_no_final():
@@ -410,8 +466,9 @@ def test_decode_step_matches_reference(readout):
     assert rel(state, fin_ref) < _tol()
 
 
+@pytest.mark.parametrize("save", [False, True])
 @pytest.mark.parametrize("readout", ["transpose", "real"])
-def test_custom_op_opcheck(readout):
+def test_custom_op_opcheck(readout, save):
     """Schema, fake (meta) implementation and autograd registration of the registered forward op (kk planar K, or
     the planar C of the one-pass "real" readout)."""
     from hybrid_attention.ops.interdomain.triton.ops import interdomain_fwd_op
@@ -425,7 +482,7 @@ def test_custom_op_opcheck(readout):
     init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
     torch.library.opcheck(
         interdomain_fwd_op,
-        (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, readout),
+        (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, readout, save, save),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
 

@@ -24,7 +24,7 @@ def eager_function(
     """An autograd Function whose ``apply(cfg, hooks, *inputs)`` returns ``fwd_impl(*inputs, cfg=cfg, hooks=hooks)``.
 
     ``inputs`` are the registered forward op's arguments; ``setup_context(ctx, inputs, output)`` is the op's own, and
-    ``grads(ctx, *grad_outputs, bwd)`` its gradient rule, called with ``bwd = bwd_impl(..., cfg=cfg, hooks=hooks)``
+    ``grads(ctx, *grad_outputs, bwd=...)`` its gradient rule, called with ``bwd = bwd_impl(..., cfg=cfg, hooks=hooks)``
     in place of the registered backward op (it returns one gradient per input).
     """
 
@@ -43,7 +43,7 @@ def eager_function(
         def backward(ctx, *grad_outputs):
             cfg, hooks = ctx.launch
             bwd = functools.partial(bwd_impl, cfg=cfg, hooks=hooks)
-            return (None, None, *grads(ctx, *grad_outputs, bwd))
+            return (None, None, *grads(ctx, *grad_outputs, bwd=bwd))
 
     EagerOp.__name__ = EagerOp.__qualname__ = f"Eager_{getattr(fwd_impl, '__name__', 'op')}"
     return EagerOp

@@ -42,6 +42,13 @@ class InterdomainConfig(ScanConfig):
     (benchmarks/interdomain_real_precision.py). The registered op (the training path, which runs ``DEFAULT_CONFIG``)
     follows this default.
 
+    save_states: the forward keeps its chunk-entering states ([B·H, T/L, 2, M, R+D] float32, 4 (R+D) M / L bytes per
+    token and head: 2 KiB at R = D = M = 64, L = 32) and power table for the backward, which then runs no forward
+    state scan. save_readout: the forward chunk kernel also stores p and r ([B·H, T/L, 2, L, M] float32 each, 8 M
+    bytes per token and head each) and the backward's value side reads them instead of recomputing the forward;
+    with ``bwd_split`` it hands gp (the gradient of p, same size) to the key side, which then skips dW, Fw, g_a and
+    the readout's backward. Both only when a gradient is needed; the forward alone (inference) stores nothing extra.
+
     real_dot_prec: input precision of the one-pass "real" readout's chained products through C (x = Re(C p),
     r = Cᵀ x, and in the backward gx = gr Cᵀ, gp = gx C) on the GPU; every other dot keeps ``dot_prec``. "tf32"
     (default, measured above); "tf32x3" (≈ float32 accuracy, three tensor-core passes for those 4 + 6 dots per
@@ -49,6 +56,8 @@ class InterdomainConfig(ScanConfig):
     """
 
     BC: int = 32
+    save_states: bool = False
+    save_readout: bool = False
     warps_chunk_fwd: int = 4
     warps_chunk_bwd: int = 4
     max_chunk: int = 32
