@@ -35,6 +35,9 @@ VARIANTS = {
     "save_readout": {"save_readout": True},
     "save_both": {"save_states": True, "save_readout": True},
     "save_both_w8": {"save_states": True, "save_readout": True, "warps_chunk_bwd": 8},
+    "L64_BC64_w8": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
+    "L64_BC64_w8_save": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8, "save_states": True,
+                         "save_readout": True},
 }
 
 

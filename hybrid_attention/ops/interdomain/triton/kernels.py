@@ -478,11 +478,8 @@ def _chunk_bwd(
         doi = tl.load(do + tok_d + t_abs[:, None] * (H * D) + offs_d[None, :], mask=rmask_d, other=0.0).to(tl.float32)
 
         if VAL:  # ---- forward values: p = B pt + Din u, r = K p (conj(p) for CONJ_P), W ----
-            if SAVE_PR:  # p and r as the forward stored them
-                p_re, p_im = _load_rows(ps, i_bh * NT + i_t, t_abs, offs_m, row_ok, mask_m, M, BT)
+            if SAVE_PR:  # r as the forward stored it (p is loaded where dK needs it)
                 r_re, r_im = _load_rows(rs, i_bh * NT + i_t, t_abs, offs_m, row_ok, mask_m, M, BT)
-                if REAL_C:
-                    x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
             else:  # recomputed
                 pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
                 xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
@@ -535,6 +532,10 @@ def _chunk_bwd(
                 gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)),
                              input_precision=REAL_PREC)
         if VAL:
+            if SAVE_PR:
+                p_re, p_im = _load_rows(ps, i_bh * NT + i_t, t_abs, offs_m, row_ok, mask_m, M, BT)
+                if REAL_C:
+                    x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
             if REAL_C:  # grad C[n, m]: Re += Σ_t x[t, n] gr_re[t, m] + gx[t, n] Re p[t, m], Im: gr_im, - Im p
                 xt = tl.trans(x)
                 gxt = tl.trans(gx)
