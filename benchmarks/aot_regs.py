@@ -149,7 +149,6 @@ def chunk_variants(
         "DOT_PREC": cfg.dot_prec,
         "LP_DOT": True,
         "REAL_PREC": cfg.real_dot_prec,
-        "SAVE_PR": cfg.save_readout,
     }
     parts = (1, 2) if cfg.bwd_split else (0,)
     variants = [("trans", False, False, {}), ("herm", True, False, {}), ("real1", False, True, {})]

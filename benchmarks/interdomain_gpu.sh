@@ -3,7 +3,7 @@
 #   OUT=/some/dir bash benchmarks/interdomain_gpu.sh
 # 1. the Interdomain kernels' CUDA tests (dense and packed, every readout, the kept-forward configurations);
 # 2. the float64 check of the op at T 63 / 1000 / 4096 / 16384, every readout, poisoned buffers, with the
-#    InterdomainConfig overrides in $CHECK_SET (e.g. "save_states=1 save_readout=1");
+#    InterdomainConfig overrides in $CHECK_SET (e.g. "save_states=0 warps_chunk_bwd=8");
 # 3. the launch table (benchmarks.interdomain_launch) of $LAUNCH_VARIANTS at $LAUNCH_SHAPES, SDPA beside;
 # 4. with S4D_LONG=1, the S4D-only forms above 4096 tokens (benchmarks.s4d_conv --long-only).
 # Each part has a time limit; a part that fails or times out leaves the others' output.
@@ -25,7 +25,7 @@ if [ -n "${CHECK_SET:-}" ]; then
 fi
 # shellcheck disable=SC2086
 timeout "${LAUNCH_LIMIT:-240}" python -m benchmarks.interdomain_launch --shapes ${LAUNCH_SHAPES:-16x2048x8 1x4096x16 1x32768x16} \
-  --variants ${LAUNCH_VARIANTS:-default save_states save_readout save_both} 2>&1 | tee "$OUT/launch.log" | grep "^|"
+  --variants ${LAUNCH_VARIANTS:-default recompute_states} 2>&1 | tee "$OUT/launch.log" | grep "^|"
 echo "launch exit ${PIPESTATUS[0]}"
 if [ "${S4D_LONG:-0}" = 1 ]; then
   timeout "${S4D_LIMIT:-150}" python -m benchmarks.s4d_conv --long-only --chunk-sweep 2>&1 | tee "$OUT/s4d_long.log" | grep "^|"

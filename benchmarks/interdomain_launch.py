@@ -31,13 +31,8 @@ VARIANTS = {
     "L64_BC32": {"max_chunk": 64},
     "scan_c16": {"BCH": 16},
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
-    "save_states": {"save_states": True},
-    "save_readout": {"save_readout": True},
-    "save_both": {"save_states": True, "save_readout": True},
-    "save_both_w8": {"save_states": True, "save_readout": True, "warps_chunk_bwd": 8},
+    "recompute_states": {"save_states": False},
     "L64_BC64_w8": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
-    "L64_BC64_w8_save": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8, "save_states": True,
-                         "save_readout": True},
 }
 
 

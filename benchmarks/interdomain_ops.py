@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--correctness-only", action="store_true", help="every readout vs float64, no timings")
     p.add_argument("--real-passes", action="store_true", help="only the real-passes section (1 vs 2 passes)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="InterdomainConfig override of the checked / timed configuration (e.g. save_readout=1)")
+                   help="InterdomainConfig override of the checked / timed configuration (e.g. save_states=0)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.set:
         from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG

@@ -72,25 +72,6 @@ def _readout_r(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(buf, row, x_re, x_im, t_abs, offs_m, row_ok, mask_m, M, BT: tl.constexpr):
-    """Stores the [BC, BM] (re, im) rows t_abs of one chunk into the planar per-chunk buffer buf [.., 2, BT, M] at
-    chunk row ``row`` (rows past the chunk's tokens are not written)."""
-    base = buf + row * 2 * BT * M + t_abs[:, None] * M + offs_m[None, :]
-    msk = row_ok[:, None] & mask_m[None, :]
-    tl.store(base, x_re, mask=msk)
-    tl.store(base + BT * M, x_im, mask=msk)
-
-
-@triton.jit
-def _load_rows(buf, row, t_abs, offs_m, row_ok, mask_m, M, BT: tl.constexpr):
-    """The [BC, BM] (re, im) rows t_abs of chunk row ``row`` of a buffer written by ``_store_rows`` (0 past the
-    chunk's tokens)."""
-    base = buf + row * 2 * BT * M + t_abs[:, None] * M + offs_m[None, :]
-    msk = row_ok[:, None] & mask_m[None, :]
-    return tl.load(base, mask=msk, other=0.0), tl.load(base + BT * M, mask=msk, other=0.0)
-
-
-@triton.jit
 def _chunk_fwd(
     q,
     k,
@@ -100,8 +81,6 @@ def _chunk_fwd(
     Bp,
     Kp,
     states,
-    ps,
-    rs,
     cu,
     ci,
     T,
@@ -111,7 +90,6 @@ def _chunk_fwd(
     D,
     NT,
     IS_VARLEN: tl.constexpr,
-    SAVE_PR: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     BR: tl.constexpr,
@@ -231,9 +209,6 @@ def _chunk_fwd(
             r_re, r_im = _real_cx(x, k_base_p, pk, km, M, REAL_PREC)
         else:
             r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
-        if SAVE_PR:  # p (as the readout reads it) and r for the backward's value side
-            _store_rows(ps, i_bh * NT + i_t, p_re, p_im, t_abs, offs_m, row_ok, mask_m, M, BT)
-            _store_rows(rs, i_bh * NT + i_t, r_re, r_im, t_abs, offs_m, row_ok, mask_m, M, BT)
         rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
         if HAS_CROSS:
             ra_re, ra_im = cmul(rp_re, rp_im, a_re, a_im)
@@ -340,9 +315,6 @@ def _chunk_bwd(
     Bp,
     Kp,
     states,
-    ps,
-    rs,
-    gps,
     dxloc,
     gk_part,
     gb_part,
@@ -357,7 +329,6 @@ def _chunk_bwd(
     NT,
     IS_VARLEN: tl.constexpr,
     PART: tl.constexpr,
-    SAVE_PR: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     BR: tl.constexpr,
@@ -376,10 +347,6 @@ def _chunk_bwd(
     the live registers (two launches instead of one spilling one)."""
     VAL: tl.constexpr = PART != 2
     KEY: tl.constexpr = PART != 1
-    STORE_GP: tl.constexpr = SAVE_PR and PART == 1  # the value side hands gp to the key side
-    LOAD_GP: tl.constexpr = SAVE_PR and PART == 2
-    NEED_S: tl.constexpr = KEY or not SAVE_PR  # the scores: the key side, or the value side's recompute of p
-    NEED_GR: tl.constexpr = VAL or not SAVE_PR  # gr (and gx): the value side, or the key side that recomputes gp
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     h = i_bh % H
@@ -450,17 +417,16 @@ def _chunk_bwd(
         rmask_r = row_ok[:, None] & mask_r[None, :]
         rmask_d = row_ok[:, None] & mask_d[None, :]
         tw = (t_abs + 1).to(tl.float32)[:, None]
+        kc = tl.load(k + tok_r + pr, mask=cmask_r, other=0.0)
+        qi = tl.load(q + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], mask=rmask_r, other=0.0)
+        qf = qi.to(tl.float32)
         causal = (offs_s[None, :] <= t_abs[:, None]) & row_ok[:, None] & col_ok[None, :]
-        if NEED_S:
-            kc = tl.load(k + tok_r + pr, mask=cmask_r, other=0.0)
-            qi = tl.load(q + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], mask=rmask_r, other=0.0)
-            qf = qi.to(tl.float32)
-            if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
-                S = tl.dot(qi, tl.trans(kc))
-            else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
-                S = tl.dot(qf, tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
-            S = tl.where(causal, S, 0.0)
-            Sb = _band(S, t_abs, offs_tc)
+        if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
+            S = tl.dot(qi, tl.trans(kc))
+        else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
+            S = tl.dot(qf, tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
+        S = tl.where(causal, S, 0.0)
+        Sb = _band(S, t_abs, offs_tc)
         if HAS_CROSS:  # columns of earlier sub-chunks: λ^{t-s} = λ^{t-b_i} λ^{b_i-s}
             cross = offs_s < bi
             gm = cross[:, None] & am
@@ -477,26 +443,23 @@ def _chunk_bwd(
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         doi = tl.load(do + tok_d + t_abs[:, None] * (H * D) + offs_d[None, :], mask=rmask_d, other=0.0).to(tl.float32)
 
-        if VAL:  # ---- forward values: p = B pt + Din u, r = K p (conj(p) for CONJ_P), W ----
-            if SAVE_PR:  # r as the forward stored it (p is loaded where dK needs it)
-                r_re, r_im = _load_rows(rs, i_bh * NT + i_t, t_abs, offs_m, row_ok, mask_m, M, BT)
-            else:  # recomputed
-                pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
-                xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
-                xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
-                u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
-                u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
-                p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
-                du_re, du_im = cmul(din_re, din_im, u_re, u_im)
-                p_re += du_re
-                p_im += du_im
-                if CONJ_P:
-                    p_im = -p_im
-                if REAL_C:
-                    x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
-                    r_re, r_im = _real_cx(x, k_base_p, pk, km, M, REAL_PREC)
-                else:
-                    r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
+        if VAL:  # ---- forward recompute: p = B pt + Din u, r = K p (conj(p) for CONJ_P), W ----
+            pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
+            xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
+            xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
+            u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
+            u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
+            p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
+            du_re, du_im = cmul(din_re, din_im, u_re, u_im)
+            p_re += du_re
+            p_im += du_im
+            if CONJ_P:
+                p_im = -p_im
+            if REAL_C:
+                x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
+                r_re, r_im = _real_cx(x, k_base_p, pk, km, M, REAL_PREC)
+            else:
+                r_re, r_im = _readout_r(p_re, p_im, k_base_p, offs_m, M, km, DOT_PREC)
             rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
             if HAS_CROSS:
                 ra_re, ra_im = cmul(rp_re, rp_im, a_re, a_im)
@@ -515,27 +478,22 @@ def _chunk_bwd(
             )
 
         # ---- backward of the chunk: Fw = Σ_s dW λ^{t-s}, g_a = dO conj(X0v)ᵀ, gr = conj(Fw B) + g_a conj(Din) ----
-        if NEED_GR:
-            vc = tl.load(v + tok_d + pv, mask=cmask_d, other=0.0)
-            dW = tl.where(causal, tl.dot(doi, tl.trans(vc.to(tl.float32)), input_precision=DOT_PREC), 0.0)
-            dWb = _band(dW, t_abs, offs_tc)
-            fw_re, fw_im = _decay(dW, dWb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
-            xv_re = tl.load(x_base + px + R + offs_d[None, :], mask=vml, other=0.0)
-            xv_im = tl.load(x_base + M * NC + px + R + offs_d[None, :], mask=vml, other=0.0)
-            ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
-            ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)
-            fb_re, fb_im = cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
-            gr_re = fb_re + ga_re * din_re + ga_im * din_im
-            gr_im = -fb_im + ga_im * din_re - ga_re * din_im
-            if REAL_C:  # gr = (∂ℓ/∂Re r, ∂ℓ/∂Im r); gx = ∂ℓ/∂x = gr_re ReCᵀ + gr_im ImCᵀ (x = Re(C p), r = Cᵀ x)
-                gx = tl.dot(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), input_precision=REAL_PREC)
-                gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)),
-                             input_precision=REAL_PREC)
+        vc = tl.load(v + tok_d + pv, mask=cmask_d, other=0.0)
+        dW = tl.where(causal, tl.dot(doi, tl.trans(vc.to(tl.float32)), input_precision=DOT_PREC), 0.0)
+        dWb = _band(dW, t_abs, offs_tc)
+        fw_re, fw_im = _decay(dW, dWb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
+        xv_re = tl.load(x_base + px + R + offs_d[None, :], mask=vml, other=0.0)
+        xv_im = tl.load(x_base + M * NC + px + R + offs_d[None, :], mask=vml, other=0.0)
+        ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
+        ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)
+        fb_re, fb_im = cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
+        gr_re = fb_re + ga_re * din_re + ga_im * din_im
+        gr_im = -fb_im + ga_im * din_re - ga_re * din_im
+        if REAL_C:  # gr = (∂ℓ/∂Re r, ∂ℓ/∂Im r); gx = ∂ℓ/∂x = gr_re ReCᵀ + gr_im ImCᵀ (x = Re(C p), r = Cᵀ x)
+            gx = tl.dot(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), input_precision=REAL_PREC)
+            gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)),
+                         input_precision=REAL_PREC)
         if VAL:
-            if SAVE_PR:
-                p_re, p_im = _load_rows(ps, i_bh * NT + i_t, t_abs, offs_m, row_ok, mask_m, M, BT)
-                if REAL_C:
-                    x = _real_x(p_re, p_im, k_base_p, pk, km, M, REAL_PREC)
             if REAL_C:  # grad C[n, m]: Re += Σ_t x[t, n] gr_re[t, m] + gx[t, n] Re p[t, m], Im: gr_im, - Im p
                 xt = tl.trans(x)
                 gxt = tl.trans(gx)
@@ -598,26 +556,18 @@ def _chunk_bwd(
             rf_re, rf_im = cmul(rp_re, rp_im, fwd_re, fwd_im)
             gl_re += tl.sum(rf_re, axis=0)
             gl_im -= tl.sum(rf_im, axis=0)
-        if KEY or STORE_GP:  # gp = gr @ conj(K), the gradient of p
-            if LOAD_GP:  # as the value side stored it
-                gp_re, gp_im = _load_rows(gps, i_bh * NT + i_t, t_abs, offs_m, row_ok, mask_m, M, BT)
-            else:
-                if REAL_C:  # g Re p = gx ReC, g Im p = -gx ImC
-                    gp_re, gp_im = _real_cx(gx, k_base_p, pk, km, M, REAL_PREC)
-                    gp_im = -gp_im
-                else:
-                    kk_re = tl.load(k_base_p + pk, mask=km, other=0.0)
-                    kk_im = tl.load(k_base_p + M * M + pk, mask=km, other=0.0)
-                    gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(
-                        gr_im, kk_im, input_precision=DOT_PREC)
-                    gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(
-                        gr_re, kk_im, input_precision=DOT_PREC)
-                    if CONJ_P:
-                        gp_im = -gp_im
-            if STORE_GP:
-                _store_rows(gps, i_bh * NT + i_t, gp_re, gp_im, t_abs, offs_m, row_ok, mask_m, M, BT)
         if KEY:
-            # gS = F2(conj(gp) * B) ; g_b = gp * conj(Din)
+            # gp = gr @ conj(K) ; gS = F2(conj(gp) * B) ; g_b = gp * conj(Din)
+            if REAL_C:  # g Re p = gx ReC, g Im p = -gx ImC
+                gp_re, gp_im = _real_cx(gx, k_base_p, pk, km, M, REAL_PREC)
+                gp_im = -gp_im
+            else:
+                kk_re = tl.load(k_base_p + pk, mask=km, other=0.0)
+                kk_im = tl.load(k_base_p + M * M + pk, mask=km, other=0.0)
+                gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(gr_im, kk_im, input_precision=DOT_PREC)
+                gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(gr_re, kk_im, input_precision=DOT_PREC)
+                if CONJ_P:
+                    gp_im = -gp_im
             cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
             cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
             if HAS_CROSS:

@@ -60,8 +60,7 @@ def _readout_flags(kk: torch.Tensor, readout: str) -> tuple[bool, bool]:
 
 def _fwd_impl(
     q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size: int, out_fp32: bool, need_final: bool, readout: str,
-    save_states: bool = False, save_readout: bool = False, *,
-    cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+    save_states: bool = False, *, cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
@@ -77,14 +76,13 @@ def _fwd_impl(
 
     if T == 0:
         fin = init.clone() if init is not None else q.new_zeros(Bsz, H, 2, M, R + D, dtype=torch.float32)
-        return o, (fin if need_final else none()), none(), none(), none(), none()
+        return o, (fin if need_final else none()), none(), none()
     with hooks.stage("host_prep"):
         P = power_table(ll, BT)
     states, final = states_fwd(k, v, P, bb, init, BT, True, need_final, cfg, hooks, vl)
     NT = triton.cdiv(T, BT) if vl is None else vl.n_rows
     BC = min(cfg.BC, BT)
     cu_p, ci_p = _vl_ptrs(q, vl)
-    ps, rs = (cfg.empty(Bsz * H, NT, 2, BT, M, device=q.device) for _ in range(2)) if save_readout else (o, o)
     with hooks.stage("chunk_fwd"):
         h = K._chunk_fwd[(NT, Bsz * H)](
             q,
@@ -95,8 +93,6 @@ def _fwd_impl(
             bb,
             kk,
             states,
-            ps,
-            rs,
             cu_p,
             ci_p,
             T,
@@ -106,7 +102,6 @@ def _fwd_impl(
             D,
             NT,
             IS_VARLEN=vl is not None,
-            SAVE_PR=save_readout,
             BT=BT,
             BC=BC,
             BR=pow2_block(R),
@@ -125,16 +120,15 @@ def _fwd_impl(
     fin = final.view(n_seq, H, 2, M, R + D) if need_final else none()
     if not save_states:
         states, P = none(), none()
-    return o, fin, states, P, (ps if save_readout else none()), (rs if save_readout else none())
+    return o, fin, states, P
 
 
 def _bwd_impl(
-    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, ps, rs, chunk_size: int, readout: str, *,
+    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size: int, readout: str, *,
     cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     """Gradients of ``_fwd_impl``'s inputs. states / P: the forward's chunk states and power table when it kept them
-    (``save_states``), else empty (rescanned here); ps / rs: its per-chunk p and r (``save_readout``), else empty
-    (recomputed by the value side)."""
+    (``save_states``), else empty (rescanned here)."""
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -164,7 +158,6 @@ def _bwd_impl(
         with hooks.stage("host_prep"):
             P = power_table(ll, BT)
         states, _ = states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks, vl)
-    save_pr = ps.numel() > 0
     dq = cfg.empty(Bsz, T, H, R, device=dev)
     dk = cfg.empty(Bsz, T, H, R, device=dev)
     dv = cfg.empty(Bsz, T, H, D, device=dev)
@@ -175,9 +168,6 @@ def _bwd_impl(
     BC = min(cfg.BC, BT)
     do = do.contiguous()
     parts = (1, 2) if cfg.bwd_split else (0,)
-    gps = cfg.empty(Bsz * H, NT, 2, BT, M, device=dev) if save_pr and cfg.bwd_split else dq  # gp: value -> key side
-    if not save_pr:
-        ps = rs = dq  # never read
     gbl = {part: (gb_part, gl_part) for part in parts}
     for part in parts:
         if part == 1:  # the value side writes its own dB / d log λ partials
@@ -196,9 +186,6 @@ def _bwd_impl(
                 bb,
                 kk,
                 states,
-                ps,
-                rs,
-                gps,
                 dx,
                 gk_part,
                 gbl[part][0],
@@ -213,7 +200,6 @@ def _bwd_impl(
                 NT,
                 IS_VARLEN=vl is not None,
                 PART=part,
-                SAVE_PR=save_pr,
                 BT=BT,
                 BC=BC,
                 BR=pow2_block(R),
@@ -232,7 +218,7 @@ def _bwd_impl(
     gb_carry, gl_carry = state_bwd(
         k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks, vl
     )
-    del states, gps
+    del states
     with hooks.stage("host_reduce"):
         dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
         chunk_sum = gbl_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
@@ -265,10 +251,9 @@ def interdomain_fwd_op(
     need_final: bool,
     readout: str,
     save_states: bool = False,
-    save_readout: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``hybrid_attention::interdomain_fwd`` (opaque to ``torch.compile``, with a fake implementation) -> (o, final,
-    states, P, ps, rs); ``interdomain_bwd`` returns (dq, dk, dv, dll, dbb, dkk, dinit). It runs ``DEFAULT_CONFIG``.
+    states, P); ``interdomain_bwd`` returns (dq, dk, dv, dll, dbb, dkk, dinit). It runs ``DEFAULT_CONFIG``.
 
     ll = log λ [H, 2, M], bb = B [H, 2, M], kk [H, 2, M, M] planar complex, init [B, H, 2, M, R+D] (planar). readout
     (ops/interdomain/readout.py) says what kk is and how the kernels read it: "transpose" K = Cᵀ C, r = K p;
@@ -279,18 +264,15 @@ def interdomain_fwd_op(
     shared by the forward, the backward and both passes of the two-pass "real" readout; all three None for dense
     inputs; init / final / dinit are then [N, H, 2, M, R+D].
 
-    What the forward keeps for the backward (``InterdomainConfig.save_states`` / ``save_readout``, asked for only
-    when a gradient is needed): the chunk-entering states [B·H, NT, 2, M, R+D] and the power table P [H, 2, L+1, M]
-    with ``save_states``; the per-chunk p and r [B·H, NT, 2, L, M] (planar) with ``save_readout``; every one not
-    kept is an empty tensor. They are outputs of the op so that autograd saves them.
+    ``save_states`` (``InterdomainConfig.save_states``, asked for only when a gradient is needed): the forward also
+    returns its chunk-entering states [B·H, NT, 2, M, R+D] and power table P [H, 2, L+1, M] (empty tensors
+    otherwise), outputs of the op so that autograd keeps them for the backward.
     """
-    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states,
-                     save_readout)
+    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states)
 
 
 @interdomain_fwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states=False,
-      save_readout=False):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states=False):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -300,11 +282,10 @@ def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, r
     fin = q.new_empty(n_seq, H, 2, M, R + D, dtype=f32) if need_final else q.new_empty(0, dtype=f32)
     BT = kernel_chunk(chunk_size)
     NT = triton.cdiv(T, BT) if cu is None else ci.shape[0]
-    kept, pr = T > 0 and save_states, T > 0 and save_readout
+    kept = T > 0 and save_states
     states = q.new_empty(Bsz * H, NT, 2, M, R + D, dtype=f32) if kept else q.new_empty(0, dtype=f32)
     P = q.new_empty(H, 2, BT + 1, M, dtype=f32) if kept else q.new_empty(0, dtype=f32)
-    pr = [q.new_empty(Bsz * H, NT, 2, BT, M, dtype=f32) if pr else q.new_empty(0, dtype=f32) for _ in range(2)]
-    return o, fin, states, P, *pr
+    return o, fin, states, P
 
 
 @torch.library.custom_op("hybrid_attention::interdomain_bwd", mutates_args=())
@@ -323,16 +304,14 @@ def interdomain_bwd_op(
     dfinal: torch.Tensor | None,
     states: torch.Tensor,
     P: torch.Tensor,
-    ps: torch.Tensor,
-    rs: torch.Tensor,
     chunk_size: int,
     readout: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, ps, rs, chunk_size, readout)
+    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size, readout)
 
 
 @interdomain_bwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, ps, rs, chunk_size, readout):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size, readout):
     dinit = torch.empty_like(init) if init is not None else q.new_empty(0, dtype=torch.float32)
     return (
         torch.empty_like(q),
@@ -357,16 +336,16 @@ def _setup_context(ctx, inputs, output):
 def _grads(ctx, do, dfinal, *_kept, bwd):
     """Gradients of the forward op's inputs from (do, dfinal) (the kept tensors get none), computed by ``bwd`` (the
     registered backward op, or the eager path's ``_bwd_impl`` with its config)."""
-    q, k, v, ll, bb, kk, init, cu, co, ci, states, P, ps, rs = ctx.saved_tensors
+    q, k, v, ll, bb, kk, init, cu, co, ci, states, P = ctx.saved_tensors
     if do is None:
         do = torch.zeros(q.shape[:3] + (v.shape[-1],), device=q.device, dtype=q.dtype)
     if not ctx.need_final or (dfinal is not None and dfinal.numel() == 0):
         dfinal = None
     dq, dk, dv, dll, dbb, dkk, dinit = bwd(
-        q, k, v, ll, bb, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, states, P, ps, rs,
-        ctx.chunk_size, ctx.readout,
+        q, k, v, ll, bb, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, states, P, ctx.chunk_size,
+        ctx.readout,
     )
-    return (dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), *([None] * 9))
+    return (dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), *([None] * 8))
 
 
 def _backward(ctx, do, dfinal, *kept):
@@ -414,8 +393,7 @@ def interdomain_fwd_planar(
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, ll, bb, kk, init) if isinstance(t, torch.Tensor)
     )
-    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout,
-            grad and cfg.save_states, grad and cfg.save_readout)
+    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, grad and cfg.save_states)
     if config is None and hooks is None:
         o, fin, *_kept = interdomain_fwd_op(*args)
     else:
@@ -467,8 +445,8 @@ def triton_interdomain(
 
     Memory: by default the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D]
     float32 buffer, freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk
-    states. ``InterdomainConfig.save_states`` / ``save_readout`` keep the states / the per-chunk p and r from the
-    forward instead (see there). No per-token state is materialised.
+    states. With ``InterdomainConfig.save_states`` (the default) autograd keeps the forward's chunk states instead
+    (see there). No per-token state is materialised.
     """
     validate_readout(readout)
     if cu_seqlens is None:
