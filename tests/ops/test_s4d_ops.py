@@ -5,6 +5,7 @@ sequences, low precision, torch.compile and input validation. float64 on CPU, sm
 from __future__ import annotations
 
 import math
+import unittest.mock
 
 import pytest
 import torch
@@ -222,8 +223,9 @@ def test_backends_dispatch():
 
 
 def test_auto_backend_choice():
-    """"auto": the Toeplitz matmul on CUDA up to AUTO_TOEPLITZ_MAX_T tokens (not float64), the FFT otherwise. CUDA
-    inputs are stood in for by objects with the three attributes the choice reads."""
+    """"auto": the Toeplitz matmul on CUDA up to AUTO_TOEPLITZ_MAX_T tokens (not float64); above it the chunked form
+    while torch.compile traces, the FFT in eager mode; the FFT on the CPU. CUDA inputs are stood in for by objects
+    with the three attributes the choice reads."""
     from types import SimpleNamespace
 
     from hybrid_attention.ops.s4d import AUTO_TOEPLITZ_MAX_T, auto_backend
@@ -236,6 +238,10 @@ def test_auto_backend_choice():
     assert auto_backend(on_cuda(t, torch.bfloat16)) == "toeplitz"
     assert auto_backend(on_cuda(t, torch.float32)) == "toeplitz"
     assert auto_backend(on_cuda(t + 1, torch.bfloat16)) == "fft"
+    with unittest.mock.patch("torch.compiler.is_compiling", return_value=True):
+        assert auto_backend(on_cuda(t + 1, torch.bfloat16)) == "chunk"
+        assert auto_backend(on_cuda(t, torch.bfloat16)) == "toeplitz"
+        assert auto_backend(torch.zeros(1, t + 1, 1, 1)) == "fft"  # CPU
     assert auto_backend(on_cuda(64, torch.float64)) == "fft"
     cu = torch.zeros(3, dtype=torch.int32)  # packed documents: the chunked form, whatever the device and length
     assert auto_backend(torch.zeros(1, 8, 1, 1), cu) == "chunk"

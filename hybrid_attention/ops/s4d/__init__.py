@@ -25,28 +25,35 @@ FFT_ALIASES = ("reference", "triton")
 _FORMS = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d, "chunk": chunk_s4d,
           **{alias: fft_s4d for alias in FFT_ALIASES}}
 
-# DECISION ("auto" on CUDA): the Toeplitz matmul for T <= 4096, the FFT above. Evidence (`python -m
-# benchmarks.s4d_conv`, bf16 autocast, H=8, R=D=M=64, forward+backward): H200 eager, Toeplitz 3.28x faster than the FFT
-# at B x T = 64 x 1024, 2.01x at 16 x 2048 (dense), 1.27x at 4 x 4096 (in blocks of 512 rows, toeplitz.py); H100 at
-# 4 x 4096, blocks of 512 1.63x eager and 2.43x compiled (1.84 vs 4.48 ms). Its cost per token grows with T, the FFT's
-# with log T. Its bf16 error vs float64 is 2.9e-3 (outputs) / <= 2.9e-3 (gradients) at T = 1000 (dense) and T = 3000
-# (blocks), inside the 5e-3 / 1e-2 bars. On the CPU (and for float64) "auto" stays on the FFT: exact to 1e-10, no bf16.
+# DECISION ("auto" on CUDA, dense batches): the Toeplitz matmul (in blocks of 512 rows above 2048 tokens,
+# toeplitz.py) up to 16384 tokens; above, the chunked form under torch.compile and the FFT in eager mode. Evidence,
+# forward+backward under bf16 autocast, R = D = M = 64 (benchmarks/README.md, S4D tables): up to 4096 tokens (`python -m
+# benchmarks.s4d_conv`, H = 8) Toeplitz is 1.2-3.3x faster than the FFT eager and 2.4x compiled; above (`python -m
+# benchmarks.s4d_conv --long-only`, H = 12, H100) Toeplitz compiled / eager 3.71 / 5.19 ms at 4 x 8192 and 5.75 / 8.76
+# at 2 x 16384 against the FFT's 10.28 / 11.15 and the chunked form's 6.44 / 6.27 compiled; at 1 x 32768 the chunked
+# form compiled 6.34 ms against the FFT's 12.44 and Toeplitz's 14.24 (its cost per token grows with T), while eager
+# the FFT stays fastest (chunk 15.38, Toeplitz 18.53). Toeplitz's bf16 error vs float64 is 2.9e-3 (outputs) / <= 2.9e-3
+# (gradients) at T = 1000 (dense) and T = 3000 (blocks), inside the 5e-3 / 1e-2 bars. On the CPU (and for float64)
+# "auto" stays on the FFT: exact to 1e-10, no bf16.
 # DECISION (packed documents, any device): "auto" with cu_seqlens runs "chunk". The Toeplitz / FFT forms run one
 # convolution per document at its own length with host-side offsets (``per_document``): under torch.compile Dynamo
 # re-specialises per document length and the packed s4d training step does not finish (H200, B = 1, T = 32768, 82
 # documents); the chunked form has static shapes given T, N and chunk_size and reads nothing on the host. Without
 # cu_seqlens the Toeplitz / FFT choice above applies (benchmarks/s4d_conv.py also times the chunk form).
-AUTO_TOEPLITZ_MAX_T = 4096
+AUTO_TOEPLITZ_MAX_T = 16384
 
 
 def auto_backend(a: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> str:
-    """What "auto" runs for inputs a [B, T, H, R]: "chunk" for packed documents, else "toeplitz" or "fft" (the
-    DECISIONs above)."""
+    """What "auto" runs for inputs a [B, T, H, R]: "chunk" for packed documents; on CUDA (not float64) "toeplitz" up
+    to ``AUTO_TOEPLITZ_MAX_T`` tokens, above it "chunk" while torch.compile traces and "fft" in eager mode; "fft" on
+    the CPU (the DECISIONs above)."""
     if cu_seqlens is not None:
         return "chunk"
-    if a.device.type == "cuda" and a.dtype != torch.float64 and a.shape[1] <= AUTO_TOEPLITZ_MAX_T:
+    if a.device.type != "cuda" or a.dtype == torch.float64:
+        return "fft"
+    if a.shape[1] <= AUTO_TOEPLITZ_MAX_T:
         return "toeplitz"
-    return "fft"
+    return "chunk" if torch.compiler.is_compiling() else "fft"
 
 
 def s4d(
@@ -79,7 +86,8 @@ def s4d(
 
     ``backend``: "naive" runs the token loop; "toeplitz" runs ``toeplitz_s4d``; "reference", "triton" and "fft" run
     ``fft_s4d``; "chunk" runs ``chunk_s4d``; "auto" runs ``chunk_s4d`` for packed documents, else ``toeplitz_s4d``
-    on CUDA for T <= ``AUTO_TOEPLITZ_MAX_T`` (non-float64 inputs) and ``fft_s4d`` otherwise (the DECISIONs above).
+    on CUDA for T <= ``AUTO_TOEPLITZ_MAX_T`` (non-float64 inputs), ``chunk_s4d`` above it under torch.compile and
+    ``fft_s4d`` otherwise (the DECISIONs above).
     ``chunk_size`` (validated for every backend: a positive int) is the chunk length of "chunk" and unused by the
     others. ``cu_seqlens [N + 1]``: packed documents (B == 1, ``ops/common/varlen.py``): "chunk" runs them in one
     pass, the other forms one convolution per document; initial and final states per sequence ``[N, ...]``.
