@@ -1,0 +1,36 @@
+"""Launch configuration of the causal short-convolution Triton op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...common.triton.config import KernelConfig
+
+__all__ = ["CausalConvConfig", "DEFAULT_CONFIG"]
+
+
+@dataclass(frozen=True)
+class CausalConvConfig(KernelConfig):
+    """Frozen launch settings of one causal convolution forward / backward (powers of two).
+
+    BT: tokens per program of both directions (and the chunk length of the packed documents' ``ChunkTable``);
+    BC / BC_BWD: channels per program of the forward / backward; BC_STATE: channels per program of the per-sequence
+    state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
+    ``KernelConfig``.
+    """
+
+    BT: int = 64
+    BC: int = 64
+    BC_BWD: int = 64
+    BC_STATE: int = 64
+    warps_fwd: int = 4
+    warps_bwd: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("BT", "BC", "BC_BWD", "BC_STATE"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"CausalConvConfig.{name} must be a power of two, got {v}")
+
+
+DEFAULT_CONFIG = CausalConvConfig()
