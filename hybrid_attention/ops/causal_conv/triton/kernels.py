@@ -2,11 +2,15 @@
 
 Notation: x, y ``[B, T, C]`` (channels last, contiguous), weight ``[C, K]``; lag L = 0..K-1 multiplies
 ``w[:, K-1-L]``: ``pre[t] = Σ_L w[K-1-L] · x[t-L]``, ``y = SiLU(pre)`` (SILU) or ``pre``. A token before its sequence's
-start reads the initial state ``init [N, C, K-1]`` (oldest first: lag L at position p < L reads
-``init[:, K-1-L+p]``) or zero. One program per (block of BT tokens, block of BC channels, batch row); packed documents
-(IS_VARLEN, B = 1) take the rows of the ``ChunkTable`` (``table_row``): a program's tokens lie in one document, so its
-sequence start and end are two scalars. Every product and sum is float32; loads of the K lagged tiles overlap (L1 / L2
-hits), so each kernel reads x and writes its output about once from memory.
+start reads the initial state or zero: the kernels read the initial state and the final-state gradient transposed,
+``[N, K-1, C]`` (channels contiguous, as x: the same register layout; slot i oldest first, lag L at position p < L
+reads slot K-1-L+p), and write the final state and the initial-state gradient ``[N, C, K-1]``.
+
+One program per (block of BT tokens, block of BC channels, batch row); packed documents (IS_VARLEN, B = 1) take the
+rows of the ``ChunkTable`` (``table_row``): a program's tokens lie in one document, so its sequence start and end are
+two scalars. The channel count C is a constexpr: the K lagged tiles of a program then sit at compile-time offsets of
+one pointer tile (the registers of one address tile, not K). Every product and sum is float32; the lagged loads
+overlap (L1 / L2 hits), so each kernel reads x and writes its output about once from memory.
 
 The backward recomputes the pre-activation where it needs it (no stored ``pre``): dpre = dy · SiLU'(pre);
 ``dx[u] = Σ_L w[K-1-L] · dpre[u+L]`` over the targets u+L of the same sequence, plus the final-state gradient on the
@@ -40,29 +44,31 @@ def _rows(cu, ci, i_t, i_b, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _lag(x, init, o_t, m_t, start, seq, o_c, m_c, C, L: tl.constexpr, K: tl.constexpr, HAS_INIT: tl.constexpr):
-    """[BT, BC] float32 tile of the inputs at tokens o_t - L (x points at the batch row): tokens before ``start``
-    read the initial state (HAS_INIT) or zero; rows outside ``m_t`` read zero."""
-    src = o_t - L
+def _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C: tl.constexpr, L: tl.constexpr, K: tl.constexpr,
+         HAS_INIT: tl.constexpr):
+    """[BT, BC] float32 tile of the inputs at tokens t0 + o_r - L (xb points at token t0 of the batch row, o_r the
+    rows relative to it: the K lags differ by compile-time offsets): tokens before ``start`` read the initial state
+    (HAS_INIT) or zero; rows outside ``m_t`` read zero."""
+    src = t0 + o_r - L
     ok = m_t & (src >= start)
-    v = tl.load(x + src.to(tl.int64)[:, None] * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
+    v = tl.load(xb + (o_r - L)[:, None] * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
                 other=0.0).to(tl.float32)
     if HAS_INIT:
         if L > 0:
             hist = m_t & (src < start)
-            p_h = init + seq.to(tl.int64) * C * (K - 1) + o_c[None, :] * (K - 1) + (K - 1 + src - start)[:, None]
+            p_h = init + (seq.to(tl.int64) * (K - 1) + (K - 1 + src - start)[:, None]) * C + o_c[None, :]
             v += tl.load(p_h, mask=hist[:, None] & m_c[None, :], other=0.0).to(tl.float32)
     return v
 
 
 @triton.jit
-def _preact(x, w, init, o_t, m_t, start, seq, o_c, m_c, C, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-            HAS_INIT: tl.constexpr):
-    """Pre-activation [BT, BC] (float32) at tokens o_t: Σ_L w[:, K-1-L] · x[o_t - L]."""
+def _preact(xb, w, init, o_r, t0, m_t, start, seq, o_c, m_c, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+            BC: tl.constexpr, HAS_INIT: tl.constexpr):
+    """Pre-activation [BT, BC] (float32) at tokens t0 + o_r: Σ_L w[:, K-1-L] · x[t0 + o_r - L]."""
     acc = tl.zeros((BT, BC), dtype=tl.float32)
     for L in tl.static_range(K):
         w_l = tl.load(w + o_c * K + (K - 1 - L), mask=m_c, other=0.0).to(tl.float32)
-        acc += _lag(x, init, o_t, m_t, start, seq, o_c, m_c, C, L, K, HAS_INIT) * w_l[None, :]
+        acc += _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C, L, K, HAS_INIT) * w_l[None, :]
     return acc
 
 
@@ -75,7 +81,7 @@ def _conv_fwd_kernel(
     ci,
     y,
     T,
-    C,
+    C: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
@@ -86,15 +92,14 @@ def _conv_fwd_kernel(
     """y = act(pre) for one [BT tokens, BC channels] tile."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
-    o_t = t0 + tl.arange(0, BT)
-    m_t = o_t < t1
+    o_r = tl.arange(0, BT)
+    m_t = t0 + o_r < t1
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    row = i_b.to(tl.int64) * T * C
-    pre = _preact(x + row, w, init, o_t, m_t, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
+    tile = (i_b.to(tl.int64) * T + t0) * C  # token t0 of batch row i_b
+    pre = _preact(x + tile, w, init, o_r, t0, m_t, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
     out = pre * tl.sigmoid(pre) if SILU else pre
-    p_y = y + row + o_t.to(tl.int64)[:, None] * C + o_c[None, :]
-    tl.store(p_y, out.to(y.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+    tl.store(y + tile + o_r[:, None] * C + o_c[None, :], out.to(y.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
@@ -109,7 +114,7 @@ def _conv_bwd_kernel(
     dx,
     dw_part,
     T,
-    C,
+    C: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
@@ -122,48 +127,48 @@ def _conv_bwd_kernel(
     K-1 tokens); the tile's weight-gradient partial dw_part[p, K-1-L] = Σ_t dpre[t] · x[t-L] over its own tokens t."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
-    o_t = t0 + tl.arange(0, BT)
+    o_r = tl.arange(0, BT)
+    o_t = t0 + o_r
     m_t = o_t < t1
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    row = i_b.to(tl.int64) * T * C
+    tile = (i_b.to(tl.int64) * T + t0) * C  # token t0 of batch row i_b
+    xb = x + tile
     part = (i_b * tl.num_programs(0) + i_t).to(tl.int64) * K * C
     dxa = tl.zeros((BT, BC), dtype=tl.float32)
     for L in tl.static_range(K):
-        o_s = o_t + L  # the tokens that read o_t at lag L
-        m_s = m_t & (o_s < end)
-        g = tl.load(dy + row + o_s.to(tl.int64)[:, None] * C + o_c[None, :], mask=m_s[:, None] & m_c[None, :],
+        o_s = o_r + L  # the tokens that read t0 + o_r at lag L, relative to t0
+        m_s = m_t & (o_t + L < end)
+        g = tl.load(dy + tile + o_s[:, None] * C + o_c[None, :], mask=m_s[:, None] & m_c[None, :],
                     other=0.0).to(tl.float32)
         if SILU:
-            pre = _preact(x + row, w, init, o_s, m_s, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
+            pre = _preact(xb, w, init, o_s, t0, m_s, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
             sg = tl.sigmoid(pre)
             g = g * sg * (1.0 + pre * (1.0 - sg))
         w_l = tl.load(w + o_c * K + (K - 1 - L), mask=m_c, other=0.0).to(tl.float32)
         dxa += g * w_l[None, :]
         if L == 0:  # g is dpre at the tile's own tokens: the weight-gradient partials, one per lag
             for L2 in tl.static_range(K):
-                src = _lag(x + row, init, o_t, m_t, start, seq, o_c, m_c, C, L2, K, HAS_INIT)
+                src = _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C, L2, K, HAS_INIT)
                 tl.store(dw_part + part + (K - 1 - L2) * C + o_c, tl.sum(g * src, axis=0), mask=m_c)
     if HAS_DFINAL:  # the final state holds the last K-1 inputs of the sequence
         i_f = o_t - (end - (K - 1))
-        p_f = dfin + seq.to(tl.int64) * C * (K - 1) + o_c[None, :] * (K - 1) + i_f[:, None]
+        p_f = dfin + (seq.to(tl.int64) * (K - 1) + i_f[:, None]) * C + o_c[None, :]
         dxa += tl.load(p_f, mask=(m_t & (i_f >= 0))[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-    p_dx = dx + row + o_t.to(tl.int64)[:, None] * C + o_c[None, :]
-    tl.store(p_dx, dxa.to(dx.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+    tl.store(dx + tile + o_r[:, None] * C + o_c[None, :], dxa.to(dx.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
-def _seq_range(cu, i_n, T, C, IS_VARLEN: tl.constexpr):
-    """(start, end, row offset) of sequence i_n: a document of the packed row, or batch row i_n."""
+def _seq_range(cu, i_n, T, C: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(length, offset of the first token) of sequence i_n: a document of the packed row, or batch row i_n."""
     if IS_VARLEN:
         start = tl.load(cu + i_n)
-        end = tl.load(cu + i_n + 1)
-        row = 0
+        length = tl.load(cu + i_n + 1) - start
+        first = start.to(tl.int64) * C
     else:
-        start = 0
-        end = T
-        row = i_n.to(tl.int64) * T * C
-    return start, end, row
+        length = T
+        first = i_n.to(tl.int64) * T * C
+    return length, first
 
 
 @triton.jit
@@ -173,7 +178,7 @@ def _conv_final_kernel(
     cu,
     fin,
     T,
-    C,
+    C: tl.constexpr,
     K: tl.constexpr,
     KP: tl.constexpr,
     BC: tl.constexpr,
@@ -183,20 +188,20 @@ def _conv_final_kernel(
     """final[n, :, i] = the input K-1-i tokens before the sequence's end (i = 0..K-2, oldest first): x inside the
     sequence, the initial state (or zero) before its start; copied in x's dtype."""
     i_n, i_c = tl.program_id(0), tl.program_id(1)
-    start, end, row = _seq_range(cu, i_n, T, C, IS_VARLEN)
+    length, first = _seq_range(cu, i_n, T, C, IS_VARLEN)
     i = tl.arange(0, KP)
     m_i = i < K - 1
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    u = end - (K - 1) + i
-    in_x = u >= start
-    v = tl.load(x + row + u.to(tl.int64)[:, None] * C + o_c[None, :], mask=(m_i & in_x)[:, None] & m_c[None, :],
-                other=0.0)
-    st = i_n.to(tl.int64) * C * (K - 1) + o_c[None, :] * (K - 1)
+    u = length - (K - 1) + i  # token of slot i, from the sequence's start
+    in_x = u >= 0
+    v = tl.load(x + first + u[:, None] * C + o_c[None, :], mask=(m_i & in_x)[:, None] & m_c[None, :], other=0.0)
     if HAS_INIT:
-        h = tl.load(init + st + (u - start + K - 1)[:, None], mask=(m_i & ~in_x)[:, None] & m_c[None, :], other=0.0)
+        p_h = init + (i_n.to(tl.int64) * (K - 1) + (u + K - 1)[:, None]) * C + o_c[None, :]
+        h = tl.load(p_h, mask=(m_i & ~in_x)[:, None] & m_c[None, :], other=0.0)
         v = tl.where(in_x[:, None], v, h.to(v.dtype))
-    tl.store(fin + st + i[:, None], v.to(fin.dtype.element_ty), mask=m_i[:, None] & m_c[None, :])
+    p_f = fin + i_n.to(tl.int64) * C * (K - 1) + o_c[None, :] * (K - 1) + i[:, None]
+    tl.store(p_f, v.to(fin.dtype.element_ty), mask=m_i[:, None] & m_c[None, :])
 
 
 @triton.jit
@@ -209,7 +214,7 @@ def _conv_dinit_kernel(
     dfin,
     dinit,
     T,
-    C,
+    C: tl.constexpr,
     K: tl.constexpr,
     KP: tl.constexpr,
     BC: tl.constexpr,
@@ -220,16 +225,15 @@ def _conv_dinit_kernel(
     """dinit[n, :, i] = Σ_{p <= i} dpre[start + p] · w[:, i - p] over the sequence's first K-1 tokens (token p reads
     init[:, i] at lag p + K-1-i), plus dfinal[n, :, i - len] where the final state still holds init[:, i]."""
     i_n, i_c = tl.program_id(0), tl.program_id(1)
-    start, end, row = _seq_range(cu, i_n, T, C, IS_VARLEN)
-    p = tl.arange(0, KP)
-    o_t = start + p
-    m_t = (p < K - 1) & (o_t < end)
+    length, first = _seq_range(cu, i_n, T, C, IS_VARLEN)
+    p = tl.arange(0, KP)  # the sequence's first K-1 tokens
+    m_t = (p < K - 1) & (p < length)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    g = tl.load(dy + row + o_t.to(tl.int64)[:, None] * C + o_c[None, :], mask=m_t[:, None] & m_c[None, :],
+    g = tl.load(dy + first + p[:, None] * C + o_c[None, :], mask=m_t[:, None] & m_c[None, :],
                 other=0.0).to(tl.float32)
     if SILU:
-        pre = _preact(x + row, w, init, o_t, m_t, start, i_n, o_c, m_c, C, K, KP, BC, True)
+        pre = _preact(x + first, w, init, p, 0, m_t, 0, i_n, o_c, m_c, C, K, KP, BC, True)
         sg = tl.sigmoid(pre)
         g = g * sg * (1.0 + pre * (1.0 - sg))
     st = i_n.to(tl.int64) * C * (K - 1) + o_c * (K - 1)
@@ -238,6 +242,7 @@ def _conv_dinit_kernel(
                       other=0.0).to(tl.float32)
         acc = tl.sum(g * w_t, axis=0)
         if HAS_DFINAL:
-            j = o_c * 0 + (i - (end - start))  # the final-state slot holding init[:, i], as a [BC] vector
-            acc += tl.load(dfin + st + j, mask=m_c & (j >= 0), other=0.0).to(tl.float32)
+            j = o_c * 0 + (i - length)  # the final-state slot holding init[:, i], as a [BC] vector
+            p_f = dfin + (i_n.to(tl.int64) * (K - 1) + j) * C + o_c
+            acc += tl.load(p_f, mask=m_c & (j >= 0), other=0.0).to(tl.float32)
         tl.store(dinit + st + i, acc, mask=m_c)

@@ -37,9 +37,10 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, *,
         return y, fin
     cu_p, ci_p = (x, x) if vl is None else (vl.cu, vl.indices)
     NT = triton.cdiv(T, cfg.BT) if vl is None else vl.n_rows
+    init_t = init.mT.contiguous() if init is not None else x  # [N, K-1, C]: channels contiguous, as x
     with hooks.stage("conv_fwd"):
         h = K._conv_fwd_kernel[(NT, triton.cdiv(C, cfg.BC), B)](
-            x, weight, init if init is not None else x, cu_p, ci_p, y, T, C,
+            x, weight, init_t, cu_p, ci_p, y, T, C,
             K=Kw, BT=cfg.BT, BC=cfg.BC, SILU=silu, HAS_INIT=init is not None, IS_VARLEN=vl is not None,
             num_warps=cfg.warps_fwd,
         )
@@ -47,7 +48,7 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, *,
     if need_final and Kw > 1:
         with hooks.stage("conv_final"):
             h = K._conv_final_kernel[(n_seq, triton.cdiv(C, cfg.BC_STATE))](
-                x, init if init is not None else x, cu_p, fin, T, C,
+                x, init_t, cu_p, fin, T, C,
                 K=Kw, KP=_state_block(Kw), BC=cfg.BC_STATE, HAS_INIT=init is not None, IS_VARLEN=vl is not None,
             )
         hooks.record("conv_final", h)
@@ -61,7 +62,7 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
     vl = op_table(T, cu, co, ci, cfg.BT)
     n_seq = B if vl is None else vl.n_docs
     has_dfinal = dfinal is not None and Kw > 1
-    dfin_p = dfinal.contiguous() if has_dfinal else x
+    dfin_t = dfinal.mT.contiguous() if has_dfinal else x  # [N, K-1, C], as the initial state
     dinit = x.new_empty(0, dtype=torch.float32)
     if init is not None:  # written by the state kernel when K > 1 and T > 0
         dinit = cfg.empty(n_seq, C, Kw - 1, device=x.device) if Kw > 1 and T > 0 else torch.zeros_like(init).float()
@@ -74,10 +75,10 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
     NT = triton.cdiv(T, cfg.BT) if vl is None else vl.n_rows
     dx = cfg.empty_like(x)
     dw_part = cfg.empty(B * NT, Kw, C, device=x.device)
-    init_p = init if init is not None else x
+    init_t = init.mT.contiguous() if init is not None else x
     with hooks.stage("conv_bwd"):
         h = K._conv_bwd_kernel[(NT, triton.cdiv(C, cfg.BC_BWD), B)](
-            x, weight, init_p, cu_p, ci_p, dy, dfin_p, dx, dw_part, T, C,
+            x, weight, init_t, cu_p, ci_p, dy, dfin_t, dx, dw_part, T, C,
             K=Kw, BT=cfg.BT, BC=cfg.BC_BWD, SILU=silu, HAS_INIT=init is not None, HAS_DFINAL=has_dfinal,
             IS_VARLEN=vl is not None, num_warps=cfg.warps_bwd,
         )
@@ -85,7 +86,7 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
     if init is not None and Kw > 1:
         with hooks.stage("conv_dinit"):
             h = K._conv_dinit_kernel[(n_seq, triton.cdiv(C, cfg.BC_STATE))](
-                x, weight, init_p, cu_p, dy, dfin_p, dinit, T, C,
+                x, weight, init_t, cu_p, dy, dfin_t, dinit, T, C,
                 K=Kw, KP=_state_block(Kw), BC=cfg.BC_STATE, SILU=silu, HAS_DFINAL=has_dfinal,
                 IS_VARLEN=vl is not None,
             )
