@@ -218,6 +218,28 @@ def test_short_convolution_triton_backend(device):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_layer_conv_backend_option(device):
+    """``GatedDeltaNet(conv_backend="triton")`` (what ``mixer_options.gdn.conv_backend`` sets) runs its q, k, v
+    convolutions on the op and equals the default layer with the same weights, output and input gradient."""
+    from hybrid_attention.layers import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layers = [GatedDeltaNet(32, num_heads=2, head_dim=16, chunk_size=16, backend="reference", conv_backend=b).to(device)
+              for b in ("reference", "triton")]
+    layers[1].load_state_dict(layers[0].state_dict())
+    assert all(c.backend == "triton" for c in layers[1].convs.values())
+    x = torch.randn(2, 19, 32, device=device)
+    outs = []
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for layer in layers:
+            xi = x.clone().requires_grad_()
+            y, _ = layer(xi)
+            y.pow(2).sum().backward()
+            outs.append((y, xi.grad))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU smoke test of the GPU benchmark")
 def test_benchmark_dry_run(tmp_path):
     """``benchmarks/causal_conv.py --dryrun`` at tiny shapes on the CPU (interpreter): the correctness check passes
