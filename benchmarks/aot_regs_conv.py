@@ -90,3 +90,22 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+# sm_90, triton 3.6.0 (CPU AOT), DEFAULT_CONFIG, the training call (no states):
+# small    512 conv_fwd       BT32 BC64      4/3    69      0/0             0      7  (64, 8, 16)
+# small    512 conv_bwd       BT32 BC32      4/3    93      0/0           512      5  (64, 16, 16)
+# small   1024 conv_fwd       BT32 BC64      4/3    69      0/0             0      7  (64, 16, 16)
+# small   1024 conv_bwd       BT32 BC32      4/3    93      0/0           512      5  (64, 32, 16)
+# 340m     768 conv_fwd       BT32 BC64      4/3    67      0/0             0      7  (128, 12, 4)
+# 340m     768 conv_bwd       BT32 BC32      4/3   102      0/0           512      4  (128, 24, 4)
+# 340m    1536 conv_fwd       BT32 BC64      4/3    67      0/0             0      7  (128, 24, 4)
+# 340m    1536 conv_bwd       BT32 BC32      4/3   102      0/0           512      4  (128, 48, 4)
+# --state --varlen --shapes 340m:
+# 340m     768 conv_fwd       BT32 BC64      4/3    90      0/0             0      5  (515, 12, 1)
+# 340m     768 conv_final     KP4 BC64       4/3    18      0/0           512     16  (4, 12)
+# 340m     768 conv_bwd       BT32 BC32      4/3   136      0/0           512      3  (515, 24, 1)
+# 340m     768 conv_dinit     KP4 BC64       4/3    32      0/0          1024     16  (4, 12)
+# 340m    1536 conv_fwd       BT32 BC64      4/3    90      0/0             0      5  (515, 24, 1)
+# 340m    1536 conv_final     KP4 BC64       4/3    18      0/0           512     16  (4, 24)
+# 340m    1536 conv_bwd       BT32 BC32      4/3   136      0/0           512      3  (515, 48, 1)
+# 340m    1536 conv_dinit     KP4 BC64       4/3    32      0/0          1024     16  (4, 24)

@@ -18,18 +18,19 @@ class CausalConvConfig(KernelConfig):
     state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
     ``KernelConfig``.
 
-    The defaults by the sm_90 compile report (``python benchmarks/aot_regs_conv.py``, triton 3.9, ``small`` C = 512,
-    bf16): forward 64 x 64 / 4 warps 81 registers (156 with an initial state), no spills; backward 64 x 64 / 8 warps
-    106 registers (142 with the states), where 4 warps take 220 (255 and 76 B of spills with the states). Not yet
-    timed on the device: ``python -m benchmarks.causal_conv --sweep`` compares the variants.
+    The defaults by the sm_90 compile report (``python benchmarks/aot_regs_conv.py`` under the device's triton 3.6,
+    bf16, K = 4, the training call): forward 32 x 64 / 4 warps 69 registers, backward 32 x 32 / 4 warps 93 (134
+    with an initial state and a final-state gradient), no spills; a 64 x 64 backward takes 143 registers on 8 warps
+    (one CTA per SM) or 255 and spills on 4. Not yet timed on the device: ``python -m benchmarks.causal_conv --sweep``
+    compares the variants.
     """
 
-    BT: int = 64
+    BT: int = 32
     BC: int = 64
-    BC_BWD: int = 64
+    BC_BWD: int = 32
     BC_STATE: int = 64
     warps_fwd: int = 4
-    warps_bwd: int = 8
+    warps_bwd: int = 4
 
     def __post_init__(self) -> None:
         for name in ("BT", "BC", "BC_BWD", "BC_STATE"):
