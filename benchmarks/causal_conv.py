@@ -146,6 +146,9 @@ def timing(results: dict, s: BenchSettings) -> None:
     compile_backend = "aot_eager" if s.dryrun else "inductor"
     for name, (B, T, widths) in SHAPES[s.dryrun].items():
         for C in widths:
+            if s.budget_left() < 60:
+                log("  budget spent: timing stopped")
+                return
             x = torch.randn(B, T, C, device=dev, dtype=xdt, requires_grad=True)
             dy = torch.randn_like(x)
             rows = {}
