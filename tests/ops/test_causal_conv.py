@@ -114,10 +114,10 @@ def test_packed_equals_documents_run_alone(device):
         assert rel(y_n, torch.nn.functional.silu(pre)) < TOL
 
 
-@pytest.mark.parametrize("T", [2, 9])
+@pytest.mark.parametrize("T", [0, 2, 9])
 def test_final_state_is_the_last_inputs(T, device):
     """The final state is an exact copy (x's dtype) of the last K-1 inputs, reaching into the initial state when
-    T < K-1, with and without an activation."""
+    T < K-1 (all of it for T = 0), with and without an activation."""
     K = 5
     x, w, init = make_case(2, T, 16, K, 2, True, seed=T)
     xd, wd, hd = (t.to(device, torch.float32) for t in (x, w, init))

@@ -33,7 +33,7 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, *,
     fin = cfg.empty(n_seq, C, Kw - 1, device=x.device, dtype=x.dtype) if need_final else x.new_empty(0)
     if T == 0:  # dense only (documents are non-empty): the final state is the initial one
         if need_final:
-            fin = init.to(x.dtype) if init is not None else torch.zeros_like(fin)
+            fin = init.to(x.dtype, copy=True) if init is not None else torch.zeros_like(fin)
         return y, fin
     cu_p, ci_p = (x, x) if vl is None else (vl.cu, vl.indices)
     NT = triton.cdiv(T, cfg.BT) if vl is None else vl.n_rows
@@ -68,7 +68,7 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
         dinit = cfg.empty(n_seq, C, Kw - 1, device=x.device) if Kw > 1 and T > 0 else torch.zeros_like(init).float()
     if T == 0:  # dense only: the final state is the initial one
         if init is not None and has_dfinal:
-            dinit = dfinal.float()
+            dinit = dfinal.to(torch.float32, copy=True)
         return torch.zeros_like(x), torch.zeros_like(weight), dinit.to(init.dtype) if init is not None else dinit
     dy = dy.contiguous()
     cu_p, ci_p = (x, x) if vl is None else (vl.cu, vl.indices)
