@@ -1,7 +1,9 @@
 """The causal short convolution on the GPU: the Triton op (``ops/causal_conv``) against ``ShortConvolution``'s
 reference path, eager and under ``torch.compile``.
 
-    python -m benchmarks.causal_conv [--sweep] [--quick]      (--dryrun: tiny shapes on the CPU, a smoke test)
+    python -m benchmarks.causal_conv [--sweep] [--quick]      (or: hybrid-attention bench ops --only causal_conv)
+
+``--quick``: the ``small`` shape only; ``--dryrun``: tiny shapes on the CPU (a smoke test of the script).
 
 1. Correctness: bf16 x and initial state, float32 weight, SiLU, K = 4, at every timed shape and on packed documents
    (B = 1, the training shapes' tokens cut into documents of 1 to 600 tokens): the Triton op's output, final state and
@@ -44,6 +46,12 @@ SWEEP = [DEFAULT_CONFIG] + [
                                 (128, 64, 32, 8, 4), (16, 128, 128, 4, 4), (32, 64, 32, 4, 2))
 ]
 DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16)]
+
+
+def _shapes(dryrun: bool, quick: bool) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+    """The shapes of this run: tiny ones for the dry run, only ``small`` with ``--quick``."""
+    shapes = SHAPES[dryrun]
+    return {"small": shapes["small"]} if quick and not dryrun else shapes
 
 
 def _lengths(total: int, seed: int) -> list[int]:
@@ -100,12 +108,12 @@ def _check(dev: str, B: int, T: int, C: int, packed: bool, seed: int) -> dict:
 
 
 @section("correctness")
-def correctness(results: dict, s: BenchSettings) -> None:
+def correctness(results: dict, s: BenchSettings, shapes: dict) -> None:
     log(f"\n== correctness vs float64 (bar {BAR:g}) ==")
     log(f"{'shape':10s} {'C':>5s} {'packed':>6s} " + " ".join(f"{n:>8s}" for n in ("y", "final", "dx", "dweight",
                                                                                       "dinit"))
         + "  | ref y / dx")
-    for i, (name, (B, T, widths)) in enumerate(SHAPES[s.dryrun].items()):
+    for i, (name, (B, T, widths)) in enumerate(shapes.items()):
         for C in widths:
             for packed in (False, True):
                 r = _check(s.device, B, T, C, packed, seed=100 * i + C + packed)
@@ -137,14 +145,14 @@ def _fwd_bwd(fn, x: torch.Tensor, dy: torch.Tensor):
 
 
 @section("timing")
-def timing(results: dict, s: BenchSettings) -> None:
+def timing(results: dict, s: BenchSettings, shapes: dict) -> None:
     log("\n== timing: one ShortConvolution(C, 4, 'silu') call, bf16 x, fp32 weight (ms, median) ==")
     log(f"{'shape':10s} {'B':>3s} {'T':>5s} {'C':>5s} {'form':20s} {'fwd':>8s} {'fwd+bwd':>8s} "
         f"{'vs ref compiled':>16s}")
     dev = s.device
     xdt = torch.bfloat16 if dev == "cuda" else torch.float32
     compile_backend = "aot_eager" if s.dryrun else "inductor"
-    for name, (B, T, widths) in SHAPES[s.dryrun].items():
+    for name, (B, T, widths) in shapes.items():
         for C in widths:
             if s.budget_left() < 60:
                 log("  budget spent: timing stopped")
@@ -167,12 +175,12 @@ def timing(results: dict, s: BenchSettings) -> None:
 
 
 @section("sweep")
-def sweep(results: dict, s: BenchSettings) -> None:
+def sweep(results: dict, s: BenchSettings, shapes: dict) -> None:
     log("\n== sweep: Triton op forward+backward by launch configuration (ms, median) ==")
     dev = s.device
     xdt = torch.bfloat16 if dev == "cuda" else torch.float32
     configs = DRY_SWEEP if s.dryrun else SWEEP
-    for name, (B, T, widths) in SHAPES[s.dryrun].items():
+    for name, (B, T, widths) in shapes.items():
         for C in widths:
             x = torch.randn(B, T, C, device=dev, dtype=xdt, requires_grad=True)
             w = torch.randn(C, K, device=dev, requires_grad=True)
@@ -195,10 +203,11 @@ def main(argv: list[str] | None = None) -> None:
     results: dict = {"errors": [], "correctness": [], "timings": [], "sweep": []}
     if torch.cuda.is_available() and not s.dryrun:
         results["device"] = torch.cuda.get_device_name()
-    correctness(results, s)
-    timing(results, s)
+    shapes = _shapes(s.dryrun, args.quick)
+    correctness(results, s, shapes)
+    timing(results, s, shapes)
     if args.sweep or s.dryrun:
-        sweep(results, s)
+        sweep(results, s, shapes)
     failed = [r for r in results["correctness"] if not r["pass"]]
     if failed:
         results["errors"].append(f"correctness: {len(failed)} case(s) above the bar {BAR:g}")
