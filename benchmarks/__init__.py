@@ -1,6 +1,6 @@
 """GPU benchmarks: correctness against the float64 references plus timings, one invocation per target.
 
-``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear] [--quick]`` runs the op-level sections,
+``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear causal_conv] [--quick]`` runs the op-level sections,
 ``hybrid-attention bench models [--quick]`` the model-level ones (prefill, decode, training step). Each section
 prints its table and writes a JSON file to ``$OUT`` (or the working directory). Every measured version is recorded
 in ``benchmarks/NOTES.md``. Without a CUDA GPU every target and its section scripts stop with one ``error:``
@@ -19,7 +19,8 @@ __all__ = ["TARGETS", "run_target", "section_names"]
 
 # target -> {section name: module under benchmarks exposing main(argv)}
 TARGETS: dict[str, dict[str, str]] = {
-    "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d_bilinear": "s4d_bilinear_ops"},
+    "ops": {"interdomain": "interdomain_ops", "natsl": "natsl_ops", "s4d_bilinear": "s4d_bilinear_ops",
+            "causal_conv": "causal_conv"},
     "models": {"models": "models"},
     "train": {"train": "train_speed"},  # training-step tokens/s, TFLOP/s, peak memory; eager vs compiled
 }

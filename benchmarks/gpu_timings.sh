@@ -33,6 +33,8 @@
 #   and task, the generator's s/epoch, each cell's projected seconds at the full budget)  RECALL_CELLS [all]
 #   S4D_BILINEAR=0 [0]  (benchmarks.s4d_bilinear_ops --quick: float64 check, fwd / fwd+bwd at the training shapes)
 #   INTERDOMAIN_REAL=0 [0]  (benchmarks.interdomain_ops --real-passes: the "real" readout in one vs two kernel passes)
+#   CAUSAL_CONV=0 [0]  (benchmarks.causal_conv --sweep: the short-convolution op's float64 check, its fwd / fwd+bwd
+#   against ShortConvolution's reference eager and compiled at small and 340M shapes, its launch-config sweep)
 # Measured costs (H200): checks ≈ 170 s; a compiled `small` train row 17-46 s with its compile; s4d_conv ≈ 260 s
 # (≈ 45 s for the op tables, then the packed and the four compiled model rows); a compiled decode step ≈ 50-60 s per (preset, batch, context) point, most of it compile.
 set -uo pipefail
@@ -117,6 +119,12 @@ if [ "${INTERDOMAIN_REAL:-0}" = 1 ]; then
   timeout -k 10 150 python -m benchmarks.interdomain_ops --real-passes --budget-s 130 > "$OUT/interdomain_real.log" 2>&1
   echo "== interdomain_ops --real-passes: exit $? after $(( $(date +%s) - T0 )) s"
   grep -E "^real_passes|PASS|FAIL|^\|" "$OUT/interdomain_real.log" | tail -30
+fi
+
+if [ "${CAUSAL_CONV:-0}" = 1 ]; then
+  timeout -k 10 "$(slot 30)" python -m benchmarks.causal_conv --sweep --budget-s 400 --out "$OUT" > "$OUT/causal_conv.log" 2>&1
+  echo "== causal_conv --sweep: exit $? after $(( $(date +%s) - T0 )) s"
+  grep -vE "^\[|^$" "$OUT/causal_conv.log" | tail -60
 fi
 
 if [ "${DECODE_ATTN_SWEEP:-0}" = 1 ]; then

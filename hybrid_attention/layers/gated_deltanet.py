@@ -95,6 +95,8 @@ class GatedDeltaNet(TokenMixer):
         backend: form of the op, one of ``ops.gated_delta.BACKENDS`` ("auto", "reference", "naive", "triton").
         buffer_dtype: "auto" / "fp32" / "bf16", the chunk kernels' buffer precision (``GatedDeltaConfig``); a suite
             pins it through ``mixer_options.gdn.buffer_dtype`` so its runs keep training the same kernel.
+        conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
+            (default), "triton" (``ops/causal_conv``) or "auto" ("triton" for CUDA inputs).
     """
 
     packed_states = True
@@ -111,6 +113,7 @@ class GatedDeltaNet(TokenMixer):
         chunk_size: int = 64,
         backend: str = "auto",
         buffer_dtype: str = "auto",
+        conv_backend: str = "reference",
     ) -> None:
         super().__init__()
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
@@ -129,9 +132,9 @@ class GatedDeltaNet(TokenMixer):
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         self.g_proj = nn.Linear(hidden_size, value_dim, bias=False) if use_gate else None
         self.convs = nn.ModuleDict({
-            "q": ShortConvolution(key_dim, conv_size, "silu"),
-            "k": ShortConvolution(key_dim, conv_size, "silu"),
-            "v": ShortConvolution(value_dim, conv_size, "silu"),
+            "q": ShortConvolution(key_dim, conv_size, "silu", conv_backend),
+            "k": ShortConvolution(key_dim, conv_size, "silu", conv_backend),
+            "v": ShortConvolution(value_dim, conv_size, "silu", conv_backend),
         })
         self.A_log = nn.Parameter(torch.empty(num_heads))
         self.dt_bias = nn.Parameter(torch.empty(num_heads))

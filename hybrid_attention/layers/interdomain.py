@@ -124,6 +124,7 @@ class S4DCoreMixer(TokenMixer):
         dt_max: float = 1e-1,
         norm_eps: float = 1e-6,
         backend: str = "auto",
+        conv_backend: str = "reference",
     ) -> None:
         """Build the branches, the S4D core and the read of the state; the defaults give the full layer.
 
@@ -156,6 +157,8 @@ class S4DCoreMixer(TokenMixer):
             norm_eps: epsilon of the key / value RMSNorms.
             backend: form of the op, one of the backends of ``ops.interdomain`` (query readout), ``ops.s4d``
                 (linear contraction) or ``ops.s4d_bilinear`` ("auto", "reference", "naive", "triton", ...).
+            conv_backend: form of the short convolutions on the branches (``ShortConvolution``'s backend): "reference"
+                (default), "triton" (``ops/causal_conv``) or "auto" ("triton" for CUDA inputs).
         """
         super().__init__()
         if denominator and not query_readout:
@@ -180,12 +183,12 @@ class S4DCoreMixer(TokenMixer):
         self.convs = nn.ModuleDict()
         if query_readout:
             self.proj["q"] = nn.Linear(hidden_size, inner, bias=False)
-            self.convs["q"] = ShortConvolution(inner, conv_size)
+            self.convs["q"] = ShortConvolution(inner, conv_size, backend=conv_backend)
         self.proj[key] = nn.Linear(hidden_size, inner, bias=False)
         self.proj[val] = nn.Linear(hidden_size, inner, bias=False)
-        self.convs[key] = ShortConvolution(inner, conv_size)
+        self.convs[key] = ShortConvolution(inner, conv_size, backend=conv_backend)
         if not dual_input:  # generic inputs: both halves are convolved (Fig. 3c/d); v is not in the full layer
-            self.convs[val] = ShortConvolution(inner, conv_size)
+            self.convs[val] = ShortConvolution(inner, conv_size, backend=conv_backend)
         self.key_norm = HeadRMSNorm(num_heads, head_dim, eps=norm_eps, bias=True)
         self.value_norm = HeadRMSNorm(num_heads, head_dim, eps=norm_eps, bias=True)
         self.ssm = S4DCore(num_heads, state_size, channels=2 * head_dim, dt_min=dt_min, dt_max=dt_max)
@@ -406,8 +409,8 @@ class S4DMixer(S4DCoreMixer):
         num_heads: H, the number of heads (one S4D core each).
         head_dim: d_h, the width of a head (default hidden_size // num_heads).
         **kwargs: the other arguments of ``S4DCoreMixer`` (state_size, conv_size, rope (default False), rope_theta,
-            output_gate, chunk_size, dt_min, dt_max, norm_eps, backend); query_readout, dual_input and denominator
-            must be False and contraction must be this class's ``CONTRACTION``.
+            output_gate, chunk_size, dt_min, dt_max, norm_eps, backend, conv_backend); query_readout, dual_input and
+            denominator must be False and contraction must be this class's ``CONTRACTION``.
     """
 
     CONTRACTION = "linear"

@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid_attention.ops import causal_conv
+from hybrid_attention.ops.causal_conv import triton as causal_conv_triton
+from hybrid_attention.ops.common.backend import resolve_backend, validate_backend
 from hybrid_attention.ops.common.varlen import check_cu_seqlens, positions_in_document
 
 
@@ -31,15 +34,27 @@ class ShortConvolution(nn.Module):
     `cu_seqlens [N + 1]` (packed documents, B == 1, ``ops/common/varlen.py``): every document starts from a zero
     history (no input leaks across a boundary); `state` must be None, and the final states are per document
     ``[N, D, K-1]`` (the last K-1 inputs of each document, zeros before its start).
+
+    Args:
+        channels: D, the number of channels (one filter each).
+        kernel_size: K, the filter width (the current token and K-1 before it).
+        activation: None or "silu" (applied to the output).
+        backend: form of the forward / backward: "reference" (the PyTorch form below: ``F.conv1d`` eager, K shifted
+            products under ``torch.compile``), "triton" (``ops/causal_conv``: one forward and one backward kernel,
+            SiLU fused, float32 sums; CPU tensors need the Triton interpreter) or "auto" ("triton" for CUDA inputs
+            the kernels take, else "reference"). The decode step (``short_conv_step``) is the same for all three.
     """
 
-    def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None) -> None:
+    def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None,
+                 backend: str = "reference") -> None:
         super().__init__()
         if activation not in (None, "silu"):
             raise ValueError(f"activation must be one of None, 'silu', got {activation!r}")
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
+        validate_backend(backend, "ShortConvolution", causal_conv.BACKENDS)
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
+        self.backend = backend
         # Same parameter layout as nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=False).
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         self.reset_parameters()
@@ -59,8 +74,18 @@ class ShortConvolution(nn.Module):
         if d != self.channels:
             raise ValueError(f"x must have {self.channels} channels in its last dim, got shape {tuple(x.shape)}")
         k = self.kernel_size
+        if cu_seqlens is not None and state is not None:
+            raise ValueError("state must be None with cu_seqlens (every document starts from a zero history)")
+        if self.backend != "reference" and resolve_backend(
+            self.backend, "ShortConvolution", lambda: x.is_cuda and causal_conv_triton.supported(x, self.weight),
+            causal_conv.BACKENDS, varlen=cu_seqlens is not None, no_varlen=(),
+        ) == "triton":
+            return causal_conv.triton_causal_conv1d(
+                x, self.weight[:, 0], activation=self.activation, initial_state=state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            )
         if cu_seqlens is not None:
-            y, new_state = self._forward_packed(x, state, output_final_state, cu_seqlens)
+            y, new_state = self._forward_packed(x, output_final_state, cu_seqlens)
         elif torch.compiler.is_compiling():
             # Compiled (training): the same sum written as K shifted products in the [B, T, D] layout, which inductor
             # fuses with the activation into one kernel per direction. F.conv1d of a depthwise kernel runs ATen's
@@ -84,12 +109,10 @@ class ShortConvolution(nn.Module):
             y = F.silu(y)
         return y, new_state
 
-    def _forward_packed(self, x: torch.Tensor, state: torch.Tensor | None, output_final_state: bool,
+    def _forward_packed(self, x: torch.Tensor, output_final_state: bool,
                         cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Packed documents x [1, T, D]: the K lagged products, each lag masked where it would reach before the
         token's document start -> (y [1, T, D] before the activation, final states [N, D, K-1] or None)."""
-        if state is not None:
-            raise ValueError("state must be None with cu_seqlens (every document starts from a zero history)")
         t, k = x.shape[1], self.kernel_size
         check_cu_seqlens(cu_seqlens, t, x.shape[0])  # in full for CPU offsets; no host read of device ones
         pos = positions_in_document(cu_seqlens, t)[None, :, None]  # [1, T, 1]
@@ -107,4 +130,5 @@ class ShortConvolution(nn.Module):
         return y, last.transpose(1, 2).contiguous()
 
     def extra_repr(self) -> str:
-        return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"
+        extra = f", backend={self.backend!r}" if self.backend != "reference" else ""
+        return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}{extra}"

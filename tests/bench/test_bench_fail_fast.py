@@ -42,7 +42,7 @@ def test_bench_bad_section_is_reported_before_the_device(no_cuda, capsys):
 
 
 @pytest.mark.parametrize("module", ["models", "interdomain_ops", "natsl_ops", "s4d_bilinear_ops", "train_speed",
-                                    "decode_attention_ops"])
+                                    "decode_attention_ops", "causal_conv"])
 def test_bench_scripts_without_cuda_exit_with_one_line(monkeypatch, module):
     import importlib
 

@@ -32,6 +32,8 @@ CASES = {
     "s4d-chunk": (["s4d"], {"s4d": {"backend": "chunk"}}),
     "s4d_bilinear": (["s4d_bilinear"], {}),
     "natsl+gdn": (["gdn", "natsl", "gdn", "natsl"], {}),
+    "conv-triton": (["gdn", "natsl", "interdomain"], {name: {"conv_backend": "triton"}
+                                                      for name in ("gdn", "natsl", "interdomain")}),
 }
 
 
@@ -49,11 +51,12 @@ def _model(layers: list[str], options: dict, device: str, backend: str = "triton
 def _no_launches(monkeypatch):
     """Every Triton kernel launch (``kernel[grid](...)``) does nothing; returns the list of launched kernel names.
 
-    The diagonal-SSM ops (Interdomain, bilinear S4D) call registered ``torch.library`` ops, whose meta kernel is the
-    shape-only fake: here they call the eager autograd Function instead, which runs the same host implementations
-    and gradient rule with the same default config (``ops/common/triton/eager.py``)."""
+    The diagonal-SSM ops (Interdomain, bilinear S4D) and the short convolution call registered ``torch.library`` ops,
+    whose meta kernel is the shape-only fake: here they call the eager autograd Function instead, which runs the same
+    host implementations and gradient rule with the same default config (``ops/common/triton/eager.py``)."""
     import triton.runtime.jit as jit
 
+    from hybrid_attention.ops.causal_conv.triton import ops as causal_conv_ops
     from hybrid_attention.ops.interdomain.triton import ops as interdomain_ops
     from hybrid_attention.ops.s4d_bilinear.triton import ops as s4d_bilinear_ops
 
@@ -68,7 +71,8 @@ def _no_launches(monkeypatch):
 
     monkeypatch.setattr(jit.KernelInterface, "__getitem__", getitem)
     for mod, op, eager in ((interdomain_ops, "interdomain_fwd_op", "_EagerInterdomain"),
-                           (s4d_bilinear_ops, "s4d_bilinear_fwd_op", "_EagerS4DBilinear")):
+                           (s4d_bilinear_ops, "s4d_bilinear_fwd_op", "_EagerS4DBilinear"),
+                           (causal_conv_ops, "causal_conv1d_fwd_op", "_EagerCausalConv")):
         fn = getattr(mod, eager)
         monkeypatch.setattr(mod, op, lambda *args, fn=fn, mod=mod: fn.apply(mod.DEFAULT_CONFIG, mod.NO_HOOKS, *args))
     return launched
@@ -85,6 +89,8 @@ def test_training_forward_and_backward_read_nothing_on_the_host(case, _no_launch
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     if case not in ("softmax", "s4d-toeplitz", "s4d-fft", "s4d-chunk"):
         assert _no_launches, "the Triton forms did not run"
+    if case == "conv-triton":  # the short convolutions ran their kernels' host side, both directions
+        assert {"_conv_fwd_kernel", "_conv_bwd_kernel"} <= set(_no_launches)
 
 
 PACKED_NATSL = {"router": {}, "forced": {"force_routing": 0.5}, "counterfactual": {"counterfactual_grad": True}}
@@ -112,6 +118,8 @@ def test_packed_training_forward_and_backward_read_nothing_on_the_host(case, nat
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     if case not in ("softmax", "s4d-chunk", "s4d-auto"):
         assert _no_launches, "the Triton forms did not run"
+    if case == "conv-triton":
+        assert {"_conv_fwd_kernel", "_conv_bwd_kernel"} <= set(_no_launches)
 
 
 def test_a_recorder_on_a_packed_pass_reads_the_chunk_count(_no_launches):

@@ -47,7 +47,7 @@ def test_use_kernels_flag_is_a_backend_choice():
 
 
 @pytest.mark.parametrize("op", ["interdomain", "s4d_bilinear", "gated_delta", "chunk_attention", "natsl_mixed",
-                                "decode_attention", "decode_linear"])
+                                "decode_attention", "decode_linear", "causal_conv"])
 def test_every_triton_package_has_the_same_face(op):
     pkg = importlib.import_module(f"hybrid_attention.ops.{op}.triton")
     assert isinstance(pkg.HAS_TRITON, bool) and callable(pkg.supported)

@@ -132,6 +132,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         force_routing: str | float | None = None,
         prefill_cache: str = "trim",
         buffer_dtype: str = "auto",
+        conv_backend: str = "reference",
     ) -> None:
         """Build the shared projections, the router, the fusion and both branches.
 
@@ -167,6 +168,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             prefill_cache: "trim" | "full", the slots of a prefill's softmax cache (class docstring).
             buffer_dtype: "auto" / "fp32" / "bf16", the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
                 (pinned by a suite through ``mixer_options.natsl.buffer_dtype``).
+            conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
+                (default), "triton" (``ops/causal_conv``) or "auto" ("triton" for CUDA inputs).
         """
         super().__init__()
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
@@ -210,9 +213,9 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
         self.convs = nn.ModuleDict({
-            "q": ShortConvolution(key_dim, conv_size, "silu"),
-            "k": ShortConvolution(key_dim, conv_size, "silu"),
-            "v": ShortConvolution(value_dim, conv_size, "silu"),
+            "q": ShortConvolution(key_dim, conv_size, "silu", conv_backend),
+            "k": ShortConvolution(key_dim, conv_size, "silu", conv_backend),
+            "v": ShortConvolution(value_dim, conv_size, "silu", conv_backend),
         })
         self.A_log = nn.Parameter(torch.empty(num_heads))
         self.dt_bias = nn.Parameter(torch.empty(num_heads))
@@ -224,8 +227,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         self.attn_q_proj = nn.Linear(hidden_size, key_dim, bias=False) if own_qk else None
         self.attn_k_proj = nn.Linear(hidden_size, key_dim, bias=False) if own_qk else None
         if attn_qk == "own_conv":
-            self.convs["q_s"] = ShortConvolution(key_dim, conv_size, "silu")
-            self.convs["k_s"] = ShortConvolution(key_dim, conv_size, "silu")
+            self.convs["q_s"] = ShortConvolution(key_dim, conv_size, "silu", conv_backend)
+            self.convs["k_s"] = ShortConvolution(key_dim, conv_size, "silu", conv_backend)
         self.qk_norm = qk_norm
         self.q_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.attn_head_dim, eps=norm_eps) if qk_norm else nn.Identity()

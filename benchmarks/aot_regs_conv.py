@@ -1,0 +1,111 @@
+"""Registers / spills / shared memory of the causal short-convolution kernels (``hybrid_attention.ops.causal_conv``) for
+sm_90, compiled ahead of time on a machine without a GPU (the launch recorder and compile report of
+``benchmarks/aot_regs_gdn.py``).
+
+    PYTHONPATH=/tmp/t36:. python benchmarks/aot_regs_conv.py          # the device's triton 3.6 first
+    python benchmarks/aot_regs_conv.py --varlen --set BT=128 warps_bwd=8   # packed documents, another config
+
+The launches are those of one forward + backward call of ``ops.py``'s ``_fwd_impl`` / ``_bwd_impl`` on meta
+tensors, the kernels swapped for recorders: the training call (no initial or final state), or with ``--state`` an
+initial state, the final state and its gradient; bf16 x, dy and states, float32 weight, SiLU, K = 4. Shapes:
+``small`` B=16, T=2048 and ``340m`` B=4, T=4096, at the
+layer's channel widths (q / k and v); ``--varlen`` packs the B rows as documents of one row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from benchmarks.aot_regs_gdn import Launch, _Recorder, compile_launch, parse_set  # noqa: E402
+from hybrid_attention.ops.causal_conv.triton import kernels as _kernels  # noqa: E402
+from hybrid_attention.ops.causal_conv.triton import ops as O  # noqa: E402
+from hybrid_attention.ops.causal_conv.triton.config import DEFAULT_CONFIG, CausalConvConfig  # noqa: E402
+from hybrid_attention.ops.common.varlen import max_chunks  # noqa: E402
+
+KERNELS = ("_conv_fwd_kernel", "_conv_final_kernel", "_conv_bwd_kernel", "_conv_dinit_kernel")
+SHAPES: dict[str, tuple[int, int, tuple[int, ...]]] = {"small": (16, 2048, (512, 1024)), "340m": (4, 4096, (768, 1536))}
+
+
+def record_launches(B: int, T: int, C: int, config: CausalConvConfig = DEFAULT_CONFIG, *, varlen: bool = False,
+                    state: bool = False, K: int = 4) -> list[Launch]:
+    """The launches of one forward + backward call on meta tensors (nothing runs); ``state``: with an initial state,
+    the final state and its gradient (else the training call: neither)."""
+    meta = torch.device("meta")
+    n_seq = B
+    cu = co = ci = None
+    if varlen:
+        B, T = 1, B * T
+        i32 = torch.int32
+        cu = torch.empty(n_seq + 1, device=meta, dtype=i32)
+        co = torch.empty(n_seq + 1, device=meta, dtype=i32)
+        ci = torch.empty(max_chunks(T, n_seq, config.BT), 2, device=meta, dtype=i32)
+    x = torch.empty(B, T, C, device=meta, dtype=torch.bfloat16)
+    w = torch.empty(C, K, device=meta, dtype=torch.float32)
+    init = torch.empty(n_seq, C, K - 1, device=meta, dtype=torch.bfloat16) if state else None
+    dfin = torch.empty(n_seq, C, K - 1, device=meta, dtype=torch.bfloat16) if state else None
+    log: list[Launch] = []
+    saved = O.K
+    O.K = SimpleNamespace(**{name: _Recorder(name, getattr(_kernels, name), log) for name in KERNELS})
+    try:
+        O._fwd_impl(x, w, init, cu, co, ci, True, state, cfg=config)
+        O._bwd_impl(x, w, init, cu, co, ci, torch.empty_like(x), dfin, True, cfg=config)
+    finally:
+        O.K = saved
+    return log
+
+
+def main(argv: list[str] | None = None) -> None:
+    """One line per kernel, shape and channel width."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--varlen", action="store_true", help="packed documents (the B rows as documents of one row)")
+    p.add_argument("--state", action="store_true", help="with an initial state, the final state and its gradient")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="CausalConvConfig fields to replace")
+    a = p.parse_args(argv)
+    changes = parse_set(a.set)
+    config = dataclasses.replace(DEFAULT_CONFIG, **changes)
+    print(f"sm_90 AOT compile (triton {triton.__version__}), DEFAULT_CONFIG {changes or ''}, varlen={a.varlen}, "
+          f"state={a.state}")
+    print(f"{'shape':6s} {'C':>5s} {'kernel':14s} {'tiles':14s} {'w/s':4s} {'regs':>4s} {'spill st/ld B':>14s} "
+          f"{'smem B':>7s} {'CTA/SM':>6s}  grid")
+    for shape in a.shapes:
+        B, T, widths = SHAPES[shape]
+        for C in widths:
+            for launch in record_launches(B, T, C, config, varlen=a.varlen, state=a.state):
+                r = compile_launch(launch)
+                kw = launch.kwargs
+                tiles = " ".join(f"{k}{kw[k]}" for k in ("BT", "KP", "BC") if k in kw)
+                print(f"{shape:6s} {C:5d} {launch.name:14s} {tiles:14s} {r['warps']}/{r['stages']:<2d} {r['regs']:4d} "
+                      f"{r['spill_st']:>6d}/{r['spill_ld']:<7d} {r['smem']:7d} {r['ctas_per_sm']:6d}  {launch.grid}")
+
+
+if __name__ == "__main__":
+    main()
+
+# sm_90, triton 3.6.0 (CPU AOT), DEFAULT_CONFIG, the training call (no states):
+# small    512 conv_fwd       BT32 BC64      4/3    69      0/0             0      7  (64, 8, 16)
+# small    512 conv_bwd       BT32 BC32      4/3    93      0/0           512      5  (64, 16, 16)
+# small   1024 conv_fwd       BT32 BC64      4/3    69      0/0             0      7  (64, 16, 16)
+# small   1024 conv_bwd       BT32 BC32      4/3    93      0/0           512      5  (64, 32, 16)
+# 340m     768 conv_fwd       BT32 BC64      4/3    67      0/0             0      7  (128, 12, 4)
+# 340m     768 conv_bwd       BT32 BC32      4/3   102      0/0           512      4  (128, 24, 4)
+# 340m    1536 conv_fwd       BT32 BC64      4/3    67      0/0             0      7  (128, 24, 4)
+# 340m    1536 conv_bwd       BT32 BC32      4/3   102      0/0           512      4  (128, 48, 4)
+# --state --varlen --shapes 340m:
+# 340m     768 conv_fwd       BT32 BC64      4/3    90      0/0             0      5  (515, 12, 1)
+# 340m     768 conv_final     KP4 BC64       4/3    18      0/0           512     16  (4, 12)
+# 340m     768 conv_bwd       BT32 BC32      4/3   136      0/0           512      3  (515, 24, 1)
+# 340m     768 conv_dinit     KP4 BC64       4/3    32      0/0          1024     16  (4, 12)
+# 340m    1536 conv_fwd       BT32 BC64      4/3    90      0/0             0      5  (515, 24, 1)
+# 340m    1536 conv_final     KP4 BC64       4/3    18      0/0           512     16  (4, 24)
+# 340m    1536 conv_bwd       BT32 BC32      4/3   136      0/0           512      3  (515, 48, 1)
+# 340m    1536 conv_dinit     KP4 BC64       4/3    32      0/0          1024     16  (4, 24)

@@ -1,0 +1,42 @@
+"""Launch configuration of the causal short-convolution Triton op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...common.triton.config import KernelConfig
+
+__all__ = ["CausalConvConfig", "DEFAULT_CONFIG"]
+
+
+@dataclass(frozen=True)
+class CausalConvConfig(KernelConfig):
+    """Frozen launch settings of one causal convolution forward / backward (powers of two).
+
+    BT: tokens per program of both directions (and the chunk length of the packed documents' ``ChunkTable``);
+    BC / BC_BWD: channels per program of the forward / backward; BC_STATE: channels per program of the per-sequence
+    state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
+    ``KernelConfig``.
+
+    The defaults by the sm_90 compile report (``python benchmarks/aot_regs_conv.py`` under the device's triton 3.6,
+    bf16, K = 4, the training call): forward 32 x 64 / 4 warps 69 registers, backward 32 x 32 / 4 warps 93 (134
+    with an initial state and a final-state gradient), no spills; a 64 x 64 backward takes 143 registers on 8 warps
+    (one CTA per SM) or 255 and spills on 4. Not yet timed on the device: ``python -m benchmarks.causal_conv --sweep``
+    compares the variants.
+    """
+
+    BT: int = 32
+    BC: int = 64
+    BC_BWD: int = 32
+    BC_STATE: int = 64
+    warps_fwd: int = 4
+    warps_bwd: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("BT", "BC", "BC_BWD", "BC_STATE"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"CausalConvConfig.{name} must be a power of two, got {v}")
+
+
+DEFAULT_CONFIG = CausalConvConfig()

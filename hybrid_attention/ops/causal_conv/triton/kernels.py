@@ -1,0 +1,248 @@
+"""Triton kernels of the causal depthwise short convolution (imported only when triton is installed).
+
+Notation: x, y ``[B, T, C]`` (channels last, contiguous), weight ``[C, K]``; lag L = 0..K-1 multiplies
+``w[:, K-1-L]``: ``pre[t] = Σ_L w[K-1-L] · x[t-L]``, ``y = SiLU(pre)`` (SILU) or ``pre``. A token before its sequence's
+start reads the initial state or zero: the kernels read the initial state and the final-state gradient transposed,
+``[N, K-1, C]`` (channels contiguous, as x: the same register layout; slot i oldest first, lag L at position p < L
+reads slot K-1-L+p), and write the final state and the initial-state gradient ``[N, C, K-1]``.
+
+One program per (block of BT tokens, block of BC channels, batch row); packed documents (IS_VARLEN, B = 1) take the
+rows of the ``ChunkTable`` (``table_row``): a program's tokens lie in one document, so its sequence start and end are
+two scalars. The channel count C is a constexpr: the K lagged tiles of a program then sit at compile-time offsets of
+one pointer tile (the registers of one address tile, not K). Every product and sum is float32; the lagged loads
+overlap (L1 / L2 hits), so each kernel reads x and writes its output about once from memory.
+
+The backward recomputes the pre-activation where it needs it (no stored ``pre``): dpre = dy · SiLU'(pre);
+``dx[u] = Σ_L w[K-1-L] · dpre[u+L]`` over the targets u+L of the same sequence, plus the final-state gradient on the
+last K-1 tokens; the weight gradient as per-program partials ``[P, K, C]`` (summed on the host: deterministic);
+the initial-state gradient in a small per-sequence kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ...common.triton.chunk_rows import table_row
+
+
+@triton.jit
+def _rows(cu, ci, i_t, i_b, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(seq, start, end, t0, t1) of program (i_t, i_b): its sequence (batch row or document), the sequence's first
+    and end token, and the program's token range [t0, t1) (empty for a spare chunk-table row)."""
+    if IS_VARLEN:
+        seq, t0, t1 = table_row(cu, ci, i_t, BT)
+        start = tl.load(cu + seq)
+        end = tl.load(cu + seq + 1)
+    else:
+        seq = i_b
+        start = 0
+        end = T
+        t0 = i_t * BT
+        t1 = tl.minimum(t0 + BT, T)
+    return seq, start, end, t0, t1
+
+
+@triton.jit
+def _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C: tl.constexpr, L: tl.constexpr, K: tl.constexpr,
+         HAS_INIT: tl.constexpr):
+    """[BT, BC] float32 tile of the inputs at tokens t0 + o_r - L (xb points at token t0 of the batch row, o_r the
+    rows relative to it: the K lags differ by compile-time offsets): tokens before ``start`` read the initial state
+    (HAS_INIT) or zero; rows outside ``m_t`` read zero."""
+    src = t0 + o_r - L
+    ok = m_t & (src >= start)
+    v = tl.load(xb + (o_r - L)[:, None] * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
+                other=0.0).to(tl.float32)
+    if HAS_INIT:
+        if L > 0:
+            hist = m_t & (src < start)
+            p_h = init + (seq.to(tl.int64) * (K - 1) + (K - 1 + src - start)[:, None]) * C + o_c[None, :]
+            v += tl.load(p_h, mask=hist[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _preact(xb, w, init, o_r, t0, m_t, start, seq, o_c, m_c, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+            BC: tl.constexpr, HAS_INIT: tl.constexpr):
+    """Pre-activation [BT, BC] (float32) at tokens t0 + o_r: Σ_L w[:, K-1-L] · x[t0 + o_r - L]."""
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for L in tl.static_range(K):
+        w_l = tl.load(w + o_c * K + (K - 1 - L), mask=m_c, other=0.0).to(tl.float32)
+        acc += _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C, L, K, HAS_INIT) * w_l[None, :]
+    return acc
+
+
+@triton.jit
+def _conv_fwd_kernel(
+    x,
+    w,
+    init,
+    cu,
+    ci,
+    y,
+    T,
+    C: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """y = act(pre) for one [BT tokens, BC channels] tile."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
+    o_r = tl.arange(0, BT)
+    m_t = t0 + o_r < t1
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    tile = (i_b.to(tl.int64) * T + t0) * C  # token t0 of batch row i_b
+    pre = _preact(x + tile, w, init, o_r, t0, m_t, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
+    out = pre * tl.sigmoid(pre) if SILU else pre
+    tl.store(y + tile + o_r[:, None] * C + o_c[None, :], out.to(y.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _conv_bwd_kernel(
+    x,
+    w,
+    init,
+    cu,
+    ci,
+    dy,
+    dfin,
+    dx,
+    dw_part,
+    T,
+    C: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_DFINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """dx of one tile (sources u): Σ_L w[K-1-L] · dpre[u+L] over targets of the same sequence (+ dfinal on the last
+    K-1 tokens); the tile's weight-gradient partial dw_part[p, K-1-L] = Σ_t dpre[t] · x[t-L] over its own tokens t."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
+    o_r = tl.arange(0, BT)
+    o_t = t0 + o_r
+    m_t = o_t < t1
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    tile = (i_b.to(tl.int64) * T + t0) * C  # token t0 of batch row i_b
+    xb = x + tile
+    part = (i_b * tl.num_programs(0) + i_t).to(tl.int64) * K * C
+    dxa = tl.zeros((BT, BC), dtype=tl.float32)
+    for L in tl.static_range(K):
+        o_s = o_r + L  # the tokens that read t0 + o_r at lag L, relative to t0
+        m_s = m_t & (o_t + L < end)
+        g = tl.load(dy + tile + o_s[:, None] * C + o_c[None, :], mask=m_s[:, None] & m_c[None, :],
+                    other=0.0).to(tl.float32)
+        if SILU:
+            pre = _preact(xb, w, init, o_s, t0, m_s, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
+            sg = tl.sigmoid(pre)
+            g = g * sg * (1.0 + pre * (1.0 - sg))
+        w_l = tl.load(w + o_c * K + (K - 1 - L), mask=m_c, other=0.0).to(tl.float32)
+        dxa += g * w_l[None, :]
+        if L == 0:  # g is dpre at the tile's own tokens: the weight-gradient partials, one per lag
+            for L2 in tl.static_range(K):
+                src = _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C, L2, K, HAS_INIT)
+                tl.store(dw_part + part + (K - 1 - L2) * C + o_c, tl.sum(g * src, axis=0), mask=m_c)
+    if HAS_DFINAL:  # the final state holds the last K-1 inputs of the sequence
+        i_f = o_t - (end - (K - 1))
+        p_f = dfin + (seq.to(tl.int64) * (K - 1) + i_f[:, None]) * C + o_c[None, :]
+        dxa += tl.load(p_f, mask=(m_t & (i_f >= 0))[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    tl.store(dx + tile + o_r[:, None] * C + o_c[None, :], dxa.to(dx.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _seq_range(cu, i_n, T, C: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(length, offset of the first token) of sequence i_n: a document of the packed row, or batch row i_n."""
+    if IS_VARLEN:
+        start = tl.load(cu + i_n)
+        length = tl.load(cu + i_n + 1) - start
+        first = start.to(tl.int64) * C
+    else:
+        length = T
+        first = i_n.to(tl.int64) * T * C
+    return length, first
+
+
+@triton.jit
+def _conv_final_kernel(
+    x,
+    init,
+    cu,
+    fin,
+    T,
+    C: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    BC: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """final[n, :, i] = the input K-1-i tokens before the sequence's end (i = 0..K-2, oldest first): x inside the
+    sequence, the initial state (or zero) before its start; copied in x's dtype."""
+    i_n, i_c = tl.program_id(0), tl.program_id(1)
+    length, first = _seq_range(cu, i_n, T, C, IS_VARLEN)
+    i = tl.arange(0, KP)
+    m_i = i < K - 1
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    u = length - (K - 1) + i  # token of slot i, from the sequence's start
+    in_x = u >= 0
+    v = tl.load(x + first + u[:, None] * C + o_c[None, :], mask=(m_i & in_x)[:, None] & m_c[None, :], other=0.0)
+    if HAS_INIT:
+        p_h = init + (i_n.to(tl.int64) * (K - 1) + (u + K - 1)[:, None]) * C + o_c[None, :]
+        h = tl.load(p_h, mask=(m_i & ~in_x)[:, None] & m_c[None, :], other=0.0)
+        v = tl.where(in_x[:, None], v, h.to(v.dtype))
+    p_f = fin + i_n.to(tl.int64) * C * (K - 1) + o_c[None, :] * (K - 1) + i[:, None]
+    tl.store(p_f, v.to(fin.dtype.element_ty), mask=m_i[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _conv_dinit_kernel(
+    x,
+    w,
+    init,
+    cu,
+    dy,
+    dfin,
+    dinit,
+    T,
+    C: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    BC: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_DFINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """dinit[n, :, i] = Σ_{p <= i} dpre[start + p] · w[:, i - p] over the sequence's first K-1 tokens (token p reads
+    init[:, i] at lag p + K-1-i), plus dfinal[n, :, i - len] where the final state still holds init[:, i]."""
+    i_n, i_c = tl.program_id(0), tl.program_id(1)
+    length, first = _seq_range(cu, i_n, T, C, IS_VARLEN)
+    p = tl.arange(0, KP)  # the sequence's first K-1 tokens
+    m_t = (p < K - 1) & (p < length)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    g = tl.load(dy + first + p[:, None] * C + o_c[None, :], mask=m_t[:, None] & m_c[None, :],
+                other=0.0).to(tl.float32)
+    if SILU:
+        pre = _preact(x + first, w, init, p, 0, m_t, 0, i_n, o_c, m_c, C, K, KP, BC, True)
+        sg = tl.sigmoid(pre)
+        g = g * sg * (1.0 + pre * (1.0 - sg))
+    st = i_n.to(tl.int64) * C * (K - 1) + o_c * (K - 1)
+    for i in tl.static_range(K - 1):
+        w_t = tl.load(w + o_c[None, :] * K + (i - p)[:, None], mask=(m_t & (p <= i))[:, None] & m_c[None, :],
+                      other=0.0).to(tl.float32)
+        acc = tl.sum(g * w_t, axis=0)
+        if HAS_DFINAL:
+            j = o_c * 0 + (i - length)  # the final-state slot holding init[:, i], as a [BC] vector
+            p_f = dfin + (i_n.to(tl.int64) * (K - 1) + j) * C + o_c
+            acc += tl.load(p_f, mask=m_c & (j >= 0), other=0.0).to(tl.float32)
+        tl.store(dinit + st + i, acc, mask=m_c)

@@ -1,0 +1,260 @@
+"""The causal short-convolution op (``ops/causal_conv``): the Triton kernels against the float64 definition (output,
+final state, gradients of x, weight and the initial state), packed documents, NaN-poisoned buffers, the registered
+op, the dispatcher's checks and ``ShortConvolution``'s backend switch.
+
+The Triton tests run on the ``device`` fixture's device: CPU tensors through the interpreter here (float32, tiny
+shapes, blocks of 16 so that T and C span several partial blocks), CUDA on a GPU machine (the same float32 tolerance:
+the kernels have no matmul).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from hybrid_attention.modules import ShortConvolution
+from hybrid_attention.ops.causal_conv import causal_conv1d, naive_causal_conv1d
+from hybrid_attention.ops.causal_conv.triton import HAS_TRITON, CausalConvConfig
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
+
+if HAS_TRITON:
+    from hybrid_attention.ops.causal_conv.triton import ops as conv_ops
+    from hybrid_attention.ops.causal_conv.triton import triton_causal_conv1d
+
+F64 = torch.float64
+SMALL = CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, poison=True)  # several partial blocks, NaN buffers
+TOL = 2e-5  # relative L2 error of the float32 kernels against float64
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error of a against the float64 reference (0 for two empty tensors)."""
+    if ref.numel() == 0:
+        return 0.0
+    a = a.detach().to("cpu", F64)
+    return ((a - ref).norm() / ref.norm().clamp(min=1e-30)).item()
+
+
+def make_case(B: int, T: int, C: int, K: int, n_seq: int, with_init: bool, seed: int):
+    """Fresh float64 leaves x [B, T, C], weight [C, K], initial state [n_seq, C, K-1] (or None)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, dtype=F64, generator=g)
+    w = torch.randn(C, K, dtype=F64, generator=g) / K**0.5
+    init = torch.randn(n_seq, C, K - 1, dtype=F64, generator=g) if with_init else None
+    return x, w, init
+
+
+def run_both(x, w, init, activation, device, cu=None, config=SMALL):
+    """(triton results, float64 reference results), each (y, final, dx, dw, dinit): forward with the final state,
+    backward of a random linear function of y and the final state (so the final-state gradient is exercised)."""
+    g = torch.Generator().manual_seed(99)
+    dy = torch.randn(x.shape, dtype=F64, generator=g)
+    n_seq = x.shape[0] if cu is None else len(cu) - 1
+    dfin = torch.randn(n_seq, x.shape[2], w.shape[1] - 1, dtype=F64, generator=g)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+
+    def one(fn, dtype, dev):
+        leaves = [t.to(dev, dtype).requires_grad_() if t is not None else None for t in (x, w, init)]
+        y, fin = fn(leaves[0], leaves[1], activation=activation, initial_state=leaves[2], output_final_state=True,
+                    cu_seqlens=None if cu_t is None else cu_t.to(dev))
+        loss = (y * dy.to(dev, dtype)).sum() + (fin * dfin.to(dev, dtype)).sum()
+        grads = torch.autograd.grad(loss, [t for t in leaves if t is not None])
+        return y, fin, *grads
+
+    tri = one(lambda *a, **k: triton_causal_conv1d(*a, config=config, **k), torch.float32, device)
+    ref = one(naive_causal_conv1d, F64, "cpu")
+    return tri, ref
+
+
+def assert_close(tri, ref, tol: float = TOL) -> None:
+    names = ("y", "final", "dx", "dweight", "dinit")
+    for name, a, b in zip(names, tri, ref, strict=False):
+        assert torch.isfinite(a).all(), f"{name}: non-finite (an unwritten element of a NaN-poisoned buffer?)"
+        assert rel(a, b) < tol, f"{name}: relative error {rel(a, b):.2e}"
+
+
+@pytest.mark.parametrize(
+    "K, activation, with_init",
+    [(4, "silu", True), (4, "silu", False), (4, None, True), (4, None, False), (3, "silu", True), (2, "silu", False),
+     (2, None, True)],
+)
+def test_triton_matches_float64_definition(K, activation, with_init, device):
+    """T = 37, C = 24: three token blocks and two channel blocks of 16, the last ones partial."""
+    x, w, init = make_case(2, 37, 24, K, 2, with_init, seed=K)
+    tri, ref = run_both(x, w, init, activation, device)
+    assert_close(tri, ref)
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+def test_packed_documents(with_init, device):
+    """Documents of 1, 2 (< K-1), 17 and 20 tokens packed in one row: each starts from its own history (zeros or
+    its initial state), the final states are per document, the blocks cross document boundaries."""
+    cu = [0, 1, 3, 20, 40]
+    x, w, init = make_case(1, 40, 20, 4, len(cu) - 1, with_init, seed=7)
+    tri, ref = run_both(x, w, init, "silu", device, cu=cu)
+    assert_close(tri, ref)
+
+
+def test_packed_equals_documents_run_alone(device):
+    """The packed call equals each document run as its own sequence (the reference's per-document form itself is
+    checked against the K shifted products here too)."""
+    cu = [0, 5, 6, 30]
+    x, w, _ = make_case(1, 30, 16, 3, 3, False, seed=11)
+    xd, wd = x.to(device, torch.float32), w.to(device, torch.float32)
+    y, fin = triton_causal_conv1d(xd, wd, activation="silu", output_final_state=True,
+                                  cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device), config=SMALL)
+    for n in range(len(cu) - 1):
+        a, b = cu[n], cu[n + 1]
+        y_n, fin_n = triton_causal_conv1d(xd[:, a:b], wd, activation="silu", output_final_state=True, config=SMALL)
+        assert torch.equal(y[:, a:b], y_n)
+        assert torch.equal(fin[n : n + 1], fin_n)
+        pre = sum(torch.nn.functional.pad(x[:, a:b], (0, 0, 2 - j, 0))[:, : b - a] * w[:, j] for j in range(3))
+        assert rel(y_n, torch.nn.functional.silu(pre)) < TOL
+
+
+@pytest.mark.parametrize("T", [0, 2, 9])
+def test_final_state_is_the_last_inputs(T, device):
+    """The final state is an exact copy (x's dtype) of the last K-1 inputs, reaching into the initial state when
+    T < K-1 (all of it for T = 0), with and without an activation."""
+    K = 5
+    x, w, init = make_case(2, T, 16, K, 2, True, seed=T)
+    xd, wd, hd = (t.to(device, torch.float32) for t in (x, w, init))
+    for activation in (None, "silu"):
+        _, fin = triton_causal_conv1d(xd, wd, activation=activation, initial_state=hd, output_final_state=True,
+                                      config=SMALL)
+        assert torch.equal(fin, torch.cat([hd, xd.mT], dim=-1)[..., -(K - 1):])
+        _, fin0 = triton_causal_conv1d(xd, wd, activation=activation, output_final_state=True, config=SMALL)
+        assert torch.equal(fin0, torch.cat([torch.zeros_like(hd), xd.mT], dim=-1)[..., -(K - 1):])
+
+
+def test_pieces_with_carried_state_equal_one_call(device):
+    """Two calls with the state carried give the one-call output (the prefill / chunked-prefill contract)."""
+    x, w, _ = make_case(2, 30, 16, 4, 2, False, seed=3)
+    xd, wd = x.to(device, torch.float32), w.to(device, torch.float32)
+    y, fin = triton_causal_conv1d(xd, wd, activation="silu", output_final_state=True, config=SMALL)
+    y1, s1 = triton_causal_conv1d(xd[:, :13], wd, activation="silu", output_final_state=True, config=SMALL)
+    y2, s2 = triton_causal_conv1d(xd[:, 13:], wd, activation="silu", initial_state=s1, output_final_state=True,
+                                  config=SMALL)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-6, atol=1e-6)
+    assert torch.equal(s2, fin)
+
+
+def test_registered_op_default_config(device):
+    """The registered custom op (``DEFAULT_CONFIG``, the path of ``torch.compile``) in bf16: output within bf16
+    rounding of the float64 definition, gradients of every input, the weight gradient in the weight's dtype."""
+    x, w, init = make_case(2, 37, 24, 4, 2, True, seed=5)
+    xb = x.to(device, torch.bfloat16).requires_grad_()
+    wf = w.to(device, torch.float32).requires_grad_()
+    hb = init.to(device, torch.bfloat16).requires_grad_()
+    y, fin = causal_conv1d(xb, wf, activation="silu", initial_state=hb, output_final_state=True, backend="triton")
+    assert y.dtype == fin.dtype == torch.bfloat16
+    y.float().pow(2).sum().backward()
+    assert wf.grad.dtype == torch.float32 and xb.grad.dtype == hb.grad.dtype == torch.bfloat16
+    leaves = [t.detach().double().requires_grad_() for t in (xb, wf, hb)]
+    y_ref, _ = naive_causal_conv1d(*leaves[:2], activation="silu", initial_state=leaves[2])
+    y_ref.pow(2).sum().backward()
+    assert rel(y, y_ref) < 1e-2
+    for leaf, ref in zip((xb, wf, hb), leaves, strict=True):
+        assert rel(leaf.grad, ref.grad) < 1e-2
+
+
+def test_custom_op_opcheck(device):
+    """Schema, fake (meta) implementation and autograd registration of the registered forward op."""
+    x, w, init = make_case(1, 9, 16, 3, 1, True, seed=2)
+    args = (x.float().to(device).requires_grad_(), w.float().to(device).requires_grad_(),
+            init.float().to(device).requires_grad_(), None, None, None, True, True)
+    torch.library.opcheck(conv_ops.causal_conv1d_fwd_op, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_dispatch_and_input_errors():
+    """"auto" runs the reference on CPU tensors; one clear line per bad argument; the Triton form refuses float64
+    and widths above its maximum."""
+    x, w, init = make_case(2, 8, 4, 3, 2, True, seed=1)
+    y_auto, _ = causal_conv1d(x, w, activation="silu")
+    y_ref, _ = naive_causal_conv1d(x, w, activation="silu")
+    assert torch.equal(y_auto, y_ref)
+    with pytest.raises(ValueError, match="causal_conv1d: backend must be one of 'auto', 'reference', 'triton'"):
+        causal_conv1d(x, w, backend="cuda")
+    with pytest.raises(ValueError, match="activation must be one of None, 'silu'"):
+        causal_conv1d(x, w, activation="gelu")
+    with pytest.raises(ValueError, match=r"weight must be \[C, K\] with C = 4"):
+        causal_conv1d(x, w[:3])
+    with pytest.raises(ValueError, match=r"initial_state must be \[N, C, K-1\] = \(2, 4, 2\)"):
+        causal_conv1d(x, w, initial_state=init[..., :1])
+    with pytest.raises(ValueError, match="cu_seqlens requires inputs of batch size 1"):
+        causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32))
+    with pytest.raises(ValueError, match="float64"):
+        triton_causal_conv1d(x, w)
+    with pytest.raises(ValueError, match="K <= 8"):
+        triton_causal_conv1d(x.float(), torch.randn(4, 9))
+
+
+def test_short_convolution_triton_backend(device):
+    """``ShortConvolution(backend="triton")`` equals the default reference path (same weights): output, new state
+    and gradients, with a carried state and with packed documents; "reference" is the default."""
+    assert ShortConvolution(8, 4, "silu").backend == "reference"
+    with pytest.raises(ValueError, match="ShortConvolution: backend must be one of"):
+        ShortConvolution(8, 4, backend="fast")
+    torch.manual_seed(0)
+    ref = ShortConvolution(24, 4, "silu").to(device)
+    tri = ShortConvolution(24, 4, "silu", backend="triton").to(device)
+    tri.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 21, 24, device=device)
+    state = torch.randn(2, 24, 3, device=device)
+    cu = torch.tensor([0, 2, 21], dtype=torch.int32, device=device)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # the reference's fp32 conv1d on a GPU
+        for args, kw in (((x, state, True), {}), ((x[:1], None, True), {"cu_seqlens": cu})):
+            outs = []
+            for conv in (ref, tri):
+                xi = args[0].clone().requires_grad_()
+                y, s = conv(xi, *args[1:], **kw)
+                (y.pow(2).sum() + s.sum()).backward()
+                outs.append((y, s, xi.grad, conv.weight.grad.clone()))
+                conv.weight.grad = None
+            for a, b in zip(*outs, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_conv_backend_option(device):
+    """``GatedDeltaNet(conv_backend="triton")`` (what ``mixer_options.gdn.conv_backend`` sets) runs its q, k, v
+    convolutions on the op and equals the default layer with the same weights, output and input gradient."""
+    from hybrid_attention.layers import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layers = [GatedDeltaNet(32, num_heads=2, head_dim=16, chunk_size=16, backend="reference", conv_backend=b).to(device)
+              for b in ("reference", "triton")]
+    layers[1].load_state_dict(layers[0].state_dict())
+    assert all(c.backend == "triton" for c in layers[1].convs.values())
+    x = torch.randn(2, 19, 32, device=device)
+    outs = []
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for layer in layers:
+            xi = x.clone().requires_grad_()
+            y, _ = layer(xi)
+            y.pow(2).sum().backward()
+            outs.append((y, xi.grad))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU smoke test of the GPU benchmark")
+def test_benchmark_dry_run(tmp_path):
+    """``benchmarks/causal_conv.py --dryrun`` at tiny shapes on the CPU (interpreter): the correctness check passes
+    and every timing row is written."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT=str(tmp_path))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.causal_conv", "--dryrun"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((tmp_path / "causal_conv_gpu.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    assert res["correctness"] and all(r["pass"] for r in res["correctness"])
+    assert {r["form"] for r in res["timings"]} == {"triton", "triton compiled", "reference eager", "reference compiled"}
