@@ -235,6 +235,8 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     dev = s.device
     name, B, T, variant = spec["name"], spec["B"], spec["T"], spec["variant"]
     cfg = config_of(name, s.dryrun)
+    for mixer, opts in spec.get("mixer_options", {}).items():  # --mixer-options: merged into the preset's
+        cfg.mixer_options = {**cfg.mixer_options, mixer: {**cfg.mixer_options.get(mixer, {}), **opts}}
     torch.manual_seed(0)
     model = HybridForCausalLM(cfg).to(dev).float().train()
     row = dict(spec)
@@ -366,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile-backend", default=os.environ.get("BENCH_COMPILE_BACKEND"),
                    help="Dynamo backend of the compiled rows (default: BENCH_COMPILE_BACKEND, else inductor; eager "
                         "in the dry run)")
+    p.add_argument("--mixer-options", type=json.loads, default={}, metavar="JSON",
+                   help='mixer options merged into every row\'s config, e.g. \'{"gdn": {"conv_backend": "auto"}}\'')
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     require_cuda(a.dryrun)
     s = BenchSettings(dryrun=a.dryrun, budget_s=a.budget_s, out=a.out or ".")
@@ -379,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
         specs = plan(a.quick, a.models, a.variants, dryrun=s.dryrun, shapes=a.shapes)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if a.mixer_options:
+        specs = [{**spec, "mixer_options": a.mixer_options} for spec in specs]
     cuda = s.device == "cuda"
     set_tf32(torch.device(s.device), True)  # as the trainer's default train.tf32
     log(f"train-speed bench: device={s.device} dryrun={s.dryrun} torch={torch.__version__}"
