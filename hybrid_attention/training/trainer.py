@@ -180,6 +180,9 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
             trainer = Trainer(cfg, ctx, resume, data, quiet)
             try:
                 return trainer.run()
+            except BaseException:
+                trainer.close(failed=True)  # the trackers record the run as failed
+                raise
             finally:
                 trainer.close()
     finally:
@@ -251,8 +254,12 @@ class Trainer:
             self.close()
             raise
 
-    def close(self) -> None:
-        """Free the run folder's lock (``train`` calls it when the run ends, however it ends)."""
+    def close(self, failed: bool = False) -> None:
+        """Close the trackers (``failed``: the run stopped on an error) and free the run folder's lock (``train``
+        calls it when the run ends, however it ends); idempotent."""
+        log = getattr(self, "log", None)
+        if log is not None:
+            log.close(failed=failed)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -326,7 +333,7 @@ class Trainer:
         set_tf32(ctx.device, tc.tf32)
         self.byte_lengths = token_byte_lengths(tok)
         self.log = TrackedLog(out_dir / "metrics.jsonl", resume_step=self.step if resume else None,
-                              enabled=ctx.is_main, tensorboard=tc.tensorboard)
+                              enabled=ctx.is_main, tensorboard=tc.tensorboard, wandb=tc.wandb, config=to_dict(cfg))
         self.seq_len, self.accum = cfg.data.seq_len, tc.grad_accum
         self.tokens_per_step = tc.batch_size * self.seq_len
         self.layers = describe_layers(mcfg.mixer_types)
