@@ -6,6 +6,7 @@ line in :func:`main`.
     hybrid-attention eval {ppl,length,mqar,passkey,lm-eval} ...
     hybrid-attention generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] ...
     hybrid-attention info DIR
+    hybrid-attention compare RUN_DIR RUN_DIR ... [--tokens N] [--out DIR]
     hybrid-attention bench ...
 """
 
@@ -352,6 +353,21 @@ def _cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(a: argparse.Namespace) -> int:
+    from hybrid_attention.experiments.compare import compare_runs
+
+    _check_writable_folder("--out", Path(a.out))
+    res = compare_runs(a.runs, a.out, tokens=a.tokens, plots=not a.no_plots)
+    if a.json:
+        print(json.dumps({k: res[k] for k in ("tokens", "state_len", "rows")}))
+        return 0
+    print(f"{len(res['rows'])} runs at {res['tokens']:,} training tokens"
+          + (" (the largest count at which every run has a validation result)" if a.tokens is None else ""))
+    print(res["table"])
+    print(f"table, compare.json{' and plots' if not a.no_plots else ''} in {a.out}/")
+    return 0
+
+
 def _cmd_bench(a: argparse.Namespace) -> int:
     import os
 
@@ -456,6 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "and head")
     i.add_argument("--out", help="folder of routing.png (default: next to the model)")
     i.set_defaults(func=_cmd_info)
+
+    c = sub.add_parser("compare", help="training runs side by side at equal training tokens: one table, one plot set")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (train.out_dir of each run)")
+    c.add_argument("--tokens", type=POSITIVE_INT,
+                   help="training tokens to compare at (default: the largest count every run validated at)")
+    c.add_argument("--out", default="runs/compare", help="folder of table.txt, compare.json and the plots "
+                   "(default runs/compare)")
+    c.add_argument("--no-plots", action="store_true", help="only the table and compare.json")
+    c.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    c.set_defaults(func=_cmd_compare)
 
     b = sub.add_parser("bench", help="GPU benchmarks: correctness vs the references + timings (benchmarks/NOTES.md)")
     b.add_argument("target", choices=["ops", "models", "inference", "train"],
