@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from hybrid_attention.config.run_config import WandbSection, check_tensorboard
+from hybrid_attention.config.run_config import check_tensorboard
 
 from .metrics import MetricsLog
+from .wandb_tracker import WandbTracker
 
 # metrics.jsonl key -> TensorBoard / W&B tag
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tok_per_s": "train/tokens_per_s",
@@ -42,30 +43,21 @@ def tracked_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 class TrackedLog(MetricsLog):
     """``metrics.jsonl`` plus, with ``tensorboard``, the same scalars as TensorBoard events in ``out_dir/tensorboard``
-    and, with ``wandb`` (the ``train.wandb`` section), in a Weights & Biases run in ``out_dir/wandb``.
+    and, with ``wandb`` (a started :class:`WandbTracker`, which the log then finishes), in that W&B run.
 
     ``resume_step``: a resumed run; the events logged after it by the run that stopped are dropped (TensorBoard's
-    ``purge_step``), as ``metrics.jsonl`` drops its records; the W&B run continues under the same id (W&B keeps the
-    first value it received for a step). ``config``: the resolved run config, recorded with the W&B run."""
+    ``purge_step``), as ``metrics.jsonl`` drops its records; the W&B run continues under the same id."""
 
     def __init__(self, path: Path, resume_step: int | None = None, enabled: bool = True, tensorboard: bool = False,
-                 wandb: WandbSection | None = None, config: dict[str, Any] | None = None):
+                 wandb: WandbTracker | None = None):
         super().__init__(path, resume_step=resume_step, enabled=enabled)
-        self.writer = self.wandb = None
+        self.writer, self.wandb = None, wandb
         if enabled and tensorboard:
             check_tensorboard()
             from torch.utils.tensorboard import SummaryWriter
 
             purge = resume_step + 1 if resume_step is not None else None
             self.writer = SummaryWriter(str(Path(path).parent / "tensorboard"), purge_step=purge, flush_secs=10)
-        if enabled and wandb is not None:
-            from .wandb_tracker import WandbTracker
-
-            try:
-                self.wandb = WandbTracker(wandb, Path(path).parent, config or {}, resume=resume_step is not None)
-            except BaseException:
-                self.close(failed=True)
-                raise
 
     def log(self, record: dict[str, Any]) -> None:
         """Append ``record`` (with its ``step``) to metrics.jsonl and, when tracking, its scalars to TensorBoard and

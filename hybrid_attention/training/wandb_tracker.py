@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import string
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hybrid_attention.config.schema import ConfigError
 WANDB_DIR = "wandb"  # in the run folder
 RUN_ID_FILE = "run_id"  # in WANDB_DIR: the W&B run id that a resume continues
 MODES = ("offline", "online", "disabled")
+LOGIN_TIMEOUT_S = 30.0
 
 
 def wandb_mode(section: WandbSection) -> str:
@@ -38,6 +40,18 @@ def wandb_mode(section: WandbSection) -> str:
 def new_run_id(length: int = 8) -> str:
     """A fresh W&B run id: ``length`` random lowercase letters and digits (the form W&B gives its own ids)."""
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(length))
+
+
+def _remove_new(folder: Path, before: set[Path] | None) -> None:
+    """Remove what appeared in ``folder`` since its listing ``before`` (None: the folder itself was new)."""
+    if before is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for p in set(folder.iterdir()) - before if folder.is_dir() else ():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _one_line(e: BaseException) -> str:
@@ -60,24 +74,30 @@ class WandbTracker:
 
         mode = wandb_mode(section)
         folder = Path(out_dir) / WANDB_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        id_file = folder / RUN_ID_FILE
-        run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
-        if not run_id:
-            run_id = new_run_id()
-            tmp = id_file.with_name(f".{RUN_ID_FILE}.tmp")
-            tmp.write_text(run_id + "\n")
-            os.replace(tmp, id_file)
+        before = set(folder.iterdir()) if folder.is_dir() else None
         try:
-            # console "off": W&B does not wrap stdout / stderr (the progress bar and error lines stay as they are)
+            folder.mkdir(parents=True, exist_ok=True)
+            id_file = folder / RUN_ID_FILE
+            run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
+            if not run_id:
+                run_id = new_run_id()
+                tmp = id_file.with_name(f".{RUN_ID_FILE}.tmp")
+                tmp.write_text(run_id + "\n")
+                os.replace(tmp, id_file)
+            # console "off": W&B does not wrap stdout / stderr (the progress bar and error lines stay as they are);
+            # online without a stored key, W&B's login prompt gives up after LOGIN_TIMEOUT_S (then one error line)
             self.run = wandb.init(project=section.project, entity=section.entity,
                                   name=section.name or Path(out_dir).resolve().name, group=section.group,
                                   tags=list(section.tags) or None, notes=section.notes, config=config,
                                   dir=str(Path(out_dir)), id=run_id, resume="allow", mode=mode,
-                                  settings=wandb.Settings(console="off", disable_git=True), reinit="create_new")
-        except (wandb.errors.Error, OSError, TimeoutError) as e:
-            raise ConfigError(f"config error: train.wandb: W&B could not start a run in {mode} mode: {_one_line(e)}; "
-                              "train.wandb.mode=offline needs no network or login") from e
+                                  settings=wandb.Settings(console="off", disable_git=True,
+                                                           login_timeout=LOGIN_TIMEOUT_S), reinit="create_new")
+        except BaseException as e:
+            _remove_new(folder, before)  # a run that cannot start its W&B run leaves no W&B files
+            if isinstance(e, (wandb.errors.Error, OSError, TimeoutError)):
+                raise ConfigError(f"config error: train.wandb: W&B could not start a run in {mode} mode: "
+                                  f"{_one_line(e)}; train.wandb.mode=offline needs no network or login") from e
+            raise
         self.run_id, self.mode = run_id, mode
 
     def log(self, scalars: dict[str, float], step: int) -> None:

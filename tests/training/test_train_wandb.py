@@ -160,3 +160,12 @@ def test_wandb_missing_is_one_config_error(tmp_path, monkeypatch):
         tiny_config(tmp_path / "run", "train.wandb={project: x}")
     assert not (tmp_path / "run").exists()
     assert tiny_config(tmp_path / "run", "train.wandb=null").train.wandb is None
+
+
+def test_a_w_and_b_run_that_cannot_start_refuses_the_run_with_nothing_written(tmp_path, wandb_env, monkeypatch):
+    monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))  # no stored W&B key anywhere
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"train.wandb: W&B could not start a run in online mode: .*; "
+                                          r"train.wandb.mode=offline needs no network or login"):
+        train(tiny_config(out, "train.steps=1", "train.wandb={mode: online}"), quiet=True)
+    assert not out.exists()
