@@ -10,8 +10,8 @@ demo:
 	@scripts/bootstrap.sh
 	$(VENV)/bin/hybrid-attention demo $(ARGS)
 
-test:
-	@scripts/bootstrap.sh test,eval
+test:  # the train extra too: the TensorBoard and W&B tracking tests run, none skipped
+	@scripts/bootstrap.sh test,eval,train
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 

@@ -3,9 +3,10 @@ line in :func:`main`.
 
     hybrid-attention demo [--minutes 10] [--device auto|cpu|cuda] [--out runs/demo]
     hybrid-attention train CONFIG.yaml [key=value ...] [--resume]
-    hybrid-attention eval {ppl,length,mqar,passkey,lm-eval} ...
+    hybrid-attention eval {ppl,length,mqar,passkey,ruler,lm-eval} ...
     hybrid-attention generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] ...
     hybrid-attention info DIR
+    hybrid-attention compare RUN_DIR RUN_DIR ... [--tokens N] [--out DIR]
     hybrid-attention bench ...
 """
 
@@ -170,8 +171,10 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     from hybrid_attention.data.tokenizer import token_byte_lengths
     from hybrid_attention.evaluation.loading import load_model
 
-    if a.task in ("length", "lm-eval", "passkey") and a.out:
+    if a.task in ("length", "lm-eval", "passkey", "ruler") and a.out:
         _check_writable_folder("--out", Path(a.out))
+    if a.task == "ruler":
+        a.tasks = _ruler_tasks(a.tasks)
     if a.task == "ppl" and a.tokens and a.seq_len and a.tokens < a.seq_len:
         raise CLIError(f"--seq-len {a.seq_len}: longer than --tokens {a.tokens}; one window needs --tokens >= "
                        "--seq-len")
@@ -211,13 +214,57 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         print(passkey_table(rows))
         _write_plot(a, plot_passkey, rows, Path(a.out or loaded.source) / "passkey.png",
                     f"passkey retrieval: {Path(a.checkpoint).name}")
+    elif a.task == "ruler":
+        _eval_ruler(a, loaded, device)
     elif a.task == "lm-eval":
+        import re
+
         from hybrid_attention.evaluation.lm_eval_adapter import run_lm_eval
 
         res = run_lm_eval(loaded.model, loaded.tokenizer, a.tasks, a.include_path, a.batch_size, a.limit, str(device))
         print(json.dumps(res, indent=1, default=str))
-        _save_lm_eval(a, res)
+        name = "lm_eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", "+".join(a.tasks))[:100] + ".json"
+        _save_json(a, name, {"tasks": a.tasks, "limit": a.limit, "checkpoint": str(a.checkpoint), "results": res})
     return 0
+
+
+def _ruler_tasks(tasks: list[str] | None) -> list[str]:
+    """``eval ruler --tasks``: the names given (each once, in order), or every task; CLIError for an unknown name."""
+    from hybrid_attention.data.ruler import TASKS
+
+    unknown = [t for t in tasks or [] if t not in TASKS]
+    if unknown:
+        raise CLIError(f"--tasks {' '.join(unknown)}: not a RULER task; allowed values: {', '.join(TASKS)}")
+    return list(dict.fromkeys(tasks)) if tasks else list(TASKS)
+
+
+def _eval_ruler(a: argparse.Namespace, loaded, device) -> None:
+    """``eval ruler``: the samples (all sized before the model runs), the scores, ``ruler.json`` and ``ruler.png``."""
+    from hybrid_attention.data.tokenizer import is_byte_tokenizer
+    from hybrid_attention.evaluation.checkpoint_plots import plot_ruler
+    from hybrid_attention.evaluation.generation import position_limit
+    from hybrid_attention.evaluation.ruler import build_samples, evaluate_ruler, load_haystack, ruler_table
+
+    lengths = sorted(set(a.lengths))
+    haystack = load_haystack(a.corpus, max(lengths))
+    try:
+        samples = build_samples(loaded.tokenizer, a.tasks, lengths, a.samples, haystack, a.seed, a.max_new_tokens)
+    except ValueError as e:
+        raise CLIError(f"--lengths: {e}; raise the length or leave those tasks out of --tasks") from e
+    limit = position_limit(loaded.model)
+    if limit is not None and max(lengths) > limit:
+        print(f"note: lengths above the model's max_position_embeddings ({limit:,}) test it beyond its configured "
+              "positions", file=sys.stderr)
+    res = evaluate_ruler(loaded.model, loaded.tokenizer, samples, device,
+                         log=lambda line: print(line, file=sys.stderr))
+    print(ruler_table(res))
+    doc = {"checkpoint": str(a.checkpoint), "tasks": list(a.tasks), "lengths": lengths, "samples": a.samples,
+           "seed": a.seed, "haystack": haystack.source,
+           "tokenizer": {"tokens": len(loaded.tokenizer), "byte_level": is_byte_tokenizer(loaded.tokenizer)},
+           "metric": "string_match_all: the fraction of a sample's expected answers in its greedy generation",
+           **res}
+    _save_json(a, "ruler.json", doc)
+    _write_plot(a, plot_ruler, res, Path(a.out or a.checkpoint) / "ruler.png", f"RULER: {Path(a.checkpoint).name}")
 
 
 def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> None:
@@ -239,16 +286,12 @@ def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> Non
         print(f"plot: {png}")
 
 
-def _save_lm_eval(a: argparse.Namespace, results: dict) -> None:
-    """``lm_eval_<tasks>.json`` (tasks, limit, checkpoint, lm-eval's per-task metrics) in --out or the folder given as
-    --checkpoint (the run folder), written whole or not at all; an unwritable model folder only loses the file."""
-    import os
-    import re
+def _save_json(a: argparse.Namespace, name: str, doc: dict) -> None:
+    """``doc`` as ``name`` in --out or the folder given as --checkpoint (the run folder), written whole or not at
+    all; an unwritable model folder only loses the file (a note), an unwritable --out is an error."""
     import tempfile
 
     folder = Path(a.out or a.checkpoint)
-    name = "lm_eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", "+".join(a.tasks))[:100] + ".json"
-    doc = {"tasks": a.tasks, "limit": a.limit, "checkpoint": str(a.checkpoint), "results": results}
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -352,6 +395,21 @@ def _cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(a: argparse.Namespace) -> int:
+    from hybrid_attention.experiments.compare import compare_runs
+
+    _check_writable_folder("--out", Path(a.out))
+    res = compare_runs(a.runs, a.out, tokens=a.tokens, plots=not a.no_plots)
+    if a.json:
+        print(json.dumps({k: res[k] for k in ("tokens", "state_len", "rows")}))
+        return 0
+    print(f"{len(res['rows'])} runs at {res['tokens']:,} training tokens"
+          + (" (the largest count at which every run has a validation result)" if a.tokens is None else ""))
+    print(res["table"])
+    print(f"table, compare.json{' and plots' if not a.no_plots else ''} in {a.out}/")
+    return 0
+
+
 def _cmd_bench(a: argparse.Namespace) -> int:
     import os
 
@@ -429,6 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--depths", type=FRACTION, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
             q.add_argument("--trials", type=POSITIVE_INT, default=4)
             q.add_argument("--out", help="folder of passkey.png for --checkpoint (default: next to the model)")
+    q = with_ckpt(es.add_parser("ruler", help="RULER's synthetic long-context tasks, offline: results JSON + PNG"))
+    q.add_argument("--tasks", nargs="+", default=None,
+                   help="niah_single_1..3, niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe "
+                        "(default: all)")
+    q.add_argument("--lengths", type=POSITIVE_INT, nargs="+", default=[2048, 4096, 8192],
+                   help="context lengths in the model's tokens, prompt and answer budget (default 2048 4096 8192)")
+    q.add_argument("--samples", type=POSITIVE_INT, default=20, help="samples per task and length (default 20)")
+    q.add_argument("--seed", type=int, default=0, help="the seed the samples derive from (default 0)")
+    q.add_argument("--corpus", nargs="+", metavar="PATH",
+                   help="haystack files or folders (default: the embedded standard-library corpus)")
+    q.add_argument("--max-new-tokens", type=POSITIVE_INT,
+                   help="answer budget per sample (default: RULER's per task, or twice the answer's tokens if more)")
+    q.add_argument("--out", help="folder of ruler.json and ruler.png (default: the folder given as --checkpoint)")
     q = with_ckpt(es.add_parser("lm-eval", help="lm-evaluation-harness tasks (needs the eval extra)"))
     q.add_argument("--tasks", nargs="+", default=["hybrid_toy_mc"], help="default: the bundled offline toy task")
     q.add_argument("--include-path", help="directory of extra task YAMLs")
@@ -456,6 +527,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "and head")
     i.add_argument("--out", help="folder of routing.png (default: next to the model)")
     i.set_defaults(func=_cmd_info)
+
+    c = sub.add_parser("compare", help="training runs side by side at equal training tokens: one table, one plot set")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (train.out_dir of each run)")
+    c.add_argument("--tokens", type=POSITIVE_INT,
+                   help="training tokens to compare at (default: the largest count every run validated at)")
+    c.add_argument("--out", default="runs/compare", help="folder of table.txt, compare.json and the plots "
+                   "(default runs/compare)")
+    c.add_argument("--no-plots", action="store_true", help="only the table and compare.json")
+    c.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    c.set_defaults(func=_cmd_compare)
 
     b = sub.add_parser("bench", help="GPU benchmarks: correctness vs the references + timings (benchmarks/NOTES.md)")
     b.add_argument("target", choices=["ops", "models", "inference", "train"],

@@ -83,9 +83,11 @@ def plot_series(
     logy: bool = False,
     markers: bool = True,
     chance: float | None = None,
+    mark_x: float | None = None,
 ) -> Path:
     """One line per named series of (x, y) points (``markers=False`` for dense curves); log axes labelled with plain
-    numbers; ``chance``: a dashed horizontal line at that y (the accuracy of guessing)."""
+    numbers; ``chance``: a dashed horizontal line at that y (the accuracy of guessing); ``mark_x``: a dotted vertical
+    line at that x (e.g. the training tokens at which runs are compared)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in series.items():
         pts = [p for p in pts if p[1] is not None]
@@ -93,6 +95,8 @@ def plot_series(
             ax.plot(*zip(*pts), "o-" if markers else "-", label=name, lw=1.5 if markers else 1.0)
     if chance is not None:
         ax.axhline(chance, color="gray", ls="--", lw=1, label=f"chance ({chance:.2g})")
+    if mark_x is not None:
+        ax.axvline(mark_x, color="gray", ls=":", lw=1)
     if logx:
         ax.set_xscale("log", base=2)
         plain_log_axis(ax.xaxis, base=2)

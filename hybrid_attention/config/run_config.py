@@ -54,6 +54,24 @@ class OptimSection:
     extend_schedule: Literal["constant", "cosine"] = "constant"
 
 
+@dataclass
+class WandbSection:
+    """``train.wandb``: a Weights & Biases run that gets the same scalars as TensorBoard (training/wandb_tracker.py;
+    needs the wandb package: the `train` extra). Its files go to ``<out_dir>/wandb/``.
+
+    ``mode``: ``offline`` (records the run on disk; ``wandb sync <out_dir>/wandb/offline-run-*`` uploads it later,
+    no network or login needed), ``online`` or ``disabled``; unset: the ``WANDB_MODE`` environment variable, else
+    ``offline``."""
+
+    project: str = "hybrid_attention"
+    entity: str | None = None
+    name: str | None = None  # the run's display name (default: the name of train.out_dir)
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    notes: str | None = None
+    mode: Literal["offline", "online", "disabled"] | None = None
+
+
 # train.compile_scope's values; training/compile.py derives COMPILE_SCOPES from it
 CompileScope = Literal["model", "blocks"]
 
@@ -94,6 +112,8 @@ class TrainSection:
     # loss, validation ppl, lr, gradient norm, tokens/s and NAtS-L softmax shares as TensorBoard events in
     # out_dir/tensorboard (training/tracking.py; needs the tensorboard package: the `train` extra)
     tensorboard: bool = False
+    # the same scalars in a Weights & Biases run: {project: ..., entity, name, group, tags, notes, mode}; null: off
+    wandb: WandbSection | None = None
 
 
 @dataclass
@@ -140,6 +160,8 @@ def check(cfg: RunConfig) -> RunConfig:
     check_model(cfg.model)
     if cfg.train.tensorboard:
         check_tensorboard()
+    if cfg.train.wandb is not None:
+        check_wandb()
     return cfg
 
 
@@ -153,6 +175,18 @@ def check_tensorboard() -> None:
     except ImportError:
         raise ConfigError("config error: train.tensorboard = true needs the tensorboard package: "
                           f"{TENSORBOARD_INSTALL}") from None
+
+
+WANDB_INSTALL = "pip install 'hybrid_attention[train]' (or pip install wandb)"
+
+
+def check_wandb() -> None:
+    """ConfigError naming ``train.wandb`` when the ``wandb`` package is not installed."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"config error: train.wandb is set but the wandb package is not installed: {WANDB_INSTALL}; "
+                          "or set train.wandb=null") from None
 
 
 def model_config(section: ModelSection, vocab_size: int | None = None):

@@ -152,6 +152,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """``value`` converted to the annotation ``tp`` or ConfigError."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        sections = [arg for arg in typing.get_args(tp) if dataclasses.is_dataclass(arg)]
+        if isinstance(value, dict) and len(sections) == 1:  # a section or null: the section's own error names the key
+            return from_dict(sections[0], value, key + ".")
         for arg in typing.get_args(tp):
             try:
                 return _coerce(value, arg, key)

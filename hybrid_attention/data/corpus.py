@@ -78,7 +78,11 @@ def _add(corpus: Corpus, key: str, text: str, val_fraction: float) -> None:
     (corpus.validation if is_validation(key, val_fraction) else corpus.train).append(text)
 
 
-def _check_nonempty(corpus: Corpus, what: str) -> Corpus:
+def _check_nonempty(corpus: Corpus, what: str, splits: bool = True) -> Corpus:
+    if not splits:  # one text, whatever its split (a haystack of the RULER tasks)
+        if not corpus.train and not corpus.validation:
+            raise DataError(f"empty corpus: {what} has no text")
+        return corpus
     if not corpus.train:
         raise DataError(f"empty corpus: {what} has no training text (validation {len(corpus.validation)} documents)")
     if not corpus.validation:
@@ -145,12 +149,14 @@ def local_corpus(
     text_field: str = "text",
     max_bytes: int | None = None,
     suffixes: Iterable[str] | None = None,
+    splits: bool = True,
 ) -> Corpus:
     """A corpus from local files or folders, read in sorted order.
 
     ``suffixes``: the file types read (default ``TEXT_SUFFIXES``; ``.py`` too when named), each one of
     ``LOCAL_SUFFIXES`` (DataError naming ``data.local_suffixes`` otherwise). In a folder, files of other types, not
-    UTF-8 or without text are skipped and counted by reason in ``Corpus.skipped``."""
+    UTF-8 or without text are skipped and counted by reason in ``Corpus.skipped``. ``splits``: DataError unless both
+    splits have text (``False``: unless there is any text at all)."""
     wanted = tuple(s.lower() for s in (suffixes if suffixes is not None else TEXT_SUFFIXES))
     bad = [s for s in wanted if s not in LOCAL_SUFFIXES]
     if bad or not wanted:
@@ -199,8 +205,8 @@ def local_corpus(
             _add(corpus, key + sub, text, val_fraction)
             total += len(text)
             if max_bytes is not None and total >= max_bytes:
-                return _check_nonempty(corpus, corpus.source)
-    return _check_nonempty(corpus, corpus.source)
+                return _check_nonempty(corpus, corpus.source, splits)
+    return _check_nonempty(corpus, corpus.source, splits)
 
 
 def _read_documents(path: Path, text_field: str) -> Iterator[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""PNG plots of one checkpoint: passkey accuracy by depth and length, NAtS-L softmax fraction by layer and head."""
+"""PNG plots of one checkpoint: passkey accuracy by depth and length, RULER scores by length, NAtS-L softmax fraction by
+layer and head."""
 
 from __future__ import annotations
 
@@ -42,3 +43,23 @@ def plot_routing(routing: Mapping[str | int, Sequence[float]], path: Path, title
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="softmax fraction")
     return save_figure(fig, path, dpi=100)
+
+
+def plot_ruler(result: Mapping, path: Path, title: str = "RULER") -> Path:
+    """Score against context length, one line per task and the average over the tasks in black (``result`` of
+    ``evaluation.ruler.evaluate_ruler``: {"scores": {task: {length: score}}, "average": {length: score}})."""
+    from hybrid_attention.plots import plain_log_axis
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for task, by_length in result["scores"].items():
+        pts = sorted(by_length.items())
+        ax.plot(*zip(*pts), "o-", lw=1, ms=3, label=task)
+    ax.plot(*zip(*sorted(result["average"].items())), "o-", color="black", lw=2.5, label="average")
+    if len(result["average"]) > 1:
+        ax.set_xscale("log", base=2)
+        plain_log_axis(ax.xaxis, base=2)
+    ax.set(xlabel="context length (tokens)", ylabel="score (fraction of the answers found)", ylim=(-0.02, 1.05),
+           title=title)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path)

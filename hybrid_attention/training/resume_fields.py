@@ -33,7 +33,7 @@ SAFE: frozenset[str] = frozenset({
     "train.out_dir", "train.steps", "train.grad_accum", "train.device", "train.precision", "train.compile",
     "train.compile_mode", "train.compile_scope", "train.tf32", "train.checkpointing", "train.parallel",
     "train.eval_every", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.max_nonfinite",
-    "train.progress", "train.progress_every_s", "train.save_final", "train.plots", "train.tensorboard",
+    "train.progress", "train.progress_every_s", "train.save_final", "train.plots", "train.tensorboard", "train.wandb",
 })
 
 

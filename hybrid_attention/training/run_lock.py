@@ -30,7 +30,7 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 # what a run writes in its folder; a symbolic link among them would send a write (or a rotation) elsewhere
-RUN_ENTRIES = (LOCK_NAME, "config.yaml", "metrics.jsonl", "tokenizer", "checkpoints", "final", "tensorboard")
+RUN_ENTRIES = (LOCK_NAME, "config.yaml", "metrics.jsonl", "tokenizer", "checkpoints", "final", "tensorboard", "wandb")
 
 
 def refuse_linked_entries(out_dir: Path) -> None:

@@ -71,6 +71,7 @@ from .schedule import (
 )
 from .step import optimizer_step
 from .tracking import TrackedLog
+from .wandb_tracker import WandbTracker
 
 
 class TrainingDiverged(RuntimeError):
@@ -180,6 +181,9 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
             trainer = Trainer(cfg, ctx, resume, data, quiet)
             try:
                 return trainer.run()
+            except BaseException:
+                trainer.close(failed=True)  # the trackers record the run as failed
+                raise
             finally:
                 trainer.close()
     finally:
@@ -243,16 +247,28 @@ class Trainer:
         # one process per run folder (training/run_lock.py): taken here when the folder exists, else just before
         # the first write, so that a run refused for its data or model config leaves no folder behind
         self._lock: RunLock | None = None
+        self._wandb: WandbTracker | None = None  # started before the run's first write (_start_tracking)
+        new_folder = not out_dir.exists()
         if ctx.is_main and out_dir.is_dir():
             self._lock = RunLock(out_dir)
         try:
             self._setup(resume, existing, resume_note, data)
         except BaseException:
-            self.close()
+            self.close(failed=True)
+            if new_folder and ctx.is_main:  # a run refused at its first write (its W&B run could not start) leaves
+                with contextlib.suppress(OSError):  # no empty folder behind; rmdir removes only an empty one
+                    out_dir.rmdir()
             raise
 
-    def close(self) -> None:
-        """Free the run folder's lock (``train`` calls it when the run ends, however it ends)."""
+    def close(self, failed: bool = False) -> None:
+        """Close the trackers (``failed``: the run stopped on an error) and free the run folder's lock (``train``
+        calls it when the run ends, however it ends); idempotent."""
+        log = getattr(self, "log", None)
+        if log is not None:
+            log.close(failed=failed)  # finishes the W&B run too
+        elif self._wandb is not None:
+            self._wandb.close(failed=failed)
+        self._wandb = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -288,6 +304,7 @@ class Trainer:
                 self._check_saved_vocab(existing, data.tokenizer, tok_dir, mcfg.vocab_size)
             if not saved_tok:
                 self._take_lock()
+                self._start_tracking(resume)
                 data.tokenizer.save_pretrained(str(tok_dir))
         ctx.barrier()
         if not ctx.is_main:
@@ -316,6 +333,7 @@ class Trainer:
             _say(ctx, f"no checkpoint in {self.ckpt_root}: starting from scratch")
         if ctx.is_main:
             self._take_lock()
+            self._start_tracking(resume)
             save_config(cfg, out_dir / "config.yaml")
         if tc.compile:
             # static shapes: training uses one (batch, length); evaluation at other lengths recompiles once per shape
@@ -326,7 +344,7 @@ class Trainer:
         set_tf32(ctx.device, tc.tf32)
         self.byte_lengths = token_byte_lengths(tok)
         self.log = TrackedLog(out_dir / "metrics.jsonl", resume_step=self.step if resume else None,
-                              enabled=ctx.is_main, tensorboard=tc.tensorboard)
+                              enabled=ctx.is_main, tensorboard=tc.tensorboard, wandb=self._wandb)
         self.seq_len, self.accum = cfg.data.seq_len, tc.grad_accum
         self.tokens_per_step = tc.batch_size * self.seq_len
         self.layers = describe_layers(mcfg.mixer_types)
@@ -350,6 +368,12 @@ class Trainer:
             Hook(self._checkpoint_hook, every=tc.checkpoint_every, pending=lambda: self._ckpt_pending),
         ])
         self.model.train()
+
+    def _start_tracking(self, resume: bool) -> None:
+        """Start the W&B run (``train.wandb``, main rank) before the run's first write, so that a W&B run that cannot
+        start (e.g. online without a login) refuses the run with nothing written; idempotent."""
+        if self._wandb is None and self.tc.wandb is not None and self.ctx.is_main:
+            self._wandb = WandbTracker(self.tc.wandb, self.out_dir, to_dict(self.cfg), resume=resume)
 
     def _model_config(self, data: LMData):
         """The model config for ``data``'s tokenizer; ConfigError / DataError when they do not fit."""
