@@ -60,8 +60,8 @@ def newer_format(path: Path, field: str, value: object, supported: int) -> Newer
     (None when ``value`` is not an integer above ``supported``; the readers report other values)."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= supported:
         return None
-    return NewerFormat(f"{path}: {field} {value} was written by a newer version of hybrid_attention (this version "
-                       f"reads {field} up to {supported}); upgrade hybrid_attention to load it")
+    return NewerFormat(f"{path}: {field} {value}, written by a newer version of hybrid_attention (this one reads "
+                       f"{field} {supported} at most); upgrade hybrid_attention to load it")
 
 
 def check_manifest_version(mpath: Path, doc: dict) -> None:
@@ -72,8 +72,7 @@ def check_manifest_version(mpath: Path, doc: dict) -> None:
     if newer is not None:
         raise newer
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointDamaged(mpath.parent, MANIFEST, f"version {version!r}, expected an integer from 1 to "
-                                                        f"{MANIFEST_VERSION}")
+        raise CheckpointDamaged(mpath.parent, MANIFEST, f"version {version!r}, expected a positive integer")
 
 
 def fsync_dir(path: Path) -> None:

@@ -268,12 +268,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
 
     ``path``: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
     (``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``. ``device``: where
-    the model is moved.
+    the model is moved. A run directory without ``config.yaml`` is told by its layout (``final/``, ``checkpoints/``):
+    ``final/`` loads on its own, a checkpoint is built from the run config its ``trainer_state.json`` holds, and one
+    note line says where the run config came from; a checkpoint holding none is one DataError naming what to restore
+    or load instead. A refused or damaged ``final/`` of a run names the run's newest intact checkpoint in its line.
 
     Every folder read here (model, checkpoint, tokenizer) first passes
     :func:`hybrid_attention.checkpoints.model_folder.admit`: no code hooks (``auto_map``, ``*.py``), safetensors
     only, no symlink out of the run directory (or out of the folder when it is not part of a run), ``manifest.json``
-    verified when present. No code from a folder is ever run (``trust_remote_code=False``, no prompt).
+    verified when present, no ``manifest.json`` or ``config.json`` of a newer version of the library
+    (``NewerFormat``, or a ``config_revision`` ValueError as one CheckpointError line). No code from a folder is ever
+    run (``trust_remote_code=False``, no prompt).
 
     Every problem is one :class:`CheckpointError` / :class:`FolderRefused` line (DataErrors, so the CLI prints
     ``error: ...``): a refused folder, a file failing its ``manifest.json`` check (size, sha256), an unreadable

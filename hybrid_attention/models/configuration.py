@@ -195,9 +195,8 @@ class HybridConfig(PretrainedConfig):
         if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
             raise ValueError(f"config_revision must be an integer from 0 to {CONFIG_REVISION}, got {revision!r}")
         if revision > CONFIG_REVISION:
-            raise ValueError(f"config_revision {revision} was written by a newer version of hybrid_attention (this "
-                             f"version reads config_revision up to {CONFIG_REVISION}); upgrade hybrid_attention to "
-                             "load it")
+            raise ValueError(f"config_revision {revision}, written by a newer version of hybrid_attention (this one "
+                             f"reads config_revision {CONFIG_REVISION} at most); upgrade hybrid_attention to load it")
         allowed = sorted(MIXER_BUILDERS)
         for i, name in enumerate(self.mixer_types):
             if name not in allowed:

@@ -25,14 +25,6 @@ from hybrid_attention.evaluation.loading import load_model
 from hybrid_attention.models import HybridForCausalLM
 
 
-@pytest.fixture
-def run(tiny_run, tmp_path):
-    """A private copy of the shared tiny run (final/ + checkpoints/step-00000006 + tokenizer/)."""
-    dst = tmp_path / "run"
-    shutil.copytree(tiny_run, dst)
-    return dst
-
-
 def _plant_code(folder, config_name, marker):
     """``config_name`` gets an auto_map naming ``evil.py``, which writes ``marker`` when imported."""
     cfg = folder / config_name

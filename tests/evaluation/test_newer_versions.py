@@ -28,13 +28,6 @@ COMMANDS = [
 ]
 
 
-@pytest.fixture
-def run(tiny_run, tmp_path):
-    dst = tmp_path / "run"
-    shutil.copytree(tiny_run, dst)
-    return dst
-
-
 def _set(path, **fields):
     doc = json.loads(path.read_text())
     doc.update(fields)
@@ -56,7 +49,7 @@ def _refused(capsys, argv, folder):
 def test_newer_manifest_in_final_is_refused(run, capsys, argv, where):
     _set(run / "final" / "manifest.json", version=MANIFEST_VERSION + 98)
     line = _refused(capsys, argv, run if where == "run" else run / "final")
-    assert f"final/manifest.json: version {MANIFEST_VERSION + 98} was written by a newer version" in line
+    assert f"final/manifest.json: version {MANIFEST_VERSION + 98}, written by a newer version" in line
 
 
 @pytest.mark.parametrize("where", ["run", "step"])
@@ -64,7 +57,7 @@ def test_newer_manifest_in_a_checkpoint_is_refused(run, capsys, where):
     shutil.rmtree(run / "final")
     _set(run / "checkpoints" / STEP / "manifest.json", version=99)
     line = _refused(capsys, ["info", "{dir}"], run if where == "run" else run / "checkpoints" / STEP)
-    assert f"{STEP}/manifest.json: version 99 was written by a newer version" in line
+    assert f"{STEP}/manifest.json: version 99, written by a newer version" in line
     assert (run / "checkpoints" / STEP).is_dir()  # not moved aside: a newer checkpoint is not damage
 
 
@@ -74,7 +67,7 @@ def test_newer_config_revision_is_refused(run, capsys, argv):
     _set(final / "config.json", config_revision=CONFIG_REVISION + 98)
     write_manifest(final, kind="final")  # signed: the sizes and checksums match, the revision still refuses
     line = _refused(capsys, argv, run)
-    assert f"config_revision {CONFIG_REVISION + 98} was written by a newer version" in line
+    assert f"config_revision {CONFIG_REVISION + 98}, written by a newer version" in line
 
 
 def test_python_routes_refuse_newer_folders(run):
@@ -83,20 +76,20 @@ def test_python_routes_refuse_newer_folders(run):
     write_manifest(final, kind="final")
     for load in (AutoConfig.from_pretrained, AutoModelForCausalLM.from_pretrained, HybridConfig.from_pretrained,
                  HybridForCausalLM.from_pretrained, load_model):
-        with pytest.raises(ValueError, match="config_revision 99 was written by a newer version"):
+        with pytest.raises(ValueError, match="config_revision 99, written by a newer version"):
             load(final)
     _set(final / "config.json", config_revision=CONFIG_REVISION)
     write_manifest(final, kind="final")
     _set(final / "manifest.json", version=99)
     for load in (AutoModelForCausalLM.from_pretrained, HybridForCausalLM.from_pretrained, load_model):
-        with pytest.raises(NewerFormat, match="manifest.json: version 99 was written by a newer version"):
+        with pytest.raises(NewerFormat, match="manifest.json: version 99, written by a newer version"):
             load(final)
 
 
 @pytest.mark.parametrize("value", ["1", True, 0, -3, 1.5, None])
 def test_a_manifest_version_that_is_not_a_version_is_damage(run, value):
     _set(run / "final" / "manifest.json", version=value)
-    with pytest.raises(CheckpointDamaged, match=r"manifest.json: version .*expected an integer"):
+    with pytest.raises(CheckpointDamaged, match=r"manifest.json: version .*expected a positive integer"):
         load_model(run / "final")
 
 

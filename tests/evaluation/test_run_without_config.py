@@ -15,13 +15,6 @@ STEP = "step-00000006"
 PPL = ["eval", "ppl", "--checkpoint", "{dir}", "--tokens", "256", "--device", "cpu", "--json"]
 
 
-@pytest.fixture
-def run(tiny_run, tmp_path):
-    dst = tmp_path / "run"
-    shutil.copytree(tiny_run, dst)
-    return dst
-
-
 def _cli(capsys, argv, folder):
     capsys.readouterr()
     rc = main([a.format(dir=folder) for a in argv])

@@ -144,7 +144,7 @@ def test_a_checkpoint_of_a_newer_version_is_refused_on_resume(run, capsys, where
     manifest = run / "checkpoints" / where / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 99}))
     err = _refused(run, capsys)
-    assert f"{where}/manifest.json: version 99 was written by a newer version of hybrid_attention" in err
+    assert f"{where}/manifest.json: version 99, written by a newer version of hybrid_attention" in err
 
 
 @pytest.mark.parametrize("name, field", [("manifest.json", "version"), ("config.json", "config_revision")])
@@ -153,4 +153,4 @@ def test_a_final_model_of_a_newer_version_is_refused_on_resume(run, capsys, name
     (run / "final").mkdir()
     (run / "final" / name).write_text(json.dumps({"format": "hybrid-attention-manifest", field: 99, "files": {}}))
     err = _refused(run, capsys)
-    assert f"final/{name}: {field} 99 was written by a newer version of hybrid_attention" in err
+    assert f"final/{name}: {field} 99, written by a newer version of hybrid_attention" in err
