@@ -49,6 +49,32 @@ class NonFiniteState(CheckpointError):
     """Non-finite values in the tensors about to be written (a diverged run): nothing was written."""
 
 
+class NewerFormat(CheckpointError):
+    """A folder written by a newer version of this library (its ``manifest.json`` version or its ``config.json``
+    ``config_revision`` is above what this code reads): refused, never read by this version's rules, never reported
+    verified. Not damage: a resume does not fall back past it, and it is never moved aside."""
+
+
+def newer_format(path: Path, field: str, value: object, supported: int) -> NewerFormat | None:
+    """The :class:`NewerFormat` of ``path`` whose ``field`` holds ``value`` where this code reads up to ``supported``
+    (None when ``value`` is not an integer above ``supported``; the readers report other values)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= supported:
+        return None
+    return NewerFormat(f"{path}: {field} {value}, written by a newer version of hybrid_attention (this one reads "
+                       f"{field} {supported} at most); upgrade hybrid_attention to load it")
+
+
+def check_manifest_version(mpath: Path, doc: dict) -> None:
+    """Raise :class:`NewerFormat` when manifest ``doc`` (read from ``mpath``) is newer than ``MANIFEST_VERSION``, and
+    :class:`CheckpointDamaged` when its version is not a positive integer."""
+    version = doc.get("version")
+    newer = newer_format(mpath, "version", version, MANIFEST_VERSION)
+    if newer is not None:
+        raise newer
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointDamaged(mpath.parent, MANIFEST, f"version {version!r}, expected a positive integer")
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename / file creation inside ``path`` durable (no-op where directories cannot be opened)."""
     try:
@@ -97,7 +123,8 @@ def verify_manifest(directory: Path, required: Iterable[str] = (), only: Iterabl
     manifest (an older folder).
 
     Raises CheckpointDamaged naming the first file that is missing, has the wrong size or the wrong sha256, and for
-    a ``required`` file that the manifest does not list.
+    a ``required`` file that the manifest does not list; NewerFormat for a manifest of a newer version (its entries are
+    not read by this version's rules).
     """
     directory = Path(directory)
     mpath = directory / MANIFEST
@@ -110,6 +137,7 @@ def verify_manifest(directory: Path, required: Iterable[str] = (), only: Iterabl
             raise ValueError("not a manifest of this library")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointDamaged(directory, MANIFEST, f"unreadable ({e})") from e
+    check_manifest_version(mpath, doc)
     for name in required:
         if name not in files:
             raise CheckpointDamaged(directory, name, "not listed in manifest.json")

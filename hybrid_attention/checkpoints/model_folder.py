@@ -11,7 +11,8 @@ from pathlib import Path
 
 from hybrid_attention.errors import DataError
 
-__all__ = ["FolderRefused", "admit", "check_folder", "refuse_links", "unverified_warning"]
+__all__ = ["FolderRefused", "admit", "check_folder", "refuse_links", "refuse_newer", "run_folder",
+           "unverified_warning"]
 
 REMOTE_CODE_FIELDS = ("auto_map", "custom_pipelines")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -117,20 +118,59 @@ def _check_configs(folder: Path) -> None:
                                             "loaded from its own folder only")
 
 
+def refuse_newer(folder: str | os.PathLike, config_revision: int | None = None) -> None:
+    """Raise :class:`~hybrid_attention.checkpoints.integrity.NewerFormat` (one line naming the file) when ``folder``
+    was written by a newer version of this library: its ``manifest.json`` version is above ``MANIFEST_VERSION``, or
+    (``config_revision``: the newest revision the caller reads, ``models.configuration.CONFIG_REVISION``) its
+    ``config.json`` ``config_revision`` is above that. Reads only those small files; a missing or unreadable one
+    passes (the loaders report it). A ``HybridConfig`` refuses a newer ``config_revision`` itself, wherever one is
+    built."""
+    from hybrid_attention.checkpoints.integrity import MANIFEST_VERSION, newer_format
+
+    folder = Path(folder)
+    checks = [("manifest.json", "version", MANIFEST_VERSION)]
+    if config_revision is not None:
+        checks.append(("config.json", "config_revision", config_revision))
+    for name, field, supported in checks:
+        doc = _read_config(folder / name)
+        newer = newer_format(folder / name, field, doc.get(field), supported) if doc is not None else None
+        if newer is not None:
+            raise newer
+
+
+def run_folder(path: str | os.PathLike) -> Path | None:
+    """The training run folder that ``path`` is or belongs to, told by its layout (``config.yaml`` may be missing):
+    ``path`` itself when it holds ``config.yaml``; ``<run>`` for ``<run>/checkpoints/step-…``; the parent of a folder
+    beside ``config.yaml`` or ``checkpoints/`` (``<run>/final``, ``<run>/tokenizer``); ``path`` itself when it holds
+    ``final/`` or ``checkpoints/``. None: a model folder on its own."""
+    path = Path(path)
+    if (path / "config.yaml").exists():
+        return path
+    if path.parent.name == "checkpoints" and path.name.startswith("step-"):
+        return path.parent.parent
+    if (path.parent / "config.yaml").exists() or (path.parent / "checkpoints").is_dir():
+        return path.parent
+    if (path / "final").is_dir() or (path / "checkpoints").is_dir():
+        return path
+    return None
+
+
 def default_scope(folder: Path) -> Path:
-    """Where the links of ``folder`` may lead when no run directory is given: the folder itself, or the cached
-    repository (``models--…/``) of a Hugging Face hub snapshot (``…/snapshots/<rev>``, files linking to ``blobs/``)."""
+    """Where the links of ``folder`` may lead when no scope is given: the run folder it is part of
+    (:func:`run_folder`), the cached repository (``models--…/``) of a Hugging Face hub snapshot (``…/snapshots/<rev>``,
+    files linking to ``blobs/``), else the folder itself."""
     repo = folder.parent.parent
     if folder.parent.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
         return repo
-    return folder
+    return run_folder(folder) or folder
 
 
 def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = None, weights: bool = True) -> None:
     """Raise :class:`FolderRefused` (one line naming the file) when ``folder`` names code to import, holds pickled
     weights (``weights=False``: not checked, for a folder read only for its tokenizer) or non-regular files, names a
     file outside itself, or is or holds a symlink resolving outside ``scope`` (a run directory for its ``final/``,
-    ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`).
+    ``checkpoints/step-*`` and ``tokenizer/``; default :func:`default_scope`: the run folder it is part of, else the
+    folder itself).
 
     A folder is refused with one :class:`FolderRefused` line naming the file and the reason when it
 
@@ -145,6 +185,10 @@ def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = No
         ``manifest.json`` larger than any this library writes,
       * fails its ``manifest.json`` check (size and sha256 of every listed file, see ``checkpoints.integrity``).
 
+    A folder whose ``manifest.json`` was written by a newer version of this library (:func:`refuse_newer`) is refused
+    with one ``NewerFormat`` line (a ``CheckpointError``; with ``weights=False`` it is not checked: a tokenizer is read
+    by transformers' rules); a newer ``config.json`` ``config_revision`` is refused where the config is built.
+
     A folder without ``manifest.json`` passes with one warning line (:func:`unverified_warning`): its bytes are
     unchecked.
     """
@@ -152,6 +196,8 @@ def check_folder(folder: str | os.PathLike, scope: str | os.PathLike | None = No
     refuse_links(folder, scope if scope is not None else default_scope(folder))
     _check_configs(folder)
     _check_files(folder, weights)
+    if weights:
+        refuse_newer(folder)
 
 
 def unverified_warning(folder: str | os.PathLike) -> str:

@@ -41,7 +41,7 @@ from .integrity import (
 __all__ = [
     "CheckpointData", "CheckpointDamaged", "CheckpointError", "CheckpointMismatch", "NonFiniteState",
     "checkpoint_dirs", "latest_checkpoint", "load_checkpoint", "newest_intact", "read_checkpoint",
-    "read_model_tensors", "save_checkpoint", "saved_vocab_size", "vocab_size_of",
+    "read_model_tensors", "read_trainer_state", "save_checkpoint", "saved_vocab_size", "vocab_size_of",
 ]
 
 REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng-rank0.safetensors")
@@ -284,6 +284,18 @@ def read_model_tensors(path: Path) -> tuple[dict[str, torch.Tensor], bool]:
     return tensors, verified
 
 
+def read_trainer_state(path: Path) -> object:
+    """The parsed ``trainer_state.json`` of checkpoint ``path`` (not checked against the manifest here: callers admit
+    the folder first); CheckpointDamaged when it is missing or not JSON."""
+    name = "trainer_state.json"
+    try:
+        return json.loads((Path(path) / name).read_text())
+    except FileNotFoundError as e:
+        raise CheckpointDamaged(path, name, "missing") from e
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointDamaged(path, name, f"not valid JSON ({one_line(e)})") from e
+
+
 def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = (),
                     scope: Path | None = None) -> CheckpointData:
     """Admit, verify and read every file of checkpoint ``path`` (no side effects). Raises FolderRefused (the folder
@@ -305,12 +317,7 @@ def read_checkpoint(path: Path, rank: int = 0, state_keys: Iterable[str] = (),
     path = Path(path)
     verified = admit(path, scope, required=REQUIRED_FILES)
     name = "trainer_state.json"
-    try:
-        doc = json.loads((path / name).read_text())
-    except FileNotFoundError as e:
-        raise CheckpointDamaged(path, name, "missing") from e
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointDamaged(path, name, f"not valid JSON ({one_line(e)})") from e
+    doc = read_trainer_state(path)
     missing = [k for k in ("step", "param_groups", "rng", *state_keys) if not isinstance(doc, dict) or k not in doc]
     if missing:
         raise CheckpointDamaged(path, name, "no " + ", ".join(missing))

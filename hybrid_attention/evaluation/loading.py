@@ -14,23 +14,32 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerBase
 
-import hybrid_attention  # noqa: F401  (registers the model type with the Auto classes)
 from hybrid_attention.checkpoints.integrity import (
     MANIFEST,
     CheckpointDamaged,
     CheckpointError,
     CheckpointMismatch,
     first_nonfinite,
+    verify_manifest,
 )
-from hybrid_attention.checkpoints.model_folder import FolderRefused, admit, check_folder, unverified_warning
+from hybrid_attention.checkpoints.model_folder import (
+    FolderRefused,
+    admit,
+    check_folder,
+    run_folder,
+    unverified_warning,
+)
 from hybrid_attention.checkpoints.step_checkpoints import (
     check_fits,
+    checkpoint_dirs,
     newest_intact,
     one_line,
     read_model_tensors,
+    read_trainer_state,
     vocab_size_of,
 )
-from hybrid_attention.config.run_config import load_config, model_config
+from hybrid_attention.config.run_config import RunConfig, check, load_config, model_config
+from hybrid_attention.config.schema import ConfigError, from_dict
 from hybrid_attention.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer, load_tokenizer
 from hybrid_attention.errors import DataError
 from hybrid_attention.models import HybridForCausalLM
@@ -164,9 +173,76 @@ def _read_checkpoint_tensors(ckpt: Path, scope: Path | None) -> tuple[Path, dict
     return (ckpt, *read_model_tensors(ckpt))
 
 
-def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict):
+def _checkpoint_run_config(ckpt: Path, run_dir: Path | None) -> RunConfig:
+    """The run config that checkpoint ``ckpt`` was written with (``config`` in its ``trainer_state.json``, checked
+    against its manifest), for a checkpoint without the run's ``config.yaml``; DataError naming what is missing and
+    what to load instead when the checkpoint holds none, CheckpointDamaged when it does not read back."""
+    name = "trainer_state.json"
+    verify_manifest(ckpt, only=(name,))
+    doc = read_trainer_state(ckpt)
+    saved = doc.get("config") if isinstance(doc, dict) else None
+    if not isinstance(saved, dict):
+        if run_dir is None:
+            raise DataError(f"{ckpt} is a training checkpoint outside a run folder and its {name} holds no config to "
+                            "build the model from: load it from its run folder (<run>/checkpoints/step-…, beside "
+                            "<run>/config.yaml)")
+        final = f", or load {run_dir / 'final'}" if _is_hf_dir(run_dir / "final") else ""
+        raise DataError(f"{ckpt} is a training checkpoint, but {run_dir} has no config.yaml and its {name} holds no "
+                        f"config to build the model from: put the run's config.yaml back{final}")
+    try:
+        return check(from_dict(RunConfig, saved))
+    except ConfigError as e:
+        raise CheckpointDamaged(ckpt, name, f"its config is not valid ({one_line(e)})") from e
+
+
+def _read_checkpoint(ckpt: Path, run_dir: Path | None,
+                     run_cfg: RunConfig | None) -> tuple[Path, dict, bool, RunConfig]:
+    """(ckpt, model tensors, verified, run config) of an admitted checkpoint folder: ``run_cfg`` (the run's
+    config.yaml) or, without one, the config saved in the checkpoint."""
+    ckpt, tensors, verified = _read_checkpoint_tensors(ckpt, run_dir)
+    return ckpt, tensors, verified, run_cfg if run_cfg is not None else _checkpoint_run_config(ckpt, run_dir)
+
+
+def _newest_readable(run_dir: Path, read: Callable[[Path], object]) -> tuple[Path, object] | tuple[None, None]:
+    """(checkpoint, ``read(checkpoint)``) of the newest checkpoint of ``run_dir`` that ``read`` accepts (a DataError
+    skips to the next older one); (None, None) when none does."""
+    try:
+        ckpts = checkpoint_dirs(run_dir / "checkpoints")
+    except DataError:  # a linked checkpoints/ folder: nothing in it is read
+        ckpts = []
+    for ckpt in reversed(ckpts):
+        try:
+            return ckpt, read(ckpt)
+        except DataError:
+            continue
+    return None, None
+
+
+def _saved_run_config(run_dir: Path) -> tuple[RunConfig | None, Path | None]:
+    """(run config, its trainer_state.json) of the newest checkpoint of ``run_dir`` that holds one and reads back
+    (admitted, checked against its manifest); (None, None) when none does."""
+
+    def read(ckpt: Path) -> RunConfig:
+        check_folder(ckpt, run_dir)
+        return _checkpoint_run_config(ckpt, run_dir)
+
+    ckpt, cfg = _newest_readable(run_dir, read)
+    return (cfg, ckpt / "trainer_state.json") if ckpt is not None else (None, None)
+
+
+def _instead(run_dir: Path, run_cfg: RunConfig | None) -> str:
+    """What to load when ``run_dir/final`` is refused: its newest checkpoint that loads (each read and checked, newest
+    first), or that there is none."""
+    ckpt, _ = _newest_readable(run_dir, lambda p: _read_checkpoint(p, run_dir, run_cfg))
+    if ckpt is not None:
+        return f"; the run's newest intact checkpoint is {ckpt}: pass --checkpoint {ckpt} (info {ckpt}) to load it"
+    return "; the run has no intact checkpoint to load instead" if (run_dir / "checkpoints").is_dir() else ""
+
+
+def _load_checkpoint_model(ckpt: Path, run_cfg, tensors: dict, from_yaml: bool):
     config = model_config(run_cfg.model, vocab_size=vocab_size_of(tensors))
-    _fits_on_meta(config, tensors, ckpt, "the run's config.yaml (model)")
+    described_by = "the run's config.yaml (model)" if from_yaml else f"{ckpt / 'trainer_state.json'} (config.model)"
+    _fits_on_meta(config, tensors, ckpt, described_by)
     model = HybridForCausalLM(config)
     check_fits(ckpt, tensors, model)
     model.load_state_dict(tensors)
@@ -192,12 +268,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
 
     ``path``: a run directory (``final/`` is preferred, else the newest intact checkpoint), a checkpoint directory
     (``<run>/checkpoints/step-…``) or any Hugging Face model directory saved by ``save_pretrained``. ``device``: where
-    the model is moved.
+    the model is moved. A run directory without ``config.yaml`` is told by its layout (``final/``, ``checkpoints/``):
+    ``final/`` loads on its own, a checkpoint is built from the run config its ``trainer_state.json`` holds, and one
+    note line says where the run config came from; a checkpoint holding none is one DataError naming what to restore
+    or load instead. A refused or damaged ``final/`` of a run names the run's newest intact checkpoint in its line.
 
     Every folder read here (model, checkpoint, tokenizer) first passes
     :func:`hybrid_attention.checkpoints.model_folder.admit`: no code hooks (``auto_map``, ``*.py``), safetensors
     only, no symlink out of the run directory (or out of the folder when it is not part of a run), ``manifest.json``
-    verified when present. No code from a folder is ever run (``trust_remote_code=False``, no prompt).
+    verified when present, no ``manifest.json`` or ``config.json`` of a newer version of the library
+    (``NewerFormat``, or a ``config_revision`` ValueError as one CheckpointError line). No code from a folder is ever
+    run (``trust_remote_code=False``, no prompt).
 
     Every problem is one :class:`CheckpointError` / :class:`FolderRefused` line (DataErrors, so the CLI prints
     ``error: ...``): a refused folder, a file failing its ``manifest.json`` check (size, sha256), an unreadable
@@ -210,44 +291,45 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     path = Path(path)
     if not path.exists():
         raise DataError(f"no such checkpoint or run directory: {path}")
-    run_dir: Path | None = None
-    if (path / "config.yaml").exists():
-        run_dir = path
-    elif path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").exists():
-        run_dir = path.parent.parent
-    elif (path.parent / "config.yaml").exists():  # <run>/final
-        run_dir = path.parent
-    run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None else None
+    run_dir = run_folder(path)
+    run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None and (run_dir / "config.yaml").exists() \
+        else None
     scope = run_dir  # no symlink may lead out of the run (None: out of the model folder, see default_scope)
+    final = run_dir / "final" if run_dir is not None else None
 
-    if _is_hf_dir(path):
-        (model, verified), source = _load_hf(path, scope), path
-    elif run_dir is not None and path == run_dir and (run_dir / "final").is_dir() and _is_hf_dir(run_dir / "final"):
+    if _is_hf_dir(path) or (path == run_dir and _is_hf_dir(final)):
+        source = path if _is_hf_dir(path) else final
         try:
-            (model, verified), source = _load_hf(run_dir / "final", scope), run_dir / "final"
-        except CheckpointError as e:
-            e.args = (f"{e} (the run's checkpoints may be intact: pass one, e.g. --checkpoint "
-                      f"{run_dir / 'checkpoints'}/step-..., to use it)",)
+            model, verified = _load_hf(source, scope)
+        except DataError as e:
+            if source == final:  # a refused or damaged final/: name the checkpoint that loads instead
+                e.args = (f"{e}{_instead(run_dir, run_cfg)}",)
             raise
+        if path == run_dir and run_cfg is None:
+            run_cfg, where = _saved_run_config(run_dir)
+            log(f"note: {run_dir} has no config.yaml: loaded {final} (model and tokenizer) with the run config "
+                f"saved in {where}" if run_cfg is not None else
+                f"note: {run_dir} has no config.yaml and no checkpoint holding the run config: loaded {final} on its "
+                "own (model and tokenizer); evaluation uses the default data settings")
     elif _is_checkpoint_dir(path):
-        if run_cfg is None:
-            raise DataError(f"{path} is a training checkpoint but no config.yaml was found in its run directory")
-        _, tensors, verified = _read_checkpoint_tensors(path, scope)
-        model, source = _load_checkpoint_model(path, run_cfg, tensors), path
+        from_yaml = run_cfg is not None
+        _, tensors, verified, run_cfg = _read_checkpoint(path, run_dir, run_cfg)
+        model, source = _load_checkpoint_model(path, run_cfg, tensors, from_yaml), path
     else:
         root = path / "checkpoints"
-        if run_cfg is None or not root.is_dir():
+        if run_dir is None or not root.is_dir():
             raise DataError(f"{path} holds no model: expected config.json, final/ or checkpoints/step-*")
         check_folder(root, scope)
-        found, damaged = newest_intact(root, reader=lambda p: _read_checkpoint_tensors(p, scope))
+        found, damaged = newest_intact(root, reader=lambda p: _read_checkpoint(p, run_dir, run_cfg))
         if found is None:
             if not damaged:
                 raise DataError(f"{path} holds no model: expected config.json, final/ or checkpoints/step-*")
             raise CheckpointError(f"no intact checkpoint in {root}: " + "; ".join(d.short for d in damaged))
-        ckpt, tensors, verified = found
+        from_yaml = run_cfg is not None
+        ckpt, tensors, verified, run_cfg = found
         if damaged:
             log(f"note: newest checkpoint damaged: {'; '.join(d.short for d in damaged)}; using {ckpt.name}")
-        model, source = _load_checkpoint_model(ckpt, run_cfg, tensors), ckpt
+        model, source = _load_checkpoint_model(ckpt, run_cfg, tensors, from_yaml), ckpt
     extra = (run_dir / "tokenizer", run_dir / "final") if run_dir is not None else ()
     tok, tok_dir = _find_tokenizer(scope, source, path, *extra)
     if tok is None:

@@ -46,7 +46,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 
     from .paths import result_path
     from .report import collect, write_report
-    from .runner import import_results, run_suite
+    from .runner import import_results, run_suite, suite_lock
     from .suite import load_suite
 
     if a.jobs is not None and a.jobs < 1:
@@ -56,36 +56,51 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
                        profile=a.profile)
     words = [a.suite, *(["--profile", a.profile] if a.profile else []), *a.overrides]
     command = "python -m hybrid_attention.experiments " + " ".join(shlex.quote(x) for x in words)
-    for path in a.import_results:
-        try:
-            import_results(suite, path)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    if a.list:
+
+    def print_list() -> int:
         for c in suite.cells:
             done = [s for s in suite.cell_seeds(c) if result_path(Path(suite.out_dir), c.name, s).exists()]
             print(f"{c.name}: seeds {suite.cell_seeds(c)}, finished {done}")
         return 0
-    if a.report_only:
-        doc = collect(suite, command=command)
-    else:
-        if a.only:
-            unknown = [n for n in a.only if n not in [c.name for c in suite.cells]]
-            if unknown:
-                hint = ("; overrides (key=value) go before --only, which takes every word after it"
-                        if any("=" in n for n in unknown) else "")
-                print(f"error: unknown cells {unknown}; cells: {[c.name for c in suite.cells]}{hint}", file=sys.stderr)
-                return 2
+
+    if a.list and not a.import_results:  # reads only: allowed while a run holds the folder
+        return print_list()
+    if a.only:
+        unknown = [n for n in a.only if n not in [c.name for c in suite.cells]]
+        if unknown:
+            hint = ("; overrides (key=value) go before --only, which takes every word after it"
+                    if any("=" in n for n in unknown) else "")
+            print(f"error: unknown cells {unknown}; cells: {[c.name for c in suite.cells]}{hint}", file=sys.stderr)
+            return 2
+    # one process per suite folder (runner.suite_lock): a second run on the same out_dir is refused before it
+    # imports, trains or reports anything
+    with suite_lock(suite):
+        for path in a.import_results:
+            try:
+                import_results(suite, path)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        if a.list:
+            return print_list()
+        failed: list[str] = []
+        if a.report_only:
+            doc = collect(suite, command=command)
+        elif a.only:
             full = list(suite.cells)
             suite.cells = [c for c in full if c.name in a.only]
-            run_suite(suite, command=command, jobs=a.jobs, gpus=gpus)
+            failed = run_suite(suite, command=command, jobs=a.jobs, gpus=gpus, lock=False)["session_failed"]
             suite.cells = full
             doc = collect(suite, command=command)
         else:
-            doc = run_suite(suite, command=command, jobs=a.jobs, gpus=gpus)
-    if a.report_only or a.only:
-        write_report(suite, doc)
+            doc = run_suite(suite, command=command, jobs=a.jobs, gpus=gpus, lock=False)
+            failed = doc["session_failed"]
+        if a.report_only or a.only:
+            write_report(suite, doc)
     print((Path(suite.out_dir) / "results.md").read_text())
+    if failed:  # the report is written; the command still did not do all it was asked
+        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)} (their error.txt or worker.log in "
+              f"{Path(suite.out_dir) / 'cells'} says why); run the same command again to retry them", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -25,6 +25,7 @@ from hybrid_attention.evaluation.perplexity import evaluate_lm
 from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models.mixers import MODEL_REVISION
 from hybrid_attention.training.recall import RecallConfig, train_and_eval
+from hybrid_attention.training.run_lock import LOCK_NAME, RunLock
 from hybrid_attention.training.trainer import train
 
 from .paths import recall_rows_path, recall_task_path, result_path
@@ -276,9 +277,27 @@ def import_results(suite: Suite, results_json: Path | str, log=print) -> int:
     return written
 
 
+@contextlib.contextmanager
+def suite_lock(suite: Suite):
+    """Hold the suite folder's lock while the block runs: ``<out_dir>/.lock`` under an exclusive OS lock, the
+    one-process-per-folder lock of ``train`` (``training/run_lock.py``; the kernel drops it when the process ends in
+    any way). A second ``experiment`` on the same ``out_dir`` is refused with one ConfigError line (naming the holder's
+    PID) before it writes anything: no cell, report or plot of the running suite is touched."""
+    lock = RunLock(Path(suite.out_dir), field="out_dir", process="experiment", entries=(LOCK_NAME, "cells"),
+                   probe=("cells",))
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | None = None,
-              gpus: list[str] | None = None) -> dict:
-    """Run every unfinished (cell, seed), then write the report; returns the results document.
+              gpus: list[str] | None = None, lock: bool = True) -> dict:
+    """Run every unfinished (cell, seed), then write the report; returns the results document, whose
+    ``session_failed`` lists the runs (``"<cell> seed <k>"``) that failed in this call.
+
+    ``lock``: hold the suite folder's lock (:func:`suite_lock`) for the call; False when the caller holds it (the
+    ``experiment`` command, which also imports and reports under it).
 
     ``jobs`` (default: the suite's ``jobs``, 1) > 1 runs that many (cell, seed) runs at once, each in its own
     subprocess on the same device (see :func:`_run_parallel`); ``jobs=1`` runs them one after the other in this
@@ -299,6 +318,12 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
         jobs = len(gpus) if gpus else suite.jobs
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    with suite_lock(suite) if lock else contextlib.nullcontext():
+        return _run_suite(suite, log, command, jobs, gpus)
+
+
+def _run_suite(suite: Suite, log, command: str | None, jobs: int, gpus: list[str] | None) -> dict:
+    """:func:`run_suite` with its arguments checked and the suite folder locked."""
     out = Path(suite.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache: dict = {}
@@ -306,7 +331,7 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
     # seed-major: every cell's first seed before any second seed, so a cut-off run still compares all cells
     seeds = list(dict.fromkeys([*suite.seeds, *(s for c in suite.cells for s in suite.cell_seeds(c))]))
     todo = [(c, s) for s in seeds for c in suite.cells if s in suite.cell_seeds(c)]
-    failed = 0
+    failed: list[str] = []
     ran = 0
     pending = []
     for i, (cell, seed) in enumerate(todo, 1):
@@ -320,12 +345,13 @@ def run_suite(suite: Suite, log=print, command: str | None = None, jobs: int | N
             if _run_one(suite, cell, seed, out, cache, log):
                 ran += 1
             else:
-                failed += 1
+                failed.append(f"{cell.name} seed {seed}")
     else:
         ran, failed = _run_parallel(suite, pending, len(todo), jobs, out, log, gpus=gpus)
     wall = time.perf_counter() - t_start
-    log(f"{ran} run(s) in {wall:.0f} s; {failed} failed; {len(todo) - ran - failed} skipped")
+    log(f"{ran} run(s) in {wall:.0f} s; {len(failed)} failed; {len(todo) - ran - len(failed)} skipped")
     doc = collect(suite, command=command, session_wall_s=wall)
+    doc["session_failed"] = failed
     write_report(suite, doc)
     return doc
 
@@ -346,9 +372,10 @@ def pick_gpu(gpus: list[str], busy: list[str]) -> str:
 
 
 def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path, log,
-                  gpus: list[str] | None = None) -> tuple[int, int]:
+                  gpus: list[str] | None = None) -> tuple[int, list[str]]:
     """Run the pending (index, cell, seed) runs as up to ``jobs`` concurrent worker subprocesses (with ``gpus``:
-    each worker's ``CUDA_VISIBLE_DEVICES`` is the GPU :func:`pick_gpu` chooses).
+    each worker's ``CUDA_VISIBLE_DEVICES`` is the GPU :func:`pick_gpu` chooses); returns (runs done, the failed runs
+    as ``"<cell> seed <k>"``).
 
     Design decisions:
     - subprocesses, not threads: every run gets its own CUDA context, RNG state and Triton/torch caches, exactly as
@@ -373,7 +400,7 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
     queue = list(pending)
     running: dict = {}  # Popen -> (index, cell, seed, log file, start time)
     gpu_of: dict = {}  # Popen -> its GPU (with gpus)
-    ran = failed = 0
+    ran, failed = 0, []
 
     def _stop(signum, frame):  # noqa: ARG001
         # ignore repeats while the workers are being stopped (`timeout` signals the whole process group)
@@ -416,7 +443,7 @@ def _run_parallel(suite: Suite, pending: list, total: int, jobs: int, out: Path,
                 if ok:
                     ran += 1
                 else:
-                    failed += 1
+                    failed.append(f"{cell.name} seed {seed}")
                     if not any(ln.startswith("  ") and "FAILED" in ln for ln in text.splitlines()):
                         tail = text.strip().splitlines()[-1:] or ["(no output)"]
                         log(f"  {cell.name} seed {seed}: FAILED ({_exit_reason(p.returncode)}; last log line: "

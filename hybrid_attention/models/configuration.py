@@ -189,7 +189,14 @@ class HybridConfig(PretrainedConfig):
         return out
 
     def validate_fields(self) -> None:
-        """Raise ValueError naming the offending field and the allowed values."""
+        """Raise ValueError naming the offending field and the allowed values (a ``config_revision`` above
+        ``CONFIG_REVISION`` is a config saved by a newer version of this library, which this one does not read)."""
+        revision = self.config_revision
+        if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+            raise ValueError(f"config_revision must be an integer from 0 to {CONFIG_REVISION}, got {revision!r}")
+        if revision > CONFIG_REVISION:
+            raise ValueError(f"config_revision {revision}, written by a newer version of hybrid_attention (this one "
+                             f"reads config_revision {CONFIG_REVISION} at most); upgrade hybrid_attention to load it")
         allowed = sorted(MIXER_BUILDERS)
         for i, name in enumerate(self.mixer_types):
             if name not in allowed:

@@ -4,6 +4,7 @@ HuggingFace integration."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -98,6 +99,26 @@ class HybridPreTrainedModel(PreTrainedModel):
     # recipes work
     supports_gradient_checkpointing = True
     _no_split_modules = ["HybridBlock"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """``PreTrainedModel.from_pretrained`` (what ``AutoModelForCausalLM.from_pretrained`` calls for this model
+        type) after a local folder passes :func:`hybrid_attention.checkpoints.model_folder.check_folder`, as on every
+        load path of the library: a folder naming code to import (``auto_map`` in a ``*config.json``, any ``*.py``),
+        holding pickled weights or non-regular files, linking outside its run folder, or whose ``manifest.json`` is of
+        a newer version is refused with one line (a ``ValueError``) before anything is read. A model of this library
+        never needs ``trust_remote_code``.
+
+        Args:
+            pretrained_model_name_or_path: a local folder (checked) or a Hugging Face hub id (transformers' rules).
+            model_args, kwargs: passed on to ``PreTrainedModel.from_pretrained`` (``subfolder`` is checked too).
+        """
+        folder = pretrained_model_name_or_path
+        if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder):
+            from hybrid_attention.checkpoints.model_folder import check_folder
+
+            check_folder(os.path.join(folder, kwargs.get("subfolder") or ""))
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None,
                                         every_n_layers: int = 1, offload: bool = False) -> None:

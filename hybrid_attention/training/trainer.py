@@ -28,7 +28,7 @@ from hybrid_attention.checkpoints.integrity import (
     nonfinite_count,
     write_manifest,
 )
-from hybrid_attention.checkpoints.model_folder import unverified_warning
+from hybrid_attention.checkpoints.model_folder import refuse_newer, unverified_warning
 from hybrid_attention.checkpoints.step_checkpoints import (
     _FULL,
     apply_checkpoint,
@@ -50,6 +50,7 @@ from hybrid_attention.errors import DataError
 from hybrid_attention.evaluation.perplexity import LMScore, evaluate_lm
 from hybrid_attention.layers.natsl.routing import RoutingRecorder
 from hybrid_attention.models import HybridForCausalLM
+from hybrid_attention.models.configuration import CONFIG_REVISION
 from hybrid_attention.modules.activation_checkpointing import enable_block_checkpointing
 from hybrid_attention.plots import plot_training_curves
 
@@ -243,6 +244,10 @@ class Trainer:
         # before the data loads and before anything is written
         check_out_dir(out_dir)
         refuse_linked_entries(out_dir)
+        # a run never resumes from, nor replaces, what a newer version of the library wrote (its formats are unknown)
+        for folder in (*existing, out_dir / "final"):
+            if folder.is_dir():
+                refuse_newer(folder, CONFIG_REVISION)
         resume_note = check_resume_config(out_dir / "config.yaml", cfg, existing) if resume and existing else None
         # one process per run folder (training/run_lock.py): taken here when the folder exists, else just before
         # the first write, so that a run refused for its data or model config leaves no folder behind

@@ -1,5 +1,7 @@
 """A tiny trained run shared by the evaluation tests (a few steps on a slice of the embedded corpus)."""
 
+import shutil
+
 import pytest
 
 from hybrid_attention.config.run_config import load_config
@@ -18,3 +20,11 @@ def tiny_run(tmp_path_factory):
     ])
     train(cfg, quiet=True)
     return out
+
+
+@pytest.fixture
+def run(tiny_run, tmp_path):
+    """A private copy of the shared tiny run (final/ + checkpoints/step-00000006 + tokenizer/)."""
+    dst = tmp_path / "run"
+    shutil.copytree(tiny_run, dst)
+    return dst

@@ -11,14 +11,6 @@ from hybrid_attention.data.tokenizer import byte_tokenizer
 from hybrid_attention.evaluation.loading import load_model
 
 
-@pytest.fixture
-def run(tiny_run, tmp_path):
-    """A private copy of the shared tiny run (final/ + checkpoints/step-00000006)."""
-    dst = tmp_path / "run"
-    shutil.copytree(tiny_run, dst)
-    return dst
-
-
 def _truncate(p):
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
 

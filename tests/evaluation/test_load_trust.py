@@ -7,26 +7,22 @@ answer "y" if asked, so a prompt that appears also shows whether the folder's co
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from hybrid_attention.checkpoints.integrity import CheckpointError, write_manifest
 from hybrid_attention.checkpoints.model_folder import FolderRefused, check_folder
 from hybrid_attention.cli import main
 from hybrid_attention.data.tokenizer import load_tokenizer
 from hybrid_attention.evaluation.loading import load_model
-
-
-@pytest.fixture
-def run(tiny_run, tmp_path):
-    """A private copy of the shared tiny run (final/ + checkpoints/step-00000006 + tokenizer/)."""
-    dst = tmp_path / "run"
-    shutil.copytree(tiny_run, dst)
-    return dst
+from hybrid_attention.models import HybridForCausalLM
 
 
 def _plant_code(folder, config_name, marker):
@@ -43,11 +39,13 @@ def _plant_code(folder, config_name, marker):
     write_manifest(folder, kind="final")  # a manifest proves nothing about intent: whoever wrote the folder signs it
 
 
-def _run_in_terminal(argv, timeout=120.0):
-    """(exit status, everything the terminal showed) of ``python -m hybrid_attention.cli argv`` under a pty."""
+def _run_in_terminal(argv, timeout=120.0, code=None):
+    """(exit status, everything the terminal showed) of ``python -m hybrid_attention.cli argv`` (with ``code``:
+    ``python -c code``) under a pty."""
     pid, fd = pty.fork()
     if pid == 0:
-        os.execv(sys.executable, [sys.executable, "-m", "hybrid_attention.cli", *argv])
+        os.execv(sys.executable, [sys.executable, *(["-c", code] if code is not None else
+                                                    ["-m", "hybrid_attention.cli", *argv])])
     out, answered, deadline = b"", False, time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 1.0)
@@ -98,6 +96,52 @@ def test_python_loaders_refuse_remote_code(run, tmp_path, config_name):
         with pytest.raises(FolderRefused, match="auto_map"):
             load_tokenizer(run / "final")
     assert not marker.exists()
+
+
+def _readme_loading_lines() -> list[str]:
+    """The Python block of the README that loads ``runs/tiny_cpu/final``, line by line."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "runs/tiny_cpu/final" in b)
+    return block.splitlines()
+
+
+@pytest.mark.parametrize("config_name", ["tokenizer_config.json", "config.json"])
+def test_the_readme_python_route_refuses_remote_code_without_a_prompt(run, tmp_path, config_name):
+    """The README's loading lines, run under a terminal on a folder planting code: the library loader and
+    AutoModelForCausalLM refuse it with one line, AutoTokenizer shows no "[y/N]" prompt; the code never runs."""
+    marker = tmp_path / "imported.txt"
+    _plant_code(run / "final", config_name, marker)
+    lines = [line.replace("runs/tiny_cpu", str(run)) for line in _readme_loading_lines()]
+    imports = [line for line in lines if line.startswith(("import ", "from "))]
+    assert any("trust_remote_code" in line for line in _readme_text_near_loading())
+    for use in ("load_model(", "AutoModelForCausalLM.from_pretrained(", "AutoTokenizer.from_pretrained("):
+        code = "\n".join([*imports, *(line for line in lines if use in line)]) + "\nprint('LOADED')\n"
+        rc, shown = _run_in_terminal(None, code=code)
+        assert "[y/N]" not in shown and "custom code" not in shown, shown
+        assert not marker.exists(), (use, shown)
+        if use == "AutoTokenizer.from_pretrained(":  # transformers' tokenizer route: the folder's code is ignored
+            assert rc == 0 and "LOADED" in shown, shown
+        else:
+            assert rc == 1 and "LOADED" not in shown and "FolderRefused" in shown, shown
+            assert f"{config_name}: field 'auto_map' names code to import" in shown
+
+
+def _readme_text_near_loading() -> list[str]:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("runs/tiny_cpu/final")
+    return text[start:start + 2000].splitlines()
+
+
+def test_auto_classes_refuse_what_the_loaders_refuse(run):
+    (run / "final" / "modeling_extra.py").write_text("raise SystemExit('imported')\n")
+    with pytest.raises(FolderRefused, match="modeling_extra.py: a model folder holds no code"):
+        AutoModelForCausalLM.from_pretrained(run / "final")
+    (run / "final" / "modeling_extra.py").unlink()
+    (run / "final" / "model.pt").write_bytes(b"\x80\x04K\x01.")
+    with pytest.raises(FolderRefused, match="model.pt: a pickled weight file"):
+        HybridForCausalLM.from_pretrained(run / "final")
+    (run / "final" / "model.pt").unlink()
+    assert isinstance(AutoModelForCausalLM.from_pretrained(run / "final"), HybridForCausalLM)
 
 
 def test_tokenizer_config_may_not_point_outside(run, tmp_path):

@@ -136,3 +136,21 @@ def test_unverified_checkpoint_warns_in_the_load_side_words(run, capsys):
     lines = (captured.out + captured.err).splitlines()
     assert unverified_warning(run / "checkpoints" / STEP) in lines
     assert not any("older version" in line for line in lines)
+
+
+@pytest.mark.parametrize("where", [STEP, "step-00000001"])
+def test_a_checkpoint_of_a_newer_version_is_refused_on_resume(run, capsys, where):
+    """Not damage to fall back past: the resume is refused, nothing is moved aside or rotated."""
+    manifest = run / "checkpoints" / where / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 99}))
+    err = _refused(run, capsys)
+    assert f"{where}/manifest.json: version 99, written by a newer version of hybrid_attention" in err
+
+
+@pytest.mark.parametrize("name, field", [("manifest.json", "version"), ("config.json", "config_revision")])
+def test_a_final_model_of_a_newer_version_is_refused_on_resume(run, capsys, name, field):
+    """A resume would replace final/ at its end: a final/ written by a newer version is refused before anything."""
+    (run / "final").mkdir()
+    (run / "final" / name).write_text(json.dumps({"format": "hybrid-attention-manifest", field: 99, "files": {}}))
+    err = _refused(run, capsys)
+    assert f"final/{name}: {field} 99, written by a newer version of hybrid_attention" in err
