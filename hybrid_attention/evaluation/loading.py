@@ -217,7 +217,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
         run_dir = path.parent.parent
     elif (path.parent / "config.yaml").exists():  # <run>/final
         run_dir = path.parent
-    run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None else None
+    run_cfg = load_config(run_dir / "config.yaml", training=False) if run_dir is not None else None
     scope = run_dir  # no symlink may lead out of the run (None: out of the model folder, see default_scope)
 
     if _is_hf_dir(path):
