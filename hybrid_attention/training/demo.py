@@ -152,6 +152,7 @@ def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int 
 
     c = copy.deepcopy(cfg)
     c.train.steps = warmup + n + 1  # never the last step: no validation or final checkpoint is timed
+    c.optim.warmup_steps = 1  # the lr does not change a step's time; a short schedule of its own
     c.train.eval_every = c.train.checkpoint_every = 0
     c.train.progress = False
     times = []
