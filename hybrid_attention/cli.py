@@ -352,28 +352,66 @@ def _cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(a: argparse.Namespace) -> int:
-    import os
+def _benchmarks_checkout() -> Path | None:
+    """The repository checkout whose ``benchmarks/`` ``bench`` runs: the clone this package is installed from (an
+    editable install), else the working directory; None when neither holds one."""
+    import hybrid_attention
 
-    try:  # the benchmarks live in the repository, not in the installed package
-        from benchmarks import run_target, section_names
-    except ModuleNotFoundError as e:
-        if e.name != "benchmarks":
-            raise
-        raise CLIError("bench: needs the benchmarks/ folder of a repository checkout (run from the repository root)"
-                       ) from e
+    for root in (Path(hybrid_attention.__file__).resolve().parents[1], Path.cwd()):
+        if (root / "benchmarks" / "__init__.py").is_file():
+            return root
+    return None
+
+
+def _bench_argv(a: argparse.Namespace) -> list[str]:
+    """The command line of ``a`` again (``bench TARGET [--only ...] [flags]``)."""
+    flags = [f"--{name}" for name in ("quick", "sweep", "dryrun", "debug") if getattr(a, name, False)]
+    return ["bench", a.target, *(["--only", *a.only] if a.only else []), *flags]
+
+
+def _bench_under_interpreter(a: argparse.Namespace, root: Path) -> int:
+    """Run the same ``bench`` command in a new Python process with ``TRITON_INTERPRET=1`` and return its exit status.
+
+    Triton reads that variable when a kernel is defined, and ``import hybrid_attention`` (which runs before any
+    command) has defined them all, so it cannot be switched on in this process."""
+    import subprocess
+
+    import hybrid_attention
+
+    paths = [str(Path(hybrid_attention.__file__).resolve().parents[1]), str(root), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    return subprocess.run([sys.executable, "-m", "hybrid_attention.cli", *_bench_argv(a)], env=env).returncode
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    import importlib.util
+
+    root = _benchmarks_checkout()  # the benchmarks live in the repository, not in the installed package
+    if root is None:
+        raise CLIError("bench: needs the benchmarks/ folder of a repository checkout: run it in the root folder of a "
+                       "clone, or install the package from a clone (pip install -e .)")
+    if str(root) not in sys.path:  # a console script's sys.path holds neither the clone nor the working directory
+        sys.path.insert(0, str(root))
+    from benchmarks import run_target, section_names
 
     try:  # a bad --only name first: the message lists the allowed sections
         section_names(a.target, a.only)
     except ValueError as e:
         raise CLIError(str(e)) from e
-    if _cuda_missing():
-        if not a.dryrun:
-            raise CLIError(f"bench {a.target}: needs a CUDA GPU and none is visible; --dryrun runs it at tiny shapes "
-                           "on the CPU (a smoke test of the benchmark code, not a measurement)")
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined, so before their import
+    if _cuda_missing() and not a.dryrun:
+        raise CLIError(f"bench {a.target}: needs a CUDA GPU and none is visible; --dryrun runs it at tiny shapes "
+                       "on the CPU (a smoke test of the benchmark code, not a measurement)")
+    if a.dryrun and importlib.util.find_spec("triton") is None:
+        raise CLIError(f"bench {a.target} --dryrun: needs the triton package (its interpreter runs the kernels on the "
+                       "CPU): pip install triton (or the `test` / `gpu` extra)")
+    if a.dryrun and os.environ.get("TRITON_INTERPRET") != "1":  # the dry run's CPU tensors need the interpreter
+        return _bench_under_interpreter(a, root)
     argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else []) + (["--dryrun"] if a.dryrun else [])
-    run_target(a.target, a.only, argv)
+    failed = run_target(a.target, a.only, argv)
+    if failed:
+        print(f"error: bench {a.target}: {len(failed)} section(s) failed: {', '.join(failed)} (their errors are "
+              "printed above)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -465,8 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="fewer lengths, no launch-config sweep")
     b.add_argument("--sweep", action="store_true", help="also sweep launch configurations where a section has one")
     b.add_argument("--dryrun", action="store_true",
-                   help="tiny shapes on the CPU (Triton interpreter): a smoke test of the code, not a measurement; "
-                        "without it, bench needs a CUDA GPU")
+                   help="tiny shapes on the CPU (Triton interpreter: needs triton): a smoke test of the code, not a "
+                        "measurement; no JSON unless OUT is set; without it, bench needs a CUDA GPU")
     b.set_defaults(func=_cmd_bench)
     from hybrid_attention.experiments.cli import add_parser as add_experiment_parser
 
