@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import math
 import shutil
+import statistics
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,15 +79,18 @@ class ClockPlan:
 
     ``record`` each step's seconds; ``replan(seconds_left)`` shares the time left among the models still training so
     that their total training times end as equal as possible (water filling: a model that is behind gets more) and
-    turns each share into steps with the model's re-measured seconds per step (an exponential moving average);
-    ``next_model`` is the unfinished model with the least training time so far, None when all are done. A model is
-    finished when it reaches its planned steps; every model gets at least ``min_steps``.
+    turns each share into steps with the model's re-measured seconds per step: the median of its last ``window``
+    plain steps (the first timing counts as one), so that a step or two slowed by a spike of load on a shared machine
+    does not move the plan, while a lasting change of speed does within about ``window // 2`` steps. ``next_model`` is
+    the unfinished model with the least training time so far, None when all are done. A model is finished when it
+    reaches its planned steps; every model gets at least ``min_steps``.
     """
 
-    def __init__(self, seconds_per_step: dict[str, float], min_steps: int = 1, smoothing: float = 0.3):
+    def __init__(self, seconds_per_step: dict[str, float], min_steps: int = 1, window: int = 7):
         self.order = list(seconds_per_step)
-        self.rate = {m: max(float(t), 1e-9) for m, t in seconds_per_step.items()}
-        self.min_steps, self.smoothing = min_steps, smoothing
+        self.recent = {m: deque([max(float(t), 1e-9)], maxlen=window) for m, t in seconds_per_step.items()}
+        self.rate = {m: times[0] for m, times in self.recent.items()}
+        self.min_steps = min_steps
         self.done = dict.fromkeys(self.order, 0)
         self.spent = dict.fromkeys(self.order, 0.0)
         self.planned = dict.fromkeys(self.order, min_steps)
@@ -96,7 +101,8 @@ class ClockPlan:
         self.done[m] += 1
         self.spent[m] += seconds
         if measure:
-            self.rate[m] = (1 - self.smoothing) * self.rate[m] + self.smoothing * max(seconds, 1e-9)
+            self.recent[m].append(max(seconds, 1e-9))
+            self.rate[m] = statistics.median(self.recent[m])
         if self.done[m] >= self.planned[m]:
             self.finished.add(m)
 
@@ -141,6 +147,11 @@ def _retarget(tr, steps: int) -> None:
             f.warmup_steps = max(1, tr.step + 1, min(f.warmup_steps, steps // 10))
         tr.cfg.optim.warmup_steps = f.warmup_steps
     tr.tc.steps = steps
+
+
+def _loss(value: float) -> str:
+    """A training loss for the progress line ("-" before the model's first step)."""
+    return f"{value:.2f}" if math.isfinite(value) else "-"
 
 
 def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int = 1, n: int = 3) -> float:
@@ -292,16 +303,17 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                           data.description)  # the same batches for every model
         trainers[m] = Trainer(c, ctx, data=run_data, quiet=True)
     # Progress counts seconds against the budget (the evaluation after training included).
+    # In a log, the plain line is the description alone: it says the seconds against the budget once.
     bar_format = "demo {percentage:3.0f}%|{bar}| {desc}"
-    bar = progress_bar(round(budget), unit="s", desc="demo", dynamic_ncols=True, bar_format=bar_format)
+    bar = progress_bar(round(budget), unit="s", desc="demo", dynamic_ncols=True, bar_format=bar_format, counts=False)
 
     def show(phase: str) -> None:
         elapsed = time.perf_counter() - t_start
         bar.n = min(round(elapsed), bar.total)
-        left = max(0.0, budget - elapsed)
-        desc = f"{elapsed:.0f}/{budget:.0f} s, {left // 60:.0f}:{left % 60:02.0f} left; {phase}"
+        left = round(max(0.0, budget - elapsed))
+        desc = f"{elapsed:.0f}/{budget:.0f} s, {left // 60}:{left % 60:02d} left; {phase}"
         # on a terminal: one line that fits (the bar keeps 10 columns; a wrapped bar line is redrawn as a new line)
-        bar.set_description_str(desc if isinstance(bar, LineProgress) else fit_to_terminal(desc, 23))
+        bar.set_description_str(f"demo: {desc}" if isinstance(bar, LineProgress) else fit_to_terminal(desc, 23))
 
     while (m := plan.next_model()) is not None:
         tr = trainers[m]
@@ -311,7 +323,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         tr.train_step()
         plan.record(m, time.perf_counter() - t0, measure=not tr.done)  # the last step also validates
         planned = plan.replan(deadline() - time.perf_counter())
-        show(" ".join(f"{k} {plan.done[k]}/{planned[k]} {trainers[k].last_loss:.2f}" for k in mixers))
+        show(" ".join(f"{k} {plan.done[k]}/{planned[k]} {_loss(trainers[k].last_loss)}" for k in mixers))
     show("evaluating")
     rows, sweeps, models = [], {}, {}
     byte_lengths = token_byte_lengths(data.tokenizer)
