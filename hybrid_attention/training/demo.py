@@ -339,7 +339,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         rows.append({"model": m, "params": res.model.num_parameters(), "state": state_size(res.model, seq_len),
                      "ppl": res.val.ppl, "bpb": res.val.bpb, "ppl2": sweep[0]["ppl"], "ppl4": sweep[1]["ppl"],
                      "tok_s": res.tokens_per_second, "steps": res.steps, "tokens": res.tokens,
-                     "note": state_note(has_routing(res.model), routing)})
+                     "note": state_note(has_routing(res.model), routing, measured_on="the last validation batch")})
         show(f"evaluated {m}")
     bar.close()
     columns = [("model", "model", ""), ("params", "params", ","), ("state", f"state@{seq_len}", ","),
@@ -347,7 +347,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                ("ppl4", f"ppl@{4 * seq_len}", ".3f"), ("tok_s", "train tok/s", ",.0f"), ("steps", "steps", ","),
                ("tokens", "train tokens", ",")]
     table = format_table(rows, columns)
-    notes = [f"{r['model']}: state@{seq_len} at NAtS-L {r['note']} on validation" for r in rows if r["note"]]
+    notes = [f"{r['model']}, state@{seq_len}: {r['note']}" for r in rows if r["note"]]
     table = "\n".join([table, *notes])
     from hybrid_attention.evaluation.length_sweep import plot_length_sweep
 
