@@ -128,3 +128,22 @@ def test_run_demo_plans_by_the_clock(monkeypatch, tmp_path):
     assert lines[-1].endswith("evaluated s4d")
     saved = (tmp_path / "s4d" / "config.yaml").read_text()
     assert f"steps: {res['steps']['s4d']}" in saved  # the saved config says how long the run was
+
+
+def test_the_demo_sample_is_not_mostly_whitespace():
+    # a tiny model's continuation of code can be runs of indentation: another seed is tried (up to three), and the
+    # most visible of them is kept when none reaches half
+    from hybrid_attention.training.demo import readable_sample, visible_share
+
+    samples = {0: "\n" + " " * 40 + "x\n\n", 1: "return self._x\n", 2: "never asked"}
+    seeds = []
+
+    def generate(seed):
+        seeds.append(seed)
+        return samples[seed]
+
+    assert readable_sample(generate, 0) == "return self._x\n" and seeds == [0, 1]
+    assert visible_share(samples[0]) < 0.1 and visible_share("ab  ") == 0.5 and visible_share("") == 0.0
+    spaces = {5: " " * 10 + "a", 6: " " * 3 + "ab", 7: "\n" * 9}
+    assert readable_sample(spaces.__getitem__, 5) == "   ab"  # none reaches half: the most visible
+    assert readable_sample(spaces.__getitem__, 7, tries=1) == "\n" * 9
