@@ -199,7 +199,7 @@ def _cmd_eval(a: argparse.Namespace) -> int:
                             byte_lengths=token_byte_lengths(loaded.tokenizer))
         print(length_table(rows))
         _write_plot(a, plot_length_sweep, {str(Path(a.checkpoint).name): rows},
-                    Path(a.out or loaded.source) / "length_sweep.png", "perplexity vs context length")
+                    _results_folder(a, loaded) / "length_sweep.png", "perplexity vs context length")
     elif a.task == "passkey":
         from hybrid_attention.evaluation.checkpoint_plots import plot_passkey
         from hybrid_attention.evaluation.passkey import passkey_accuracy, passkey_table
@@ -209,15 +209,22 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         except ValueError as e:  # a length shorter than the bare prompt
             raise CLIError(f"--lengths: {e}") from e
         print(passkey_table(rows))
-        _write_plot(a, plot_passkey, rows, Path(a.out or loaded.source) / "passkey.png",
+        _write_plot(a, plot_passkey, rows, _results_folder(a, loaded) / "passkey.png",
                     f"passkey retrieval: {Path(a.checkpoint).name}")
     elif a.task == "lm-eval":
         from hybrid_attention.evaluation.lm_eval_adapter import run_lm_eval
 
         res = run_lm_eval(loaded.model, loaded.tokenizer, a.tasks, a.include_path, a.batch_size, a.limit, str(device))
         print(json.dumps(res, indent=1, default=str))
-        _save_lm_eval(a, res)
+        _save_lm_eval(a, res, _results_folder(a, loaded))
     return 0
+
+
+def _results_folder(a: argparse.Namespace, loaded) -> Path:
+    """Where ``eval`` and ``info --plot`` write their plots and results: ``--out``, else the run folder of the model
+    (the one holding its config.yaml, where ``train`` writes its plots), else the model folder itself (a bare Hugging
+    Face folder). One rule for every command, whichever folder of the run ``--checkpoint`` names."""
+    return Path(a.out) if a.out else (loaded.run_dir or loaded.source)
 
 
 def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> None:
@@ -239,14 +246,13 @@ def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> Non
         print(f"plot: {png}")
 
 
-def _save_lm_eval(a: argparse.Namespace, results: dict) -> None:
-    """``lm_eval_<tasks>.json`` (tasks, limit, checkpoint, lm-eval's per-task metrics) in --out or the folder given as
-    --checkpoint (the run folder), written whole or not at all; an unwritable model folder only loses the file."""
+def _save_lm_eval(a: argparse.Namespace, results: dict, folder: Path) -> None:
+    """``lm_eval_<tasks>.json`` (tasks, limit, checkpoint, lm-eval's per-task metrics) in ``folder``
+    (:func:`_results_folder`), written whole or not at all; an unwritable model folder only loses the file."""
     import os
     import re
     import tempfile
 
-    folder = Path(a.out or a.checkpoint)
     name = "lm_eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", "+".join(a.tasks))[:100] + ".json"
     doc = {"tasks": a.tasks, "limit": a.limit, "checkpoint": str(a.checkpoint), "results": results}
     tmp = None
@@ -347,7 +353,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
         if not info["routing"]:
             raise CLIError(f"info --plot: {a.dir} has no NAtS-L layer, so there is no routing to plot")
-        _write_plot(a, plot_routing, info["routing"], Path(a.out or loaded.source) / "routing.png",
+        _write_plot(a, plot_routing, info["routing"], _results_folder(a, loaded) / "routing.png",
                     f"{Path(a.dir).name}: NAtS-L softmax fraction (functools.py sample)")
     return 0
 
@@ -453,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seq-len", type=POSITIVE_INT, help="training length (default: the run's)")
     q.add_argument("--multipliers", type=POSITIVE_INT, nargs="+", default=[1, 2, 4, 8])
     q.add_argument("--tokens", type=POSITIVE_INT, default=65536, help="tokens scored at every length")
-    q.add_argument("--out", help="directory for length_sweep.png (default: next to the model)")
+    q.add_argument("--out", help="directory for length_sweep.png (default: the run folder of the model)")
     for name, helptext in (("mqar", "train-and-evaluate MQAR over mixers (zoology-style)"),
                            ("passkey", "passkey retrieval of a checkpoint (or --synthetic train-and-evaluate)")):
         q = es.add_parser(name, help=helptext)
@@ -466,13 +472,14 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--lengths", type=POSITIVE_INT, nargs="+", default=[256, 512, 1024])
             q.add_argument("--depths", type=FRACTION, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
             q.add_argument("--trials", type=POSITIVE_INT, default=4)
-            q.add_argument("--out", help="folder of passkey.png for --checkpoint (default: next to the model)")
+            q.add_argument("--out", help="folder of passkey.png for --checkpoint (default: the run folder of the "
+                           "model)")
     q = with_ckpt(es.add_parser("lm-eval", help="lm-evaluation-harness tasks (needs the eval extra)"))
     q.add_argument("--tasks", nargs="+", default=["hybrid_toy_mc"], help="default: the bundled offline toy task")
     q.add_argument("--include-path", help="directory of extra task YAMLs")
     q.add_argument("--batch-size", type=POSITIVE_INT, default=8)
     q.add_argument("--limit", type=POSITIVE_INT)
-    q.add_argument("--out", help="folder of lm_eval_<tasks>.json (default: the folder given as --checkpoint)")
+    q.add_argument("--out", help="folder of lm_eval_<tasks>.json (default: the run folder of the model)")
     e.set_defaults(func=_cmd_eval)
 
     g = with_ckpt(sub.add_parser("generate", help="sample text from a checkpoint"))
@@ -492,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.add_argument("--plot", action="store_true", help="also write routing.png: NAtS-L softmax fraction per layer "
                    "and head")
-    i.add_argument("--out", help="folder of routing.png (default: next to the model)")
+    i.add_argument("--out", help="folder of routing.png (default: the run folder of the model)")
     i.set_defaults(func=_cmd_info)
 
     b = sub.add_parser("bench", help="GPU benchmarks: correctness vs the references + timings (benchmarks/NOTES.md)")

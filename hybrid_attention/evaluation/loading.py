@@ -38,14 +38,16 @@ from hybrid_attention.models import HybridForCausalLM
 
 @dataclass
 class LoadedModel:
-    """A model in eval mode, its tokenizer, the run config (None for a bare HF dir), the directory it came from and
-    whether its weights were verified against a ``manifest.json`` (False: no manifest, bytes unchecked)."""
+    """A model in eval mode, its tokenizer, the run config (None for a bare HF dir), the directory it came from,
+    whether its weights were verified against a ``manifest.json`` (False: no manifest, bytes unchecked) and the run
+    folder it belongs to (the one holding ``config.yaml``; None for a bare HF dir)."""
 
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     run_config: object | None
     source: Path
     verified: bool = False
+    run_dir: Path | None = None
 
 
 @contextlib.contextmanager
@@ -258,4 +260,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     model.to(device).eval()
     if not verified:  # after every check passed, so a refused folder prints its error line alone
         log(unverified_warning(source))
-    return LoadedModel(model, tok, run_cfg, source, verified)
+    return LoadedModel(model, tok, run_cfg, source, verified, run_dir)

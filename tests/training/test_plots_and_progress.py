@@ -106,9 +106,12 @@ def test_checkpoint_passkey_and_routing_plots(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "passkey", "--checkpoint", str(run), "--lengths", "16", "--out", str(out)]) == 2
     assert "--lengths: passkey length 16 is shorter than the bare prompt" in capsys.readouterr().err
-    assert (run / "final").is_dir() and main(["eval", "passkey", "--checkpoint", str(run), "--lengths", "160",
-                                              "--depths", "0", "--trials", "1"]) == 0
-    assert (run / "final" / "passkey.png").exists()  # default: next to the model
+    assert (run / "final").is_dir() and main(["eval", "passkey", "--checkpoint", str(run / "final"), "--lengths",
+                                              "160", "--depths", "0", "--trials", "1"]) == 0
+    assert main(["info", str(run / "final"), "--seq-lens", "64", "--plot"]) == 0
+    # default: the run folder (beside train's plots), not inside the model folder that --checkpoint names
+    assert (run / "passkey.png").exists() and (run / "routing.png").exists()
+    assert not {"passkey.png", "routing.png"} & {p.name for p in (run / "final").iterdir()}
     capsys.readouterr()
 
 
