@@ -437,7 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     t = sub.add_parser("train", help="train from a YAML config")
-    t.add_argument("config", help="YAML config (see configs/)")
+    from hybrid_attention.config.examples import example_names
+
+    t.add_argument("config", help="YAML config, or the name of a shipped example: " + ", ".join(example_names())
+                   + " (configs/ in a clone)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=100 model.layers=softmax")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in train.out_dir")
     t.set_defaults(func=_cmd_train)

@@ -24,6 +24,7 @@ import yaml
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.models import PRESETS, HybridConfig, HybridForCausalLM
 
+from .examples import config_path
 from .schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping, to_dict
 
 
@@ -225,11 +226,12 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = (), train
     """Read a YAML file (or start from defaults when ``path`` is None), apply overrides, validate.
 
     Args:
-        path: the YAML file, or None for the defaults.
+        path: the YAML file (or the name of a shipped example config, ``config/examples.py``), or None for the
+            defaults.
         overrides: ``key=value`` strings (values are YAML).
         training: check what only training needs too (see :func:`check`); False to read a finished run's config.
     """
-    data = read_yaml_mapping(path) if path is not None else {}
+    data = read_yaml_mapping(config_path(path)) if path is not None else {}
     data = merge(data, parse_overrides(list(overrides)))
     return check(from_dict(RunConfig, data), training=training)
 
