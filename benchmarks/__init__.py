@@ -2,12 +2,13 @@
 
 ``hybrid-attention bench ops [--only interdomain natsl s4d_bilinear causal_conv] [--quick]`` runs the op-level sections,
 ``hybrid-attention bench models [--quick]`` the model-level ones (prefill, decode, training step). Each section
-prints its table and writes a JSON file to ``$OUT`` (or the working directory). Every measured version is recorded
-in ``benchmarks/NOTES.md``. Without a CUDA GPU every target and its section scripts stop with one ``error:``
-line before any work, unless ``--dryrun`` (``BENCH_DRYRUN=1``; the CLI sets ``TRITON_INTERPRET=1`` on a CPU) runs
-them at tiny shapes as a smoke test of the benchmark code. Every script is ``main(argv)``; the environment
-(``BENCH_DRYRUN``, ``BENCH_BUDGET_S``, ``OUT``) is read there, as the defaults of ``--dryrun`` / ``--budget-s`` /
-``--out`` (``common.bench_parser``), never at import.
+prints its table and writes a JSON file to ``$OUT`` (or the working directory; a dry run writes none without
+``$OUT``) and returns its exit status (non-zero when a section raised or a check failed). Every measured version is
+recorded in ``benchmarks/NOTES.md``. Without a CUDA GPU every target and its section scripts stop with one ``error:``
+line before any work, unless ``--dryrun`` (``BENCH_DRYRUN=1``; the CLI runs it under the Triton interpreter,
+``TRITON_INTERPRET=1``) runs them at tiny shapes as a smoke test of the benchmark code. Every script is
+``main(argv)``; the environment (``BENCH_DRYRUN``, ``BENCH_BUDGET_S``, ``OUT``) is read there, as the defaults of
+``--dryrun`` / ``--budget-s`` / ``--out`` (``common.bench_parser``), never at import.
 ``hybrid-attention bench train [--quick]``: the training-speed table (``train_speed``; JSON only with ``$OUT``).
 """
 
@@ -39,10 +40,13 @@ def section_names(target: str, only: list[str] | None = None) -> list[str]:
     return names
 
 
-def run_target(target: str, only: list[str] | None = None, argv: list[str] | None = None) -> None:
+def run_target(target: str, only: list[str] | None = None, argv: list[str] | None = None) -> list[str]:
     """Run the sections of ``target`` ("ops", "models", "inference" or "train"), optionally only those named in
-    ``only``; ``argv`` is passed to every section's ``main``."""
-    sections = TARGETS[target]
+    ``only``; ``argv`` is passed to every section's ``main``. Returns the names of the sections whose ``main``
+    returned a non-zero status (a section that raised or a check that failed); every section runs either way."""
+    sections, failed = TARGETS[target], []
     for name in section_names(target, only):
         module = importlib.import_module(f"{__name__}.{sections[name]}")
-        module.main(list(argv or []))
+        if module.main(list(argv or [])):
+            failed.append(name)
+    return failed

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import time
 import traceback
@@ -31,6 +32,8 @@ __all__ = [
     "BenchSettings",
     "bench_parser",
     "require_cuda",
+    "failures",
+    "exit_status",
     "log",
     "elapsed",
     "guarded",
@@ -66,12 +69,13 @@ class BenchSettings:
     """The run settings of one benchmark invocation, built once in a script's ``main`` and passed to its sections.
 
     dryrun: tiny shapes on the CPU (a smoke test of the benchmark code); budget_s: the soft wall-clock budget in
-    seconds (see ``budget_left``); out: the folder the JSON results go to.
+    seconds (see ``budget_left``); out: the folder the JSON results go to (None: none are written, a dry run's
+    default).
     """
 
     dryrun: bool = False
     budget_s: float = DEFAULT_BUDGET_S
-    out: str = "."
+    out: str | None = "."
 
     @property
     def device(self) -> str:
@@ -83,15 +87,31 @@ class BenchSettings:
         return self.budget_s - elapsed()
 
     def out_path(self, name: str) -> str:
-        """The path of result file ``name`` under ``out``."""
+        """The path of result file ``name`` under ``out`` (which must be set)."""
+        if self.out is None:
+            raise ValueError(f"no results folder to write {name} into: pass --out or set OUT")
         return os.path.join(self.out, name)
+
+    def write_json(self, name: str, data: Any) -> str | None:
+        """Write ``data`` as ``<out>/<name>`` (written aside, then renamed: whole or absent); returns the path, or
+        None without writing when ``out`` is None."""
+        if self.out is None:
+            return None
+        os.makedirs(self.out, exist_ok=True)
+        path = self.out_path(name)
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        os.replace(path + ".tmp", path)
+        return path
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchSettings:
         """The settings of flags parsed by a ``bench_parser`` parser; exits with one line when no GPU is visible and
-        this is not a dry run (:func:`require_cuda`)."""
+        this is not a dry run (:func:`require_cuda`). Without ``--out`` / ``OUT`` the results go to the working
+        directory, and a dry run writes none."""
         require_cuda(args.dryrun)
-        return cls(dryrun=args.dryrun, budget_s=args.budget_s, out=args.out)
+        out = args.out if args.out is not None else (None if args.dryrun else ".")
+        return cls(dryrun=args.dryrun, budget_s=args.budget_s, out=out)
 
 
 def require_cuda(dryrun: bool) -> None:
@@ -108,7 +128,8 @@ def bench_parser(description: str, budget_s: float = DEFAULT_BUDGET_S, prog: str
 
     ``--quick`` (fewer lengths) and ``--sweep`` (launch-config sweeps where a script has one) are what
     ``hybrid-attention bench`` passes to every section; ``--dryrun`` defaults to ``BENCH_DRYRUN=1``, ``--budget-s``
-    to ``BENCH_BUDGET_S`` or ``budget_s``, ``--out`` to ``OUT`` or the working directory.
+    to ``BENCH_BUDGET_S`` or ``budget_s``, ``--out`` to ``OUT`` (unset: None, which ``BenchSettings.from_args`` reads
+    as the working directory, or as no files for a dry run).
     """
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--quick", action="store_true", help="fewer lengths / rows")
@@ -117,8 +138,41 @@ def bench_parser(description: str, budget_s: float = DEFAULT_BUDGET_S, prog: str
                    help="tiny shapes on the CPU: a smoke test of the script (default: BENCH_DRYRUN=1)")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", budget_s)),
                    help=f"soft wall-clock budget in seconds (default: BENCH_BUDGET_S or {budget_s:g})")
-    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of the JSON results (default: $OUT or .)")
+    p.add_argument("--out", default=os.environ.get("OUT"),
+                   help="folder of the JSON results (default: $OUT, else the working directory; a dry run writes "
+                        "none unless given)")
     return p
+
+
+def failures(results: Any) -> list[str]:
+    """What failed in a run's results: its ``"errors"`` (sections or rows that raised) and every row anywhere in it
+    with ``"pass": False`` (a correctness check past its bar)."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("pass") is False:
+                found.append("check failed: " + ", ".join(f"{k}={v}" for k, v in node.items()
+                                                          if isinstance(v, (str, int)) and not isinstance(v, bool)))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    if isinstance(results, dict):
+        found += [str(e) for e in results.get("errors") or []]
+    walk({k: v for k, v in results.items() if k != "errors"} if isinstance(results, dict) else results)
+    return found
+
+
+def exit_status(results: Any) -> int:
+    """A benchmark script's exit status: 0 when nothing in ``results`` failed (:func:`failures`), else 1 after one
+    line counting the failures."""
+    found = failures(results)
+    if found:
+        log(f"FAILED: {len(found)} error(s) or failed check(s); the first: {found[0]}")
+    return 1 if found else 0
 
 
 def training_step(fwd: Callable, opt: torch.optim.Optimizer, ids: torch.Tensor, amp: bool = True,

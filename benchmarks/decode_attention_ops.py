@@ -17,7 +17,6 @@ Prints one table per part; JSON in ``<out>/decode_attention_ops.json``.
 from __future__ import annotations
 
 import functools
-import json
 import time
 
 import torch
@@ -122,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {"correctness": correctness(s)}
     log("\n## decode attention: launch sweep (CUDA graph of 20 calls, H = 16, D = 64, bf16)")
     results["sweep"] = sweep(s)
-    with open(s.out_path("decode_attention_ops.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    s.write_json("decode_attention_ops.json", results)
     log(f"total {time.time() - t0:.0f} s")
 
 

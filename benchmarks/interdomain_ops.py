@@ -42,6 +42,7 @@ from benchmarks.common import (
     bench_parser,
     config_with,
     elapsed,
+    exit_status,
     fla_gdn,
     log,
     peak_mb,
@@ -623,10 +624,10 @@ def summary(results: dict):
     log(f"total {elapsed():.0f} s")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Run every section (``--quick``: fewer lengths, no sweep; ``--final``: no smoke/decode sections;
     ``--correctness-only``: the float64 checks of every readout, nothing timed; the shared flags:
-    ``common.bench_parser``)."""
+    ``common.bench_parser``); returns the exit status (1 when a section raised or a check failed)."""
     # a budget below common.DEFAULT_BUDGET_S (common.INTERDOMAIN_OPS_BUDGET_S, 440 s: the sections' fractions of it
     # were tuned against it); --budget-s / BENCH_BUDGET_S override it
     p = bench_parser(__doc__.splitlines()[0], budget_s=INTERDOMAIN_OPS_BUDGET_S)
@@ -651,19 +652,17 @@ def main(argv: list[str] | None = None) -> None:
         correctness(results, s, quick=True)
         real_passes(results, s, [])
         summary(results)
-        return
+        return exit_status(results)
     if args.real_passes:  # "real" in one kernel pass vs two vs "transpose": check and timings only
         real_passes(results, s, [4096, 16384] if quick else [4096, 16384, 32768])
-        with open(s.out_path("interdomain_real_passes.json"), "w") as f:
-            json.dump(results, f, indent=1)
+        s.write_json("interdomain_real_passes.json", results)
         summary(results)
-        return
+        return exit_status(results)
     if args.correctness_only:  # every readout vs float64 at T 63 / 1000 / 4096 / 16384, no timings
         correctness(results, s, quick)
-        with open(s.out_path("interdomain_checks.json"), "w") as f:
-            json.dump(results, f, indent=1)
+        s.write_json("interdomain_checks.json", results)
         summary(results)
-        return
+        return exit_status(results)
     ceilings(results, s)
     if not args.final:  # decode kernel unchanged in the last run of a lease
         smoke(results, s)
@@ -674,10 +673,10 @@ def main(argv: list[str] | None = None) -> None:
     timing(results, s, [4096, 16384] if quick else [4096, 16384, 32768, 65536, 131072])
     if not args.final:
         decode(results, s)
-    with open(s.out_path("interdomain_gpu.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    s.write_json("interdomain_gpu.json", results)
     summary(results)
+    return exit_status(results)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from benchmarks.common import BenchSettings, bench_parser, elapsed, log, peak_mb, section, sync
+from benchmarks.common import BenchSettings, bench_parser, elapsed, exit_status, log, peak_mb, section, sync
 from hybrid_attention.layers.natsl.routing import RoutingRecorder, force_routing
 from hybrid_attention.models import HybridConfig, HybridForCausalLM
 
@@ -334,11 +334,12 @@ def _f(x) -> str:
     return f"{x:.4f}" if isinstance(x, (int, float)) else "  -   "
 
 
-def _verdict(ok: bool) -> str:
-    return "MET" if ok else "MISSED"
+def summary(results: dict, dryrun: bool = False) -> None:
+    """Print the tables and the targets' verdicts (a dry run's tiny CPU shapes judge none: "not judged")."""
 
+    def _verdict(ok: bool) -> str:
+        return "not judged (dry run)" if dryrun else "MET" if ok else "MISSED"
 
-def summary(results: dict) -> None:
     log("\n================ models (random weights, bf16) ================")
     if results["prefill"]:
         log("prefill (one pass building the decode state, B=1): ms / peak GB above the weights")
@@ -415,9 +416,10 @@ def summary(results: dict) -> None:
     log(f"total {elapsed():.0f} s")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Run every section (``--quick``: the two shortest lengths of each; ``--sections a,b``: only those of prefill,
-    decode, train, table12; the shared flags: ``common.bench_parser``)."""
+    decode, train, table12; the shared flags: ``common.bench_parser``); returns the exit status (1 when a section
+    raised)."""
     p = bench_parser(__doc__.splitlines()[0])
     p.add_argument("--sections", type=lambda v: set(v.split(",")), help="comma-separated subset of the sections")
     p.add_argument("--decode-models", type=lambda v: v.split(","), help="comma-separated presets of the decode plan")
@@ -452,10 +454,10 @@ def main(argv: list[str] | None = None) -> None:
         decode(results, s, contexts, args.decode_models, args.decode_batch_sizes)
     if only is None or "table12" in only:
         table12(results, s, sizes["table12"][:2] if quick else sizes["table12"], sizes["table12_chunk"])
-    with open(s.out_path("models_gpu.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    summary(results)
+    s.write_json("models_gpu.json", results)
+    summary(results, s.dryrun)
+    return exit_status(results)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import sys
 import time
@@ -34,7 +33,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import NATSL_OPS_BUDGET_S, BenchSettings, bench_parser, elapsed, fla_gdn, log, rel_rms
+from benchmarks.common import (
+    NATSL_OPS_BUDGET_S,
+    BenchSettings,
+    bench_parser,
+    elapsed,
+    exit_status,
+    fla_gdn,
+    log,
+    rel_rms,
+)
 from benchmarks.common import bench_ms as bench
 from benchmarks.common import guarded as _guarded
 from hybrid_attention.ops.chunk_attention import chunk_attention
@@ -641,9 +649,10 @@ def summary(s: BenchSettings):
         log(f"errors: {RESULTS['errors']}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Run every section (``--sweep``: also the launch-config sweep; ``--checks-only``: the correctness sections
-    only, no timings; the shared flags: ``common.bench_parser``)."""
+    only, no timings; the shared flags: ``common.bench_parser``); returns the exit status (1 when a section raised
+    or a check failed; exits with 3 when the sweep must resume in a new process)."""
     # a budget below common.DEFAULT_BUDGET_S (common.NATSL_OPS_BUDGET_S, 420 s: the sweep stops when it is spent;
     # this script's sections were sized for it); --budget-s / BENCH_BUDGET_S override it
     p = bench_parser(__doc__.splitlines()[0], budget_s=NATSL_OPS_BUDGET_S)
@@ -670,12 +679,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.sweep or args.sweep_only:
         sweep(s, args.sweep_from, kinds)
     name = "natsl_gpu.json" if args.sweep_from == 0 else f"natsl_gpu_sweep_from{args.sweep_from}.json"
-    with open(s.out_path(name), "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
+    s.write_json(name, RESULTS)
     summary(s)
     if "sweep_resume" in RESULTS:  # the CUDA context broke: the caller may resume at RESULTS["sweep_resume"]
         sys.exit(3)
+    return exit_status(RESULTS)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -46,13 +46,22 @@ the single CTA per SM, the band ``tl.gather`` of dKern). The extra host reductio
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
 import torch
 
-from benchmarks.common import BenchSettings, bench_ms, bench_parser, guarded, log, peak_mb, rel_rms, sync
+from benchmarks.common import (
+    BenchSettings,
+    bench_ms,
+    bench_parser,
+    exit_status,
+    guarded,
+    log,
+    peak_mb,
+    rel_rms,
+    sync,
+)
 from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear
 
 __all__ = ["run", "main"]
@@ -289,16 +298,17 @@ def run(s: BenchSettings, results: dict, quick: bool = False) -> None:
     summary(results)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Entry of ``hybrid-attention bench ops --only s4d_bilinear``: runs ``run`` and writes
-    ``<--out>/s4d_bilinear_gpu.json`` (flags: ``common.bench_parser``)."""
+    ``<--out>/s4d_bilinear_gpu.json`` (flags: ``common.bench_parser``); returns the exit status (1 when a section
+    raised or a check failed)."""
     args = bench_parser(__doc__.splitlines()[0]).parse_args(sys.argv[1:] if argv is None else argv)
     s = BenchSettings.from_args(args)
     results: dict = {"errors": []}
     run(s, results, quick=args.quick)
-    with open(s.out_path("s4d_bilinear_gpu.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    s.write_json("s4d_bilinear_gpu.json", results)
+    return exit_status(results)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -60,6 +60,7 @@ from benchmarks.common import (
     bench_parser,
     cuda_steps_ms,
     elapsed,
+    exit_status,
     log,
     require_cuda,
     sync,
@@ -354,8 +355,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the rows of ``plan`` and print the table (flags: ``common.bench_parser`` and the options above)."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the rows of ``plan`` and print the table (flags: ``common.bench_parser`` and the options above); returns
+    the exit status (1 when a row failed)."""
     p = bench_parser("training-step speed", prog="hybrid-attention bench train")
     p.set_defaults(out=os.environ.get("OUT"))  # JSON only when asked for
     p.add_argument("--models", nargs="+", help="row names: mixers (small preset) and/or 340M presets")
@@ -414,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
                                           r["profile"]))
     add_ratios(results["rows"])
     save(results)
+    return exit_status(results)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

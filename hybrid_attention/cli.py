@@ -202,7 +202,7 @@ def _cmd_eval(a: argparse.Namespace) -> int:
                             byte_lengths=token_byte_lengths(loaded.tokenizer))
         print(length_table(rows))
         _write_plot(a, plot_length_sweep, {str(Path(a.checkpoint).name): rows},
-                    Path(a.out or loaded.source) / "length_sweep.png", "perplexity vs context length")
+                    _results_folder(a, loaded) / "length_sweep.png", "perplexity vs context length")
     elif a.task == "passkey":
         from hybrid_attention.evaluation.checkpoint_plots import plot_passkey
         from hybrid_attention.evaluation.passkey import passkey_accuracy, passkey_table
@@ -212,7 +212,7 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         except ValueError as e:  # a length shorter than the bare prompt
             raise CLIError(f"--lengths: {e}") from e
         print(passkey_table(rows))
-        _write_plot(a, plot_passkey, rows, Path(a.out or loaded.source) / "passkey.png",
+        _write_plot(a, plot_passkey, rows, _results_folder(a, loaded) / "passkey.png",
                     f"passkey retrieval: {Path(a.checkpoint).name}")
     elif a.task == "ruler":
         _eval_ruler(a, loaded, device)
@@ -224,8 +224,16 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         res = run_lm_eval(loaded.model, loaded.tokenizer, a.tasks, a.include_path, a.batch_size, a.limit, str(device))
         print(json.dumps(res, indent=1, default=str))
         name = "lm_eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", "+".join(a.tasks))[:100] + ".json"
-        _save_json(a, name, {"tasks": a.tasks, "limit": a.limit, "checkpoint": str(a.checkpoint), "results": res})
+        _save_json(a, _results_folder(a, loaded), name,
+                   {"tasks": a.tasks, "limit": a.limit, "checkpoint": str(a.checkpoint), "results": res})
     return 0
+
+
+def _results_folder(a: argparse.Namespace, loaded) -> Path:
+    """Where ``eval`` and ``info --plot`` write their plots and results: ``--out``, else the run folder of the model
+    (the one holding its config.yaml, where ``train`` writes its plots), else the model folder itself (a bare Hugging
+    Face folder). One rule for every command, whichever folder of the run ``--checkpoint`` names."""
+    return Path(a.out) if a.out else (loaded.run_dir or loaded.source)
 
 
 def _ruler_tasks(tasks: list[str] | None) -> list[str]:
@@ -263,8 +271,9 @@ def _eval_ruler(a: argparse.Namespace, loaded, device) -> None:
            "tokenizer": {"tokens": len(loaded.tokenizer), "byte_level": is_byte_tokenizer(loaded.tokenizer)},
            "metric": "string_match_all: the fraction of a sample's expected answers in its greedy generation",
            **res}
-    _save_json(a, "ruler.json", doc)
-    _write_plot(a, plot_ruler, res, Path(a.out or a.checkpoint) / "ruler.png", f"RULER: {Path(a.checkpoint).name}")
+    folder = _results_folder(a, loaded)
+    _save_json(a, folder, "ruler.json", doc)
+    _write_plot(a, plot_ruler, res, folder / "ruler.png", f"RULER: {Path(a.checkpoint).name}")
 
 
 def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> None:
@@ -286,12 +295,11 @@ def _write_plot(a: argparse.Namespace, plot, data, png: Path, title: str) -> Non
         print(f"plot: {png}")
 
 
-def _save_json(a: argparse.Namespace, name: str, doc: dict) -> None:
-    """``doc`` as ``name`` in --out or the folder given as --checkpoint (the run folder), written whole or not at
-    all; an unwritable model folder only loses the file (a note), an unwritable --out is an error."""
+def _save_json(a: argparse.Namespace, folder: Path, name: str, doc: dict) -> None:
+    """``doc`` as ``name`` in ``folder`` (:func:`_results_folder`), written whole or not at all; an unwritable model
+    folder only loses the file (a note), an unwritable --out is an error."""
     import tempfile
 
-    folder = Path(a.out or a.checkpoint)
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -390,7 +398,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
         if not info["routing"]:
             raise CLIError(f"info --plot: {a.dir} has no NAtS-L layer, so there is no routing to plot")
-        _write_plot(a, plot_routing, info["routing"], Path(a.out or loaded.source) / "routing.png",
+        _write_plot(a, plot_routing, info["routing"], _results_folder(a, loaded) / "routing.png",
                     f"{Path(a.dir).name}: NAtS-L softmax fraction (functools.py sample)")
     return 0
 
@@ -410,28 +418,66 @@ def _cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(a: argparse.Namespace) -> int:
-    import os
+def _benchmarks_checkout() -> Path | None:
+    """The repository checkout whose ``benchmarks/`` ``bench`` runs: the clone this package is installed from (an
+    editable install), else the working directory; None when neither holds one."""
+    import hybrid_attention
 
-    try:  # the benchmarks live in the repository, not in the installed package
-        from benchmarks import run_target, section_names
-    except ModuleNotFoundError as e:
-        if e.name != "benchmarks":
-            raise
-        raise CLIError("bench: needs the benchmarks/ folder of a repository checkout (run from the repository root)"
-                       ) from e
+    for root in (Path(hybrid_attention.__file__).resolve().parents[1], Path.cwd()):
+        if (root / "benchmarks" / "__init__.py").is_file():
+            return root
+    return None
+
+
+def _bench_argv(a: argparse.Namespace) -> list[str]:
+    """The command line of ``a`` again (``bench TARGET [--only ...] [flags]``)."""
+    flags = [f"--{name}" for name in ("quick", "sweep", "dryrun", "debug") if getattr(a, name, False)]
+    return ["bench", a.target, *(["--only", *a.only] if a.only else []), *flags]
+
+
+def _bench_under_interpreter(a: argparse.Namespace, root: Path) -> int:
+    """Run the same ``bench`` command in a new Python process with ``TRITON_INTERPRET=1`` and return its exit status.
+
+    Triton reads that variable when a kernel is defined, and ``import hybrid_attention`` (which runs before any
+    command) has defined them all, so it cannot be switched on in this process."""
+    import subprocess
+
+    import hybrid_attention
+
+    paths = [str(Path(hybrid_attention.__file__).resolve().parents[1]), str(root), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    return subprocess.run([sys.executable, "-m", "hybrid_attention.cli", *_bench_argv(a)], env=env).returncode
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    import importlib.util
+
+    root = _benchmarks_checkout()  # the benchmarks live in the repository, not in the installed package
+    if root is None:
+        raise CLIError("bench: needs the benchmarks/ folder of a repository checkout: run it in the root folder of a "
+                       "clone, or install the package from a clone (pip install -e .)")
+    if str(root) not in sys.path:  # a console script's sys.path holds neither the clone nor the working directory
+        sys.path.insert(0, str(root))
+    from benchmarks import run_target, section_names
 
     try:  # a bad --only name first: the message lists the allowed sections
         section_names(a.target, a.only)
     except ValueError as e:
         raise CLIError(str(e)) from e
-    if _cuda_missing():
-        if not a.dryrun:
-            raise CLIError(f"bench {a.target}: needs a CUDA GPU and none is visible; --dryrun runs it at tiny shapes "
-                           "on the CPU (a smoke test of the benchmark code, not a measurement)")
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined, so before their import
+    if _cuda_missing() and not a.dryrun:
+        raise CLIError(f"bench {a.target}: needs a CUDA GPU and none is visible; --dryrun runs it at tiny shapes "
+                       "on the CPU (a smoke test of the benchmark code, not a measurement)")
+    if a.dryrun and importlib.util.find_spec("triton") is None:
+        raise CLIError(f"bench {a.target} --dryrun: needs the triton package (its interpreter runs the kernels on the "
+                       "CPU): pip install triton (or the `test` / `gpu` extra)")
+    if a.dryrun and os.environ.get("TRITON_INTERPRET") != "1":  # the dry run's CPU tensors need the interpreter
+        return _bench_under_interpreter(a, root)
     argv = (["--quick"] if a.quick else []) + (["--sweep"] if a.sweep else []) + (["--dryrun"] if a.dryrun else [])
-    run_target(a.target, a.only, argv)
+    failed = run_target(a.target, a.only, argv)
+    if failed:
+        print(f"error: bench {a.target}: {len(failed)} section(s) failed: {', '.join(failed)} (their errors are "
+              "printed above)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -451,7 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     t = sub.add_parser("train", help="train from a YAML config")
-    t.add_argument("config", help="YAML config (see configs/)")
+    from hybrid_attention.config.examples import example_names
+
+    t.add_argument("config", help="YAML config, or the name of a shipped example: " + ", ".join(example_names())
+                   + " (configs/ in a clone)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=100 model.layers=softmax")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in train.out_dir")
     t.set_defaults(func=_cmd_train)
@@ -473,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seq-len", type=POSITIVE_INT, help="training length (default: the run's)")
     q.add_argument("--multipliers", type=POSITIVE_INT, nargs="+", default=[1, 2, 4, 8])
     q.add_argument("--tokens", type=POSITIVE_INT, default=65536, help="tokens scored at every length")
-    q.add_argument("--out", help="directory for length_sweep.png (default: next to the model)")
+    q.add_argument("--out", help="directory for length_sweep.png (default: the run folder of the model)")
     for name, helptext in (("mqar", "train-and-evaluate MQAR over mixers (zoology-style)"),
                            ("passkey", "passkey retrieval of a checkpoint (or --synthetic train-and-evaluate)")):
         q = es.add_parser(name, help=helptext)
@@ -486,7 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--lengths", type=POSITIVE_INT, nargs="+", default=[256, 512, 1024])
             q.add_argument("--depths", type=FRACTION, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
             q.add_argument("--trials", type=POSITIVE_INT, default=4)
-            q.add_argument("--out", help="folder of passkey.png for --checkpoint (default: next to the model)")
+            q.add_argument("--out", help="folder of passkey.png for --checkpoint (default: the run folder of the "
+                           "model)")
     q = with_ckpt(es.add_parser("ruler", help="RULER's synthetic long-context tasks, offline: results JSON + PNG"))
     q.add_argument("--tasks", nargs="+", default=None,
                    help="niah_single_1..3, niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe "
@@ -499,13 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="haystack files or folders (default: the embedded standard-library corpus)")
     q.add_argument("--max-new-tokens", type=POSITIVE_INT,
                    help="answer budget per sample (default: RULER's per task, or twice the answer's tokens if more)")
-    q.add_argument("--out", help="folder of ruler.json and ruler.png (default: the folder given as --checkpoint)")
+    q.add_argument("--out", help="folder of ruler.json and ruler.png (default: the run folder of the model)")
     q = with_ckpt(es.add_parser("lm-eval", help="lm-evaluation-harness tasks (needs the eval extra)"))
     q.add_argument("--tasks", nargs="+", default=["hybrid_toy_mc"], help="default: the bundled offline toy task")
     q.add_argument("--include-path", help="directory of extra task YAMLs")
     q.add_argument("--batch-size", type=POSITIVE_INT, default=8)
     q.add_argument("--limit", type=POSITIVE_INT)
-    q.add_argument("--out", help="folder of lm_eval_<tasks>.json (default: the folder given as --checkpoint)")
+    q.add_argument("--out", help="folder of lm_eval_<tasks>.json (default: the run folder of the model)")
     e.set_defaults(func=_cmd_eval)
 
     g = with_ckpt(sub.add_parser("generate", help="sample text from a checkpoint"))
@@ -525,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.add_argument("--plot", action="store_true", help="also write routing.png: NAtS-L softmax fraction per layer "
                    "and head")
-    i.add_argument("--out", help="folder of routing.png (default: next to the model)")
+    i.add_argument("--out", help="folder of routing.png (default: the run folder of the model)")
     i.set_defaults(func=_cmd_info)
 
     c = sub.add_parser("compare", help="training runs side by side at equal training tokens: one table, one plot set")
@@ -546,8 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="fewer lengths, no launch-config sweep")
     b.add_argument("--sweep", action="store_true", help="also sweep launch configurations where a section has one")
     b.add_argument("--dryrun", action="store_true",
-                   help="tiny shapes on the CPU (Triton interpreter): a smoke test of the code, not a measurement; "
-                        "without it, bench needs a CUDA GPU")
+                   help="tiny shapes on the CPU (Triton interpreter: needs triton): a smoke test of the code, not a "
+                        "measurement; no JSON unless OUT is set; without it, bench needs a CUDA GPU")
     b.set_defaults(func=_cmd_bench)
     from hybrid_attention.experiments.cli import add_parser as add_experiment_parser
 

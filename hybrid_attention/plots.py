@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path, title: str = "") -> list[Path]:
@@ -63,12 +64,45 @@ def plain_number(v: float, _pos=None) -> str:
     return f"{int(v)}" if v == int(v) else f"{v:g}"
 
 
+class _PlainLogLocator(matplotlib.ticker.Locator):
+    """Major ticks of a log axis: 1, 2, 5 x 10^k (base 10) or the powers of 2 (base 2); where fewer than three of
+    them fall in view (a range within about a decade, e.g. perplexities from 8 to 14, which would be labelled at 10
+    alone), up to six evenly spaced round numbers instead."""
+
+    def __init__(self, base: int) -> None:
+        from matplotlib.ticker import LogLocator, MaxNLocator
+
+        self.log = LogLocator(base=base, subs=(1.0, 2.0, 5.0) if base == 10 else (1.0,))
+        self.linear = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10])
+
+    def set_axis(self, axis) -> None:
+        super().set_axis(axis)
+        self.log.set_axis(axis)
+        self.linear.set_axis(axis)
+
+    def __call__(self):
+        return self.tick_values(*self.axis.get_view_interval())
+
+    def tick_values(self, vmin: float, vmax: float):
+        vmin, vmax = min(vmin, vmax), max(vmin, vmax)
+        ticks = self.log.tick_values(vmin, vmax)
+        if vmin <= 0 or sum(vmin <= t <= vmax for t in ticks) >= 3:
+            return ticks
+        return [t for t in self.linear.tick_values(vmin, vmax) if t > 0]
+
+
 def plain_log_axis(axis, base: int = 10) -> None:
     """Tick labels of a log-scaled matplotlib axis as plain numbers (:func:`plain_number`): base 10 at 1, 2, 5 x
-    10^k, base 2 at the powers of 2; no minor labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    10^k, base 2 at the powers of 2, and evenly spaced round numbers where those give fewer than three labels in
+    view (:class:`_PlainLogLocator`); no minor labels.
 
-    axis.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0) if base == 10 else (1.0,)))
+    Args:
+        axis: ``ax.xaxis`` or ``ax.yaxis`` of a log-scaled axes.
+        base: the scale's base (10 or 2).
+    """
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_locator(_PlainLogLocator(base))
     axis.set_major_formatter(FuncFormatter(plain_number))
     axis.set_minor_formatter(NullFormatter())
 

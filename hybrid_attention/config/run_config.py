@@ -24,6 +24,7 @@ import yaml
 from hybrid_attention.data.config import DataConfig
 from hybrid_attention.models import PRESETS, HybridConfig, HybridForCausalLM
 
+from .examples import config_path
 from .schema import ConfigError, from_dict, merge, parse_overrides, read_yaml_mapping, to_dict
 
 
@@ -136,8 +137,14 @@ def _get(cfg: RunConfig, key: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
-def check(cfg: RunConfig) -> RunConfig:
-    """Value checks that types cannot express; raises ConfigError naming the key."""
+def check(cfg: RunConfig, training: bool = True) -> RunConfig:
+    """Value checks that types cannot express; raises ConfigError naming the key.
+
+    Args:
+        cfg: the configuration to check.
+        training: also check what only a training run needs (``check_training_needs``); False for the config of a
+            finished run that is read to load its model.
+    """
     for key in _POSITIVE:
         if _get(cfg, key) <= 0:
             raise ConfigError(f"config error: {key} = {_get(cfg, key)!r} must be > 0")
@@ -151,18 +158,26 @@ def check(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"config error: optim.{key} = {getattr(cfg.optim, key)!r} must be in [0, 1)")
     if cfg.optim.min_lr_ratio > 1:
         raise ConfigError(f"config error: optim.min_lr_ratio = {cfg.optim.min_lr_ratio!r} must be in [0, 1]")
-    if cfg.data.tokenizer not in ("byte", "bpe") and not Path(cfg.data.tokenizer).is_dir():
-        raise ConfigError(f"config error: data.tokenizer = {cfg.data.tokenizer!r} is not allowed; allowed values: "
-                          "byte, bpe, or an existing tokenizer directory")
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise ConfigError(f"config error: train.batch_size = {cfg.train.batch_size} is not divisible by "
                           f"train.grad_accum = {cfg.train.grad_accum}")
     check_model(cfg.model)
+    if training:
+        check_training_needs(cfg)
+    return cfg
+
+
+def check_training_needs(cfg: RunConfig) -> None:
+    """What only training reads: the tracking packages it writes to (``train.tensorboard``) and the tokenizer
+    directory it copies (``data.tokenizer``). A finished run holds its own tokenizer and reads no tracker, so loading
+    it (eval, generate, info) skips these."""
+    if cfg.data.tokenizer not in ("byte", "bpe") and not Path(cfg.data.tokenizer).is_dir():
+        raise ConfigError(f"config error: data.tokenizer = {cfg.data.tokenizer!r} is not allowed; allowed values: "
+                          "byte, bpe, or an existing tokenizer directory")
     if cfg.train.tensorboard:
         check_tensorboard()
     if cfg.train.wandb is not None:
         check_wandb()
-    return cfg
 
 
 TENSORBOARD_INSTALL = "pip install 'hybrid_attention[train]' (or pip install tensorboard)"
@@ -241,11 +256,18 @@ def check_model(section: ModelSection) -> None:
         raise ConfigError(f"config error: model: {e}") from e
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
-    """Read a YAML file (or start from defaults when ``path`` is None), apply overrides, validate."""
-    data = read_yaml_mapping(path) if path is not None else {}
+def load_config(path: str | os.PathLike | None, overrides: list[str] = (), training: bool = True) -> RunConfig:
+    """Read a YAML file (or start from defaults when ``path`` is None), apply overrides, validate.
+
+    Args:
+        path: the YAML file (or the name of a shipped example config, ``config/examples.py``), or None for the
+            defaults.
+        overrides: ``key=value`` strings (values are YAML).
+        training: check what only training needs too (see :func:`check`); False to read a finished run's config.
+    """
+    data = read_yaml_mapping(config_path(path)) if path is not None else {}
     data = merge(data, parse_overrides(list(overrides)))
-    return check(from_dict(RunConfig, data))
+    return check(from_dict(RunConfig, data), training=training)
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:

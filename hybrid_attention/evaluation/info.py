@@ -30,14 +30,24 @@ def measured_fraction(routing: dict) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def state_note(routing_model: bool, measured: float | None,
-               softmax_fraction: float = ASSUMED_SOFTMAX_FRACTION) -> str:
-    """The routing a NAtS-L state size assumes, e.g. ``softmax fraction 0.50 (assumed; measured fraction: 0.12)``;
-    empty for models without NAtS-L layers."""
+def state_note(routing_model: bool, measured: float | None, softmax_fraction: float = ASSUMED_SOFTMAX_FRACTION,
+               measured_on: str = "the sample text") -> str:
+    """How a state size counts the NAtS-L layers, as one sentence; empty for models without NAtS-L layers. E.g.
+    "NAtS-L layers counted with 50% of their chunks routed to softmax attention (whose KV cache grows with that
+    share); the router sent 12% of the sample text's chunks there".
+
+    Args:
+        routing_model: whether the model has NAtS-L layers.
+        measured: the softmax share the router chose on ``measured_on`` (None: not measured).
+        softmax_fraction: the share the state size is counted with.
+        measured_on: what ``measured`` was measured on.
+    """
     if not routing_model:
         return ""
-    seen = f"{measured:.2f}" if measured is not None else "not measured"
-    return f"softmax fraction {softmax_fraction:.2f} (assumed; measured fraction: {seen})"
+    seen = (f"the router sent {measured:.0%} of {measured_on}'s chunks there" if measured is not None
+            else "the router's share was not measured")
+    return (f"NAtS-L layers counted with {softmax_fraction:.0%} of their chunks routed to softmax attention (whose KV "
+            f"cache grows with that share); {seen}")
 
 
 @torch.no_grad()
@@ -86,8 +96,9 @@ def format_info(info: dict) -> str:
         f"parameters: {info['parameters']:,} ({info['non_embedding_parameters']:,} without embeddings)",
         f"layers: {len(info['layers'])} x hidden {info['hidden_size']}: {', '.join(info['layers'])}",
         f"vocab: {info['vocab_size']}",
-        f"state size (numbers per sequence{'; NAtS-L at ' + note if note else ''}): "
+        "state size (numbers per sequence): "
         + ", ".join(f"{n:,} at {length:,} tokens" for length, n in info["state_size"].items()),
+        *([f"  {note}"] if note else []),
     ]
     if "verified" in info:
         lines.append("integrity: verified (manifest.json present, every listed file's size and sha256 checked)"

@@ -47,14 +47,16 @@ from hybrid_attention.models import HybridForCausalLM
 
 @dataclass
 class LoadedModel:
-    """A model in eval mode, its tokenizer, the run config (None for a bare HF dir), the directory it came from and
-    whether its weights were verified against a ``manifest.json`` (False: no manifest, bytes unchecked)."""
+    """A model in eval mode, its tokenizer, the run config (None for a bare HF dir), the directory it came from,
+    whether its weights were verified against a ``manifest.json`` (False: no manifest, bytes unchecked) and the run
+    folder it belongs to (the one holding ``config.yaml``; None for a bare HF dir)."""
 
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     run_config: object | None
     source: Path
     verified: bool = False
+    run_dir: Path | None = None
 
 
 @contextlib.contextmanager
@@ -190,7 +192,7 @@ def _checkpoint_run_config(ckpt: Path, run_dir: Path | None) -> RunConfig:
         raise DataError(f"{ckpt} is a training checkpoint, but {run_dir} has no config.yaml and its {name} holds no "
                         f"config to build the model from: put the run's config.yaml back{final}")
     try:
-        return check(from_dict(RunConfig, saved))
+        return check(from_dict(RunConfig, saved), training=False)
     except ConfigError as e:
         raise CheckpointDamaged(ckpt, name, f"its config is not valid ({one_line(e)})") from e
 
@@ -292,8 +294,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     if not path.exists():
         raise DataError(f"no such checkpoint or run directory: {path}")
     run_dir = run_folder(path)
-    run_cfg = load_config(run_dir / "config.yaml") if run_dir is not None and (run_dir / "config.yaml").exists() \
-        else None
+    has_cfg = run_dir is not None and (run_dir / "config.yaml").exists()
+    run_cfg = load_config(run_dir / "config.yaml", training=False) if has_cfg else None
     scope = run_dir  # no symlink may lead out of the run (None: out of the model folder, see default_scope)
     final = run_dir / "final" if run_dir is not None else None
 
@@ -340,4 +342,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     model.to(device).eval()
     if not verified:  # after every check passed, so a refused folder prints its error line alone
         log(unverified_warning(source))
-    return LoadedModel(model, tok, run_cfg, source, verified)
+    return LoadedModel(model, tok, run_cfg, source, verified, run_dir)

@@ -1,7 +1,9 @@
-"""LayerCache: every layer's decode state by ``layer_idx``, for the fla-style faces (``integrations/fla.py``)."""
+"""The caches the fla-style faces (``integrations/fla.py``) keep their decode states in: the library's ``LayerCache``,
+or the ``Cache`` that fla's models pass (``read_state`` / ``store_state`` take either)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +20,8 @@ class LayerCache:
     It follows the method set of fla's ``Cache`` (``update``, ``__getitem__``, ``__len__``, ``get_seq_length``) with one
     difference, decided here: an entry is the layer's own state object (``GDNState``, ``InterdomainState``,
     ``NatsLState``, or ``models.padding.RowStates`` after a left-padded prefill of NAtS-L), not fla's dict of
-    ``recurrent_state`` / ``attn_state`` / ``conv_state`` tensors. A model passes the cache through its layers and never
-    reads the entries, so fla-style model code runs unchanged.
+    ``recurrent_state`` / ``attn_state`` / ``conv_state`` tensors. The faces accept fla's own ``Cache`` too (what fla's
+    models make with ``use_cache=True``): there the state object is the entry's ``recurrent_state``.
     """
 
     is_compileable = False
@@ -67,3 +69,36 @@ class LayerCache:
     def __repr__(self) -> str:
         kinds = sorted({type(s).__name__ for s in self.states if s is not None})
         return f"LayerCache(layers={len(self.states)}, seen_tokens={self.seen_tokens}, kinds={kinds})"
+
+
+def is_fla_cache(cache: Any) -> bool:
+    """Whether ``cache`` is fla's kind of cache (``fla.models.utils.Cache``, ``FLACache``, ``LegacyFLACache``): an
+    ``update`` that takes ``recurrent_state`` and ``layer_idx``, entries read by ``cache[layer_idx]`` as dicts.
+    Recognised by that method, so fla is not imported here."""
+    update = getattr(cache, "update", None)
+    if update is None or isinstance(cache, LayerCache):
+        return False
+    try:
+        params = inspect.signature(update).parameters
+    except (TypeError, ValueError):
+        return False
+    return "recurrent_state" in params and "layer_idx" in params
+
+
+def read_state(cache: Any, layer_idx: int) -> Any | None:
+    """Layer ``layer_idx``'s state in a ``LayerCache`` or an fla cache (``is_fla_cache``), or None before its first
+    update."""
+    if isinstance(cache, LayerCache):
+        return cache.get(layer_idx)
+    if len(cache) <= layer_idx or cache[layer_idx] is None:
+        return None
+    return cache[layer_idx].get("recurrent_state")
+
+
+def store_state(cache: Any, state: Any, layer_idx: int, offset: int) -> None:
+    """Store ``state`` as layer ``layer_idx``'s after ``offset`` more tokens: ``LayerCache.update``, or fla's
+    ``update(recurrent_state=state, layer_idx=..., offset=...)``, which also counts the tokens per layer."""
+    if isinstance(cache, LayerCache):
+        cache.update(state, layer_idx, offset)
+    else:
+        cache.update(recurrent_state=state, layer_idx=layer_idx, offset=offset)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hybrid_attention import layers
-from hybrid_attention.integrations.cache import LayerCache
+from hybrid_attention.integrations.cache import LayerCache, is_fla_cache, read_state, store_state
 from hybrid_attention.integrations.fla_ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from hybrid_attention.models.padding import (
     RowStates,
@@ -76,6 +76,11 @@ class _FLAFace:
         gdn = GatedDeltaNet(hidden_size=1024, num_heads=6, head_dim=128, norm_eps=1e-6, layer_idx=1)  # model's shape
         gdn.load_state_dict(model.model.layers[1].mixer.state_dict())    # a HybridForCausalLM's layer 1, names 1:1
         o, _, cache = gdn(x, past_key_values=cache, use_cache=True)      # one LayerCache serves every layer
+        # in fla's own model code (e.g. GatedDeltaNetForCausalLM with block.attn = a face built with layer_idx=i),
+        # each face keeps its state in the Cache that the model passes with use_cache=True (the entry's
+        # "recurrent_state"):
+        out = fla_model(ids, use_cache=True)
+        out = fla_model(next_ids, past_key_values=out.past_key_values, use_cache=True)
 
     Each face is a subclass of the library's layer (``hybrid_attention.layers``) with fla's constructor keywords and
     fla's call ``layer(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
@@ -99,18 +104,19 @@ class _FLAFace:
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: LayerCache | None = None,
+        past_key_values: Any | None = None,
         use_cache: bool | None = False,
         output_attentions: bool | None = False,
         **kwargs: Any,
-    ) -> tuple[torch.Tensor, None, LayerCache | None]:
+    ) -> tuple[torch.Tensor, None, Any]:
         """hidden_states [B, T, hidden] -> (o [B, T, hidden], None, past_key_values).
 
         attention_mask: [B, T'] 0/1 with T' >= T (HF passes the cached columns too; the last T are this call's), left
             padding only (each row zeros, then ones). It is used on the first call of a layer (no state in the cache):
             the rows are packed so that padding reaches no state; o is 0 at padding. On later calls its last T
             columns must be ones. A mask without zeros is the unpadded path.
-        past_key_values: a ``LayerCache`` (or None); this layer's state is ``past_key_values[layer_idx]``.
+        past_key_values: a ``LayerCache``, fla's ``Cache`` (what fla's models pass with ``use_cache=True``; the
+            state is its entry's ``recurrent_state``) or None; this layer's state is the one under ``layer_idx``.
         use_cache: store the new state under ``layer_idx`` (a new ``LayerCache`` is made when none is passed).
         output_attentions: accepted for fla's signature; no attention map is returned (None).
         kwargs: ``cu_seqlens [N + 1]`` packs documents in one row (B == 1) as fla's varlen calls do; the others
@@ -118,14 +124,14 @@ class _FLAFace:
         """
         name = type(self).__name__
         cache, keep = past_key_values, bool(use_cache)
-        if cache is not None and not isinstance(cache, LayerCache):
-            raise ValueError(f"{name}: past_key_values must be a LayerCache (hybrid_attention.integrations.fla), "
-                             f"got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, LayerCache) and not is_fla_cache(cache):
+            raise ValueError(f"{name}: past_key_values must be a LayerCache (hybrid_attention.integrations.fla) or "
+                             f"fla's Cache, got {type(cache).__name__}")
         if (keep or cache is not None) and self.layer_idx is None:
             raise ValueError(f"{name}: layer_idx must be set to use a cache (states are stored by layer_idx)")
         if keep and cache is None:
             cache = LayerCache()
-        state = cache.get(self.layer_idx) if cache is not None else None
+        state = read_state(cache, self.layer_idx) if cache is not None else None
         b, t = hidden_states.shape[:2]
         cu_seqlens = kwargs.get("cu_seqlens")
         mask = None if attention_mask is None else self._prefill_mask(attention_mask, b, t, state is not None)
@@ -142,7 +148,7 @@ class _FLAFace:
         else:
             y, new_state = super().forward(hidden_states, state, output_state=keep)
         if keep:
-            cache.update(new_state, self.layer_idx, offset=t)
+            store_state(cache, new_state, self.layer_idx, offset=t)
         return y, None, cache
 
     def _prefill_mask(self, attention_mask: torch.Tensor, b: int, t: int, has_state: bool) -> torch.Tensor | None:
@@ -286,7 +292,8 @@ class NatsLAttention(_FLAFace, layers.NatsLAttention):
         expand_v: value head width / head_dim (GDN branch).
         head_dim: q / k head width of the GDN heads.
         num_heads: GDN heads (= routing decision heads).
-        num_attn_heads: softmax heads (a multiple of num_heads).
+        num_attn_heads: softmax heads (a multiple of num_heads dividing num_heads · head_dim; default 2 · num_heads,
+            the library layer's ratio of 12 to 6).
         mode: "chunk" | "fused_recurrent" (``_FLAFace``: mapped to backend "auto" | "naive").
         conv_size: ShortConvolution kernel width.
         layer_idx: the layer's slot in the ``LayerCache`` (needed with a cache).
@@ -299,7 +306,7 @@ class NatsLAttention(_FLAFace, layers.NatsLAttention):
         expand_v: float = 2.0,
         head_dim: int = 128,
         num_heads: int = 6,
-        num_attn_heads: int = 12,
+        num_attn_heads: int | None = None,
         mode: str = "chunk",
         conv_size: int = 4,
         layer_idx: int | None = None,
@@ -307,6 +314,7 @@ class NatsLAttention(_FLAFace, layers.NatsLAttention):
         **options: Any,
     ) -> None:
         super().__init__(hidden_size, num_heads=num_heads, head_dim=head_dim, expand_v=expand_v,
-                         num_attn_heads=num_attn_heads, conv_size=conv_size, norm_eps=norm_eps,
+                         num_attn_heads=2 * num_heads if num_attn_heads is None else num_attn_heads,
+                         conv_size=conv_size, norm_eps=norm_eps,
                          **_backend_option(type(self).__name__, mode, options))
         self.layer_idx, self.mode = layer_idx, mode

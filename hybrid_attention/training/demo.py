@@ -6,8 +6,11 @@ from __future__ import annotations
 import copy
 import math
 import shutil
+import statistics
 import tempfile
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,15 +80,18 @@ class ClockPlan:
 
     ``record`` each step's seconds; ``replan(seconds_left)`` shares the time left among the models still training so
     that their total training times end as equal as possible (water filling: a model that is behind gets more) and
-    turns each share into steps with the model's re-measured seconds per step (an exponential moving average);
-    ``next_model`` is the unfinished model with the least training time so far, None when all are done. A model is
-    finished when it reaches its planned steps; every model gets at least ``min_steps``.
+    turns each share into steps with the model's re-measured seconds per step: the median of its last ``window``
+    plain steps (the first timing counts as one), so that a step or two slowed by a spike of load on a shared machine
+    does not move the plan, while a lasting change of speed does within about ``window // 2`` steps. ``next_model`` is
+    the unfinished model with the least training time so far, None when all are done. A model is finished when it
+    reaches its planned steps; every model gets at least ``min_steps``.
     """
 
-    def __init__(self, seconds_per_step: dict[str, float], min_steps: int = 1, smoothing: float = 0.3):
+    def __init__(self, seconds_per_step: dict[str, float], min_steps: int = 1, window: int = 7):
         self.order = list(seconds_per_step)
-        self.rate = {m: max(float(t), 1e-9) for m, t in seconds_per_step.items()}
-        self.min_steps, self.smoothing = min_steps, smoothing
+        self.recent = {m: deque([max(float(t), 1e-9)], maxlen=window) for m, t in seconds_per_step.items()}
+        self.rate = {m: times[0] for m, times in self.recent.items()}
+        self.min_steps = min_steps
         self.done = dict.fromkeys(self.order, 0)
         self.spent = dict.fromkeys(self.order, 0.0)
         self.planned = dict.fromkeys(self.order, min_steps)
@@ -96,7 +102,8 @@ class ClockPlan:
         self.done[m] += 1
         self.spent[m] += seconds
         if measure:
-            self.rate[m] = (1 - self.smoothing) * self.rate[m] + self.smoothing * max(seconds, 1e-9)
+            self.recent[m].append(max(seconds, 1e-9))
+            self.rate[m] = statistics.median(self.recent[m])
         if self.done[m] >= self.planned[m]:
             self.finished.add(m)
 
@@ -143,6 +150,37 @@ def _retarget(tr, steps: int) -> None:
     tr.tc.steps = steps
 
 
+def visible_share(text: str) -> float:
+    """The fraction of ``text``'s characters that are not whitespace (0 for an empty text)."""
+    return sum(not c.isspace() for c in text) / len(text) if text else 0.0
+
+
+def readable_sample(generate: Callable[[int], str], seed: int, tries: int = 3, min_share: float = 0.5) -> str:
+    """The first of up to ``tries`` samples ``generate(seed)``, ``generate(seed + 1)``, ... whose characters are at
+    least ``min_share`` visible (:func:`visible_share`), else the most visible one. A small model trained for a few
+    minutes on code often continues with runs of indentation and blank lines; the demo shows what it writes.
+
+    Args:
+        generate: the sampler, called with a seed.
+        seed: the first seed.
+        tries: at most this many samples.
+        min_share: the visible fraction that ends the search.
+    """
+    best = ""
+    for i in range(tries):
+        text = generate(seed + i)
+        if visible_share(text) >= min_share:
+            return text
+        if i == 0 or visible_share(text) > visible_share(best):
+            best = text
+    return best
+
+
+def _loss(value: float) -> str:
+    """A training loss for the progress line ("-" before the model's first step)."""
+    return f"{value:.2f}" if math.isfinite(value) else "-"
+
+
 def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int = 1, n: int = 3) -> float:
     """Median seconds per ``Trainer.train_step`` of this config (after ``warmup`` steps), in a scratch run folder
     that is removed afterwards; the median keeps a spike of load on a shared machine from skewing the first plan (the
@@ -152,6 +190,7 @@ def _time_steps(cfg: RunConfig, data: LMData, device: torch.device, warmup: int 
 
     c = copy.deepcopy(cfg)
     c.train.steps = warmup + n + 1  # never the last step: no validation or final checkpoint is timed
+    c.optim.warmup_steps = 1  # the lr does not change a step's time; a short schedule of its own
     c.train.eval_every = c.train.checkpoint_every = 0
     c.train.progress = False
     times = []
@@ -291,16 +330,17 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                           data.description)  # the same batches for every model
         trainers[m] = Trainer(c, ctx, data=run_data, quiet=True)
     # Progress counts seconds against the budget (the evaluation after training included).
+    # In a log, the plain line is the description alone: it says the seconds against the budget once.
     bar_format = "demo {percentage:3.0f}%|{bar}| {desc}"
-    bar = progress_bar(round(budget), unit="s", desc="demo", dynamic_ncols=True, bar_format=bar_format)
+    bar = progress_bar(round(budget), unit="s", desc="demo", dynamic_ncols=True, bar_format=bar_format, counts=False)
 
     def show(phase: str) -> None:
         elapsed = time.perf_counter() - t_start
         bar.n = min(round(elapsed), bar.total)
-        left = max(0.0, budget - elapsed)
-        desc = f"{elapsed:.0f}/{budget:.0f} s, {left // 60:.0f}:{left % 60:02.0f} left; {phase}"
+        left = round(max(0.0, budget - elapsed))
+        desc = f"{elapsed:.0f}/{budget:.0f} s, {left // 60}:{left % 60:02d} left; {phase}"
         # on a terminal: one line that fits (the bar keeps 10 columns; a wrapped bar line is redrawn as a new line)
-        bar.set_description_str(desc if isinstance(bar, LineProgress) else fit_to_terminal(desc, 23))
+        bar.set_description_str(f"demo: {desc}" if isinstance(bar, LineProgress) else fit_to_terminal(desc, 23))
 
     while (m := plan.next_model()) is not None:
         tr = trainers[m]
@@ -310,7 +350,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         tr.train_step()
         plan.record(m, time.perf_counter() - t0, measure=not tr.done)  # the last step also validates
         planned = plan.replan(deadline() - time.perf_counter())
-        show(" ".join(f"{k} {plan.done[k]}/{planned[k]} {trainers[k].last_loss:.2f}" for k in mixers))
+        show(" ".join(f"{k} {plan.done[k]}/{planned[k]} {_loss(trainers[k].last_loss)}" for k in mixers))
     show("evaluating")
     rows, sweeps, models = [], {}, {}
     byte_lengths = token_byte_lengths(data.tokenizer)
@@ -326,7 +366,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
         rows.append({"model": m, "params": res.model.num_parameters(), "state": state_size(res.model, seq_len),
                      "ppl": res.val.ppl, "bpb": res.val.bpb, "ppl2": sweep[0]["ppl"], "ppl4": sweep[1]["ppl"],
                      "tok_s": res.tokens_per_second, "steps": res.steps, "tokens": res.tokens,
-                     "note": state_note(has_routing(res.model), routing)})
+                     "note": state_note(has_routing(res.model), routing, measured_on="the last validation batch")})
         show(f"evaluated {m}")
     bar.close()
     columns = [("model", "model", ""), ("params", "params", ","), ("state", f"state@{seq_len}", ","),
@@ -334,7 +374,7 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                ("ppl4", f"ppl@{4 * seq_len}", ".3f"), ("tok_s", "train tok/s", ",.0f"), ("steps", "steps", ","),
                ("tokens", "train tokens", ",")]
     table = format_table(rows, columns)
-    notes = [f"{r['model']}: state@{seq_len} at NAtS-L {r['note']} on validation" for r in rows if r["note"]]
+    notes = [f"{r['model']}, state@{seq_len}: {r['note']}" for r in rows if r["note"]]
     table = "\n".join([table, *notes])
     from hybrid_attention.evaluation.length_sweep import plot_length_sweep
 
@@ -346,8 +386,9 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     plot_series(curves, out / "train_loss.png", "training tokens", "training loss (nats/token)",
                 "demo: training loss", logy=True, markers=False)
     best = min(rows, key=lambda r: r["ppl"])["model"]
-    sample = generate_text(models[best], data.tokenizer, "def ", max_new_tokens=opts.sample_tokens,
-                           temperature=0.8, top_k=40, top_p=0.95, seed=opts.seed, device=device)
+    sample = readable_sample(lambda seed: generate_text(models[best], data.tokenizer, "def ",
+                                                        max_new_tokens=opts.sample_tokens, temperature=0.8, top_k=40,
+                                                        top_p=0.95, seed=seed, device=device), opts.seed)
     seconds = time.perf_counter() - t_start
     (out / "table.txt").write_text(table + "\n")
     return {"rows": rows, "table": table, "sample": "def " + sample, "best": best, "seconds": seconds,

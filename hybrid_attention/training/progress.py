@@ -16,11 +16,13 @@ DEFAULT_EVERY_S = 30.0
 class LineProgress:
     """The part of tqdm's interface that the trainer and the demo use (``n``, ``total``, ``update``,
     ``set_postfix``, ``set_description_str``, ``close``), printed as one line per ``every_s`` seconds and once at
-    ``close``: ``desc: n/total unit (pct%), elapsed, rate[, postfix]``."""
+    ``close``: ``desc: n/total unit (pct%), elapsed, rate[, postfix]``, or ``desc`` alone when ``counts`` is False
+    (a caller whose description already says how far it is, as the demo's does)."""
 
     def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "step",
-                 every_s: float = DEFAULT_EVERY_S, stream: IO[str] | None = None):
+                 every_s: float = DEFAULT_EVERY_S, stream: IO[str] | None = None, counts: bool = True):
         self.total, self.n, self.desc, self.unit, self.every_s = total, initial, desc, unit, every_s
+        self.counts = counts
         self.stream = stream if stream is not None else sys.stderr
         self.postfix = ""
         self._start = self._last = time.monotonic()
@@ -28,6 +30,8 @@ class LineProgress:
         self._closed = False
 
     def _line(self) -> str:
+        if not self.counts:
+            return self.desc + (f", {self.postfix}" if self.postfix else "")
         elapsed = time.monotonic() - self._start
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
@@ -63,13 +67,15 @@ class LineProgress:
 
 
 def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step", disable: bool = False,
-                 every_s: float = DEFAULT_EVERY_S, stream: IO[str] | None = None, **tqdm_kwargs: Any):
+                 every_s: float = DEFAULT_EVERY_S, stream: IO[str] | None = None, counts: bool = True,
+                 **tqdm_kwargs: Any):
     """tqdm on a terminal (``tqdm_kwargs`` passed on), :class:`LineProgress` otherwise; a disabled tqdm when
-    ``disable``. ``stream``: where the bar goes (default stderr, which decides terminal or not)."""
+    ``disable``. ``stream``: where the bar goes (default stderr, which decides terminal or not); ``counts``: the
+    plain line shows the counts, elapsed time and rate after the description (False: the description alone)."""
     stream = stream if stream is not None else sys.stderr
     if disable or stream.isatty():
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=stream, **tqdm_kwargs)
-    return LineProgress(total, initial, desc, unit, every_s, stream)
+    return LineProgress(total, initial, desc, unit, every_s, stream, counts)
 
 
 def fit_to_terminal(text: str, reserved: int, stream: IO[str] | None = None) -> str:

@@ -52,6 +52,31 @@ class ExtendedSchedule:
 EXTEND_RULES = ("constant", "cosine")
 
 
+def warmup_warning(f: WarmupCosine | ExtendedSchedule) -> str | None:
+    """One warning line when a warm-up is as long as the steps it applies to or longer, so the learning rate only
+    rises and never decays: ``optim.warmup_steps`` against ``train.steps``, or (``optim.extend_schedule: cosine``) the
+    re-warm against the steps of the extension; None otherwise.
+
+    Args:
+        f: the multiplier the run follows (``scheduler.lr_lambdas[0]``).
+    """
+    if isinstance(f, ExtendedSchedule):
+        if f.extend != "cosine":
+            return None
+        extension = f.total_steps - f.saved.total_steps
+        if f.warmup_steps < extension:
+            return None
+        return (f"warning: optim.extend_schedule = cosine re-warms over {f.warmup_steps} steps but the extension "
+                f"(train.steps {f.saved.total_steps} -> {f.total_steps}) has {extension}: the learning rate only "
+                f"rises after step {f.saved.total_steps}; extend by more than {f.warmup_steps} steps or use "
+                "optim.extend_schedule=constant")
+    if f.warmup_steps < f.total_steps:
+        return None
+    return (f"warning: optim.warmup_steps = {f.warmup_steps} >= train.steps = {f.total_steps}: the learning rate only "
+            f"rises and never decays; set optim.warmup_steps below {f.total_steps} (e.g. "
+            f"optim.warmup_steps={max(1, f.total_steps // 10)})")
+
+
 def schedule_spec(scheduler: torch.optim.lr_scheduler.LambdaLR) -> dict:
     """The schedule's shape as JSON, stored in every checkpoint: warmup, last step and final ratio of the first
     group's multiplier, nested under ``saved`` with ``extended_to`` / ``extend`` once a resume extended it."""

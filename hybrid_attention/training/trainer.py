@@ -69,6 +69,7 @@ from .schedule import (
     schedule_spec,
     scheduler_state,
     warmup_cosine_scheduler,
+    warmup_warning,
 )
 from .step import optimizer_step
 from .tracking import TrackedLog
@@ -336,6 +337,9 @@ class Trainer:
             self._resume(tok, tok_dir, mcfg.vocab_size)
         elif resume and not quiet:
             _say(ctx, f"no checkpoint in {self.ckpt_root}: starting from scratch")
+        warning = warmup_warning(self.scheduler.lr_lambdas[0])  # printed in quiet runs too (experiment suites)
+        if warning:
+            _say(ctx, warning)
         if ctx.is_main:
             self._take_lock()
             self._start_tracking(resume)

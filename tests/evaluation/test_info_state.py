@@ -30,7 +30,8 @@ def test_info_says_which_routing_the_state_size_assumes():
     measured = info["measured_softmax_fraction"]
     assert 0.0 <= measured <= 1.0
     text = format_info(info)
-    assert f"NAtS-L at softmax fraction 0.50 (assumed; measured fraction: {measured:.2f})" in text
+    assert (f"\n  NAtS-L layers counted with 50% of their chunks routed to softmax attention (whose KV cache grows "
+            f"with that share); the router sent {measured:.0%} of the sample text's chunks there") in text
 
 
 def test_info_of_a_model_without_natsl_has_no_routing_note():

@@ -3,6 +3,8 @@
 Time is simulated (a fake clock that advances by a given cost per step), so these tests are deterministic and fast.
 """
 
+import re
+
 import pytest
 
 from hybrid_attention.training import demo
@@ -50,6 +52,29 @@ def test_a_wrong_first_timing_is_corrected():
     assert 59.0 <= end <= 61.0 and plan.done["a"] == pytest.approx(60, abs=3)
 
 
+def test_a_spike_of_load_does_not_swing_the_plan():
+    # two models at 1 s a step with 100 s left; one step of each takes 10 s (another process took the CPU): each
+    # model's plan drops once by the time lost and stays there, instead of falling to half and climbing back step by
+    # step (the shown "done/planned" jumping while the load passes)
+    plan = ClockPlan({"a": 1.0, "b": 1.0}, min_steps=1)
+    now, deadline, shown = 0.0, 100.0, {"a": [], "b": []}
+    plan.replan(deadline)
+    while (m := plan.next_model()) is not None:
+        dt = 10.0 if sum(plan.done.values()) in (20, 21) else 1.0
+        now += dt
+        plan.record(m, dt)
+        shown[m].append(plan.replan(deadline - now)[m])
+    for m, plans in shown.items():
+        after = plans[10:]  # from each model's slow step on
+        assert max(after) - min(after) <= 1, (m, plans)
+        assert plans[-1] == plan.done[m] and abs(plan.done[m] - 41) <= 1  # 18 s lost: 9 steps fewer each
+    assert plan.rate == {"a": 1.0, "b": 1.0}
+    plan = ClockPlan({"a": 1.0}, min_steps=1)  # a lasting slow-down moves it within a few steps
+    for _ in range(4):
+        plan.record("a", 3.0)
+    assert plan.rate["a"] == 3.0
+
+
 def test_too_small_a_budget_still_gives_min_steps():
     plan, end = _simulate({"a": 1.0, "b": 2.0}, timed={"a": 1.0, "b": 2.0}, deadline=0.5, min_steps=2)
     assert plan.done == {"a": 2, "b": 2} and end == pytest.approx(6.0)
@@ -63,32 +88,20 @@ class _FakeTime:
         return self.now
 
 
-class _Bar:
-    instances: list = []
-
-    def __init__(self, total=None, **kwargs):
-        self.total, self.n, self.postfix = total, 0, []
-        _Bar.instances.append(self)
-
-    def set_description_str(self, s):
-        self.postfix.append(s)
-
-    def write(self, s):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_run_demo_plans_by_the_clock(monkeypatch, tmp_path):
     """The whole demo on tiny models and a fake clock: every model trains, for its share of the time; the table says
-    how many steps each got; the progress bar counts seconds against the budget."""
+    how many steps each got; the progress line (in a log) counts seconds against the budget, once."""
+    import io
+
+    from hybrid_attention.training import progress
     from hybrid_attention.training.trainer import Trainer
 
     clock = _FakeTime()
     costs = {"softmax": 0.25, "s4d": 1.0}  # fake seconds per step
+    log = io.StringIO()  # not a terminal: the plain progress line, every update
     monkeypatch.setattr(demo, "time", clock)
-    monkeypatch.setattr(demo, "progress_bar", _Bar)
+    monkeypatch.setattr(demo, "progress_bar", lambda total, **kw: progress.progress_bar(total, stream=log, every_s=0,
+                                                                                         **kw))
     monkeypatch.setattr(demo, "_time_steps", lambda cfg, data, device: costs[cfg.model.layers])
     real_step = Trainer.train_step
 
@@ -107,7 +120,30 @@ def test_run_demo_plans_by_the_clock(monkeypatch, tmp_path):
     header, _, *lines = res["table"].splitlines()
     assert "steps" in header and "train tokens" in header
     assert any(line.startswith("softmax ") and f" {res['steps']['softmax']} " in line for line in lines)
-    bar = _Bar.instances[-1]
-    assert bar.total == 60 and bar.postfix and all("/60 s" in p for p in bar.postfix)
+    lines = log.getvalue().splitlines()
+    assert lines and all(line.startswith("demo: ") and line.count("/60 s") == 1 and " s/s" not in line
+                         for line in lines), lines[:3]
+    assert re.fullmatch(r"demo: 0/60 s, 1:00 left; softmax 1/84 \d+\.\d\d s4d 0/21 -", lines[0]), lines[0]
+    assert all(re.match(r"demo: \d+/60 s, [01]:[0-5]\d left; ", line) for line in lines), lines
+    assert lines[-1].endswith("evaluated s4d")
     saved = (tmp_path / "s4d" / "config.yaml").read_text()
     assert f"steps: {res['steps']['s4d']}" in saved  # the saved config says how long the run was
+
+
+def test_the_demo_sample_is_not_mostly_whitespace():
+    # a tiny model's continuation of code can be runs of indentation: another seed is tried (up to three), and the
+    # most visible of them is kept when none reaches half
+    from hybrid_attention.training.demo import readable_sample, visible_share
+
+    samples = {0: "\n" + " " * 40 + "x\n\n", 1: "return self._x\n", 2: "never asked"}
+    seeds = []
+
+    def generate(seed):
+        seeds.append(seed)
+        return samples[seed]
+
+    assert readable_sample(generate, 0) == "return self._x\n" and seeds == [0, 1]
+    assert visible_share(samples[0]) < 0.1 and visible_share("ab  ") == 0.5 and visible_share("") == 0.0
+    spaces = {5: " " * 10 + "a", 6: " " * 3 + "ab", 7: "\n" * 9}
+    assert readable_sample(spaces.__getitem__, 5) == "   ab"  # none reaches half: the most visible
+    assert readable_sample(spaces.__getitem__, 7, tries=1) == "\n" * 9

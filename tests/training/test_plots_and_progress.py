@@ -48,6 +48,21 @@ def test_log_axes_have_plain_numbers(figures, tmp_path):
                                                                                "2M"]
 
 
+def test_a_log_axis_within_a_decade_has_several_labels(figures, tmp_path):
+    # the demo's length_sweep.png: perplexities from 8 to 14 on a log axis were labelled at "10" alone
+    from hybrid_attention.evaluation.length_sweep import plot_length_sweep
+
+    rows = {m: [{"seq_len": n, "ppl": p} for n, p in zip((256, 512, 1024), ppls, strict=True)]
+            for m, ppls in {"softmax": (8.2, 9.1, 13.7), "s4d": (9.0, 9.4, 9.9)}.items()}
+    plot_length_sweep(rows, tmp_path / "length_sweep.png")
+    ax = figures[0].axes[0]
+    low, high = ax.get_ylim()
+    ys = [t for t in ax.yaxis.get_majorticklocs() if low <= t <= high]
+    assert [plots.plain_number(t) for t in ys] == ["8", "10", "12", "14"], ys
+    assert set(_labels(ax.yaxis)) >= {"8", "10", "12", "14"}
+    assert {"256", "512", "1024"} <= set(_labels(ax.xaxis))
+
+
 def test_ppl_bars_label_inside_the_figure(figures, tmp_path):
     # long cell names: the rotated tick labels leave a short axis (a one-line label of this length runs 20 px past
     # the top of the figure)
@@ -91,9 +106,12 @@ def test_checkpoint_passkey_and_routing_plots(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "passkey", "--checkpoint", str(run), "--lengths", "16", "--out", str(out)]) == 2
     assert "--lengths: passkey length 16 is shorter than the bare prompt" in capsys.readouterr().err
-    assert (run / "final").is_dir() and main(["eval", "passkey", "--checkpoint", str(run), "--lengths", "160",
-                                              "--depths", "0", "--trials", "1"]) == 0
-    assert (run / "final" / "passkey.png").exists()  # default: next to the model
+    assert (run / "final").is_dir() and main(["eval", "passkey", "--checkpoint", str(run / "final"), "--lengths",
+                                              "160", "--depths", "0", "--trials", "1"]) == 0
+    assert main(["info", str(run / "final"), "--seq-lens", "64", "--plot"]) == 0
+    # default: the run folder (beside train's plots), not inside the model folder that --checkpoint names
+    assert (run / "passkey.png").exists() and (run / "routing.png").exists()
+    assert not {"passkey.png", "routing.png"} & {p.name for p in (run / "final").iterdir()}
     capsys.readouterr()
 
 

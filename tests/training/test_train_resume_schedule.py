@@ -58,3 +58,25 @@ def test_a_second_extension_continues_the_first():
     assert again(20) == pytest.approx(MIN)
     with pytest.raises(ValueError, match="optim.extend_schedule must be one of constant, cosine"):
         ExtendedSchedule(first, 30, "linear")
+
+
+@pytest.mark.parametrize(("warmup", "warned"), [(8, True), (12, True), (7, False)])
+def test_a_warmup_as_long_as_the_run_is_one_warning_line(tmp_path, capsys, warmup, warned):
+    # an 8-step run: a warm-up of 8 or more steps never reaches the cosine decay (the lr only rises)
+    train(tiny_config(tmp_path / "run", "train.steps=8", f"optim.warmup_steps={warmup}"), quiet=True)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("warning: optim.warmup_steps")]
+    assert lines == ([f"warning: optim.warmup_steps = {warmup} >= train.steps = 8: the learning rate only rises and "
+                      "never decays; set optim.warmup_steps below 8 (e.g. optim.warmup_steps=1)"] if warned else [])
+
+
+@pytest.mark.parametrize(("steps", "extend", "warned"), [(10, "cosine", True), (9, "cosine", True),
+                                                          (11, "cosine", False), (9, "constant", False)])
+def test_a_rewarm_as_long_as_the_extension_is_one_warning_line(finished_run, capsys, steps, extend, warned):
+    # the finished run warms up over 2 steps, so a cosine extension of 2 steps or fewer only re-warms
+    capsys.readouterr()
+    train(tiny_config(finished_run, f"train.steps={steps}", f"optim.extend_schedule={extend}"), resume=True,
+          quiet=True)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("warning:")]
+    assert lines == ([f"warning: optim.extend_schedule = cosine re-warms over 2 steps but the extension (train.steps 8 "
+                      f"-> {steps}) has {steps - 8}: the learning rate only rises after step 8; extend by more than 2 "
+                      "steps or use optim.extend_schedule=constant"] if warned else [])

@@ -1,6 +1,6 @@
 """``train.tensorboard: true``: loss, validation ppl, lr, gradient norm, tokens/s and the NAtS-L softmax share per
 layer as TensorBoard scalars in ``<out_dir>/tensorboard``; a clear config error without the package; the end-of-run
-plots of lr, gradient norm and tokens/s."""
+plots of lr, gradient norm and tokens/s. tensorboard is in the `test` extra, so these run wherever the suite does."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_tensorboard_scalars_of_a_natsl_run(tmp_path):
-    pytest.importorskip("tensorboard")
     out = tmp_path / "run"
     train(tiny_config(out, "model.layers=[natsl, softmax]", "train.steps=4", "train.eval_every=2",
                       "train.tensorboard=true", "train.plots=true"), quiet=True)
@@ -65,7 +64,6 @@ def test_tensorboard_missing_is_one_config_error(tmp_path, monkeypatch):
 
 
 def test_events_of_a_run_that_stops_on_an_error_are_flushed(tmp_path):
-    pytest.importorskip("tensorboard")
     import subprocess
 
     from training_helpers import REPO, cli_cmd, cli_env, tiny_overrides
