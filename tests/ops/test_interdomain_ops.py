@@ -430,8 +430,8 @@ def test_reference_chunk_cap_on_cpu(cap, monkeypatch):
     if cap is not None:
         monkeypatch.setattr(chunk_mod, "REFERENCE_CHUNK", cap)
     seen = []
-    real = chunk_mod.chunk_decays
-    monkeypatch.setattr(chunk_mod, "chunk_decays", lambda ll, L: seen.append(L) or real(ll, L))
+    real = chunk_mod._decay_tables
+    monkeypatch.setattr(chunk_mod, "_decay_tables", lambda ll, b, L: seen.append(L) or real(ll, b, L))
     Bsz, T, H, R, D, M = 1, 130, 1, 2, 3, 5
     log_lam, B, C = make_params(H, M, 71)
     q, k, v = make_inputs(Bsz, T, H, R, D, 72)
