@@ -12,7 +12,8 @@ Timing: one warm-up step per model, then ``--rounds`` rounds; in each round ever
 to back (timed together, wall clock), the models interleaved so that a spike of load on a shared machine hits them
 all alike. The table gives the median wall-clock ms/step over the rounds, the fastest round, the median process
 CPU time per step (all threads; less sensitive than the wall clock to other processes on a shared machine), and the
-ratios of the medians to softmax. ``--threads`` sets ``torch.set_num_threads`` (default: torch's own choice, as the demo leaves it).
+ratios of the medians to softmax. ``--threads`` sets ``torch.set_num_threads`` (default: torch's own choice, as the
+demo leaves it).
 ``--profile N``: afterwards, N steps of each model under ``torch.profiler`` (CPU activity), printed as the operators
 with the largest self CPU time (``key_averages``).
 """

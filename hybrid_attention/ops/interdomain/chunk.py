@@ -10,6 +10,7 @@ import torch
 from ..common.planar import Planar, cexp_scaled, cmul
 from ..common.ssm import compute_dtypes, prepare_planar_params, validate_chunk_size
 from ..common.varlen import per_document
+from .chunk_function import ChunkCore
 from .naive import safe_divide, validate_interdomain_inputs
 from .readout import DEFAULT_READOUT, validate_readout
 
@@ -25,33 +26,36 @@ REFERENCE_CHUNK = 32
 
 
 def planar_readout_matrix(C: Planar, readout: str) -> torch.Tensor:
-    """The readout r = K₁ p + K₂ conj(p) (``readout_operators``) as one real map of [Re p, Im p] ∈ R^{2M} to
-    [Re r, Im r]: P ``[H, 2M, 2M]`` with [Re r; Im r] = P [Re p; Im p], from C ``Planar`` [H, M, M].
+    """The readout r = K₁ p + K₂ conj(p) (``readout_operators``) as one real map P ``[H, 2M, 2M]`` of p^ to r^,
+    r^ = P p^, where x^ = (Re x₀, Im x₀, Re x₁, Im x₁, ...) interleaves a complex M-vector (``chunk_function``'s
+    layout); C ``Planar`` [H, M, M].
 
-    With rr = CrᵀCr, ri = CrᵀCi, ir = CiᵀCr, ii = CiᵀCi (one matmul of [Cr, Ci] with itself):
-    "transpose" K₁ = (rr - ii) + i(ri + ir) gives [[Re K₁, -Im K₁], [Im K₁, Re K₁]]; "hermitian" K₂ = (rr + ii) +
-    i(ir - ri) acts on conj(p) and gives [[Re K₂, Im K₂], [Im K₂, -Re K₂]]; "real", half of their sum, is
-    [[rr, -ri], [ir, -ii]] = [Crᵀ; Ciᵀ] [Cr, -Ci] (r = Cᵀ Re(C p)).
+    With rr = CrᵀCr, ri = CrᵀCi, ir = CiᵀCr, ii = CiᵀCi (one matmul of [Cr, Ci] with itself), the 2×2 block of P at
+    modes (m, n) is, for "transpose" K₁ = (rr - ii) + i(ri + ir): [[Re K₁, -Im K₁], [Im K₁, Re K₁]]; for "hermitian"
+    K₂ = (rr + ii) + i(ir - ri), which acts on conj(p): [[Re K₂, Im K₂], [Im K₂, -Re K₂]]; for "real", half of their
+    sum: [[rr, -ri], [ir, -ii]] (r = Cᵀ Re(C p)).
     """
     validate_readout(readout)
-    M = C.shape[-1]
+    H, M = C.shape[0], C.shape[-1]
     y = torch.cat([C.re, C.im], dim=-1)  # [H, M, 2M]
     g = y.transpose(1, 2) @ y  # [H, 2M, 2M] = [[rr, ri], [ir, ii]]
     rr, ri, ir, ii = g[:, :M, :M], g[:, :M, M:], g[:, M:, :M], g[:, M:, M:]
     if readout == "transpose":
         a, b = rr - ii, ri + ir
-        rows = ((a, -b), (b, a))
+        blocks = (a, -b, b, a)
     elif readout == "hermitian":
         c, d = rr + ii, ir - ri
-        rows = ((c, d), (d, -c))
+        blocks = (c, d, d, -c)
     else:
-        rows = ((rr, -ri), (ir, -ii))
-    return torch.cat([torch.cat(row, dim=-1) for row in rows], dim=-2)
+        blocks = (rr, -ri, ir, -ii)
+    # blocks (re←re, re←im, im←re, im←im), each [H, M, M] -> P[h, 2m + α, 2n + β]
+    return torch.stack(blocks, dim=-1).view(H, M, M, 2, 2).permute(0, 1, 3, 2, 4).reshape(H, 2 * M, 2 * M)
 
 
-def _decay_tables(log_lam: Planar, b_in: Planar, L: int) -> tuple[Planar, Planar]:
+def _decay_tables(log_lam: Planar, b_in: Planar, L: int) -> tuple[torch.Tensor, torch.Tensor]:
     """G ``[H, L, L, M]`` with G[h, t, s] = λ^{t-s} ⊙ B̄ for s <= t and 0 otherwise, and Din ``[H, L, M]`` with
-    Din[h, t] = λ^{t+1}; every power computed directly as exp(n log λ) with n >= 0 (masked entries use n = 0)."""
+    Din[h, t] = λ^{t+1}, both complex; every power computed directly as exp(n log λ) with n >= 0 (masked entries use
+    n = 0)."""
     rdtype = log_lam.dtype
     idx = torch.arange(L, device=log_lam.device)
     n = idx[:, None] - idx[None, :]  # t - s
@@ -60,24 +64,7 @@ def _decay_tables(log_lam: Planar, b_in: Planar, L: int) -> tuple[Planar, Planar
     dec = cexp_scaled(log_lam.map(lambda x: x[:, None, None, :]), n)
     g = cmul(dec.re * causal, dec.im * causal, b_in.re[:, None, None, :], b_in.im[:, None, None, :])
     din = cexp_scaled(log_lam.map(lambda x: x[:, None, :]), (idx + 1).to(rdtype)[None, :, None])
-    return Planar(*g), din
-
-
-def _chunk_scan(u: Planar, log_lam: Planar, L: int) -> Planar:
-    """Inclusive scan over chunks with the per-chunk decay a = λ^L: out[n] = Σ_{j <= n} a^{n-j} ⊙ u[j], for u
-    ``[B, H, N, M, C]``; by doubling (log₂ N steps of whole-tensor ops), each power a^d = exp(d L log λ) computed
-    directly (|a^d| <= 1)."""
-    re, im = u
-    N = re.shape[2]
-    d = 1
-    while d < N:
-        ad = cexp_scaled(log_lam, torch.tensor(float(d * L), dtype=log_lam.dtype, device=log_lam.device))
-        ar, ai = ad.re[None, :, None, :, None], ad.im[None, :, None, :, None]
-        sr, si = cmul(ar, ai, re[:, :, : N - d], im[:, :, : N - d])
-        re = torch.cat([re[:, :, :d], re[:, :, d:] + sr], dim=2)
-        im = torch.cat([im[:, :, :d], im[:, :, d:] + si], dim=2)
-        d *= 2
-    return Planar(re, im)
+    return torch.complex(*g), torch.complex(*din)
 
 
 # DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break); on the GPU the
@@ -130,12 +117,13 @@ def chunk_interdomain(
     With ``denominator=True`` the value gets a constant-1 channel, v' = [v ; 1], and the same formulas give
     num = o'[..., :D] and den = o'[..., D] = Re(q_tᵀ U_tᵀ η_t); o = num / safe(den) exactly as in naive.py.
 
-    Layout: every complex quantity is a pair of real tensors (``Planar``; r = K₁ p + K₂ conj p becomes one real
-    [2M, 2M] map, ``planar_readout_matrix``), and every chunk runs at once: the tokens are padded to N whole chunks
-    and viewed as [B, H, N, L, *], so each line above is one batched matmul over all chunks. Only the entering states
-    X0 depend on the previous chunks: X0[n] = Σ_{j<n} λ^{L (n-1-j)} ⊙ ΔX[j] + λ^{L n} ⊙ X_init with ΔX[j] = Σ_s G[L-1, s]
-    z_sᵀ of chunk j, an inclusive scan over the N chunks (``_chunk_scan``, log₂ N whole-tensor steps). The last chunk
-    of length L' <= L leaves X_end = Din[L'-1] ⊙ X0 + Σ_s G[L'-1, s] z_sᵀ (G's zeros drop the padding).
+    Layout: every chunk runs at once (``chunk_function.ChunkCore``, one autograd.Function with a closed-form
+    backward): the tokens are padded to N whole chunks and laid out [N, B, H, L, *], so each line above is one batched
+    matmul over all chunks; complex products run as real matmuls on interleaved (real, imaginary) views, and
+    r = K₁ p + K₂ conj p is one real [2M, 2M] map (``planar_readout_matrix``). Only the entering states depend on the
+    previous chunks: X0[n] = λ^L ⊙ X0[n-1] + ΔX[n-1] with ΔX[j] = Σ_s G[L-1, s] z_sᵀ of chunk j, a scan over the N
+    chunks of [B, H, M, R+D] elementwise steps. The last chunk, of length L' <= L, leaves X_end = Din[L'-1] ⊙ X0 +
+    Σ_s G[L'-1, s] z_sᵀ (G's zeros drop the padding).
 
     Numerical safety for fast-decaying modes: every power of λ is computed directly as exp(log_lam * n) with n >= 0
     (n = t - s on and below the diagonal, n = t + 1 for the entering state, n = d L in the scan), so |λ^n| =
@@ -161,69 +149,40 @@ def chunk_interdomain(
     rdtype, cdtype = compute_dtypes(q, k, v)
     log_lam, b_in, c_mat = prepare_planar_params(log_lam, B, C, rdtype)
 
-    # [B, H, T, *] layout; the value side carries the constant-1 channel of the denominator if requested.
-    q, k, v = (x.to(rdtype).transpose(1, 2) for x in (q, k, v))
+    # the value side carries the constant-1 channel of the denominator if requested
+    q, k, v = (x.to(rdtype) for x in (q, k, v))
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     Dv = v.shape[-1]
-    if initial_state is None:
-        x_init = None
-    else:
-        x_init = Planar(initial_state.real.to(rdtype), initial_state.imag.to(rdtype))
     if T == 0:
-        o = v.new_zeros(Bsz, 0, H, D)
+        o = v.new_zeros(Bsz, 0, H, D).to(out_dtype)
         if not output_final_state:
-            return o.to(out_dtype), None
-        if x_init is None:
-            return o.to(out_dtype), q.new_zeros(Bsz, H, M, R + Dv, dtype=cdtype)
-        return o.to(out_dtype), torch.complex(*x_init)
+            return o, None
+        return o, q.new_zeros(Bsz, H, M, R + Dv, dtype=cdtype) if initial_state is None else initial_state.to(cdtype)
 
     L = min(chunk_size, T)
     N = -(-T // L)
     last = T - (N - 1) * L  # length of the last chunk
     pad = N * L - T
 
-    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, c] -> [B, H, N, L, c], zero-padded
-        return torch.nn.functional.pad(x, (0, 0, 0, pad)).view(Bsz, H, N, L, x.shape[-1])
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, c] -> [N, B, H, L, c], zero-padded
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).view(Bsz, N, L, H, x.shape[-1])
+        return x.permute(1, 0, 3, 2, 4).contiguous()
 
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
-    z = torch.cat([kc, vc], dim=-1)  # [B, H, N, L, R+D(+1)]
     G, Din = _decay_tables(log_lam, b_in, L)
     P = planar_readout_matrix(c_mat, readout)  # [H, 2M, 2M]
-    G2 = torch.cat([G.re, G.im], dim=-1)  # [H, L, L, 2M]
-
-    # entering states: chunk contributions ΔX [B, H, N, 2M, C] (planar along the M axis), then the scan
-    dX = torch.einsum("hsm,bhnsc->bhnmc", G2[:, L - 1], z)
-    u = Planar(dX[..., :M, :], dX[..., M:, :])
-    if x_init is not None:  # u[0] = X_init, u[n] = ΔX[n-1]; the scan gives X0[n] for n = 0..N-1
-        u = Planar(*(torch.cat([x[:, :, None], d[:, :, : N - 1]], dim=2) for x, d in zip(x_init, u)))
-        X0 = _chunk_scan(u, log_lam, L)
-    else:
-        X0 = _chunk_scan(Planar(*(d[:, :, : N - 1] for d in u)), log_lam, L)
-        X0 = Planar(*(torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in X0))  # X0[0] = 0
-
-    # p = Σ_s S G + Din ⊙ (X0^k q): [B, H, N, L, M] planar
-    S = qc @ kc.transpose(-1, -2)  # [B, H, N, L, L]; G's zeros supply the causal mask
-    p = torch.einsum("bhnts,htsm->bhntm", S, G2)
-    xq = torch.einsum("bhnmr,bhntr->bhntm", torch.cat([X0.re[..., :R], X0.im[..., :R]], dim=-2), qc)
-    dr, di = Din.re[None, :, None], Din.im[None, :, None]
-    pr, pi = cmul(dr, di, xq[..., :M], xq[..., M:])
-    p = p + torch.cat([pr, pi], dim=-1)
-    r = torch.einsum("bhntj,hij->bhnti", p, P)  # [Re r, Im r]
-    # o = Σ_s Re(Σ_m r G) v_s + Re((r ⊙ Din)ᵀ X0^v)
-    W = torch.einsum("bhntj,htsj->bhnts", torch.cat([r[..., :M], -r[..., M:]], dim=-1), G2)
-    rdr, rdi = cmul(r[..., :M], r[..., M:], dr, di)
-    o = W @ vc + torch.cat([rdr, -rdi], dim=-1) @ torch.cat([X0.re[..., R:], X0.im[..., R:]], dim=-2)
-    o = o.view(Bsz, H, N * L, Dv)[:, :, :T]
+    E = torch.complex(*cexp_scaled(log_lam, torch.tensor(float(L), dtype=rdtype, device=q.device)))  # λ^L
+    x0 = None if initial_state is None else initial_state.to(cdtype).transpose(-1, -2)  # channel-major
+    o, x_last = ChunkCore.apply(qc, kc, vc, G, Din, P, E, x0)
+    o = o.permute(1, 0, 3, 2, 4).reshape(Bsz, N * L, H, Dv)[:, :T]
     if denominator:
         o = safe_divide(o[..., :D], o[..., D:])
-    o = o.transpose(1, 2).to(out_dtype)
+    o = o.to(out_dtype)
     if not output_final_state:
         return o, None
 
     # final state: the last chunk's entering state decayed over its length plus its own contribution
-    gl = G2[:, last - 1]  # [H, L, 2M]: λ^{last-1-s} B for s < last, 0 for the padding
-    dl = torch.einsum("hsm,bhsc->bhmc", gl, z[:, :, N - 1])
-    er, ei = Din.re[:, last - 1, :, None], Din.im[:, last - 1, :, None]
-    fr, fi = cmul(er, ei, X0.re[:, :, N - 1], X0.im[:, :, N - 1])
-    return o, torch.complex(fr + dl[..., :M, :], fi + dl[..., M:, :]).to(cdtype)
+    zl = torch.cat([kc[N - 1], vc[N - 1]], dim=-1).to(cdtype)  # [B, H, L, C]
+    dl = torch.einsum("hsm,bhsc->bhmc", G[:, last - 1], zl)  # λ^{last-1-s} B for s < last, 0 for the padding
+    return o, Din[:, last - 1, :, None] * x_last.transpose(-1, -2) + dl

@@ -1,0 +1,121 @@
+"""The all-chunks-at-once core of ``chunk_interdomain`` as one ``torch.autograd.Function`` with a closed-form backward
+(``ChunkCore``): a few batched matmuls over every chunk each way and one scan over the chunks.
+
+Layout: complex tensors do the elementwise work; every matmul runs on ``view_as_real`` of a complex tensor whose
+mode axis M is last, read as a real axis of 2M interleaved (real, imaginary) entries (written Y^ below; a view, no
+copy). The states are stored channel-major, [B, H, N, C, M], so that their key and value rows are such views too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ChunkCore", "interleave"]
+
+
+def interleave(x: torch.Tensor) -> torch.Tensor:
+    """Y^: a complex tensor [..., M] as real [..., 2M] (real, imaginary) pairs (a view when x is contiguous)."""
+    return torch.view_as_real(x).flatten(-2)
+
+
+def _complex(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``interleave``: real [..., 2M] -> complex [..., M] (a view of a contiguous x)."""
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+
+
+def _scan(u: torch.Tensor, decay: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """out[n] = decay ⊙ out[n ∓ 1] + u[n] along the leading axis of u ``[N, B, H, C, M]`` (complex), out[0] = u[0]
+    (out[N-1] = u[N-1] when ``reverse``); decay ``[H, M]`` complex."""
+    out = torch.empty_like(u)
+    d = decay[:, None, :].resolve_conj()
+    order = range(u.shape[0] - 1, -1, -1) if reverse else range(u.shape[0])
+    prev = None
+    for n in order:
+        if prev is None:
+            out[n] = u[n]
+        else:
+            torch.addcmul(u[n], d, prev, out=out[n])
+        prev = out[n]
+    return out
+
+
+class ChunkCore(torch.autograd.Function):
+    """o and the entering states of every chunk (notation of ``chunk_interdomain``'s docstring), batched over chunks.
+
+    forward(q, k, v, G, Din, P, E, x_init) -> (o ``[N, B, H, L, Dv]``, X0 of the last chunk ``[B, H, C, M]``
+    complex) with q, k ``[N, B, H, L, R]``, v ``[N, B, H, L, Dv]`` (tokens in N whole chunks, zero-padded), G
+    ``[H, L, L, M]`` and Din ``[H, L, M]`` complex, P ``[H, 2M, 2M]`` the readout as a real map of p^ (r^ = P p^),
+    E = λ^L ``[H, M]`` complex and x_init ``[B, H, C, M]`` complex or None (C = R + Dv; states channel-major).
+
+    Per chunk, with X0 the entering state (X0[0] = x_init, X0[n] = E ⊙ X0[n-1] + ΔX[n-1], ΔX = Σ_s z_s G[L-1, s]):
+    S = q kᵀ, p = Σ_s S G + Din ⊙ (q X0^k), r = P p, W = Re Σ_m r G, o = W v + Re((r ⊙ Din) X0^vᵀ). Real parts of
+    products are real matmuls of interleaved views: Re Σ_m x_m y_m = conj(x)^ · y^. The backward runs the same products
+    transposed and the scan in reverse with conj(E). Gradients of complex tensors are ∂f/∂Re + i ∂f/∂Im (PyTorch's
+    convention): y = E x gives g_x = conj(E) g_y and g_E = Σ g_y conj(x), and the gradient of a view Y^ is g_Y^.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, G, Din, P, E, x_init):
+        N, Bsz, H, L, R = q.shape
+        Gr = interleave(G)  # [H, L, L, 2M]
+        z = torch.cat([k, v], dim=-1)  # [N, B, H, L, C]
+        # entering states: ΔX[n] = zᵀ G[L-1] (channel-major), then the scan over chunks
+        u = torch.empty(N, Bsz, H, z.shape[-1], G.shape[-1], dtype=G.dtype, device=q.device)
+        u[0] = 0 if x_init is None else x_init
+        if N > 1:
+            interleave(u[1:])[:] = z[: N - 1].transpose(-1, -2) @ Gr[:, L - 1]
+        X0 = _scan(u, E)  # [N, B, H, C, M]
+        Xr = interleave(X0)  # [N, B, H, C, 2M]
+        S = q @ k.transpose(-1, -2)  # [N, B, H, L, L]; G's zeros supply the causal mask
+        a = _complex(q @ Xr[..., :R, :])  # q X0^k, [N, B, H, L, M]
+        p = _complex(torch.einsum("nbhts,htsj->nbhtj", S, Gr)) + Din * a
+        r = _complex(interleave(p) @ P.transpose(-1, -2))
+        rc = r.conj().resolve_conj()
+        W = torch.einsum("nbhtj,htsj->nbhts", interleave(rc), Gr)  # Re Σ_m r G
+        ec = (rc * Din.conj()).resolve_conj()  # conj(r ⊙ Din)
+        o = W @ v + interleave(ec) @ Xr[..., R:, :].transpose(-1, -2)
+        ctx.save_for_backward(q, k, v, z, G, Din, P, E, S, X0, p, rc, ec, W, a)
+        ctx.has_init = x_init is not None
+        return o, X0[N - 1]
+
+    @staticmethod
+    def backward(ctx, go, g_last):
+        q, k, v, z, G, Din, P, E, S, X0, p, rc, ec, W, a = ctx.saved_tensors
+        N, Bsz, H, L, R = q.shape
+        Gr, Xr = interleave(G), interleave(X0)
+        # o = W v + ec^ Xv^ᵀ
+        gW = go @ v.transpose(-1, -2)
+        gv = W.transpose(-1, -2) @ go
+        g_ec = _complex(go @ Xr[..., R:, :])
+        g_Xv = go.transpose(-1, -2) @ interleave(ec)  # [N, B, H, Dv, 2M]
+        # ec = conj(r ⊙ Din), W = rc^ · G^
+        g_rc = _complex(torch.einsum("nbhts,htsj->nbhtj", gW, Gr))
+        g_r = (g_ec * Din).conj() + g_rc.conj()
+        g_din = (g_ec * rc.conj()).conj()  # Σ_{n, b} below
+        # r^ = P p^
+        gp = _complex(interleave(g_r) @ P)
+        gP = torch.einsum("nbhti,nbhtj->hij", interleave(g_r), interleave(p))
+        # p = S · G^ + Din ⊙ a
+        g_a = gp * Din.conj()
+        g_din = (g_din + gp * a.conj()).sum((0, 1))
+        gpr = interleave(gp)
+        gS = torch.einsum("nbhtj,htsj->nbhts", gpr, Gr)
+        gG = torch.einsum("nbhts,nbhtj->htsj", torch.cat([gW, S]), torch.cat([interleave(rc), gpr]))
+        # S = q kᵀ, a^ = q Xk^
+        gar = interleave(g_a)
+        gq = gS @ k + gar @ Xr[..., :R, :].transpose(-1, -2)
+        gk = gS.transpose(-1, -2) @ q
+        g_X0 = torch.cat([q.transpose(-1, -2) @ gar, g_Xv], dim=-2)  # [N, B, H, C, 2M]
+        g_X0 = _complex(g_X0)
+        if g_last is not None:
+            g_X0[N - 1] += g_last
+        h = _scan(g_X0, E.conj(), reverse=True)  # the total gradient of each X0[n]
+        g_init = h[0] if ctx.has_init else None
+        gE = (h[1:] * X0[:-1].conj()).sum((0, 1, 3)) if N > 1 else torch.zeros_like(E)
+        if N > 1:  # ΔX[n]^ = z[n]ᵀ G^[L-1] feeds X0[n+1]
+            hr = interleave(h[1:])  # [N-1, B, H, C, 2M]
+            gz = Gr[:, L - 1] @ hr.transpose(-1, -2)  # [N-1, B, H, L, C]
+            gG[:, L - 1] += torch.einsum("nbhsc,nbhcj->hsj", z[: N - 1], hr)
+            gk[: N - 1] += gz[..., :R]
+            gv[: N - 1] += gz[..., R:]
+        return gq, gk, gv, _complex(gG.contiguous()), g_din, gP, gE, g_init
