@@ -23,20 +23,20 @@ def _complex(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
-def _scan(u: torch.Tensor, decay: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """out[n] = decay ⊙ out[n ∓ 1] + u[n] along the leading axis of u ``[N, B, H, C, M]`` (complex), out[0] = u[0]
-    (out[N-1] = u[N-1] when ``reverse``); decay ``[H, M]`` complex."""
-    out = torch.empty_like(u)
-    d = decay[:, None, :].resolve_conj()
-    order = range(u.shape[0] - 1, -1, -1) if reverse else range(u.shape[0])
-    prev = None
+def _conj_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2M, K] with its imaginary rows (odd row index) negated: P -> the map of p^ to conj(r)^ (r^ = P p^)."""
+    return (x.unflatten(-2, (-1, 2)) * x.new_tensor([1.0, -1.0])[:, None]).flatten(-3, -2)
+
+
+def _scan_(u: torch.Tensor, decay: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """In place: u[n] += decay ⊙ u[n ∓ 1] along the leading axis of u ``[N, B, H, C, M]`` (complex), from n = 1 up
+    (from n = N-2 down when ``reverse``); decay ``[H, M]`` complex. Returns u."""
+    d = decay[:, None, :]
+    order = range(u.shape[0] - 2, -1, -1) if reverse else range(1, u.shape[0])
+    step = 1 if reverse else -1
     for n in order:
-        if prev is None:
-            out[n] = u[n]
-        else:
-            torch.addcmul(u[n], d, prev, out=out[n])
-        prev = out[n]
-    return out
+        u[n].addcmul_(d, u[n + step])
+    return u
 
 
 class ChunkCore(torch.autograd.Function):
@@ -64,15 +64,14 @@ class ChunkCore(torch.autograd.Function):
         u[0] = 0 if x_init is None else x_init
         if N > 1:
             interleave(u[1:])[:] = z[: N - 1].transpose(-1, -2) @ Gr[:, L - 1]
-        X0 = _scan(u, E)  # [N, B, H, C, M]
+        X0 = _scan_(u, E)  # [N, B, H, C, M]
         Xr = interleave(X0)  # [N, B, H, C, 2M]
         S = q @ k.transpose(-1, -2)  # [N, B, H, L, L]; G's zeros supply the causal mask
         a = _complex(q @ Xr[..., :R, :])  # q X0^k, [N, B, H, L, M]
         p = _complex(torch.einsum("nbhts,htsj->nbhtj", S, Gr)) + Din * a
-        r = _complex(interleave(p) @ P.transpose(-1, -2))
-        rc = r.conj().resolve_conj()
+        rc = _complex(interleave(p) @ _conj_rows(P).transpose(-1, -2))  # conj(r)
         W = torch.einsum("nbhtj,htsj->nbhts", interleave(rc), Gr)  # Re Σ_m r G
-        ec = (rc * Din.conj()).resolve_conj()  # conj(r ⊙ Din)
+        ec = rc * Din.conj().resolve_conj()  # conj(r ⊙ Din)
         o = W @ v + interleave(ec) @ Xr[..., R:, :].transpose(-1, -2)
         ctx.save_for_backward(q, k, v, z, G, Din, P, E, S, X0, p, rc, ec, W, a)
         ctx.has_init = x_init is not None
@@ -83,39 +82,37 @@ class ChunkCore(torch.autograd.Function):
         q, k, v, z, G, Din, P, E, S, X0, p, rc, ec, W, a = ctx.saved_tensors
         N, Bsz, H, L, R = q.shape
         Gr, Xr = interleave(G), interleave(X0)
+        din_c = Din.conj().resolve_conj()
         # o = W v + ec^ Xv^ᵀ
         gW = go @ v.transpose(-1, -2)
         gv = W.transpose(-1, -2) @ go
         g_ec = _complex(go @ Xr[..., R:, :])
-        g_Xv = go.transpose(-1, -2) @ interleave(ec)  # [N, B, H, Dv, 2M]
-        # ec = conj(r ⊙ Din), W = rc^ · G^
-        g_rc = _complex(torch.einsum("nbhts,htsj->nbhtj", gW, Gr))
-        g_r = (g_ec * Din).conj() + g_rc.conj()
-        g_din = (g_ec * rc.conj()).conj()  # Σ_{n, b} below
-        # r^ = P p^
-        gp = _complex(interleave(g_r) @ P)
-        gP = torch.einsum("nbhti,nbhtj->hij", interleave(g_r), interleave(p))
+        # ec = rc ⊙ conj(Din), W = rc^ · G^, rc^ = conj_rows(P) p^
+        g_rc = _complex(torch.einsum("nbhts,htsj->nbhtj", gW, Gr)) + g_ec * Din
+        gp = _complex(interleave(g_rc) @ _conj_rows(P))
+        gP = _conj_rows(torch.einsum("nbhti,nbhtj->hij", interleave(g_rc), interleave(p)))
         # p = S · G^ + Din ⊙ a
-        g_a = gp * Din.conj()
-        g_din = (g_din + gp * a.conj()).sum((0, 1))
+        g_din = (g_ec.conj() * rc + gp * a.conj()).sum((0, 1))
         gpr = interleave(gp)
         gS = torch.einsum("nbhtj,htsj->nbhts", gpr, Gr)
-        gG = torch.einsum("nbhts,nbhtj->htsj", torch.cat([gW, S]), torch.cat([interleave(rc), gpr]))
-        # S = q kᵀ, a^ = q Xk^
-        gar = interleave(g_a)
-        gq = gS @ k + gar @ Xr[..., :R, :].transpose(-1, -2)
+        gG = _complex(torch.einsum("nbhts,nbhtj->htsj", torch.cat([gW, S]), torch.cat([interleave(rc), gpr])))
+        # S = q kᵀ, a^ = q Xk^; the states' gradients conjugated (gc = conj g), which the scan below runs on
+        gq = gS @ k + interleave(gp * din_c) @ Xr[..., :R, :].transpose(-1, -2)
         gk = gS.transpose(-1, -2) @ q
-        g_X0 = torch.cat([q.transpose(-1, -2) @ gar, g_Xv], dim=-2)  # [N, B, H, C, 2M]
-        g_X0 = _complex(g_X0)
+        gc_a = gp.conj() * Din
+        e = ec.conj().resolve_conj()  # r ⊙ Din
+        gc_X0 = _complex(torch.cat([q.transpose(-1, -2) @ interleave(gc_a), go.transpose(-1, -2) @ interleave(e)],
+                                   dim=-2))  # [N, B, H, C, M]
         if g_last is not None:
-            g_X0[N - 1] += g_last
-        h = _scan(g_X0, E.conj(), reverse=True)  # the total gradient of each X0[n]
-        g_init = h[0] if ctx.has_init else None
-        gE = (h[1:] * X0[:-1].conj()).sum((0, 1, 3)) if N > 1 else torch.zeros_like(E)
-        if N > 1:  # ΔX[n]^ = z[n]ᵀ G^[L-1] feeds X0[n+1]
-            hr = interleave(h[1:])  # [N-1, B, H, C, 2M]
-            gz = Gr[:, L - 1] @ hr.transpose(-1, -2)  # [N-1, B, H, L, C]
-            gG[:, L - 1] += torch.einsum("nbhsc,nbhcj->hsj", z[: N - 1], hr)
+            gc_X0[N - 1] += g_last.conj()
+        hc = _scan_(gc_X0, E, reverse=True)  # conj of the total gradient of each X0[n]
+        g_init = hc[0].conj().resolve_conj() if ctx.has_init else None
+        gE = torch.zeros_like(E)
+        if N > 1:  # ΔX[n]^ = z[n]ᵀ G^[L-1] feeds X0[n+1]: Re Σ_m G conj(h) = conj(G)^ · hc^
+            hr = interleave(hc[1:])  # [N-1, B, H, C, 2M]
+            gz = interleave(G[:, L - 1].conj().resolve_conj()) @ hr.transpose(-1, -2)  # [N-1, B, H, L, C]
+            gG[:, L - 1] += _complex(torch.einsum("nbhsc,nbhcj->hsj", z[: N - 1], hr)).conj()
             gk[: N - 1] += gz[..., :R]
             gv[: N - 1] += gz[..., R:]
-        return gq, gk, gv, _complex(gG.contiguous()), g_din, gP, gE, g_init
+            gE = hc[1:].mul_(X0[:-1]).sum((0, 1, 3)).conj()  # Σ h conj(X0[n-1]) (hc is not read after this)
+        return gq, gk, gv, gG, g_din, gP, gE, g_init
