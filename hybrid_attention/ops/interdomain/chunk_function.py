@@ -1,9 +1,10 @@
 """The all-chunks-at-once core of ``chunk_interdomain`` as one ``torch.autograd.Function`` with a closed-form backward
 (``ChunkCore``): a few batched matmuls over every chunk each way and one scan over the chunks.
 
-Layout: complex tensors do the elementwise work; every matmul runs on ``view_as_real`` of a complex tensor whose
-mode axis M is last, read as a real axis of 2M interleaved (real, imaginary) entries (written Y^ below; a view, no
-copy). The states are stored channel-major, [B, H, N, C, M], so that their key and value rows are such views too.
+Layout: chunks are batched as [N, B, H, ...]; complex tensors do the elementwise work, and every matmul runs on
+``interleave`` of a complex tensor whose mode axis M is last, read as a real axis of 2M interleaved (real, imaginary)
+entries (written Y^ below; a view, no copy). The entering states are stored channel-major, key and value channels
+apart ([N, B, H, R, M] and [N, B, H, Dv, M]), so that each is such a view and each chunk's slice is contiguous.
 """
 
 from __future__ import annotations
@@ -28,15 +29,35 @@ def _conj_rows(x: torch.Tensor) -> torch.Tensor:
     return (x.unflatten(-2, (-1, 2)) * x.new_tensor([1.0, -1.0])[:, None]).flatten(-3, -2)
 
 
-def _scan_(u: torch.Tensor, decay: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """In place: u[n] += decay ⊙ u[n ∓ 1] along the leading axis of u ``[N, B, H, C, M]`` (complex), from n = 1 up
-    (from n = N-2 down when ``reverse``); decay ``[H, M]`` complex. Returns u."""
+def _per_head(x: torch.Tensor) -> torch.Tensor:
+    """[N, B, H, L, K] -> [H, N·B·L, K] (a copy): the rows of each head, for a matmul with a per-head matrix."""
+    return x.permute(2, 0, 1, 3, 4).reshape(x.shape[2], -1, x.shape[-1])
+
+
+def _from_per_head(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The inverse of ``_per_head``: [H, N·B·L, K] -> [N, B, H, L, K] (``shape`` without K; a view)."""
+    n, b, h, length = shape[:4]
+    return x.view(h, n, b, length, x.shape[-1]).permute(1, 2, 0, 3, 4)
+
+
+def _scan_(us: tuple[torch.Tensor, ...], decay: torch.Tensor, reverse: bool = False,
+           dot: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor | None:
+    """In place, for each u ``[N, B, H, C, M]`` (complex) of ``us``: u[n] += decay ⊙ u[n ∓ 1] along the leading axis,
+    from n = 1 up (from n = N-2 down when ``reverse``); decay ``[H, M]`` complex.
+
+    ``dot`` (only with ``reverse``): one x per u, of u's shape; returns Σ_{n>=1, b, c} u[n] ⊙ x[n-1] ``[H, M]`` over
+    the scanned u (summed over ``us``), accumulated while each u[n] is fresh (None without ``dot``)."""
     d = decay[:, None, :]
-    order = range(u.shape[0] - 2, -1, -1) if reverse else range(1, u.shape[0])
+    n_chunks = us[0].shape[0]
+    order = range(n_chunks - 2, -1, -1) if reverse else range(1, n_chunks)
     step = 1 if reverse else -1
+    acc = [torch.zeros_like(u[0]) for u in us] if dot is not None else None
     for n in order:
-        u[n].addcmul_(d, u[n + step])
-    return u
+        for i, u in enumerate(us):
+            u[n].addcmul_(d, u[n + step])
+            if acc is not None:  # reverse: u[n + 1] is final, the term of n + 1 >= 1
+                acc[i].addcmul_(u[n + 1], dot[i][n])
+    return None if acc is None else sum(a.sum((0, 2)) for a in acc)
 
 
 class ChunkCore(torch.autograd.Function):
@@ -50,69 +71,74 @@ class ChunkCore(torch.autograd.Function):
     Per chunk, with X0 the entering state (X0[0] = x_init, X0[n] = E ⊙ X0[n-1] + ΔX[n-1], ΔX = Σ_s z_s G[L-1, s]):
     S = q kᵀ, p = Σ_s S G + Din ⊙ (q X0^k), r = P p, W = Re Σ_m r G, o = W v + Re((r ⊙ Din) X0^vᵀ). Real parts of
     products are real matmuls of interleaved views: Re Σ_m x_m y_m = conj(x)^ · y^. The backward runs the same products
-    transposed and the scan in reverse with conj(E). Gradients of complex tensors are ∂f/∂Re + i ∂f/∂Im (PyTorch's
-    convention): y = E x gives g_x = conj(E) g_y and g_E = Σ g_y conj(x), and the gradient of a view Y^ is g_Y^.
+    transposed, and the scan in reverse on the conjugated state gradients (gc = conj g: then the decay is E itself and
+    no state-sized tensor is conjugated). Gradients of complex tensors are ∂f/∂Re + i ∂f/∂Im (PyTorch's convention):
+    y = E x gives g_x = conj(E) g_y and g_E = Σ g_y conj(x), and the gradient of a view Y^ is g_Y^.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, G, Din, P, E, x_init):
         N, Bsz, H, L, R = q.shape
         Gr = interleave(G)  # [H, L, L, 2M]
-        z = torch.cat([k, v], dim=-1)  # [N, B, H, L, C]
-        # entering states: ΔX[n] = zᵀ G[L-1] (channel-major), then the scan over chunks
-        u = torch.empty(N, Bsz, H, z.shape[-1], G.shape[-1], dtype=G.dtype, device=q.device)
-        u[0] = 0 if x_init is None else x_init
-        if N > 1:
-            interleave(u[1:])[:] = z[: N - 1].transpose(-1, -2) @ Gr[:, L - 1]
-        X0 = _scan_(u, E)  # [N, B, H, C, M]
-        Xr = interleave(X0)  # [N, B, H, C, 2M]
+        gl = Gr[:, L - 1]  # [H, L, 2M]: λ^{L-1-s} B̄, the weight of token s in the state a chunk leaves
+        # entering states: X0[0] = x_init, ΔX[n] = zᵀ G[L-1] (channel-major), then the scan over chunks
+        states = []
+        for x, lo, hi in ((k, 0, R), (v, R, None)):
+            u = torch.empty(N, Bsz, H, x.shape[-1], G.shape[-1], dtype=G.dtype, device=q.device)
+            u[0] = 0 if x_init is None else x_init[:, :, lo:hi]
+            if N > 1:
+                torch.matmul(x[: N - 1].transpose(-1, -2), gl, out=interleave(u[1:]))
+            states.append(u)
+        Xk, Xv = states
+        _scan_((Xk, Xv), E)
         S = q @ k.transpose(-1, -2)  # [N, B, H, L, L]; G's zeros supply the causal mask
-        a = _complex(q @ Xr[..., :R, :])  # q X0^k, [N, B, H, L, M]
+        a = _complex(q @ interleave(Xk))  # q X0^k, [N, B, H, L, M]
         p = _complex(torch.einsum("nbhts,htsj->nbhtj", S, Gr)) + Din * a
-        rc = _complex(interleave(p) @ _conj_rows(P).transpose(-1, -2))  # conj(r)
+        p_h = _per_head(interleave(p))  # [H, N·B·L, 2M]
+        rc = _complex(_from_per_head(p_h @ _conj_rows(P).transpose(-1, -2), q.shape).contiguous())  # conj(r)
         W = torch.einsum("nbhtj,htsj->nbhts", interleave(rc), Gr)  # Re Σ_m r G
         ec = rc * Din.conj().resolve_conj()  # conj(r ⊙ Din)
-        o = W @ v + interleave(ec) @ Xr[..., R:, :].transpose(-1, -2)
-        ctx.save_for_backward(q, k, v, z, G, Din, P, E, S, X0, p, rc, ec, W, a)
+        o = W @ v + interleave(ec) @ interleave(Xv).transpose(-1, -2)
+        ctx.save_for_backward(q, k, v, G, Din, P, E, S, Xk, Xv, p_h, rc, ec, W, a)
         ctx.has_init = x_init is not None
-        return o, X0[N - 1]
+        return o, torch.cat([Xk[N - 1], Xv[N - 1]], dim=-2)
 
     @staticmethod
     def backward(ctx, go, g_last):
-        q, k, v, z, G, Din, P, E, S, X0, p, rc, ec, W, a = ctx.saved_tensors
+        q, k, v, G, Din, P, E, S, Xk, Xv, p_h, rc, ec, W, a = ctx.saved_tensors
         N, Bsz, H, L, R = q.shape
-        Gr, Xr = interleave(G), interleave(X0)
-        din_c = Din.conj().resolve_conj()
+        Gr = interleave(G)
         # o = W v + ec^ Xv^ᵀ
         gW = go @ v.transpose(-1, -2)
         gv = W.transpose(-1, -2) @ go
-        g_ec = _complex(go @ Xr[..., R:, :])
+        g_ec = _complex(go @ interleave(Xv))
         # ec = rc ⊙ conj(Din), W = rc^ · G^, rc^ = conj_rows(P) p^
         g_rc = _complex(torch.einsum("nbhts,htsj->nbhtj", gW, Gr)) + g_ec * Din
-        gp = _complex(interleave(g_rc) @ _conj_rows(P))
-        gP = _conj_rows(torch.einsum("nbhti,nbhtj->hij", interleave(g_rc), interleave(p)))
+        g_rc_h = _per_head(interleave(g_rc))
+        gp = _complex(_from_per_head(g_rc_h @ _conj_rows(P), q.shape).contiguous())
+        gP = _conj_rows(g_rc_h.transpose(-1, -2) @ p_h)
         # p = S · G^ + Din ⊙ a
         g_din = (g_ec.conj() * rc + gp * a.conj()).sum((0, 1))
         gpr = interleave(gp)
         gS = torch.einsum("nbhtj,htsj->nbhts", gpr, Gr)
         gG = _complex(torch.einsum("nbhts,nbhtj->htsj", torch.cat([gW, S]), torch.cat([interleave(rc), gpr])))
         # S = q kᵀ, a^ = q Xk^; the states' gradients conjugated (gc = conj g), which the scan below runs on
-        gq = gS @ k + interleave(gp * din_c) @ Xr[..., :R, :].transpose(-1, -2)
+        gq = gS @ k + interleave(gp * Din.conj()) @ interleave(Xk).transpose(-1, -2)
         gk = gS.transpose(-1, -2) @ q
-        gc_a = gp.conj() * Din
-        e = ec.conj().resolve_conj()  # r ⊙ Din
-        gc_X0 = _complex(torch.cat([q.transpose(-1, -2) @ interleave(gc_a), go.transpose(-1, -2) @ interleave(e)],
-                                   dim=-2))  # [N, B, H, C, M]
+        gc_k = _complex(q.transpose(-1, -2) @ interleave(gp.conj() * Din))  # [N, B, H, R, M]
+        gc_v = _complex(go.transpose(-1, -2) @ interleave(ec.conj().resolve_conj()))  # [N, B, H, Dv, M]
         if g_last is not None:
-            gc_X0[N - 1] += g_last.conj()
-        hc = _scan_(gc_X0, E, reverse=True)  # conj of the total gradient of each X0[n]
-        g_init = hc[0].conj().resolve_conj() if ctx.has_init else None
-        gE = torch.zeros_like(E)
-        if N > 1:  # ΔX[n]^ = z[n]ᵀ G^[L-1] feeds X0[n+1]: Re Σ_m G conj(h) = conj(G)^ · hc^
-            hr = interleave(hc[1:])  # [N-1, B, H, C, 2M]
-            gz = interleave(G[:, L - 1].conj().resolve_conj()) @ hr.transpose(-1, -2)  # [N-1, B, H, L, C]
-            gG[:, L - 1] += _complex(torch.einsum("nbhsc,nbhcj->hsj", z[: N - 1], hr)).conj()
-            gk[: N - 1] += gz[..., :R]
-            gv[: N - 1] += gz[..., R:]
-            gE = hc[1:].mul_(X0[:-1]).sum((0, 1, 3)).conj()  # Σ h conj(X0[n-1]) (hc is not read after this)
+            gc_k[N - 1] += g_last[:, :, :R].conj()
+            gc_v[N - 1] += g_last[:, :, R:].conj()
+        # conj of the total gradient of each X0[n]; gE = Σ g_{X0[n]} conj(X0[n-1]) = conj(Σ gc[n] X0[n-1])
+        gE = _scan_((gc_k, gc_v), E, reverse=True, dot=(Xk, Xv)).conj()
+        g_init = torch.cat([gc_k[0], gc_v[0]], dim=-2).conj() if ctx.has_init else None
+        if N > 1:  # ΔX[n]^ = x[n]ᵀ G^[L-1] feeds X0[n+1]: Re Σ_m G conj(g) = conj(G)^ · gc^
+            glc = interleave(G[:, L - 1].conj().resolve_conj())  # [H, L, 2M]
+            g_gl = 0
+            for x, gx, hc in ((k, gk, gc_k), (v, gv, gc_v)):
+                hr = interleave(hc[1:])  # [N-1, B, H, C, 2M]
+                gx[: N - 1] += glc @ hr.transpose(-1, -2)
+                g_gl = g_gl + (x[: N - 1] @ hr).sum((0, 1))
+            gG[:, L - 1] += _complex(g_gl).conj()
         return gq, gk, gv, gG, g_din, gP, gE, g_init
