@@ -1,7 +1,7 @@
-"""Chunk-parallel PyTorch form of the Interdomain Attention core (exact, differentiable by autograd):
-``chunk_interdomain``, whose docstring gives the factorisation through the M-vectors p_t = X^k_t q_t and r_t = K p_t
-(never the per-token states), the denominator channel, the overflow-free decays, the real (planar) arithmetic and
-the all-chunks-at-once layout."""
+"""Chunk-parallel PyTorch form of the Interdomain Attention core (exact): ``chunk_interdomain``, whose docstring gives
+the factorisation through the M-vectors p_t = X^k_t q_t and r_t = K p_t (never the per-token states), the denominator
+channel, the overflow-free decays and the all-chunks-at-once layout; the batched core and its closed-form backward
+are ``chunk_function.ChunkCore``."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ __all__ = ["chunk_interdomain", "planar_readout_matrix"]
 
 
 # DECISION: on CPU tensors this form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks for (on a
-# GPU chunk_size is used as given): its intra-chunk work per token grows with the chunk length (the [L, L, M] decay
-# table and the [L, L] scores), its state work per token shrinks with it. Measured with `python -m benchmarks.cpu_step`
-# (2 threads, demo step, B 8, T 256): see benchmarks/README.md, "CPU training step". Results do not depend on it
-# beyond rounding.
+# GPU chunk_size is used as given): the intra-chunk work per token grows with the chunk length (the [L, L, M] decay
+# table, the [L, L] scores), the number of entering states shrinks with it. Measured on one CPU thread (2-core
+# machine), forward + backward, CPU ms, L = 8 / 16 / 32 / 64: `small` shapes (M=64, R=D=64; B 2, T 256, H 8 /
+# B 4, T 512, H 4) 55 / 36 / 39 / 73 and 114 / 69 / 63 / 80; `tiny` (M=16, R=D=32, B 8, T 256, H 2) 11 / 7.4 /
+# 9.6 / 11 (the tiny preset asks for 16). Results do not depend on it beyond rounding.
 REFERENCE_CHUNK = 32
 
 
@@ -67,8 +68,9 @@ def _decay_tables(log_lam: Planar, b_in: Planar, L: int) -> tuple[torch.Tensor, 
     return torch.complex(*g), torch.complex(*din)
 
 
-# DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break); on the GPU the
-# Triton custom ops run instead, also opaque.
+# DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break): its core is a
+# custom autograd.Function on complex tensors, which inductor does not generate code for; on the GPU the Triton custom
+# ops run instead, also opaque.
 @torch.compiler.disable
 @per_document(tokens=("q", "k", "v"))
 def chunk_interdomain(
@@ -126,16 +128,16 @@ def chunk_interdomain(
     Σ_s G[L'-1, s] z_sᵀ (G's zeros drop the padding).
 
     Numerical safety for fast-decaying modes: every power of λ is computed directly as exp(log_lam * n) with n >= 0
-    (n = t - s on and below the diagonal, n = t + 1 for the entering state, n = d L in the scan), so |λ^n| =
+    (n = t - s on and below the diagonal, n = t + 1 for the entering state, n = L in the scan), so |λ^n| =
     exp(Re(log_lam) n) <= 1 and no intermediate can overflow. The FLA-style split λ^{t-s} = λ^t · λ^{-s} is
     deliberately NOT used: λ^{-s} = exp(-Re(log_lam) s) reaches e^{5·63} ≈ 1e137 for Re(log_lam) = -5 in a 64-token
     chunk (inf in float32, and in float64 too for faster modes), and the product with the tiny λ^t would lose all
     precision even before overflowing. The price is the explicit [H, L, L, M] decay tensor instead of two rank-one
     factors; fast modes simply underflow to 0, which is their exact limit. Masked entries (s > t) use n = 0 before
-    being zeroed, so no inf/NaN reaches autograd.
+    being zeroed, so no inf/NaN reaches the gradients.
 
     Memory: O(B·H·T·(L + M)) for the scores and M-vectors and O(B·H·N·M·(R+D)) for the entering states, plus the
-    inputs and outputs; X_t is never materialised for every position (autograd saves these intermediates).
+    inputs and outputs, all kept for the backward; X_t is never materialised for every position.
     """
     validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)

@@ -132,7 +132,7 @@ class ChunkCore(torch.autograd.Function):
             gc_v[N - 1] += g_last[:, :, R:].conj()
         # conj of the total gradient of each X0[n]; gE = Σ g_{X0[n]} conj(X0[n-1]) = conj(Σ gc[n] X0[n-1])
         gE = _scan_((gc_k, gc_v), E, reverse=True, dot=(Xk, Xv)).conj()
-        g_init = torch.cat([gc_k[0], gc_v[0]], dim=-2).conj() if ctx.has_init else None
+        g_init = torch.cat([gc_k[0], gc_v[0]], dim=-2).conj().resolve_conj() if ctx.has_init else None
         if N > 1:  # ΔX[n]^ = x[n]ᵀ G^[L-1] feeds X0[n+1]: Re Σ_m G conj(g) = conj(G)^ · gc^
             glc = interleave(G[:, L - 1].conj().resolve_conj())  # [H, L, 2M]
             g_gl = 0
