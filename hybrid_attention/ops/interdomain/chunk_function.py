@@ -1,10 +1,9 @@
 """The all-chunks-at-once core of ``chunk_interdomain`` as one ``torch.autograd.Function`` with a closed-form backward
 (``ChunkCore``): a few batched matmuls over every chunk each way and one scan over the chunks.
 
-Layout: chunks are batched as [N, B, H, ...]; complex tensors do the elementwise work, and every matmul runs on
-``interleave`` of a complex tensor whose mode axis M is last, read as a real axis of 2M interleaved (real, imaginary)
-entries (written Y^ below; a view, no copy). The entering states are stored channel-major, key and value channels
-apart ([N, B, H, R, M] and [N, B, H, Dv, M]), so that each is such a view and each chunk's slice is contiguous.
+Layout: chunks batched as [N, B, H, ...]; complex tensors do the elementwise work, and every matmul runs on
+``interleave`` of a complex tensor (mode axis M last, read as 2M interleaved real entries: Y^ below, a view). The
+entering states are channel-major, key and value channels apart ([N, B, H, R, M], [N, B, H, Dv, M]).
 """
 
 from __future__ import annotations
