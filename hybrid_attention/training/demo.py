@@ -370,9 +370,9 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                ("tok_s", "train tok/s", ",.0f"), ("steps", "steps", ","), ("tokens", "train tokens", ",")]
     table = format_table(rows, columns)
     notes = [f"{r['model']}: state@{seq_len} at NAtS-L {r['note']} on validation" for r in rows if r["note"]]
-    notes.append(f"loss@{equal_tokens:,} tok: training loss (nats/token) of each model at the {equal_tokens:,} "
-                 f"training tokens every model reached (mean over the last {EQUAL_TOKENS_WINDOW:.0%} of them); the "
-                 "other columns are each model's result after its equal share of the time")
+    notes.append(f"loss@{equal_tokens:,} tok: training loss (nats/token) at the {equal_tokens:,} training tokens "
+                 f"every model reached (mean over the last {EQUAL_TOKENS_WINDOW:.0%} of them); the other columns: "
+                 "after each model's equal share of the time")
     table = "\n".join([table, *notes])
     from hybrid_attention.evaluation.length_sweep import plot_length_sweep
 
