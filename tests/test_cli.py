@@ -32,7 +32,7 @@ def test_demo_with_a_30_second_budget(tmp_path):
     wall = time.time() - t
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
-    for column in ("params", "state@256", "val ppl", "ppl@512", "ppl@1024", "train tok/s"):
+    for column in ("params", "state@256", "val ppl", "loss@", "ppl@512", "ppl@1024", "train tok/s"):
         assert column in out
     for mixer in ("softmax", "interdomain", "s4d"):
         assert any(line.startswith(mixer + " ") for line in out.splitlines()), out

@@ -138,6 +138,32 @@ def _water_level(spent: list[float], extra: float) -> float:
     return xs[-1]
 
 
+# The window of training tokens over which the demo averages each model's logged training loss at the token count
+# every model reached: the last tenth of it (one logged interval alone is a few batches, too noisy to rank models).
+EQUAL_TOKENS_WINDOW = 0.1
+
+
+def loss_at_tokens(curve: list[tuple[int, float]], tokens: int, window: float = EQUAL_TOKENS_WINDOW) -> float | None:
+    """A model's training loss at ``tokens`` training tokens: the mean of its logged training loss over the tokens
+    ((1 - window) · tokens, tokens], each logged interval weighted by the tokens it shares with that window.
+
+    Args:
+        curve: the logged records in order, (training tokens at the end of the interval, mean loss over the interval),
+            the first interval starting at 0 tokens (``metrics.jsonl``: one record per ``train.log_every`` steps).
+        tokens: the token count to read the loss at.
+        window: the width of the window, as a fraction of ``tokens`` (0 < window <= 1).
+
+    Returns None when no logged interval with a finite loss overlaps the window.
+    """
+    lo, num, den, start = (1 - window) * tokens, 0.0, 0.0, 0
+    for end, loss in curve:
+        overlap = min(end, tokens) - max(start, lo)
+        if overlap > 0 and math.isfinite(loss):
+            num, den = num + overlap * loss, den + overlap
+        start = end
+    return num / den if den > 0 else None
+
+
 def _retarget(tr, steps: int) -> None:
     """Set a trainer's run length to ``steps`` (learning-rate schedule included) at any point of the run: the demo
     plans by the clock, so a model's length changes as its measured speed does. Warmup only ever shrinks, to about a
@@ -236,14 +262,16 @@ def _check_options(opts: DemoOptions) -> None:
 
 def run_demo(opts: DemoOptions, log=print) -> dict:
     """Run the demo; returns {"rows": [...], "table": str, "sample": str, "best": mixer, "seconds": float,
-    "steps": {mixer: steps}, "tokens": {mixer: training tokens}}.
+    "steps": {mixer: steps}, "tokens": {mixer: training tokens}, "equal_tokens": int}.
 
     Trains one small model per available mixer (:func:`available_mixers`: those of softmax, interdomain, s4d, gdn and
     natsl that the mixer registry builds) on the embedded corpus (the interpreter's standard library, byte-level)
     with the *same time budget*, then prints one table: parameters, state size, validation perplexity at the training
-    length and at 2x / 4x of it, training tokens/s, steps and training tokens. Writes each run to ``<out>/<mixer>/``
-    (metrics, plots, final model), the comparison plots to ``<out>/``, and prints a sample from the model with the
-    lowest validation perplexity.
+    length and at 2x / 4x of it, training tokens/s, steps and training tokens, and beside these equal-time results
+    each model's training loss at the same number of training tokens (``equal_tokens``, the smallest count every
+    model reached; :func:`loss_at_tokens`), so that a model that is behind for lack of steps can be read fairly.
+    Writes each run to ``<out>/<mixer>/`` (metrics, plots, final model), the comparison plots to ``<out>/``, and prints
+    a sample from the model with the lowest validation perplexity.
 
     DECISION: the budget is planned by the clock (:class:`ClockPlan`). After loading the corpus every model is timed
     for a few steps; then the models train interleaved, always stepping the one that has used the least training time
@@ -369,20 +397,26 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
                      "note": state_note(has_routing(res.model), routing, measured_on="the last validation batch")})
         show(f"evaluated {m}")
     bar.close()
-    columns = [("model", "model", ""), ("params", "params", ","), ("state", f"state@{seq_len}", ","),
-               ("ppl", "val ppl", ".3f"), ("bpb", "bits/byte", ".3f"), ("ppl2", f"ppl@{2 * seq_len}", ".3f"),
-               ("ppl4", f"ppl@{4 * seq_len}", ".3f"), ("tok_s", "train tok/s", ",.0f"), ("steps", "steps", ","),
-               ("tokens", "train tokens", ",")]
-    table = format_table(rows, columns)
-    notes = [f"{r['model']}, state@{seq_len}: {r['note']}" for r in rows if r["note"]]
-    table = "\n".join([table, *notes])
-    from hybrid_attention.evaluation.length_sweep import plot_length_sweep
-
-    plot_length_sweep(sweeps, out / "length_sweep.png", "demo: validation perplexity vs context length")
     curves = {}
     for m in cfgs:
         recs = read_metrics(out / m / "metrics.jsonl")
         curves[m] = [(r["tokens"], r["loss"]) for r in recs if r.get("loss") is not None]
+    equal_tokens = min(r["tokens"] for r in rows)  # the training tokens every model reached
+    for r in rows:
+        r["loss_eq"] = loss_at_tokens(curves[r["model"]], equal_tokens)
+    columns = [("model", "model", ""), ("params", "params", ","), ("state", f"state@{seq_len}", ","),
+               ("ppl", "val ppl", ".3f"), ("bpb", "bits/byte", ".3f"), ("loss_eq", f"loss@{equal_tokens:,} tok", ".3f"),
+               ("ppl2", f"ppl@{2 * seq_len}", ".3f"), ("ppl4", f"ppl@{4 * seq_len}", ".3f"),
+               ("tok_s", "train tok/s", ",.0f"), ("steps", "steps", ","), ("tokens", "train tokens", ",")]
+    table = format_table(rows, columns)
+    notes = [f"{r['model']}, state@{seq_len}: {r['note']}" for r in rows if r["note"]]
+    notes.append(f"loss@{equal_tokens:,} tok: training loss (nats/token) at the {equal_tokens:,} training tokens "
+                 f"every model reached (mean over the last {EQUAL_TOKENS_WINDOW:.0%} of them); the other columns: "
+                 "after each model's equal share of the time")
+    table = "\n".join([table, *notes])
+    from hybrid_attention.evaluation.length_sweep import plot_length_sweep
+
+    plot_length_sweep(sweeps, out / "length_sweep.png", "demo: validation perplexity vs context length")
     plot_series(curves, out / "train_loss.png", "training tokens", "training loss (nats/token)",
                 "demo: training loss", logy=True, markers=False)
     best = min(rows, key=lambda r: r["ppl"])["model"]
@@ -392,4 +426,5 @@ def run_demo(opts: DemoOptions, log=print) -> dict:
     seconds = time.perf_counter() - t_start
     (out / "table.txt").write_text(table + "\n")
     return {"rows": rows, "table": table, "sample": "def " + sample, "best": best, "seconds": seconds,
-            "steps": {r["model"]: r["steps"] for r in rows}, "tokens": {r["model"]: r["tokens"] for r in rows}}
+            "steps": {r["model"]: r["steps"] for r in rows}, "tokens": {r["model"]: r["tokens"] for r in rows},
+            "equal_tokens": equal_tokens}

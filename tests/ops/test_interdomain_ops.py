@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from hybrid_attention.ops.interdomain import READOUTS, chunk_interdomain, interdomain, naive_interdomain
 from hybrid_attention.ops.interdomain import chunk as chunk_mod
-from hybrid_attention.ops.interdomain import chunk_interdomain, interdomain, naive_interdomain
 from hybrid_attention.ops.interdomain.naive import DEN_EPS
 
 F64, C128 = torch.float64, torch.complex128
@@ -306,6 +306,77 @@ def test_gradients_naive_equal_chunk():
         assert max_err(g_n, g_c) < 1e-8 * max(1.0, g_n.abs().max().item())
 
 
+def _all_gradients(fn, tensors, weights, **kw):
+    """Gradients of every input (q, k, v, log λ, B, C, initial state) of Σ w_o·o + Σ w_s·(Re, Im) final state."""
+    xs = [x.clone().requires_grad_() for x in tensors]
+    o, s = fn(*xs[:6], initial_state=xs[6], output_final_state=True, **kw)
+    w_o, w_s = weights
+    (o.double() * w_o).sum().add((torch.view_as_real(s).double() * w_s).sum()).backward()
+    return [x.grad for x in xs]
+
+
+@pytest.mark.parametrize("readout", READOUTS)
+@pytest.mark.parametrize("denominator", [False, True], ids=["noden", "den"])
+def test_every_gradient_naive_equals_chunk(readout, denominator):
+    """The chunk form's closed-form backward (``chunk_function.ChunkCore``) against autograd through the token loop:
+    every gradient, each readout, with and without the denominator, five chunks with a partial last one, an initial
+    state and the final state in the loss."""
+    Bsz, T, H, R, D, M = 2, 37, 2, 3, 2, 5
+    log_lam, B, C = make_params(H, M, 91, im_max=100.0, dominant=denominator)
+    q, k, v = make_inputs(Bsz, T, H, R, D, 92, positive=denominator)
+    n_ch = R + D + int(denominator)
+    init = 0.3 * make_state(Bsz, H, M, n_ch, 93)
+    if denominator:
+        assert denominator_values(q, k, log_lam, B, C, init).abs().min().item() > 0.1
+    g = torch.Generator().manual_seed(94)
+    weights = (torch.randn(Bsz, T, H, D, dtype=F64, generator=g),
+               torch.randn(Bsz, H, M, n_ch, 2, dtype=F64, generator=g))
+    tensors = (q, k, v, log_lam, B, C, init)
+    kw = dict(denominator=denominator, readout=readout)
+    want = _all_gradients(naive_interdomain, tensors, weights, **kw)
+    got = _all_gradients(chunk_interdomain, tensors, weights, chunk_size=8, **kw)
+    for name, g_n, g_c in zip(("q", "k", "v", "log_lam", "B", "C", "initial_state"), want, got):
+        assert g_c.dtype == g_n.dtype and g_n.abs().max() > 1e-3, name
+        assert max_err(g_n, g_c) < 1e-9 * max(1.0, g_n.abs().max().item()), name
+
+
+def test_float32_gradients_near_float64():
+    """The chunk form in float32 (complex64 parameters and state): every gradient within 1e-4 of the float64 one,
+    relative to its largest entry."""
+    Bsz, T, H, R, D, M = 2, 50, 2, 4, 4, 6
+    log_lam, B, C = make_params(H, M, 95, im_max=100.0)
+    q, k, v = make_inputs(Bsz, T, H, R, D, 96)
+    init = 0.3 * make_state(Bsz, H, M, R + D, 97)
+    g = torch.Generator().manual_seed(98)
+    weights = (torch.randn(Bsz, T, H, D, dtype=F64, generator=g),
+               torch.randn(Bsz, H, M, R + D, 2, dtype=F64, generator=g))
+    tensors = (q, k, v, log_lam, B, C, init)
+    want = _all_gradients(chunk_interdomain, tensors, weights, chunk_size=16)
+    low = [x.float() if x.is_floating_point() else x.to(torch.complex64) for x in tensors]
+    got = _all_gradients(chunk_interdomain, low, weights, chunk_size=16)
+    for g_n, g_c in zip(want, got):
+        assert g_c.dtype in (torch.float32, torch.complex64)
+        assert max_err(g_n, g_c.to(g_n.dtype)) < 1e-4 * g_n.abs().max().item()
+
+
+def test_planar_readout_matrix_is_the_readout():
+    """r^ = P p^ (interleaved real and imaginary parts) equals r = K₁ p + K₂ conj(p) of ``readout_operators``."""
+    from hybrid_attention.ops.common.planar import as_planar
+    from hybrid_attention.ops.interdomain.chunk import planar_readout_matrix
+    from hybrid_attention.ops.interdomain.chunk_function import interleave
+    from hybrid_attention.ops.interdomain.readout import readout_operators
+
+    g = torch.Generator().manual_seed(99)
+    H, M = 2, 5
+    C = torch.randn(H, M, M, dtype=C128, generator=g)
+    p = torch.randn(H, 7, M, dtype=C128, generator=g)
+    for readout in READOUTS:
+        k1, k2 = readout_operators(C, readout)
+        want = sum(torch.einsum("hmn,htn->htm", K, x) for K, x in ((k1, p), (k2, p.conj())) if K is not None)
+        got = interleave(p) @ planar_readout_matrix(as_planar(C, F64), readout).transpose(-1, -2)
+        torch.testing.assert_close(got, interleave(want), rtol=1e-12, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # precision and overflow safety
 
@@ -430,8 +501,8 @@ def test_reference_chunk_cap_on_cpu(cap, monkeypatch):
     if cap is not None:
         monkeypatch.setattr(chunk_mod, "REFERENCE_CHUNK", cap)
     seen = []
-    real = chunk_mod.chunk_decays
-    monkeypatch.setattr(chunk_mod, "chunk_decays", lambda ll, L: seen.append(L) or real(ll, L))
+    real = chunk_mod._decay_tables
+    monkeypatch.setattr(chunk_mod, "_decay_tables", lambda ll, b, L: seen.append(L) or real(ll, b, L))
     Bsz, T, H, R, D, M = 1, 130, 1, 2, 3, 5
     log_lam, B, C = make_params(H, M, 71)
     q, k, v = make_inputs(Bsz, T, H, R, D, 72)

@@ -3,12 +3,13 @@
 Time is simulated (a fake clock that advances by a given cost per step), so these tests are deterministic and fast.
 """
 
+import math
 import re
 
 import pytest
 
 from hybrid_attention.training import demo
-from hybrid_attention.training.demo import ClockPlan, _water_level
+from hybrid_attention.training.demo import ClockPlan, _water_level, loss_at_tokens
 
 
 def _simulate(costs, timed, deadline, load=lambda now: 1.0, min_steps=3):
@@ -80,6 +81,16 @@ def test_too_small_a_budget_still_gives_min_steps():
     assert plan.done == {"a": 2, "b": 2} and end == pytest.approx(6.0)
 
 
+def test_loss_at_tokens_weighs_the_window_by_tokens():
+    """The mean over ((1 - w) N, N] of the logged interval losses, each weighted by the tokens it shares with it."""
+    curve = [(100, 4.0), (200, 3.0), (300, 2.0), (400, 1.0)]  # interval (0, 100] has mean 4.0, ...
+    assert loss_at_tokens(curve, 300, window=0.5) == pytest.approx((50 * 3.0 + 100 * 2.0) / 150)  # (150, 300]
+    assert loss_at_tokens(curve, 250, window=0.2) == pytest.approx(2.0)  # (200, 250] lies inside one interval
+    assert loss_at_tokens(curve, 400, window=1.0) == pytest.approx(2.5)
+    assert loss_at_tokens([(100, 4.0), (200, float("nan")), (300, 2.0)], 300, window=0.5) == pytest.approx(2.0)
+    assert loss_at_tokens([], 300) is None and loss_at_tokens([(100, float("inf"))], 100) is None
+
+
 class _FakeTime:
     def __init__(self):
         self.now = 1000.0
@@ -120,7 +131,20 @@ def test_run_demo_plans_by_the_clock(monkeypatch, tmp_path):
     header, _, *lines = res["table"].splitlines()
     assert "steps" in header and "train tokens" in header
     assert any(line.startswith("softmax ") and f" {res['steps']['softmax']} " in line for line in lines)
-    lines = log.getvalue().splitlines()
+    # beside the equal-time results: every model's training loss at the tokens the slowest one reached
+    n_eq = min(res["tokens"].values())
+    assert res["equal_tokens"] == n_eq == res["tokens"]["s4d"]
+    assert f"loss@{n_eq:,} tok" in header and f"at the {n_eq:,} training tokens every model reached" in res["table"]
+    for row in res["rows"]:
+        recs = demo.read_metrics(tmp_path / row["model"] / "metrics.jsonl")
+        curve = [(r["tokens"], r["loss"]) for r in recs if r.get("loss") is not None]
+        assert row["loss_eq"] == pytest.approx(loss_at_tokens(curve, n_eq)) and math.isfinite(row["loss_eq"])
+        line = next(line for line in lines if line.startswith(row["model"] + " "))
+        assert f" {row['loss_eq']:.3f} " in line
+    softmax_curve = [(r["tokens"], r["loss"]) for r in demo.read_metrics(tmp_path / "softmax" / "metrics.jsonl")
+                     if r.get("loss") is not None]
+    assert softmax_curve[-1][0] > 2 * n_eq  # softmax went on training: its column reads an earlier point
+    lines = log.getvalue().splitlines()  # the progress lines
     assert lines and all(line.startswith("demo: ") and line.count("/60 s") == 1 and " s/s" not in line
                          for line in lines), lines[:3]
     assert re.fullmatch(r"demo: 0/60 s, 1:00 left; softmax 1/84 \d+\.\d\d s4d 0/21 -", lines[0]), lines[0]

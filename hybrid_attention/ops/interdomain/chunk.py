@@ -1,32 +1,76 @@
-"""Chunk-parallel PyTorch form of the Interdomain Attention core (exact, differentiable by autograd):
-``chunk_interdomain``, whose docstring gives the factorisation through the M-vectors p_t = X^k_t q_t and r_t = K p_t
-(never the per-token states), the denominator channel, the overflow-free decays and the memory."""
+"""Chunk-parallel PyTorch form of the Interdomain Attention core (exact): ``chunk_interdomain``, whose docstring gives
+the factorisation through the M-vectors p_t = X^k_t q_t and r_t = K p_t (never the per-token states), the denominator
+channel, the overflow-free decays and the all-chunks-at-once layout; the batched core and its closed-form backward
+are ``chunk_function.ChunkCore``."""
 
 from __future__ import annotations
 
 import torch
 
-from ..common.ssm import chunk_decays, compute_dtypes, prepare_ssm_params, validate_chunk_size
+from ..common.planar import Planar, cexp_scaled, cmul
+from ..common.ssm import compute_dtypes, prepare_planar_params, validate_chunk_size
 from ..common.varlen import per_document
+from .chunk_function import ChunkCore
 from .naive import safe_divide, validate_interdomain_inputs
-from .readout import DEFAULT_READOUT, readout_operators, validate_readout
+from .readout import DEFAULT_READOUT, validate_readout
 
-__all__ = ["chunk_interdomain"]
+__all__ = ["chunk_interdomain", "planar_readout_matrix"]
 
 
-# DECISION: on CPU tensors this PyTorch form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks
-# for (on a GPU, longer chunks mean fewer sequential steps, so chunk_size is used as given): its
-# per-token work grows with the chunk length (the [L, L, M] decay table), while the Triton kernels use chunk_size as
-# asked. Measured on one CPU thread, forward + backward, L = 16 / 32 / 64: `small` shapes (M=64, R=D=64; B 2, T 256,
-# H 8 / B 4, T 512, H 4) 158 / 205 / 380 and 243 / 257 / 403 ms; `tiny` (M=16, R=D=32, B 8, T 128, H 2) 21 / 16 /
-# 20 ms. 32 is the cap (the tiny preset asks for 16 anyway). Results do not depend on it beyond rounding.
+# DECISION: on CPU tensors this form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks for (on a
+# GPU chunk_size is used as given): the intra-chunk work per token grows with the chunk length (the [L, L, M] decay
+# table, the [L, L] scores), the number of entering states shrinks with it. Measured on one CPU thread (2-core
+# machine), forward + backward, CPU ms, L = 8 / 16 / 32 / 64: `small` shapes (M=64, R=D=64; B 2, T 256, H 8 /
+# B 4, T 512, H 4) 55 / 36 / 39 / 73 and 114 / 69 / 63 / 80; `tiny` (M=16, R=D=32, B 8, T 256, H 2) 11 / 7.4 /
+# 9.6 / 11 (the tiny preset asks for 16). Results do not depend on it beyond rounding.
 REFERENCE_CHUNK = 32
 
 
-# DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break): inductor (torch
-# 2.13, CPU) failed to compile its complex autograd in training ("self.stride(-1) must be 1 to view ComplexFloat as
-# Float" at a gradient addition of the state slices), and miscompiled the SSM-parameter gradients of the similar
-# bilinear S4D reference (ops/s4d_bilinear/chunk.py). On the GPU the Triton custom ops run instead, also opaque.
+def planar_readout_matrix(C: Planar, readout: str) -> torch.Tensor:
+    """The readout r = K₁ p + K₂ conj(p) (``readout_operators``) as one real map P ``[H, 2M, 2M]`` of p^ to r^,
+    r^ = P p^, where x^ = (Re x₀, Im x₀, Re x₁, Im x₁, ...) interleaves a complex M-vector (``chunk_function``'s
+    layout); C ``Planar`` [H, M, M].
+
+    With rr = CrᵀCr, ri = CrᵀCi, ir = CiᵀCr, ii = CiᵀCi (one matmul of [Cr, Ci] with itself), the 2×2 block of P at
+    modes (m, n) is, for "transpose" K₁ = (rr - ii) + i(ri + ir): [[Re K₁, -Im K₁], [Im K₁, Re K₁]]; for "hermitian"
+    K₂ = (rr + ii) + i(ir - ri), which acts on conj(p): [[Re K₂, Im K₂], [Im K₂, -Re K₂]]; for "real", half of their
+    sum: [[rr, -ri], [ir, -ii]] (r = Cᵀ Re(C p)).
+    """
+    validate_readout(readout)
+    H, M = C.shape[0], C.shape[-1]
+    y = torch.cat([C.re, C.im], dim=-1)  # [H, M, 2M]
+    g = y.transpose(1, 2) @ y  # [H, 2M, 2M] = [[rr, ri], [ir, ii]]
+    rr, ri, ir, ii = g[:, :M, :M], g[:, :M, M:], g[:, M:, :M], g[:, M:, M:]
+    if readout == "transpose":
+        a, b = rr - ii, ri + ir
+        blocks = (a, -b, b, a)
+    elif readout == "hermitian":
+        c, d = rr + ii, ir - ri
+        blocks = (c, d, d, -c)
+    else:
+        blocks = (rr, -ri, ir, -ii)
+    # blocks (re←re, re←im, im←re, im←im), each [H, M, M] -> P[h, 2m + α, 2n + β]
+    return torch.stack(blocks, dim=-1).view(H, M, M, 2, 2).permute(0, 1, 3, 2, 4).reshape(H, 2 * M, 2 * M)
+
+
+def _decay_tables(log_lam: Planar, b_in: Planar, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """G ``[H, L, L, M]`` with G[h, t, s] = λ^{t-s} ⊙ B̄ for s <= t and 0 otherwise, and Din ``[H, L, M]`` with
+    Din[h, t] = λ^{t+1}, both complex; every power computed directly as exp(n log λ) with n >= 0 (masked entries use
+    n = 0)."""
+    rdtype = log_lam.dtype
+    idx = torch.arange(L, device=log_lam.device)
+    n = idx[:, None] - idx[None, :]  # t - s
+    causal = (n >= 0).to(rdtype)[None, :, :, None]
+    n = n.clamp(min=0).to(rdtype)[None, :, :, None]
+    dec = cexp_scaled(log_lam.map(lambda x: x[:, None, None, :]), n)
+    g = cmul(dec.re * causal, dec.im * causal, b_in.re[:, None, None, :], b_in.im[:, None, None, :])
+    din = cexp_scaled(log_lam.map(lambda x: x[:, None, :]), (idx + 1).to(rdtype)[None, :, None])
+    return torch.complex(*g), torch.complex(*din)
+
+
+# DECISION: this reference form is opaque to torch.compile (Dynamo runs it eagerly, a graph break): its core is a
+# custom autograd.Function on complex tensors, which inductor does not generate code for; on the GPU the Triton custom
+# ops run instead, also opaque.
 @torch.compiler.disable
 @per_document(tokens=("q", "k", "v"))
 def chunk_interdomain(
@@ -45,11 +89,11 @@ def chunk_interdomain(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Interdomain Attention core, chunk-parallel (equal to ``naive_interdomain`` to rounding).
 
-    Shapes: q, k ``[B, T, H, R]`` real; v ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex; C ``[H, M, M]``
-    complex; initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``) complex. Any T >= 0 and any
-    chunk_size >= 1 (the last chunk may be partial; on the CPU at most REFERENCE_CHUNK tokens per chunk). Returns
-    ``o [B, T, H, D]`` in ``q.dtype`` and the final raw state (complex128 for float64 inputs, complex64 otherwise) or
-    ``None`` unless ``output_final_state``.
+    Shapes: q, k ``[B, T, H, R]`` real; v ``[B, T, H, D]`` real; log_lam, B ``[H, M]`` complex or ``Planar``; C
+    ``[H, M, M]`` complex or ``Planar``; initial_state ``[B, H, M, R + D]`` (``R + D + 1`` with ``denominator``)
+    complex. Any T >= 0 and any chunk_size >= 1 (the last chunk may be partial; on the CPU at most REFERENCE_CHUNK
+    tokens per chunk). Returns ``o [B, T, H, D]`` in ``q.dtype`` and the final raw state (complex128 for float64
+    inputs, complex64 otherwise) or ``None`` unless ``output_final_state``.
 
     Same contract as ``naive_interdomain`` (see naive.py for the definition). Per batch b and head h, write the state as
     X_t = [X^k_t | X^v_t] (key channels, value channels). Then U_t q_t = C X^k_t q_t and Γ_t = C X^v_t, so
@@ -63,28 +107,37 @@ def chunk_interdomain(
     Factorisation for a chunk [t0, t0 + L) entered with state X0 (the state after token t0 - 1), local indices t, s in
     [0, L). Unrolling the recurrence inside the chunk gives X_t = Σ_{s<=t} λ^{t-s} ⊙ B z_sᵀ + λ^{t+1} ⊙ X0, hence
 
-        Ldec[t, s, m] = exp(log_lam[m] (t - s)) if s <= t else 0             [H, L, L, M]   intra-chunk decays
+        G[t, s, m]    = exp(log_lam[m] (t - s)) B[m] if s <= t else 0          [H, L, L, M]   intra-chunk decays
         Din[t, m]     = exp(log_lam[m] (t + 1))                              [H, L, M]      decay of the entering state
         S[t, s]       = q_t · k_s                                            [B, H, L, L]   query-key scores
-        p_t = Σ_s S[t, s] Ldec[t, s] ⊙ B  +  Din[t] ⊙ (X0^k q_t)             [B, H, L, M]   (= X^k_t q_t)
+        p_t = Σ_s S[t, s] G[t, s]  +  Din[t] ⊙ (X0^k q_t)                    [B, H, L, M]   (= X^k_t q_t)
         r_t = K₁ p_t + K₂ conj(p_t)                                          [B, H, L, M]   (transpose: K₁ = K, K₂ = 0)
-        W[t, s] = Σ_m r_t[m] B[m] Ldec[t, s, m]                              [B, H, L, L]
-        o_t = Re(Σ_s W[t, s] v_s)  +  Re((r_t ⊙ Din[t])ᵀ X0^v)               [B, H, L, D]
-        X_end = Din[L-1] ⊙ X0 + Σ_s Ldec[L-1, s] ⊙ B z_sᵀ                    [B, H, M, R+D]  (carried to the next chunk)
+        W[t, s] = Re Σ_m r_t[m] G[t, s, m]                                   [B, H, L, L]
+        o_t = Σ_s W[t, s] v_s  +  Re((r_t ⊙ Din[t])ᵀ X0^v)                   [B, H, L, D]
+        X_end = Din[L-1] ⊙ X0 + Σ_s G[L-1, s] z_sᵀ                           [B, H, M, R+D]  (carried to the next chunk)
 
     With ``denominator=True`` the value gets a constant-1 channel, v' = [v ; 1], and the same formulas give
     num = o'[..., :D] and den = o'[..., D] = Re(q_tᵀ U_tᵀ η_t); o = num / safe(den) exactly as in naive.py.
 
-    Numerical safety for fast-decaying modes: every power of λ is computed directly as exp(log_lam * n) with n >= 0
-    (n = t - s on and below the diagonal, n = t + 1 for the entering state), so |λ^n| = exp(Re(log_lam) n) <= 1 and no
-    intermediate can overflow. The FLA-style split λ^{t-s} = λ^t · λ^{-s} is deliberately NOT used: λ^{-s} =
-    exp(-Re(log_lam) s) reaches e^{5·63} ≈ 1e137 for Re(log_lam) = -5 in a 64-token chunk (inf in float32, and in
-    float64 too for faster modes), and the product with the tiny λ^t would lose all precision even before overflowing.
-    The price is the explicit [H, L, L, M] decay tensor instead of two rank-one factors; fast modes simply underflow to
-    0, which is their exact limit. Masked entries (s > t) use n = 0 before being zeroed, so no inf/NaN reaches autograd.
+    Layout: every chunk runs at once (``chunk_function.ChunkCore``, one autograd.Function with a closed-form
+    backward): the tokens are padded to N whole chunks and laid out [N, B, H, L, *], so each line above is one batched
+    matmul over all chunks; complex products run as real matmuls on interleaved (real, imaginary) views, and
+    r = K₁ p + K₂ conj p is one real [2M, 2M] map (``planar_readout_matrix``). Only the entering states depend on the
+    previous chunks: X0[n] = λ^L ⊙ X0[n-1] + ΔX[n-1] with ΔX[j] = Σ_s G[L-1, s] z_sᵀ of chunk j, a scan over the N
+    chunks of [B, H, M, R+D] elementwise steps. The last chunk, of length L' <= L, leaves X_end = Din[L'-1] ⊙ X0 +
+    Σ_s G[L'-1, s] z_sᵀ (G's zeros drop the padding).
 
-    Memory: the python loop over chunks keeps per chunk O(L·L·M + L·M·(R+D)) per head, plus the O(T·(R+D)) inputs and
-    outputs; X_t is never materialised for every position (autograd still saves the per-chunk intermediates).
+    Numerical safety for fast-decaying modes: every power of λ is computed directly as exp(log_lam * n) with n >= 0
+    (n = t - s on and below the diagonal, n = t + 1 for the entering state, n = L in the scan), so |λ^n| =
+    exp(Re(log_lam) n) <= 1 and no intermediate can overflow. The FLA-style split λ^{t-s} = λ^t · λ^{-s} is
+    deliberately NOT used: λ^{-s} = exp(-Re(log_lam) s) reaches e^{5·63} ≈ 1e137 for Re(log_lam) = -5 in a 64-token
+    chunk (inf in float32, and in float64 too for faster modes), and the product with the tiny λ^t would lose all
+    precision even before overflowing. The price is the explicit [H, L, L, M] decay tensor instead of two rank-one
+    factors; fast modes simply underflow to 0, which is their exact limit. Masked entries (s > t) use n = 0 before
+    being zeroed, so no inf/NaN reaches the gradients.
+
+    Memory: O(B·H·T·(L + M)) for the scores and M-vectors and O(B·H·N·M·(R+D)) for the entering states, plus the
+    inputs and outputs, all kept for the backward; X_t is never materialised for every position.
     """
     validate_readout(readout)
     validate_interdomain_inputs(q, k, v, log_lam, B, C, initial_state, denominator)
@@ -96,39 +149,42 @@ def chunk_interdomain(
     M = log_lam.shape[1]
     out_dtype = q.dtype
     rdtype, cdtype = compute_dtypes(q, k, v)
-    log_lam, B, C = prepare_ssm_params(log_lam, B, C, cdtype)
+    log_lam, b_in, c_mat = prepare_planar_params(log_lam, B, C, rdtype)
 
-    # [B, H, T, *] layout; the value side carries the constant-1 channel of the denominator if requested.
-    q, k, v = (x.to(rdtype).transpose(1, 2) for x in (q, k, v))
+    # the value side carries the constant-1 channel of the denominator if requested
+    q, k, v = (x.to(rdtype) for x in (q, k, v))
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    X = q.new_zeros(Bsz, H, M, R + v.shape[-1], dtype=cdtype) if initial_state is None else initial_state.to(cdtype)
+    Dv = v.shape[-1]
+    if T == 0:
+        o = v.new_zeros(Bsz, 0, H, D).to(out_dtype)
+        if not output_final_state:
+            return o, None
+        return o, q.new_zeros(Bsz, H, M, R + Dv, dtype=cdtype) if initial_state is None else initial_state.to(cdtype)
 
-    K1, K2 = readout_operators(C, readout)  # r = K₁ p + K₂ conj(p), each [H, M, M] or None
-    Lmax = min(chunk_size, T)
-    Ldec_full, Din_full = chunk_decays(log_lam, Lmax) if T > 0 else (None, None)
+    L = min(chunk_size, T)
+    N = -(-T // L)
+    last = T - (N - 1) * L  # length of the last chunk
+    pad = N * L - T
 
-    outputs = []
-    for t0 in range(0, T, chunk_size):
-        L = min(chunk_size, T - t0)
-        Ldec, Din = Ldec_full[:, :L, :L], Din_full[:, :L]  # [H, L, L, M], [H, L, M]
-        LdecB = Ldec * B[:, None, None, :]  # λ^{t-s} ⊙ B
-        qc, kc, vc = q[:, :, t0 : t0 + L], k[:, :, t0 : t0 + L], v[:, :, t0 : t0 + L]
-        Xk, Xv = X[..., :R], X[..., R:]
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, c] -> [N, B, H, L, c], zero-padded
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).view(Bsz, N, L, H, x.shape[-1])
+        return x.permute(1, 0, 3, 2, 4).contiguous()
 
-        S = (qc @ kc.transpose(-1, -2)).to(cdtype)  # [B, H, L, L]; Ldec's zeros supply the causal mask
-        p = torch.einsum("bhts,htsm->bhtm", S, LdecB)
-        p = p + Din * torch.einsum("bhmr,bhtr->bhtm", Xk, qc.to(cdtype))  # p_t = X^k_t q_t
-        r = sum(torch.einsum("hmn,bhtn->bhtm", K_, p_) for K_, p_ in ((K1, p), (K2, p.conj())) if K_ is not None)
-        W = torch.einsum("bhtm,htsm->bhts", r, LdecB)  # intra-chunk query-to-value weights
-        o = W.real @ vc + torch.einsum("bhtm,bhmd->bhtd", r * Din, Xv).real  # v is real: Re(W v) = Re(W) v
-        outputs.append(o)
-
-        z = torch.cat([kc, vc], dim=-1).to(cdtype)  # [B, H, L, R+D(+1)]
-        X = Din[:, L - 1, :, None] * X + torch.einsum("hsm,bhsc->bhmc", LdecB[:, L - 1], z)
-
-    D_out = v.shape[-1]
-    o = torch.cat(outputs, dim=2) if T > 0 else v.new_zeros(Bsz, H, 0, D_out)  # [B, H, T, D(+1)]
+    qc, kc, vc = chunks(q), chunks(k), chunks(v)
+    G, Din = _decay_tables(log_lam, b_in, L)
+    P = planar_readout_matrix(c_mat, readout)  # [H, 2M, 2M]
+    E = torch.complex(*cexp_scaled(log_lam, torch.tensor(float(L), dtype=rdtype, device=q.device)))  # λ^L
+    x0 = None if initial_state is None else initial_state.to(cdtype).transpose(-1, -2)  # channel-major
+    o, x_last = ChunkCore.apply(qc, kc, vc, G, Din, P, E, x0)
+    o = o.permute(1, 0, 3, 2, 4).reshape(Bsz, N * L, H, Dv)[:, :T]
     if denominator:
         o = safe_divide(o[..., :D], o[..., D:])
-    return o.transpose(1, 2).to(out_dtype), (X if output_final_state else None)
+    o = o.to(out_dtype)
+    if not output_final_state:
+        return o, None
+
+    # final state: the last chunk's entering state decayed over its length plus its own contribution
+    zl = torch.cat([kc[N - 1], vc[N - 1]], dim=-1).to(cdtype)  # [B, H, L, C]
+    dl = torch.einsum("hsm,bhsc->bhmc", G[:, last - 1], zl)  # λ^{last-1-s} B for s < last, 0 for the padding
+    return o, Din[:, last - 1, :, None] * x_last.transpose(-1, -2) + dl
