@@ -1,17 +1,4 @@
 """RULER's synthetic long-context tasks (Hsieh et al., 2024), generated offline and deterministically from a seed.
-
-Tasks (RULER's names and settings): needle in a haystack ``niah_single_1`` / ``_2`` / ``_3`` (one needle; a repeated
-filler, the corpus, the corpus with UUID values), ``niah_multikey_1`` / ``_2`` / ``_3`` (distractor needles with other
-keys: in the corpus, or the whole haystack made of them, UUID keys and values for ``_3``), ``niah_multivalue`` (four
-values under one key), ``niah_multiquery`` (four keys asked at once), ``vt`` (variable tracking: one chain of four
-hops hidden in filler, one worked example first) and ``cwe`` (common-word extraction: the ten words repeated most in
-a numbered list, one worked example first).
-
-RULER's essay haystack is a corpus here: the embedded standard-library corpus (held-out documents first) or local
-files, cut into lines and repeated when a context needs more than it holds, so that any length can be built. Every
-prompt is sized with the evaluated model's own tokenizer: the most haystack for which the prompt, its answer prefix
-and the answer budget fit the length. Each sample is drawn from its own seeded generator (seed, task, length, index),
-so the same call gives the same samples on any machine with the same corpus.
 """
 
 from __future__ import annotations
@@ -310,6 +297,19 @@ def ruler_samples(name: str, length: int, samples: int, count: Callable[[str], i
             answer when that is more, so that a byte-level tokenizer has room to write it).
 
     Raises TooShort when even the smallest haystack does not fit the length.
+
+    Tasks (RULER's names and settings): needle in a haystack ``niah_single_1`` / ``_2`` / ``_3`` (one needle; a repeated
+    filler, the corpus, the corpus with UUID values), ``niah_multikey_1`` / ``_2`` / ``_3`` (distractor needles with
+    other keys: in the corpus, or the whole haystack made of them, UUID keys and values for ``_3``), ``niah_multivalue``
+    (four values under one key), ``niah_multiquery`` (four keys asked at once), ``vt`` (variable tracking: one chain of
+    four hops hidden in filler, one worked example first) and ``cwe`` (common-word extraction: the ten words repeated
+    most in a numbered list, one worked example first).
+
+    RULER's essay haystack is a corpus here: the embedded standard-library corpus (held-out documents first) or local
+    files, cut into lines and repeated when a context needs more than it holds, so that any length can be built. Every
+    prompt is sized with the evaluated model's own tokenizer: the most haystack for which the prompt, its answer prefix
+    and the answer budget fit the length. Each sample is drawn from its own seeded generator (seed, task, length,
+    index), so the same call gives the same samples on any machine with the same corpus.
     """
     task = TASKS[name]
     key = f"{seed}:{name}:{length}"

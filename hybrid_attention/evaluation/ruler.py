@@ -1,10 +1,4 @@
 """RULER's synthetic long-context tasks on a trained model, offline (``hybrid-attention eval ruler``).
-
-The prompts come from ``data/ruler.py``, sized with the model's own tokenizer. The model continues each prompt by
-greedy decoding for at most the sample's answer budget (stopping early at the end-of-text token or once every expected
-answer is in the text, which cannot change the score), and a sample scores as RULER's ``string_match_all``: the
-fraction of its expected answers that appear in the generated text, ignoring case. A task's score at a length is the
-mean over its samples; the average row is the mean over the tasks.
 """
 
 from __future__ import annotations
@@ -101,7 +95,14 @@ def evaluate_ruler(model: torch.nn.Module, tok: PreTrainedTokenizerBase,
     """Generate and score every sample; returns {"rows": [{task, length, score, all_found, samples, prompt_tokens,
     max_new_tokens}], "scores": {task: {length: score}}, "average": {length: mean score over the tasks},
     "predictions": [{task, length, index, answers, prediction, score, prompt_tokens}]}. ``log`` gets one line per
-    (task, length) as it finishes."""
+    (task, length) as it finishes.
+
+    The prompts come from ``data/ruler.py``, sized with the model's own tokenizer. The model continues each prompt by
+    greedy decoding for at most the sample's answer budget (stopping early at the end-of-text token or once every
+    expected answer is in the text, which cannot change the score), and a sample scores as RULER's ``string_match_all``:
+    the fraction of its expected answers that appear in the generated text, ignoring case. A task's score at a length is
+    the mean over its samples; the average row is the mean over the tasks.
+    """
     model.eval()
     rows, predictions = [], []
     for (task, length), group in samples.items():

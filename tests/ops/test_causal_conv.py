@@ -33,7 +33,7 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative L2 error of a against the float64 reference (0 for two empty tensors)."""
     if ref.numel() == 0:
         return 0.0
-    a = a.detach().to("cpu", F64)
+    a, ref = a.detach().to("cpu", F64), ref.detach().to("cpu", F64)  # a reference computed on the GPU comes back
     return ((a - ref).norm() / ref.norm().clamp(min=1e-30)).item()
 
 

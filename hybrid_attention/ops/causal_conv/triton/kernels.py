@@ -1,21 +1,4 @@
 """Triton kernels of the causal depthwise short convolution (imported only when triton is installed).
-
-Notation: x, y ``[B, T, C]`` (channels last, contiguous), weight ``[C, K]``; lag L = 0..K-1 multiplies
-``w[:, K-1-L]``: ``pre[t] = Σ_L w[K-1-L] · x[t-L]``, ``y = SiLU(pre)`` (SILU) or ``pre``. A token before its sequence's
-start reads the initial state or zero: the kernels read the initial state and the final-state gradient transposed,
-``[N, K-1, C]`` (channels contiguous, as x: the same register layout; slot i oldest first, lag L at position p < L
-reads slot K-1-L+p), and write the final state and the initial-state gradient ``[N, C, K-1]``.
-
-One program per (block of BT tokens, block of BC channels, batch row); packed documents (IS_VARLEN, B = 1) take the
-rows of the ``ChunkTable`` (``table_row``): a program's tokens lie in one document, so its sequence start and end are
-two scalars. The channel count C is a constexpr: the K lagged tiles of a program then sit at compile-time offsets of
-one pointer tile (the registers of one address tile, not K). Every product and sum is float32; the lagged loads
-overlap (L1 / L2 hits), so each kernel reads x and writes its output about once from memory.
-
-The backward recomputes the pre-activation where it needs it (no stored ``pre``): dpre = dy · SiLU'(pre);
-``dx[u] = Σ_L w[K-1-L] · dpre[u+L]`` over the targets u+L of the same sequence, plus the final-state gradient on the
-last K-1 tokens; the weight gradient as per-program partials ``[P, K, C]`` (summed on the host: deterministic);
-the initial-state gradient in a small per-sequence kernel.
 """
 
 from __future__ import annotations
@@ -89,7 +72,25 @@ def _conv_fwd_kernel(
     HAS_INIT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    """y = act(pre) for one [BT tokens, BC channels] tile."""
+    """y = act(pre) for one [BT tokens, BC channels] tile.
+
+    Notation: x, y ``[B, T, C]`` (channels last, contiguous), weight ``[C, K]``; lag L = 0..K-1 multiplies ``w[:,
+    K-1-L]``: ``pre[t] = Σ_L w[K-1-L] · x[t-L]``, ``y = SiLU(pre)`` (SILU) or ``pre``. A token before its sequence's
+    start reads the initial state or zero: the kernels read the initial state and the final-state gradient transposed,
+    ``[N, K-1, C]`` (channels contiguous, as x: the same register layout; slot i oldest first, lag L at position p < L
+    reads slot K-1-L+p), and write the final state and the initial-state gradient ``[N, C, K-1]``.
+
+    One program per (block of BT tokens, block of BC channels, batch row); packed documents (IS_VARLEN, B = 1) take the
+    rows of the ``ChunkTable`` (``table_row``): a program's tokens lie in one document, so its sequence start and end
+    are two scalars. The channel count C is a constexpr: the K lagged tiles of a program then sit at compile-time
+    offsets of one pointer tile (the registers of one address tile, not K). Every product and sum is float32; the lagged
+    loads overlap (L1 / L2 hits), so each kernel reads x and writes its output about once from memory.
+
+    The backward recomputes the pre-activation where it needs it (no stored ``pre``): dpre = dy · SiLU'(pre);
+    ``dx[u] = Σ_L w[K-1-L] · dpre[u+L]`` over the targets u+L of the same sequence, plus the final-state gradient on the
+    last K-1 tokens; the weight gradient as per-program partials ``[P, K, C]`` (summed on the host: deterministic);
+    the initial-state gradient in a small per-sequence kernel.
+    """
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
     o_r = tl.arange(0, BT)
