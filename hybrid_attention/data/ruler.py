@@ -1,5 +1,4 @@
-"""RULER's synthetic long-context tasks (Hsieh et al., 2024), generated offline and deterministically from a seed.
-"""
+"""RULER's synthetic long-context tasks (Hsieh et al., 2024), generated offline and deterministically from a seed."""
 
 from __future__ import annotations
 

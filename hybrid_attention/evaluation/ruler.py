@@ -1,5 +1,4 @@
-"""RULER's synthetic long-context tasks on a trained model, offline (``hybrid-attention eval ruler``).
-"""
+"""RULER's synthetic long-context tasks on a trained model, offline (``hybrid-attention eval ruler``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Triton kernels of the causal depthwise short convolution (imported only when triton is installed).
-"""
+"""Triton kernels of the causal depthwise short convolution (imported only when triton is installed)."""
 
 from __future__ import annotations
 
