@@ -141,7 +141,8 @@ def compare_rows(runs: Sequence[RunLog], tokens: int, state_len: int) -> list[di
                      "tokens": tokens, "loss": before[-1]["loss"] if before else None, "val_loss": val["val_loss"],
                      "val_ppl": val.get("val_ppl"), "val_bpb": val.get("val_bpb"),
                      "tok_s": _tokens_per_second(run, tokens),
-                     "note": state_note(routing, measured_fraction(val.get("routing") or {}) if routing else None)})
+                     "note": state_note(routing, measured_fraction(val.get("routing") or {}) if routing else None,
+                                        measured_on="the last validation batch")})
     return rows
 
 
@@ -151,7 +152,7 @@ def compare_table(rows: list[dict[str, Any]], state_len: int) -> str:
                ("state", f"state@{state_len}", ","), ("steps", "steps", ","), ("loss", "train loss", ".4f"),
                ("val_loss", "val loss", ".4f"), ("val_ppl", "val ppl", ".3f"), ("val_bpb", "bits/byte", ".3f"),
                ("tok_s", "train tok/s", ",.0f")]
-    notes = [f"{r['run']}: state@{state_len} at NAtS-L {r['note']} on validation" for r in rows if r["note"]]
+    notes = [f"{r['run']}, state@{state_len}: {r['note']}" for r in rows if r["note"]]
     return "\n".join([format_table(rows, columns), *notes])
 
 

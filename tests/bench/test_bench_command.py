@@ -24,7 +24,7 @@ def test_the_console_script_finds_the_benchmarks_of_its_clone(monkeypatch, tmp_p
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "ops", "--only", "bogus"]) == 2
     err = capsys.readouterr().err  # the sections were found: the bad name is what is reported
-    assert err.startswith("error: --only for 'ops' accepts ['interdomain', 'natsl', 's4d_bilinear']"), err
+    assert err.startswith("error: --only for 'ops' accepts [") and "'interdomain'" in err and "bogus" in err, err
     assert Path(sys.modules["benchmarks"].__file__).resolve() == ROOT / "benchmarks" / "__init__.py"
 
 

@@ -57,8 +57,9 @@ def test_runs_compared_at_the_largest_shared_token_count(runs, tmp_path):
         assert row["loss"] == logged[-1]["loss"]
         rates = [r["tok_per_s"] for r in logged]
         assert min(rates) * (1 - 1e-9) <= row["tok_s"] <= max(rates) * (1 + 1e-9)  # the throughput of those steps
-    assert rows["natsl"]["note"].startswith("softmax fraction 0.50 (assumed; measured fraction: ")
-    assert "natsl: state@32 at NAtS-L softmax fraction" in res["table"]
+    assert rows["natsl"]["note"].startswith("NAtS-L layers counted with 50% of their chunks routed to softmax")
+    assert "of the last validation batch's chunks" in rows["natsl"]["note"]
+    assert f"natsl, state@32: {rows['natsl']['note']}" in res["table"]
     assert res["table"].splitlines()[0].split()[:3] == ["run", "layers", "params"]
     out = tmp_path / "out"
     assert (out / "table.txt").read_text() == res["table"] + "\n"

@@ -359,6 +359,27 @@ def test_float32_gradients_near_float64():
         assert max_err(g_n, g_c.to(g_n.dtype)) < 1e-4 * g_n.abs().max().item()
 
 
+def test_chunk_form_under_bf16_autocast():
+    """Under CPU bf16 autocast (a training run with train.precision=bf16 on a CPU) the chunk form computes in float32
+    inside, forward and backward: o in the inputs' dtype, every gradient equal to the run without autocast."""
+    Bsz, T, H, R, D, M = 2, 37, 2, 4, 4, 6
+    log_lam, B, C = make_params(H, M, 91)
+    q, k, v = (x.float() for x in make_inputs(Bsz, T, H, R, D, 92))
+    init = (0.3 * make_state(Bsz, H, M, R + D, 93)).to(torch.complex64)
+    params = [x.to(torch.complex64) for x in (log_lam, B, C)]
+    results = []
+    for autocast in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, *params, init)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            o, fin = chunk_interdomain(*leaves[:6], initial_state=leaves[6], output_final_state=True, chunk_size=16,
+                                       readout="real")
+            loss = o.square().sum() + fin.abs().square().sum()
+        assert o.dtype == torch.float32
+        results.append([o.detach(), *torch.autograd.grad(loss, leaves)])
+    for plain, cast in zip(*results):
+        assert torch.allclose(plain, cast, rtol=1e-5, atol=1e-6)
+
+
 def test_planar_readout_matrix_is_the_readout():
     """r^ = P p^ (interleaved real and imaginary parts) equals r = K₁ p + K₂ conj(p) of ``readout_operators``."""
     from hybrid_attention.ops.common.planar import as_planar

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.autocast import autocast_off
 from ..common.planar import Planar, cexp_scaled, cmul
 from ..common.ssm import compute_dtypes, prepare_planar_params, validate_chunk_size
 from ..common.varlen import per_document
@@ -144,6 +145,13 @@ def chunk_interdomain(
     validate_chunk_size(chunk_size)
     if q.device.type == "cpu":
         chunk_size = min(chunk_size, REFERENCE_CHUNK)
+    with autocast_off(q.device.type):  # the exact form: float32 / float64 products, also inside bf16 autocast
+        return _chunk_interdomain(q, k, v, log_lam, B, C, denominator, initial_state, output_final_state, chunk_size,
+                                  readout)
+
+
+def _chunk_interdomain(q, k, v, log_lam, B, C, denominator, initial_state, output_final_state, chunk_size, readout):
+    """The body of ``chunk_interdomain`` (validated inputs, autocast off)."""
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = log_lam.shape[1]
