@@ -15,7 +15,6 @@ layer's channel widths (q / k and v); ``--varlen`` packs the B rows as documents
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from types import SimpleNamespace
@@ -25,7 +24,8 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.aot_regs_gdn import Launch, _Recorder, compile_launch, parse_set  # noqa: E402
+from benchmarks.aot_regs_gdn import Launch, _Recorder, compile_launch  # noqa: E402
+from benchmarks.common import config_with  # noqa: E402
 from hybrid_attention.ops.causal_conv.triton import kernels as _kernels  # noqa: E402
 from hybrid_attention.ops.causal_conv.triton import ops as O  # noqa: E402
 from hybrid_attention.ops.causal_conv.triton.config import DEFAULT_CONFIG, CausalConvConfig  # noqa: E402
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state", action="store_true", help="with an initial state, the final state and its gradient")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="CausalConvConfig fields to replace")
     a = p.parse_args(argv)
-    changes = parse_set(a.set)
-    config = dataclasses.replace(DEFAULT_CONFIG, **changes)
+    config = config_with(DEFAULT_CONFIG, a.set)
+    changes = " ".join(a.set)
     print(f"sm_90 AOT compile (triton {triton.__version__}), DEFAULT_CONFIG {changes or ''}, varlen={a.varlen}, "
           f"state={a.state}")
     print(f"{'shape':6s} {'C':>5s} {'kernel':14s} {'tiles':14s} {'w/s':4s} {'regs':>4s} {'spill st/ld B':>14s} "
@@ -90,22 +90,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-# sm_90, triton 3.6.0 (CPU AOT), DEFAULT_CONFIG, the training call (no states):
-# small    512 conv_fwd       BT32 BC64      4/3    69      0/0             0      7  (64, 8, 16)
-# small    512 conv_bwd       BT32 BC32      4/3    93      0/0           512      5  (64, 16, 16)
-# small   1024 conv_fwd       BT32 BC64      4/3    69      0/0             0      7  (64, 16, 16)
-# small   1024 conv_bwd       BT32 BC32      4/3    93      0/0           512      5  (64, 32, 16)
-# 340m     768 conv_fwd       BT32 BC64      4/3    67      0/0             0      7  (128, 12, 4)
-# 340m     768 conv_bwd       BT32 BC32      4/3   102      0/0           512      4  (128, 24, 4)
-# 340m    1536 conv_fwd       BT32 BC64      4/3    67      0/0             0      7  (128, 24, 4)
-# 340m    1536 conv_bwd       BT32 BC32      4/3   102      0/0           512      4  (128, 48, 4)
-# --state --varlen --shapes 340m:
-# 340m     768 conv_fwd       BT32 BC64      4/3    90      0/0             0      5  (515, 12, 1)
-# 340m     768 conv_final     KP4 BC64       4/3    18      0/0           512     16  (4, 12)
-# 340m     768 conv_bwd       BT32 BC32      4/3   136      0/0           512      3  (515, 24, 1)
-# 340m     768 conv_dinit     KP4 BC64       4/3    32      0/0          1024     16  (4, 12)
-# 340m    1536 conv_fwd       BT32 BC64      4/3    90      0/0             0      5  (515, 24, 1)
-# 340m    1536 conv_final     KP4 BC64       4/3    18      0/0           512     16  (4, 24)
-# 340m    1536 conv_bwd       BT32 BC32      4/3   136      0/0           512      3  (515, 48, 1)
-# 340m    1536 conv_dinit     KP4 BC64       4/3    32      0/0          1024     16  (4, 24)

@@ -27,7 +27,6 @@ latency-bound step, for A/B of kernel versions), and the grid.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -47,6 +46,7 @@ from triton.runtime.jit import create_function_from_signature
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from benchmarks.aot_regs import TARGET  # noqa: E402
+from benchmarks.common import config_with  # noqa: E402
 from hybrid_attention.ops.common.varlen import ChunkTable, max_chunks  # noqa: E402
 from hybrid_attention.ops.gated_delta.triton import function as F  # noqa: E402
 from hybrid_attention.ops.gated_delta.triton import kernels as _kernels  # noqa: E402
@@ -241,19 +241,6 @@ def _tiles(launch: Launch) -> str:
     return " ".join(f"{k}{kw[k]}" for k in ("BK", "BKF", "BV") if k in kw)
 
 
-def parse_set(items: list[str]) -> dict[str, int | str]:
-    """``FIELD=VALUE`` pairs of ``--set``: the value as an int where it parses as one (tile sizes, warps, stages),
-    else the string itself (``buffer_dtype=bf16``); ``GatedDeltaConfig`` validates it."""
-    changes: dict[str, int | str] = {}
-    for item in items:
-        key, val = item.split("=", 1)
-        try:
-            changes[key] = int(val)
-        except ValueError:
-            changes[key] = val
-    return changes
-
-
 def main(argv: list[str] | None = None) -> None:
     """Print one line per kernel and shape (options: --shapes, --varlen, --commit)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -263,8 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="GatedDeltaConfig fields to replace (ints, or a string: buffer_dtype=bf16)")
     a = p.parse_args(argv)
-    changes = parse_set(a.set)
-    config = dataclasses.replace(DEFAULT_CONFIG, **changes)
+    config = config_with(DEFAULT_CONFIG, a.set)
+    changes = " ".join(a.set)
     print(
         f"sm_90 AOT compile (triton {triton.__version__}), DEFAULT_CONFIG {changes or ''}, varlen={a.varlen}, "
         f"commit={a.commit}"
