@@ -225,8 +225,8 @@ class S4DCoreMixer(TokenMixer):
             z, new_conv[name] = self.convs[name](z, state.conv.get(name) if state else None, output_final_state=keep,
                                                  cu_seqlens=cu_seqlens)
             # the eager convolution returns a transposed view ([B, D, T] storage): one copy here, so that the
-            # elementwise glue after it (RoPE, ξ, norms) and its gradients share one layout (SiLU's backward on
-            # mixed layouts took 0.3 ms against 0.035 ms for B×T×D = 8×256×64 on one CPU thread)
+            # elementwise glue after it (RoPE, ξ, norms) and its gradients share one layout instead of running
+            # strided (the CPU training step, benchmarks/README.md)
             z = z.contiguous()
         return z.view(*x.shape[:2], self.num_heads, self.head_dim)
 

@@ -20,10 +20,9 @@ __all__ = ["chunk_interdomain", "planar_readout_matrix"]
 
 # DECISION: on CPU tensors this form runs chunks of at most REFERENCE_CHUNK tokens whatever chunk_size asks for (on a
 # GPU chunk_size is used as given): the intra-chunk work per token grows with the chunk length (the [L, L, M] decay
-# table, the [L, L] scores), the number of entering states shrinks with it. Measured on one CPU thread (2-core
-# machine), forward + backward, CPU ms, L = 8 / 16 / 32 / 64: `small` shapes (M=64, R=D=64; B 2, T 256, H 8 /
-# B 4, T 512, H 4) 55 / 36 / 39 / 73 and 114 / 69 / 63 / 80; `tiny` (M=16, R=D=32, B 8, T 256, H 2) 11 / 7.4 /
-# 9.6 / 11 (the tiny preset asks for 16). Results do not depend on it beyond rounding.
+# table, the [L, L] scores), the number of entering states shrinks with it; 16-32 is fastest at the `small` and `tiny`
+# shapes (the chunk-length row of the CPU training-step section of benchmarks/README.md). Results do not depend on it
+# beyond rounding.
 REFERENCE_CHUNK = 32
 
 

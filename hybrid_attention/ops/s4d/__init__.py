@@ -26,15 +26,10 @@ _FORMS = {"naive": naive_s4d, "toeplitz": toeplitz_s4d, "fft": fft_s4d, "chunk":
           **{alias: fft_s4d for alias in FFT_ALIASES}}
 
 # DECISION ("auto" on CUDA, dense batches): the Toeplitz matmul (in blocks of 512 rows above 2048 tokens,
-# toeplitz.py) up to 16384 tokens; above, the chunked form under torch.compile and the FFT in eager mode. Evidence,
-# forward+backward under bf16 autocast, R = D = M = 64 (benchmarks/README.md, S4D tables): up to 4096 tokens (`python -m
-# benchmarks.s4d_conv`, H = 8) Toeplitz is 1.2-3.3x faster than the FFT eager and 2.4x compiled; above (`python -m
-# benchmarks.s4d_conv --long-only`, H = 12, H100) Toeplitz compiled / eager 3.71 / 5.19 ms at 4 x 8192 and 5.75 / 8.76
-# at 2 x 16384 against the FFT's 10.28 / 11.15 and the chunked form's 6.44 / 6.27 compiled; at 1 x 32768 the chunked
-# form compiled 6.34 ms against the FFT's 12.44 and Toeplitz's 14.24 (its cost per token grows with T), while eager
-# the FFT stays fastest (chunk 15.38, Toeplitz 18.53). Toeplitz's bf16 error vs float64 is 2.9e-3 (outputs) / <= 2.9e-3
-# (gradients) at T = 1000 (dense) and T = 3000 (blocks), inside the 5e-3 / 1e-2 bars. On the CPU (and for float64)
-# "auto" stays on the FFT: exact to 1e-10, no bf16.
+# toeplitz.py) up to 16384 tokens; above, the chunked form under torch.compile and the FFT in eager mode: the fastest
+# form at each length and mode in the S4D tables of benchmarks/README.md (`python -m benchmarks.s4d_conv` and
+# `--long-only`; the Toeplitz cost per token grows with T, the FFT's with log T). Toeplitz's bf16 error vs float64 is
+# inside the 5e-3 / 1e-2 bars (same tables). On the CPU (and for float64) "auto" stays on the FFT: exact to 1e-10.
 # DECISION (packed documents, any device): "auto" with cu_seqlens runs "chunk". The Toeplitz / FFT forms run one
 # convolution per document at its own length with host-side offsets (``per_document``): under torch.compile Dynamo
 # re-specialises per document length and the packed s4d training step does not finish (H200, B = 1, T = 32768, 82

@@ -18,11 +18,9 @@ class CausalConvConfig(KernelConfig):
     state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
     ``KernelConfig``.
 
-    The defaults by the sm_90 compile report (``python benchmarks/aot_regs_conv.py`` under the device's triton 3.6,
-    bf16, K = 4, the training call): forward 32 x 64 / 4 warps 69 registers, backward 32 x 32 / 4 warps 93 (134
-    with an initial state and a final-state gradient), no spills; a 64 x 64 backward takes 143 registers on 8 warps
-    (one CTA per SM) or 255 and spills on 4. Not yet timed on the device: ``python -m benchmarks.causal_conv --sweep``
-    compares the variants.
+    The defaults are the largest tiles that compile without spills for sm_90 (the register table of the
+    short-convolution section of benchmarks/README.md, ``python benchmarks/aot_regs_conv.py``); the launch sweep
+    ``python -m benchmarks.causal_conv --sweep`` has not run on a GPU.
     """
 
     BT: int = 32

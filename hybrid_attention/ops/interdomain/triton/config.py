@@ -44,9 +44,8 @@ class InterdomainConfig(ScanConfig):
 
     save_states: the forward keeps its chunk-entering states ([B·H, T/L, 2, M, R+D] float32, 4 (R+D) M / L bytes per
     token and head: 2 KiB at R = D = M = 64, L = 32) and power table for the backward, which then runs no forward
-    state scan (only when a gradient is needed: the forward alone stores nothing extra). DECISION: on by default,
-    the benchmarks/README.md launch table (H100, ``python -m benchmarks.interdomain_launch``): forward+backward
-    4.40 vs 4.51 ms at 16×2048×8, 2.08 vs 2.18 at 1×4096×16, 8.83 vs 9.46 at 1×32768×16.
+    state scan (only when a gradient is needed: the forward alone stores nothing extra). DECISION: on by default, faster
+    at every measured shape for the same results (the kept-states rows of the launch table in benchmarks/README.md).
 
     real_dot_prec: input precision of the one-pass "real" readout's chained products through C (x = Re(C p),
     r = Cᵀ x, and in the backward gx = gr Cᵀ, gp = gx C) on the GPU; every other dot keeps ``dot_prec``. "tf32"
