@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from ...common.triton import interpreting
 from ...common.triton.config import ScanConfig
 
-__all__ = ["InterdomainConfig", "DEFAULT_CONFIG", "REAL_DOT_PRECS"]
+__all__ = ["InterdomainConfig", "DEFAULT_CONFIG", "REAL_DOT_PRECS", "CHUNK_DOTS"]
 
 REAL_DOT_PRECS = ("tf32", "tf32x3", "ieee")
 """Allowed ``InterdomainConfig.real_dot_prec`` values (Triton's ``input_precision`` names)."""
+
+CHUNK_DOTS = ("fp32", "bf16")
+"""Allowed ``InterdomainConfig.chunk_dots`` values."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,14 @@ class InterdomainConfig(ScanConfig):
     r = Cᵀ x, and in the backward gx = gr Cᵀ, gp = gx C) on the GPU; every other dot keeps ``dot_prec``. "tf32"
     (default, measured above); "tf32x3" (≈ float32 accuracy, three tensor-core passes for those 4 + 6 dots per
     sub-chunk) is the opt-in answer to the tiny dominant-mode cases, not yet timed.
+
+    chunk_dots: operands of every matmul in the chunk kernels. "fp32" (default): float32 operands at ``dot_prec`` /
+    ``real_dot_prec``. "bf16": bf16 operands with float32 accumulation (half the operand registers, the bf16 MMA
+    rate); the power table, the carried chunk states and every elementwise decay / state term stay float32, only the
+    operands of each product are rounded. Under the interpreter the rounding is reproduced exactly
+    (``ops/common/triton/lowp.py``). The state scans keep ``dot_prec``. The denominator ablation always runs "fp32"
+    (``triton_interdomain``): its quotient amplifies the rounding past the bars (tests/ops/test_interdomain_triton.py,
+    ``test_bf16_chunk_dots``).
     """
 
     BC: int = 32
@@ -61,14 +72,28 @@ class InterdomainConfig(ScanConfig):
     bwd_split: bool = True
     real_one_pass: bool = True
     real_dot_prec: str = "tf32"
+    chunk_dots: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.real_dot_prec not in REAL_DOT_PRECS:
             raise ValueError(f"real_dot_prec must be one of {', '.join(REAL_DOT_PRECS)}, got {self.real_dot_prec!r}")
+        if self.chunk_dots not in CHUNK_DOTS:
+            raise ValueError(f"chunk_dots must be one of {', '.join(CHUNK_DOTS)}, got {self.chunk_dots!r}")
+
+    def _bf16_prec(self) -> str | None:
+        """The chunk kernels' bf16 precision name (``lowp.mm``) when ``chunk_dots`` is "bf16", else None."""
+        if self.chunk_dots != "bf16":
+            return None
+        return "bf16_rn" if interpreting() else "bf16"
+
+    def chunk_prec(self) -> str:
+        """The DOT_PREC constexpr of the chunk kernels: ``prec()``, or the bf16 name when ``chunk_dots`` is "bf16"."""
+        return self._bf16_prec() or self.prec()
 
     def real_prec(self) -> str:
-        """The REAL_PREC constexpr of the chunk kernels: ``real_dot_prec`` on the GPU, "ieee" under the interpreter."""
-        return "ieee" if interpreting() else self.real_dot_prec
+        """The REAL_PREC constexpr of the chunk kernels: ``real_dot_prec`` on the GPU, "ieee" under the interpreter, or
+        the bf16 name when ``chunk_dots`` is "bf16"."""
+        return self._bf16_prec() or ("ieee" if interpreting() else self.real_dot_prec)
 
 
 DEFAULT_CONFIG = InterdomainConfig()

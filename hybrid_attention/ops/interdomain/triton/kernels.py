@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...common.triton.lowp import mm
 from ...common.triton.ssm_scan_kernels import chunk_info, cmul
 
 
@@ -41,16 +42,16 @@ def _unband(Wb, t_abs, offs_tc, offs_s, BC: tl.constexpr):
 def _real_x(p_re, p_im, kb, pk, km, M, DOT_PREC: tl.constexpr):
     """x = Re(C p) ([BC, BM], real) from p ([BC, BM] re, im) and the planar C at kb ([2, M, M], C[n, m] at n M + m):
     x = Re p ReCᵀ − Im p ImCᵀ (x_t[n] = Σ_m Re(C[n, m] p_t[m]))."""
-    x = tl.dot(p_re, tl.trans(tl.load(kb + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
-    x -= tl.dot(p_im, tl.trans(tl.load(kb + M * M + pk, mask=km, other=0.0)), input_precision=DOT_PREC)
+    x = mm(p_re, tl.trans(tl.load(kb + pk, mask=km, other=0.0)), DOT_PREC)
+    x -= mm(p_im, tl.trans(tl.load(kb + M * M + pk, mask=km, other=0.0)), DOT_PREC)
     return x
 
 
 @triton.jit
 def _real_cx(x, kb, pk, km, M, DOT_PREC: tl.constexpr):
     """r = Cᵀ x as rows ([BC, BM] re, im): Re r = x ReC, Im r = x ImC (r_t[m] = Σ_n C[n, m] x_t[n])."""
-    r_re = tl.dot(x, tl.load(kb + pk, mask=km, other=0.0), input_precision=DOT_PREC)
-    r_im = tl.dot(x, tl.load(kb + M * M + pk, mask=km, other=0.0), input_precision=DOT_PREC)
+    r_re = mm(x, tl.load(kb + pk, mask=km, other=0.0), DOT_PREC)
+    r_im = mm(x, tl.load(kb + M * M + pk, mask=km, other=0.0), DOT_PREC)
     return r_re, r_im
 
 
@@ -66,8 +67,8 @@ def _readout_r(p_re, p_im, kb, offs_m, M, km, DOT_PREC: tl.constexpr):
     """
     kt_re = tl.load(kb + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
     kt_im = tl.load(kb + M * M + offs_m[None, :] * M + offs_m[:, None], mask=km, other=0.0)
-    r_re = tl.dot(p_re, kt_re, input_precision=DOT_PREC) - tl.dot(p_im, kt_im, input_precision=DOT_PREC)
-    r_im = tl.dot(p_re, kt_im, input_precision=DOT_PREC) + tl.dot(p_im, kt_re, input_precision=DOT_PREC)
+    r_re = mm(p_re, kt_re, DOT_PREC) - mm(p_im, kt_im, DOT_PREC)
+    r_im = mm(p_re, kt_im, DOT_PREC) + mm(p_im, kt_re, DOT_PREC)
     return r_re, r_im
 
 
@@ -169,7 +170,7 @@ def _chunk_fwd(
         if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
             S = tl.dot(qi, tl.trans(kc))
         else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
-            S = tl.dot(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
+            S = mm(qi.to(tl.float32), tl.trans(kc.to(tl.float32)), DOT_PREC)
         S = tl.where(causal, S, 0.0)
         if HAS_CROSS:  # columns of earlier sub-chunks: λ^{t-s} = λ^{t-b_i} λ^{b_i-s}, both exponents >= 0
             cross = offs_s < bi
@@ -178,24 +179,24 @@ def _chunk_fwd(
             gidx = tl.where(cross, bi - offs_s, 0)
             g_re = tl.load(ptab + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
             g_im = tl.load(ptab + LP * M + gidx[:, None] * M + offs_m[None, :], mask=gm, other=0.0)
-            y_re = tl.dot(Sx, g_re, input_precision=DOT_PREC)
-            y_im = tl.dot(Sx, g_im, input_precision=DOT_PREC)
+            y_re = mm(Sx, g_re, DOT_PREC)
+            y_im = mm(Sx, g_im, DOT_PREC)
             pt_re, pt_im = cmul(a_re, a_im, y_re, y_im)
         else:
             pt_re = tl.zeros([BC, BM], dtype=tl.float32)
             pt_im = tl.zeros([BC, BM], dtype=tl.float32)
         # diagonal block as a band matmul: Σ_d S[t, t-d] λ^d = (band(S) @ P[0:BC])[t]
         Sb = _band(S, t_abs, offs_tc)
-        pt_re += tl.dot(Sb, a_re, input_precision=DOT_PREC)
-        pt_im += tl.dot(Sb, a_im, input_precision=DOT_PREC)
+        pt_re += mm(Sb, a_re, DOT_PREC)
+        pt_im += mm(Sb, a_im, DOT_PREC)
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         xm = mask_mx[:, None] & mask_r[None, :]
         xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
         xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
         qf = qi.to(tl.float32)
-        u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
-        u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
+        u_re = mm(qf, tl.trans(xk_re), DOT_PREC)
+        u_im = mm(qf, tl.trans(xk_im), DOT_PREC)
         p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
         du_re, du_im = cmul(din_re, din_im, u_re, u_im)
         p_re += du_re
@@ -212,15 +213,11 @@ def _chunk_fwd(
         rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
         if HAS_CROSS:
             ra_re, ra_im = cmul(rp_re, rp_im, a_re, a_im)
-            W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-                ra_im, tl.trans(g_im), input_precision=DOT_PREC
-            )
+            W = mm(ra_re, tl.trans(g_re), DOT_PREC) - mm(ra_im, tl.trans(g_im), DOT_PREC)
         else:
             W = tl.zeros([BC, BT], dtype=tl.float32)
         # W[t, t-d] = Re Σ_m rp[t, m] λ_m^d = (Re(rp @ P[0:BC]ᵀ))[t, d], gathered back to [t, s]
-        wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
-            rp_im, tl.trans(a_im), input_precision=DOT_PREC
-        )
+        wb = mm(rp_re, tl.trans(a_re), DOT_PREC) - mm(rp_im, tl.trans(a_im), DOT_PREC)
         W += _unband(wb, t_abs, offs_tc, offs_s, BC)
         W = tl.where(causal, W, 0.0)
         vm = mask_mx[:, None] & mask_d[None, :]
@@ -230,8 +227,8 @@ def _chunk_fwd(
         vc = tl.load(
             v_base + offs_s[:, None] * (H * D) + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0
         )
-        out = tl.dot(W, vc.to(tl.float32), input_precision=DOT_PREC)
-        out += tl.dot(ai_re, xv_re, input_precision=DOT_PREC) - tl.dot(ai_im, xv_im, input_precision=DOT_PREC)
+        out = mm(W, vc.to(tl.float32), DOT_PREC)
+        out += mm(ai_re, xv_re, DOT_PREC) - mm(ai_im, xv_im, DOT_PREC)
         tl.store(
             o_base + t_abs[:, None] * (H * D) + offs_d[None, :],
             out.to(o.dtype.element_ty),
@@ -257,14 +254,14 @@ def _decay(X, Xb, a_re, a_im, g_re, g_im, cross, DOT_PREC: tl.constexpr, HAS_CRO
     """
     if HAS_CROSS:
         Xx = tl.where(cross[None, :], X, 0.0)
-        y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
-        y_im = tl.dot(Xx, g_im, input_precision=DOT_PREC)
+        y_re = mm(Xx, g_re, DOT_PREC)
+        y_im = mm(Xx, g_im, DOT_PREC)
         o_re, o_im = cmul(a_re, a_im, y_re, y_im)
     else:
         o_re = tl.zeros_like(a_re)
         o_im = tl.zeros_like(a_im)
-    o_re += tl.dot(Xb, a_re, input_precision=DOT_PREC)
-    o_im += tl.dot(Xb, a_im, input_precision=DOT_PREC)
+    o_re += mm(Xb, a_re, DOT_PREC)
+    o_im += mm(Xb, a_im, DOT_PREC)
     return o_re, o_im
 
 
@@ -274,11 +271,11 @@ def _decay_d(X, Xb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC: tl
     t-b_i per row, gidf: b_i-s per column), the band offset d (dcol) on the diagonal block."""
     if HAS_CROSS:
         Xx = tl.where(cross[None, :], X, 0.0)
-        yd_re = tl.dot(Xx, gidf * g_re, input_precision=DOT_PREC)
-        yd_im = tl.dot(Xx, gidf * g_im, input_precision=DOT_PREC)
+        yd_re = mm(Xx, gidf * g_re, DOT_PREC)
+        yd_im = mm(Xx, gidf * g_im, DOT_PREC)
         o_re, o_im = cmul(a_re, a_im, yd_re, yd_im)
-        y_re = tl.dot(Xx, g_re, input_precision=DOT_PREC)
-        y_im = tl.dot(Xx, g_im, input_precision=DOT_PREC)
+        y_re = mm(Xx, g_re, DOT_PREC)
+        y_im = mm(Xx, g_im, DOT_PREC)
         c_re, c_im = cmul(a_re, a_im, y_re, y_im)
         o_re += tcf * c_re
         o_im += tcf * c_im
@@ -286,8 +283,8 @@ def _decay_d(X, Xb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC: tl
         o_re = tl.zeros_like(a_re)
         o_im = tl.zeros_like(a_im)
     Xbd = Xb * dcol
-    o_re += tl.dot(Xbd, a_re, input_precision=DOT_PREC)
-    o_im += tl.dot(Xbd, a_im, input_precision=DOT_PREC)
+    o_re += mm(Xbd, a_re, DOT_PREC)
+    o_im += mm(Xbd, a_im, DOT_PREC)
     return o_re, o_im
 
 
@@ -424,7 +421,7 @@ def _chunk_bwd(
         if LP_DOT:  # native bf16/fp16 tensor-core product (exact products, fp32 accumulation)
             S = tl.dot(qi, tl.trans(kc))
         else:  # float32 inputs, or bf16 under the interpreter (whose bf16 dot is broken in triton 3.6)
-            S = tl.dot(qf, tl.trans(kc.to(tl.float32)), input_precision=DOT_PREC)
+            S = mm(qf, tl.trans(kc.to(tl.float32)), DOT_PREC)
         S = tl.where(causal, S, 0.0)
         Sb = _band(S, t_abs, offs_tc)
         if HAS_CROSS:  # columns of earlier sub-chunks: λ^{t-s} = λ^{t-b_i} λ^{b_i-s}
@@ -447,8 +444,8 @@ def _chunk_bwd(
             pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
             xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
             xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
-            u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
-            u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
+            u_re = mm(qf, tl.trans(xk_re), DOT_PREC)
+            u_im = mm(qf, tl.trans(xk_im), DOT_PREC)
             p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
             du_re, du_im = cmul(din_re, din_im, u_re, u_im)
             p_re += du_re
@@ -463,50 +460,43 @@ def _chunk_bwd(
             rp_re, rp_im = cmul(r_re, r_im, b_re[None, :], b_im[None, :])
             if HAS_CROSS:
                 ra_re, ra_im = cmul(rp_re, rp_im, a_re, a_im)
-                W = tl.dot(ra_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-                    ra_im, tl.trans(g_im), input_precision=DOT_PREC
-                )
+                W = mm(ra_re, tl.trans(g_re), DOT_PREC) - mm(ra_im, tl.trans(g_im), DOT_PREC)
             else:
                 W = tl.zeros([BC, BT], dtype=tl.float32)
-            wb = tl.dot(rp_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
-                rp_im, tl.trans(a_im), input_precision=DOT_PREC
-            )
+            wb = mm(rp_re, tl.trans(a_re), DOT_PREC) - mm(rp_im, tl.trans(a_im), DOT_PREC)
             W += _unband(wb, t_abs, offs_tc, offs_s, BC)
             W = tl.where(causal, W, 0.0)
-            dv_acc = _put(
-                dv_acc, tl.dot(tl.trans(W), doi, input_precision=DOT_PREC), dv + tok_d + pv, cmask_d, HAS_CROSS
-            )
+            dv_acc = _put(dv_acc, mm(tl.trans(W), doi, DOT_PREC), dv + tok_d + pv, cmask_d, HAS_CROSS)
 
         # ---- backward of the chunk: Fw = Σ_s dW λ^{t-s}, g_a = dO conj(X0v)ᵀ, gr = conj(Fw B) + g_a conj(Din) ----
         vc = tl.load(v + tok_d + pv, mask=cmask_d, other=0.0)
-        dW = tl.where(causal, tl.dot(doi, tl.trans(vc.to(tl.float32)), input_precision=DOT_PREC), 0.0)
+        dW = tl.where(causal, mm(doi, tl.trans(vc.to(tl.float32)), DOT_PREC), 0.0)
         dWb = _band(dW, t_abs, offs_tc)
         fw_re, fw_im = _decay(dW, dWb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
         xv_re = tl.load(x_base + px + R + offs_d[None, :], mask=vml, other=0.0)
         xv_im = tl.load(x_base + M * NC + px + R + offs_d[None, :], mask=vml, other=0.0)
-        ga_re = tl.dot(doi, tl.trans(xv_re), input_precision=DOT_PREC)
-        ga_im = -tl.dot(doi, tl.trans(xv_im), input_precision=DOT_PREC)
+        ga_re = mm(doi, tl.trans(xv_re), DOT_PREC)
+        ga_im = -mm(doi, tl.trans(xv_im), DOT_PREC)
         fb_re, fb_im = cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
         gr_re = fb_re + ga_re * din_re + ga_im * din_im
         gr_im = -fb_im + ga_im * din_re - ga_re * din_im
         if REAL_C:  # gr = (∂ℓ/∂Re r, ∂ℓ/∂Im r); gx = ∂ℓ/∂x = gr_re ReCᵀ + gr_im ImCᵀ (x = Re(C p), r = Cᵀ x)
-            gx = tl.dot(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), input_precision=REAL_PREC)
-            gx += tl.dot(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)),
-                         input_precision=REAL_PREC)
+            gx = mm(gr_re, tl.trans(tl.load(k_base_p + pk, mask=km, other=0.0)), REAL_PREC)
+            gx += mm(gr_im, tl.trans(tl.load(k_base_p + M * M + pk, mask=km, other=0.0)), REAL_PREC)
         if VAL:
             if REAL_C:  # grad C[n, m]: Re += Σ_t x[t, n] gr_re[t, m] + gx[t, n] Re p[t, m], Im: gr_im, - Im p
                 xt = tl.trans(x)
                 gxt = tl.trans(gx)
                 gk_re = _put(
                     gk_re,
-                    tl.dot(xt, gr_re, input_precision=DOT_PREC) + tl.dot(gxt, p_re, input_precision=DOT_PREC),
+                    mm(xt, gr_re, DOT_PREC) + mm(gxt, p_re, DOT_PREC),
                     gkb + pk,
                     km,
                     HAS_CROSS,
                 )
                 gk_im = _put(
                     gk_im,
-                    tl.dot(xt, gr_im, input_precision=DOT_PREC) - tl.dot(gxt, p_im, input_precision=DOT_PREC),
+                    mm(xt, gr_im, DOT_PREC) - mm(gxt, p_im, DOT_PREC),
                     gkb + M * M + pk,
                     km,
                     HAS_CROSS,
@@ -515,16 +505,14 @@ def _chunk_bwd(
                 # grad K += grᵀ conj(p)
                 gk_re = _put(
                     gk_re,
-                    tl.dot(tl.trans(gr_re), p_re, input_precision=DOT_PREC)
-                    + tl.dot(tl.trans(gr_im), p_im, input_precision=DOT_PREC),
+                    mm(tl.trans(gr_re), p_re, DOT_PREC) + mm(tl.trans(gr_im), p_im, DOT_PREC),
                     gkb + pk,
                     km,
                     HAS_CROSS,
                 )
                 gk_im = _put(
                     gk_im,
-                    tl.dot(tl.trans(gr_im), p_re, input_precision=DOT_PREC)
-                    - tl.dot(tl.trans(gr_re), p_im, input_precision=DOT_PREC),
+                    mm(tl.trans(gr_im), p_re, DOT_PREC) - mm(tl.trans(gr_re), p_im, DOT_PREC),
                     gkb + M * M + pk,
                     km,
                     HAS_CROSS,
@@ -537,14 +525,14 @@ def _chunk_bwd(
             ai_re, ai_im = cmul(r_re, r_im, din_re, din_im)
             dxv_re = _put(
                 dxv_re,
-                tl.dot(tl.trans(ai_re), doi, input_precision=DOT_PREC),
+                mm(tl.trans(ai_re), doi, DOT_PREC),
                 dxb + px + R + offs_d[None, :],
                 vm,
                 HAS_CROSS,
             )
             dxv_im = _put(
                 dxv_im,
-                -tl.dot(tl.trans(ai_im), doi, input_precision=DOT_PREC),
+                -mm(tl.trans(ai_im), doi, DOT_PREC),
                 dxb + M * NC + px + R + offs_d[None, :],
                 vm,
                 HAS_CROSS,
@@ -564,22 +552,18 @@ def _chunk_bwd(
             else:
                 kk_re = tl.load(k_base_p + pk, mask=km, other=0.0)
                 kk_im = tl.load(k_base_p + M * M + pk, mask=km, other=0.0)
-                gp_re = tl.dot(gr_re, kk_re, input_precision=DOT_PREC) + tl.dot(gr_im, kk_im, input_precision=DOT_PREC)
-                gp_im = tl.dot(gr_im, kk_re, input_precision=DOT_PREC) - tl.dot(gr_re, kk_im, input_precision=DOT_PREC)
+                gp_re = mm(gr_re, kk_re, DOT_PREC) + mm(gr_im, kk_im, DOT_PREC)
+                gp_im = mm(gr_im, kk_re, DOT_PREC) - mm(gr_re, kk_im, DOT_PREC)
                 if CONJ_P:
                     gp_im = -gp_im
             cg_re = gp_re * b_re[None, :] + gp_im * b_im[None, :]
             cg_im = gp_re * b_im[None, :] - gp_im * b_re[None, :]
             if HAS_CROSS:
                 ca_re, ca_im = cmul(cg_re, cg_im, a_re, a_im)
-                gS = tl.dot(ca_re, tl.trans(g_re), input_precision=DOT_PREC) - tl.dot(
-                    ca_im, tl.trans(g_im), input_precision=DOT_PREC
-                )
+                gS = mm(ca_re, tl.trans(g_re), DOT_PREC) - mm(ca_im, tl.trans(g_im), DOT_PREC)
             else:
                 gS = tl.zeros([BC, BT], dtype=tl.float32)
-            gs_band = tl.dot(cg_re, tl.trans(a_re), input_precision=DOT_PREC) - tl.dot(
-                cg_im, tl.trans(a_im), input_precision=DOT_PREC
-            )
+            gs_band = mm(cg_re, tl.trans(a_re), DOT_PREC) - mm(cg_im, tl.trans(a_im), DOT_PREC)
             gS += _unband(gs_band, t_abs, offs_tc, offs_s, BC)
             gS = tl.where(causal, gS, 0.0)
             gbv_re = gp_re * din_re + gp_im * din_im
@@ -595,29 +579,27 @@ def _chunk_bwd(
             gl_im += b_re * h_im - b_im * h_re
             xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
             xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
-            dqi = tl.dot(gS, kc.to(tl.float32), input_precision=DOT_PREC)
-            dqi += tl.dot(gbv_re, xk_re, input_precision=DOT_PREC) + tl.dot(gbv_im, xk_im, input_precision=DOT_PREC)
+            dqi = mm(gS, kc.to(tl.float32), DOT_PREC)
+            dqi += mm(gbv_re, xk_re, DOT_PREC) + mm(gbv_im, xk_im, DOT_PREC)
             tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)
-            dk_acc = _put(
-                dk_acc, tl.dot(tl.trans(gS), qf, input_precision=DOT_PREC), dk + tok_r + pr, cmask_r, HAS_CROSS
-            )
+            dk_acc = _put(dk_acc, mm(tl.trans(gS), qf, DOT_PREC), dk + tok_r + pr, cmask_r, HAS_CROSS)
             dxk_re = _put(
                 dxk_re,
-                tl.dot(tl.trans(gbv_re), qf, input_precision=DOT_PREC),
+                mm(tl.trans(gbv_re), qf, DOT_PREC),
                 dxb + px + offs_r[None, :],
                 xm,
                 HAS_CROSS,
             )
             dxk_im = _put(
                 dxk_im,
-                tl.dot(tl.trans(gbv_im), qf, input_precision=DOT_PREC),
+                mm(tl.trans(gbv_im), qf, DOT_PREC),
                 dxb + M * NC + px + offs_r[None, :],
                 xm,
                 HAS_CROSS,
             )
             # g log λ += Σ_t (t+1) g_b conj(u), u = q X0kᵀ (recomputed)
-            u_re = tl.dot(qf, tl.trans(xk_re), input_precision=DOT_PREC)
-            u_im = tl.dot(qf, tl.trans(xk_im), input_precision=DOT_PREC)
+            u_re = mm(qf, tl.trans(xk_re), DOT_PREC)
+            u_im = mm(qf, tl.trans(xk_im), DOT_PREC)
             gl_re += tl.sum(tw * (gbv_re * u_re + gbv_im * u_im), axis=0)
             gl_im += tl.sum(tw * (gbv_im * u_re - gbv_re * u_im), axis=0)
 

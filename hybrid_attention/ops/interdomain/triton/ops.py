@@ -5,6 +5,8 @@ Complex tensors cross the registered ops as planar float32 (a leading re/im axis
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 
@@ -107,7 +109,7 @@ def _fwd_impl(
             BR=pow2_block(R),
             BD=pow2_block(D),
             BM=pow2_block(M),
-            DOT_PREC=cfg.prec(),
+            DOT_PREC=cfg.chunk_prec(),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
             REAL_C=real_c,
@@ -205,7 +207,7 @@ def _bwd_impl(
                 BR=pow2_block(R),
                 BD=pow2_block(D),
                 BM=pow2_block(M),
-                DOT_PREC=cfg.prec(),
+                DOT_PREC=cfg.chunk_prec(),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
                 REAL_C=real_c,
@@ -470,6 +472,8 @@ def triton_interdomain(
     v = v.to(dt).contiguous()
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
+    if denominator and (config or DEFAULT_CONFIG).chunk_dots != "fp32":  # the quotient amplifies bf16 rounding
+        config = replace(config or DEFAULT_CONFIG, chunk_dots="fp32")
     one_pass = readout != "real" or (config or DEFAULT_CONFIG).real_one_pass
     passes = (readout,) if one_pass else ("transpose", "hermitian")
     out_fp32 = denominator or len(passes) > 1  # sums and ratios of the passes in float32
