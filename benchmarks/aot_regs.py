@@ -7,6 +7,7 @@ uses for that target) on the PTX.
 
     python benchmarks/aot_regs.py            # the benchmark shape: R = D = M = 64, L = 32, bf16 activations
     python benchmarks/aot_regs.py --chunk-only --set warps_chunk_fwd=8 --set bwd_split=1   # another config
+    python benchmarks/aot_regs.py --chunk-only --set state_scan=two_level   # the two-level forward state scan
     python benchmarks/aot_regs.py --bilinear-only     # only the bilinear S4D readout kernels (S4DBilinearConfig)
 
 The bilinear S4D readout kernels compile as ``s4d_bilinear/triton/ops.py`` launches them under its
@@ -114,22 +115,25 @@ def variants(BT: int = 32, M: int = 64, NC: int = 128):
     for bch, warps in ((16, 4), (16, 8), (32, 4), (32, 8)):
         cfg = {**common_scan, "BM": M, "BCH": bch, "DOT_PREC": "tf32"}
         yield f"state_bwd_dz BM{M} BCH{bch} w{warps}", K._state_bwd_dz, cfg, warps, 2
-    yield (
-        "state_fwd BMS32 BCH32 w4",
-        K._state_fwd,
-        {
-            "HAS_INIT": False,
-            "STORE_STATES": True,
-            "STORE_FINAL": False,
-            "USE_WHILE": False,
-            "BT": BT,
-            "BMS": 32,
-            "BCH": 32,
-            "DOT_PREC": "tf32",
-        },
-        4,
-        2,
-    )
+
+
+def scan_fwd_variants(cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, NC: int = 128):
+    """(label, kernel, constexprs, warps, stages) of the forward state scan as ``ssm_scan.states_fwd`` launches it
+    with ``cfg`` (dense, no initial state, states stored): ``_state_fwd`` for state_scan "sequential", the two
+    launches ``_state_local`` and ``_state_carry`` for "two_level"."""
+    BT = kernel_chunk(chunk_size, cfg)
+    BMS = min(cfg.BMS, triton.next_power_of_2(M))
+    BCH = min(cfg.BCH, triton.next_power_of_2(NC))
+    tiles = {"BT": BT, "BMS": BMS, "BCH": BCH}
+    flags = {"IS_VARLEN": False, "HAS_INIT": False, "STORE_STATES": True, "STORE_FINAL": False, "USE_WHILE": False}
+    w = cfg.warps_state
+    if cfg.state_scan == "two_level":
+        cx = {"IS_VARLEN": False, **tiles, "DOT_PREC": cfg.dot_prec}
+        yield f"state_local BMS{BMS} BCH{BCH} w{w}", K._state_local, cx, w, cfg.stages
+        yield f"state_carry BMS{BMS} BCH{BCH} w{w}", K._state_carry, {**flags, **tiles}, w, cfg.stages_state
+    else:
+        cx = {**flags, **tiles, "DOT_PREC": cfg.dot_prec}
+        yield f"state_fwd BMS{BMS} BCH{BCH} w{w}", K._state_fwd, cx, w, cfg.stages_state
 
 
 def chunk_variants(
@@ -146,13 +150,14 @@ def chunk_variants(
         "BR": triton.next_power_of_2(R),
         "BD": triton.next_power_of_2(D),
         "BM": triton.next_power_of_2(M),
-        "DOT_PREC": cfg.dot_prec,
+        "DOT_PREC": "bf16" if cfg.chunk_dots == "bf16" else cfg.dot_prec,  # the GPU's values of cfg.chunk_prec()
         "LP_DOT": True,
-        "REAL_PREC": cfg.real_dot_prec,
+        "REAL_PREC": "bf16" if cfg.chunk_dots == "bf16" else cfg.real_dot_prec,
     }
     parts = (1, 2) if cfg.bwd_split else (0,)
     variants = [("trans", False, False, {}), ("herm", True, False, {}), ("real1", False, True, {})]
-    if cfg.real_dot_prec != "tf32x3":  # the opt-in precision of the chained C products, for the spill comparison
+    # the opt-in precision of the chained C products, for the spill comparison
+    if cfg.real_dot_prec != "tf32x3" and cfg.chunk_dots == "fp32":
         variants.append(("real1x3", False, True, {"REAL_PREC": "tf32x3"}))
     for ro, conj, real_c, over in variants:
         fwd = {**common, "CONJ_P": conj, "REAL_C": real_c, **over}
@@ -192,7 +197,8 @@ def _print(label: str, r: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Print the registers, spills and shared memory of every kernel variant."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunk-only", action="store_true", help="only the Interdomain chunk kernels")
+    ap.add_argument("--chunk-only", action="store_true",
+                    help="only the Interdomain chunk kernels and the forward state scan the config selects")
     ap.add_argument("--bilinear-only", action="store_true", help="only the bilinear S4D readout kernels")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="InterdomainConfig override")
     args = ap.parse_args(argv)
@@ -205,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.chunk_only:
         for label, fn, cx, warps, stages in variants():
             _print(label, compile_report(fn, cx, warps, stages))
+    for label, fn, cx, warps, stages in scan_fwd_variants(cfg):
+        _print(label, compile_report(fn, cx, warps, stages))
     for label, fn, cx, warps, stages, bf16 in chunk_variants(cfg):
         _print(label, compile_report(fn, cx, warps, stages, bf16))
     if not args.chunk_only:

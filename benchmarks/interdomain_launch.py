@@ -2,23 +2,29 @@
 SDPA of the same heads (GPU only):
 
     python -m benchmarks.interdomain_launch [--shapes 16x2048x8 1x4096x16 1x32768x16] [--variants default split_w8 ...]
+    TRITON_INTERPRET=1 python -m benchmarks.interdomain_launch --dryrun --variants default two_level_scan
 
 Shapes are B×T×H with R = D = M = 64 (the `small` training step is 16×2048×8; the op target is 1×T×16). Every variant
 is first checked against the default configuration on the same inputs (relative RMS of o and of the 6 gradients;
 the default itself is checked against float64 by tests/ops and benchmarks/interdomain_ops.py). SDPA is timed first
 at each shape, so the GPU is warm before the first variant. Prints one table: milliseconds (median of
 ``triton.testing.do_bench``), SDPA's time over the variant's (``vs SDPA``; > 1: faster) and the forward+backward's
-per-stage split (CUDA events around each launch group: state scans, chunk kernels, host-side reductions).
+per-stage split (CUDA events around each launch group: state scans, chunk kernels, host-side reductions; the
+two-level forward scan shows as state_fwd_local and state_fwd_carry). ``--dryrun`` (or ``BENCH_DRYRUN=1``) with
+``TRITON_INTERPRET=1``: every variant once at a tiny shape on the CPU (R = D = M = 16) against the default, no
+timings: a smoke test of the variants, not a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import require_cuda
 from benchmarks.interdomain_ops import make_inputs, make_params
 
 VARIANTS = {
@@ -32,6 +38,7 @@ VARIANTS = {
     "scan_c16": {"BCH": 16},
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
     "recompute_states": {"save_states": False},
+    "two_level_scan": {"state_scan": "two_level"},
     "L64_BC64_w8": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
 }
 
@@ -59,17 +66,22 @@ def _sdpa_ms(B: int, T: int, H: int, d: int, dev: torch.device) -> float:
                     warmup=25, rep=100, grad_to_none=[qs, ks, vs], return_mode="median")
 
 
-def _one_shape(B: int, T: int, H: int, variants: list[str]) -> list[dict]:
-    """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, and SDPA's."""
+def _one_shape(B: int, T: int, H: int, variants: list[str], dryrun: bool = False) -> list[dict]:
+    """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, and SDPA's
+    (``dryrun``: on the CPU at R = D = M = 16, the errors only)."""
     from triton.testing import do_bench
 
     from benchmarks.profiling import StageProfiler
     from hybrid_attention.ops.interdomain.triton.config import DEFAULT_CONFIG
     from hybrid_attention.ops.interdomain.triton.ops import triton_interdomain
 
-    dev = torch.device("cuda")
-    R = D = M = 64
-    sdpa = _sdpa_ms(B, T, H, R, dev)
+    dev = torch.device("cpu" if dryrun else "cuda")
+    R = D = M = 16 if dryrun else 64
+    sdpa = None if dryrun else _sdpa_ms(B, T, H, R, dev)
+
+    def bench(fn, **kw) -> float | None:
+        return None if dryrun else do_bench(fn, warmup=5, rep=40, return_mode="median", **kw)
+
     log_lam, Bp, C = make_params(H, M, 7, dev)
     leaves = [t.to(torch.complex64).requires_grad_() for t in (log_lam, Bp, C)]
     q, k, v = (t.requires_grad_() for t in make_inputs(B, T, H, R, D, 5, dev))
@@ -93,12 +105,11 @@ def _one_shape(B: int, T: int, H: int, variants: list[str]) -> list[dict]:
         got = [o.detach()] + [t.grad.detach().clone() for t in inputs]
         ref = ref or got
         prof = StageProfiler()
-        for _ in range(3):
+        for _ in range(0 if dryrun else 3):  # per-stage CUDA events: nothing to record on the CPU
             triton_interdomain(q, k, v, *leaves, config=cfg, hooks=prof)[0].backward(do)
         rows.append({"shape": f"{B}x{T}x{H}", "variant": name, "sdpa_fb_ms": sdpa,
                      "max_rel_vs_default": max(_rel(a, b) for a, b in zip(got, ref)),
-                     "fwd_ms": do_bench(fwd, warmup=5, rep=40, return_mode="median"),
-                     "fb_ms": do_bench(fwdbwd, warmup=5, rep=40, grad_to_none=inputs, return_mode="median"),
+                     "fwd_ms": bench(fwd), "fb_ms": bench(fwdbwd, grad_to_none=inputs),
                      "stages_ms": {s: round(t / 3, 3) for s, t in prof.summary().items()}})
         print(rows[-1], flush=True)
     return rows
@@ -108,16 +119,29 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", type=_shape, nargs="+", default=[(16, 2048, 8), (1, 4096, 16), (1, 32768, 16)])
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--dryrun", action="store_true", default=os.environ.get("BENCH_DRYRUN") == "1",
+                   help="every variant once at a tiny shape on the CPU (needs TRITON_INTERPRET=1), no timings")
     args = p.parse_args(argv)
+    require_cuda(args.dryrun)
+    if args.dryrun:
+        from hybrid_attention.ops.common.triton import interpreting
+
+        if not interpreting():
+            raise SystemExit("error: --dryrun runs the kernels on the CPU and needs TRITON_INTERPRET=1")
+        args.shapes = [(2, 45, 2)]  # a partial last chunk of 32
     rows = []
     for B, T, H in args.shapes:
-        rows += _one_shape(B, T, H, args.variants)
-        torch.cuda.empty_cache()
+        rows += _one_shape(B, T, H, args.variants, args.dryrun)
+        if not args.dryrun:
+            torch.cuda.empty_cache()
     print("| B×T×H | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA "
           "| fwd+bwd stages ms |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stages_ms"].items(), key=lambda kv: -kv[1]))
+        if r["fb_ms"] is None:  # a dry run: no timings
+            print(f"| {r['shape']} | {r['variant']} | {r['max_rel_vs_default']:.1e} | - | - | - | - | - |")
+            continue
         print(f"| {r['shape']} | {r['variant']} | {r['max_rel_vs_default']:.1e} | {r['fwd_ms']:.3f} | {r['fb_ms']:.3f} "
               f"| {r['sdpa_fb_ms']:.3f} | {r['sdpa_fb_ms'] / r['fb_ms']:.2f}× | {stages} |")
 

@@ -137,6 +137,23 @@ def test_triton_table_gradients_several_programs(packed):
             check_against_reference(*make_case(2, 37, H, R, M, 30, True), chunk_size=16, config=cfg)
 
 
+def test_triton_two_level_state_scan():
+    """state_scan="two_level" (the forward scan of both the forward and the backward, which always rescans) with
+    an initial state, T = 40 (a partial last chunk of 16), NaN-poisoned buffers: o, final state and every gradient
+    within the float64 reference's tolerance, and equal to the sequential scan's to float32 rounding."""
+    case = make_case(2, 40, 2, 16, 16, 41, True)
+    check_against_reference(*case, chunk_size=16, config=S4DBilinearConfig(state_scan="two_level", poison=True))
+    got = {}
+    for scan in ("sequential", "two_level"):
+        ins = [low(x) for x in case]
+        o, s = triton_s4d_bilinear(*ins[:5], initial_state=ins[5], output_final_state=True, chunk_size=16,
+                                   config=S4DBilinearConfig(state_scan=scan, poison=True))
+        loss = o.square().sum() + torch.view_as_real(s).square().sum()
+        got[scan] = [o, s, *torch.autograd.grad(loss, ins)]
+    for i, (a, b) in enumerate(zip(got["two_level"], got["sequential"])):
+        assert rel(a, b.detach().to(torch.complex128 if b.is_complex() else F64)) < 1e-5, i
+
+
 def test_triton_bf16_inputs():
     """bf16 activations: float32 state math, output in bf16 (tolerance set by the bf16 rounding of o and da, db)."""
     a, b, log_lam, B, C, init = make_case(1, 23, 2, 16, 16, 9, True)

@@ -9,7 +9,10 @@ import torch
 
 from . import interpreting
 
-__all__ = ["KernelConfig", "ScanConfig"]
+__all__ = ["KernelConfig", "ScanConfig", "STATE_SCANS"]
+
+STATE_SCANS = ("sequential", "two_level")
+"""Allowed ``ScanConfig.state_scan`` values."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,16 @@ class ScanConfig(KernelConfig):
     stages: software pipelining depth of the parallel chunk kernels, stages_state of the sequential scans (their
     loads do not depend on the carried state); dot_prec: input precision of float32 matmuls on the GPU ("tf32",
     "tf32x3", "ieee"; always "ieee" under the interpreter); poison: see ``KernelConfig``.
+
+    state_scan: how the forward state scan (``ssm_scan.states_fwd``) runs. "sequential" (default): one launch
+    (``_state_fwd``) whose programs walk the chunks of a sequence in order, one matmul per chunk on the carried chain.
+    "two_level": every chunk's contribution from a zero state in one chunk-parallel launch (``_state_local``), then a
+    sequential pass of elementwise complex FMAs that carries them into the chunk-entering states in place
+    (``_state_carry``); meant for short sequences or few sequence-heads, where the sequential launch is latency-bound.
+    Both launches take BMS / BCH tiles and warps_state warps (the chunk-parallel one ``stages``, the carry pass
+    ``stages_state``) and write the chunk-entering states into the same buffer, no extra memory. Same results to
+    float32 rounding. The default stays until the GPU launch table (``benchmarks.interdomain_launch``, variant
+    ``two_level_scan``) decides.
     """
 
     BMS: int = 32
@@ -64,6 +77,11 @@ class ScanConfig(KernelConfig):
     warps_fz: int = 8
     stages: int = 1
     dot_prec: str = "tf32"
+    state_scan: str = "sequential"
+
+    def __post_init__(self) -> None:
+        if self.state_scan not in STATE_SCANS:
+            raise ValueError(f"state_scan must be one of {', '.join(STATE_SCANS)}, got {self.state_scan!r}")
 
     def prec(self) -> str:
         """The DOT_PREC constexpr of the launches: ``dot_prec`` on the GPU, "ieee" under the interpreter."""

@@ -99,6 +99,43 @@ def _load_z(k_base, v_base, j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT: tl.c
 
 
 @triton.jit
+def _state_tile(i_m, i_c, M, NC, BMS: tl.constexpr, BCH: tl.constexpr):
+    """Mode block i_m and channel block i_c of a planar [2, M, NC] state: (offs_m, offs_c, mask_m, mask_c, st_off,
+    st_mask), st_off / st_mask the [BMS, BCH] element offsets and mask within one plane."""
+    offs_m = i_m * BMS + tl.arange(0, BMS)
+    offs_c = i_c * BCH + tl.arange(0, BCH)
+    mask_m = offs_m < M
+    mask_c = offs_c < NC
+    st_off = offs_m[:, None] * NC + offs_c[None, :]
+    st_mask = mask_m[:, None] & mask_c[None, :]
+    return offs_m, offs_c, mask_m, mask_c, st_off, st_mask
+
+
+@triton.jit
+def _load_planar(base, st_off, mask, MNC):
+    """(re, im) tiles of the planar state at ``base`` (planes MNC = M·NC floats apart); masked elements are 0."""
+    return tl.load(base + st_off, mask=mask, other=0.0), tl.load(base + MNC + st_off, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_planar(base, x_re, x_im, st_off, mask, MNC):
+    """Stores the (re, im) tiles into the planar state at ``base`` (planes MNC = M·NC floats apart)."""
+    tl.store(base + st_off, x_re, mask=mask)
+    tl.store(base + MNC + st_off, x_im, mask=mask)
+
+
+@triton.jit
+def _entering_state(init, i_bh, st_off, st_mask, MNC, HAS_INIT: tl.constexpr, BMS: tl.constexpr, BCH: tl.constexpr):
+    """The first chunk's entering state of sequence-head i_bh: its tile of ``init`` [n_seq·H, 2, M, NC], or zero."""
+    if HAS_INIT:
+        x_re, x_im = _load_planar(init + i_bh * 2 * MNC, st_off, st_mask, MNC)
+    else:
+        x_re = tl.zeros([BMS, BCH], dtype=tl.float32)
+        x_im = tl.zeros([BMS, BCH], dtype=tl.float32)
+    return x_re, x_im
+
+
+@triton.jit
 def _state_fwd_step(
     j, n_full, x_re, x_im, z, e_re, e_im, l_re, l_im, k_base, v_base, states, slot0, H, M, R, D, offs_c, offs_s,
     is_k, is_v, st_off, st_mask, STORE_STATES: tl.constexpr, BT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -108,9 +145,7 @@ def _state_fwd_step(
     NC = R + D
     z_next = _load_z(k_base, v_base, j + 1, tl.where(j + 1 < n_full, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT)
     if STORE_STATES:
-        s_base = states + (slot0 + j) * 2 * M * NC
-        tl.store(s_base + st_off, x_re, mask=st_mask)
-        tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
+        _store_planar(states + (slot0 + j) * 2 * M * NC, x_re, x_im, st_off, st_mask, M * NC)
     dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
     dx_im = tl.dot(e_im, z, input_precision=DOT_PREC)
     nx_re = l_re[:, None] * x_re - l_im[:, None] * x_im + dx_re
@@ -154,26 +189,16 @@ def _state_fwd(
     bos, Tn, nc, slot0 = _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN)
     NC = R + D
     LP = BT + 1
-    offs_m = i_m * BMS + tl.arange(0, BMS)
-    offs_c = i_c * BCH + tl.arange(0, BCH)
+    offs_m, offs_c, mask_m, mask_c, st_off, st_mask = _state_tile(i_m, i_c, M, NC, BMS, BCH)
     offs_s = tl.arange(0, BT)
-    mask_m = offs_m < M
-    mask_c = offs_c < NC
     is_k = offs_c < R
     is_v = (offs_c >= R) & mask_c
-    st_off = offs_m[:, None] * NC + offs_c[None, :]
-    st_mask = mask_m[:, None] & mask_c[None, :]
     ptab = P + h * 2 * LP * M
     b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
     b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
     k_base = k + bos * H * R + h * R
     v_base = v + bos * H * D + h * D
-    if HAS_INIT:
-        x_re = tl.load(init + i_bh * 2 * M * NC + st_off, mask=st_mask, other=0.0)
-        x_im = tl.load(init + i_bh * 2 * M * NC + M * NC + st_off, mask=st_mask, other=0.0)
-    else:
-        x_re = tl.zeros([BMS, BCH], dtype=tl.float32)
-        x_im = tl.zeros([BMS, BCH], dtype=tl.float32)
+    x_re, x_im = _entering_state(init, i_bh, st_off, st_mask, M * NC, HAS_INIT, BMS, BCH)
     # every full chunk has the same input matrix E and carry λ^BT: computed once, outside the loop
     e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, BT, offs_m, offs_s, mask_m, M, BT)
     n_full = Tn // BT
@@ -197,9 +222,7 @@ def _state_fwd(
         e_re, e_im, l_re, l_im = _state_in(ptab, b_re, b_im, L_last, offs_m, offs_s, mask_m, M, BT)
         z = _load_z(k_base, v_base, n_full, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
         if STORE_STATES:
-            s_base = states + (slot0 + n_full) * 2 * M * NC
-            tl.store(s_base + st_off, x_re, mask=st_mask)
-            tl.store(s_base + M * NC + st_off, x_im, mask=st_mask)
+            _store_planar(states + (slot0 + n_full) * 2 * M * NC, x_re, x_im, st_off, st_mask, M * NC)
         dx_re = tl.dot(e_re, z, input_precision=DOT_PREC)
         dx_im = tl.dot(e_im, z, input_precision=DOT_PREC)
         nx_re = l_re[:, None] * x_re - l_im[:, None] * x_im + dx_re
@@ -207,8 +230,148 @@ def _state_fwd(
         x_re = nx_re
         x_im = nx_im
     if STORE_FINAL:
-        tl.store(final + i_bh * 2 * M * NC + st_off, x_re, mask=st_mask)
-        tl.store(final + i_bh * 2 * M * NC + M * NC + st_off, x_im, mask=st_mask)
+        _store_planar(final + i_bh * 2 * M * NC, x_re, x_im, st_off, st_mask, M * NC)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Two-level forward scan (``ScanConfig.state_scan = "two_level"``): replaces ``_state_fwd`` with two launches.
+#
+# Level 1, ``_state_local``: one program per (chunk row, b·h, tile) computes the chunk's local contribution
+# Δ_j = E_{L_j} z_j (the state after chunk j started from zero) into slot j of the ``states`` buffer: every chunk at
+# once, so the matmuls no longer sit on a sequential chain. Level 2, ``_state_carry``: one program per (tile,
+# sequence · head) walks the chunks with X_0 = initial (or 0), X_{j+1} = λ^{L_j} ⊙ X_j + Δ_j, reading Δ_j from slot j
+# and writing X_j over it (in place: no second [NT, M, R+D] buffer), then the final state. Its step is one prefetched
+# load, one store and an elementwise complex FMA per tile, against a matmul and its operand loads per step of
+# ``_state_fwd``. The arithmetic is the same as ``_state_fwd``'s: E from ``_state_in`` at the chunk's true length,
+# the same carry expression, so both forms agree to float32 rounding.
+
+
+@triton.jit
+def _state_local(
+    k,
+    v,
+    P,
+    Bp,
+    states,
+    cu,
+    ci,
+    T,
+    H,
+    M,
+    R,
+    D,
+    NT,
+    IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr,
+    BMS: tl.constexpr,
+    BCH: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Parallel over (chunk row, b·h, mode block · channel block): Δ_j = Σ_s B λ^{L_j-1-s} z_sᵀ, the state after
+    chunk j from a zero entering state, stored in states slot j (an empty varlen row stores nothing)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    n_cb = tl.cdiv(R + D, BCH)
+    i_m = tl.program_id(2) // n_cb
+    i_c = tl.program_id(2) % n_cb
+    h = i_bh % H
+    tok0, Lj = chunk_info(i_t, i_bh, H, T, cu, ci, IS_VARLEN, BT)
+    Lj = tl.maximum(Lj, 0)  # a spare varlen row: no tokens, E = 0, and its power-table reads stay in range
+    NC = R + D
+    LP = BT + 1
+    offs_m, offs_c, mask_m, mask_c, st_off, st_mask = _state_tile(i_m, i_c, M, NC, BMS, BCH)
+    offs_s = tl.arange(0, BT)
+    is_k = offs_c < R
+    is_v = (offs_c >= R) & mask_c
+    ptab = P + h * 2 * LP * M
+    b_re = tl.load(Bp + h * 2 * M + offs_m, mask=mask_m, other=0.0)
+    b_im = tl.load(Bp + h * 2 * M + M + offs_m, mask=mask_m, other=0.0)
+    e_re, e_im, _, _ = _state_in(ptab, b_re, b_im, Lj, offs_m, offs_s, mask_m, M, BT)
+    z = _load_z(k + tok0 * H * R + h * R, v + tok0 * H * D + h * D, 0, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT)
+    d_re = tl.dot(e_re, z, input_precision=DOT_PREC)
+    d_im = tl.dot(e_im, z, input_precision=DOT_PREC)
+    lmask = st_mask & ((st_off * 0 + Lj) > 0)  # tensor comparison: see _state_bwd_step
+    _store_planar(states + (i_bh * NT + i_t) * 2 * M * NC, d_re, d_im, st_off, lmask, M * NC)
+
+
+@triton.jit
+def _state_carry_step(
+    j, nc, x_re, x_im, d_re, d_im, lf_re, lf_im, ll_re, ll_im, states, slot0, M, NC, offs_m, st_off, st_mask,
+    STORE_STATES: tl.constexpr,
+):  # fmt: skip
+    """Chunk j of the carry pass: Δ_j (prefetched one step earlier) is replaced by X_j in slot j; Δ_{j+1} is
+    prefetched (its load does not depend on the carried state); returns X_{j+1} = λ^{L_j} ⊙ X_j + Δ_j and Δ_{j+1}.
+    lf / ll: λ^BT (full chunks) and λ^{L} of the last chunk, per mode."""
+    nbase = (slot0 + tl.minimum(j + 1, nc - 1)) * 2 * M * NC
+    nmask = st_mask & ((st_off * 0 + j + 1) < nc)  # tensor comparison: see _state_bwd_step
+    nd_re, nd_im = _load_planar(states + nbase, st_off, nmask, M * NC)
+    if STORE_STATES:
+        _store_planar(states + (slot0 + j) * 2 * M * NC, x_re, x_im, st_off, st_mask, M * NC)
+    last = (offs_m * 0 + j) == nc - 1
+    l_re = tl.where(last, ll_re, lf_re)
+    l_im = tl.where(last, ll_im, lf_im)
+    c_re, c_im = cmul(l_re[:, None], l_im[:, None], x_re, x_im)
+    return c_re + d_re, c_im + d_im, nd_re, nd_im
+
+
+@triton.jit
+def _state_carry(
+    P,
+    init,
+    states,
+    final,
+    cu,
+    co,
+    T,
+    H,
+    M,
+    R,
+    D,
+    NT,
+    IS_VARLEN: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    STORE_STATES: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    USE_WHILE: tl.constexpr,
+    BT: tl.constexpr,
+    BMS: tl.constexpr,
+    BCH: tl.constexpr,
+):
+    """Sequential over chunks, parallel over (channel block, mode block, b·h): turns the Δ_j that ``_state_local``
+    left in ``states`` into the chunk-entering states X_j (in place, with ``STORE_STATES``) and stores the final
+    state. X_0 = initial state (or 0), X_{j+1} = λ^{L_j} ⊙ X_j + Δ_j."""
+    i_c = tl.program_id(0)
+    i_m = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    h = i_bh % H
+    _, Tn, nc, slot0 = _seq_info(i_bh, H, T, NT, cu, co, IS_VARLEN)
+    NC = R + D
+    LP = BT + 1
+    offs_m, _, mask_m, _, st_off, st_mask = _state_tile(i_m, i_c, M, NC, BMS, BCH)
+    ptab = P + h * 2 * LP * M
+    L_last = Tn - (nc - 1) * BT  # the last chunk's length, 1..BT
+    lf_re = tl.load(ptab + BT * M + offs_m, mask=mask_m, other=0.0)
+    lf_im = tl.load(ptab + LP * M + BT * M + offs_m, mask=mask_m, other=0.0)
+    ll_re = tl.load(ptab + L_last * M + offs_m, mask=mask_m, other=0.0)
+    ll_im = tl.load(ptab + LP * M + L_last * M + offs_m, mask=mask_m, other=0.0)
+    x_re, x_im = _entering_state(init, i_bh, st_off, st_mask, M * NC, HAS_INIT, BMS, BCH)
+    d_re, d_im = _load_planar(states + slot0 * 2 * M * NC, st_off, st_mask, M * NC)
+    if USE_WHILE:  # the interpreter cannot run `range` over a runtime bound with numpy >= 2.3
+        j = 0
+        while j < nc:
+            x_re, x_im, d_re, d_im = _state_carry_step(
+                j, nc, x_re, x_im, d_re, d_im, lf_re, lf_im, ll_re, ll_im, states, slot0, M, NC, offs_m, st_off,
+                st_mask, STORE_STATES,
+            )  # fmt: skip
+            j += 1
+    else:
+        for j in range(nc):
+            x_re, x_im, d_re, d_im = _state_carry_step(
+                j, nc, x_re, x_im, d_re, d_im, lf_re, lf_im, ll_re, ll_im, states, slot0, M, NC, offs_m, st_off,
+                st_mask, STORE_STATES,
+            )  # fmt: skip
+    if STORE_FINAL:
+        _store_planar(final + i_bh * 2 * M * NC, x_re, x_im, st_off, st_mask, M * NC)
 
 
 @triton.jit

@@ -75,6 +75,7 @@ class InterdomainConfig(ScanConfig):
     chunk_dots: str = "fp32"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.real_dot_prec not in REAL_DOT_PRECS:
             raise ValueError(f"real_dot_prec must be one of {', '.join(REAL_DOT_PRECS)}, got {self.real_dot_prec!r}")
         if self.chunk_dots not in CHUNK_DOTS:
