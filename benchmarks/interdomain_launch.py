@@ -39,6 +39,11 @@ VARIANTS = {
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
     "recompute_states": {"save_states": False},
     "two_level_scan": {"state_scan": "two_level"},
+    "bf16_dots": {"chunk_dots": "bf16"},
+    "bf16_dots_bwd_w8": {"chunk_dots": "bf16", "warps_chunk_bwd": 8},
+    "bf16_dots_w8": {"chunk_dots": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
+    "bf16_dots_w8_two_level": {"chunk_dots": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8,
+                               "state_scan": "two_level"},
     "L64_BC64_w8": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
 }
 
