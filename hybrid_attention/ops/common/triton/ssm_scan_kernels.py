@@ -430,11 +430,11 @@ def _state_bwd(
     BMS: tl.constexpr,
     BCH: tl.constexpr,
 ):
-    """Sequential (reverse) over chunks: the adjoint state scan dX_j = conj(λ^L) dX_{j+1} + local_j, written
-    in place; the partial gradient of log λ through the λ^L carry."""
-    """Reverse adjoint scan. On entry dx[j] holds chunk j's local adjoint of X_j; on exit dx[j] holds dXe_j, the
-    total adjoint of the state after chunk j (= X_{j+1}), which ``_chunk_dz`` turns into dk/dv. Loads are
-    software-prefetched one chunk ahead (the loop has no matmul for the compiler to pipeline around)."""
+    """Sequential (reverse) over chunks: the adjoint state scan dX_j = conj(λ^L) dX_{j+1} + local_j, written in
+    place, and the partial gradient of log λ through the λ^L carry. On entry dx[j] holds chunk j's local adjoint of
+    X_j; on exit dx[j] holds dXe_j, the total adjoint of the state after chunk j (= X_{j+1}), which ``_chunk_dz``
+    turns into dk/dv. Loads are software-prefetched one chunk ahead (the loop has no matmul for the compiler to
+    pipeline around)."""
     i_c = tl.program_id(0)
     i_m = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
