@@ -80,6 +80,10 @@ class GatedDeltaConfig(KernelConfig):
     fin_bv: int = 32
     fin_warps: int = 4
     fin_stages: int = 1
+    bwd_fused: bool = False
+    fused_bv: int = 32
+    fused_warps: int = 8
+    fused_stages: int = 1
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"
