@@ -49,7 +49,7 @@ class _Tiles:
         # the fused key-side backward + finish holds [C, K] tiles of the full key extent: up to K = 128
         self.fused = cfg.bwd_fused and self.BKF <= FUSED_MAX_K
         self.BVX = min(cfg.fused_bv, vp)
-        self.fused_launch = dict(num_warps=cfg.fused_warps, num_stages=cfg.fused_stages)
+        self.fused_launch = dict(num_warps=cfg.fused_warps, num_stages=1)
         interp = self.interp = interpreting()
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=cfg.par_warps, num_stages=cfg.par_stages)

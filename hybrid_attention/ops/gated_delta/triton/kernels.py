@@ -775,11 +775,12 @@ def _bwd_fused_kernel(
     (``GatedDeltaConfig.bwd_fused``): the same equations, with the K-slice partial sums (dq̂, dk̂, dG, dβ, dX_w,
     ⟨dh, S⟩, ⟨dh, ΔS⟩) held in registers instead of written and summed by a second kernel.
 
-    One pass over V accumulates dO Sᵀ, dw = -dvn Sᵀ, vn dhᵀ [C, K], ⟨dh, S⟩ and the value side of the WY backward
-    (dX_u = dvn (β v)ᵀ, dv = β Xᵀ dvn, its dβ term); dq is final right after it (the l2-norm backward needs only
-    the full-K row sums of this program); dk̂ takes (dKK + dKKᵀ) k̂ last. dKKᵀ is read back transposed from this
-    chunk's [C, C] scratch row (``scr``) rather than taken as ``tl.trans`` of a dot result: no tl.dot here takes a
-    transposed MMA accumulator (every transposed operand is a tile loaded from memory).
+    Four passes over V, each with at most one [C, K] accumulator live beside dk̂ and k̂ (the states and dh are read
+    twice; sm_90 registers / spills: ``benchmarks/aot_regs_gdn.py --set bwd_fused=1``): dO Sᵀ and ⟨dh, S⟩, after
+    which dq is final (its l2-norm backward needs only full-K row sums of this program); vn dhᵀ; dw = -dvn Sᵀ; the
+    value side of the WY backward (dX_u = dvn (β v)ᵀ, dv = β Xᵀ dvn). dk̂ takes (dKK + dKKᵀ) k̂ last. dKKᵀ is read back
+    transposed from this chunk's [C, C] scratch row (``scr``) rather than taken as ``tl.trans`` of a dot result (the
+    Hopper miscompile of transposed MMA accumulators): every transposed dot operand here is a tile loaded from memory.
     """
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -804,30 +805,21 @@ def _bwd_fused_kernel(
         m = 1.0
     cc = ti[:, None] * C + ti[None, :]
     cx = (bh * N + n) * C * C
-    X = tl.load(X_ptr + cx + cc)
-
-    dQt = tl.zeros([C, BKF], dtype=tl.float32)
-    dw = tl.zeros([C, BKF], dtype=tl.float32)
-    dKt = tl.zeros([C, BKF], dtype=tl.float32)
-    sig = tl.zeros([BKF], dtype=tl.float32)
     v_base = b * T * H * V + h * V
     st_base = (bh * N + n) * K * V
+    km2 = km[:, None]
+
+    dQt = tl.zeros([C, BKF], dtype=tl.float32)  # dO Sᵀ
+    sig = tl.zeros([BKF], dtype=tl.float32)  # ⟨dh, S⟩ per key row
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         vm = vc < V
-        io = v_base + tt[:, None] * (H * V) + vc[None, :]
-        iom = tm[:, None] & vm[None, :]
-        dO = tl.load(do_ptr + io, mask=iom, other=0.0).to(tl.float32)
-        rows = bh * Tp * V + t[:, None] * V + vc[None, :]
-        vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0).to(tl.float32)  # bf16 with BF16 buffers
-        dvn = tl.load(dvn_ptr + rows, mask=vm[None, :], other=0.0)
+        dO = tl.load(do_ptr + v_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :],
+                     other=0.0).to(tl.float32)
         kv = st_base + kc[:, None] * V + vc[None, :]
-        kvm = km[:, None] & vm[None, :]
-        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
-        dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)
+        Sk = tl.load(states_ptr + kv, mask=km2 & vm[None, :], other=0.0).to(tl.float32)
+        dhk = tl.load(dh_ptr + kv, mask=km2 & vm[None, :], other=0.0)
         dQt += tl.dot(dO, tl.trans(Sk), input_precision=PREC)
-        dw -= tl.dot(dvn, tl.trans(Sk), input_precision=PREC)
-        dKt += tl.dot(vn, tl.trans(dhk), input_precision=PREC)
         sig += tl.sum(Sk * dhk, 1)
 
     offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
@@ -844,9 +836,26 @@ def _bwd_fused_kernel(
     if USE_L2:  # dq = r (dq̂ - q̂ (q̂·dq̂))
         dqh = rq[:, None] * (dqh - Qk * tl.sum(Qk * dqh, 1)[:, None])
     tl.store(dq_ptr + offs, dqh.to(dq_ptr.dtype.element_ty), mask=msk)
+
+    dKt = tl.zeros([C, BKF], dtype=tl.float32)  # vn dhᵀ
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        vm = vc < V
+        vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+        dhk = tl.load(dh_ptr + st_base + kc[:, None] * V + vc[None, :], mask=km2 & vm[None, :], other=0.0)
+        dKt += tl.dot(vn.to(tl.float32), tl.trans(dhk), input_precision=PREC)  # vn: bf16 with BF16 buffers
     kap = tl.sum(Kk * dKt, 1) * eL  # e^{G_last - G_t} k̂_t · (dS_end vn_t)
     dkh += (m * eL)[:, None] * dKt
     dG -= m * kap
+
+    dw = tl.zeros([C, BKF], dtype=tl.float32)  # -dvn Sᵀ
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        vm = vc < V
+        dvn = tl.load(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+        Sk = tl.load(states_ptr + st_base + kc[:, None] * V + vc[None, :], mask=km2 & vm[None, :], other=0.0)
+        dw -= tl.dot(dvn, tl.trans(Sk.to(tl.float32)), input_precision=PREC)
+    X = tl.load(X_ptr + cx + cc)
     dBw = tl.dot(tl.trans(X), dw, input_precision=PREC)
     coef = beta * eG
     dkh += coef[:, None] * dBw
