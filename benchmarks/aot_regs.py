@@ -117,6 +117,11 @@ def variants(BT: int = 32, M: int = 64, NC: int = 128):
         yield f"state_bwd_dz BM{M} BCH{bch} w{warps}", K._state_bwd_dz, cfg, warps, 2
 
 
+def state_args(cfg: InterdomainConfig) -> set[str]:
+    """{"states"} when the config stores the chunk states in bf16 (``ScanConfig.state_dtype``), else empty."""
+    return {"states"} if cfg.state_dtype == "bf16" else set()
+
+
 def scan_fwd_variants(cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, NC: int = 128):
     """(label, kernel, constexprs, warps, stages) of the forward state scan as ``ssm_scan.states_fwd`` launches it
     with ``cfg`` (dense, no initial state, states stored): ``_state_fwd`` for state_scan "sequential", the two
@@ -162,11 +167,11 @@ def chunk_variants(
     for ro, conj, real_c, over in variants:
         fwd = {**common, "CONJ_P": conj, "REAL_C": real_c, **over}
         label = f"chunk_fwd {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_fwd}"
-        yield label, IK._chunk_fwd, fwd, cfg.warps_chunk_fwd, cfg.stages, BF16_ARGS | {"o"}
+        yield label, IK._chunk_fwd, fwd, cfg.warps_chunk_fwd, cfg.stages, BF16_ARGS | {"o"} | state_args(cfg)
         for part in parts:
             bwd = {**common, "CONJ_P": conj, "REAL_C": real_c, "PART": part, **over}
             label = f"chunk_bwd{part} {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_bwd}"
-            yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS
+            yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS | state_args(cfg)
 
 
 def bilinear_variants(chunk_size: int = 64, M: int = 64, R: int = 64):
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, fn, cx, warps, stages in variants():
             _print(label, compile_report(fn, cx, warps, stages))
     for label, fn, cx, warps, stages in scan_fwd_variants(cfg):
-        _print(label, compile_report(fn, cx, warps, stages))
+        _print(label, compile_report(fn, cx, warps, stages, BF16_ARGS | state_args(cfg)))
     for label, fn, cx, warps, stages, bf16 in chunk_variants(cfg):
         _print(label, compile_report(fn, cx, warps, stages, bf16))
     if not args.chunk_only:

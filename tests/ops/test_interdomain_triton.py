@@ -654,3 +654,17 @@ def test_two_level_state_scan(save_states):
         assert torch.isfinite(a).all(), name
         assert rel(a, b) < _tol(), (name, rel(a, b))
         assert rel(a, seq[name][0]) < TWO_LEVEL_TOL, (name, rel(a, seq[name][0]))
+
+
+@pytest.mark.parametrize("cfg", [dict(state_dtype="bf16"), dict(state_dtype="bf16", chunk_dots="bf16"),
+                                 dict(state_dtype="bf16", save_states=False, state_scan="two_level", poison=True)])
+def test_bf16_chunk_states(cfg):
+    """bf16 chunk-state buffers (``ScanConfig.state_dtype``), alone, with bf16 chunk dots, and recomputed in the
+    backward by the two-level scan: o, the final state and every gradient of the "real" readout within BF16_TOL of
+    float64, and on the CPU the states' rounding is visible (the error is far above the float32 run's)."""
+    res = run_both(2, 70, 2, 16, 16, 16, 32, seed=3, readout="real", config=InterdomainConfig(**cfg))
+    for name, (a, b) in res.items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < BF16_TOL, (name, rel(a, b))
+    if DEV == "cpu":
+        assert rel(*res["o"]) > 1e-3

@@ -154,6 +154,13 @@ def test_triton_two_level_state_scan():
         assert rel(a, b.detach().to(torch.complex128 if b.is_complex() else F64)) < 1e-5, i
 
 
+def test_triton_bf16_chunk_states():
+    """state_dtype="bf16" (the chunk states stored in bf16, the recurrence and every gradient float32) with an initial
+    state and a partial last chunk, NaN-poisoned buffers: within bf16 tolerances of the float64 reference."""
+    case = make_case(2, 40, 2, 16, 16, 43, True)
+    check_against_reference(*case, chunk_size=16, tol=5e-3, config=S4DBilinearConfig(state_dtype="bf16", poison=True))
+
+
 def test_triton_bf16_inputs():
     """bf16 activations: float32 state math, output in bf16 (tolerance set by the bf16 rounding of o and da, db)."""
     a, b, log_lam, B, C, init = make_case(1, 23, 2, 16, 16, 9, True)

@@ -132,3 +132,36 @@ def test_two_level_without_stored_states():
         finals.append(final)
     assert torch.isfinite(finals[1]).all()
     assert _rel(_complex(finals[1]), _complex(finals[0])) < TWO_LEVEL_TOL
+
+
+@pytest.mark.parametrize("Bsz,T,BT,with_init", [CASES[0], CASES[2]])
+def test_bf16_state_buffer_is_the_rounded_float32_scan(Bsz, T, BT, with_init):
+    """``state_dtype="bf16"``: the sequential scan carries its recurrence in float32 and rounds only the stored copies,
+    so the bf16 buffer equals the float32 buffer rounded to nearest, element for element (dense and packed, NaN-
+    poisoned), and the final state (a float32 buffer) is unchanged. The two-level form rounds each chunk's contribution
+    too: its states stay within bf16 rounding of the float32 ones. The field is validated at construction."""
+    with pytest.raises(ValueError, match=r"^state_dtype must be one of fp32, bf16, got 'fp16'$"):
+        ScanConfig(state_dtype="fp16")
+    packed = isinstance(T, tuple)
+    lengths = T if packed else None
+    T = sum(lengths) if packed else T
+    vl = chunk_table(cu_seqlens_from_lengths(lengths), T, BT, DEV) if packed else None
+    n_seq = len(lengths) if packed else Bsz
+    k, v, ll, bb, init = (None if t is None else t.to(DEV, torch.float32).contiguous()
+                          for t in _problem(Bsz, T, n_seq, seed=7, with_init=with_init))
+    P = power_table(ll, BT)
+    out = {}
+    for scan in ("sequential", "two_level"):
+        for dtype in ("fp32", "bf16"):
+            cfg = ScanConfig(state_scan=scan, state_dtype=dtype, poison=True, BMS=16, BCH=16)
+            out[scan, dtype] = states_fwd(k, v, P, bb, init, BT, True, True, cfg, NO_HOOKS, vl)
+    states32, final32 = out["sequential", "fp32"]
+    states16, final16 = out["sequential", "bf16"]
+    assert states16.dtype == torch.bfloat16 and states16.shape == states32.shape
+    written = torch.isfinite(states32)  # packed: the spare rows past the real chunks are never written
+    assert written.any()
+    assert torch.equal(states16[written], states32[written].to(torch.bfloat16))
+    assert torch.equal(final16, final32)
+    two16, _ = out["two_level", "bf16"]
+    assert two16.dtype == torch.bfloat16
+    assert _rel(two16.float()[written], states32[written]) < 1e-2

@@ -9,10 +9,13 @@ import torch
 
 from . import interpreting
 
-__all__ = ["KernelConfig", "ScanConfig", "STATE_SCANS"]
+__all__ = ["KernelConfig", "ScanConfig", "STATE_SCANS", "STATE_DTYPES"]
 
 STATE_SCANS = ("sequential", "two_level")
 """Allowed ``ScanConfig.state_scan`` values."""
+
+STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""Allowed ``ScanConfig.state_dtype`` values and the chunk-state buffer's torch dtype for each."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class ScanConfig(KernelConfig):
     ``stages_state``) and write the chunk-entering states into the same buffer, no extra memory. Same results to
     float32 rounding. The default stays until the GPU launch table (``benchmarks.interdomain_launch``, variant
     ``two_level_scan``) decides.
+
+    state_dtype: storage of the chunk-entering states the scan writes for the chunk kernels (and, with the op's
+    ``save_states``, keeps for the backward): "fp32" (default) or "bf16", half the bytes (2 → 1 KiB per token and
+    head at R = D = M = 64, L = 32), rounded to nearest on store. The carried recurrence, the local adjoints and every
+    state gradient stay float32; only the stored copies are rounded (with "two_level" also each chunk's contribution).
     """
 
     BMS: int = 32
@@ -78,10 +86,17 @@ class ScanConfig(KernelConfig):
     stages: int = 1
     dot_prec: str = "tf32"
     state_scan: str = "sequential"
+    state_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.state_scan not in STATE_SCANS:
             raise ValueError(f"state_scan must be one of {', '.join(STATE_SCANS)}, got {self.state_scan!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
+
+    def state_torch_dtype(self) -> torch.dtype:
+        """The torch dtype of the chunk-state buffer (``state_dtype``)."""
+        return STATE_DTYPES[self.state_dtype]
 
     def prec(self) -> str:
         """The DOT_PREC constexpr of the launches: ``dot_prec`` on the GPU, "ieee" under the interpreter."""

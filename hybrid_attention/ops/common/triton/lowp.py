@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["bf16_round", "mm", "BF16_PRECS"]
+__all__ = ["bf16_round", "load_f32", "mm", "store_as", "BF16_PRECS"]
 
 BF16_PRECS = ("bf16", "bf16_rn")
 """The ``mm`` precisions with bf16 operands: "bf16" (GPU: bf16 tensor-core MMA, float32 accumulation) and "bf16_rn"
@@ -35,4 +35,21 @@ def mm(a, b, PREC: tl.constexpr):
         out = tl.dot(bf16_round(a.to(tl.float32)), bf16_round(b.to(tl.float32)), input_precision="ieee")
     else:
         out = tl.dot(a, b, input_precision=PREC)
+    return out
+
+
+@triton.jit
+def load_f32(ptrs, mask):
+    """A masked load (masked elements 0) widened to float32: exact for a bf16 buffer, a no-op for a float32 one."""
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_as(x, base):
+    """float32 tile x as the element type of the buffer at pointer ``base``: rounded to the nearest bf16 (ties to even,
+    ``bf16_round``, on the GPU and under the interpreter alike) for a bf16 buffer, x itself otherwise."""
+    if base.dtype.element_ty == tl.bfloat16:
+        out = bf16_round(x).to(tl.bfloat16)
+    else:
+        out = x
     return out

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .chunk_rows import table_row
+from .lowp import load_f32, store_as
 
 __all__ = ["cmul", "chunk_info"]  # the helpers the ops' chunk kernels call; the scan kernels are used via ssm_scan.py
 
@@ -113,15 +114,17 @@ def _state_tile(i_m, i_c, M, NC, BMS: tl.constexpr, BCH: tl.constexpr):
 
 @triton.jit
 def _load_planar(base, st_off, mask, MNC):
-    """(re, im) tiles of the planar state at ``base`` (planes MNC = M·NC floats apart); masked elements are 0."""
-    return tl.load(base + st_off, mask=mask, other=0.0), tl.load(base + MNC + st_off, mask=mask, other=0.0)
+    """(re, im) float32 tiles of the planar state at ``base`` (planes MNC = M·NC elements apart); masked elements are
+    0. A bf16 buffer (``ScanConfig.state_dtype``) is widened exactly."""
+    return load_f32(base + st_off, mask), load_f32(base + MNC + st_off, mask)
 
 
 @triton.jit
 def _store_planar(base, x_re, x_im, st_off, mask, MNC):
-    """Stores the (re, im) tiles into the planar state at ``base`` (planes MNC = M·NC floats apart)."""
-    tl.store(base + st_off, x_re, mask=mask)
-    tl.store(base + MNC + st_off, x_im, mask=mask)
+    """Stores the float32 (re, im) tiles into the planar state at ``base`` (planes MNC = M·NC elements apart), rounded
+    to nearest for a bf16 buffer."""
+    tl.store(base + st_off, store_as(x_re, base), mask=mask)
+    tl.store(base + MNC + st_off, store_as(x_im, base), mask=mask)
 
 
 @triton.jit
@@ -387,8 +390,8 @@ def _state_bwd_step(
     pmask = st_mask & ((st_off * 0 + j) > 0)
     nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
     nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
-    nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
-    nx_im = tl.load(states + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    nx_re = load_f32(states + pbase + st_off, pmask)
+    nx_im = load_f32(states + pbase + M * NC + st_off, pmask)
     base = (slot0 + j) * 2 * M * NC
     tl.store(dx + base + st_off, e_re, mask=st_mask)
     tl.store(dx + base + M * NC + st_off, e_im, mask=st_mask)
@@ -461,8 +464,8 @@ def _state_bwd(
     last = (slot0 + nc - 1) * 2 * M * NC
     loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
     loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
-    x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
-    x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
+    x_re = load_f32(states + last + st_off, st_mask)
+    x_im = load_f32(states + last + M * NC + st_off, st_mask)
     if USE_WHILE:
         jj = 0
         while jj < nc:
@@ -646,8 +649,8 @@ def _state_bwd_dz_step(
     pmask = st_mask & ((st_off * 0 + j) > 0)  # tensor comparison: see _state_bwd_step
     nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
     nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
-    nx_re = tl.load(states + pbase + st_off, mask=pmask, other=0.0)
-    nx_im = tl.load(states + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    nx_re = load_f32(states + pbase + st_off, pmask)
+    nx_im = load_f32(states + pbase + M * NC + st_off, pmask)
     nz, ndzl = _load_z_dz(
         k_base, v_base, dk_base, dv_base, j - 1, tl.where(j > 0, BT, 0), H, R, D, offs_c, offs_s, is_k, is_v, BT
     )
@@ -757,8 +760,8 @@ def _state_bwd_dz(
     last = (slot0 + nc - 1) * 2 * M * NC
     loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
     loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
-    x_re = tl.load(states + last + st_off, mask=st_mask, other=0.0)
-    x_im = tl.load(states + last + M * NC + st_off, mask=st_mask, other=0.0)
+    x_re = load_f32(states + last + st_off, st_mask)
+    x_im = load_f32(states + last + M * NC + st_off, st_mask)
     # the last chunk (possibly partial) is peeled off and reduced on its own; every other chunk is full and shares
     # one table (loaded once) and the factors n_s, BT conj(λ^BT), so the loop accumulates un-reduced tiles
     L_last = Tn - (nc - 1) * BT

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...common.triton.lowp import mm
+from ...common.triton.lowp import load_f32, mm
 from ...common.triton.ssm_scan_kernels import chunk_info, cmul
 
 
@@ -192,8 +192,8 @@ def _chunk_fwd(
         din_re = tl.load(ptab + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         din_im = tl.load(ptab + LP * M + (t_abs + 1)[:, None] * M + offs_m[None, :], mask=am, other=0.0)
         xm = mask_mx[:, None] & mask_r[None, :]
-        xk_re = tl.load(x_base + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
-        xk_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], mask=xm, other=0.0)
+        xk_re = load_f32(x_base + offs_m[:, None] * NC + offs_r[None, :], xm)
+        xk_im = load_f32(x_base + M * NC + offs_m[:, None] * NC + offs_r[None, :], xm)
         qf = qi.to(tl.float32)
         u_re = mm(qf, tl.trans(xk_re), DOT_PREC)
         u_im = mm(qf, tl.trans(xk_im), DOT_PREC)
@@ -221,8 +221,8 @@ def _chunk_fwd(
         W += _unband(wb, t_abs, offs_tc, offs_s, BC)
         W = tl.where(causal, W, 0.0)
         vm = mask_mx[:, None] & mask_d[None, :]
-        xv_re = tl.load(x_base + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
-        xv_im = tl.load(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], mask=vm, other=0.0)
+        xv_re = load_f32(x_base + offs_m[:, None] * NC + R + offs_d[None, :], vm)
+        xv_im = load_f32(x_base + M * NC + offs_m[:, None] * NC + R + offs_d[None, :], vm)
         ai_re, ai_im = cmul(r_re, r_im, din_re, din_im)
         vc = tl.load(
             v_base + offs_s[:, None] * (H * D) + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0
@@ -442,8 +442,8 @@ def _chunk_bwd(
 
         if VAL:  # ---- forward recompute: p = B pt + Din u, r = K p (conj(p) for CONJ_P), W ----
             pt_re, pt_im = _decay(S, Sb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
-            xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
-            xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
+            xk_re = load_f32(x_base + px + offs_r[None, :], xml)
+            xk_im = load_f32(x_base + M * NC + px + offs_r[None, :], xml)
             u_re = mm(qf, tl.trans(xk_re), DOT_PREC)
             u_im = mm(qf, tl.trans(xk_im), DOT_PREC)
             p_re, p_im = cmul(b_re[None, :], b_im[None, :], pt_re, pt_im)
@@ -473,8 +473,8 @@ def _chunk_bwd(
         dW = tl.where(causal, mm(doi, tl.trans(vc.to(tl.float32)), DOT_PREC), 0.0)
         dWb = _band(dW, t_abs, offs_tc)
         fw_re, fw_im = _decay(dW, dWb, a_re, a_im, g_re, g_im, cross, DOT_PREC, HAS_CROSS)
-        xv_re = tl.load(x_base + px + R + offs_d[None, :], mask=vml, other=0.0)
-        xv_im = tl.load(x_base + M * NC + px + R + offs_d[None, :], mask=vml, other=0.0)
+        xv_re = load_f32(x_base + px + R + offs_d[None, :], vml)
+        xv_im = load_f32(x_base + M * NC + px + R + offs_d[None, :], vml)
         ga_re = mm(doi, tl.trans(xv_re), DOT_PREC)
         ga_im = -mm(doi, tl.trans(xv_im), DOT_PREC)
         fb_re, fb_im = cmul(fw_re, fw_im, b_re[None, :], b_im[None, :])
@@ -577,8 +577,8 @@ def _chunk_bwd(
             h_im = tl.sum(gp_im * ptd_re - gp_re * ptd_im, axis=0)
             gl_re += b_re * h_re + b_im * h_im
             gl_im += b_re * h_im - b_im * h_re
-            xk_re = tl.load(x_base + px + offs_r[None, :], mask=xml, other=0.0)
-            xk_im = tl.load(x_base + M * NC + px + offs_r[None, :], mask=xml, other=0.0)
+            xk_re = load_f32(x_base + px + offs_r[None, :], xml)
+            xk_im = load_f32(x_base + M * NC + px + offs_r[None, :], xml)
             dqi = mm(gS, kc.to(tl.float32), DOT_PREC)
             dqi += mm(gbv_re, xk_re, DOT_PREC) + mm(gbv_im, xk_im, DOT_PREC)
             tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...common.triton.lowp import load_f32
 from ...common.triton.ssm_scan_kernels import chunk_info
 
 # Notation. Per (b, h) the state is X = [X^a | X^b] ∈ C^{M×2R}; a chunk of BT tokens (local index τ = t - t0) is entered
@@ -75,10 +76,10 @@ def _chunk_setup(a, b, P, states, cu, ci, i_t, i_bh, i_j, T, H, R, NT, IS_VARLEN
     x_base = states + (i_bh * NT + i_t) * 2 * M * NC
     xoff = offs_n[:, None] * NC + offs_j[None, :]
     xm = (mask_n & ((offs_n * 0 + Lj) > 0))[:, None] & mask_j[None, :]  # an empty varlen row has no state
-    xa_re = tl.load(x_base + xoff, mask=xm, other=0.0)
-    xa_im = tl.load(x_base + M * NC + xoff, mask=xm, other=0.0)
-    xb_re = tl.load(x_base + R + xoff, mask=xm, other=0.0)
-    xb_im = tl.load(x_base + M * NC + R + xoff, mask=xm, other=0.0)
+    xa_re = load_f32(x_base + xoff, xm)
+    xa_im = load_f32(x_base + M * NC + xoff, xm)
+    xb_re = load_f32(x_base + R + xoff, xm)
+    xb_im = load_f32(x_base + M * NC + R + xoff, xm)
     ptab = P + h * 2 * LP * M
     pm = (offs_t[:, None] >= 0) & mask_n[None, :]
     pw_re = tl.load(ptab + (offs_t + 1)[:, None] * M + offs_n[None, :], mask=pm, other=0.0)
