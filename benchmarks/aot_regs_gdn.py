@@ -60,7 +60,6 @@ KERNELS = (
     "_state_bwd_kernel",
     "_bwd_k_kernel",
     "_bwd_finish_kernel",
-    "_bwd_fused_kernel",
 )
 SHAPES: dict[str, dict[str, int]] = {
     "340m": dict(B=1, T=16384, H=6, K=128, V=256, C=64),

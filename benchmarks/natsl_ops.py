@@ -16,9 +16,7 @@ Sections (each guarded: a failure in one still leaves the others' numbers):
      12 softmax heads 64/128, chunk 64, 30% softmax chunks) at 4K/16K/64K: forward and forward+backward of the op
      (GDN + softmax branch), each branch alone, causal SDPA (16 heads x 64); the official numbers beside ours.
   3. decode: the fused single-token GDN step (CUDA graph) vs a length-1 chunk call;
-  4. with --sweep, a small launch-config sweep of the kernels (if time is left), and the GDN backward forms
-     (default vs ``bwd_fused``) at the 340m and ``small`` layer shapes (``--sweep-only --sweep-kinds gdn_bwd``: those
-     alone).
+  4. with --sweep, a small launch-config sweep of the kernels (if time is left).
 Writes ``<--out>/natsl_gpu.json`` (default ``$OUT`` or .) and prints one table at the end. ``--dryrun`` (or
 ``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1`` runs the whole script on the CPU at tiny shapes (a smoke test of the
 script).
@@ -55,7 +53,7 @@ from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG as GDN_DEFAUL
 from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig, triton_gated_delta
 from hybrid_attention.ops.natsl_mixed.triton import triton_natsl_mixed
 
-RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "gdn_bwd": [], "profile": {}}
+RESULTS: dict = {"errors": [], "correctness": [], "timings": [], "sweep": [], "profile": {}}
 guarded = functools.partial(_guarded, RESULTS)
 # official NAtS-L kernel on an H200, same shapes: ms
 OFFICIAL = {
@@ -435,52 +433,8 @@ def decode(s: BenchSettings):
     log("  decode step (B=1, 6 heads 128/256): " + " ".join(f"{k_}={v_:.4g}" for k_, v_ in row.items()))
 
 
-SWEEP_KINDS = ("softmax", "fla_gdn", "gdn", "gdn_bwd")
-"""The job kinds of the sweep: the chunk-attention variants, fla's GDN (when installed), our GDN variants, and our GDN
-backward forms (``gdn_bwd_forms``)."""
-BWD_SHAPES = {
-    True: {"tiny": dict(B=2, T=40, H=2, K=16, V=32, C=16)},
-    False: {"340m": dict(B=1, T=16384, H=6, K=128, V=256, C=64), "small": dict(B=16, T=2048, H=8, K=64, V=128, C=64)},
-}
-"""Shapes of ``gdn_bwd_forms`` by ``BenchSettings.dryrun``: the GDN layer of gdn-340m / natsl-hybrid-340m and of the
-``small`` preset (B, T, heads, K, V, chunk)."""
-BWD_FORMS = {"default": {}, "bwd_fused": dict(bwd_fused=True)}
-"""The backward forms ``gdn_bwd_forms`` times: ``GatedDeltaConfig`` fields over the default launch."""
-
-
-@guarded("gdn_bwd")
-def gdn_bwd_forms(s: BenchSettings):
-    """Forward + backward of the GDN op alone (bf16 activations, no commit mask, as in a GDN layer) for each of
-    ``BWD_FORMS`` at ``BWD_SHAPES``: median ms, and every gradient's relative RMS against the default form on the same
-    inputs (``sweep_kinds`` "gdn_bwd": ``python -m benchmarks.natsl_ops --sweep-only --sweep-kinds gdn_bwd``)."""
-    for name, sh in BWD_SHAPES[s.dryrun].items():
-        B, T, H, K, V, C = (sh[x] for x in ("B", "T", "H", "K", "V", "C"))
-        gen = torch.Generator(device=s.device).manual_seed(3)
-
-        def rn(*size, dt=torch.bfloat16, gen=gen):
-            return torch.randn(*size, generator=gen, device=s.device).to(dt)
-
-        xs = [rn(B, T, H, K), rn(B, T, H, K), rn(B, T, H, V), F.logsigmoid(rn(B, T, H, dt=torch.float32)) / 16,
-              torch.sigmoid(rn(B, T, H, dt=torch.float32))]
-        xs = [x.requires_grad_() for x in xs]
-        do = rn(B, T, H, V)
-        ref = None
-        for form, fields in BWD_FORMS.items():
-            cfg = dataclasses.replace(GDN_DEFAULT, **fields)
-
-            def fb(cfg=cfg, xs=xs, C=C, do=do):
-                triton_gated_delta(*xs, chunk_size=C, config=cfg)[0].backward(do)
-
-            for x in xs:
-                x.grad = None
-            fb()
-            grads = [x.grad.float() for x in xs]
-            ref = ref if ref is not None else grads
-            row = dict(shape=name, form=form, fb=bench(fb, warmup=5, rep=60, grad_to_none=xs),
-                       **{f"{n}_rel": rel_rms(a, b) for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads, ref)})
-            RESULTS["gdn_bwd"].append(row)
-            rels = " ".join(f"{k_}={v_:.1e}" for k_, v_ in row.items() if k_.endswith("_rel"))
-            log(f"  gdn_bwd {name} {form}: f+b {row['fb']:.3f} ms ({rels} vs default)")
+SWEEP_KINDS = ("softmax", "fla_gdn", "gdn")
+"""The job kinds of the sweep: the chunk-attention variants, fla's GDN (when installed), our GDN variants."""
 
 
 @guarded("sweep")
@@ -490,8 +444,6 @@ def sweep(s: BenchSettings, start: int = 0, kinds: tuple[str, ...] = SWEEP_KINDS
     (a subset of ``SWEEP_KINDS``; the job numbers count the kept jobs only)."""
     dryrun = s.dryrun
     shape = SHAPES[s.dryrun]
-    if "gdn_bwd" in kinds and start == 0:
-        gdn_bwd_forms(s)
     if dryrun:
         return
     H, K, V, G, C = shape["H"], shape["K"], shape["V"], shape["G"], shape["C"]

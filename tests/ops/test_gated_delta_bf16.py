@@ -172,10 +172,8 @@ def test_bf16_activations_and_wide_tiles():
             assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (cfg.seqf_bv, name, rel(a.cpu(), b))
 
 
-@pytest.mark.parametrize("bwd_fused", [False, True])
-def test_bf16_packed_matches_separate(bwd_fused):
-    """Packed documents (lengths 1, 5, 16, 37 at C = 16) with commit mask and initial states, bf16 buffers (the
-    fused backward reads the bf16 S_n and vn as the two-kernel one does)."""
+def test_bf16_packed_matches_separate():
+    """Packed documents (lengths 1, 5, 16, 37 at C = 16) with commit mask and initial states, bf16 buffers."""
     inputs = _gdn_inputs(LENGTHS, "random", True, seed=11)
     ref_xs = [_leaf(x, torch.float64, "cpu") for x in inputs]
     o_ref, S_ref = _gdn_separate(ref_xs, LENGTHS, True)
@@ -183,7 +181,7 @@ def test_bf16_packed_matches_separate(bwd_fused):
     xs = [_leaf(x, torch.float32, DEVICE) for x in inputs]
     q, k, v, g, beta, commit, S0 = xs
     o, S = triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=16, initial_state=S0,
-                              output_final_state=True, config=dataclasses.replace(BF16, bwd_fused=bwd_fused),
+                              output_final_state=True, config=BF16,
                               cu_seqlens=cu_seqlens_from_lengths(LENGTHS).to(DEVICE))
     g_tri = _grads(_loss(o.double(), S.double()), xs)
     for name, a, b in zip(GDN_NAMES, [o, S, *g_tri], [o_ref, S_ref, *g_ref], strict=True):

@@ -15,7 +15,7 @@ import torch
 from triton_device import DEVICE
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
-from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, GatedDeltaConfig, triton_gated_delta
+from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, triton_gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 
 pytestmark = [
@@ -69,8 +69,6 @@ def run_both(inputs, do, dS, C, decay_uncommitted, use_l2=True, config=None):
 
 
 NAMES = ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dcommit", "dS0"]
-FUSED = dataclasses.replace(DEFAULT_CONFIG, bwd_fused=True)  # the one-kernel key-side backward + finish
-FUSED_TOL = 2e-6  # fused vs two-kernel backward: the same fp32 math in another summation order (observed <= 4e-7)
 
 
 @pytest.mark.parametrize(
@@ -85,10 +83,9 @@ FUSED_TOL = 2e-6  # fused vs two-kernel backward: the same fp32 math in another 
         (48, "zeros", False, True),
     ],
 )
-@pytest.mark.parametrize("config", [None, FUSED], ids=["two_kernel", "fused"])
-def test_matches_reference_all_gradients(T, commit_kind, decay_uncommitted, with_s0, config):
+def test_matches_reference_all_gradients(T, commit_kind, decay_uncommitted, with_s0):
     inputs, do, dS = make_case(2, T, 2, 16, 32, 16, commit_kind, with_s0, seed=1000 + T)
-    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=config)
+    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted)
     for name, a, b in zip(NAMES, tri, ref):
         if b is None:
             assert a is None, name
@@ -97,15 +94,13 @@ def test_matches_reference_all_gradients(T, commit_kind, decay_uncommitted, with
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
 
 
-@pytest.mark.parametrize("config", [None, FUSED], ids=["two_kernel", "fused"])
-def test_tiled_dims_and_no_l2(config):
-    # K > BK and V > BV exercise the tile loops (fused: K = 80 masked in a 128-wide tile, three V tiles); C = 32; no
-    # l2 norm (raw q, k with small values)
+def test_tiled_dims_and_no_l2():
+    # K > BK and V > BV exercise the tile loops; C = 32; no l2 norm (raw q, k with small values)
     inputs, do, dS = make_case(1, 70, 1, 80, 72, 32, "relaxed", True, seed=7)
     inputs[0] = inputs[0] * 0.1
     inputs[1] = inputs[1] * 0.1
     for use_l2 in (True, False):
-        tri, ref = run_both(inputs, do, dS, 32, True, use_l2=use_l2, config=config)
+        tri, ref = run_both(inputs, do, dS, 32, True, use_l2=use_l2)
         for name, a, b in zip(NAMES, tri, ref):
             assert rel(a.cpu(), b) < TOL, (use_l2, name, rel(a.cpu(), b))
 
@@ -122,8 +117,7 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 @pytest.mark.parametrize("K,V", [(64, 128), (128, 256)])
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
-                                     dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
-                                     dict(bwd_fused=True), dict(bwd_fused=True, buffer_dtype="bf16")])
+                                     dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
@@ -149,49 +143,6 @@ def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommit
         if b is None:
             continue
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
-
-
-@pytest.mark.parametrize(
-    "T,K,V,C,commit_kind,decay_uncommitted,with_s0,use_l2",
-    [
-        (33, 16, 32, 16, "random", True, True, True),
-        (7, 16, 32, 16, "relaxed", False, True, True),
-        (45, 16, 16, 16, "none", True, False, True),
-        (70, 80, 72, 32, "relaxed", False, True, False),  # K masked in the full-K tile, V over three tiles, no l2
-        (150, 16, 16, 64, "random", True, True, True),  # chunk 64: the blocked inverse, a partial last chunk
-    ],
-)
-def test_fused_backward_equals_two_kernel_path(T, K, V, C, commit_kind, decay_uncommitted, with_s0, use_l2):
-    """``bwd_fused`` gives every gradient of the two-kernel backward (fp32, same inputs, NaN-poisoned buffers)."""
-    inputs, do, dS = make_case(1, T, 2, K, V, C, commit_kind, with_s0, seed=300 + T)
-    if not use_l2:
-        inputs[0], inputs[1] = inputs[0] * 0.1, inputs[1] * 0.1
-    two, ref = run_both(inputs, do, dS, C, decay_uncommitted, use_l2=use_l2, config=GatedDeltaConfig(poison=True))
-    fused, _ = run_both(inputs, do, dS, C, decay_uncommitted, use_l2=use_l2,
-                        config=dataclasses.replace(FUSED, poison=True))
-    for name, a, b, r in zip(NAMES, fused, two, ref):
-        if r is None:
-            assert a is None and b is None, name
-            continue
-        assert torch.isfinite(a).all(), name
-        assert rel(a.cpu(), b.cpu()) < FUSED_TOL, (name, rel(a.cpu(), b.cpu()))
-        assert rel(a.cpu(), r) < TOL, (name, rel(a.cpu(), r))
-
-
-def test_fused_backward_config_fields():
-    """``bwd_fused`` is off by default; its tile / warp fields refuse values the kernel cannot take, naming the field;
-    heads wider than 128 keys take the two-kernel path."""
-    from hybrid_attention.ops.gated_delta.triton.function import _Tiles
-
-    assert DEFAULT_CONFIG.bwd_fused is False
-    with pytest.raises(ValueError, match=r"fused_bv must be a power of two >= 16, got 24"):
-        dataclasses.replace(FUSED, fused_bv=24)
-    with pytest.raises(ValueError, match=r"fused_bv must be a power of two >= 16, got 8"):
-        dataclasses.replace(FUSED, fused_bv=8)
-    with pytest.raises(ValueError, match=r"fused_warps must be one of 4, 8, got 16"):
-        dataclasses.replace(FUSED, fused_warps=16)
-    assert _Tiles(128, 256, FUSED, torch.float32).fused and _Tiles(80, 72, FUSED, torch.float32).fused
-    assert not _Tiles(256, 64, FUSED, torch.float32).fused and not _Tiles(64, 64, DEFAULT_CONFIG, torch.float32).fused
 
 
 def test_config_rejects_unknown_scale_side():
@@ -297,13 +248,13 @@ def test_chunk_attention_triton_matches_dense(B, T, Hs, G, C, frac, bias):
         assert _close(a, b, TOL), name
 
 
-@pytest.mark.parametrize("bwd_fused", [False, True])
-def test_poisoned_buffers_are_fully_written(bwd_fused):
+def test_poisoned_buffers_are_fully_written():
     """Every kernel-written buffer starts as NaN: any element a kernel forgets to write would surface."""
     from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
+    from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig
 
     inputs, do, dS = make_case(1, 37, 2, 16, 16, 16, "random", True, seed=21)
-    tri, ref = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(poison=True, bwd_fused=bwd_fused))
+    tri, ref = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(poison=True))
     for name, a, b in zip(NAMES, tri, ref):
         assert torch.isfinite(a).all() and rel(a.cpu(), b) < TOL, name
     q = torch.randn(1, 37, 2, 16, device=DEVICE, requires_grad=True)

@@ -35,7 +35,7 @@ class GatedDeltaConfig(KernelConfig):
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid
     V / seqf_bv x B*H; ``seqf_bv=16`` with 8 warps hits an illegal memory access on the H200, a codegen issue of that
     tile/warp combination: do not use it); seqb_*: the state backward; bwdk_*: the key-side backward; fin_*: the
-    finishing backward kernel; fused_*: the fused backward (``bwd_fused``). ``poison``: see ``KernelConfig``.
+    finishing backward kernel. ``poison``: see ``KernelConfig``.
 
     seqb_scale: where the state backward applies the per-token scales r_k e^{G_last - G} and r_q e^G. "qk" (default):
     on the [C, K] key / query tiles before the dots. "tile": on the [C, BV] side (K̃ dS = diag(s) (k dS),
@@ -54,12 +54,6 @@ class GatedDeltaConfig(KernelConfig):
     seqb_dots: operands of the state backward's three dots (K̃ dS, (e^G q̂)ᵀ dO, wᵀ dvn). "fp32": fp32 (tf32).
     "bf16" (default): bf16 operands with fp32 accumulation, only when the buffers are bf16 (an fp32 call is
     unchanged); dS, dh and dvn stay fp32. With 2 stages it takes 17-18% off the forward + backward on the H200.
-
-    bwd_fused: the key-side backward and the finish (``_bwd_k`` + ``_bwd_finish``) as one kernel,
-    ``_bwd_fused_kernel``: one program per (chunk, head) over the full key extent, the K-slice partial sums held in
-    registers instead of written to memory and summed by a second launch (the same outputs; False by default until
-    timed on a GPU). Heads with K > 128 take the two-kernel path. fused_bv / fused_warps: its V tile (a power of two,
-    at least 16) and warps (4 or 8); ``benchmarks/aot_regs_gdn.py --set bwd_fused=1`` reports its registers / spills.
 
     seqb_stages / seqb_stages_bf16: software-pipelining stages of the state backward when its dots are fp32 / bf16.
     Two fields because the pipelined fp32-operand loop miscompiles on the H200 (triton 3.6, K 128 / V 256, chunk 64,
@@ -86,9 +80,6 @@ class GatedDeltaConfig(KernelConfig):
     fin_bv: int = 32
     fin_warps: int = 4
     fin_stages: int = 1
-    bwd_fused: bool = False
-    fused_bv: int = 32
-    fused_warps: int = 8
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"
@@ -98,10 +89,6 @@ class GatedDeltaConfig(KernelConfig):
             raise ValueError(f"buffer_dtype must be one of {', '.join(BUFFER_DTYPES)}, got {self.buffer_dtype!r}")
         if self.seqb_scale not in SEQB_SCALES:
             raise ValueError(f"seqb_scale must be one of {', '.join(SEQB_SCALES)}, got {self.seqb_scale!r}")
-        if self.fused_bv < 16 or self.fused_bv & (self.fused_bv - 1):
-            raise ValueError(f"fused_bv must be a power of two >= 16, got {self.fused_bv!r}")
-        if self.fused_warps not in (4, 8):
-            raise ValueError(f"fused_warps must be one of 4, 8, got {self.fused_warps!r}")
         if self.seqb_dots not in SEQB_DOTS:
             raise ValueError(f"seqb_dots must be one of {', '.join(SEQB_DOTS)}, got {self.seqb_dots!r}")
 

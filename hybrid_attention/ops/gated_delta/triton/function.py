@@ -21,11 +21,6 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 """Activation dtypes for which ``buffer_dtype="auto"`` stores the forward's buffers in bf16."""
 
 
-FUSED_MAX_K = 128
-"""The largest (power-of-two padded) key dim of the fused backward (``GatedDeltaConfig.bwd_fused``); larger heads
-take the two-kernel path."""
-
-
 def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
@@ -46,10 +41,6 @@ class _Tiles:
         self.BK3 = min(cfg.fin_bk, kp)
         self.BV3 = min(cfg.fin_bv, vp)
         self.NKT = triton.cdiv(K, self.BK2)
-        # the fused key-side backward + finish holds [C, K] tiles of the full key extent: up to K = 128
-        self.fused = cfg.bwd_fused and self.BKF <= FUSED_MAX_K
-        self.BVX = min(cfg.fused_bv, vp)
-        self.fused_launch = dict(num_warps=cfg.fused_warps, num_stages=1)
         interp = self.interp = interpreting()
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=cfg.par_warps, num_stages=cfg.par_stages)
@@ -158,9 +149,6 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
         **cfg.seqb,
     )
     del dvl
-    if cfg.fused:
-        return _launch_bwd_fused(q, k, v, do, beta, m_arg, G, rq, rk, X, states, dh, vn, dvn, dPD, dGloc, dS0, cu, ci,
-                                 NM, has_commit, scale, use_l2, decay_uncommitted, C, config, cfg, varlen)
     NKT = cfg.NKT
     dqh = config.empty(B, H, Tp, K, device=dev, dtype=f32)
     dkh = config.empty_like(dqh)
@@ -189,31 +177,6 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
         T, H, N, NM, Tp, BH,
         K=K, V=V, C=C, BK=cfg.BK3, BV=cfg.BV3, NKT=NKT, HAS_COMMIT=has_commit,
         DECAY_UNCOMMITTED=decay_uncommitted, USE_L2=use_l2, PREC=cfg.prec, VARLEN=varlen, **cfg.fin,
-    )
-    return dq, dk, dv, dg, dbeta, dm, dS0
-
-
-def _launch_bwd_fused(q, k, v, do, beta, m_arg, G, rq, rk, X, states, dh, vn, dvn, dPD, dGloc, dS0, cu, ci, NM,
-                      has_commit, scale, use_l2, decay_uncommitted, C, config, cfg, varlen):
-    """The key-side backward and the finish in one launch (``_bwd_fused_kernel``, ``GatedDeltaConfig.bwd_fused``):
-    the rest of ``_launch_bwd`` with the same outputs."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    N, Tp = X.shape[2], dGloc.shape[-1]
-    dev, f32 = q.device, torch.float32
-    scr = config.empty_like(dPD)  # dKK of each chunk, read back transposed
-    dq = config.empty_like(q)
-    dk = config.empty_like(k)
-    dv = config.empty_like(v)
-    dg = config.empty(B, T, H, device=dev, dtype=f32)
-    dbeta = config.empty(B, T, H, device=dev, dtype=f32)
-    dm = config.empty(B, NM, H, device=dev, dtype=f32) if has_commit else None
-    _k._bwd_fused_kernel[(N, B * H)](
-        q, k, v, do, beta, G, rq, rk, m_arg, X, states, dh, vn, dvn, dPD, dGloc, scr,
-        dq, dk, dv, dg, dbeta, dm if dm is not None else dg, cu, ci,
-        T, H, N, NM, Tp,
-        K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVX, HAS_COMMIT=has_commit, DECAY_UNCOMMITTED=decay_uncommitted,
-        USE_L2=use_l2, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, **cfg.fused_launch,
     )
     return dq, dk, dv, dg, dbeta, dm, dS0
 

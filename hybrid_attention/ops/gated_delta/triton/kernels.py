@@ -615,44 +615,6 @@ def _bwd_k_kernel(
 
 
 @triton.jit
-def _wy_bwd(X, dX, KK, Gt, beta, ti, PREC: tl.constexpr):
-    """The WY backward of one chunk from dX (the gradient of X = (I + A)^{-1}): dA = -Xᵀ dX Xᵀ, masked to the strict
-    lower triangle and scaled by E = e^{G_t - G_s}; returns dKK = (dA ⊙ E) diag(β) (the gradient of k̂ k̂ᵀ: dk̂ gets
-    (dKK + dKKᵀ) k̂), its dβ term rowsum(dA ⊙ E ⊙ KK) and its dG term rowsum(R) - colsum(R), R = dA ⊙ E ⊙ KK β."""
-    strict = ti[:, None] > ti[None, :]
-    dA = -tl.dot(tl.dot(tl.trans(X), dX, input_precision=PREC), tl.trans(X), input_precision=PREC)
-    E = tl.exp(tl.where(strict, Gt[:, None] - Gt[None, :], float("-inf")))
-    dAE = tl.where(strict, dA, 0.0) * E
-    R = dAE * KK * beta[:, None]
-    return dAE * beta[:, None], tl.sum(dAE * KK, 1), tl.sum(R, 1) - tl.sum(R, 0)
-
-
-@triton.jit
-def _store_gate_grads(
-    dG, dbeta, kap, sig, m, Gl, ti, tt, tm, b, h, n, T, H, NM, dg_ptr, dbeta_ptr, dm_ptr, C: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr,
-):
-    """Stores dg (the reverse cumsum of dG plus the chunk-end term on the last row), dβ and the commit-mask gradient
-    dm of one chunk; kap = ⟨dS_end, ΔS⟩, sig = ⟨dS_end, S_start⟩ summed over the whole state."""
-    gam = tl.exp(Gl)
-    dGlast = m * kap
-    if HAS_COMMIT:
-        if DECAY_UNCOMMITTED:
-            dGlast += gam * sig
-            dm = kap
-        else:
-            dGlast += m * gam * sig
-            dm = kap + (gam - 1.0) * sig
-        tl.store(dm_ptr + (b * NM + n) * H + h, dm, mask=n < NM)
-    else:
-        dGlast += gam * sig
-    dG += tl.where(ti == C - 1, dGlast, 0.0)
-    dg = tl.cumsum(dG, axis=0, reverse=True)
-    tl.store(dg_ptr + (b * T + tt) * H + h, dg, mask=tm)
-    tl.store(dbeta_ptr + (b * T + tt) * H + h, dbeta, mask=tm)
-
-
-@triton.jit
 def _bwd_finish_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, dvn_ptr,
     dqh_ptr, dkh_ptr, dGloc_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr,
@@ -713,6 +675,11 @@ def _bwd_finish_kernel(
         tl.store(dv_ptr + io, (dBu * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=iom)
         dbeta += tl.sum(vt * dBu, 1)
 
+    strict = ti[:, None] > ti[None, :]
+    dA = -tl.dot(tl.dot(tl.trans(X), dX, input_precision=PREC), tl.trans(X), input_precision=PREC)
+    E = tl.exp(tl.where(strict, Gt[:, None] - Gt[None, :], float("-inf")))
+    dAE = tl.where(strict, dA, 0.0) * E
+
     qk_base = b * T * H * K + h * K
     KK = tl.zeros([C, C], dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -720,11 +687,27 @@ def _bwd_finish_kernel(
         kt = tl.load(k_ptr + qk_base + tt[:, None] * (H * K) + kc[None, :], mask=tm[:, None] & (kc < K)[None, :],
                      other=0.0).to(tl.float32) * rk[:, None]
         KK += tl.dot(kt, tl.trans(kt), input_precision=PREC)
-    dKK, db_A, dG_A = _wy_bwd(X, dX, KK, Gt, beta, ti, PREC)
-    dbeta += db_A
-    dG += dG_A
-    _store_gate_grads(dG, dbeta, kap, sig, m, Gl, ti, tt, tm, b, h, n, T, H, NM, dg_ptr, dbeta_ptr, dm_ptr, C,
-                      HAS_COMMIT, DECAY_UNCOMMITTED)
+    dbeta += tl.sum(dAE * KK, 1)
+    R = dAE * KK * beta[:, None]
+    dG += tl.sum(R, 1) - tl.sum(R, 0)
+    dKK = dAE * beta[:, None]
+
+    gam = tl.exp(Gl)
+    dGlast = m * kap
+    if HAS_COMMIT:
+        if DECAY_UNCOMMITTED:
+            dGlast += gam * sig
+            dm = kap
+        else:
+            dGlast += m * gam * sig
+            dm = kap + (gam - 1.0) * sig
+        tl.store(dm_ptr + (b * NM + n) * H + h, dm, mask=n < NM)
+    else:
+        dGlast += gam * sig
+    dG += tl.where(ti == C - 1, dGlast, 0.0)
+    dg = tl.cumsum(dG, axis=0, reverse=True)
+    tl.store(dg_ptr + (b * T + tt) * H + h, dg, mask=tm)
+    tl.store(dbeta_ptr + (b * T + tt) * H + h, dbeta, mask=tm)
 
     # dk̂ += (dKK + dKKᵀ) k̂, then the l2-norm backward: dk = r (dk̂ - k̂ (k̂·dk̂)); the same for q.
     kdot = tl.zeros([C], dtype=tl.float32)
@@ -759,134 +742,3 @@ def _bwd_finish_kernel(
             dqh = rq[:, None] * (dqh - qt * qdot[:, None])
         tl.store(dk_ptr + offs, dkh.to(dk_ptr.dtype.element_ty), mask=msk)
         tl.store(dq_ptr + offs, dqh.to(dq_ptr.dtype.element_ty), mask=msk)
-
-
-@triton.jit
-def _bwd_fused_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr, X_ptr, states_ptr, dh_ptr, vn_ptr, dvn_ptr,
-    dPD_ptr, dGloc_ptr, scr_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, dm_ptr, cu_ptr, ci_ptr,
-    T, H, N, NM, Tp,
-    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, USE_L2: tl.constexpr, PREC: tl.constexpr,
-    SCALE: tl.constexpr, VARLEN: tl.constexpr,
-):
-    """``_bwd_k_kernel`` and ``_bwd_finish_kernel`` in one program per (chunk row, head) over the full key extent
-    (``GatedDeltaConfig.bwd_fused``): the same equations, with the K-slice partial sums (dq̂, dk̂, dG, dβ, dX_w,
-    ⟨dh, S⟩, ⟨dh, ΔS⟩) held in registers instead of written and summed by a second kernel.
-
-    Four passes over V, each with at most one [C, K] accumulator live beside dk̂ and k̂ (the states and dh are read
-    twice; sm_90 registers / spills: ``benchmarks/aot_regs_gdn.py --set bwd_fused=1``): dO Sᵀ and ⟨dh, S⟩, after
-    which dq is final (its l2-norm backward needs only full-K row sums of this program); vn dhᵀ; dw = -dvn Sᵀ; the
-    value side of the WY backward (dX_u = dvn (β v)ᵀ, dv = β Xᵀ dvn). dk̂ takes (dKK + dKKᵀ) k̂ last. dKKᵀ is read back
-    transposed from this chunk's [C, C] scratch row (``scr``) rather than taken as ``tl.trans`` of a dot result (the
-    Hopper miscompile of transposed MMA accumulators): every transposed dot operand here is a tile loaded from memory.
-    """
-    n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    ti = tl.arange(0, C)
-    t = n * C + ti
-    tt, tm, t0, t1 = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
-    if VARLEN:
-        if t1 <= t0:  # a spare row: nothing to read or write
-            return
-    kc = tl.arange(0, BKF)
-    km = kc < K
-    Gt = tl.load(G_ptr + bh * Tp + t)
-    Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
-    rq = tl.load(rq_ptr + bh * Tp + t)
-    rk = tl.load(rk_ptr + bh * Tp + t)
-    beta = tl.load(beta_ptr + (b * T + tt) * H + h, mask=tm, other=0.0).to(tl.float32)
-    if HAS_COMMIT:
-        m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
-    else:
-        m = 1.0
-    cc = ti[:, None] * C + ti[None, :]
-    cx = (bh * N + n) * C * C
-    v_base = b * T * H * V + h * V
-    st_base = (bh * N + n) * K * V
-    km2 = km[:, None]
-
-    dQt = tl.zeros([C, BKF], dtype=tl.float32)  # dO Sᵀ
-    sig = tl.zeros([BKF], dtype=tl.float32)  # ⟨dh, S⟩ per key row
-    for v0 in range(0, V, BV):
-        vc = v0 + tl.arange(0, BV)
-        vm = vc < V
-        dO = tl.load(do_ptr + v_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :],
-                     other=0.0).to(tl.float32)
-        kv = st_base + kc[:, None] * V + vc[None, :]
-        Sk = tl.load(states_ptr + kv, mask=km2 & vm[None, :], other=0.0).to(tl.float32)
-        dhk = tl.load(dh_ptr + kv, mask=km2 & vm[None, :], other=0.0)
-        dQt += tl.dot(dO, tl.trans(Sk), input_precision=PREC)
-        sig += tl.sum(Sk * dhk, 1)
-
-    offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
-    msk = tm[:, None] & km[None, :]
-    Qk = tl.load(q_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rq[:, None]
-    Kk = tl.load(k_ptr + offs, mask=msk, other=0.0).to(tl.float32) * rk[:, None]
-    dPD = tl.load(dPD_ptr + cx + cc)
-    eG = tl.exp(Gt)
-    eL = tl.exp(Gl - Gt)
-    dQt = dQt * SCALE
-    dG = tl.load(dGloc_ptr + bh * Tp + t) + tl.sum(Qk * dQt, 1) * eG
-    dqh = eG[:, None] * dQt + tl.dot(dPD, Kk, input_precision=PREC)
-    dkh = tl.dot(tl.trans(dPD), Qk, input_precision=PREC)
-    if USE_L2:  # dq = r (dq̂ - q̂ (q̂·dq̂))
-        dqh = rq[:, None] * (dqh - Qk * tl.sum(Qk * dqh, 1)[:, None])
-    tl.store(dq_ptr + offs, dqh.to(dq_ptr.dtype.element_ty), mask=msk)
-
-    dKt = tl.zeros([C, BKF], dtype=tl.float32)  # vn dhᵀ
-    for v0 in range(0, V, BV):
-        vc = v0 + tl.arange(0, BV)
-        vm = vc < V
-        vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-        dhk = tl.load(dh_ptr + st_base + kc[:, None] * V + vc[None, :], mask=km2 & vm[None, :], other=0.0)
-        dKt += tl.dot(vn.to(tl.float32), tl.trans(dhk), input_precision=PREC)  # vn: bf16 with BF16 buffers
-    kap = tl.sum(Kk * dKt, 1) * eL  # e^{G_last - G_t} k̂_t · (dS_end vn_t)
-    dkh += (m * eL)[:, None] * dKt
-    dG -= m * kap
-
-    dw = tl.zeros([C, BKF], dtype=tl.float32)  # -dvn Sᵀ
-    for v0 in range(0, V, BV):
-        vc = v0 + tl.arange(0, BV)
-        vm = vc < V
-        dvn = tl.load(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-        Sk = tl.load(states_ptr + st_base + kc[:, None] * V + vc[None, :], mask=km2 & vm[None, :], other=0.0)
-        dw -= tl.dot(dvn, tl.trans(Sk.to(tl.float32)), input_precision=PREC)
-    X = tl.load(X_ptr + cx + cc)
-    dBw = tl.dot(tl.trans(X), dw, input_precision=PREC)
-    coef = beta * eG
-    dkh += coef[:, None] * dBw
-    tw = tl.sum(Kk * dBw, 1) * eG
-    dG += beta * tw
-    dbeta = tw
-    dX = tl.dot(dw, tl.trans(Kk), input_precision=PREC) * coef[None, :]  # dw (diag(coef) k̂)ᵀ
-
-    # the value side of the WY backward: dX += dvn (β v)ᵀ, dv = β Xᵀ dvn
-    for v0 in range(0, V, BV):
-        vc = v0 + tl.arange(0, BV)
-        vm = vc < V
-        io = v_base + tt[:, None] * (H * V) + vc[None, :]
-        iom = tm[:, None] & vm[None, :]
-        vt = tl.load(v_ptr + io, mask=iom, other=0.0).to(tl.float32)
-        dvn = tl.load(dvn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
-        dX += tl.dot(dvn, tl.trans(vt * beta[:, None]), input_precision=PREC)
-        dBu = tl.dot(tl.trans(X), dvn, input_precision=PREC)
-        tl.store(dv_ptr + io, (dBu * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=iom)
-        dbeta += tl.sum(vt * dBu, 1)
-
-    KK = tl.dot(Kk, tl.trans(Kk), input_precision=PREC)
-    dKK, db_A, dG_A = _wy_bwd(X, dX, KK, Gt, beta, ti, PREC)
-    dbeta += db_A
-    dG += dG_A
-    tl.store(scr_ptr + cx + cc, dKK)
-    tl.debug_barrier()
-    dKKt = tl.load(scr_ptr + cx + ti[None, :] * C + ti[:, None])  # dKKᵀ
-    dkh += tl.dot(dKK + dKKt, Kk, input_precision=PREC)
-    if USE_L2:  # dk = r (dk̂ - k̂ (k̂·dk̂))
-        dkh = rk[:, None] * (dkh - Kk * tl.sum(Kk * dkh, 1)[:, None])
-    tl.store(dk_ptr + offs, dkh.to(dk_ptr.dtype.element_ty), mask=msk)
-    _store_gate_grads(dG, dbeta, tl.sum(kap, 0), tl.sum(sig, 0), m, Gl, ti, tt, tm, b, h, n, T, H, NM, dg_ptr,
-                      dbeta_ptr, dm_ptr, C, HAS_COMMIT, DECAY_UNCOMMITTED)
