@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -118,8 +119,9 @@ def variants(BT: int = 32, M: int = 64, NC: int = 128):
 
 
 def state_args(cfg: InterdomainConfig) -> set[str]:
-    """{"states"} when the config stores the chunk states in bf16 (``ScanConfig.state_dtype``), else empty."""
-    return {"states"} if cfg.state_dtype == "bf16" else set()
+    """{"states"} when the config stores the chunk states in bf16 for the benchmark's bf16 activations
+    (``ScanConfig.state_dtype``), else empty."""
+    return {"states"} if cfg.state_torch_dtype(torch.bfloat16) == torch.bfloat16 else set()
 
 
 def scan_fwd_variants(cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, NC: int = 128):

@@ -453,23 +453,25 @@ def test_decode_step_matches_reference(readout):
 
 @pytest.mark.parametrize("save", [False, True])
 @pytest.mark.parametrize("readout", ["transpose", "real"])
-def test_custom_op_opcheck(readout, save):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_custom_op_opcheck(readout, save, dtype):
     """Schema, fake (meta) implementation and autograd registration of the registered forward op (kk planar K, or
-    the planar C of the one-pass "real" readout)."""
+    the planar C of the one-pass "real" readout); bf16 activations: the kept chunk states are bf16 (the default
+    ``state_dtype="auto"``), in the fake implementation too."""
     from hybrid_attention.ops.interdomain.triton.ops import interdomain_fwd_op
 
     g = torch.Generator().manual_seed(4)
     H, M, R, D = 1, 16, 16, 16
-    q, k, v = (torch.randn(1, 9, H, n, generator=g).to(DEV).requires_grad_() for n in (R, R, D))
+    q, k, v = (torch.randn(1, 9, H, n, generator=g).to(DEV, dtype).requires_grad_() for n in (R, R, D))
     ll = torch.stack([-torch.rand(H, M, generator=g), torch.randn(H, M, generator=g)], 1).to(DEV).requires_grad_()
     bb = torch.randn(H, 2, M, generator=g).to(DEV).requires_grad_()
     kk = (0.2 * torch.randn(H, 2, M, M, generator=g)).to(DEV).requires_grad_()
     init = torch.randn(1, H, 2, M, R + D, generator=g).to(DEV).requires_grad_()
-    torch.library.opcheck(
-        interdomain_fwd_op,
-        (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, readout, save),
-        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
-    )
+    args = (q, k, v, ll, bb, kk, init, None, None, None, 16, False, True, readout, save)
+    torch.library.opcheck(interdomain_fwd_op, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    states = interdomain_fwd_op(*args)[2]
+    assert states.dtype == (dtype if save else torch.float32) and (states.numel() > 0) == save
 
 
 FUSED_DZ = dict(fuse_dz=True)  # the backward with the fused reverse scan + state-carry gradient (_state_bwd_dz)

@@ -140,7 +140,7 @@ def test_bf16_state_buffer_is_the_rounded_float32_scan(Bsz, T, BT, with_init):
     so the bf16 buffer equals the float32 buffer rounded to nearest, element for element (dense and packed, NaN-
     poisoned), and the final state (a float32 buffer) is unchanged. The two-level form rounds each chunk's contribution
     too: its states stay within bf16 rounding of the float32 ones. The field is validated at construction."""
-    with pytest.raises(ValueError, match=r"^state_dtype must be one of fp32, bf16, got 'fp16'$"):
+    with pytest.raises(ValueError, match=r"^state_dtype must be one of auto, fp32, bf16, got 'fp16'$"):
         ScanConfig(state_dtype="fp16")
     packed = isinstance(T, tuple)
     lengths = T if packed else None

@@ -14,8 +14,8 @@ __all__ = ["KernelConfig", "ScanConfig", "STATE_SCANS", "STATE_DTYPES"]
 STATE_SCANS = ("sequential", "two_level")
 """Allowed ``ScanConfig.state_scan`` values."""
 
-STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-"""Allowed ``ScanConfig.state_dtype`` values and the chunk-state buffer's torch dtype for each."""
+STATE_DTYPES = ("auto", "fp32", "bf16")
+"""Allowed ``ScanConfig.state_dtype`` values."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,10 @@ class ScanConfig(KernelConfig):
     ``two_level_scan``) decides.
 
     state_dtype: storage of the chunk-entering states the scan writes for the chunk kernels (and, with the op's
-    ``save_states``, keeps for the backward): "fp32" (default) or "bf16", half the bytes (2 → 1 KiB per token and
-    head at R = D = M = 64, L = 32), rounded to nearest on store. The carried recurrence, the local adjoints and every
-    state gradient stay float32; only the stored copies are rounded (with "two_level" also each chunk's contribution).
+    ``save_states``, keeps for the backward): "fp32" (the default here), "bf16" (half the bytes: 2 → 1 KiB per token
+    and head at R = D = M = 64, L = 32, rounded to nearest on store) or "auto" (bf16 for bf16 / fp16 activations,
+    else fp32: float32 callers keep float32 accuracy). The carried recurrence, the local adjoints and every state
+    gradient stay float32; only the stored copies are rounded (with "two_level" also each chunk's contribution).
     """
 
     BMS: int = 32
@@ -94,9 +95,10 @@ class ScanConfig(KernelConfig):
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
 
-    def state_torch_dtype(self) -> torch.dtype:
-        """The torch dtype of the chunk-state buffer (``state_dtype``)."""
-        return STATE_DTYPES[self.state_dtype]
+    def state_torch_dtype(self, act: torch.dtype) -> torch.dtype:
+        """The torch dtype of the chunk-state buffer (``state_dtype``) for activations of dtype ``act``."""
+        low = self.state_dtype == "bf16" or (self.state_dtype == "auto" and act in (torch.bfloat16, torch.float16))
+        return torch.bfloat16 if low else torch.float32
 
     def prec(self) -> str:
         """The DOT_PREC constexpr of the launches: ``dot_prec`` on the GPU, "ieee" under the interpreter."""

@@ -109,8 +109,10 @@ def states_fwd(
     n_seq, NT = _layout(k, BT, vl)
     dev = k.device
     two_level = cfg.state_scan == "two_level"
-    states = (cfg.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=cfg.state_torch_dtype()) if store_states or two_level
-              else k.new_empty(1))
+    if store_states or two_level:
+        states = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=cfg.state_torch_dtype(k.dtype))
+    else:
+        states = k.new_empty(1)
     final = cfg.empty(n_seq * H, 2, M, NC, device=dev) if store_final else k.new_empty(1)
     BMS = min(cfg.BMS, pow2_block(M))
     BCH = min(cfg.BCH, pow2_block(NC))

@@ -62,6 +62,10 @@ class InterdomainConfig(ScanConfig):
     (``ops/common/triton/lowp.py``). The state scans keep ``dot_prec``. The denominator ablation always runs "fp32"
     (``triton_interdomain``): its quotient amplifies the rounding past the bars (tests/ops/test_interdomain_triton.py,
     ``test_bf16_chunk_dots``).
+
+    state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
+    keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
+    every measured shape; outputs within bf16 rounding of the float32 default).
     """
 
     BC: int = 32
@@ -73,6 +77,7 @@ class InterdomainConfig(ScanConfig):
     real_one_pass: bool = True
     real_dot_prec: str = "tf32"
     chunk_dots: str = "fp32"
+    state_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()

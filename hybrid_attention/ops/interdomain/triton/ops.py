@@ -285,7 +285,7 @@ def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, r
     BT = kernel_chunk(chunk_size)
     NT = triton.cdiv(T, BT) if cu is None else ci.shape[0]
     kept = T > 0 and save_states
-    states = (q.new_empty(Bsz * H, NT, 2, M, R + D, dtype=DEFAULT_CONFIG.state_torch_dtype()) if kept
+    states = (q.new_empty(Bsz * H, NT, 2, M, R + D, dtype=DEFAULT_CONFIG.state_torch_dtype(q.dtype)) if kept
               else q.new_empty(0, dtype=f32))
     P = q.new_empty(H, 2, BT + 1, M, dtype=f32) if kept else q.new_empty(0, dtype=f32)
     return o, fin, states, P
