@@ -7,7 +7,7 @@ uses for that target) on the PTX.
 
     python benchmarks/aot_regs.py            # the benchmark shape: R = D = M = 64, L = 32, bf16 activations
     python benchmarks/aot_regs.py --chunk-only --set warps_chunk_fwd=8 --set bwd_split=1   # another config
-    python benchmarks/aot_regs.py --chunk-only --set state_scan=two_level   # the two-level forward state scan
+    python benchmarks/aot_regs.py --chunk-only --set chunk_dots=bf16 --set state_dtype=bf16   # bf16 operands, states
     python benchmarks/aot_regs.py --bilinear-only     # only the bilinear S4D readout kernels (S4DBilinearConfig)
 
 The bilinear S4D readout kernels compile as ``s4d_bilinear/triton/ops.py`` launches them under its
@@ -126,21 +126,15 @@ def state_args(cfg: InterdomainConfig) -> set[str]:
 
 def scan_fwd_variants(cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, NC: int = 128):
     """(label, kernel, constexprs, warps, stages) of the forward state scan as ``ssm_scan.states_fwd`` launches it
-    with ``cfg`` (dense, no initial state, states stored): ``_state_fwd`` for state_scan "sequential", the two
-    launches ``_state_local`` and ``_state_carry`` for "two_level"."""
+    with ``cfg`` (dense, no initial state, states stored)."""
     BT = kernel_chunk(chunk_size, cfg)
     BMS = min(cfg.BMS, triton.next_power_of_2(M))
     BCH = min(cfg.BCH, triton.next_power_of_2(NC))
     tiles = {"BT": BT, "BMS": BMS, "BCH": BCH}
     flags = {"IS_VARLEN": False, "HAS_INIT": False, "STORE_STATES": True, "STORE_FINAL": False, "USE_WHILE": False}
     w = cfg.warps_state
-    if cfg.state_scan == "two_level":
-        cx = {"IS_VARLEN": False, **tiles, "DOT_PREC": cfg.dot_prec}
-        yield f"state_local BMS{BMS} BCH{BCH} w{w}", K._state_local, cx, w, cfg.stages
-        yield f"state_carry BMS{BMS} BCH{BCH} w{w}", K._state_carry, {**flags, **tiles}, w, cfg.stages_state
-    else:
-        cx = {**flags, **tiles, "DOT_PREC": cfg.dot_prec}
-        yield f"state_fwd BMS{BMS} BCH{BCH} w{w}", K._state_fwd, cx, w, cfg.stages_state
+    cx = {**flags, **tiles, "DOT_PREC": cfg.dot_prec}
+    yield f"state_fwd BMS{BMS} BCH{BCH} w{w}", K._state_fwd, cx, w, cfg.stages_state
 
 
 def chunk_variants(

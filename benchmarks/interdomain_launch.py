@@ -2,15 +2,15 @@
 SDPA of the same heads (GPU only):
 
     python -m benchmarks.interdomain_launch [--shapes 16x2048x8 1x4096x16 1x32768x16] [--variants default split_w8 ...]
-    TRITON_INTERPRET=1 python -m benchmarks.interdomain_launch --dryrun --variants default two_level_scan
+    TRITON_INTERPRET=1 python -m benchmarks.interdomain_launch --dryrun --variants default bf16_dots
 
 Shapes are B×T×H with R = D = M = 64 (the `small` training step is 16×2048×8; the op target is 1×T×16). Every variant
 is first checked against the default configuration on the same inputs (relative RMS of o and of the 6 gradients;
 the default itself is checked against float64 by tests/ops and benchmarks/interdomain_ops.py). SDPA is timed first
 at each shape, so the GPU is warm before the first variant. Prints one table: milliseconds (median of
 ``triton.testing.do_bench``), SDPA's time over the variant's (``vs SDPA``; > 1: faster) and the forward+backward's
-per-stage split (CUDA events around each launch group: state scans, chunk kernels, host-side reductions; the
-two-level forward scan shows as state_fwd_local and state_fwd_carry). ``--dryrun`` (or ``BENCH_DRYRUN=1``) with
+per-stage split (CUDA events around each launch group: state scans, chunk kernels, host-side reductions).
+``--dryrun`` (or ``BENCH_DRYRUN=1``) with
 ``TRITON_INTERPRET=1``: every variant once at a tiny shape on the CPU (R = D = M = 16) against the default, no
 timings: a smoke test of the variants, not a measurement.
 """
@@ -38,12 +38,9 @@ VARIANTS = {
     "scan_c16": {"BCH": 16},
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
     "recompute_states": {"save_states": False},
-    "two_level_scan": {"state_scan": "two_level"},
     "bf16_dots": {"chunk_dots": "bf16"},
     "bf16_dots_bwd_w8": {"chunk_dots": "bf16", "warps_chunk_bwd": 8},
     "bf16_dots_w8": {"chunk_dots": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
-    "bf16_dots_w8_two_level": {"chunk_dots": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8,
-                               "state_scan": "two_level"},
     "bf16_states": {"state_dtype": "bf16"},
     "fp32_states": {"state_dtype": "fp32"},
     "bf16_dots_states_w8": {"chunk_dots": "bf16", "state_dtype": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},

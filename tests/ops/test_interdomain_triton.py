@@ -8,7 +8,6 @@ triton does not import.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -20,8 +19,6 @@ from hybrid_attention.ops.interdomain.triton import HAS_TRITON
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
 if HAS_TRITON:
-    from hybrid_attention.ops.common.triton.config import ScanConfig
-    from hybrid_attention.ops.common.triton.hooks import LaunchHooks
     from hybrid_attention.ops.interdomain.triton import triton_interdomain
     from hybrid_attention.ops.interdomain.triton.config import InterdomainConfig
     from hybrid_attention.ops.interdomain.triton.decode import interdomain_decode_step
@@ -604,65 +601,11 @@ def test_bf16_chunk_dots_at_training_shape(readout):
     assert max(errs.values()) < BF16_TOL, errs
 
 
-def test_state_scan_is_validated():
-    """``state_scan`` is checked at construction in the shared ``ScanConfig`` and in both ops' subclasses, beside
-    InterdomainConfig's own check."""
-    from hybrid_attention.ops.s4d_bilinear.triton.config import S4DBilinearConfig
-
-    for cls in (ScanConfig, InterdomainConfig, S4DBilinearConfig):
-        with pytest.raises(ValueError, match=r"^state_scan must be one of sequential, two_level, got 'tree'$"):
-            cls(state_scan="tree")
-        assert cls(state_scan="two_level").state_scan == "two_level"
-        assert cls().state_scan == "sequential"
-    with pytest.raises(ValueError, match="real_dot_prec must be one of"):
-        InterdomainConfig(state_scan="two_level", real_dot_prec="fp16")
-
-
-class StageNames(LaunchHooks):
-    """Launch hooks that record the name of every launch stage, in order."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    @contextmanager
-    def stage(self, name: str):
-        self.names.append(name)
-        yield
-
-
-# The two-level scan computes the same products and the same carry expression as the sequential one; only the
-# rounding of a compiler's contraction may differ (equal under the interpreter).
-TWO_LEVEL_TOL = 1e-5
-
-
-@pytest.mark.parametrize("save_states", [True, False])
-def test_two_level_state_scan(save_states):
-    """state_scan="two_level" in the forward and, with save_states=False, in the backward's rescan (the launch
-    stages show which scan ran): o, final state and every gradient equal the sequential scan's to float32 rounding
-    and the float64 reference; B = 2, T = 70 (a partial last chunk of 32), an initial state, non-power-of-two R, D,
-    M, NaN-poisoned buffers."""
-    runs = {}
-    for scan in ("sequential", "two_level"):
-        hooks = StageNames()
-        config = InterdomainConfig(state_scan=scan, save_states=save_states, poison=True)
-        runs[scan] = run_both(2, 70, 2, 12, 20, 10, 32, seed=91, config=config, hooks=hooks), hooks.names
-    (seq, seq_stages), (two, two_stages) = runs["sequential"], runs["two_level"]
-    n_scans = 1 if save_states else 2  # forward, and the backward's rescan
-    assert seq_stages.count("state_fwd") == n_scans and "state_fwd_local" not in seq_stages
-    assert two_stages.count("state_fwd_local") == two_stages.count("state_fwd_carry") == n_scans
-    assert "state_fwd" not in two_stages
-    assert {"o", "final", "dX0", "dlog_lam"} <= set(two)
-    for name, (a, b) in two.items():
-        assert torch.isfinite(a).all(), name
-        assert rel(a, b) < _tol(), (name, rel(a, b))
-        assert rel(a, seq[name][0]) < TWO_LEVEL_TOL, (name, rel(a, seq[name][0]))
-
-
 @pytest.mark.parametrize("cfg", [dict(state_dtype="bf16"), dict(state_dtype="bf16", chunk_dots="bf16"),
-                                 dict(state_dtype="bf16", save_states=False, state_scan="two_level", poison=True)])
+                                 dict(state_dtype="bf16", save_states=False, poison=True)])
 def test_bf16_chunk_states(cfg):
     """bf16 chunk-state buffers (``ScanConfig.state_dtype``), alone, with bf16 chunk dots, and recomputed in the
-    backward by the two-level scan: o, the final state and every gradient of the "real" readout within BF16_TOL of
+    backward (NaN-poisoned buffers): o, the final state and every gradient of the "real" readout within BF16_TOL of
     float64, and on the CPU the states' rounding is visible (the error is far above the float32 run's)."""
     res = run_both(2, 70, 2, 16, 16, 16, 32, seed=3, readout="real", config=InterdomainConfig(**cfg))
     for name, (a, b) in res.items():

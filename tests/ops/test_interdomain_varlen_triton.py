@@ -4,9 +4,8 @@ Oracle: the float64 chunked PyTorch form run on each document alone (``chunk_int
 ``tests/ops/test_varlen_ops.py`` checks against the token loop). The Triton side runs in float32 under the
 interpreter (CPU) or compiled (GPU), on one packed row: outputs, per-document final states and every gradient (q, k,
 v, log λ, B, C, initial_state) for each readout ("real" both as two passes and as one), the denominator channel,
-both backward state paths (fused and unfused), both forward scans (sequential and two-level), the cross-sub-chunk
-path, NaN-poisoned buffers. Document lengths 1, below, equal to and across the chunk length; T never a multiple of
-the chunk.
+both backward state paths (fused and unfused), the cross-sub-chunk path, NaN-poisoned buffers. Document lengths 1,
+below, equal to and across the chunk length; T never a multiple of the chunk.
 """
 
 from __future__ import annotations
@@ -96,11 +95,6 @@ CASES = [
     # the backward rescanning the states instead of reading the forward's
     pytest.param((1, 15, 16, 17, 3), 16, 16, 16, 16, "real", False, True, dict(poison=True, save_states=False),
                  id="real-rescanned"),
-    # the two-level forward state scan (chunk-parallel, then the carry pass), also in the backward's rescan
-    pytest.param((1, 15, 16, 17, 3), 16, 16, 16, 16, "transpose", False, True,
-                 dict(poison=True, state_scan="two_level"), id="two-level"),
-    pytest.param((32, 40, 20), 12, 20, 10, 32, "real", False, True,
-                 dict(BC=16, poison=True, save_states=False, state_scan="two_level"), id="two-level-rescanned"),
 ]
 
 
@@ -208,12 +202,10 @@ def test_custom_op_opcheck_packed():
     )
 
 
-@pytest.mark.parametrize("scans", [dict(fuse_dz=True), dict(fuse_dz=False), dict(state_scan="two_level")],
-                         ids=["fused", "unfused", "two-level"])
-def test_s4d_bilinear_packed_triton_equals_per_document_reference(scans):
-    """The bilinear S4D op shares the scans (``scans``: the backward state path, the forward scan's form): its
-    readout kernels take the same chunk table (a, b, every gradient, initial / final states per document; one empty
-    table row, NaN-poisoned buffers)."""
+@pytest.mark.parametrize("fuse_dz", [True, False])
+def test_s4d_bilinear_packed_triton_equals_per_document_reference(fuse_dz):
+    """The bilinear S4D op shares the scans: its readout kernels take the same chunk table (a, b, every gradient,
+    initial / final states per document; one empty table row, NaN-poisoned buffers)."""
     from hybrid_attention.ops.s4d_bilinear import chunk_s4d_bilinear
     from hybrid_attention.ops.s4d_bilinear.triton import triton_s4d_bilinear
     from hybrid_attention.ops.s4d_bilinear.triton.config import S4DBilinearConfig
@@ -233,7 +225,7 @@ def test_s4d_bilinear_packed_triton_equals_per_document_reference(scans):
         return {"o": o, "final": fin, **{"d" + n: x for n, x in zip(names, torch.autograd.grad(loss, leaves))}}
 
     ref = run(chunk_s4d_bilinear, [a, b, log_lam, B, C, X0], chunk_size=8)
-    cfg = S4DBilinearConfig(**scans, poison=True)
+    cfg = S4DBilinearConfig(fuse_dz=fuse_dz, poison=True)
     out = run(triton_s4d_bilinear, _f32([a, b, log_lam, B, C, X0]), chunk_size=16, config=cfg)
     for name in ref:
         assert torch.isfinite(out[name]).all(), name
@@ -282,7 +274,7 @@ def _record_varlen_launches(monkeypatch) -> list[dict]:
     lengths = (1, 20, 16)
     tensors, do, dfin, cu = _problem(lengths, 16, 16, 16, seed=5)
     low = [t.to(torch.bfloat16) if i < 3 else t for i, t in enumerate(_f32(tensors))]
-    for cfg in (InterdomainConfig(), InterdomainConfig(fuse_dz=False, state_scan="two_level")):
+    for cfg in (InterdomainConfig(), InterdomainConfig(fuse_dz=False)):
         _run(triton_interdomain, low, do, dfin, chunk_size=32, config=cfg, cu_seqlens=cu)
     a, b = low[0].detach().requires_grad_(), low[1].detach().requires_grad_()
     o, _ = triton_s4d_bilinear(a, b, *low[3:6], chunk_size=32, cu_seqlens=cu)
@@ -299,8 +291,8 @@ def test_varlen_launches_compile_for_sm90(monkeypatch):
 
     launches = _record_varlen_launches(monkeypatch)
     names = {r["kernel"] for r in launches}
-    assert names == {"_state_fwd", "_state_local", "_state_carry", "_chunk_fwd", "_chunk_bwd", "_state_bwd_dz",
-                     "_state_bwd", "_chunk_dz", "_readout_fwd", "_readout_bwd"}, names
+    assert names == {"_state_fwd", "_chunk_fwd", "_chunk_bwd", "_state_bwd_dz", "_state_bwd", "_chunk_dz",
+                     "_readout_fwd", "_readout_bwd"}, names
     specs, seen = [], set()
     for rec in launches:
         sig, cx = {}, {}

@@ -137,23 +137,6 @@ def test_triton_table_gradients_several_programs(packed):
             check_against_reference(*make_case(2, 37, H, R, M, 30, True), chunk_size=16, config=cfg)
 
 
-def test_triton_two_level_state_scan():
-    """state_scan="two_level" (the forward scan of both the forward and the backward, which always rescans) with
-    an initial state, T = 40 (a partial last chunk of 16), NaN-poisoned buffers: o, final state and every gradient
-    within the float64 reference's tolerance, and equal to the sequential scan's to float32 rounding."""
-    case = make_case(2, 40, 2, 16, 16, 41, True)
-    check_against_reference(*case, chunk_size=16, config=S4DBilinearConfig(state_scan="two_level", poison=True))
-    got = {}
-    for scan in ("sequential", "two_level"):
-        ins = [low(x) for x in case]
-        o, s = triton_s4d_bilinear(*ins[:5], initial_state=ins[5], output_final_state=True, chunk_size=16,
-                                   config=S4DBilinearConfig(state_scan=scan, poison=True))
-        loss = o.square().sum() + torch.view_as_real(s).square().sum()
-        got[scan] = [o, s, *torch.autograd.grad(loss, ins)]
-    for i, (a, b) in enumerate(zip(got["two_level"], got["sequential"])):
-        assert rel(a, b.detach().to(torch.complex128 if b.is_complex() else F64)) < 1e-5, i
-
-
 def test_triton_bf16_chunk_states():
     """state_dtype="bf16" (the chunk states stored in bf16, the recurrence and every gradient float32) with an initial
     state and a partial last chunk, NaN-poisoned buffers: within bf16 tolerances of the float64 reference."""

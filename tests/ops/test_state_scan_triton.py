@@ -1,6 +1,6 @@
 """The forward state scan shared by the Interdomain and bilinear S4D Triton ops (``ssm_scan.states_fwd``), called
-directly: every chunk-entering state and the final state of both forms (``ScanConfig.state_scan``) against a
-float64 token-by-token recurrence and against each other, dense and with packed documents.
+directly: every chunk-entering state and the final state against a float64 token-by-token recurrence, dense and
+with packed documents, and the bf16 chunk-state buffer (``ScanConfig.state_dtype``).
 
 Runs under the Triton interpreter on a CPU (``triton_device.py``), compiled on a GPU (tf32 dots: the looser
 tolerance). Skipped when triton does not import.
@@ -24,7 +24,6 @@ if HAS_TRITON:
 
 F64, C128 = torch.float64, torch.complex128
 TOL = 1e-4 if DEV == "cpu" else 5e-3  # relative L2 of float32 states vs float64 (tf32 dots on a GPU)
-TWO_LEVEL_TOL = 1e-5  # two-level vs sequential: the same products, at most a different contraction's rounding
 H, R, D, M = 2, 12, 20, 10  # non-power-of-two channels and modes: masked tiles
 
 
@@ -80,9 +79,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("Bsz,T,BT,with_init", CASES)
-def test_two_level_states_equal_sequential_and_float64(Bsz, T, BT, with_init):
-    """Both state_scan forms, NaN-poisoned buffers: every chunk-entering state and the final state of every sequence
-    within TOL of the float64 recurrence, and the two forms within float32 rounding of each other."""
+def test_states_match_float64(Bsz, T, BT, with_init):
+    """NaN-poisoned buffers: every chunk-entering state and the final state of every sequence within TOL of the
+    float64 recurrence."""
     packed = isinstance(T, tuple)
     lengths = T if packed else None
     T = sum(lengths) if packed else T
@@ -96,50 +95,25 @@ def test_two_level_states_equal_sequential_and_float64(Bsz, T, BT, with_init):
     ref_states, ref_final = _reference(k, v, ll, bb, init, bounds, BT)
     f32 = [None if t is None else t.to(DEV, torch.float32).contiguous() for t in (k, v, ll, bb, init)]
     P = power_table(f32[2], BT)
-    got = {}
-    for scan in ("sequential", "two_level"):
-        cfg = ScanConfig(state_scan=scan, poison=True, BMS=16, BCH=16)
-        states, final = states_fwd(f32[0], f32[1], P, f32[3], f32[4], BT, True, True, cfg, NO_HOOKS, vl)
-        st = _complex(states).view(Bsz * H, -1, M, R + D)
-        # the real chunk rows of each sequence: slots b·H·NT + h·NT + j dense, h·NT + offsets[n] + j packed
-        rows = []
-        for n, (b, t0, t1) in enumerate(bounds):
-            nc = -(-(t1 - t0) // BT)
-            first = int(vl.offsets[n]) if packed else 0
-            rows.append(torch.stack([st[b * H + h, first:first + nc] for h in range(H)]))
-        got[scan] = rows, _complex(final).view(len(bounds), H, M, R + D)
-    for scan, (rows, final) in got.items():
-        for n, (a, b) in enumerate(zip(rows, ref_states)):
-            assert torch.isfinite(a.real).all() and torch.isfinite(a.imag).all(), (scan, n)
-            assert _rel(a, b) < TOL, (scan, n, _rel(a, b))
-        assert _rel(final, ref_final) < TOL, (scan, _rel(final, ref_final))
-    (seq_rows, seq_final), (two_rows, two_final) = got["sequential"], got["two_level"]
-    assert _rel(two_final, seq_final) < TWO_LEVEL_TOL
-    for n, (a, b) in enumerate(zip(two_rows, seq_rows)):
-        assert _rel(a, b) < TWO_LEVEL_TOL, (n, _rel(a, b))
-
-
-def test_two_level_without_stored_states():
-    """Only the final state asked for (store_states False): the two-level form still needs its workspace and returns
-    the 1-element placeholder for the states, with the same final state as the sequential form."""
-    k, v, ll, bb, init = (t.to(DEV, torch.float32) for t in _problem(1, 45, 1, seed=3, with_init=True))
-    P = power_table(ll, 16)
-    finals = []
-    for scan in ("sequential", "two_level"):
-        states, final = states_fwd(k, v, P, bb, init, 16, False, True, ScanConfig(state_scan=scan, poison=True),
-                                   NO_HOOKS)
-        assert states.numel() == 1
-        finals.append(final)
-    assert torch.isfinite(finals[1]).all()
-    assert _rel(_complex(finals[1]), _complex(finals[0])) < TWO_LEVEL_TOL
+    cfg = ScanConfig(poison=True, BMS=16, BCH=16)
+    states, final = states_fwd(f32[0], f32[1], P, f32[3], f32[4], BT, True, True, cfg, NO_HOOKS, vl)
+    st = _complex(states).view(Bsz * H, -1, M, R + D)
+    # the real chunk rows of each sequence: slots b·H·NT + h·NT + j dense, h·NT + offsets[n] + j packed
+    for n, (b, t0, t1) in enumerate(bounds):
+        nc = -(-(t1 - t0) // BT)
+        first = int(vl.offsets[n]) if packed else 0
+        rows = torch.stack([st[b * H + h, first:first + nc] for h in range(H)])
+        assert torch.isfinite(rows.real).all() and torch.isfinite(rows.imag).all(), n
+        assert _rel(rows, ref_states[n]) < TOL, (n, _rel(rows, ref_states[n]))
+    final = _complex(final).view(len(bounds), H, M, R + D)
+    assert _rel(final, ref_final) < TOL, _rel(final, ref_final)
 
 
 @pytest.mark.parametrize("Bsz,T,BT,with_init", [CASES[0], CASES[2]])
 def test_bf16_state_buffer_is_the_rounded_float32_scan(Bsz, T, BT, with_init):
     """``state_dtype="bf16"``: the sequential scan carries its recurrence in float32 and rounds only the stored copies,
     so the bf16 buffer equals the float32 buffer rounded to nearest, element for element (dense and packed, NaN-
-    poisoned), and the final state (a float32 buffer) is unchanged. The two-level form rounds each chunk's contribution
-    too: its states stay within bf16 rounding of the float32 ones. The field is validated at construction."""
+    poisoned), and the final state (a float32 buffer) is unchanged. The field is validated at construction."""
     with pytest.raises(ValueError, match=r"^state_dtype must be one of auto, fp32, bf16, got 'fp16'$"):
         ScanConfig(state_dtype="fp16")
     packed = isinstance(T, tuple)
@@ -151,17 +125,13 @@ def test_bf16_state_buffer_is_the_rounded_float32_scan(Bsz, T, BT, with_init):
                           for t in _problem(Bsz, T, n_seq, seed=7, with_init=with_init))
     P = power_table(ll, BT)
     out = {}
-    for scan in ("sequential", "two_level"):
-        for dtype in ("fp32", "bf16"):
-            cfg = ScanConfig(state_scan=scan, state_dtype=dtype, poison=True, BMS=16, BCH=16)
-            out[scan, dtype] = states_fwd(k, v, P, bb, init, BT, True, True, cfg, NO_HOOKS, vl)
-    states32, final32 = out["sequential", "fp32"]
-    states16, final16 = out["sequential", "bf16"]
+    for dtype in ("fp32", "bf16"):
+        cfg = ScanConfig(state_dtype=dtype, poison=True, BMS=16, BCH=16)
+        out[dtype] = states_fwd(k, v, P, bb, init, BT, True, True, cfg, NO_HOOKS, vl)
+    states32, final32 = out["fp32"]
+    states16, final16 = out["bf16"]
     assert states16.dtype == torch.bfloat16 and states16.shape == states32.shape
     written = torch.isfinite(states32)  # packed: the spare rows past the real chunks are never written
     assert written.any()
     assert torch.equal(states16[written], states32[written].to(torch.bfloat16))
     assert torch.equal(final16, final32)
-    two16, _ = out["two_level", "bf16"]
-    assert two16.dtype == torch.bfloat16
-    assert _rel(two16.float()[written], states32[written]) < 1e-2

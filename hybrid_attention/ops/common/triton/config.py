@@ -9,10 +9,7 @@ import torch
 
 from . import interpreting
 
-__all__ = ["KernelConfig", "ScanConfig", "STATE_SCANS", "STATE_DTYPES"]
-
-STATE_SCANS = ("sequential", "two_level")
-"""Allowed ``ScanConfig.state_scan`` values."""
+__all__ = ["KernelConfig", "ScanConfig", "STATE_DTYPES"]
 
 STATE_DTYPES = ("auto", "fp32", "bf16")
 """Allowed ``ScanConfig.state_dtype`` values."""
@@ -58,21 +55,11 @@ class ScanConfig(KernelConfig):
     loads do not depend on the carried state); dot_prec: input precision of float32 matmuls on the GPU ("tf32",
     "tf32x3", "ieee"; always "ieee" under the interpreter); poison: see ``KernelConfig``.
 
-    state_scan: how the forward state scan (``ssm_scan.states_fwd``) runs. "sequential" (default): one launch
-    (``_state_fwd``) whose programs walk the chunks of a sequence in order, one matmul per chunk on the carried chain.
-    "two_level": every chunk's contribution from a zero state in one chunk-parallel launch (``_state_local``), then a
-    sequential pass of elementwise complex FMAs that carries them into the chunk-entering states in place
-    (``_state_carry``); meant for short sequences or few sequence-heads, where the sequential launch is latency-bound.
-    Both launches take BMS / BCH tiles and warps_state warps (the chunk-parallel one ``stages``, the carry pass
-    ``stages_state``) and write the chunk-entering states into the same buffer, no extra memory. Same results to
-    float32 rounding. The default stays until the GPU launch table (``benchmarks.interdomain_launch``, variant
-    ``two_level_scan``) decides.
-
     state_dtype: storage of the chunk-entering states the scan writes for the chunk kernels (and, with the op's
     ``save_states``, keeps for the backward): "fp32" (the default here), "bf16" (half the bytes: 2 → 1 KiB per token
     and head at R = D = M = 64, L = 32, rounded to nearest on store) or "auto" (bf16 for bf16 / fp16 activations,
     else fp32: float32 callers keep float32 accuracy). The carried recurrence, the local adjoints and every state
-    gradient stay float32; only the stored copies are rounded (with "two_level" also each chunk's contribution).
+    gradient stay float32; only the stored copies are rounded.
     """
 
     BMS: int = 32
@@ -86,12 +73,9 @@ class ScanConfig(KernelConfig):
     warps_fz: int = 8
     stages: int = 1
     dot_prec: str = "tf32"
-    state_scan: str = "sequential"
     state_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.state_scan not in STATE_SCANS:
-            raise ValueError(f"state_scan must be one of {', '.join(STATE_SCANS)}, got {self.state_scan!r}")
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
 

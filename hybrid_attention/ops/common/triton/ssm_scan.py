@@ -45,15 +45,15 @@ def power_table(ll: torch.Tensor, BT: int) -> torch.Tensor:
 
 # DECISION: packed documents (``vl``, a ``varlen.ChunkTable``; B == 1), one design for every varlen kernel of these
 # scans and of the ops' chunk kernels.
-# - Sequential scans (``_state_fwd``, ``_state_carry``, ``_state_bwd``, ``_state_bwd_dz``): one program per (tile,
-#   document · head); it reads its document's token range from ``vl.cu`` and its first chunk row from ``vl.offsets``,
-#   starts from zero or ``initial_state[n]``, runs ceil(len_n / BT) chunks (the last one partial) and writes the final
-#   state (or d initial_state) of row n. Init / final / their gradients are ``[N, H, 2, M, NC]``, the dense
-#   ``[B, H, ...]`` layout with B -> N.
-# - Chunk-parallel kernels (``_state_local``, ``_chunk_dz`` and the ops' chunk kernels): one program per (chunk row,
-#   head[, tile]); the row's (document, chunk in the document) from ``vl.indices`` gives its true start and length
-#   (``chunk_info``). The grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no
-#   tokens, read no state and write zero partials (``_state_local``: nothing).
+# - Sequential scans (``_state_fwd``, ``_state_bwd``, ``_state_bwd_dz``): one program per (tile, document · head); it
+#   reads its document's token range from ``vl.cu`` and its first chunk row from ``vl.offsets``, starts from zero or
+#   ``initial_state[n]``, runs ceil(len_n / BT) chunks (the last one partial) and writes the final state (or
+#   d initial_state) of row n. Init / final / their gradients are ``[N, H, 2, M, NC]``, the dense ``[B, H, ...]``
+#   layout with B -> N.
+# - Chunk-parallel kernels (``_chunk_dz`` and the ops' chunk kernels): one program per (chunk row, head[, tile]); the
+#   row's (document, chunk in the document) from ``vl.indices`` gives its true start and length (``chunk_info``). The
+#   grid is the static bound ``vl.n_rows`` (no host sync): rows past the real chunks have no tokens, read no state and
+#   write zero partials.
 # - The chunk-state buffers (``states``, ``dx``, per-chunk partials) are ``[H, vl.n_rows, ...]``: the dense
 #   ``[B·H, NT, ...]`` with B = 1; every sum over their chunk axis stays as it is.
 def _layout(k: torch.Tensor, BT: int, vl: ChunkTable | None) -> tuple[int, int]:
@@ -99,38 +99,27 @@ def states_fwd(
     init [B, H, 2, M, NC] (None: zero), chunk length BT: (states [B·H, NT, 2, M, NC] (the chunk-entering states;
     with ``store_states``), final [B·H, 2, M, NC] (with ``store_final``); the ones not stored are 1-element
     placeholders); packed (``vl``): states [H, vl.n_rows, ...], final [N·H, ...] (init, when given,
-    [N, H, 2, M, NC] planar). ``cfg.state_scan`` picks the launches: one sequential ``_state_fwd``, or
-    ``_state_local`` then ``_state_carry`` ("two_level", which needs the states buffer as its workspace even when
-    the states are not returned)."""
+    [N, H, 2, M, NC] planar); the states buffer's dtype is ``cfg.state_torch_dtype(k.dtype)``."""
     Bsz, T, H, R = k.shape
     D = v.shape[-1]
     M = bb.shape[-1]
     NC = R + D
     n_seq, NT = _layout(k, BT, vl)
     dev = k.device
-    two_level = cfg.state_scan == "two_level"
-    if store_states or two_level:
+    if store_states:
         states = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=cfg.state_torch_dtype(k.dtype))
     else:
         states = k.new_empty(1)
     final = cfg.empty(n_seq * H, 2, M, NC, device=dev) if store_final else k.new_empty(1)
     BMS = min(cfg.BMS, pow2_block(M))
     BCH = min(cfg.BCH, pow2_block(NC))
-    n_tiles = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS))
-    args = (init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg, vl)
-    if two_level:
-        with hooks.stage("state_fwd_local"):
-            h = _launch_state_local((NT, Bsz * H, n_tiles[0] * n_tiles[1]), k, v, P, bb, *args)
-        hooks.record("state_fwd_local", h)
-        with hooks.stage("state_fwd_carry"):
-            h = _launch_state_carry((*n_tiles, n_seq * H), k, P, *args)
-        hooks.record("state_fwd_carry", h)
-    else:
-        with hooks.stage("state_fwd"):
-            h = _launch_state_fwd((*n_tiles, n_seq * H), k, v, P, bb, *args)
-        hooks.record("state_fwd", h)
-    if not store_states:
-        states = k.new_empty(1)
+    grid = (triton.cdiv(NC, BCH), triton.cdiv(M, BMS), n_seq * H)
+    with hooks.stage("state_fwd"):
+        h = _launch_state_fwd(
+            grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg,
+            vl,
+        )
+    hooks.record("state_fwd", h)
     return states, final
 
 
@@ -164,69 +153,6 @@ def _launch_state_fwd(
         BMS=BMS,
         BCH=BCH,
         DOT_PREC=cfg.prec(),
-        num_warps=cfg.warps_state,
-        num_stages=cfg.stages_state,
-    )
-
-
-def _launch_state_local(
-    grid, k, v, P, bb, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg,
-    vl: ChunkTable | None = None,
-):
-    """Level 1 of the two-level scan: every chunk's Δ_j into states slot j (chunk-parallel; ``init``, ``final`` and
-    the store flags belong to level 2)."""
-    cu, ci = _vl_args(k, vl, "indices")
-    return K._state_local[grid](
-        k,
-        v,
-        P,
-        bb,
-        states,
-        cu,
-        ci,
-        T,
-        H,
-        M,
-        R,
-        D,
-        NT,
-        IS_VARLEN=vl is not None,
-        BT=BT,
-        BMS=BMS,
-        BCH=BCH,
-        DOT_PREC=cfg.prec(),
-        num_warps=cfg.warps_state,
-        num_stages=cfg.stages,
-    )
-
-
-def _launch_state_carry(
-    grid, k, P, init, states, final, T, H, M, R, D, NT, store_states, store_final, BT, BMS, BCH, cfg,
-    vl: ChunkTable | None = None,
-):
-    """Level 2 of the two-level scan: Δ_j -> X_j in place along each sequence, and the final state."""
-    cu, co = _vl_args(k, vl, "offsets")
-    return K._state_carry[grid](
-        P,
-        init if init is not None else k,
-        states,
-        final,
-        cu,
-        co,
-        T,
-        H,
-        M,
-        R,
-        D,
-        NT,
-        IS_VARLEN=vl is not None,
-        HAS_INIT=init is not None,
-        STORE_STATES=store_states,
-        STORE_FINAL=store_final,
-        USE_WHILE=interpreting(),
-        BT=BT,
-        BMS=BMS,
-        BCH=BCH,
         num_warps=cfg.warps_state,
         num_stages=cfg.stages_state,
     )
