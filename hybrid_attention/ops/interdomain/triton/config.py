@@ -45,8 +45,9 @@ class InterdomainConfig(ScanConfig):
     (benchmarks/interdomain_real_precision.py). The registered op (the training path, which runs ``DEFAULT_CONFIG``)
     follows this default.
 
-    save_states: the forward keeps its chunk-entering states ([B·H, T/L, 2, M, R+D] float32, 4 (R+D) M / L bytes per
-    token and head: 2 KiB at R = D = M = 64, L = 32) and power table for the backward, which then runs no forward
+    save_states: the forward keeps its chunk-entering states ([B·H, T/L, 2, M, R+D] in ``state_dtype``, 4 (R+D) M / L
+    bytes per token and head in bf16: 1 KiB at R = D = M = 64, L = 32; twice that in float32) and power table for the
+    backward, which then runs no forward
     state scan (only when a gradient is needed: the forward alone stores nothing extra). DECISION: on by default, faster
     at every measured shape for the same results (the kept-states rows of the launch table in benchmarks/README.md).
 

@@ -446,10 +446,10 @@ def triton_interdomain(
     ``[N, H, M, R + D(+1)]``, chunks restart at each document start. No host sync: a CUDA ``cu_seqlens`` is checked
     for dtype and shape only (its values are trusted); a CPU one is fully checked, then copied to the device.
 
-    Memory: by default the forward stores the chunk-entering states only transiently (one [B, H, T/L, 2, M, R+D]
-    float32 buffer, freed when the op returns); autograd saves the inputs only, and the backward recomputes the chunk
-    states. With ``InterdomainConfig.save_states`` (the default) autograd keeps the forward's chunk states instead
-    (see there). No per-token state is materialised.
+    Memory: the forward writes the chunk-entering states into one [B, H, T/L, 2, M, R+D] buffer (bf16 for bf16 /
+    fp16 activations, else float32: ``InterdomainConfig.state_dtype``). With ``InterdomainConfig.save_states`` (the
+    default) autograd keeps it for the backward; without, it is freed when the op returns, autograd saves the inputs
+    only and the backward recomputes the chunk states. No per-token state is materialised.
     """
     validate_readout(readout)
     if cu_seqlens is None:
