@@ -47,9 +47,9 @@ class InterdomainConfig(ScanConfig):
 
     save_states: the forward keeps its chunk-entering states ([B·H, T/L, 2, M, R+D] in ``state_dtype``, 4 (R+D) M / L
     bytes per token and head in bf16: 1 KiB at R = D = M = 64, L = 32; twice that in float32) and power table for the
-    backward, which then runs no forward
-    state scan (only when a gradient is needed: the forward alone stores nothing extra). DECISION: on by default, faster
-    at every measured shape for the same results (the kept-states rows of the launch table in benchmarks/README.md).
+    backward, which then runs no forward state scan (only when a gradient is needed: the forward alone stores nothing
+    extra). DECISION: on by default, faster at every measured shape for the same results (the kept-states rows of the
+    launch table in benchmarks/README.md).
 
     real_dot_prec: input precision of the one-pass "real" readout's chained products through C (x = Re(C p),
     r = Cᵀ x, and in the backward gx = gr Cᵀ, gp = gx C) on the GPU; every other dot keeps ``dot_prec``. "tf32"
