@@ -6,11 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["bf16_round", "load_f32", "mm", "store_as", "BF16_PRECS"]
-
-BF16_PRECS = ("bf16", "bf16_rn")
-"""The ``mm`` precisions with bf16 operands: "bf16" (GPU: bf16 tensor-core MMA, float32 accumulation) and "bf16_rn"
-(interpreter: float32 tensors holding the bf16-rounded values, multiplied exactly in float32)."""
+__all__ = ["bf16_round", "load_f32", "mm", "store_as"]
 
 
 @triton.jit

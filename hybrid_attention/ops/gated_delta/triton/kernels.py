@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.chunk_rows import table_row
+from ...common.triton.lowp import bf16_round
 
 # Our own formulation: the same WY algebra as ``chunk.py`` (no fla code). Forward: ``prep`` (parallel over chunks)
 # -> ``state_fwd`` (sequential over chunks) -> ``output`` (parallel); backward: ``bwd_local`` -> ``state_bwd``
@@ -70,9 +71,7 @@ def _bf16(x, BF16: tl.constexpr, UPCAST: tl.constexpr):
             if x.dtype == tl.bfloat16:
                 y = x.to(tl.float32)
             else:
-                bits = x.to(tl.uint32, bitcast=True)
-                rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-                y = tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+                y = bf16_round(x)
         else:
             y = x.to(tl.bfloat16)
     else:
