@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Interdomain / S4D round on a GPU, from the repository root (logs in $OUT):
 #   OUT=/some/dir bash benchmarks/interdomain_gpu.sh
-# 1. the Interdomain kernels' CUDA tests (dense and packed, every readout, the kept-forward configurations);
+# 1. the Interdomain kernels' CUDA tests (dense and packed, every readout, the kept-forward configurations) and the
+#    state scan's;
 # 2. the float64 check of the op at T 63 / 1000 / 4096 / 16384, every readout, poisoned buffers, with the
 #    InterdomainConfig overrides in $CHECK_SET (e.g. "save_states=0 warps_chunk_bwd=8");
 # 3. the launch table (benchmarks.interdomain_launch) of $LAUNCH_VARIANTS at $LAUNCH_SHAPES, SDPA beside;
@@ -13,7 +14,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ "${TESTS:-1}" = 1 ]; then
   timeout "${TEST_LIMIT:-200}" python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" \
-    tests/ops/test_interdomain_triton.py tests/ops/test_interdomain_varlen_triton.py 2>&1 | tee "$OUT/tests.log" | tail -n 8
+    tests/ops/test_interdomain_triton.py tests/ops/test_interdomain_varlen_triton.py tests/ops/test_state_scan_triton.py 2>&1 | tee "$OUT/tests.log" | tail -n 8
   echo "interdomain tests exit ${PIPESTATUS[0]}"
 fi
 if [ -n "${CHECK_SET:-}" ]; then
@@ -25,7 +26,7 @@ if [ -n "${CHECK_SET:-}" ]; then
 fi
 # shellcheck disable=SC2086
 timeout "${LAUNCH_LIMIT:-240}" python -m benchmarks.interdomain_launch --shapes ${LAUNCH_SHAPES:-16x2048x8 1x4096x16 1x32768x16} \
-  --variants ${LAUNCH_VARIANTS:-default recompute_states} 2>&1 | tee "$OUT/launch.log" | grep "^|"
+  --variants ${LAUNCH_VARIANTS:-default fp32_states bf16_dots} 2>&1 | tee "$OUT/launch.log" | grep "^|"
 echo "launch exit ${PIPESTATUS[0]}"
 if [ "${S4D_LONG:-0}" = 1 ]; then
   timeout "${S4D_LIMIT:-150}" python -m benchmarks.s4d_conv --long-only --chunk-sweep 2>&1 | tee "$OUT/s4d_long.log" | grep "^|"
