@@ -151,14 +151,14 @@ def chunk_variants(
         "BR": triton.next_power_of_2(R),
         "BD": triton.next_power_of_2(D),
         "BM": triton.next_power_of_2(M),
-        "DOT_PREC": "bf16" if cfg.chunk_dots == "bf16" else cfg.dot_prec,  # the GPU's values of cfg.chunk_prec()
+        "DOT_PREC": "bf16" if cfg.bf16_dots(torch.bfloat16) else cfg.dot_prec,  # cfg.chunk_prec() on the GPU
         "LP_DOT": True,
-        "REAL_PREC": "bf16" if cfg.chunk_dots == "bf16" else cfg.real_dot_prec,
+        "REAL_PREC": "bf16" if cfg.bf16_dots(torch.bfloat16) else cfg.real_dot_prec,
     }
     parts = (1, 2) if cfg.bwd_split else (0,)
     variants = [("trans", False, False, {}), ("herm", True, False, {}), ("real1", False, True, {})]
     # the opt-in precision of the chained C products, for the spill comparison
-    if cfg.real_dot_prec != "tf32x3" and cfg.chunk_dots == "fp32":
+    if cfg.real_dot_prec != "tf32x3" and not cfg.bf16_dots(torch.bfloat16):
         variants.append(("real1x3", False, True, {"REAL_PREC": "tf32x3"}))
     for ro, conj, real_c, over in variants:
         fwd = {**common, "CONJ_P": conj, "REAL_C": real_c, **over}

@@ -574,8 +574,12 @@ def test_bf16_chunk_dots(readout):
     within BF16_TOL of float64, and on the CPU (exact float32 dots otherwise) the rounding is visible: the error is far
     above the float32 run's. The denominator ablation runs float32 operands whatever the config: its results equal the
     float32 config's. The field is validated at construction."""
-    with pytest.raises(ValueError, match="chunk_dots must be one of fp32, bf16"):
+    with pytest.raises(ValueError, match="chunk_dots must be one of fp32, bf16, auto"):
         InterdomainConfig(chunk_dots="fp16")
+    auto = InterdomainConfig(chunk_dots="auto")  # bf16 operands for bf16 / fp16 activations only
+    for act in (torch.float32, torch.bfloat16, torch.float16):
+        want = InterdomainConfig(chunk_dots="fp32" if act == torch.float32 else "bf16")
+        assert (auto.chunk_prec(act), auto.real_prec(act)) == (want.chunk_prec(act), want.real_prec(act)), act
     res = {cd: run_both(1, 70, 2, 16, 16, 16, 32, seed=3, readout=readout, config=InterdomainConfig(chunk_dots=cd))
            for cd in ("fp32", "bf16")}
     for name, (a, b) in res["bf16"].items():

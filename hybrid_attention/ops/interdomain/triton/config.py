@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ...common.triton import interpreting
 from ...common.triton.config import ScanConfig
 
@@ -12,7 +14,7 @@ __all__ = ["InterdomainConfig", "DEFAULT_CONFIG", "REAL_DOT_PRECS", "CHUNK_DOTS"
 REAL_DOT_PRECS = ("tf32", "tf32x3", "ieee")
 """Allowed ``InterdomainConfig.real_dot_prec`` values (Triton's ``input_precision`` names)."""
 
-CHUNK_DOTS = ("fp32", "bf16")
+CHUNK_DOTS = ("fp32", "bf16", "auto")
 """Allowed ``InterdomainConfig.chunk_dots`` values."""
 
 
@@ -59,10 +61,10 @@ class InterdomainConfig(ScanConfig):
     chunk_dots: operands of every matmul in the chunk kernels. "fp32" (default): float32 operands at ``dot_prec`` /
     ``real_dot_prec``. "bf16": bf16 operands with float32 accumulation (half the operand registers, the bf16 MMA
     rate); the power table, the carried chunk states and every elementwise decay / state term stay float32, only the
-    operands of each product are rounded. Under the interpreter the rounding is reproduced exactly
-    (``ops/common/triton/lowp.py``). The state scans keep ``dot_prec``. The denominator ablation always runs "fp32"
-    (``triton_interdomain``): its quotient amplifies the rounding past the bars (tests/ops/test_interdomain_triton.py,
-    ``test_bf16_chunk_dots``).
+    operands of each product are rounded; "auto": "bf16" for bf16 / fp16 activations, else "fp32". Under the
+    interpreter the rounding is reproduced exactly (``ops/common/triton/lowp.py``). The state scans keep
+    ``dot_prec``. The denominator ablation always runs "fp32" (``triton_interdomain``): its quotient amplifies the
+    rounding past the bars (tests/ops/test_interdomain_triton.py, ``test_bf16_chunk_dots``).
 
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
@@ -87,20 +89,25 @@ class InterdomainConfig(ScanConfig):
         if self.chunk_dots not in CHUNK_DOTS:
             raise ValueError(f"chunk_dots must be one of {', '.join(CHUNK_DOTS)}, got {self.chunk_dots!r}")
 
-    def _bf16_prec(self) -> str | None:
-        """The chunk kernels' bf16 precision name (``lowp.mm``) when ``chunk_dots`` is "bf16", else None."""
-        if self.chunk_dots != "bf16":
+    def bf16_dots(self, act: torch.dtype) -> bool:
+        """Whether the chunk kernels take bf16 operands for activations of dtype ``act`` (``chunk_dots``)."""
+        return self.chunk_dots == "bf16" or (self.chunk_dots == "auto" and act in (torch.bfloat16, torch.float16))
+
+    def _bf16_prec(self, act: torch.dtype) -> str | None:
+        """The chunk kernels' bf16 precision name (``lowp.mm``) when they take bf16 operands, else None."""
+        if not self.bf16_dots(act):
             return None
         return "bf16_rn" if interpreting() else "bf16"
 
-    def chunk_prec(self) -> str:
-        """The DOT_PREC constexpr of the chunk kernels: ``prec()``, or the bf16 name when ``chunk_dots`` is "bf16"."""
-        return self._bf16_prec() or self.prec()
+    def chunk_prec(self, act: torch.dtype) -> str:
+        """The DOT_PREC constexpr of the chunk kernels for activations of dtype ``act``: ``prec()``, or the bf16 name
+        (``bf16_dots``)."""
+        return self._bf16_prec(act) or self.prec()
 
-    def real_prec(self) -> str:
-        """The REAL_PREC constexpr of the chunk kernels: ``real_dot_prec`` on the GPU, "ieee" under the interpreter, or
-        the bf16 name when ``chunk_dots`` is "bf16"."""
-        return self._bf16_prec() or ("ieee" if interpreting() else self.real_dot_prec)
+    def real_prec(self, act: torch.dtype) -> str:
+        """The REAL_PREC constexpr of the chunk kernels for activations of dtype ``act``: ``real_dot_prec`` on the GPU,
+        "ieee" under the interpreter, or the bf16 name (``bf16_dots``)."""
+        return self._bf16_prec(act) or ("ieee" if interpreting() else self.real_dot_prec)
 
 
 DEFAULT_CONFIG = InterdomainConfig()

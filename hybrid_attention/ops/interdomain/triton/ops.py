@@ -109,11 +109,11 @@ def _fwd_impl(
             BR=pow2_block(R),
             BD=pow2_block(D),
             BM=pow2_block(M),
-            DOT_PREC=cfg.chunk_prec(),
+            DOT_PREC=cfg.chunk_prec(q.dtype),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
             REAL_C=real_c,
-            REAL_PREC=cfg.real_prec(),
+            REAL_PREC=cfg.real_prec(q.dtype),
             num_warps=cfg.warps_chunk_fwd,
             num_stages=cfg.stages,
         )
@@ -207,11 +207,11 @@ def _bwd_impl(
                 BR=pow2_block(R),
                 BD=pow2_block(D),
                 BM=pow2_block(M),
-                DOT_PREC=cfg.chunk_prec(),
+                DOT_PREC=cfg.chunk_prec(q.dtype),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
                 REAL_C=real_c,
-                REAL_PREC=cfg.real_prec(),
+                REAL_PREC=cfg.real_prec(q.dtype),
                 num_warps=cfg.warps_chunk_bwd,
                 num_stages=cfg.stages,
             )
@@ -473,7 +473,7 @@ def triton_interdomain(
     v = v.to(dt).contiguous()
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
-    if denominator and (config or DEFAULT_CONFIG).chunk_dots != "fp32":  # the quotient amplifies bf16 rounding
+    if denominator and (config or DEFAULT_CONFIG).bf16_dots(dt):  # the quotient amplifies bf16 rounding
         config = replace(config or DEFAULT_CONFIG, chunk_dots="fp32")
     one_pass = readout != "real" or (config or DEFAULT_CONFIG).real_one_pass
     passes = (readout,) if one_pass else ("transpose", "hermitian")
