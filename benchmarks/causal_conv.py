@@ -43,7 +43,8 @@ SHAPES = {  # name -> (B, T, channel widths)
 SWEEP = [DEFAULT_CONFIG] + [
     CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb)
     for bt, bc, bcb, wf, wb in ((64, 64, 64, 4, 8), (64, 64, 32, 4, 4), (32, 64, 64, 4, 4), (32, 128, 32, 4, 4),
-                                (128, 64, 32, 8, 4), (16, 128, 128, 4, 4), (32, 64, 32, 4, 2))
+                                (128, 64, 32, 8, 4), (16, 128, 128, 4, 4), (32, 64, 32, 4, 2), (64, 128, 128, 4, 8),
+                                (128, 128, 64, 8, 8), (32, 256, 128, 4, 4), (256, 32, 32, 8, 8))
 ]
 DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16)]
 

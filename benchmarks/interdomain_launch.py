@@ -39,6 +39,7 @@ VARIANTS = {
     "scan_m16_c16": {"BMS": 16, "BCH": 16},
     "recompute_states": {"save_states": False},
     "bf16_dots": {"chunk_dots": "bf16"},
+    "fp32_dots": {"chunk_dots": "fp32"},
     "bf16_dots_bwd_w8": {"chunk_dots": "bf16", "warps_chunk_bwd": 8},
     "bf16_dots_w8": {"chunk_dots": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
     "bf16_states": {"state_dtype": "bf16"},

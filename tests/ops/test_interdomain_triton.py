@@ -576,9 +576,9 @@ def test_bf16_chunk_dots(readout):
     float32 config's. The field is validated at construction."""
     with pytest.raises(ValueError, match="chunk_dots must be one of fp32, bf16, auto"):
         InterdomainConfig(chunk_dots="fp16")
-    auto = InterdomainConfig(chunk_dots="auto")  # bf16 operands for bf16 / fp16 activations only
+    auto = InterdomainConfig(chunk_dots="auto")  # bf16 operands for bf16 activations only
     for act in (torch.float32, torch.bfloat16, torch.float16):
-        want = InterdomainConfig(chunk_dots="fp32" if act == torch.float32 else "bf16")
+        want = InterdomainConfig(chunk_dots="bf16" if act == torch.bfloat16 else "fp32")
         assert (auto.chunk_prec(act), auto.real_prec(act)) == (want.chunk_prec(act), want.real_prec(act)), act
     res = {cd: run_both(1, 70, 2, 16, 16, 16, 32, seed=3, readout=readout, config=InterdomainConfig(chunk_dots=cd))
            for cd in ("fp32", "bf16")}

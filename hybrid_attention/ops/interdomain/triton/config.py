@@ -58,13 +58,16 @@ class InterdomainConfig(ScanConfig):
     (default, measured above); "tf32x3" (≈ float32 accuracy, three tensor-core passes for those 4 + 6 dots per
     sub-chunk) is the opt-in answer to the tiny dominant-mode cases, not yet timed.
 
-    chunk_dots: operands of every matmul in the chunk kernels. "fp32" (default): float32 operands at ``dot_prec`` /
+    chunk_dots: operands of every matmul in the chunk kernels. "fp32": float32 operands at ``dot_prec`` /
     ``real_dot_prec``. "bf16": bf16 operands with float32 accumulation (half the operand registers, the bf16 MMA
     rate); the power table, the carried chunk states and every elementwise decay / state term stay float32, only the
-    operands of each product are rounded; "auto": "bf16" for bf16 / fp16 activations, else "fp32". Under the
-    interpreter the rounding is reproduced exactly (``ops/common/triton/lowp.py``). The state scans keep
-    ``dot_prec``. The denominator ablation always runs "fp32" (``triton_interdomain``): its quotient amplifies the
-    rounding past the bars (tests/ops/test_interdomain_triton.py, ``test_bf16_chunk_dots``).
+    operands of each product are rounded. "auto" (default): "bf16" for bf16 activations, else "fp32" (fp16 callers
+    keep the finer operands they chose). Under the interpreter the rounding is reproduced exactly
+    (``ops/common/triton/lowp.py``). The state scans keep ``dot_prec``. The denominator ablation always runs "fp32"
+    (``triton_interdomain``): its quotient amplifies the rounding past the bars (tests/ops/test_interdomain_triton.py,
+    ``test_bf16_chunk_dots``). DECISION: "auto", the "bf16 operands" rows of the launch table in
+    benchmarks/README.md (faster at 16×2048×8 and 32K; every Interdomain test of tests/ops, layers, models and serving
+    passes with it on the GPU).
 
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
@@ -79,7 +82,7 @@ class InterdomainConfig(ScanConfig):
     bwd_split: bool = True
     real_one_pass: bool = True
     real_dot_prec: str = "tf32"
-    chunk_dots: str = "fp32"
+    chunk_dots: str = "auto"
     state_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -91,7 +94,7 @@ class InterdomainConfig(ScanConfig):
 
     def bf16_dots(self, act: torch.dtype) -> bool:
         """Whether the chunk kernels take bf16 operands for activations of dtype ``act`` (``chunk_dots``)."""
-        return self.chunk_dots == "bf16" or (self.chunk_dots == "auto" and act in (torch.bfloat16, torch.float16))
+        return self.chunk_dots == "bf16" or (self.chunk_dots == "auto" and act == torch.bfloat16)
 
     def _bf16_prec(self, act: torch.dtype) -> str | None:
         """The chunk kernels' bf16 precision name (``lowp.mm``) when they take bf16 operands, else None."""
