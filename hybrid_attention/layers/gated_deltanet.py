@@ -17,7 +17,7 @@ from hybrid_attention.layers.base import (
     left_pad,
     packed_positions,
 )
-from hybrid_attention.modules import FusedInputs, RMSNorm, ShortConvolution, fuse_inputs
+from hybrid_attention.modules import FusedInputs, RMSNorm, ShortConvolution, fuse_inputs, project_inputs
 from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
@@ -155,22 +155,24 @@ class GatedDeltaNet(TokenMixer):
     def state_size(self, seq_len: int) -> int:
         return self.num_heads * self.head_dim * self.head_v_dim
 
+    def _linears(self) -> dict[str, nn.Linear]:
+        """The projections of x by name, the convolved q, k, v first (the order of the fused decode inputs)."""
+        projs = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj, "a": self.a_proj, "b": self.b_proj}
+        return projs | ({"g": self.g_proj} if self.g_proj is not None else {})
+
     def _project(self, x: torch.Tensor, conv: dict[str, torch.Tensor] | None, keep: bool,
                  cu_seqlens: torch.Tensor | None = None):
         """x [B, T, hidden] -> q, k [B, T, H, d_k], v [B, T, H, d_v], β, g [B, T, H] (float32, float64 for float64
-        inputs), new ShortConv states (empty unless keep) from the states `conv` (None: zeros); cu_seqlens: packed
-        documents (the convolutions restart at each)."""
+        inputs), the gate W_g x (None without use_gate), new conv states (empty unless keep) from `conv` (None: zeros);
+        cu_seqlens: packed documents. One product, one convolution over q|k|v (``project_inputs``)."""
         b, t, _ = x.shape
-        new_conv, qkv = {}, {}
-        for name, proj in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
-            qkv[name], new_conv[name] = self.convs[name](proj(x), conv.get(name) if conv else None, keep,
-                                                         cu_seqlens=cu_seqlens)
-        q = qkv["q"].view(b, t, self.num_heads, self.head_dim)
-        k = qkv["k"].view(b, t, self.num_heads, self.head_dim)
-        v = qkv["v"].view(b, t, self.num_heads, self.head_v_dim)
-        beta = torch.sigmoid(self.b_proj(x).float() if x.dtype != torch.float64 else self.b_proj(x))
-        g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
-        return q, k, v, beta, g, new_conv
+        z, new_conv = project_inputs(x, self._linears(), self.convs, conv, keep, cu_seqlens=cu_seqlens)
+        q = z["q"].view(b, t, self.num_heads, self.head_dim)
+        k = z["k"].view(b, t, self.num_heads, self.head_dim)
+        v = z["v"].view(b, t, self.num_heads, self.head_v_dim)
+        beta = torch.sigmoid(z["b"].float() if x.dtype != torch.float64 else z["b"])
+        g = gdn_decay(z["a"], self.A_log, self.dt_bias)
+        return q, k, v, beta, g, z.get("g"), new_conv
 
     def _output(self, o: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """o [B, T, H, d_v] -> [B, T, hidden]: head RMSNorm, the optional swish gate (g_proj(x), or `gate`
@@ -190,11 +192,11 @@ class GatedDeltaNet(TokenMixer):
         if cu_seqlens is not None:  # with keep: the final states per document are the rows of the decode state
             packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
             t = left_pad(cu_seqlens)[0] if keep else t  # the decode state's width (a host read: prefill only)
-        q, k, v, beta, g, new_conv = self._project(x, state.conv if state else None, keep, cu_seqlens)
+        q, k, v, beta, g, gate, new_conv = self._project(x, state.conv if state else None, keep, cu_seqlens)
         o, S = gated_delta(q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state.S if state else None,
                            output_final_state=keep, backend=self.backend, cu_seqlens=cu_seqlens,
                            buffer_dtype=self.buffer_dtype)
-        y = self._output(o, x)
+        y = self._output(o, x, gate)
         return y, (GDNState(S=S, conv=new_conv, offset=(state.offset if state else 0) + t) if keep else None)
 
     # ---------------------------------------------------------------------------------------------------- static
@@ -202,10 +204,8 @@ class GatedDeltaNet(TokenMixer):
                           use_kernels: bool | None = None, cache_chunks: int | None = None) -> GDNStaticState:
         st = self.init_state(batch_size, device=device, dtype=dtype)
         names = ("q", "k", "v")
-        projs = [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj]
-        inputs, views = fuse_inputs(projs + ([self.g_proj] if self.g_proj is not None else []),
-                                    [self.convs[n] for n in names], [st.conv[n] for n in names],
-                                    st.S.device, st.conv["q"].dtype)
+        inputs, views = fuse_inputs(list(self._linears().values()), [self.convs[n] for n in names],
+                                    [st.conv[n] for n in names], st.S.device, st.conv["q"].dtype)
         return GDNStaticState(S=st.S, conv=dict(zip(names, views)), inputs=inputs,
                               use_kernels=resolve_use_kernels(use_kernels, "GatedDeltaNet.step", st.S.is_cuda))
 

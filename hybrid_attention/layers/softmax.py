@@ -18,7 +18,7 @@ from hybrid_attention.layers.base import (
     rope_positions,
     row_positions,
 )
-from hybrid_attention.modules import RotaryEmbedding, concat_linear_weights
+from hybrid_attention.modules import RotaryEmbedding, concat_linear_weights, project_inputs
 from hybrid_attention.ops.common.backend import resolve_use_kernels, validate_backend
 from hybrid_attention.ops.decode_attention import decode_attention, default_num_splits
 from hybrid_attention.ops.packed_attention import BACKENDS as PACKED_BACKENDS
@@ -120,9 +120,8 @@ class SoftmaxAttention(TokenMixer):
         b, t, _ = x.shape
         keep = output_state if output_state is not None else state is not None
         offset = state.offset if state is not None else 0
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_heads, self.head_dim)
+        z, _ = project_inputs(x, {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj})  # one product
+        q, k, v = (z[n].view(b, t, self.num_heads, self.head_dim) for n in "qkv")
         if cu_seqlens is not None:
             return self._forward_packed(x, q, k, v, state, keep, cu_seqlens)
         pad = state.pad if state is not None else None
@@ -143,7 +142,8 @@ class SoftmaxAttention(TokenMixer):
                 mask = (mask[None] & (key[None, None, :] >= pad[:, None, None]))[:, None]
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
         y = self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        return y, (KVState(k, v, pad) if keep else None)
+        # k and v (views of the q|k|v product without a state or RoPE) keep only their own storage in the cache
+        return y, (KVState(k.contiguous(), v.contiguous(), pad) if keep else None)
 
     def _forward_packed(self, x, q, k, v, state, keep: bool, cu_seqlens: torch.Tensor
                         ) -> tuple[torch.Tensor, KVState | None]:

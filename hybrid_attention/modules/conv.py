@@ -23,6 +23,84 @@ def short_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
     return torch.nn.functional.silu(y) if activation == "silu" else y
 
 
+def short_conv(
+    x: torch.Tensor, weight: torch.Tensor, activation: str | None = None, backend: str = "reference",
+    state: torch.Tensor | None = None, output_final_state: bool = False, *, cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`ShortConvolution.forward` with the kernels as an argument (the module calls it with its own weight; a fused
+    caller with the concatenated weights of several, ``modules/fused_linear.py``).
+
+    Args:
+        x: [B, T, D] inputs.
+        weight: [D, 1, K] one filter per channel (``ShortConvolution.weight``'s layout).
+        activation: None or "silu".
+        backend: "reference", "triton" or "auto" (``ShortConvolution``).
+        state: [B, D, K-1] the last K-1 inputs before x, or None (zeros); must be None with cu_seqlens.
+        output_final_state: also return the new state ([B, D, K-1], or [N, D, K-1] per packed document).
+        cu_seqlens: [N + 1] offsets of packed documents (B == 1).
+
+    Returns:
+        (y [B, T, D], the new state or None).
+    """
+    b, t, d = x.shape
+    k = weight.shape[-1]
+    if cu_seqlens is not None and state is not None:
+        raise ValueError("state must be None with cu_seqlens (every document starts from a zero history)")
+    if backend != "reference" and resolve_backend(
+        backend, "ShortConvolution", lambda: x.is_cuda and causal_conv_triton.supported(x, weight),
+        causal_conv.BACKENDS, varlen=cu_seqlens is not None, no_varlen=(),
+    ) == "triton":
+        return causal_conv.triton_causal_conv1d(
+            x, weight[:, 0], activation=activation, initial_state=state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        )
+    if cu_seqlens is not None:
+        y, new_state = _packed_products(x, weight, output_final_state, cu_seqlens)
+    elif torch.compiler.is_compiling():
+        # Compiled (training): the same sum written as K shifted products in the [B, T, D] layout, which inductor
+        # fuses with the activation into one kernel per direction. F.conv1d of a depthwise kernel runs ATen's
+        # generic conv_depthwise2d kernels (not cuDNN) behind two layout copies: 10-18% of a compiled training
+        # step of every mixer on the H200 (``python -m benchmarks.profile_train``). Eager keeps the one conv1d.
+        past = x.new_zeros(b, k - 1, d) if state is None else state.transpose(1, 2).to(x.dtype)
+        xp = torch.cat([past, x], dim=1)  # [B, K-1+T, D]
+        w = weight[:, 0, :].to(x.dtype)  # [D, K]
+        y = xp[:, :t] * w[:, 0]
+        for j in range(1, k):
+            y = y + xp[:, j : j + t] * w[:, j]
+        new_state = xp[:, xp.shape[1] - (k - 1) :].transpose(1, 2).contiguous() if output_final_state else None
+    else:
+        xt = x.transpose(1, 2)  # [B, D, T]
+        if state is None:
+            state = xt.new_zeros(b, d, k - 1)
+        xp = torch.cat([state.to(xt.dtype), xt], dim=-1)  # [B, D, K-1+T]
+        y = F.conv1d(xp, weight.to(xt.dtype), groups=d).transpose(1, 2)
+        new_state = xp[..., xp.shape[-1] - (k - 1) :].contiguous() if output_final_state else None
+    if activation == "silu":
+        y = F.silu(y)
+    return y, new_state
+
+
+def _packed_products(x: torch.Tensor, weight: torch.Tensor, output_final_state: bool,
+                     cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Packed documents x [1, T, D], weight [D, 1, K]: the K lagged products, each lag masked where it would reach
+    before the token's document start -> (y [1, T, D] before the activation, final states [N, D, K-1] or None)."""
+    t, k = x.shape[1], weight.shape[-1]
+    check_cu_seqlens(cu_seqlens, t, x.shape[0])  # in full for CPU offsets; no host read of device ones
+    pos = positions_in_document(cu_seqlens, t)[None, :, None]  # [1, T, 1]
+    w = weight[:, 0, :].to(x.dtype)  # [D, K]; lag j multiplies w[:, K-1-j]
+    y = x * w[:, k - 1]
+    for j in range(1, min(k, t + 1)):
+        shifted = torch.cat([x.new_zeros(1, j, x.shape[2]), x[:, : t - j]], dim=1)
+        y = y + shifted * (pos >= j).to(x.dtype) * w[:, k - 1 - j]
+    if not output_final_state:
+        return y, None
+    starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+    idx = ends[:, None] - (k - 1) + torch.arange(k - 1, device=x.device)  # [N, K-1]
+    ok = (idx >= starts[:, None]).to(x.dtype)
+    last = x[0, idx.clamp(min=0)] * ok[..., None]  # [N, K-1, D]
+    return y, last.transpose(1, 2).contiguous()
+
+
 class ShortConvolution(nn.Module):
     """Causal depthwise 1-D convolution over time, no bias, optional SiLU.
 
@@ -70,64 +148,10 @@ class ShortConvolution(nn.Module):
         self, x: torch.Tensor, state: torch.Tensor | None = None, output_final_state: bool = False, *,
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        b, t, d = x.shape
-        if d != self.channels:
+        if x.shape[-1] != self.channels:
             raise ValueError(f"x must have {self.channels} channels in its last dim, got shape {tuple(x.shape)}")
-        k = self.kernel_size
-        if cu_seqlens is not None and state is not None:
-            raise ValueError("state must be None with cu_seqlens (every document starts from a zero history)")
-        if self.backend != "reference" and resolve_backend(
-            self.backend, "ShortConvolution", lambda: x.is_cuda and causal_conv_triton.supported(x, self.weight),
-            causal_conv.BACKENDS, varlen=cu_seqlens is not None, no_varlen=(),
-        ) == "triton":
-            return causal_conv.triton_causal_conv1d(
-                x, self.weight[:, 0], activation=self.activation, initial_state=state,
-                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-            )
-        if cu_seqlens is not None:
-            y, new_state = self._forward_packed(x, output_final_state, cu_seqlens)
-        elif torch.compiler.is_compiling():
-            # Compiled (training): the same sum written as K shifted products in the [B, T, D] layout, which inductor
-            # fuses with the activation into one kernel per direction. F.conv1d of a depthwise kernel runs ATen's
-            # generic conv_depthwise2d kernels (not cuDNN) behind two layout copies: 10-18% of a compiled training
-            # step of every mixer on the H200 (``python -m benchmarks.profile_train``). Eager keeps the one conv1d.
-            past = x.new_zeros(b, k - 1, d) if state is None else state.transpose(1, 2).to(x.dtype)
-            xp = torch.cat([past, x], dim=1)  # [B, K-1+T, D]
-            w = self.weight[:, 0, :].to(x.dtype)  # [D, K]
-            y = xp[:, :t] * w[:, 0]
-            for j in range(1, k):
-                y = y + xp[:, j : j + t] * w[:, j]
-            new_state = xp[:, xp.shape[1] - (k - 1) :].transpose(1, 2).contiguous() if output_final_state else None
-        else:
-            xt = x.transpose(1, 2)  # [B, D, T]
-            if state is None:
-                state = xt.new_zeros(b, d, k - 1)
-            xp = torch.cat([state.to(xt.dtype), xt], dim=-1)  # [B, D, K-1+T]
-            y = F.conv1d(xp, self.weight.to(xt.dtype), groups=d).transpose(1, 2)
-            new_state = xp[..., xp.shape[-1] - (k - 1) :].contiguous() if output_final_state else None
-        if self.activation == "silu":
-            y = F.silu(y)
-        return y, new_state
-
-    def _forward_packed(self, x: torch.Tensor, output_final_state: bool,
-                        cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Packed documents x [1, T, D]: the K lagged products, each lag masked where it would reach before the
-        token's document start -> (y [1, T, D] before the activation, final states [N, D, K-1] or None)."""
-        t, k = x.shape[1], self.kernel_size
-        check_cu_seqlens(cu_seqlens, t, x.shape[0])  # in full for CPU offsets; no host read of device ones
-        pos = positions_in_document(cu_seqlens, t)[None, :, None]  # [1, T, 1]
-        w = self.weight[:, 0, :].to(x.dtype)  # [D, K]; lag j multiplies w[:, K-1-j]
-        y = x * w[:, k - 1]
-        for j in range(1, min(k, t + 1)):
-            shifted = torch.cat([x.new_zeros(1, j, x.shape[2]), x[:, : t - j]], dim=1)
-            y = y + shifted * (pos >= j).to(x.dtype) * w[:, k - 1 - j]
-        if not output_final_state:
-            return y, None
-        starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
-        idx = ends[:, None] - (k - 1) + torch.arange(k - 1, device=x.device)  # [N, K-1]
-        ok = (idx >= starts[:, None]).to(x.dtype)
-        last = x[0, idx.clamp(min=0)] * ok[..., None]  # [N, K-1, D]
-        return y, last.transpose(1, 2).contiguous()
+        return short_conv(x, self.weight, self.activation, self.backend, state, output_final_state,
+                          cu_seqlens=cu_seqlens)
 
     def extra_repr(self) -> str:
         extra = f", backend={self.backend!r}" if self.backend != "reference" else ""

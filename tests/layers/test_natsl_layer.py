@@ -473,14 +473,20 @@ def test_own_conv_attn_qk_is_own_with_a_causal_short_convolution_and_silu():
     own = _layer(attn_qk="own")
     assert set(conv.state_dict()) - set(own.state_dict()) == {"convs.q_s.weight", "convs.k_s.weight"}
     own.load_state_dict(conv.state_dict(), strict=False)
-    own.attn_q_proj = torch.nn.Sequential(own.attn_q_proj, torch.nn.SiLU())
-    own.attn_k_proj = torch.nn.Sequential(own.attn_k_proj, torch.nn.SiLU())
+    project = own._project
+
+    def silu_own_qk(*args, **kwargs):  # "own" with SiLU(W_qs x), SiLU(W_ks x)
+        z, *rest = project(*args, **kwargs)
+        return {**z, "q_s": torch.nn.functional.silu(z["q_s"]), "k_s": torch.nn.functional.silu(z["k_s"])}, *rest
+
+    own._project = silu_own_qk
     assert not torch.allclose(conv(x)[0], own(x)[0])
     # the causal window: perturbing token 7 moves the softmax q / k of tokens 7 .. 7 + K-1 only
     k = conv.convs["q_s"].kernel_size
     x2 = x.clone()
     x2[:, 7] += 1.0
-    for a, b in zip(conv._project(x, None, False)[3:5], conv._project(x2, None, False)[3:5]):
+    z, z2 = conv._project(x, None, False)[0], conv._project(x2, None, False)[0]
+    for a, b in ((z[n], z2[n]) for n in ("q_s", "k_s")):
         moved = (a - b).abs().amax((0, 2)) > 0  # [T]
         assert moved.tolist() == [7 <= t < 7 + k for t in range(x.shape[1])]
     with torch.no_grad():

@@ -15,7 +15,7 @@ from hybrid_attention.layers.base import TokenMixer, check_hidden, packed_positi
 from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
 from hybrid_attention.layers.natsl.routing import GDN, SOFTMAX, RoutingRecorder, RoutingSpec
 from hybrid_attention.layers.natsl.static import NatsLStaticStep
-from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, rms_norm
+from hybrid_attention.modules import RMSNorm, RotaryEmbedding, ShortConvolution, project_inputs, rms_norm
 from hybrid_attention.ops.chunk_attention import chunk_attention
 from hybrid_attention.ops.common.backend import resolve_backend
 from hybrid_attention.ops.common.order import selected_first
@@ -242,29 +242,28 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         init_decay_params(self.A_log, self.dt_bias)
 
     # ---------------------------------------------------------------------------------------------------- helpers
+    def _linears(self) -> dict[str, nn.Linear]:
+        """The projections of x by name (the order of the fused decode inputs): the convolved q, k, v (and the
+        softmax branch's own q_s, k_s with attn_qk="own_conv") first, then a, b, the gate g, ω when it reads x, and
+        the unconvolved q_s, k_s of attn_qk="own"."""
+        own = {"q_s": self.attn_q_proj, "k_s": self.attn_k_proj}
+        return ({"q": self.q_proj, "k": self.k_proj, "v": self.v_proj} | (own if self.attn_qk == "own_conv" else {})
+                | {"a": self.a_proj, "b": self.b_proj, "g": self.g_proj}
+                | ({"omega": self.omega_proj} if self.weights_from == "x" else {})
+                | (own if self.attn_qk == "own" else {}))
+
     def _project(self, x, state, keep, cu_seqlens=None):
-        """Input projections of x [B, T, hidden]. Returns q, k [B, T, Hl·dk], v [B, T, Hl·dv] (after their convolution;
-        restarting at each packed document), the softmax branch's q / k before the heads [B, T, Hs·d_ks] (attn_qk
-        "shared": q, k themselves; "own": W_qs x, W_ks x; "own_conv": SiLU(ShortConv(W_qs x)), ..., convs "q_s",
-        "k_s"), β, g [B, T, Hl] and the new conv states by name (every conv of ``self.convs``)."""
-        new_conv = {}
-        out = {}
-        projs = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj}
-        if self.attn_qk == "own_conv":
-            projs.update(q_s=self.attn_q_proj, k_s=self.attn_k_proj)
-        for name, proj in projs.items():
-            out[name], new_conv[name] = self.convs[name](proj(x), state.conv.get(name) if state else None, keep,
-                                                         cu_seqlens=cu_seqlens)
+        """Input projections of x [B, T, hidden] as one product and one convolution (``project_inputs``) -> (z, β,
+        g [B, T, Hl], new conv states by name (empty unless keep)). z by name: q, k [B, T, Hl·dk], v [B, T, Hl·dv]
+        (convolved, restarting at each packed document), the softmax branch's "q_s", "k_s" [B, T, Hs·d_ks] (attn_qk
+        "shared": q, k; "own": W_qs x, ...; "own_conv": SiLU(ShortConv(W_qs x)), ...), the gate "g", "omega" = W_ω x
+        (weights_from="x")."""
+        z, new_conv = project_inputs(x, self._linears(), self.convs, state.conv if state else None, keep,
+                                     cu_seqlens=cu_seqlens)
         fdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        beta = torch.sigmoid(self.b_proj(x).to(fdt))
-        g = gdn_decay(self.a_proj(x), self.A_log, self.dt_bias)
-        if self.attn_qk == "own_conv":
-            q_s, k_s = out["q_s"], out["k_s"]
-        elif self.attn_qk == "own":
-            q_s, k_s = self.attn_q_proj(x), self.attn_k_proj(x)
-        else:
-            q_s, k_s = out["q"], out["k"]
-        return out["q"], out["k"], out["v"], q_s, k_s, beta, g, new_conv
+        beta = torch.sigmoid(z["b"].to(fdt))
+        g = gdn_decay(z["a"], self.A_log, self.dt_bias)
+        return {"q_s": z["q"], "k_s": z["k"]} | z, beta, g, new_conv
 
     def _attn_qk(self, q_s, k_s, offset, pos=None):
         """Softmax-branch heads of its q / k q_s, k_s [B, T, Hs·d_ks] (`_project`; with attn_qk="shared" the GDN
@@ -487,7 +486,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         cu_seqlens / pos: packed documents (no state) and each token's position in its document."""
         b, t, _ = x.shape
         c, hl, hs = self.chunk_size, self.num_heads, self.num_attn_heads
-        q, k, v, q_s, k_s, beta, g, new_conv = self._project(x, state, keep, cu_seqlens)
+        z, beta, g, new_conv = self._project(x, state, keep, cu_seqlens)
+        q, k, v = z["q"], z["k"], z["v"]
         x_full, valid, _, place = self._complete_chunks(x, cu_seqlens)
         n_full = x_full.shape[1]
         hard, p = self._route(x_full)
@@ -506,7 +506,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
 
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)
-        qs, ks = self._attn_qk(q_s, k_s, 0, pos)
+        qs, ks = self._attn_qk(z["q_s"], z["k_s"], 0, pos)
         vs = self._heads(v, hs, self.attn_head_v_dim)
         gdn_kw = dict(chunk_size=c, decay_uncommitted=self.decay_uncommitted, backend=self.backend,
                       buffer_dtype=self.buffer_dtype)
@@ -533,13 +533,14 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         elif o_sa is None:
             o_sa = chunk_attention(qs, ks, vs, route_sa, chunk_size=c, group_size=self.group, routing_bias=bias,
                                    backend=self.backend, **varlen)
-        y = self._fuse(x, q, o_gdn.reshape(b, t, hs, self.attn_head_v_dim), o_sa)
+        y = self._fuse(x, q, o_gdn.reshape(b, t, hs, self.attn_head_v_dim), o_sa, z["g"], z.get("omega"))
         if not keep:
             return y, None
         st = self.init_state(b, device=x.device, dtype=x.dtype)
         nc = n_full * c
         st.conv, st.offset = new_conv, t
-        st.x_buf, st.k_buf, st.v_buf = x[:, nc:], ks[:, nc:], vs[:, nc:]
+        # copies: a slice of the partial chunk would keep the whole sequence's tensors alive in the state
+        st.x_buf, st.k_buf, st.v_buf = (u[:, nc:].contiguous() for u in (x, ks, vs))
         st.S, st.S_start, st.g_sum = S, S_full, g[:, nc:].sum(1)
         sel = hard[..., SOFTMAX].bool()  # [B, N_full, Hn]
         self._append_chunks(st, ks[:, :nc], vs[:, :nc], sel, capacity=self._prefill_capacity(sel))
@@ -583,8 +584,9 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         st = NatsLState(**{**state.__dict__})  # shallow copy; tensors below are replaced, never written in place
         st.k_cache, st.v_cache, st.valid, st.n_kept = (state.k_cache.clone(), state.v_cache.clone(),
                                                        state.valid.clone(), state.n_kept.clone())
-        q, k, v, q_s, k_s, beta, g, st.conv = self._project(x, state, True)
-        qs_all, ks_all = self._attn_qk(q_s, k_s, state.offset)
+        z, beta, g, st.conv = self._project(x, state, True)
+        q, k, v = z["q"], z["k"], z["v"]
+        qs_all, ks_all = self._attn_qk(z["q_s"], z["k_s"], state.offset)
         vs_all = self._heads(v, hs, self.attn_head_v_dim)
         qg, kg = self._heads(q, hl, self.head_dim), self._heads(k, hl, self.head_dim)
         vg = self._heads(v, hl, self.head_v_dim)
@@ -618,7 +620,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
                 self._append_chunks(st, st.k_buf, st.v_buf, sel[:, None])
                 st.x_buf, st.k_buf, st.v_buf = st.x_buf[:, :0], st.k_buf[:, :0], st.v_buf[:, :0]
         o_gdn = torch.cat(o_gdn, 1).reshape(b, t, hs, self.attn_head_v_dim)
-        y = self._fuse(x, q, o_gdn, torch.cat(o_sa, 1))
+        y = self._fuse(x, q, o_gdn, torch.cat(o_sa, 1), z["g"], z.get("omega"))
         return y, st
 
     def _attend_cached(self, st: NatsLState, qs, ks, vs):

@@ -162,13 +162,8 @@ class NatsLStaticStep:
         capacity = max_len // c if cache_chunks is None else cache_chunks
         cap = (capacity + 1) * c  # + 1: the always-in-range write of a GDN-typed chunk (NatsLStaticState)
         names = tuple(self.convs)  # q, k, v(, q_s, k_s): the convolved projections come first, in this order
-        own = [self.attn_q_proj, self.attn_k_proj]
-        projs = [self.q_proj, self.k_proj, self.v_proj, *(own if self.attn_qk == "own_conv" else [])]
-        projs += [self.a_proj, self.b_proj, self.g_proj]
-        projs += [self.omega_proj] if self.weights_from != "q" else []
-        projs += own if self.attn_qk == "own" else []
-        inputs, views = fuse_inputs(projs,
-                                    [self.convs[n] for n in names], [st.conv[n] for n in names], device, dtype)
+        inputs, views = fuse_inputs(list(self._linears().values()), [self.convs[n] for n in names],
+                                    [st.conv[n] for n in names], device, dtype)
         return NatsLStaticState(
             kv_k=torch.zeros(b, hs, cap + c, self.attn_head_dim, device=device, dtype=dtype),
             kv_v=torch.zeros(b, hs, cap + c, self.attn_head_v_dim, device=device, dtype=dtype),
