@@ -28,7 +28,6 @@ from hybrid_attention.modules import (
     ShortConvolution,
     fuse_inputs,
     l2_normalize,
-    project_inputs,
 )
 from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.interdomain import interdomain
@@ -217,18 +216,21 @@ class S4DCoreMixer(TokenMixer):
         """2·H·M·(R+d_h) real numbers (complex state counted as 2 reals; conv buffers of K-1 tokens excluded)."""
         return 2 * self.num_heads * self.state_dim * (self.feature_dim + self.head_dim)
 
-    def _branches(self, x: torch.Tensor, state: InterdomainState | None, keep: bool,
-                  cu_seqlens: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Every branch by name, split into heads [B, T, H, d_h]: one product for the projections, one ShortConv over
-        the convolved ones (restarting at each packed document; ``project_inputs``); and the new conv states by name
-        (empty unless keep)."""
-        z, new_conv = project_inputs(x, self.proj, self.convs, state.conv if state else None, keep,
-                                     cu_seqlens=cu_seqlens)
-        # the eager convolution returns a transposed view ([B, D, T] storage): one copy per convolved branch here, so
-        # that the elementwise glue after it (RoPE, ξ, norms) and its gradients share one layout instead of running
-        # strided (the CPU training step, benchmarks/README.md)
-        return {n: (t.contiguous() if n in self.convs else t).view(*x.shape[:2], self.num_heads, self.head_dim)
-                for n, t in z.items()}, new_conv
+    def _branch(self, name: str, x: torch.Tensor, state: InterdomainState | None, new_conv: dict, keep: bool,
+                cu_seqlens: torch.Tensor | None = None):
+        """Projection (+ ShortConv if the branch has one, restarting at each packed document), split into heads:
+        [B, T, H, d_h]. The branches keep one product each: one fused product of the three (``project_inputs``, as the
+        GDN, NAtS-L and softmax layers run) made the compiled `small` interdomain and s4d steps slower
+        (benchmarks/README.md, the fused input projections rows)."""
+        z = self.proj[name](x)
+        if name in self.convs:
+            z, new_conv[name] = self.convs[name](z, state.conv.get(name) if state else None, output_final_state=keep,
+                                                 cu_seqlens=cu_seqlens)
+            # the eager convolution returns a transposed view ([B, D, T] storage): one copy here, so that the
+            # elementwise glue after it (RoPE, ξ, norms) and its gradients share one layout instead of running
+            # strided (the CPU training step, benchmarks/README.md)
+            z = z.contiguous()
+        return z.view(*x.shape[:2], self.num_heads, self.head_dim)
 
     def _rope(self, z: torch.Tensor, offset: int, pos: torch.Tensor | None = None) -> torch.Tensor:
         """RoPE at positions offset.., or at the positions pos when given ([T]: packed documents, [B, T]: per row)."""
@@ -280,14 +282,17 @@ class S4DCoreMixer(TokenMixer):
             pos = row_positions(offset, pad, x.shape[1], x.device)
         else:
             pos = packed_positions(x, state, keep, cu_seqlens, type(self).__name__, packed_states=True)
-        br, new_conv = self._branches(x, state, keep, cu_seqlens)
-        key = self._rope(br[self.key_name], offset, pos)
+        new_conv: dict[str, torch.Tensor] = {}
+        cu = cu_seqlens
+
+        key = self._rope(self._branch(self.key_name, x, state, new_conv, keep, cu), offset, pos)
         if self.dual_input:
             key = self._feature_map(key)
-        key, val = self._input_gain(self.key_norm(key), self.value_norm(br[self.val_name]))
-        q = self._feature_map(self._rope(br["q"], offset, pos)) if self.query_readout else None
-        o, ssm = self._core(q, key, val, *self._ssm_params(), state.ssm if state is not None else None, keep,
-                            cu_seqlens)
+        key, val = self._input_gain(self.key_norm(key), self.value_norm(self._branch(self.val_name, x, state, new_conv,
+                                                                                      keep, cu)))
+        q = self._feature_map(self._rope(self._branch("q", x, state, new_conv, keep, cu), offset, pos)) \
+            if self.query_readout else None
+        o, ssm = self._core(q, key, val, *self._ssm_params(), state.ssm if state is not None else None, keep, cu)
         y = self._output(o, x)
         offset = offset + x.shape[1]
         if keep and cu_seqlens is not None:  # row b = document b, right-aligned in the longest one's width

@@ -1,6 +1,6 @@
 """The training / prefill fusion of the input projections and short convolutions (``project_inputs``,
-modules/fused_linear.py) in the four mixer layers: one product of x and one convolution per call, and in float64 the
-same outputs, states and gradients as the projections and convolutions run one by one."""
+modules/fused_linear.py) in the GDN, NAtS-L and softmax layers: one product of x and one convolution per call, and in
+float64 the same outputs, states and gradients as the projections and convolutions run one by one."""
 
 from __future__ import annotations
 
@@ -12,29 +12,18 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hybrid_attention.layers.gated_deltanet as gdn_module
-import hybrid_attention.layers.interdomain as interdomain_module
 import hybrid_attention.layers.natsl.layer as natsl_module
 import hybrid_attention.layers.softmax as softmax_module
-from hybrid_attention.layers import (
-    GatedDeltaNet,
-    InterdomainAttention,
-    NatsLAttention,
-    S4DMixer,
-    SoftmaxAttention,
-)
+from hybrid_attention.layers import GatedDeltaNet, NatsLAttention, SoftmaxAttention
 from hybrid_attention.modules import ShortConvolution, project_inputs
 
 F64 = torch.float64
 HIDDEN = 32
-LAYER_MODULES = (gdn_module, interdomain_module, natsl_module, softmax_module)
+LAYER_MODULES = (gdn_module, natsl_module, softmax_module)
 
 
 def _natsl(**kw) -> nn.Module:
     return NatsLAttention(HIDDEN, num_heads=2, head_dim=8, expand_v=2, num_attn_heads=4, chunk_size=4, **kw)
-
-
-def _interdomain(**kw) -> nn.Module:
-    return InterdomainAttention(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5, **kw)
 
 
 # name -> (factory, the layer's state_dict keys: the checkpoint layout the fusion must not change)
@@ -45,8 +34,6 @@ NATSL_KEYS = {"A_log", "a_proj.weight", "attn_scale", "b_proj.weight", "convs.k.
               "o_proj.weight", "omega_proj.weight", "q_norm.weight", "q_proj.weight", "score_proj.weight",
               "v_proj.weight"}
 OWN_QK = {"attn_q_proj.weight", "attn_k_proj.weight"}
-S4D_CORE_KEYS = {"key_norm.bias", "key_norm.weight", "o_proj.weight", "ssm.A_im", "ssm.A_log_re", "ssm.B", "ssm.C",
-                 "ssm.log_dt", "value_norm.bias", "value_norm.weight"}
 CASES = {
     "gdn": (lambda: GatedDeltaNet(HIDDEN, num_heads=2, head_dim=8, expand_v=2, chunk_size=4), GDN_KEYS),
     "gdn-no-gate": (lambda: GatedDeltaNet(HIDDEN, num_heads=2, head_dim=8, expand_v=2, chunk_size=4, use_gate=False),
@@ -55,12 +42,6 @@ CASES = {
     "natsl-own-x-weights": (lambda: _natsl(attn_qk="own", weights_from="x"), NATSL_KEYS | OWN_QK),
     "natsl-own-conv": (lambda: _natsl(attn_qk="own_conv"), NATSL_KEYS | OWN_QK | {"convs.q_s.weight",
                                                                                   "convs.k_s.weight"}),
-    "interdomain": (_interdomain, S4D_CORE_KEYS | {"convs.k.weight", "convs.q.weight", "proj.k.weight",
-                                                   "proj.q.weight", "proj.v.weight"}),
-    "interdomain-single-input": (lambda: _interdomain(dual_input=False),
-                                 S4D_CORE_KEYS | {f"{m}.{n}.weight" for m in ("convs", "proj") for n in "qab"}),
-    "s4d": (lambda: S4DMixer(HIDDEN, num_heads=2, head_dim=8, state_size=6, chunk_size=5),
-            S4D_CORE_KEYS | {"contraction_w"} | {f"{m}.{n}.weight" for m in ("convs", "proj") for n in "ab"}),
     "softmax": (lambda: SoftmaxAttention(HIDDEN, num_heads=2, head_dim=16),
                 {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}),
 }
