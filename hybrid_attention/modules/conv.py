@@ -59,8 +59,8 @@ def short_conv(
     elif torch.compiler.is_compiling():
         # Compiled (training): the same sum written as K shifted products in the [B, T, D] layout, which inductor
         # fuses with the activation into one kernel per direction. F.conv1d of a depthwise kernel runs ATen's
-        # generic conv_depthwise2d kernels (not cuDNN) behind two layout copies: 10-18% of a compiled training
-        # step of every mixer on the H200 (``python -m benchmarks.profile_train``). Eager keeps the one conv1d.
+        # generic conv_depthwise2d kernels (not cuDNN) behind two layout copies, slower inside a compiled training
+        # step (``python -m benchmarks.profile_train``). Eager keeps the one conv1d.
         past = x.new_zeros(b, k - 1, d) if state is None else state.transpose(1, 2).to(x.dtype)
         xp = torch.cat([past, x], dim=1)  # [B, K-1+T, D]
         w = weight[:, 0, :].to(x.dtype)  # [D, K]

@@ -593,6 +593,32 @@ def test_bf16_chunk_dots(readout):
         assert torch.equal(a, den["fp32"][name][0]), name
 
 
+def test_bf16_denominator_stays_on_the_registered_op(monkeypatch):
+    """bf16 activations with the denominator: the default config's call runs the registered op (what torch.compile
+    sees, not the eager path of a non-default config) with float32 chunk operands, so its output and gradients equal
+    those of an explicit ``chunk_dots="fp32"`` config."""
+    from hybrid_attention.ops.interdomain.triton import ops as id_ops
+
+    g = torch.Generator().manual_seed(6)
+    log_lam, B, C = make_params(1, 8, g)
+    q, k, v = (t.to(DEV, torch.bfloat16) for t in make_inputs(1, 21, 1, 8, 8, g, positive=True))
+    params = [t.to(DEV) for t in (log_lam, B, C)]
+
+    def run(config):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = triton_interdomain(*leaves, *params, denominator=True, chunk_size=16, config=config)[0]
+        return (o, *torch.autograd.grad(o.float().square().sum(), leaves))
+
+    want = run(InterdomainConfig(chunk_dots="fp32"))
+
+    def eager_refused(*args):
+        raise AssertionError("the default config's denominator call left the registered op")
+
+    monkeypatch.setattr(id_ops._EagerInterdomain, "apply", eager_refused)
+    for a, b in zip(run(None), want):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor cores exist on the GPU only (the interpreter emulates them)")
 @pytest.mark.parametrize("readout", ["transpose", "hermitian", "real"])
 def test_bf16_chunk_dots_at_training_shape(readout):

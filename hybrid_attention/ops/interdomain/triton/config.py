@@ -64,10 +64,10 @@ class InterdomainConfig(ScanConfig):
     operands of each product are rounded. "auto" (default): "bf16" for bf16 activations, else "fp32" (fp16 callers
     keep the finer operands they chose). Under the interpreter the rounding is reproduced exactly
     (``ops/common/triton/lowp.py``). The state scans keep ``dot_prec``. The denominator ablation always runs "fp32"
-    (``triton_interdomain``): its quotient amplifies the rounding past the bars (tests/ops/test_interdomain_triton.py,
-    ``test_bf16_chunk_dots``). DECISION: "auto", the "bf16 operands" rows of the launch table in
-    benchmarks/README.md (faster at 16×2048×8 and 32K; every Interdomain test of tests/ops, layers, models and serving
-    passes with it on the GPU).
+    (``triton_interdomain`` passes the op's ``fp32_dots``): its quotient amplifies the rounding past the bars
+    (tests/ops/test_interdomain_triton.py, ``test_bf16_chunk_dots``). DECISION: "auto", the "bf16 operands" rows of
+    the launch table in benchmarks/README.md (faster at 16×2048×8 and 32K; every Interdomain test of tests/ops,
+    layers, models and serving passes with it on the GPU).
 
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
@@ -92,25 +92,27 @@ class InterdomainConfig(ScanConfig):
         if self.chunk_dots not in CHUNK_DOTS:
             raise ValueError(f"chunk_dots must be one of {', '.join(CHUNK_DOTS)}, got {self.chunk_dots!r}")
 
-    def bf16_dots(self, act: torch.dtype) -> bool:
-        """Whether the chunk kernels take bf16 operands for activations of dtype ``act`` (``chunk_dots``)."""
+    def bf16_dots(self, act: torch.dtype, fp32_dots: bool = False) -> bool:
+        """Whether the chunk kernels take bf16 operands for activations of dtype ``act`` (``chunk_dots``); never for a
+        call that asks for float32 operands (``fp32_dots``: the denominator ablation)."""
+        if fp32_dots:
+            return False
         return self.chunk_dots == "bf16" or (self.chunk_dots == "auto" and act == torch.bfloat16)
 
-    def _bf16_prec(self, act: torch.dtype) -> str | None:
+    def _bf16_prec(self, act: torch.dtype, fp32_dots: bool) -> str | None:
         """The chunk kernels' bf16 precision name (``lowp.mm``) when they take bf16 operands, else None."""
-        if not self.bf16_dots(act):
+        if not self.bf16_dots(act, fp32_dots):
             return None
         return "bf16_rn" if interpreting() else "bf16"
 
-    def chunk_prec(self, act: torch.dtype) -> str:
+    def chunk_prec(self, act: torch.dtype, fp32_dots: bool = False) -> str:
         """The DOT_PREC constexpr of the chunk kernels for activations of dtype ``act``: ``prec()``, or the bf16 name
         (``bf16_dots``)."""
-        return self._bf16_prec(act) or self.prec()
+        return self._bf16_prec(act, fp32_dots) or self.prec()
 
-    def real_prec(self, act: torch.dtype) -> str:
+    def real_prec(self, act: torch.dtype, fp32_dots: bool = False) -> str:
         """The REAL_PREC constexpr of the chunk kernels for activations of dtype ``act``: ``real_dot_prec`` on the GPU,
         "ieee" under the interpreter, or the bf16 name (``bf16_dots``)."""
-        return self._bf16_prec(act) or ("ieee" if interpreting() else self.real_dot_prec)
-
+        return self._bf16_prec(act, fp32_dots) or ("ieee" if interpreting() else self.real_dot_prec)
 
 DEFAULT_CONFIG = InterdomainConfig()

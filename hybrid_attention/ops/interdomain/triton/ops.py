@@ -5,8 +5,6 @@ Complex tensors cross the registered ops as planar float32 (a leading re/im axis
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 
@@ -62,7 +60,8 @@ def _readout_flags(kk: torch.Tensor, readout: str) -> tuple[bool, bool]:
 
 def _fwd_impl(
     q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size: int, out_fp32: bool, need_final: bool, readout: str,
-    save_states: bool = False, *, cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+    save_states: bool = False, fp32_dots: bool = False, *, cfg: InterdomainConfig = DEFAULT_CONFIG,
+    hooks: LaunchHooks = NO_HOOKS,
 ):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
@@ -109,11 +108,11 @@ def _fwd_impl(
             BR=pow2_block(R),
             BD=pow2_block(D),
             BM=pow2_block(M),
-            DOT_PREC=cfg.chunk_prec(q.dtype),
+            DOT_PREC=cfg.chunk_prec(q.dtype, fp32_dots),
             LP_DOT=_lp_dot(q),
             CONJ_P=conj_p,
             REAL_C=real_c,
-            REAL_PREC=cfg.real_prec(q.dtype),
+            REAL_PREC=cfg.real_prec(q.dtype, fp32_dots),
             num_warps=cfg.warps_chunk_fwd,
             num_stages=cfg.stages,
         )
@@ -126,8 +125,8 @@ def _fwd_impl(
 
 
 def _bwd_impl(
-    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size: int, readout: str, *,
-    cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
+    q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size: int, readout: str,
+    fp32_dots: bool = False, *, cfg: InterdomainConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS,
 ):
     """Gradients of ``_fwd_impl``'s inputs. states / P: the forward's chunk states and power table when it kept them
     (``save_states``), else empty (rescanned here)."""
@@ -207,11 +206,11 @@ def _bwd_impl(
                 BR=pow2_block(R),
                 BD=pow2_block(D),
                 BM=pow2_block(M),
-                DOT_PREC=cfg.chunk_prec(q.dtype),
+                DOT_PREC=cfg.chunk_prec(q.dtype, fp32_dots),
                 LP_DOT=_lp_dot(q),
                 CONJ_P=conj_p,
                 REAL_C=real_c,
-                REAL_PREC=cfg.real_prec(q.dtype),
+                REAL_PREC=cfg.real_prec(q.dtype, fp32_dots),
                 num_warps=cfg.warps_chunk_bwd,
                 num_stages=cfg.stages,
             )
@@ -253,6 +252,7 @@ def interdomain_fwd_op(
     need_final: bool,
     readout: str,
     save_states: bool = False,
+    fp32_dots: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``hybrid_attention::interdomain_fwd`` (opaque to ``torch.compile``, with a fake implementation) -> (o, final,
     states, P); ``interdomain_bwd`` returns (dq, dk, dv, dll, dbb, dkk, dinit). It runs ``DEFAULT_CONFIG``.
@@ -268,13 +268,16 @@ def interdomain_fwd_op(
 
     ``save_states`` (``InterdomainConfig.save_states``, asked for only when a gradient is needed): the forward also
     returns its chunk-entering states [B·H, NT, 2, M, R+D] and power table P [H, 2, L+1, M] (empty tensors
-    otherwise), outputs of the op so that autograd keeps them for the backward.
+    otherwise), outputs of the op so that autograd keeps them for the backward. ``fp32_dots``: float32 operands in
+    the chunk kernels whatever ``InterdomainConfig.chunk_dots`` says (the denominator ablation).
     """
-    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states)
+    return _fwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states,
+                     fp32_dots)
 
 
 @interdomain_fwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states=False):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, save_states=False,
+      fp32_dots=False):
     Bsz, T, H, R = q.shape
     D = v.shape[-1]
     M = ll.shape[-1]
@@ -309,12 +312,13 @@ def interdomain_bwd_op(
     P: torch.Tensor,
     chunk_size: int,
     readout: str,
+    fp32_dots: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size, readout)
+    return _bwd_impl(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size, readout, fp32_dots)
 
 
 @interdomain_bwd_op.register_fake
-def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size, readout):
+def _(q, k, v, ll, bb, kk, init, cu, co, ci, do, dfinal, states, P, chunk_size, readout, fp32_dots):
     dinit = torch.empty_like(init) if init is not None else q.new_empty(0, dtype=torch.float32)
     return (
         torch.empty_like(q),
@@ -332,6 +336,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, ll, bb, kk, init, cu, co, ci, *output[2:])
     ctx.chunk_size = chunk_size
     ctx.readout = readout
+    ctx.fp32_dots = len(inputs) > 15 and inputs[15]  # a direct eager call may leave the trailing defaults out
     ctx.need_final = need_final
     ctx.has_init = init is not None
 
@@ -346,9 +351,9 @@ def _grads(ctx, do, dfinal, *_kept, bwd):
         dfinal = None
     dq, dk, dv, dll, dbb, dkk, dinit = bwd(
         q, k, v, ll, bb, kk, init if ctx.has_init else None, cu, co, ci, do, dfinal, states, P, ctx.chunk_size,
-        ctx.readout,
+        ctx.readout, ctx.fp32_dots,
     )
-    return (dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), *([None] * 8))
+    return (dq, dk, dv, dll, dbb, dkk, (dinit if ctx.has_init else None), *([None] * 9))
 
 
 def _backward(ctx, do, dfinal, *kept):
@@ -379,7 +384,7 @@ def _readout_table(C: torch.Tensor | Planar, readout: str) -> torch.Tensor | Pla
 def interdomain_fwd_planar(
     q, k, v, log_lam, B, C, initial_state, chunk_size: int, out_fp32: bool, need_final: bool,
     readout: str = DEFAULT_READOUT, config: InterdomainConfig | None = None, hooks: LaunchHooks | None = None,
-    vl: ChunkTable | None = None,
+    vl: ChunkTable | None = None, fp32_dots: bool = False,
 ):
     """Differentiable call of the registered op (one kernel pass) from complex (log_lam, B, C, initial_state) for any
     readout ("transpose" / "hermitian" with the planar complex K, "real" with the planar C itself); log_lam, B, C may
@@ -396,7 +401,8 @@ def interdomain_fwd_planar(
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, ll, bb, kk, init) if isinstance(t, torch.Tensor)
     )
-    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, grad and cfg.save_states)
+    args = (q, k, v, ll, bb, kk, init, cu, co, ci, chunk_size, out_fp32, need_final, readout, grad and cfg.save_states,
+            fp32_dots)
     if config is None and hooks is None:
         o, fin, *_kept = interdomain_fwd_op(*args)
     else:
@@ -473,8 +479,6 @@ def triton_interdomain(
     v = v.to(dt).contiguous()
     if denominator:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).contiguous()
-    if denominator and (config or DEFAULT_CONFIG).bf16_dots(dt):  # the quotient amplifies bf16 rounding
-        config = replace(config or DEFAULT_CONFIG, chunk_dots="fp32")
     one_pass = readout != "real" or (config or DEFAULT_CONFIG).real_one_pass
     passes = (readout,) if one_pass else ("transpose", "hermitian")
     out_fp32 = denominator or len(passes) > 1  # sums and ratios of the passes in float32
@@ -485,7 +489,7 @@ def triton_interdomain(
     for i, ro in enumerate(passes):
         o_i, f_i = interdomain_fwd_planar(
             q, k, v, log_lam, B, C, initial_state, chunk_size, out_fp32, output_final_state and i == 0, ro,
-            config=config, hooks=hooks, vl=vl,
+            config=config, hooks=hooks, vl=vl, fp32_dots=denominator,  # the quotient amplifies bf16 rounding
         )
         o, final = o + o_i / len(passes), (f_i if i == 0 else final)
     if denominator:
