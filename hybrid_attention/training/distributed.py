@@ -65,8 +65,12 @@ def init_distributed(device_name: str) -> DistContext:
     return DistContext(rank, world, local_rank, device)
 
 
-def shutdown_distributed(ctx: DistContext) -> None:
+def shutdown_distributed(ctx: DistContext, finished: bool = False) -> None:
+    """Tear the process group down. ``finished`` (every rank returned from training): wait for all ranks first, so no
+    rank closes its connections while a peer is still inside the last collective (gloo aborts that peer)."""
     if ctx.enabled and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

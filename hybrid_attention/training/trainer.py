@@ -178,18 +178,21 @@ def train(cfg: RunConfig, resume: bool = False, data: LMData | None = None, quie
     newest checkpoint that verifies; newer damaged ones are named in a note and moved to ``damaged-step-…``.
     """
     ctx = init_distributed(cfg.train.device)
+    finished = False
     try:
         with _one_interrupt(ctx.world_size > 1):
             trainer = Trainer(cfg, ctx, resume, data, quiet)
             try:
-                return trainer.run()
+                result = trainer.run()
             except BaseException:
                 trainer.close(failed=True)  # the trackers record the run as failed
                 raise
             finally:
                 trainer.close()
+        finished = True
+        return result
     finally:
-        shutdown_distributed(ctx)
+        shutdown_distributed(ctx, finished)
 
 
 @contextlib.contextmanager

@@ -78,3 +78,19 @@ def test_fsdp2_checkpoint_resumes_in_one_process(tmp_path):
     ck = tmp_path / "dist" / "checkpoints"
     assert (ck / "step-00000002" / "rng-rank1.safetensors").exists()
     assert not (ck / f"step-{STEPS:08d}" / "rng-rank1.safetensors").exists()
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_shutdown_waits_for_every_rank_only_after_a_finished_run(monkeypatch, finished):
+    """A rank that finished training waits at a barrier before tearing the process group down (a peer may still be
+    inside the last collective); a rank that failed does not (its peers may never arrive)."""
+    import torch.distributed as dist
+
+    from hybrid_attention.training.distributed import DistContext, shutdown_distributed
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: calls.append("destroy"))
+    shutdown_distributed(DistContext(rank=1, world_size=2), finished)
+    assert calls == (["barrier", "destroy"] if finished else ["destroy"])
