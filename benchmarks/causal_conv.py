@@ -14,7 +14,8 @@ reference path, eager and under ``torch.compile``.
    "silu")`` call on bf16 x [B, T, C] with its float32 weight, for backend "triton" (eager, and inside
    ``torch.compile``: the registered op is opaque) and "reference" (eager ``F.conv1d``; compiled: the K shifted
    products inductor fuses, the training path). Shapes: ``small`` (B=16, T=2048; C = 512 for q, k and 1024 for v)
-   and the 340M GDN layer (B=4, T=4096; C = 768 and 1536: 6 heads x 128 / 256).
+   and the 340M GDN layer (B=4, T=4096; C = 768 and 1536: 6 heads x 128 / 256), and each layer's fused q|k|v
+   convolution (2048, 3072). fla's ``causal_conv1d`` is timed beside them when fla is installed.
 3. ``--sweep``: launch configurations (``CausalConvConfig``: BT, BC, warps) of the Triton op, forward+backward at
    each shape (the eager path with the config).
 
@@ -37,7 +38,7 @@ from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 K = 4
 BAR = 1e-2
 SHAPES = {  # name -> (B, T, channel widths)
-    False: {"small": (16, 2048, (512, 1024)), "340m": (4, 4096, (768, 1536))},
+    False: {"small": (16, 2048, (512, 1024, 2048)), "340m": (4, 4096, (768, 1536, 3072))},
     True: {"tiny": (2, 37, (24,))},
 }
 SWEEP = [DEFAULT_CONFIG] + [
@@ -125,17 +126,26 @@ def correctness(results: dict, s: BenchSettings, shapes: dict) -> None:
                     + f"  | {re_['y']:.1e} / {re_['dx']:.1e}" + ("" if r["pass"] else "  FAIL"))
 
 
-def _forms(C: int, dev: str, compile_backend: str) -> dict:
-    """Form name -> (module call x -> y): ShortConvolution(C, K, "silu") on each backend, eager and compiled."""
+def _forms(C: int, dev: str, compile_backend: str, fla: bool) -> dict:
+    """Form name -> (module call x -> y): ShortConvolution(C, K, "silu") on each backend, eager and compiled, and
+    fla's Triton ``causal_conv1d`` (eager) with the same weight where fla is installed (a comparison baseline)."""
     ref = ShortConvolution(C, K, "silu").to(dev)
     tri = ShortConvolution(C, K, "silu", backend="triton").to(dev)
     tri.load_state_dict(ref.state_dict())
-    return {
+    forms = {
         "triton": (tri, lambda x: tri(x)[0]),
         "triton compiled": (tri, torch.compile(lambda x: tri(x)[0], backend=compile_backend)),
         "reference eager": (ref, lambda x: ref(x)[0]),
         "reference compiled": (ref, torch.compile(lambda x: ref(x)[0], backend=compile_backend)),
     }
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d as fla_conv
+    except ImportError:
+        fla = False
+    if not fla:
+        return forms
+    forms["fla"] = (ref, lambda x: fla_conv(x, ref.weight[:, 0], activation="silu")[0])
+    return forms
 
 
 def _fwd_bwd(fn, x: torch.Tensor, dy: torch.Tensor):
@@ -161,18 +171,23 @@ def timing(results: dict, s: BenchSettings, shapes: dict) -> None:
             x = torch.randn(B, T, C, device=dev, dtype=xdt, requires_grad=True)
             dy = torch.randn_like(x)
             rows = {}
-            for form, (module, fn) in _forms(C, dev, compile_backend).items():
+            forms = _forms(C, dev, compile_backend, fla=dev == "cuda")
+            with torch.no_grad():
+                y_ref = forms["reference eager"][1](x).float()
+            for form, (module, fn) in forms.items():
                 fb = _fwd_bwd(fn, x, dy)
                 fb()  # compile / warm up outside the timed calls
+                with torch.no_grad():
+                    err = rel_rms(fn(x).float(), y_ref)  # every form computes the same y
                 fwd = bench(lambda fn=fn, x=x: fn(x), grad_to_none=[x, module.weight])
                 both = bench(fb, grad_to_none=[x, module.weight])
-                rows[form] = dict(shape=name, B=B, T=T, C=C, form=form, fwd_ms=fwd, fwd_bwd_ms=both)
+                rows[form] = dict(shape=name, B=B, T=T, C=C, form=form, fwd_ms=fwd, fwd_bwd_ms=both, y_rel_vs_ref=err)
             base = rows["reference compiled"]["fwd_bwd_ms"]
             for r in rows.values():
                 r["speedup_vs_ref_compiled"] = base / r["fwd_bwd_ms"]
                 results["timings"].append(r)
                 log(f"{name:10s} {B:3d} {T:5d} {C:5d} {r['form']:20s} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
-                    f"{r['speedup_vs_ref_compiled']:15.2f}x")
+                    f"{r['speedup_vs_ref_compiled']:15.2f}x  y rel {r['y_rel_vs_ref']:.1e}")
 
 
 @section("sweep")

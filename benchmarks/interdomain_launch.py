@@ -2,6 +2,7 @@
 SDPA of the same heads (GPU only):
 
     python -m benchmarks.interdomain_launch [--shapes 16x2048x8 1x4096x16 1x32768x16] [--variants default split_w8 ...]
+    python -m benchmarks.interdomain_launch --variants default --fla    # + fla's chunked GLA and linear attention
     TRITON_INTERPRET=1 python -m benchmarks.interdomain_launch --dryrun --variants default bf16_dots
 
 Shapes are B×T×H with R = D = M = 64 (the `small` training step is 16×2048×8; the op target is 1×T×16). Every variant
@@ -12,7 +13,9 @@ at each shape, so the GPU is warm before the first variant. Prints one table: mi
 per-stage split (CUDA events around each launch group: state scans, chunk kernels, host-side reductions).
 ``--dryrun`` (or ``BENCH_DRYRUN=1``) with
 ``TRITON_INTERPRET=1``: every variant once at a tiny shape on the CPU (R = D = M = 16) against the default, no
-timings: a smoke test of the variants, not a measurement.
+timings: a smoke test of the variants, not a measurement. ``--fla`` adds rows for flash-linear-attention's
+``chunk_gla`` (per-channel decays) and ``chunk_linear_attn`` at the same B×T×H with K = V = 64, bf16, when fla is
+installed (an optional comparison baseline); a backward that raises is reported as such, with the forward's time.
 """
 
 from __future__ import annotations
@@ -74,7 +77,37 @@ def _sdpa_ms(B: int, T: int, H: int, d: int, dev: torch.device) -> float:
                     warmup=25, rep=100, grad_to_none=[qs, ks, vs], return_mode="median")
 
 
-def _one_shape(B: int, T: int, H: int, variants: list[str], dryrun: bool = False) -> list[dict]:
+def _fla_rows(B: int, T: int, H: int, d: int, sdpa: float) -> list[dict]:
+    """fla's chunked GLA and plain chunked linear attention at B×T×H×d, bf16: forward and forward+backward ms."""
+    from triton.testing import do_bench
+
+    try:
+        from fla.ops.gla import chunk_gla
+        from fla.ops.linear_attn import chunk_linear_attn
+    except ImportError:
+        print("fla is not installed: no fla rows", flush=True)
+        return []
+    q, k, v = (torch.randn(B, T, H, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H, d, device="cuda")).div(16).to(torch.bfloat16).requires_grad_()
+    do = torch.randn(B, T, H, d, device="cuda", dtype=torch.bfloat16)
+    ops = {"fla chunk_gla": (lambda: chunk_gla(q, k, v, g)[0], [q, k, v, g]),
+           "fla chunk_linear_attn": (lambda: chunk_linear_attn(q, k, v, normalize=False)[0], [q, k, v])}
+    rows = []
+    for name, (fn, leaves) in ops.items():
+        with torch.no_grad():
+            fwd = do_bench(fn, warmup=5, rep=40, return_mode="median")
+        try:
+            fb = do_bench(lambda fn=fn: fn().backward(do), warmup=5, rep=40, return_mode="median", grad_to_none=leaves)
+        except Exception as e:  # noqa: BLE001 - a baseline's failure is reported, not fatal
+            print(f"{name}: backward raised {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+            fb = None
+        rows.append({"shape": f"{B}x{T}x{H}", "variant": name, "sdpa_fb_ms": sdpa, "max_rel_vs_default": None,
+                     "fwd_ms": fwd, "fb_ms": fb, "stages_ms": {}})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _one_shape(B: int, T: int, H: int, variants: list[str], dryrun: bool = False, fla: bool = False) -> list[dict]:
     """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, and SDPA's
     (``dryrun``: on the CPU at R = D = M = 16, the errors only)."""
     from triton.testing import do_bench
@@ -120,7 +153,7 @@ def _one_shape(B: int, T: int, H: int, variants: list[str], dryrun: bool = False
                      "fwd_ms": bench(fwd), "fb_ms": bench(fwdbwd, grad_to_none=inputs),
                      "stages_ms": {s: round(t / 3, 3) for s, t in prof.summary().items()}})
         print(rows[-1], flush=True)
-    return rows
+    return rows + (_fla_rows(B, T, H, R, sdpa) if fla and not dryrun else [])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     p.add_argument("--dryrun", action="store_true", default=os.environ.get("BENCH_DRYRUN") == "1",
                    help="every variant once at a tiny shape on the CPU (needs TRITON_INTERPRET=1), no timings")
+    p.add_argument("--fla", action="store_true", help="add fla's chunk_gla and chunk_linear_attn rows (fla installed)")
     args = p.parse_args(argv)
     require_cuda(args.dryrun)
     if args.dryrun:
@@ -139,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         args.shapes = [(2, 45, 2)]  # a partial last chunk of 32
     rows = []
     for B, T, H in args.shapes:
-        rows += _one_shape(B, T, H, args.variants, args.dryrun)
+        rows += _one_shape(B, T, H, args.variants, args.dryrun, args.fla)
         if not args.dryrun:
             torch.cuda.empty_cache()
     print("| B×T×H | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA "
@@ -147,11 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stages_ms"].items(), key=lambda kv: -kv[1]))
-        if r["fb_ms"] is None:  # a dry run: no timings
-            print(f"| {r['shape']} | {r['variant']} | {r['max_rel_vs_default']:.1e} | - | - | - | - | - |")
+        err = "-" if r["max_rel_vs_default"] is None else f"{r['max_rel_vs_default']:.1e}"
+        if r["fwd_ms"] is None:  # a dry run: no timings
+            print(f"| {r['shape']} | {r['variant']} | {err} | - | - | - | - | - |")
             continue
-        print(f"| {r['shape']} | {r['variant']} | {r['max_rel_vs_default']:.1e} | {r['fwd_ms']:.3f} | {r['fb_ms']:.3f} "
-              f"| {r['sdpa_fb_ms']:.3f} | {r['sdpa_fb_ms'] / r['fb_ms']:.2f}× | {stages} |")
+        fb, ratio = ("-", "-") if r["fb_ms"] is None else (f"{r['fb_ms']:.3f}", f"{r['sdpa_fb_ms'] / r['fb_ms']:.2f}×")
+        print(f"| {r['shape']} | {r['variant']} | {err} | {r['fwd_ms']:.3f} | {fb} | {r['sdpa_fb_ms']:.3f} | {ratio} "
+              f"| {stages} |")
 
 
 if __name__ == "__main__":
