@@ -103,9 +103,14 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, bf16_a
         ).stderr
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    ptx = ck.asm["ptx"]
     return {"regs": regs, "spill_st": int(spill.group(1)), "spill_ld": int(spill.group(2)), "smem": ck.metadata.shared,
-            "wgmma": len(re.findall(r"\bwgmma\.mma_async\b", ptx)), "mma_sync": len(re.findall(r"\bmma\.sync\b", ptx))}
+            **mma_counts(ck.asm["ptx"])}
+
+
+def mma_counts(ptx: str) -> dict[str, int]:
+    """{wgmma, mma_sync}: the matrix instructions in a kernel's PTX (Hopper's warpgroup ``wgmma.mma_async`` and the
+    per-warp ``mma.sync`` of earlier architectures)."""
+    return {"wgmma": len(re.findall(r"\bwgmma\.mma_async\b", ptx)), "mma_sync": len(re.findall(r"\bmma\.sync\b", ptx))}
 
 
 def variants(BT: int = 32, M: int = 64, NC: int = 128):

@@ -21,7 +21,8 @@ grid sizes are those of that call (register use does not depend on T). Columns: 
 loads (bytes), shared memory (bytes, triton's launch value), an estimate of resident CTAs per SM (64 warps, 64K
 registers allocated per warp in units of 256, 227 KiB shared memory), ``loop``: SASS instructions in the kernel's
 largest loop (``loop_instructions``: the per-chunk step of the two sequential state kernels; a static proxy for their
-latency-bound step, for A/B of kernel versions), and the grid.
+latency-bound step, for A/B of kernel versions), the matrix instructions in its PTX (``wgmma.mma_async``, Hopper's
+warpgroup MMA, and ``mma.sync``; ``aot_regs.mma_counts``), and the grid.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from triton.runtime.jit import create_function_from_signature
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.aot_regs import TARGET  # noqa: E402
+from benchmarks.aot_regs import TARGET, mma_counts  # noqa: E402
 from benchmarks.common import config_with  # noqa: E402
 from hybrid_attention.ops.common.varlen import ChunkTable, max_chunks  # noqa: E402
 from hybrid_attention.ops.gated_delta.triton import function as F  # noqa: E402
@@ -214,10 +215,10 @@ def compile_kernel(launch: Launch):
 
 
 def compile_launch(launch: Launch) -> dict[str, int]:
-    """AOT-compiles one recorded launch (``compile_kernel``) and returns {regs, spill_st, spill_ld, smem, warps,
-    stages, ctas_per_sm}."""
+    """AOT-compiles one recorded launch (``compile_kernel``) and returns {regs, spill_st, spill_ld, loop, wgmma,
+    mma_sync, smem, warps, stages, ctas_per_sm}."""
     ck, options = compile_kernel(launch)
-    r = _ptxas_report(ck.asm["ptx"], options.enable_fp_fusion)
+    r = _ptxas_report(ck.asm["ptx"], options.enable_fp_fusion) | mma_counts(ck.asm["ptx"])
     warps = options.num_warps
     r.update(smem=ck.metadata.shared, warps=warps, stages=options.num_stages)
     per_warp = -(-r["regs"] * 32 // 256) * 256  # register file allocated per warp
@@ -260,13 +261,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{shape}: {SHAPES[shape]}")
         print(
             f"{'kernel':11s} {'tiles':17s} {'w/s':4s} {'regs':>4s} {'spill st/ld B':>14s} {'smem B':>7s} "
-            f"{'CTA/SM':>6s} {'loop':>5s}  grid"
+            f"{'CTA/SM':>6s} {'loop':>5s} {'wgmma':>5s} {'mma':>4s}  grid"
         )
         for launch, r in report(shape, config, varlen=a.varlen, commit=a.commit):
             spills = f"{r['spill_st']}/{r['spill_ld']}"
             print(
                 f"{launch.name:11s} {_tiles(launch):17s} {r['warps']}/{r['stages']:<2d} {r['regs']:4d} {spills:>14s} "
-                f"{r['smem']:7d} {r['ctas_per_sm']:6d} {r['loop']:5d}  {launch.grid}"
+                f"{r['smem']:7d} {r['ctas_per_sm']:6d} {r['loop']:5d} {r['wgmma']:5d} {r['mma_sync']:4d}  {launch.grid}"
             )
 
 
