@@ -21,7 +21,7 @@ Sections (each guarded, so a failure in one still leaves the others' numbers):
   6. compiled kernel resources (registers, spills, shared memory) and a small launch-config sweep if time is left.
 Writes ``<--out>/interdomain_gpu.json`` (default ``$OUT`` or .) and prints one short table at the end.
 ``--dryrun`` (or ``BENCH_DRYRUN=1``) with ``TRITON_INTERPRET=1``: the correctness section and the real-passes check at
-tiny shapes on the CPU.
+tiny shapes on the CPU (outputs against the bf16 bar 1e-2, ``output_bar``).
 """
 
 from __future__ import annotations
@@ -58,6 +58,13 @@ CHUNK = {"size": 64}  # kernel chunk length used by the correctness / timing sec
 CONFIG: dict = {"chosen": None}
 
 
+def output_bar(dryrun: bool) -> float:
+    """Relative RMS bar of o and the final state (gradients: 1e-2). 5e-3 on the GPU at the checked shapes; the dry
+    run's tiny heads (R = D = M = 16) with bf16 operands, whose rounding the interpreter reproduces exactly, sit at
+    3-5e-3, so it takes the ops tests' bf16 bar (``BF16_TOL`` of tests/ops/test_interdomain_triton.py): 1e-2."""
+    return 1e-2 if dryrun else 5e-3
+
+
 def make_params(H: int, M: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """S4D-Inv-like discretised log λ (Δ log-uniform in [1e-3, 1e-1], A = -1/2 + i (M/π)(M/(2n+1) - 1)) with a
     quarter of the modes made fast (Re log λ in [-3, -0.1], as training can produce); complex Gaussian B, C."""
@@ -67,7 +74,8 @@ def make_params(H: int, M: int, seed: int, device) -> tuple[torch.Tensor, torch.
     a_im = (M / math.pi) * (M / (2 * n + 1) - 1)
     re = (-0.5 * dt).expand(H, M).clone()
     fast = torch.rand(H, M, generator=g) < 0.25
-    re[fast] = -torch.exp(torch.empty(int(fast.sum()), dtype=torch.float64).uniform_(math.log(0.1), math.log(3.0)))
+    re[fast] = -torch.exp(torch.empty(int(fast.sum()), dtype=torch.float64).uniform_(math.log(0.1), math.log(3.0),
+                                                                                    generator=g))
     log_lam = torch.complex(re, dt * a_im[None, :])
     B = torch.randn(H, M, dtype=torch.complex128, generator=g) * 0.5
     C = torch.randn(H, M, M, dtype=torch.complex128, generator=g) / math.sqrt(M)
@@ -245,8 +253,8 @@ def correctness(results: dict, s: BenchSettings, quick: bool = False):
             nan = any(not torch.isfinite(t).all().item() for t in (o, fin, *grads))
             ok = (
                 not nan
-                and errs["o"] <= 5e-3
-                and errs["final"] <= 5e-3
+                and errs["o"] <= output_bar(dryrun)
+                and errs["final"] <= output_bar(dryrun)
                 and all(errs[n] <= 1e-2 for n in errs if n.startswith("d"))
             )
             row = {"readout": readout, "T": T, "B": Bsz, "H": H, "prec": prec, "nan": nan, "pass": ok, "ref_s": t_ref,
@@ -382,7 +390,7 @@ def real_passes(results: dict, s: BenchSettings, Ts):
     names = ["o", "final", "dq", "dk", "dv", "dlog_lam", "dB", "dC", "dX0"]
     errs = {n: rel_rms(a, b) for n, a, b in zip(names, res[True], ref)}
     nan = any(not torch.isfinite(t).all().item() for t in res[True])
-    ok = not nan and all(errs[n] <= (1e-2 if n.startswith("d") else 5e-3) for n in errs)
+    ok = not nan and all(errs[n] <= (1e-2 if n.startswith("d") else output_bar(s.dryrun)) for n in errs)
     two = {f"2pass_{n}": rel_rms(a, b) for n, a, b in zip(names, res[False], ref)}
     vs2 = {f"1v2_{n}": rel_rms(a, b.to(torch.complex128 if b.is_complex() else torch.float64))
            for n, a, b in zip(names, res[True], res[False])}
