@@ -115,4 +115,5 @@ class InterdomainConfig(ScanConfig):
         "ieee" under the interpreter, or the bf16 name (``bf16_dots``)."""
         return self._bf16_prec(act, fp32_dots) or ("ieee" if interpreting() else self.real_dot_prec)
 
+
 DEFAULT_CONFIG = InterdomainConfig()
