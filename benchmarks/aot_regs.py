@@ -56,7 +56,8 @@ from hybrid_attention.ops.interdomain.triton.ops import kernel_chunk  # noqa: E4
 
 TARGET = GPUTarget("cuda", 90, 64)
 INT_ARGS = {"T", "H", "M", "R", "D", "NT"}
-BF16_ARGS = {"q", "k", "v", "do"}  # activations in the benchmark; every buffer the host allocates is float32
+BF16_ARGS = {"q", "k", "v", "do"}  # activations in the benchmark; the host's buffers are float32 unless a kernel's
+# variant names them (bf16 states, gradients in the activations' dtype, bf16 backward buffers)
 INT_PTR_ARGS = {"cu", "ci"}  # varlen chunk tables (never read by a dense launch)
 # The JIT launch specialises every 16-byte-aligned pointer (torch allocations are) and every int divisible by 16 as
 # tt.divisibility 16, which decides the load/store vector widths (and so the registers); the model dims M, R, D (64
@@ -113,20 +114,30 @@ def mma_counts(ptx: str) -> dict[str, int]:
     return {"wgmma": len(re.findall(r"\bwgmma\.mma_async\b", ptx)), "mma_sync": len(re.findall(r"\bmma\.sync\b", ptx))}
 
 
-def variants(BT: int = 32, M: int = 64, NC: int = 128):
-    """(label, kernel, constexprs, warps, stages) of the backward state kernels at the benchmark configuration."""
+def variants(cfg: InterdomainConfig = DEFAULT_CONFIG, BT: int = 32, M: int = 64, NC: int = 128):
+    """(label, kernel, constexprs, warps, stages, bf16 args) of the backward state kernels at the benchmark
+    configuration (the fused scan as the Interdomain op launches it with ``cfg``: bf16 outputs dko / dvo, its chunk
+    states and local adjoints in the config's storage)."""
     common_scan = {"HAS_DFINAL": False, "STORE_DINIT": False, "USE_WHILE": False, "BT": BT}
-    yield "state_bwd BMS32 BCH32 w4", K._state_bwd, {**common_scan, "BMS": 32, "BCH": 32}, 4, 2
-    yield "chunk_dz BCH64 w8", K._chunk_dz, {"BT": BT, "BM": M, "BCH": 64, "DOT_PREC": "tf32"}, 8, 1
+    yield "state_bwd BMS32 BCH32 w4", K._state_bwd, {**common_scan, "BMS": 32, "BCH": 32}, 4, 2, BF16_ARGS
+    cx = {"BT": BT, "BM": M, "BCH": 64, "DOT_PREC": "tf32"}
+    yield "chunk_dz BCH64 w8", K._chunk_dz, cx, 8, 1, BF16_ARGS
+    fused = BF16_ARGS | {"dko", "dvo"} | state_args(cfg) | grad_buffer_args(cfg, "dx")
     for bch, warps in ((16, 4), (16, 8), (32, 4), (32, 8)):
-        cfg = {**common_scan, "BM": M, "BCH": bch, "DOT_PREC": "tf32"}
-        yield f"state_bwd_dz BM{M} BCH{bch} w{warps}", K._state_bwd_dz, cfg, warps, 2
+        cx = {**common_scan, "BM": M, "BCH": bch, "DOT_PREC": "tf32"}
+        yield f"state_bwd_dz BM{M} BCH{bch} w{warps}", K._state_bwd_dz, cx, warps, 2, fused
 
 
 def state_args(cfg: InterdomainConfig) -> set[str]:
     """{"states"} when the config stores the chunk states in bf16 for the benchmark's bf16 activations
     (``ScanConfig.state_dtype``), else empty."""
     return {"states"} if cfg.state_torch_dtype(torch.bfloat16) == torch.bfloat16 else set()
+
+
+def grad_buffer_args(cfg: InterdomainConfig, *names: str) -> set[str]:
+    """``names`` when the config keeps the backward's per-chunk buffers (local adjoints, dC partials) in bf16 for
+    the benchmark's bf16 activations (``InterdomainConfig.buffer_dtype``), else empty."""
+    return set(names) if cfg.buffers(torch.bfloat16) == torch.bfloat16 else set()
 
 
 def scan_fwd_variants(cfg: InterdomainConfig = DEFAULT_CONFIG, chunk_size: int = 64, M: int = 64, NC: int = 128):
@@ -172,7 +183,8 @@ def chunk_variants(
         for part in parts:
             bwd = {**common, "CONJ_P": conj, "REAL_C": real_c, "PART": part, **over}
             label = f"chunk_bwd{part} {ro} BT{BT} BC{common['BC']} w{cfg.warps_chunk_bwd}"
-            yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, BF16_ARGS | state_args(cfg)
+            bf16 = BF16_ARGS | {"dq"} | state_args(cfg) | grad_buffer_args(cfg, "dxloc", "gk_part")
+            yield label, IK._chunk_bwd, bwd, cfg.warps_chunk_bwd, cfg.stages, bf16
 
 
 def bilinear_variants(chunk_size: int = 64, M: int = 64, R: int = 64):
@@ -215,8 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             _print(label, compile_report(fn, cx, warps, stages, bf16))
         return
     if not args.chunk_only:
-        for label, fn, cx, warps, stages in variants():
-            _print(label, compile_report(fn, cx, warps, stages))
+        for label, fn, cx, warps, stages, bf16 in variants(cfg):
+            _print(label, compile_report(fn, cx, warps, stages, bf16))
     for label, fn, cx, warps, stages in scan_fwd_variants(cfg):
         _print(label, compile_report(fn, cx, warps, stages, BF16_ARGS | state_args(cfg)))
     for label, fn, cx, warps, stages, bf16 in chunk_variants(cfg):

@@ -643,3 +643,30 @@ def test_bf16_chunk_states(cfg):
         assert rel(a, b) < BF16_TOL, (name, rel(a, b))
     if DEV == "cpu":
         assert rel(*res["o"]) > 1e-3
+
+
+@pytest.mark.parametrize("cfg", [dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", poison=True, state_dtype="bf16",
+                                                                 chunk_dots="bf16")])
+def test_bf16_backward_buffers(cfg):
+    """bf16 per-chunk backward buffers (``InterdomainConfig.buffer_dtype``: the chunk-local state adjoints and the dC
+    partials), alone and with bf16 states and operands on NaN-poisoned buffers: every gradient of the "real" readout
+    within BF16_TOL of float64, the forward untouched (bit-equal to the float32-buffer run), and on the CPU the
+    rounding is visible in the gradients the buffers feed (k, v, B, log λ, C, X0). The field is validated."""
+    with pytest.raises(ValueError, match="buffer_dtype must be one of fp32, bf16, auto"):
+        InterdomainConfig(buffer_dtype="fp16")
+    with pytest.raises(ValueError, match="needs fuse_dz=True"):
+        InterdomainConfig(buffer_dtype="bf16", fuse_dz=False)
+    auto = InterdomainConfig(buffer_dtype="auto")
+    assert [auto.buffers(a) for a in (torch.float32, torch.bfloat16, torch.float16)] == [
+        torch.float32, torch.bfloat16, torch.float32]
+    base = {k: v for k, v in cfg.items() if k != "buffer_dtype"}
+    res = {b: run_both(2, 70, 2, 16, 16, 16, 32, seed=3, readout="real", config=InterdomainConfig(buffer_dtype=b,
+                                                                                                   **base))
+           for b in ("fp32", "bf16")}
+    for name, (a, b) in res["bf16"].items():
+        assert torch.isfinite(a).all(), name
+        assert rel(a, b) < BF16_TOL, (name, rel(a, b))
+    assert torch.equal(res["bf16"]["o"][0], res["fp32"]["o"][0])
+    if DEV == "cpu":
+        for name in ("dk", "dv", "dB", "dlog_lam", "dC", "dX0"):
+            assert rel(*res["bf16"][name]) > 1e-4 and not torch.equal(res["bf16"][name][0], res["fp32"][name][0]), name

@@ -246,11 +246,12 @@ def _state_bwd_unfused(
 
 def _state_bwd_dz(
     k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks,
-    vl: ChunkTable | None = None,
+    vl: ChunkTable | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
-    """Fused reverse adjoint scan + state-carry gradient (one launch of K._state_bwd_dz; dx is only read). Same
-    contract as ``_state_bwd_unfused``: adds the carry part to dk / dv in place, writes dX0 into ``dinit`` when
-    ``has_init``, returns the carry parts of (dB, d log λ), each [H, 2, M]."""
+    """Fused reverse adjoint scan + state-carry gradient (one launch of K._state_bwd_dz; dx, float32 or bf16, is only
+    read). Same contract as ``_state_bwd_unfused``: adds the carry part to dk / dv (in place, or into ``out`` = (dk',
+    dv') of any float dtype), writes dX0 into ``dinit`` when ``has_init``, returns the carry parts of (dB, d log λ),
+    each [H, 2, M]."""
     Bsz, T, H, R = k.shape
     D = v.shape[-1]
     M = bb.shape[-1]
@@ -263,11 +264,14 @@ def _state_bwd_dz(
     has_df = dfinal is not None
     cu, co = _vl_args(k, vl, "offsets")
     with hooks.stage("state_bwd_dz"):
+        dko, dvo = out if out is not None else (dk, dv)
         h = K._state_bwd_dz[(n_cb, n_seq * H)](
             k,
             v,
             dk,
             dv,
+            dko,
+            dvo,
             P,
             bb,
             states,
@@ -316,10 +320,18 @@ def planar(x: torch.Tensor | Planar, dim: int) -> torch.Tensor:
 
 def state_bwd(
     k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init: bool, BT: int, cfg: ScanConfig, hooks: LaunchHooks,
-    vl: ChunkTable | None = None,
+    vl: ChunkTable | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """The backward state path of both ops: ``_state_bwd_dz`` (one fused launch) when ``cfg.fuse_dz``, else
-    ``_state_bwd_unfused`` (two launches); same contract as either (packed documents: ``vl``, dfinal / dinit
-    [N·H, 2, M, NC])."""
-    impl = _state_bwd_dz if cfg.fuse_dz else _state_bwd_unfused
-    return impl(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init, BT, cfg, hooks, vl)
+    ``_state_bwd_unfused`` (two launches, float32 dx only: it writes the total adjoints into dx); same contract as
+    either (packed documents: ``vl``, dfinal / dinit [N·H, 2, M, NC]). ``out`` = (dk', dv'): where dk / dv plus the
+    carry part go (default: dk / dv in place)."""
+    if cfg.fuse_dz:
+        return _state_bwd_dz(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init, BT, cfg, hooks, vl, out)
+    if dx.dtype != torch.float32:
+        raise ValueError(f"the unfused state backward (fuse_dz=False) needs float32 local adjoints, got {dx.dtype}")
+    carry = _state_bwd_unfused(k, v, dk, dv, P, bb, states, dx, dfinal, dinit, has_init, BT, cfg, hooks, vl)
+    if out is not None:
+        out[0].copy_(dk)
+        out[1].copy_(dv)
+    return carry

@@ -489,8 +489,8 @@ def _load_z_dz(k_base, v_base, dk_base, dv_base, j, Lj, H, R, D, offs_c, offs_s,
 @triton.jit
 def _state_bwd_dz_step(
     j, Lj, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re,
-    ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c, offs_s, is_k, is_v, st_off,
-    st_mask, BT: tl.constexpr, DOT_PREC: tl.constexpr,
+    ax_im, k_base, v_base, dk_base, dv_base, dko_base, dvo_base, dx, states, slot0, H, M, R, D, offs_c, offs_s, is_k,
+    is_v, st_off, st_mask, BT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Chunk j (Lj tokens) of the fused reverse scan. On entry e = dXe_j, the total adjoint of the state after chunk
     j; loc / x (chunk j's local adjoint and entering state) and z / dzl (its [k | v] and chunk-local [dk | dv]) were
@@ -506,8 +506,8 @@ def _state_bwd_dz_step(
     NC = R + D
     pbase = (slot0 + tl.maximum(j - 1, 0)) * 2 * M * NC
     pmask = st_mask & ((st_off * 0 + j) > 0)  # tensor comparison: see _state_bwd_step
-    nloc_re = tl.load(dx + pbase + st_off, mask=pmask, other=0.0)
-    nloc_im = tl.load(dx + pbase + M * NC + st_off, mask=pmask, other=0.0)
+    nloc_re = load_f32(dx + pbase + st_off, pmask)
+    nloc_im = load_f32(dx + pbase + M * NC + st_off, pmask)
     nx_re = load_f32(states + pbase + st_off, pmask)
     nx_im = load_f32(states + pbase + M * NC + st_off, pmask)
     nz, ndzl = _load_z_dz(
@@ -519,9 +519,10 @@ def _state_bwd_dz_step(
     f_im = b_re[:, None] * e_im - b_im[:, None] * e_re
     dz = tl.dot(p_re, f_re, input_precision=DOT_PREC) + tl.dot(p_im, f_im, input_precision=DOT_PREC)
     kofs, vofs, kmask, vmask = _z_tile_offsets(j, Lj, H, R, D, offs_c, offs_s, is_k, is_v, BT)
-    # chunk-local part (from the chunk kernel) + carry part; each element is owned by exactly one program
-    tl.store(dk_base + kofs, dzl + dz, mask=kmask)
-    tl.store(dv_base + vofs, dzl + dz, mask=vmask)
+    # chunk-local part (from the chunk kernel) + carry part, into the outputs (the same buffers, or ones in the
+    # activations' dtype); each element is owned by exactly one program
+    tl.store(dko_base + kofs, store_as(dzl + dz, dko_base), mask=kmask)
+    tl.store(dvo_base + vofs, store_as(dzl + dz, dvo_base), mask=vmask)
     ay_re = tl.dot(z, tl.trans(e_re), acc=ay_re, input_precision=DOT_PREC)
     ay_im = tl.dot(z, tl.trans(e_im), acc=ay_im, input_precision=DOT_PREC)
     ax_re += x_re * e_re + x_im * e_im
@@ -556,6 +557,8 @@ def _state_bwd_dz(
     v,
     dk,
     dv,
+    dko,
+    dvo,
     P,
     Bp,
     states,
@@ -583,10 +586,9 @@ def _state_bwd_dz(
 ):
     """``_state_bwd`` and ``_chunk_dz`` in one sequential launch over (channel block, b·h) (``fuse_dz=True``),
     each program holding all M modes: the carry part of dk / dv / B / log λ is produced while dXe_j is in registers,
-    so the adjoint buffer is read once and never written back."""
-    """Fused reverse adjoint scan + state-carry gradient. Grid (channel blocks, b·h); each program holds all modes.
-    Reads dx[j] (chunk j's local adjoint from _chunk_bwd) and never writes it; adds the carry part to dk / dv and
-    writes the per-(b·h, channel block) partials of dB and d log λ (carry + input terms) and dX0."""
+    so the adjoint buffer dx (float32 or bf16, widened on load) is read once and never written back. dko / dvo
+    receive dk / dv + the carry part (dk / dv themselves for an in-place update, or buffers in the activations'
+    dtype, rounded on store); also writes the per-(b·h, channel block) partials of dB and d log λ and dX0."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     n_cb = tl.num_programs(0)
@@ -610,6 +612,8 @@ def _state_bwd_dz(
     v_base = v + bos * H * D + h * D
     dk_base = dk + bos * H * R + h * R
     dv_base = dv + bos * H * D + h * D
+    dko_base = dko + bos * H * R + h * R
+    dvo_base = dvo + bos * H * D + h * D
     if HAS_DFINAL:
         e_re = tl.load(dfinal + i_bh * 2 * M * NC + st_off, mask=st_mask, other=0.0)
         e_im = tl.load(dfinal + i_bh * 2 * M * NC + M * NC + st_off, mask=st_mask, other=0.0)
@@ -617,8 +621,8 @@ def _state_bwd_dz(
         e_re = tl.zeros([BM, BCH], dtype=tl.float32)
         e_im = tl.zeros([BM, BCH], dtype=tl.float32)
     last = (slot0 + nc - 1) * 2 * M * NC
-    loc_re = tl.load(dx + last + st_off, mask=st_mask, other=0.0)
-    loc_im = tl.load(dx + last + M * NC + st_off, mask=st_mask, other=0.0)
+    loc_re = load_f32(dx + last + st_off, st_mask)
+    loc_im = load_f32(dx + last + M * NC + st_off, st_mask)
     x_re = load_f32(states + last + st_off, st_mask)
     x_im = load_f32(states + last + M * NC + st_off, st_mask)
     # the last chunk (possibly partial) is peeled off and reduced on its own; every other chunk is full and shares
@@ -632,8 +636,8 @@ def _state_bwd_dz(
     z, dzl = _load_z_dz(k_base, v_base, dk_base, dv_base, nc - 1, L_last, H, R, D, offs_c, offs_s, is_k, is_v, BT)
     e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
         nc - 1, L_last, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re,
-        ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c, offs_s, is_k,
-        is_v, st_off, st_mask, BT, DOT_PREC,
+        ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dko_base, dvo_base, dx, states, slot0, H, M, R, D,
+        offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
     )  # fmt: skip
     gb_re, gb_im, hs_re, hs_im, acc_re, acc_im = _carry_terms(
         ay_re, ay_im, ax_re, ax_im, p_re, p_im, nf, l_re, l_im, L_last
@@ -648,16 +652,16 @@ def _state_bwd_dz(
         while jj < nc:
             e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
                 nc - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
-                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c,
-                offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dko_base, dvo_base, dx, states, slot0, H,
+                M, R, D, offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
             jj += 1
     else:
         for jj in range(1, nc):
             e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl, ay_re, ay_im, ax_re, ax_im = _state_bwd_dz_step(
                 nc - 1 - jj, BT, p_re, p_im, l_re, l_im, b_re, b_im, e_re, e_im, loc_re, loc_im, x_re, x_im, z, dzl,
-                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dx, states, slot0, H, M, R, D, offs_c,
-                offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
+                ay_re, ay_im, ax_re, ax_im, k_base, v_base, dk_base, dv_base, dko_base, dvo_base, dx, states, slot0, H,
+                M, R, D, offs_c, offs_s, is_k, is_v, st_off, st_mask, BT, DOT_PREC,
             )  # fmt: skip
     gb2_re, gb2_im, hs2_re, hs2_im, acc2_re, acc2_im = _carry_terms(
         ay_re, ay_im, ax_re, ax_im, p_re, p_im, nf, l_re, l_im, BT

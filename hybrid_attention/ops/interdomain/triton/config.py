@@ -9,13 +9,16 @@ import torch
 from ...common.triton import interpreting
 from ...common.triton.config import ScanConfig
 
-__all__ = ["InterdomainConfig", "DEFAULT_CONFIG", "REAL_DOT_PRECS", "CHUNK_DOTS"]
+__all__ = ["InterdomainConfig", "DEFAULT_CONFIG", "REAL_DOT_PRECS", "CHUNK_DOTS", "BUFFER_DTYPES"]
 
 REAL_DOT_PRECS = ("tf32", "tf32x3", "ieee")
 """Allowed ``InterdomainConfig.real_dot_prec`` values (Triton's ``input_precision`` names)."""
 
 CHUNK_DOTS = ("fp32", "bf16", "auto")
 """Allowed ``InterdomainConfig.chunk_dots`` values."""
+
+BUFFER_DTYPES = ("fp32", "bf16", "auto")
+"""Allowed ``InterdomainConfig.buffer_dtype`` values."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class InterdomainConfig(ScanConfig):
     the launch table in benchmarks/README.md (faster at 16×2048×8 and 32K; every Interdomain test of tests/ops,
     layers, models and serving passes with it on the GPU).
 
+    buffer_dtype: storage of the backward's per-chunk buffers, the chunk-local state adjoints (the chunk kernel writes
+    them, the reverse scan reads them once) and the per-chunk dK / dC partials (summed on the host in float32): "fp32"
+    (default), "bf16" (half their bytes, rounded to nearest on store; needs ``fuse_dz``, whose scan only reads the
+    adjoints) or "auto" (bf16 for bf16 activations). Every sum over them stays float32.
+
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
     every measured shape; outputs within bf16 rounding of the float32 default).
@@ -83,6 +91,7 @@ class InterdomainConfig(ScanConfig):
     real_one_pass: bool = True
     real_dot_prec: str = "tf32"
     chunk_dots: str = "auto"
+    buffer_dtype: str = "fp32"
     state_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -91,6 +100,16 @@ class InterdomainConfig(ScanConfig):
             raise ValueError(f"real_dot_prec must be one of {', '.join(REAL_DOT_PRECS)}, got {self.real_dot_prec!r}")
         if self.chunk_dots not in CHUNK_DOTS:
             raise ValueError(f"chunk_dots must be one of {', '.join(CHUNK_DOTS)}, got {self.chunk_dots!r}")
+        if self.buffer_dtype not in BUFFER_DTYPES:
+            raise ValueError(f"buffer_dtype must be one of {', '.join(BUFFER_DTYPES)}, got {self.buffer_dtype!r}")
+        if self.buffer_dtype == "bf16" and not self.fuse_dz:
+            raise ValueError("buffer_dtype='bf16' needs fuse_dz=True (the unfused scan writes the adjoints in place)")
+
+    def buffers(self, act: torch.dtype) -> torch.dtype:
+        """dtype of the backward's per-chunk buffers for activations of dtype ``act`` (``buffer_dtype``; "auto"
+        without ``fuse_dz`` is float32)."""
+        bf16 = self.buffer_dtype == "bf16" or (self.buffer_dtype == "auto" and act == torch.bfloat16 and self.fuse_dz)
+        return torch.bfloat16 if bf16 else torch.float32
 
     def bf16_dots(self, act: torch.dtype, fp32_dots: bool = False) -> bool:
         """Whether the chunk kernels take bf16 operands for activations of dtype ``act`` (``chunk_dots``); never for a

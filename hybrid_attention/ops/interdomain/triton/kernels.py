@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...common.triton.lowp import load_f32, mm
+from ...common.triton.lowp import load_f32, mm, store_as
 from ...common.triton.ssm_scan_kernels import chunk_info, cmul
 
 
@@ -291,11 +291,12 @@ def _decay_d(X, Xb, a_re, a_im, g_re, g_im, cross, gidf, tcf, dcol, DOT_PREC: tl
 @triton.jit
 def _put(acc, x, ptrs, mask, ACC: tl.constexpr):
     """One sub-chunk's contribution x to a per-chunk output: acc + x when ACC (several sub-chunks; the store follows
-    the loop), else x stored now (so no finished tile stays live through the rest of the chunk) and acc returned."""
+    the loop), else x stored now (so no finished tile stays live through the rest of the chunk) and acc returned.
+    The store takes the buffer's element type (``store_as``: a bf16 buffer rounds to nearest)."""
     if ACC:
         acc += x
     else:
-        tl.store(ptrs, x, mask=mask)
+        tl.store(ptrs, store_as(x, ptrs), mask=mask)
     return acc
 
 
@@ -581,7 +582,8 @@ def _chunk_bwd(
             xk_im = load_f32(x_base + M * NC + px + offs_r[None, :], xml)
             dqi = mm(gS, kc.to(tl.float32), DOT_PREC)
             dqi += mm(gbv_re, xk_re, DOT_PREC) + mm(gbv_im, xk_im, DOT_PREC)
-            tl.store(dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :], dqi, mask=rmask_r)
+            dq_ptrs = dq + tok_r + t_abs[:, None] * (H * R) + offs_r[None, :]
+            tl.store(dq_ptrs, store_as(dqi, dq_ptrs), mask=rmask_r)
             dk_acc = _put(dk_acc, mm(tl.trans(gS), qf, DOT_PREC), dk + tok_r + pr, cmask_r, HAS_CROSS)
             dxk_re = _put(
                 dxk_re,
@@ -606,14 +608,14 @@ def _chunk_bwd(
     if HAS_CROSS:  # several sub-chunks: the accumulated per-chunk outputs
         if KEY:
             tl.store(dk + tok_r + pr, dk_acc, mask=cmask_r)
-            tl.store(dxb + px + offs_r[None, :], dxk_re, mask=xm)
-            tl.store(dxb + M * NC + px + offs_r[None, :], dxk_im, mask=xm)
+            tl.store(dxb + px + offs_r[None, :], store_as(dxk_re, dxb), mask=xm)
+            tl.store(dxb + M * NC + px + offs_r[None, :], store_as(dxk_im, dxb), mask=xm)
         if VAL:
             tl.store(dv + tok_d + pv, dv_acc, mask=cmask_d)
-            tl.store(dxb + px + R + offs_d[None, :], dxv_re, mask=vm)
-            tl.store(dxb + M * NC + px + R + offs_d[None, :], dxv_im, mask=vm)
-            tl.store(gkb + pk, gk_re, mask=km)
-            tl.store(gkb + M * M + pk, gk_im, mask=km)
+            tl.store(dxb + px + R + offs_d[None, :], store_as(dxv_re, dxb), mask=vm)
+            tl.store(dxb + M * NC + px + R + offs_d[None, :], store_as(dxv_im, dxb), mask=vm)
+            tl.store(gkb + pk, store_as(gk_re, gkb), mask=km)
+            tl.store(gkb + M * M + pk, store_as(gk_im, gkb), mask=km)
     pb = (i_bh * NT + i_t) * 2 * M
     tl.store(gb_part + pb + offs_m, gb_re, mask=mask_m)
     tl.store(gb_part + pb + M + offs_m, gb_im, mask=mask_m)

@@ -159,11 +159,15 @@ def _bwd_impl(
         with hooks.stage("host_prep"):
             P = power_table(ll, BT)
         states, _ = states_fwd(k, v, P, bb, init, BT, True, False, cfg, hooks, vl)
-    dq = cfg.empty(Bsz, T, H, R, device=dev)
+    # dq and the final dk / dv in the activations' dtype where the kernels round on store (bf16, float32); the
+    # chunk-local dk / dv partials stay float32 (the reverse scan adds the carry part to them)
+    g_dtype = q.dtype if q.dtype in (torch.bfloat16, f32) else f32
+    buf = cfg.buffers(q.dtype)
+    dq = cfg.empty(Bsz, T, H, R, device=dev, dtype=g_dtype)
     dk = cfg.empty(Bsz, T, H, R, device=dev)
     dv = cfg.empty(Bsz, T, H, D, device=dev)
-    dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev)
-    gk_part = cfg.empty(Bsz * H, NT, 2, M, M, device=dev)  # per-chunk dK (dC for "real"), planar
+    dx = cfg.empty(Bsz * H, NT, 2, M, NC, device=dev, dtype=buf)
+    gk_part = cfg.empty(Bsz * H, NT, 2, M, M, device=dev, dtype=buf)  # per-chunk dK (dC for "real"), planar
     gbl_part = cfg.empty(2, Bsz * H, NT, 2, M, device=dev)  # per-chunk dB, d log λ partials: one buffer, one reduction
     gb_part, gl_part = gbl_part[0], gbl_part[1]
     BC = min(cfg.BC, BT)
@@ -216,12 +220,17 @@ def _bwd_impl(
             )
         hooks.record(f"chunk_bwd{part}", h)
     dinit = cfg.empty(n_seq * H, 2, M, NC, device=dev) if init is not None else q.new_empty(1, dtype=f32)
+    out = None
+    if g_dtype != f32:
+        out = (cfg.empty(Bsz, T, H, R, device=dev, dtype=g_dtype), cfg.empty(Bsz, T, H, D, device=dev, dtype=g_dtype))
     gb_carry, gl_carry = state_bwd(
-        k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks, vl
+        k, v, dk, dv, P, bb, states, dx, dfinal, dinit, init is not None, BT, cfg, hooks, vl, out
     )
     del states
+    if out is not None:
+        dk, dv = out
     with hooks.stage("host_reduce"):
-        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2))
+        dkk = gk_part.view(Bsz, H, NT, 2, M, M).sum(dim=(0, 2), dtype=f32)
         chunk_sum = gbl_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
         if 1 in gbl:  # split backward: the value side wrote its own partials
             chunk_sum = chunk_sum + val_part.view(2, Bsz, H, NT, 2, M).sum(dim=(1, 3))
