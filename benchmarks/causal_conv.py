@@ -8,23 +8,26 @@ reference path, eager and under ``torch.compile``.
 1. Correctness: bf16 x and initial state, float32 weight, SiLU, K = 4, at every timed shape and on packed documents
    (B = 1, the training shapes' tokens cut into documents of 1 to 600 tokens): the Triton op's output, final state and
    gradients of x, weight and the initial state against the float64 definition (``naive_causal_conv1d`` on float64
-   copies), relative RMS error; bar 1e-2 (bf16 rounding of y and dx). The reference module's own bf16 error of y
-   and dx is printed beside it.
+   copies), relative RMS error, for each backward form (``CausalConvConfig.bwd_form``: "reload", the registered op's
+   default, and "shifted" through the op's ``config=`` path); bar 1e-2 (bf16 rounding of y and dx). The reference
+   module's own bf16 error of y and dx is printed beside it.
 2. Timing (``triton.testing.do_bench``, median): forward and forward+backward of one ``ShortConvolution(C, 4,
    "silu")`` call on bf16 x [B, T, C] with its float32 weight, for backend "triton" (eager, and inside
    ``torch.compile``: the registered op is opaque) and "reference" (eager ``F.conv1d``; compiled: the K shifted
-   products inductor fuses, the training path). Shapes: ``small`` (B=16, T=2048; C = 512 for q, k and 1024 for v)
-   and the 340M GDN layer (B=4, T=4096; C = 768 and 1536: 6 heads x 128 / 256), and each layer's fused q|k|v
-   convolution (2048, 3072). fla's ``causal_conv1d`` is timed beside them when fla is installed.
-3. ``--sweep``: launch configurations (``CausalConvConfig``: BT, BC, warps) of the Triton op, forward+backward at
-   each shape (the eager path with the config).
+   products inductor fuses, the training path); "triton shifted": the op with the same weight and
+   ``bwd_form="shifted"`` (its ``config=`` path, an autograd Function over the same host code; the sweep times both
+   forms on that path). Shapes: ``small`` (B=16, T=2048; C = 512 for q, k and 1024 for v) and the 340M GDN layer
+   (B=4, T=4096; C = 768 and 1536: 6 heads x 128 / 256), and each layer's fused q|k|v convolution (2048, 3072). fla's
+   ``causal_conv1d`` is timed beside them when fla is installed.
+3. ``--sweep``: launch configurations (``CausalConvConfig``: BT, BC, warps, backward form) of the Triton op,
+   forward+backward at each shape (the eager path with the config).
 
 Writes ``<--out>/causal_conv_gpu.json`` (default ``$OUT`` or .) and prints one table per section.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import torch
 
@@ -33,6 +36,7 @@ from benchmarks.common import bench_ms as bench
 from hybrid_attention.modules import ShortConvolution
 from hybrid_attention.ops.causal_conv import naive_causal_conv1d, triton_causal_conv1d
 from hybrid_attention.ops.causal_conv.triton import DEFAULT_CONFIG, CausalConvConfig
+from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 
 K = 4
@@ -41,13 +45,15 @@ SHAPES = {  # name -> (B, T, channel widths)
     False: {"small": (16, 2048, (512, 1024, 2048)), "340m": (4, 4096, (768, 1536, 3072))},
     True: {"tiny": (2, 37, (24,))},
 }
-SWEEP = [DEFAULT_CONFIG] + [
-    CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb)
+FORM_CONFIGS = {form: dataclasses.replace(DEFAULT_CONFIG, bwd_form=form) for form in BWD_FORMS}
+SWEEP = list(FORM_CONFIGS.values()) + [
+    CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb, bwd_form=form)
     for bt, bc, bcb, wf, wb in ((64, 64, 64, 4, 8), (64, 64, 32, 4, 4), (32, 64, 64, 4, 4), (32, 128, 32, 4, 4),
                                 (128, 64, 32, 8, 4), (16, 128, 128, 4, 4), (32, 64, 32, 4, 2), (64, 128, 128, 4, 8),
                                 (128, 128, 64, 8, 8), (32, 256, 128, 4, 4), (256, 32, 32, 8, 8))
+    for form in BWD_FORMS
 ]
-DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16)]
+DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, bwd_form=form) for form in BWD_FORMS]
 
 
 def _shapes(dryrun: bool, quick: bool) -> dict[str, tuple[int, int, tuple[int, ...]]]:
@@ -77,9 +83,9 @@ def _run(fn, leaves: list[torch.Tensor], dy: torch.Tensor, dfin: torch.Tensor | 
     return (y, fin, *torch.autograd.grad(loss, leaves))
 
 
-def _check(dev: str, B: int, T: int, C: int, packed: bool, seed: int) -> dict:
-    """Relative RMS errors against float64 of the Triton op (bf16 x and init, fp32 weight; float32 x in the dry run)
-    and of the reference module (y and dx)."""
+def _check(dev: str, B: int, T: int, C: int, packed: bool, seed: int, form: str) -> dict:
+    """Relative RMS errors against float64 of the Triton op with backward form ``form`` (bf16 x and init, fp32
+    weight; float32 x in the dry run; "reload" is the registered op) and of the reference module (y and dx)."""
     g = torch.Generator(device=dev).manual_seed(seed)
     xdt = torch.bfloat16 if dev == "cuda" else torch.float32
     cu = None
@@ -93,7 +99,8 @@ def _check(dev: str, B: int, T: int, C: int, packed: bool, seed: int) -> dict:
     dy = torch.randn(B, T, C, device=dev, generator=g).to(xdt)
     dfin = torch.randn(n, C, K - 1, device=dev, generator=g).to(xdt)
     kw = dict(activation="silu", output_final_state=True, cu_seqlens=cu)
-    tri = _run(lambda a, b, c: triton_causal_conv1d(a, b, initial_state=c, **kw), [x, w, init], dy, dfin)
+    cfg = None if FORM_CONFIGS[form] == DEFAULT_CONFIG else FORM_CONFIGS[form]  # None: the registered op
+    tri = _run(lambda a, b, c: triton_causal_conv1d(a, b, initial_state=c, config=cfg, **kw), [x, w, init], dy, dfin)
     ref = _run(lambda a, b, c: naive_causal_conv1d(a, b, initial_state=c, **kw),
                [x.double(), w.double(), init.double()], dy, dfin)
     errs = {name: rel_rms(a, b) for name, a, b in zip(("y", "final", "dx", "dweight", "dinit"), tri, ref, strict=True)}
@@ -112,28 +119,31 @@ def _check(dev: str, B: int, T: int, C: int, packed: bool, seed: int) -> dict:
 @section("correctness")
 def correctness(results: dict, s: BenchSettings, shapes: dict) -> None:
     log(f"\n== correctness vs float64 (bar {BAR:g}) ==")
-    log(f"{'shape':10s} {'C':>5s} {'packed':>6s} " + " ".join(f"{n:>8s}" for n in ("y", "final", "dx", "dweight",
-                                                                                      "dinit"))
-        + "  | ref y / dx")
+    log(f"{'shape':10s} {'C':>5s} {'packed':>6s} {'bwd':>7s} "
+        + " ".join(f"{n:>8s}" for n in ("y", "final", "dx", "dweight", "dinit")) + "  | ref y / dx")
     for i, (name, (B, T, widths)) in enumerate(shapes.items()):
         for C in widths:
             for packed in (False, True):
-                r = _check(s.device, B, T, C, packed, seed=100 * i + C + packed)
-                r.update(shape=name, B=B, T=T, C=C, packed=packed)
-                results["correctness"].append(r)
-                e, re_ = r["errors"], r["reference_errors"]
-                log(f"{name:10s} {C:5d} {packed!s:>6s} " + " ".join(f"{v:8.1e}" for v in e.values())
-                    + f"  | {re_['y']:.1e} / {re_['dx']:.1e}" + ("" if r["pass"] else "  FAIL"))
+                for form in BWD_FORMS:
+                    r = _check(s.device, B, T, C, packed, seed=100 * i + C + packed, form=form)
+                    r.update(shape=name, B=B, T=T, C=C, packed=packed, bwd_form=form)
+                    results["correctness"].append(r)
+                    e, re_ = r["errors"], r["reference_errors"]
+                    log(f"{name:10s} {C:5d} {packed!s:>6s} {form:>7s} " + " ".join(f"{v:8.1e}" for v in e.values())
+                        + f"  | {re_['y']:.1e} / {re_['dx']:.1e}" + ("" if r["pass"] else "  FAIL"))
 
 
 def _forms(C: int, dev: str, compile_backend: str, fla: bool) -> dict:
-    """Form name -> (module call x -> y): ShortConvolution(C, K, "silu") on each backend, eager and compiled, and
-    fla's Triton ``causal_conv1d`` (eager) with the same weight where fla is installed (a comparison baseline)."""
+    """Form name -> (module whose weight the call reads, call x -> y): ShortConvolution(C, K, "silu") on each backend,
+    eager and compiled, the Triton op with the shifted backward (same weight), and fla's Triton ``causal_conv1d``
+    (eager) with the same weight where fla is installed (a comparison baseline)."""
     ref = ShortConvolution(C, K, "silu").to(dev)
     tri = ShortConvolution(C, K, "silu", backend="triton").to(dev)
     tri.load_state_dict(ref.state_dict())
     forms = {
         "triton": (tri, lambda x: tri(x)[0]),
+        "triton shifted": (tri, lambda x: triton_causal_conv1d(x, tri.weight[:, 0], activation="silu",
+                                                               config=FORM_CONFIGS["shifted"])[0]),
         "triton compiled": (tri, torch.compile(lambda x: tri(x)[0], backend=compile_backend)),
         "reference eager": (ref, lambda x: ref(x)[0]),
         "reference compiled": (ref, torch.compile(lambda x: ref(x)[0], backend=compile_backend)),
@@ -207,7 +217,7 @@ def sweep(results: dict, s: BenchSettings, shapes: dict) -> None:
                     return
                 fn = lambda x, cfg=cfg, w=w: triton_causal_conv1d(x, w, activation="silu", config=cfg)[0]  # noqa: E731
                 ms = bench(_fwd_bwd(fn, x, dy), grad_to_none=[x, w])
-                keys = {k: getattr(cfg, k) for k in ("BT", "BC", "BC_BWD", "warps_fwd", "warps_bwd")}
+                keys = {k: getattr(cfg, k) for k in ("BT", "BC", "BC_BWD", "warps_fwd", "warps_bwd", "bwd_form")}
                 results["sweep"].append(dict(shape=name, C=C, fwd_bwd_ms=ms, default=cfg == DEFAULT_CONFIG, **keys))
                 log(f"{name:10s} C={C:5d} {keys} {ms:8.3f}" + ("  (default)" if cfg == DEFAULT_CONFIG else ""))
 
@@ -227,9 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     failed = [r for r in results["correctness"] if not r["pass"]]
     if failed:
         results["errors"].append(f"correctness: {len(failed)} case(s) above the bar {BAR:g}")
-    with open(s.out_path("causal_conv_gpu.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    log(f"\nwrote {s.out_path('causal_conv_gpu.json')}; errors: {results['errors'] or 'none'}")
+    path = s.write_json("causal_conv_gpu.json", results)
+    log(f"\nwrote {path or 'no results file (no --out)'}; errors: {results['errors'] or 'none'}")
 
 
 if __name__ == "__main__":

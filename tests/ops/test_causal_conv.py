@@ -9,6 +9,7 @@ the kernels have no matmul).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from hybrid_attention.modules import ShortConvolution
 from hybrid_attention.ops.causal_conv import causal_conv1d, naive_causal_conv1d
 from hybrid_attention.ops.causal_conv.triton import HAS_TRITON, CausalConvConfig
+from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
@@ -27,6 +29,11 @@ if HAS_TRITON:
 F64 = torch.float64
 SMALL = CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, poison=True)  # several partial blocks, NaN buffers
 TOL = 2e-5  # relative L2 error of the float32 kernels against float64
+
+
+def small(bwd_form: str = "reload") -> CausalConvConfig:
+    """``SMALL`` with the backward tile kernel ``bwd_form``."""
+    return dataclasses.replace(SMALL, bwd_form=bwd_form)
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -76,25 +83,52 @@ def assert_close(tri, ref, tol: float = TOL) -> None:
 
 
 @pytest.mark.parametrize(
-    "K, activation, with_init",
-    [(4, "silu", True), (4, "silu", False), (4, None, True), (4, None, False), (3, "silu", True), (2, "silu", False),
-     (2, None, True)],
+    "K, activation, with_init, bwd_form",
+    [(4, act, with_init, form) for form in BWD_FORMS for act in ("silu", None) for with_init in (True, False)]
+    + [(3, "silu", True, "reload"), (2, "silu", False, "reload"), (2, None, True, "reload")],
 )
-def test_triton_matches_float64_definition(K, activation, with_init, device):
-    """T = 37, C = 24: three token blocks and two channel blocks of 16, the last ones partial."""
+def test_triton_matches_float64_definition(K, activation, with_init, bwd_form, device):
+    """T = 37, C = 24: three token blocks and two channel blocks of 16, the last ones partial; both backward forms at
+    K = 4 (other widths run "reload" whatever the form)."""
     x, w, init = make_case(2, 37, 24, K, 2, with_init, seed=K)
-    tri, ref = run_both(x, w, init, activation, device)
+    tri, ref = run_both(x, w, init, activation, device, config=small(bwd_form))
     assert_close(tri, ref)
 
 
+@pytest.mark.parametrize("bwd_form", BWD_FORMS)
+@pytest.mark.parametrize("activation", ["silu", None])
 @pytest.mark.parametrize("with_init", [False, True])
-def test_packed_documents(with_init, device):
-    """Documents of 1, 2 (< K-1), 17 and 20 tokens packed in one row: each starts from its own history (zeros or
-    its initial state), the final states are per document, the blocks cross document boundaries."""
-    cu = [0, 1, 3, 20, 40]
+def test_packed_documents(with_init, activation, bwd_form, device):
+    """Documents of 1 (< K-1), 3 (= K-1), 17 and 19 tokens packed in one row: each starts from its own history (zeros
+    or its initial state), the final states are per document, the blocks cross document boundaries."""
+    cu = [0, 1, 4, 21, 40]
     x, w, init = make_case(1, 40, 20, 4, len(cu) - 1, with_init, seed=7)
-    tri, ref = run_both(x, w, init, "silu", device, cu=cu)
+    tri, ref = run_both(x, w, init, activation, device, cu=cu, config=small(bwd_form))
     assert_close(tri, ref)
+
+
+@pytest.mark.parametrize("bwd_form, K, kernel", [("reload", 4, "_conv_bwd_kernel"),
+                                                 ("shifted", 4, "_conv_bwd_shifted_kernel"),
+                                                 ("shifted", 3, "_conv_bwd_kernel")])
+def test_bwd_form_picks_the_kernel(bwd_form, K, kernel, monkeypatch):
+    """``CausalConvConfig.bwd_form`` decides the backward tile kernel ("shifted" only at K = 4); a value outside
+    ``BWD_FORMS`` is one line naming the field and the allowed values. The launches are recorded, not run (meta
+    tensors)."""
+    import triton.runtime.jit as jit
+
+    launched: list[str] = []
+
+    def getitem(self, grid):
+        launched.append(self.fn.__name__)
+        return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(jit.KernelInterface, "__getitem__", getitem)
+    x = torch.empty(1, 8, 16, device="meta")
+    conv_ops._bwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, torch.empty_like(x), None, True,
+                       cfg=small(bwd_form))
+    assert launched == [kernel]
+    with pytest.raises(ValueError, match="CausalConvConfig.bwd_form must be one of 'reload', 'shifted', got 'fast'"):
+        CausalConvConfig(bwd_form="fast")
 
 
 def test_packed_equals_documents_run_alone(device):
@@ -257,4 +291,5 @@ def test_benchmark_dry_run(tmp_path):
     res = json.loads((tmp_path / "causal_conv_gpu.json").read_text())
     assert res["errors"] == [], res["errors"]
     assert res["correctness"] and all(r["pass"] for r in res["correctness"])
-    assert {r["form"] for r in res["timings"]} == {"triton", "triton compiled", "reference eager", "reference compiled"}
+    assert {r["form"] for r in res["timings"]} == {"triton", "triton shifted", "triton compiled", "reference eager",
+                                                   "reference compiled"}

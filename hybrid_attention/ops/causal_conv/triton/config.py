@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from ...common.triton.config import KernelConfig
 
-__all__ = ["CausalConvConfig", "DEFAULT_CONFIG"]
+__all__ = ["BWD_FORMS", "CausalConvConfig", "DEFAULT_CONFIG"]
+
+BWD_FORMS = ("reload", "shifted")
+"""Allowed ``CausalConvConfig.bwd_form`` values."""
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,12 @@ class CausalConvConfig(KernelConfig):
     BC / BC_BWD: channels per program of the forward / backward; BC_STATE: channels per program of the per-sequence
     state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
     ``KernelConfig``.
+
+    bwd_form: the backward tile kernel: "reload" (``_conv_bwd_kernel``, any K: with SiLU it recomputes the
+    pre-activation at each of the K lags from K shifted x loads, K² + K x-tile loads per program) or "shifted"
+    (``_conv_bwd_shifted_kernel``, K = 4, other widths run "reload": the 2K-1 distinct x tiles and the K dy tiles
+    loaded once each). "reload" stays the default until "shifted" has been checked against float64 and timed on a GPU
+    (``python -m benchmarks.causal_conv`` times both).
 
     The defaults are the largest tiles that compile without spills for sm_90 (the register table of the
     short-convolution section of benchmarks/README.md, ``python benchmarks/aot_regs_conv.py``); the launch sweep
@@ -29,8 +38,12 @@ class CausalConvConfig(KernelConfig):
     BC_STATE: int = 64
     warps_fwd: int = 4
     warps_bwd: int = 4
+    bwd_form: str = "reload"
 
     def __post_init__(self) -> None:
+        if self.bwd_form not in BWD_FORMS:
+            raise ValueError(f"CausalConvConfig.bwd_form must be one of {', '.join(map(repr, BWD_FORMS))}, "
+                             f"got {self.bwd_form!r}")
         for name in ("BT", "BC", "BC_BWD", "BC_STATE"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):

@@ -55,6 +55,53 @@ def _preact(xb, w, init, o_r, t0, m_t, start, seq, o_c, m_c, C: tl.constexpr, K:
 
 
 @triton.jit
+def _dact(g, pre, SILU: tl.constexpr):
+    """dpre = g · SiLU'(pre) (SILU) or g."""
+    if SILU:
+        sg = tl.sigmoid(pre)
+        g = g * sg * (1.0 + pre * (1.0 - sg))
+    return g
+
+
+@triton.jit
+def _dy_ahead(dyb, o_r, o_t, m_t, end, o_c, m_c, C: tl.constexpr, L: tl.constexpr):
+    """[BT, BC] float32 tile of dy at tokens t0 + o_r + L (dyb points at token t0 of the batch row): the tokens that
+    read t0 + o_r at lag L; zero past the sequence's end and on rows outside ``m_t``."""
+    m_s = m_t & (o_t + L < end)
+    return tl.load(dyb + (o_r + L)[:, None] * C + o_c[None, :], mask=m_s[:, None] & m_c[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _bwd_program(cu, ci, T, C: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The tile of a backward program: (seq, start, end, t0, o_r, o_t, m_t, o_c, m_c, tile, part) with ``_rows``'
+    first five, o_t = t0 + o_r its tokens, m_t / m_c the token / channel masks, ``tile`` the offset of token t0 of its
+    batch row in x, dy and dx, ``part`` its row of the weight-gradient partials."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
+    o_r = tl.arange(0, BT)
+    o_t = t0 + o_r
+    m_t = o_t < t1
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    tile = (i_b.to(tl.int64) * T + t0) * C
+    part = (i_b * tl.num_programs(0) + i_t).to(tl.int64)
+    return seq, start, end, t0, o_r, o_t, m_t, o_c, m_c, tile, part
+
+
+@triton.jit
+def _store_dx(dx, dfin, dxa, tile, seq, o_r, o_t, m_t, end, o_c, m_c, C: tl.constexpr, K: tl.constexpr,
+              HAS_DFINAL: tl.constexpr):
+    """Store the dx tile ``dxa`` plus, with HAS_DFINAL, the final-state gradient on the sequence's last K-1 tokens
+    (the final state holds its last K-1 inputs)."""
+    if HAS_DFINAL:
+        i_f = o_t - (end - (K - 1))
+        p_f = dfin + (seq.to(tl.int64) * (K - 1) + i_f[:, None]) * C + o_c[None, :]
+        dxa += tl.load(p_f, mask=(m_t & (i_f >= 0))[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    tl.store(dx + tile + o_r[:, None] * C + o_c[None, :], dxa.to(dx.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+
+
+@triton.jit
 def _conv_fwd_kernel(
     x,
     w,
@@ -88,7 +135,10 @@ def _conv_fwd_kernel(
     The backward recomputes the pre-activation where it needs it (no stored ``pre``): dpre = dy · SiLU'(pre);
     ``dx[u] = Σ_L w[K-1-L] · dpre[u+L]`` over the targets u+L of the same sequence, plus the final-state gradient on the
     last K-1 tokens; the weight gradient as per-program partials ``[P, K, C]`` (summed on the host: deterministic);
-    the initial-state gradient in a small per-sequence kernel.
+    the initial-state gradient in a small per-sequence kernel. Two forms of the backward tile kernel
+    (``CausalConvConfig.bwd_form``): ``_conv_bwd_kernel`` (any K) recomputes pre at every lag from K shifted loads
+    each; ``_conv_bwd_shifted_kernel`` (K = 4) loads each distinct shifted tile of x and dy once and computes every
+    lag from registers.
     """
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
@@ -125,37 +175,101 @@ def _conv_bwd_kernel(
 ):
     """dx of one tile (sources u): Σ_L w[K-1-L] · dpre[u+L] over targets of the same sequence (+ dfinal on the last
     K-1 tokens); the tile's weight-gradient partial dw_part[p, K-1-L] = Σ_t dpre[t] · x[t-L] over its own tokens t."""
-    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
-    o_r = tl.arange(0, BT)
-    o_t = t0 + o_r
-    m_t = o_t < t1
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_c = o_c < C
-    tile = (i_b.to(tl.int64) * T + t0) * C  # token t0 of batch row i_b
+    seq, start, end, t0, o_r, o_t, m_t, o_c, m_c, tile, part = _bwd_program(cu, ci, T, C, BT, BC, IS_VARLEN)
     xb = x + tile
-    part = (i_b * tl.num_programs(0) + i_t).to(tl.int64) * K * C
     dxa = tl.zeros((BT, BC), dtype=tl.float32)
     for L in tl.static_range(K):
-        o_s = o_r + L  # the tokens that read t0 + o_r at lag L, relative to t0
-        m_s = m_t & (o_t + L < end)
-        g = tl.load(dy + tile + o_s[:, None] * C + o_c[None, :], mask=m_s[:, None] & m_c[None, :],
-                    other=0.0).to(tl.float32)
+        g = _dy_ahead(dy + tile, o_r, o_t, m_t, end, o_c, m_c, C, L)
         if SILU:
-            pre = _preact(xb, w, init, o_s, t0, m_s, start, seq, o_c, m_c, C, K, BT, BC, HAS_INIT)
-            sg = tl.sigmoid(pre)
-            g = g * sg * (1.0 + pre * (1.0 - sg))
+            pre = _preact(xb, w, init, o_r + L, t0, m_t & (o_t + L < end), start, seq, o_c, m_c, C, K, BT, BC,
+                          HAS_INIT)
+            g = _dact(g, pre, SILU)
         w_l = tl.load(w + o_c * K + (K - 1 - L), mask=m_c, other=0.0).to(tl.float32)
         dxa += g * w_l[None, :]
         if L == 0:  # g is dpre at the tile's own tokens: the weight-gradient partials, one per lag
             for L2 in tl.static_range(K):
                 src = _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C, L2, K, HAS_INIT)
-                tl.store(dw_part + part + (K - 1 - L2) * C + o_c, tl.sum(g * src, axis=0), mask=m_c)
-    if HAS_DFINAL:  # the final state holds the last K-1 inputs of the sequence
-        i_f = o_t - (end - (K - 1))
-        p_f = dfin + (seq.to(tl.int64) * (K - 1) + i_f[:, None]) * C + o_c[None, :]
-        dxa += tl.load(p_f, mask=(m_t & (i_f >= 0))[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-    tl.store(dx + tile + o_r[:, None] * C + o_c[None, :], dxa.to(dx.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+                tl.store(dw_part + part * K * C + (K - 1 - L2) * C + o_c, tl.sum(g * src, axis=0), mask=m_c)
+    _store_dx(dx, dfin, dxa, tile, seq, o_r, o_t, m_t, end, o_c, m_c, C, K, HAS_DFINAL)
+
+
+@triton.jit
+def _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C: tl.constexpr, D: tl.constexpr, K: tl.constexpr,
+          HAS_INIT: tl.constexpr):
+    """[BT, BC] float32 tile of the inputs at tokens t0 + o_r + D, D = -(K-1)..K-1: ``_lag``'s rules before the
+    sequence's start (the initial state or zero), zero past its end and on rows outside ``m_t``."""
+    if D > 0:
+        v = _lag(xb, init, o_r + D, t0, m_t & (t0 + o_r + D < end), start, seq, o_c, m_c, C, 0, K, HAS_INIT)
+    else:
+        v = _lag(xb, init, o_r, t0, m_t, start, seq, o_c, m_c, C, -D, K, HAS_INIT)
+    return v
+
+
+@triton.jit
+def _dpre4(dyb, o_r, o_t, m_t, end, o_c, m_c, a, b, c, d, w0, w1, w2, w3, C: tl.constexpr, L: tl.constexpr,
+           SILU: tl.constexpr):
+    """dpre at tokens t0 + o_r + L of a width-4 filter from the inputs a, b, c, d at tokens t0 + o_r + L - 3 .. L
+    (oldest first): pre = w0·a + w1·b + w2·c + w3·d."""
+    pre = a * w0[None, :] + b * w1[None, :] + c * w2[None, :] + d * w3[None, :]
+    return _dact(_dy_ahead(dyb, o_r, o_t, m_t, end, o_c, m_c, C, L), pre, SILU)
+
+
+@triton.jit
+def _conv_bwd_shifted_kernel(
+    x,
+    w,
+    init,
+    cu,
+    ci,
+    dy,
+    dfin,
+    dx,
+    dw_part,
+    T,
+    C: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_DFINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """``_conv_bwd_kernel``'s results for K = 4 from each distinct shifted tile loaded once: the 2K-1 = 7 input
+    tiles at tokens t0 + o_r + D (D = -3..3, ``_x_at``) and the K dy tiles at t0 + o_r + L give the pre-activation
+    and dpre at the K target rows (L = 0..3) in registers; dx = Σ_L w[K-1-L] · dpre_L (+ dfinal on the last K-1
+    tokens), dw_part[p, K-1-l] = Σ_t dpre_0[t] · x[t-l] from the same tiles (7 x and 4 dy tile loads per program
+    against the reloading kernel's K² + K and K)."""
+    tl.static_assert(K == 4, "the shifted backward unrolls a width-4 filter")
+    seq, start, end, t0, o_r, o_t, m_t, o_c, m_c, tile, part = _bwd_program(cu, ci, T, C, BT, BC, IS_VARLEN)
+    xb = x + tile
+    dyb = dy + tile
+    p_w = dw_part + part * K * C + o_c
+    w0 = tl.load(w + o_c * K, mask=m_c, other=0.0).to(tl.float32)
+    w1 = tl.load(w + o_c * K + 1, mask=m_c, other=0.0).to(tl.float32)
+    w2 = tl.load(w + o_c * K + 2, mask=m_c, other=0.0).to(tl.float32)
+    w3 = tl.load(w + o_c * K + 3, mask=m_c, other=0.0).to(tl.float32)
+    xm3 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, -3, K, HAS_INIT)
+    xm2 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, -2, K, HAS_INIT)
+    xm1 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, -1, K, HAS_INIT)
+    x0 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, 0, K, HAS_INIT)
+    g = _dpre4(dyb, o_r, o_t, m_t, end, o_c, m_c, xm3, xm2, xm1, x0, w0, w1, w2, w3, C, 0, SILU)
+    # dpre at the tile's own tokens: the weight-gradient partials, slot K-1-l from the inputs at lag l
+    tl.store(p_w, tl.sum(g * xm3, axis=0), mask=m_c)
+    tl.store(p_w + C, tl.sum(g * xm2, axis=0), mask=m_c)
+    tl.store(p_w + 2 * C, tl.sum(g * xm1, axis=0), mask=m_c)
+    tl.store(p_w + 3 * C, tl.sum(g * x0, axis=0), mask=m_c)
+    dxa = g * w3[None, :]
+    xp1 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, 1, K, HAS_INIT)
+    g = _dpre4(dyb, o_r, o_t, m_t, end, o_c, m_c, xm2, xm1, x0, xp1, w0, w1, w2, w3, C, 1, SILU)
+    dxa += g * w2[None, :]
+    xp2 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, 2, K, HAS_INIT)
+    g = _dpre4(dyb, o_r, o_t, m_t, end, o_c, m_c, xm1, x0, xp1, xp2, w0, w1, w2, w3, C, 2, SILU)
+    dxa += g * w1[None, :]
+    xp3 = _x_at(xb, init, o_r, t0, m_t, start, end, seq, o_c, m_c, C, 3, K, HAS_INIT)
+    g = _dpre4(dyb, o_r, o_t, m_t, end, o_c, m_c, x0, xp1, xp2, xp3, w0, w1, w2, w3, C, 3, SILU)
+    dxa += g * w0[None, :]
+    _store_dx(dx, dfin, dxa, tile, seq, o_r, o_t, m_t, end, o_c, m_c, C, K, HAS_DFINAL)
 
 
 @triton.jit
@@ -234,8 +348,7 @@ def _conv_dinit_kernel(
                 other=0.0).to(tl.float32)
     if SILU:
         pre = _preact(x + first, w, init, p, 0, m_t, 0, i_n, o_c, m_c, C, K, KP, BC, True)
-        sg = tl.sigmoid(pre)
-        g = g * sg * (1.0 + pre * (1.0 - sg))
+        g = _dact(g, pre, SILU)
     st = i_n.to(tl.int64) * C * (K - 1) + o_c * (K - 1)
     for i in tl.static_range(K - 1):
         w_t = tl.load(w + o_c[None, :] * K + (i - p)[:, None], mask=(m_t & (p <= i))[:, None] & m_c[None, :],

@@ -76,8 +76,9 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
     dx = cfg.empty_like(x)
     dw_part = cfg.empty(B * NT, Kw, C, device=x.device)
     init_t = init.mT.contiguous() if init is not None else x
+    bwd_kernel = K._conv_bwd_shifted_kernel if cfg.bwd_form == "shifted" and Kw == 4 else K._conv_bwd_kernel
     with hooks.stage("conv_bwd"):
-        h = K._conv_bwd_kernel[(NT, triton.cdiv(C, cfg.BC_BWD), B)](
+        h = bwd_kernel[(NT, triton.cdiv(C, cfg.BC_BWD), B)](
             x, weight, init_t, cu_p, ci_p, dy, dfin_t, dx, dw_part, T, C,
             K=Kw, BT=cfg.BT, BC=cfg.BC_BWD, SILU=silu, HAS_INIT=init is not None, HAS_DFINAL=has_dfinal,
             IS_VARLEN=vl is not None, num_warps=cfg.warps_bwd,
