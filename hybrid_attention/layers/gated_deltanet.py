@@ -96,7 +96,8 @@ class GatedDeltaNet(TokenMixer):
         buffer_dtype: "auto" / "fp32" / "bf16", the chunk kernels' buffer precision (``GatedDeltaConfig``); a suite
             pins it through ``mixer_options.gdn.buffer_dtype`` so its runs keep training the same kernel.
         conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
-            (default), "triton" (``ops/causal_conv``) or "auto" ("triton" for CUDA inputs).
+            (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
+            optional).
     """
 
     packed_states = True

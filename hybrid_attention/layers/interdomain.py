@@ -158,7 +158,8 @@ class S4DCoreMixer(TokenMixer):
             backend: form of the op, one of the backends of ``ops.interdomain`` (query readout), ``ops.s4d``
                 (linear contraction) or ``ops.s4d_bilinear`` ("auto", "reference", "naive", "triton", ...).
             conv_backend: form of the short convolutions on the branches (``ShortConvolution``'s backend): "reference"
-                (default), "triton" (``ops/causal_conv``) or "auto" ("triton" for CUDA inputs).
+                (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
+                optional).
         """
         super().__init__()
         if denominator and not query_readout:

@@ -11,6 +11,20 @@ from hybrid_attention.ops.causal_conv import triton as causal_conv_triton
 from hybrid_attention.ops.common.backend import resolve_backend, validate_backend
 from hybrid_attention.ops.common.varlen import check_cu_seqlens, positions_in_document
 
+CONV_BACKENDS = (*causal_conv.BACKENDS, "fla")
+"""``ShortConvolution`` backends: the op's (``ops/causal_conv``) and "fla", flash-linear-attention's Triton
+``causal_conv1d`` (an optional dependency) for the stateless training call."""
+
+
+def _fla_causal_conv1d():
+    """fla's ``causal_conv1d``; RuntimeError naming the package when it does not import."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except ImportError as e:
+        raise RuntimeError("ShortConvolution: backend 'fla' needs flash-linear-attention (pip install "
+                           f"flash-linear-attention), which failed to import: {e}") from e
+    return causal_conv1d
+
 
 def short_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, activation: str | None) -> torch.Tensor:
     """One token of a (possibly concatenated) causal depthwise convolution: x [B, C], state [B, C, K-1] (the last K-1
@@ -34,7 +48,7 @@ def short_conv(
         x: [B, T, D] inputs.
         weight: [D, 1, K] one filter per channel (``ShortConvolution.weight``'s layout).
         activation: None or "silu".
-        backend: "reference", "triton" or "auto" (``ShortConvolution``).
+        backend: "reference", "triton", "auto" or "fla" (``ShortConvolution``).
         state: [B, D, K-1] the last K-1 inputs before x, or None (zeros); must be None with cu_seqlens.
         output_final_state: also return the new state ([B, D, K-1], or [N, D, K-1] per packed document).
         cu_seqlens: [N + 1] offsets of packed documents (B == 1).
@@ -46,6 +60,11 @@ def short_conv(
     k = weight.shape[-1]
     if cu_seqlens is not None and state is not None:
         raise ValueError("state must be None with cu_seqlens (every document starts from a zero history)")
+    if backend == "fla":
+        if state is None and not output_final_state:
+            y, _ = _fla_causal_conv1d()(x, weight[:, 0], activation=activation, cu_seqlens=cu_seqlens)
+            return y, None
+        backend = "auto"  # a call with states (prefill, continuation) runs the library's own forms
     if backend != "reference" and resolve_backend(
         backend, "ShortConvolution", lambda: x.is_cuda and causal_conv_triton.supported(x, weight),
         causal_conv.BACKENDS, varlen=cu_seqlens is not None, no_varlen=(),
@@ -119,8 +138,10 @@ class ShortConvolution(nn.Module):
         activation: None or "silu" (applied to the output).
         backend: form of the forward / backward: "reference" (the PyTorch form below: ``F.conv1d`` eager, K shifted
             products under ``torch.compile``), "triton" (``ops/causal_conv``: one forward and one backward kernel,
-            SiLU fused, float32 sums; CPU tensors need the Triton interpreter) or "auto" ("triton" for CUDA inputs
-            the kernels take, else "reference"). The decode step (``short_conv_step``) is the same for all three.
+            SiLU fused, float32 sums; CPU tensors need the Triton interpreter), "auto" ("triton" for CUDA inputs
+            the kernels take, else "reference") or "fla" (flash-linear-attention's Triton ``causal_conv1d``, an
+            optional dependency, for the stateless training call; calls with a state or a final state run "auto").
+            The decode step (``short_conv_step``) is the same for all.
     """
 
     def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None,
@@ -130,7 +151,7 @@ class ShortConvolution(nn.Module):
             raise ValueError(f"activation must be one of None, 'silu', got {activation!r}")
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
-        validate_backend(backend, "ShortConvolution", causal_conv.BACKENDS)
+        validate_backend(backend, "ShortConvolution", CONV_BACKENDS)
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
         self.backend = backend
         # Same parameter layout as nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=False).

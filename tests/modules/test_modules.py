@@ -98,3 +98,40 @@ def test_rope_table_rows_equal_the_angle_math(dtype):
         x = x.to(dtype)
         torch.testing.assert_close(rope.at_table(x, table, pos), rope.at(x, pos), rtol=0, atol=0)
     assert not torch.equal(rope.at_table(x, table, pos), x)  # it rotates
+
+
+def test_short_conv_fla_backend_dispatch(monkeypatch):
+    """backend="fla": the stateless training call (dense or packed) goes to fla's ``causal_conv1d`` with the [D, K]
+    weight and the activation; a call with a state or a final state runs the library's own form (the same values as
+    "reference"); without fla installed the stateless call raises one line naming the package."""
+    from hybrid_attention.modules import conv as conv_mod
+    from hybrid_attention.ops.causal_conv import naive_causal_conv1d
+
+    calls = []
+
+    def fake_fla(x, weight, activation=None, cu_seqlens=None):
+        calls.append((tuple(weight.shape), activation, cu_seqlens))
+        return naive_causal_conv1d(x, weight, activation=activation, cu_seqlens=cu_seqlens)
+
+    monkeypatch.setattr(conv_mod, "_fla_causal_conv1d", lambda: fake_fla)
+    ref = ShortConvolution(6, 4, "silu").double()
+    fla = ShortConvolution(6, 4, "silu", backend="fla").double()
+    fla.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 11, 6, dtype=torch.float64)
+    torch.testing.assert_close(fla(x)[0], ref(x)[0])
+    cu = torch.tensor([0, 4, 11])
+    torch.testing.assert_close(fla(x, cu_seqlens=cu)[0], ref(x, cu_seqlens=cu)[0])
+    assert calls == [((6, 4), "silu", None), ((6, 4), "silu", cu)]
+    state = torch.randn(1, 6, 3, dtype=torch.float64)
+    for args in ((x, state), (x, None, True)):
+        got, want = fla(*args), ref(*args)
+        torch.testing.assert_close(got[0], want[0])
+        if want[1] is not None:
+            torch.testing.assert_close(got[1], want[1])
+    assert len(calls) == 2
+    monkeypatch.undo()
+    monkeypatch.setitem(__import__("sys").modules, "fla.modules.causal_conv1d", None)
+    with pytest.raises(RuntimeError, match="backend 'fla' needs flash-linear-attention"):
+        fla(x)
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'reference', 'triton', 'fla'"):
+        ShortConvolution(4, 4, backend="flash")

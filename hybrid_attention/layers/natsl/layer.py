@@ -169,7 +169,8 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             buffer_dtype: "auto" / "fp32" / "bf16", the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
                 (pinned by a suite through ``mixer_options.natsl.buffer_dtype``).
             conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
-                (default), "triton" (``ops/causal_conv``) or "auto" ("triton" for CUDA inputs).
+                (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
+                optional).
         """
         super().__init__()
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
