@@ -8,14 +8,14 @@ reference path, eager and under ``torch.compile``.
 1. Correctness: bf16 x and initial state, float32 weight, SiLU, K = 4, at every timed shape and on packed documents
    (B = 1, the training shapes' tokens cut into documents of 1 to 600 tokens): the Triton op's output, final state and
    gradients of x, weight and the initial state against the float64 definition (``naive_causal_conv1d`` on float64
-   copies), relative RMS error, for each backward form (``CausalConvConfig.bwd_form``: "reload", the registered op's
-   default, and "shifted" through the op's ``config=`` path); bar 1e-2 (bf16 rounding of y and dx). The reference
+   copies), relative RMS error, for each backward form (``CausalConvConfig.bwd_form``: the default through the
+   registered op, the other through the op's ``config=`` path); bar 1e-2 (bf16 rounding of y and dx). The reference
    module's own bf16 error of y and dx is printed beside it.
 2. Timing (``triton.testing.do_bench``, median): forward and forward+backward of one ``ShortConvolution(C, 4,
    "silu")`` call on bf16 x [B, T, C] with its float32 weight, for backend "triton" (eager, and inside
    ``torch.compile``: the registered op is opaque) and "reference" (eager ``F.conv1d``; compiled: the K shifted
-   products inductor fuses, the training path); "triton shifted": the op with the same weight and
-   ``bwd_form="shifted"`` (its ``config=`` path, an autograd Function over the same host code; the sweep times both
+   products inductor fuses, the training path); "triton <form>": the op with the same weight and the backward form
+   that is not the default (its ``config=`` path, an autograd Function over the same host code; the sweep times both
    forms on that path). Shapes: ``small`` (B=16, T=2048; C = 512 for q, k and 1024 for v) and the 340M GDN layer
    (B=4, T=4096; C = 768 and 1536: 6 heads x 128 / 256), and each layer's fused q|k|v convolution (2048, 3072). fla's
    ``causal_conv1d`` is timed beside them when fla is installed.
@@ -85,7 +85,7 @@ def _run(fn, leaves: list[torch.Tensor], dy: torch.Tensor, dfin: torch.Tensor | 
 
 def _check(dev: str, B: int, T: int, C: int, packed: bool, seed: int, form: str) -> dict:
     """Relative RMS errors against float64 of the Triton op with backward form ``form`` (bf16 x and init, fp32
-    weight; float32 x in the dry run; "reload" is the registered op) and of the reference module (y and dx)."""
+    weight; float32 x in the dry run; the default form is the registered op) and of the reference module (y and dx)."""
     g = torch.Generator(device=dev).manual_seed(seed)
     xdt = torch.bfloat16 if dev == "cuda" else torch.float32
     cu = None
@@ -135,19 +135,21 @@ def correctness(results: dict, s: BenchSettings, shapes: dict) -> None:
 
 def _forms(C: int, dev: str, compile_backend: str, fla: bool) -> dict:
     """Form name -> (module whose weight the call reads, call x -> y): ShortConvolution(C, K, "silu") on each backend,
-    eager and compiled, the Triton op with the shifted backward (same weight), and fla's Triton ``causal_conv1d``
-    (eager) with the same weight where fla is installed (a comparison baseline)."""
+    eager and compiled, the Triton op with the backward form that is not the default (same weight), and fla's Triton
+    ``causal_conv1d`` (eager) with the same weight where fla is installed (a comparison baseline)."""
     ref = ShortConvolution(C, K, "silu").to(dev)
     tri = ShortConvolution(C, K, "silu", backend="triton").to(dev)
     tri.load_state_dict(ref.state_dict())
     forms = {
         "triton": (tri, lambda x: tri(x)[0]),
-        "triton shifted": (tri, lambda x: triton_causal_conv1d(x, tri.weight[:, 0], activation="silu",
-                                                               config=FORM_CONFIGS["shifted"])[0]),
         "triton compiled": (tri, torch.compile(lambda x: tri(x)[0], backend=compile_backend)),
         "reference eager": (ref, lambda x: ref(x)[0]),
         "reference compiled": (ref, torch.compile(lambda x: ref(x)[0], backend=compile_backend)),
     }
+    for form, cfg in FORM_CONFIGS.items():
+        if cfg != DEFAULT_CONFIG:
+            forms[f"triton {form}"] = (tri, lambda x, cfg=cfg: triton_causal_conv1d(x, tri.weight[:, 0],
+                                                                                   activation="silu", config=cfg)[0])
     try:
         from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     except ImportError:

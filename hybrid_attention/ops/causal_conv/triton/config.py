@@ -21,11 +21,11 @@ class CausalConvConfig(KernelConfig):
     state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
     ``KernelConfig``.
 
-    bwd_form: the backward tile kernel: "reload" (``_conv_bwd_kernel``, any K: with SiLU it recomputes the
-    pre-activation at each of the K lags from K shifted x loads, K² + K x-tile loads per program) or "shifted"
-    (``_conv_bwd_shifted_kernel``, K = 4, other widths run "reload": the 2K-1 distinct x tiles and the K dy tiles
-    loaded once each). "reload" stays the default until "shifted" has been checked against float64 and timed on a GPU
-    (``python -m benchmarks.causal_conv`` times both).
+    bwd_form: the backward tile kernel: "shifted" (default; ``_conv_bwd_shifted_kernel``, K = 4, other widths run
+    "reload": the 2K-1 distinct x tiles and the K dy tiles loaded once each) or "reload" (``_conv_bwd_kernel``, any
+    K: with SiLU it recomputes the pre-activation at each of the K lags from K shifted x loads, K² + K x-tile loads
+    per program). "shifted" is the faster at both timed widths (the short-convolution op table of
+    benchmarks/README.md, ``python -m benchmarks.causal_conv --quick``).
 
     The defaults are the largest tiles that compile without spills for sm_90 (the register table of the
     short-convolution section of benchmarks/README.md, ``python benchmarks/aot_regs_conv.py``); the launch sweep
@@ -38,7 +38,7 @@ class CausalConvConfig(KernelConfig):
     BC_STATE: int = 64
     warps_fwd: int = 4
     warps_bwd: int = 4
-    bwd_form: str = "reload"
+    bwd_form: str = "shifted"
 
     def __post_init__(self) -> None:
         if self.bwd_form not in BWD_FORMS:
