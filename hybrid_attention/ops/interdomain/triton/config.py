@@ -77,7 +77,7 @@ class InterdomainConfig(ScanConfig):
     (default), "bf16" (half their bytes, rounded to nearest on store; needs ``fuse_dz``, whose scan only reads the
     adjoints) or "auto" (bf16 for bf16 activations). Every sum over them stays float32. "bf16" is faster at the
     training and long shapes (the "bf16 backward buffers" rows of the launch table in benchmarks/README.md); "fp32"
-    stays the default until the layers' and models' CUDA tests have passed with "auto".
+    is the default because only the op's own CUDA tests have run with bf16 buffers (the GPU suite table there).
 
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
