@@ -47,6 +47,7 @@ VARIANTS = {
     "bf16_dots_w8": {"chunk_dots": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
     "bf16_states": {"state_dtype": "bf16"},
     "bf16_buffers": {"buffer_dtype": "bf16"},
+    "fp32_buffers": {"buffer_dtype": "fp32"},
     "fp32_states": {"state_dtype": "fp32"},
     "bf16_dots_states_w8": {"chunk_dots": "bf16", "state_dtype": "bf16", "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},
     "L64_BC64_w8": {"max_chunk": 64, "BC": 64, "warps_chunk_fwd": 8, "warps_chunk_bwd": 8},

@@ -73,11 +73,11 @@ class InterdomainConfig(ScanConfig):
     layers, models and serving passes with it on the GPU).
 
     buffer_dtype: storage of the backward's per-chunk buffers, the chunk-local state adjoints (the chunk kernel writes
-    them, the reverse scan reads them once) and the per-chunk dK / dC partials (summed on the host in float32): "fp32"
-    (default), "bf16" (half their bytes, rounded to nearest on store; needs ``fuse_dz``, whose scan only reads the
-    adjoints) or "auto" (bf16 for bf16 activations). Every sum over them stays float32. "bf16" is faster at the
-    training and long shapes (the "bf16 backward buffers" rows of the launch table in benchmarks/README.md); "fp32"
-    is the default because only the op's own CUDA tests have run with bf16 buffers (the GPU suite table there).
+    them, the reverse scan reads them once) and the per-chunk dK / dC partials (summed on the host in float32): "auto"
+    (default: bf16 for bf16 activations with ``fuse_dz``, else float32), "fp32", or "bf16" (half their bytes, rounded
+    to nearest on store; needs ``fuse_dz``, whose scan only reads the adjoints). Every sum over them stays float32.
+    DECISION: the "bf16 backward buffers" rows of the launch table in benchmarks/README.md (faster at the training
+    and long shapes).
 
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
@@ -93,7 +93,7 @@ class InterdomainConfig(ScanConfig):
     real_one_pass: bool = True
     real_dot_prec: str = "tf32"
     chunk_dots: str = "auto"
-    buffer_dtype: str = "fp32"
+    buffer_dtype: str = "auto"
     state_dtype: str = "auto"
 
     def __post_init__(self) -> None:
