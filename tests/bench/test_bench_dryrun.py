@@ -160,3 +160,14 @@ def test_profile_prefill_dryrun(capsys):
     out = capsys.readouterr().out
     assert "### gdn-340m eager T=64: wall" in out and "failed" not in out
     assert out.count("\n| ") == 1 + 3  # the table's header and three kernels
+
+
+def test_gdn_launch_dryrun(tmp_path):
+    """Every GDN launch variant runs the op on the CPU and agrees with the default configuration (a variant whose
+    tiles break the kernels would differ or raise here before it costs GPU time)."""
+    from benchmarks.gdn_launch import VARIANTS
+
+    out = _dryrun("benchmarks.gdn_launch", tmp_path)
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| 1x80x2x32x64 ")]
+    assert [r[2].strip() for r in rows] == list(VARIANTS)
+    assert all(float(r[3]) < 1e-5 for r in rows), out

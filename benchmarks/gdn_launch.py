@@ -1,0 +1,161 @@
+"""Launch configurations of the Triton gated delta rule at given shapes, forward and forward+backward, beside causal
+SDPA of the same heads, with each kernel's share (GPU only):
+
+    python -m benchmarks.gdn_launch [--shapes 16x2048x8x64x128 4x4096x6x128x256] [--variants default par_w8 ...]
+    TRITON_INTERPRET=1 python -m benchmarks.gdn_launch --dryrun      # every variant once on the CPU, no timings
+
+Shapes are B×T×H×K×V, chunk 64, bf16 activations, no commit mask: ``16x2048x8x64x128`` is the GDN layer of the
+`small` training step, ``4x4096x6x128x256`` the layer of gdn-340m at 4×4096. Every variant is checked against the
+default configuration on the same inputs (relative RMS of o and of the five gradients; the default itself is checked
+against float64 by tests/ops). Milliseconds are medians of ``triton.testing.do_bench``; ``vs SDPA`` is SDPA's
+forward+backward time (causal, head dim K) over the variant's; the kernel split is the profiler's CUDA time per
+kernel over 3 forward+backward calls. The variants change one launch family each from ``DEFAULT_CONFIG``, and only
+in ways that compile without spills at both shapes (``benchmarks/aot_regs_gdn.py --set ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import rel_rms, require_cuda
+
+VARIANTS = {
+    "default": {},
+    "par_w8": {"par_warps": 8},
+    "par_bv128_w8": {"par_bv": 128, "par_warps": 8},
+    "seqf_bv32": {"seqf_bv": 32},
+    "seqb_bv32": {"seqb_bv": 32},
+    "seqb_w4": {"seqb_warps": 4},
+    "bwdk_bv32": {"bwdk_bv": 32},
+    "fin_w8": {"fin_warps": 8},
+    "fin_bk64": {"fin_bk": 64},
+    "fin_bv64": {"fin_bv": 64},
+    "fin_bk64_bv64_w8": {"fin_bk": 64, "fin_bv": 64, "fin_warps": 8},
+}
+
+
+def _shape(text: str) -> tuple[int, int, int, int, int]:
+    try:
+        b, t, h, k, v = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes takes BxTxHxKxV such as 16x2048x8x64x128, got {text!r}") from None
+    return b, t, h, k, v
+
+
+def _sdpa_ms(B: int, T: int, H: int, d: int) -> float:
+    """Causal SDPA forward+backward at B × H × T × d, bf16, median ms (its warm-up also brings the clocks up)."""
+    from triton.testing import do_bench
+
+    qs, ks, vs = (torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dos = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
+    return do_bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(dos),
+                    warmup=25, rep=100, grad_to_none=[qs, ks, vs], return_mode="median")
+
+
+def _kernel_split(fn, calls: int = 3) -> dict[str, float]:
+    """CUDA ms per call of each kernel ``fn`` launches (the profiler's device time, summed by kernel name)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    split: dict[str, float] = {}
+    for ev in prof.key_averages():
+        ms = ev.device_time_total / 1e3 / calls
+        if ms > 0:
+            name = ev.key.removesuffix("_kernel").lstrip("_")
+            split[name] = split.get(name, 0.0) + ms
+    return split
+
+
+def _one_shape(B: int, T: int, H: int, K: int, V: int, variants: list[str], dryrun: bool) -> list[dict]:
+    """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, the kernel split
+    and SDPA's time (``dryrun``: the errors only, on the CPU)."""
+    from triton.testing import do_bench
+
+    from hybrid_attention.ops.gated_delta.triton import triton_gated_delta
+    from hybrid_attention.ops.gated_delta.triton.config import DEFAULT_CONFIG
+
+    dev = torch.device("cpu" if dryrun else "cuda")
+    act = torch.float32 if dryrun else torch.bfloat16  # the interpreter runs fp32
+    gen = torch.Generator(device=dev).manual_seed(3)
+    q, k = (torch.randn(B, T, H, K, device=dev, generator=gen).to(act).requires_grad_() for _ in range(2))
+    v = torch.randn(B, T, H, V, device=dev, generator=gen).to(act).requires_grad_()
+    g = (-0.1 * torch.rand(B, T, H, device=dev, generator=gen)).requires_grad_()
+    beta = torch.rand(B, T, H, device=dev, generator=gen).requires_grad_()
+    do = torch.randn(B, T, H, V, device=dev, generator=gen).to(act)
+    inputs = [q, k, v, g, beta]
+    sdpa = None if dryrun else _sdpa_ms(B, T, H, K)
+    rows, ref = [], None
+    for name in variants:
+        cfg = dataclasses.replace(DEFAULT_CONFIG, **VARIANTS[name])
+
+        def fwd(cfg=cfg):
+            with torch.no_grad():
+                return triton_gated_delta(q, k, v, g, beta, config=cfg)[0]
+
+        def fwdbwd(cfg=cfg):
+            triton_gated_delta(q, k, v, g, beta, config=cfg)[0].backward(do)
+
+        for t in inputs:
+            t.grad = None
+        o = triton_gated_delta(q, k, v, g, beta, config=cfg)[0]
+        o.backward(do)
+        got = [o.detach()] + [t.grad.detach().clone() for t in inputs]
+        ref = ref or got
+        row = {"shape": f"{B}x{T}x{H}x{K}x{V}", "variant": name, "sdpa_fb_ms": sdpa,
+               "max_rel_vs_default": max(rel_rms(a.float(), b.float()) for a, b in zip(got, ref))}
+        if not dryrun:
+            row |= {"fwd_ms": do_bench(fwd, warmup=5, rep=40, return_mode="median"),
+                    "fb_ms": do_bench(fwdbwd, warmup=5, rep=40, return_mode="median", grad_to_none=inputs),
+                    "kernels_ms": _kernel_split(fwdbwd)}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def _table(rows: list[dict]) -> None:
+    print("| B×T×H×K×V | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA | kernels ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        err = f"{r['max_rel_vs_default']:.1e}"
+        if "fwd_ms" not in r:  # a dry run: no timings
+            print(f"| {r['shape']} | {r['variant']} | {err} | - | - | - | - | - |")
+            continue
+        split = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["kernels_ms"].items(), key=lambda kv: -kv[1])[:8])
+        print(f"| {r['shape']} | {r['variant']} | {err} | {r['fwd_ms']:.3f} | {r['fb_ms']:.3f} | "
+              f"{r['sdpa_fb_ms']:.3f} | {r['sdpa_fb_ms'] / r['fb_ms']:.2f}× | {split} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", type=_shape, nargs="+", default=[(16, 2048, 8, 64, 128), (4, 4096, 6, 128, 256)])
+    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--dryrun", action="store_true", default=os.environ.get("BENCH_DRYRUN") == "1",
+                   help="every variant once at a tiny shape on the CPU (needs TRITON_INTERPRET=1), no timings")
+    args = p.parse_args(argv)
+    require_cuda(args.dryrun)
+    if args.dryrun:
+        from hybrid_attention.ops.common.triton import interpreting
+
+        if not interpreting():
+            raise SystemExit("error: --dryrun runs the kernels on the CPU and needs TRITON_INTERPRET=1")
+        args.shapes = [(1, 80, 2, 32, 64)]  # a partial last chunk of 64
+    rows = []
+    try:
+        for shape in args.shapes:
+            rows += _one_shape(*shape, args.variants, args.dryrun)
+            if not args.dryrun:
+                torch.cuda.empty_cache()
+    finally:  # the rows measured so far, also when a variant raises
+        _table(rows)
+
+
+if __name__ == "__main__":
+    main()
