@@ -4,13 +4,16 @@ SDPA of the same heads, with each kernel's share (GPU only):
     python -m benchmarks.gdn_launch [--shapes 16x2048x8x64x128 4x4096x6x128x256] [--variants default par_w8 ...]
     TRITON_INTERPRET=1 python -m benchmarks.gdn_launch --dryrun      # every variant once on the CPU, no timings
 
-Shapes are B×T×H×K×V, chunk 64, bf16 activations, no commit mask: ``16x2048x8x64x128`` is the GDN layer of the
-`small` training step, ``4x4096x6x128x256`` the layer of gdn-340m at 4×4096. Every variant is checked against the
-default configuration on the same inputs (relative RMS of o and of the five gradients; the default itself is checked
-against float64 by tests/ops). Milliseconds are medians of ``triton.testing.do_bench``; ``vs SDPA`` is SDPA's
-forward+backward time (causal, head dim K) over the variant's; the kernel split is the profiler's CUDA time per
-kernel over 3 forward+backward calls. The variants change one launch family each from ``DEFAULT_CONFIG``, and only
-in ways that compile without spills at both shapes (``benchmarks/aot_regs_gdn.py --set ...``).
+Shapes are B×T×H×K×V, chunk 64, bf16 activations, no commit mask: ``16x2048x8x64x128`` is the GDN layer of the `small`
+training step, ``4x4096x6x128x256`` the layer of gdn-340m at 4×4096. Every variant is checked against the default
+configuration on the same inputs (relative RMS of o and of the five gradients; the default itself is checked against
+float64 by tests/ops). Milliseconds are medians of ``triton.testing.do_bench``; ``vs SDPA`` is SDPA's forward+backward
+time (causal, head dim K) over the variant's; the kernel split is the profiler's CUDA time per kernel over 3
+forward+backward calls. ``--glue`` adds the layer's glue that the op's kernels could absorb, compiled as in the
+training step (inductor): the decay g and β from their projections, and the output RMSNorm with the swish gate, each
+forward+backward: the ceiling of what fusing it into the op's prep and output kernels saves. The variants change one
+launch family each from ``DEFAULT_CONFIG``, and only in ways that compile without spills at both shapes
+(``benchmarks/aot_regs_gdn.py --set ...``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,44 @@ def _kernel_split(fn, calls: int = 3) -> dict[str, float]:
     return split
 
 
+def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
+    """Forward+backward ms of the GDN layer's glue around the op, each compiled alone: g and β from the a / b
+    projections (``gdn_decay``, the sigmoid), and the head RMSNorm times swish(W_g x) on o."""
+    from triton.testing import do_bench
+
+    from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
+    from hybrid_attention.modules import RMSNorm
+
+    dev, act = "cuda", torch.bfloat16
+    a_log, dt_bias = torch.empty(H, device=dev), torch.empty(H, device=dev)
+    init_decay_params(a_log, dt_bias)
+    a_log.requires_grad_(), dt_bias.requires_grad_()
+    norm = RMSNorm(V).to(dev)
+    a, b = (torch.randn(B, T, H, device=dev, dtype=act).requires_grad_() for _ in range(2))
+    o, gate = (torch.randn(B, T, H * V, device=dev, dtype=act).requires_grad_() for _ in range(2))
+    dgb = [torch.randn(B, T, H, device=dev) for _ in range(2)]
+    dy = torch.randn(B, T, H, V, device=dev, dtype=act)
+
+    @torch.compile
+    def gates():
+        return gdn_decay(a, a_log, dt_bias), torch.sigmoid(b.float())
+
+    @torch.compile
+    def out_norm():
+        return norm(o.view(B, T, H, V)) * F.silu(gate.view(B, T, H, V))
+
+    jobs = {"glue: g, β": (lambda: torch.autograd.backward(gates(), dgb), [a, b, a_log, dt_bias]),
+            "glue: output norm ⊙ swish gate": (lambda: out_norm().backward(dy), [o, gate, *norm.parameters()])}
+    rows = []
+    for name, (fn, leaves) in jobs.items():
+        fn()
+        rows.append({"shape": f"{B}x{T}x{H}x{K}x{V}", "variant": name, "sdpa_fb_ms": None, "max_rel_vs_default": None,
+                     "fb_ms": do_bench(fn, warmup=5, rep=40, return_mode="median", grad_to_none=leaves),
+                     "kernels_ms": _kernel_split(fn)})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def _one_shape(B: int, T: int, H: int, K: int, V: int, variants: list[str], dryrun: bool) -> list[dict]:
     """The rows of one shape: every variant's error vs the default, forward and forward+backward ms, the kernel split
     and SDPA's time (``dryrun``: the errors only, on the CPU)."""
@@ -124,7 +165,12 @@ def _table(rows: list[dict]) -> None:
     print("| B×T×H×K×V | variant | max rel vs default | fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | vs SDPA | kernels ms |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        err = f"{r['max_rel_vs_default']:.1e}"
+        err = "-" if r["max_rel_vs_default"] is None else f"{r['max_rel_vs_default']:.1e}"
+        if r["sdpa_fb_ms"] is None and "fb_ms" in r:  # a glue row: forward+backward only
+            top = sorted(r["kernels_ms"].items(), key=lambda kv: -kv[1])[:4]
+            split = ", ".join(f"{k[:40]} {v:.3f}" for k, v in top)
+            print(f"| {r['shape']} | {r['variant']} | - | - | {r['fb_ms']:.3f} | - | - | {split} |")
+            continue
         if "fwd_ms" not in r:  # a dry run: no timings
             print(f"| {r['shape']} | {r['variant']} | {err} | - | - | - | - | - |")
             continue
@@ -137,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", type=_shape, nargs="+", default=[(16, 2048, 8, 64, 128), (4, 4096, 6, 128, 256)])
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--glue", action="store_true", help="add the layer's g / β and output-norm glue rows (compiled)")
     p.add_argument("--dryrun", action="store_true", default=os.environ.get("BENCH_DRYRUN") == "1",
                    help="every variant once at a tiny shape on the CPU (needs TRITON_INTERPRET=1), no timings")
     args = p.parse_args(argv)
@@ -151,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for shape in args.shapes:
             rows += _one_shape(*shape, args.variants, args.dryrun)
+            rows += _glue_rows(*shape) if args.glue and not args.dryrun else []
             if not args.dryrun:
                 torch.cuda.empty_cache()
     finally:  # the rows measured so far, also when a variant raises
