@@ -11,7 +11,8 @@ float64 by tests/ops). Milliseconds are medians of ``triton.testing.do_bench``; 
 time (causal, head dim K) over the variant's; the kernel split is the profiler's CUDA time per kernel over 3
 forward+backward calls. ``--glue`` adds the layer's glue that the op's kernels could absorb, compiled as in the
 training step (inductor): the decay g and β from their projections, and the output RMSNorm with the swish gate, each
-forward+backward: the ceiling of what fusing it into the op's prep and output kernels saves. The variants change one
+forward+backward (inductor's fusion, the ``ops.gated_norm`` Triton op and fla's ``FusedRMSNormGated`` when fla is
+installed): the ceiling of what fusing it into the op's prep and output kernels saves. The variants change one
 launch family each from ``DEFAULT_CONFIG``, and only in ways that compile without spills at both shapes
 (``benchmarks/aot_regs_gdn.py --set ...``).
 """
@@ -29,16 +30,17 @@ from benchmarks.common import rel_rms, require_cuda
 
 VARIANTS = {
     "default": {},
+    "previous": {"seq_wide_grid": 0, "fin_bk": 32},  # narrow state tiles at every grid, 32-row finish key tiles
+    "narrow_state": {"seq_wide_grid": 0},
+    "wide_state": {"seq_wide_grid": 1},
+    "fin_bk32": {"fin_bk": 32},
     "par_w8": {"par_warps": 8},
     "par_bv128_w8": {"par_bv": 128, "par_warps": 8},
-    "seqf_bv32": {"seqf_bv": 32},
-    "seqb_bv32": {"seqb_bv": 32},
     "seqb_w4": {"seqb_warps": 4},
     "bwdk_bv32": {"bwdk_bv": 32},
     "fin_w8": {"fin_warps": 8},
-    "fin_bk64": {"fin_bk": 64},
     "fin_bv64": {"fin_bv": 64},
-    "fin_bk64_bv64_w8": {"fin_bk": 64, "fin_bv": 64, "fin_warps": 8},
+    "fin_bv64_w8": {"fin_bv": 64, "fin_warps": 8},
 }
 
 
@@ -84,6 +86,7 @@ def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
 
     from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
     from hybrid_attention.modules import RMSNorm
+    from hybrid_attention.ops.gated_norm import gated_rms_norm
 
     dev, act = "cuda", torch.bfloat16
     a_log, dt_bias = torch.empty(H, device=dev), torch.empty(H, device=dev)
@@ -103,11 +106,29 @@ def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
     def out_norm():
         return norm(o.view(B, T, H, V)) * F.silu(gate.view(B, T, H, V))
 
+    @torch.compile
+    def out_norm_triton():
+        return gated_rms_norm(o.view(B, T, H, V), gate.view(B, T, H, V), norm.weight, norm.eps, backend="triton")
+
+    norm_leaves = [o, gate, *norm.parameters()]
     jobs = {"glue: g, β": (lambda: torch.autograd.backward(gates(), dgb), [a, b, a_log, dt_bias]),
-            "glue: output norm ⊙ swish gate": (lambda: out_norm().backward(dy), [o, gate, *norm.parameters()])}
+            "glue: output norm ⊙ swish gate": (lambda: out_norm().backward(dy), norm_leaves),
+            "glue: output norm ⊙ swish gate, triton": (lambda: out_norm_triton().backward(dy), norm_leaves)}
+    try:
+        from fla.modules import FusedRMSNormGated
+
+        fla_norm = FusedRMSNormGated(V, eps=norm.eps).to(dev)
+        jobs["glue: fla FusedRMSNormGated"] = (
+            lambda: fla_norm(o.view(B, T, H, V), gate.view(B, T, H, V)).backward(dy), [o, gate, fla_norm.weight])
+    except ImportError:
+        print("fla is not installed: no FusedRMSNormGated row", flush=True)
     rows = []
     for name, (fn, leaves) in jobs.items():
-        fn()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - a baseline's failure is reported, not fatal
+            print(f"{name}: raised {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+            continue
         rows.append({"shape": f"{B}x{T}x{H}x{K}x{V}", "variant": name, "sdpa_fb_ms": None, "max_rel_vs_default": None,
                      "fb_ms": do_bench(fn, warmup=5, rep=40, return_mode="median", grad_to_none=leaves),
                      "kernels_ms": _kernel_split(fn)})

@@ -22,6 +22,8 @@ from hybrid_attention.ops.common.backend import resolve_use_kernels
 from hybrid_attention.ops.gated_delta import gated_delta
 from hybrid_attention.ops.gated_delta.step import gated_delta_step
 from hybrid_attention.ops.gated_delta.triton import config_with_buffers
+from hybrid_attention.ops.gated_norm import BACKENDS as NORM_BACKENDS
+from hybrid_attention.ops.gated_norm import gated_rms_norm
 
 
 def init_decay_params(a_log: torch.Tensor, dt_bias: torch.Tensor, dt_min=1e-3, dt_max=1e-1, dt_floor=1e-4) -> None:
@@ -98,6 +100,9 @@ class GatedDeltaNet(TokenMixer):
         conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
             (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
             optional).
+        norm_backend: form of the output RMSNorm and swish gate (``ops.gated_norm``'s backend, with ``use_gate``):
+            "auto" (default: "triton", one kernel each way, for CUDA inputs, else "reference"), "reference" or
+            "triton". DECISION: the "GDN glue" rows in benchmarks/README.md.
     """
 
     packed_states = True
@@ -115,9 +120,13 @@ class GatedDeltaNet(TokenMixer):
         backend: str = "auto",
         buffer_dtype: str = "auto",
         conv_backend: str = "reference",
+        norm_backend: str = "auto",
     ) -> None:
         super().__init__()
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values
+        if norm_backend not in NORM_BACKENDS:
+            raise ValueError(f"norm_backend must be one of {', '.join(map(repr, NORM_BACKENDS))}, got {norm_backend!r}")
+        self.norm_backend = norm_backend
         head_v_dim = head_dim * expand_v
         if head_v_dim != int(head_v_dim):
             raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
@@ -179,10 +188,10 @@ class GatedDeltaNet(TokenMixer):
         """o [B, T, H, d_v] -> [B, T, hidden]: head RMSNorm, the optional swish gate (g_proj(x), or `gate`
         [B, T, H·d_v] when the caller projected it already), W_o."""
         b, t, _ = x.shape
-        o = self.o_norm(o)
-        if self.g_proj is not None:
-            gate = self.g_proj(x) if gate is None else gate
-            o = o * F.silu(gate.view(b, t, self.num_heads, self.head_v_dim))
+        if self.g_proj is None:
+            return self.o_proj(self.o_norm(o).reshape(b, t, -1))
+        gate = (self.g_proj(x) if gate is None else gate).view(b, t, self.num_heads, self.head_v_dim)
+        o = gated_rms_norm(o, gate, self.o_norm.weight, self.o_norm.eps, backend=self.norm_backend)
         return self.o_proj(o.reshape(b, t, -1))
 
     def forward(self, x: torch.Tensor, state: GDNState | None = None, *, output_state: bool | None = None,

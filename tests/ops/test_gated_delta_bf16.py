@@ -65,7 +65,7 @@ def test_buffer_dtype_field():
 def test_state_backward_stages_follow_its_dots(buffer_dtype, seqb_dots, act, stages, bf16_dots):
     """The state backward is pipelined (``seqb_stages_bf16`` = 2) only when its dots take bf16 operands; an fp32-dot
     launch keeps ``seqb_stages`` = 1 (2 stages there gave wrong gradients on the H200: GatedDeltaConfig)."""
-    tiles = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype, seqb_dots=seqb_dots), act)
+    tiles = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype, seqb_dots=seqb_dots), act, 6)
     assert (tiles.seqb["num_stages"], tiles.seqb["BF16"]) == (stages, bf16_dots)
 
 

@@ -17,6 +17,7 @@ from triton_device import DEVICE
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
 from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, triton_gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
+from hybrid_attention.ops.gated_delta.triton import function as F
 
 pytestmark = [
     pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed"),
@@ -117,7 +118,9 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA codegen check (the interpreter runs the small shapes' code path)")
 @pytest.mark.parametrize("K,V", [(64, 128), (128, 256)])
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
-                                     dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32")])
+                                     dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
+                                     dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
+                                     dict(seq_wide_grid=0, fin_bk=32)])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
@@ -143,6 +146,28 @@ def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommit
         if b is None:
             continue
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+
+
+@pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False)])
+def test_wide_state_tiles_match_reference(commit_kind, decay_uncommitted):
+    # seq_wide_grid = 1: the state kernels take the 32-wide value tiles at any grid (V = 64: two tiles)
+    inputs, do, dS = make_case(2, 45, 2, 16, 64, 16, commit_kind, True, seed=46)
+    cfg = dataclasses.replace(DEFAULT_CONFIG, seq_wide_grid=1)
+    assert F._Tiles(16, 64, cfg, torch.float32, 4).BVB == 32
+    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
+    for name, a, b in zip(NAMES, tri, ref):
+        if b is None:
+            continue
+        assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+
+
+@pytest.mark.parametrize("n_seq,width", [(24, 32), (128, 32), (16, 32), (15, 16), (6, 16), (1, 16)])
+def test_state_tile_width_follows_the_grid(n_seq, width):
+    # the 340m heads (V = 256): wide tiles while sequences x heads x 256 / 32 >= seq_wide_grid (128)
+    tiles = F._Tiles(128, 256, DEFAULT_CONFIG, torch.bfloat16, n_seq)
+    assert (tiles.BVS, tiles.BVB) == (width, width)
+    narrow = F._Tiles(128, 256, dataclasses.replace(DEFAULT_CONFIG, seq_wide_grid=0), torch.bfloat16, n_seq)
+    assert (narrow.BVS, narrow.BVB) == (DEFAULT_CONFIG.seqf_bv, DEFAULT_CONFIG.seqb_bv)
 
 
 def test_config_rejects_unknown_scale_side():

@@ -35,7 +35,14 @@ class GatedDeltaConfig(KernelConfig):
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid
     V / seqf_bv x B*H; ``seqf_bv=16`` with 8 warps hits an illegal memory access on the H200, a codegen issue of that
     tile/warp combination: do not use it); seqb_*: the state backward; bwdk_*: the key-side backward; fin_*: the
-    finishing backward kernel. ``poison``: see ``KernelConfig``.
+    finishing backward kernel (``fin_bk`` 64: the "GDN launch variants" rows in benchmarks/README.md). ``poison``:
+    see ``KernelConfig``.
+
+    seq_wide_bv / seq_wide_grid: the two sequential state kernels take ``seq_wide_bv``-wide value tiles (in place of
+    ``seqf_bv`` / ``seqb_bv``) when that grid still has at least ``seq_wide_grid`` programs (sequences × heads ×
+    V / ``seq_wide_bv``); 0 keeps the narrow tiles. Wide tiles halve the programs that each re-read the chunk's keys,
+    which pays once the grid fills the GPU (B ≥ 4 at the 340m heads, the `small` step), while a single long
+    sequence needs the narrow tiles' programs. DECISION: the "GDN launch variants" rows in benchmarks/README.md.
 
     seqb_scale: where the state backward applies the per-token scales r_k e^{G_last - G} and r_q e^G. "qk" (default):
     on the [C, K] key / query tiles before the dots. "tile": on the [C, BV] side (K̃ dS = diag(s) (k dS),
@@ -76,10 +83,12 @@ class GatedDeltaConfig(KernelConfig):
     bwdk_bv: int = 64
     bwdk_warps: int = 8
     bwdk_stages: int = 1
-    fin_bk: int = 32
+    fin_bk: int = 64
     fin_bv: int = 32
     fin_warps: int = 4
     fin_stages: int = 1
+    seq_wide_bv: int = 32
+    seq_wide_grid: int = 128
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"

@@ -27,15 +27,17 @@ def _p2(x: int) -> int:
 
 class _Tiles:
     """The launch settings of one call: ``cfg``'s tile sizes capped by the head dims K, V, its launch options, and the
-    buffer dtype (``cfg.buffer_dtype``; "auto" resolves from the activations' dtype ``act``)."""
+    buffer dtype (``cfg.buffer_dtype``; "auto" resolves from the activations' dtype ``act``); ``n_seq``: programs per
+    value tile of the sequential state kernels (``_seq_grid``), which picks their tile width (``seq_wide_grid``)."""
 
-    def __init__(self, K: int, V: int, cfg: GatedDeltaConfig, act: torch.dtype) -> None:
+    def __init__(self, K: int, V: int, cfg: GatedDeltaConfig, act: torch.dtype, n_seq: int) -> None:
         kp, vp = max(16, _p2(K)), max(16, _p2(V))
         self.BK = min(cfg.par_bk, kp)
         self.BV = min(cfg.par_bv, vp)
         self.BKF = kp  # full K extent of the state kernels
-        self.BVS = min(cfg.seqf_bv, vp)
-        self.BVB = min(cfg.seqb_bv, vp)
+        wide = cfg.seq_wide_grid > 0 and n_seq * triton.cdiv(V, cfg.seq_wide_bv) >= cfg.seq_wide_grid
+        self.BVS = min(cfg.seq_wide_bv if wide else cfg.seqf_bv, vp)
+        self.BVB = min(cfg.seq_wide_bv if wide else cfg.seqb_bv, vp)
         self.BK2 = min(cfg.bwdk_bk, kp)
         self.BV2 = min(cfg.bwdk_bv, vp)
         self.BK3 = min(cfg.fin_bk, kp)
@@ -77,7 +79,8 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     N = vl.n_rows if vl is not None else triton.cdiv(T, C)  # chunk rows (real chunks in document order, then spare)
     NM = commit.shape[1] if commit is not None else N  # rows of the commit mask (the true Nc when packed)
     Tp = N * C
-    cfg = _Tiles(K, V, config, q.dtype)
+    n_seq = _seq_grid(B, H, vl)
+    cfg = _Tiles(K, V, config, q.dtype, n_seq)
     dev, f32 = q.device, torch.float32
     G = config.empty(B, H, Tp, device=dev, dtype=f32)
     rq = config.empty_like(G)
@@ -87,7 +90,6 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     u = config.empty(B, H, Tp, V, device=dev, dtype=cfg.buf)
     A_scratch = config.empty(B, H, N, C, C, device=dev, dtype=f32)
     varlen = vl is not None
-    n_seq = _seq_grid(B, H, vl)
     cu, ci, co = _vl_ptrs(vl, G)  # unused pointers when not packed
     _k._prep_kernel[(N, B * H)](
         q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, cu, ci, T, H, N, Tp,
@@ -122,13 +124,13 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     N = vl.n_rows if vl is not None else triton.cdiv(T, C)
     NM = commit.shape[1] if commit is not None else N
     Tp = N * C
-    cfg = _Tiles(K, V, config, q.dtype)
+    n_seq = _seq_grid(B, H, vl)
+    cfg = _Tiles(K, V, config, q.dtype, n_seq)
     dev, f32 = q.device, torch.float32
     BH = B * H
     has_commit = commit is not None
     m_arg = commit if has_commit else G
     varlen = vl is not None
-    n_seq = _seq_grid(B, H, vl)
     cu, ci, co = _vl_ptrs(vl, G)
 
     dvl = config.empty(B, H, Tp, V, device=dev, dtype=f32)
