@@ -120,7 +120,7 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
                                      dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
-                                     dict(seq_wide_grid=0, fin_bk=32)])
+                                     dict(fin_bk=32), dict(fin_bk=64)])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
