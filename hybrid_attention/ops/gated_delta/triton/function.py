@@ -35,7 +35,12 @@ class _Tiles:
         self.BK = min(cfg.par_bk, kp)
         self.BV = min(cfg.par_bv, vp)
         self.BKF = kp  # full K extent of the state kernels
-        wide = cfg.seq_wide_grid > 0 and n_seq * triton.cdiv(V, cfg.seq_wide_bv) >= cfg.seq_wide_grid
+        # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)
+        self.bf16 = cfg.buffer_dtype == "bf16" or (cfg.buffer_dtype == "auto" and act in LOW_PRECISION)
+        # wide state tiles with bf16 buffers only: the float32 state forward's 32-wide tile at K = 128 needs more
+        # shared memory than an H100 has (GatedDeltaConfig.seq_wide_grid)
+        wide = (self.bf16 and cfg.seq_wide_grid > 0
+                and n_seq * triton.cdiv(V, cfg.seq_wide_bv) >= cfg.seq_wide_grid)
         self.BVS = min(cfg.seq_wide_bv if wide else cfg.seqf_bv, vp)
         self.BVB = min(cfg.seq_wide_bv if wide else cfg.seqb_bv, vp)
         self.BK2 = min(cfg.bwdk_bk, kp)
@@ -50,8 +55,6 @@ class _Tiles:
         self.seqb = dict(num_warps=cfg.seqb_warps, TILE_SCALE=cfg.seqb_scale == "tile")
         self.bwdk = dict(num_warps=cfg.bwdk_warps, num_stages=cfg.bwdk_stages)
         self.fin = dict(num_warps=cfg.fin_warps, num_stages=cfg.fin_stages)
-        # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)
-        self.bf16 = cfg.buffer_dtype == "bf16" or (cfg.buffer_dtype == "auto" and act in LOW_PRECISION)
         self.buf = torch.bfloat16 if self.bf16 else torch.float32
         self.lowp = dict(BF16=self.bf16, UPCAST=interp)  # UPCAST: the interpreter's bf16 dot is wrong (no NumPy bf16)
         # the state backward's dots: bf16 operands only with seqb_dots="bf16" and bf16 buffers (an fp32 call stays fp32)
