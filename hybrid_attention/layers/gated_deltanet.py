@@ -102,7 +102,8 @@ class GatedDeltaNet(TokenMixer):
             optional).
         norm_backend: form of the output RMSNorm and swish gate (``ops.gated_norm``'s backend, with ``use_gate``):
             "auto" (default: "triton", one kernel each way, for CUDA inputs, else "reference"), "reference" or
-            "triton". DECISION: the "GDN glue" rows in benchmarks/README.md.
+            "triton". DECISION: the "output RMSNorm ⊙ swish gate" rows of the GDN op section in
+            benchmarks/README.md.
     """
 
     packed_states = True
