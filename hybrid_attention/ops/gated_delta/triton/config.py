@@ -41,10 +41,10 @@ class GatedDeltaConfig(KernelConfig):
     seq_wide_bv / seq_wide_grid: with bf16 buffers the two sequential state kernels take ``seq_wide_bv``-wide value
     tiles (in place of ``seqf_bv`` / ``seqb_bv``) when that grid still has at least ``seq_wide_grid`` programs
     (sequences × heads × V / ``seq_wide_bv``); 0 keeps the narrow tiles, and so do float32 buffers (the state
-    forward's 32-wide float32 tile at K = 128 needs 247 KB of shared memory, over the H100's 227 KB). Wide tiles
-    halve the programs that each re-read the chunk's keys, which pays once the grid fills the GPU (B ≥ 4 at the 340m
-    heads, the `small` step), while a single long sequence needs the narrow tiles' programs. DECISION: the "GDN
-    launch variants" rows in benchmarks/README.md.
+    forward's 32-wide float32 tile at K = 128 exceeds sm_90's shared memory: the `fb1f178` row of the GPU suite
+    table in benchmarks/README.md). Wide tiles halve the programs that each re-read the chunk's keys, which pays
+    once the grid fills the GPU (B ≥ 4 at the 340m heads, the `small` step), while a single long sequence needs the
+    narrow tiles' programs. DECISION: the "GDN launch variants" rows in benchmarks/README.md.
 
     seqb_scale: where the state backward applies the per-token scales r_k e^{G_last - G} and r_q e^G. "qk" (default):
     on the [C, K] key / query tiles before the dots. "tile": on the [C, BV] side (K̃ dS = diag(s) (k dS),

@@ -37,8 +37,8 @@ class _Tiles:
         self.BKF = kp  # full K extent of the state kernels
         # buffer_dtype: w, u, S_n, vn storage and the state / output kernels' dot operands (kernels.py docstring)
         self.bf16 = cfg.buffer_dtype == "bf16" or (cfg.buffer_dtype == "auto" and act in LOW_PRECISION)
-        # wide state tiles with bf16 buffers only: the float32 state forward's 32-wide tile at K = 128 needs more
-        # shared memory than an H100 has (GatedDeltaConfig.seq_wide_grid)
+        # wide state tiles with bf16 buffers only: the float32 state forward's 32-wide tile at K = 128 exceeds
+        # sm_90's shared memory (GatedDeltaConfig.seq_wide_grid)
         wide = (self.bf16 and cfg.seq_wide_grid > 0
                 and n_seq * triton.cdiv(V, cfg.seq_wide_bv) >= cfg.seq_wide_grid)
         self.BVS = min(cfg.seq_wide_bv if wide else cfg.seqf_bv, vp)

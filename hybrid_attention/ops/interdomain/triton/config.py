@@ -76,8 +76,8 @@ class InterdomainConfig(ScanConfig):
     them, the reverse scan reads them once) and the per-chunk dK / dC partials (summed on the host in float32): "auto"
     (default: bf16 for bf16 activations with ``fuse_dz``, else float32), "fp32", or "bf16" (half their bytes, rounded
     to nearest on store; needs ``fuse_dz``, whose scan only reads the adjoints). Every sum over them stays float32.
-    DECISION: the "bf16 backward buffers" rows of the launch table in benchmarks/README.md (faster at the training
-    and long shapes).
+    DECISION: the bf16-buffer rows of the Interdomain launch tables in benchmarks/README.md (the table with "auto" as
+    the default).
 
     state_dtype (``ScanConfig``): "auto" here, so bf16 training stores its chunk states in bf16 and float32 callers
     keep float32 states. DECISION: the "bf16 chunk states" rows of the launch table in benchmarks/README.md (faster at
