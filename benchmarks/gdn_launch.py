@@ -12,9 +12,9 @@ time (causal, head dim K) over the variant's; the kernel split is the profiler's
 forward+backward calls. ``--glue`` adds the layer's glue that the op's kernels could absorb, compiled as in the
 training step (inductor): the decay g and β from their projections, and the output RMSNorm with the swish gate, each
 forward+backward (inductor's fusion, the ``ops.gated_norm`` Triton op and fla's ``FusedRMSNormGated`` when fla is
-installed): the ceiling of what fusing it into the op's prep and output kernels saves. The variants change one
-launch family each from ``DEFAULT_CONFIG``, and only in ways that compile without spills at both shapes
-(``benchmarks/aot_regs_gdn.py --set ...``).
+installed): the ceiling of what fusing it into the op's prep and output kernels saves. The variants change launch
+settings of ``DEFAULT_CONFIG`` (``previous``: the launch before the wide state tiles and the 64-row finish key tiles),
+each compiling without spills at both shapes (``benchmarks/aot_regs_gdn.py --set ...``).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def test_state_tile_width_follows_the_grid(n_seq, width):
 
 @pytest.mark.parametrize("buffer_dtype,act", [("auto", torch.float32), ("fp32", torch.bfloat16)])
 def test_float32_buffers_keep_narrow_state_tiles(buffer_dtype, act):
-    # the float32 state forward's 32-wide tile at K = 128 is over the H100's shared memory: narrow at any grid
+    # the float32 state forward's 32-wide tile at K = 128 exceeds sm_90's shared memory: narrow at any grid
     cfg = dataclasses.replace(DEFAULT_CONFIG, buffer_dtype=buffer_dtype, seq_wide_grid=1)
     tiles = F._Tiles(128, 256, cfg, act, 128)
     assert (tiles.BVS, tiles.BVB) == (DEFAULT_CONFIG.seqf_bv, DEFAULT_CONFIG.seqb_bv)
