@@ -41,6 +41,7 @@ VARIANTS = {
     "fin_w8": {"fin_warps": 8},
     "fin_bv64": {"fin_bv": 64},
     "fin_bv64_w8": {"fin_bv": 64, "fin_warps": 8},
+    "local_dv": {"local_dv": "state_bwd"},  # the state backward forms dvn_local from the stored (P⊙D)ᵀ
 }
 
 

@@ -15,7 +15,7 @@ import torch
 from triton_device import DEVICE
 
 from hybrid_attention.ops.gated_delta import chunk_gated_delta, gated_delta
-from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, triton_gated_delta
+from hybrid_attention.ops.gated_delta.triton import DEFAULT_CONFIG, GatedDeltaConfig, triton_gated_delta
 from hybrid_attention.ops.gated_delta.triton import HAS_TRITON as TRITON_AVAILABLE
 from hybrid_attention.ops.gated_delta.triton import function as F
 
@@ -120,7 +120,8 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
                                      dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
-                                     dict(fin_bk=32), dict(fin_bk=64)])
+                                     dict(fin_bk=32), dict(fin_bk=64), dict(local_dv="state_bwd"),
+                                     dict(local_dv="state_bwd", buffer_dtype="bf16")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
@@ -146,6 +147,23 @@ def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommit
         if b is None:
             continue
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
+
+
+@pytest.mark.parametrize("commit_kind,decay_uncommitted,seqb_scale,buffers", [
+    ("random", True, "qk", "auto"), ("relaxed", False, "tile", "auto"), ("none", True, "qk", "auto"),
+    ("random", True, "qk", "bf16")])
+def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitted, seqb_scale, buffers):
+    # GatedDeltaConfig.local_dv = "state_bwd": bwd_local stores scale (P⊙D)ᵀ per chunk and the state backward forms
+    # dvn_local from it; every buffer starts as NaN, so a chunk the two kernels disagree on would surface
+    inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=47)
+    # (fp32 inputs: "auto" keeps fp32 buffers, "bf16" stores (P⊙D)ᵀ in bf16 and the state backward's dots take bf16)
+    cfg = GatedDeltaConfig(local_dv="state_bwd", seqb_scale=seqb_scale, buffer_dtype=buffers, poison=True)
+    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
+    tol = BF16_TOL if buffers == "bf16" else TOL
+    for name, a, b in zip(NAMES, tri, ref):
+        if b is None:
+            continue
+        assert torch.isfinite(a).all() and rel(a.cpu(), b) < tol, (name, rel(a.cpu(), b))
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False)])
@@ -181,6 +199,8 @@ def test_float32_buffers_keep_narrow_state_tiles(buffer_dtype, act):
 def test_config_rejects_unknown_scale_side():
     with pytest.raises(ValueError, match="seqb_scale must be one of qk, tile"):
         dataclasses.replace(DEFAULT_CONFIG, seqb_scale="k")
+    with pytest.raises(ValueError, match="local_dv must be one of bwd_local, state_bwd, got 'output'"):
+        dataclasses.replace(DEFAULT_CONFIG, local_dv="output")
 
 
 def test_chunk128_supported_only_for_small_heads():
@@ -284,7 +304,6 @@ def test_chunk_attention_triton_matches_dense(B, T, Hs, G, C, frac, bias):
 def test_poisoned_buffers_are_fully_written():
     """Every kernel-written buffer starts as NaN: any element a kernel forgets to write would surface."""
     from hybrid_attention.ops.chunk_attention.triton import ChunkAttentionConfig, triton_chunk_attention
-    from hybrid_attention.ops.gated_delta.triton import GatedDeltaConfig
 
     inputs, do, dS = make_case(1, 37, 2, 16, 16, 16, "random", True, seed=21)
     tri, ref = run_both(inputs, do, dS, 16, True, config=GatedDeltaConfig(poison=True))

@@ -102,14 +102,15 @@ def _leaf(x: torch.Tensor | None, dtype: torch.dtype, dev: str) -> torch.Tensor 
 GDN_NAMES = ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dcommit", "dS0"]
 
 
-@pytest.mark.parametrize("commit_kind,decay_uncommitted,with_s0,chunk", [
-    ("none", True, False, C),
-    ("random", True, True, C),
-    ("relaxed", False, True, C),
-    ("relaxed", True, True, 32),  # (1, 5, 16, 37) at C = 32: 1, below, below, across
+@pytest.mark.parametrize("commit_kind,decay_uncommitted,with_s0,chunk,local_dv", [
+    ("none", True, False, C, "bwd_local"),
+    ("random", True, True, C, "bwd_local"),
+    ("relaxed", False, True, C, "bwd_local"),
+    ("relaxed", True, True, 32, "bwd_local"),  # (1, 5, 16, 37) at C = 32: 1, below, below, across
+    ("random", True, True, C, "state_bwd"),  # the state backward forms the local value gradient
 ])
 def test_gated_delta_packed_matches_separate(commit_kind: str, decay_uncommitted: bool, with_s0: bool,
-                                             chunk: int) -> None:
+                                             chunk: int, local_dv: str) -> None:
     inputs = _gdn_inputs(LENGTHS, commit_kind, with_s0, seed=len(commit_kind) + 10 * with_s0, chunk=chunk)
     ref_xs = [_leaf(x, F64, "cpu") for x in inputs]
     o_ref, S_ref = _gdn_separate(ref_xs, LENGTHS, decay_uncommitted, chunk)
@@ -119,7 +120,8 @@ def test_gated_delta_packed_matches_separate(commit_kind: str, decay_uncommitted
     q, k, v, g, beta, commit, S0 = xs
     o, S = triton_gated_delta(q, k, v, g, beta, commit=commit, chunk_size=chunk, initial_state=S0,
                               output_final_state=True, decay_uncommitted=decay_uncommitted,
-                              config=GatedDeltaConfig(poison=True), cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
+                              config=GatedDeltaConfig(poison=True, local_dv=local_dv),
+                              cu_seqlens=cu_seqlens_from_lengths(LENGTHS))
     assert o.shape == o_ref.shape and S.shape == (len(LENGTHS), *S_ref.shape[1:])
     g_tri = _grads(_loss(o.double(), S.double()), xs)
     for name, a, b in zip(GDN_NAMES, [o, S, *g_tri], [o_ref, S_ref, *g_ref], strict=True):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from ...common.triton.config import KernelConfig
 
-__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES", "SEQB_DOTS", "config_with_buffers"]
+__all__ = ["GatedDeltaConfig", "DEFAULT_CONFIG", "BUFFER_DTYPES", "SEQB_SCALES", "SEQB_DOTS", "LOCAL_DV",
+           "config_with_buffers"]
 
 BUFFER_DTYPES = ("auto", "fp32", "bf16")
 """Allowed ``GatedDeltaConfig.buffer_dtype`` values."""
@@ -19,6 +20,8 @@ SEQB_SCALES = ("qk", "tile")
 """Allowed ``GatedDeltaConfig.seqb_scale`` values."""
 SEQB_DOTS = ("fp32", "bf16")
 """Allowed ``GatedDeltaConfig.seqb_dots`` values."""
+LOCAL_DV = ("bwd_local", "state_bwd")
+"""Allowed ``GatedDeltaConfig.local_dv`` values."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ class GatedDeltaConfig(KernelConfig):
     Two fields because the pipelined fp32-operand loop miscompiles on the H200 (triton 3.6, K 128 / V 256, chunk 64,
     T 200, against float64: dS0 relative error 0.86 with 2 stages and bf16 buffers); 1 stage for fp32 dots and 2 for
     bf16 dots pass. Keep ``seqb_stages`` at 1.
+
+    local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local" (default):
+    ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
+    scale (P⊙D)ᵀ, [B, H, N, C, C] in the buffer dtype, and each state-backward program multiplies it by the dO tile
+    it loads anyway (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written nor
+    read.
     """
 
     par_bk: int = 64
@@ -94,6 +103,7 @@ class GatedDeltaConfig(KernelConfig):
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"
+    local_dv: str = "bwd_local"
 
     def __post_init__(self) -> None:
         if self.buffer_dtype not in BUFFER_DTYPES:
@@ -102,6 +112,8 @@ class GatedDeltaConfig(KernelConfig):
             raise ValueError(f"seqb_scale must be one of {', '.join(SEQB_SCALES)}, got {self.seqb_scale!r}")
         if self.seqb_dots not in SEQB_DOTS:
             raise ValueError(f"seqb_dots must be one of {', '.join(SEQB_DOTS)}, got {self.seqb_dots!r}")
+        if self.local_dv not in LOCAL_DV:
+            raise ValueError(f"local_dv must be one of {', '.join(LOCAL_DV)}, got {self.local_dv!r}")
 
 
 DEFAULT_CONFIG = GatedDeltaConfig()

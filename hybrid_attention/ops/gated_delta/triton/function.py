@@ -62,6 +62,7 @@ class _Tiles:
         seqb_bf16 = self.bf16 and cfg.seqb_dots == "bf16"
         self.seqb.update(BF16=seqb_bf16, UPCAST=interp,
                          num_stages=cfg.seqb_stages_bf16 if seqb_bf16 else cfg.seqb_stages)
+        self.local_pd = cfg.local_dv == "state_bwd"  # the state backward forms dvn_local (GatedDeltaConfig.local_dv)
 
 
 def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:
@@ -136,12 +137,15 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
     varlen = vl is not None
     cu, ci, co = _vl_ptrs(vl, G)
 
-    dvl = config.empty(B, H, Tp, V, device=dev, dtype=f32)
+    # dvn_local [B, H, Tp, V], or scale (P⊙D)ᵀ [B, H, N, C, C] in the buffer dtype for the state backward to form it
+    dvl = (config.empty(B, H, N, C, C, device=dev, dtype=cfg.buf) if cfg.local_pd
+           else config.empty(B, H, Tp, V, device=dev, dtype=f32))
     dPD = config.empty(B, H, N, C, C, device=dev, dtype=f32)
     dGloc = config.empty(B, H, Tp, device=dev, dtype=f32)
     _k._bwd_local_kernel[(N, BH)](
         q, k, do, G, rq, rk, vn, dvl, dPD, dGloc, cu, ci, T, H, N, Tp,
-        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, **cfg.par,
+        K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, LOCAL_PD=cfg.local_pd,
+        **cfg.par,
     )
     dh = config.empty(B, H, N, K, V, device=dev, dtype=f32)
     dvn = config.empty(B, H, Tp, V, device=dev, dtype=f32)
@@ -151,7 +155,7 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
         T, H, N, NM, Tp,
         K=K, V=V, C=C, BKF=cfg.BKF, BV=cfg.BVB, HAS_COMMIT=has_commit, HAS_DSFIN=dSfin is not None,
         DECAY_UNCOMMITTED=decay_uncommitted, PREC=cfg.prec, WHILE_LOOP=cfg.interp, SCALE=scale, VARLEN=varlen,
-        **cfg.seqb,
+        LOCAL_PD=cfg.local_pd, **cfg.seqb,
     )
     del dvl
     NKT = cfg.NKT

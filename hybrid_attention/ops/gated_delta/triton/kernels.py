@@ -363,9 +363,12 @@ def _bwd_local_kernel(
     dvl_ptr, dPD_ptr, dG_ptr, cu_ptr, ci_ptr,
     T, H, N, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    SCALE: tl.constexpr, VARLEN: tl.constexpr,
+    SCALE: tl.constexpr, VARLEN: tl.constexpr, LOCAL_PD: tl.constexpr,
 ):
-    """dvn_local = scale (P⊙D)ᵀ dO;  dPD = scale (dO vnᵀ) ⊙ D;  dG from D: rowsum(M) - colsum(M), M = dPD ⊙ P."""
+    """dvn_local = scale (P⊙D)ᵀ dO;  dPD = scale (dO vnᵀ) ⊙ D;  dG from D: rowsum(M) - colsum(M), M = dPD ⊙ P.
+
+    With ``LOCAL_PD`` (``GatedDeltaConfig.local_dv="state_bwd"``) ``dvl_ptr`` is [BH, N, C, C] in the buffer dtype
+    and receives scale (P⊙D)ᵀ, from which the state backward forms dvn_local itself."""
     n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -391,6 +394,9 @@ def _bwd_local_kernel(
     incl = ti[:, None] >= ti[None, :]
     D = tl.exp(tl.where(incl, Gt[:, None] - Gt[None, :], float("-inf")))
     PD = P * D
+    if LOCAL_PD:  # (P⊙D)ᵀ row-major: element (i, j) of P⊙D at j·C + i
+        tl.store(dvl_ptr + (bh * N + n) * C * C + ti[None, :] * C + ti[:, None],
+                 (PD * SCALE).to(dvl_ptr.dtype.element_ty))
     dP = tl.zeros([C, C], dtype=tl.float32)
     do_base = b * T * H * V + h * V
     for v0 in range(0, V, BV):
@@ -399,8 +405,9 @@ def _bwd_local_kernel(
         dO = tl.load(do_ptr + do_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm, other=0.0)
         dO = dO.to(tl.float32)
         vn = tl.load(vn_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm, other=0.0).to(tl.float32)
-        dvl = tl.dot(tl.trans(PD), dO, input_precision=PREC) * SCALE
-        tl.store(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvl, mask=vm)
+        if not LOCAL_PD:
+            dvl = tl.dot(tl.trans(PD), dO, input_precision=PREC) * SCALE
+            tl.store(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], dvl, mask=vm)
         dP += tl.dot(dO, tl.trans(vn), input_precision=PREC)
     dPD = dP * D * SCALE
     tl.store(dPD_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :], dPD)
@@ -426,7 +433,7 @@ def _state_bwd_step(
     scale, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask, T, H, N, NM, Tp,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
-    TILE_SCALE: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr,
+    TILE_SCALE: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, LOCAL_PD: tl.constexpr,
 ):
     """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n.
 
@@ -453,7 +460,12 @@ def _state_bwd_step(
     wn = tl.load(w_ptr + bh * Tp * K + t[:, None] * K + kr[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
                  mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
-    dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
+    if LOCAL_PD:  # dvn_local = scale (P⊙D)ᵀ dO from the chunk's stored scale (P⊙D)ᵀ (``_bwd_local_kernel``)
+        ti = tl.arange(0, C)
+        pdt = tl.load(dvl_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :]).to(tl.float32)
+        dvl = tl.dot(_bf16(pdt, BF16, UPCAST), _bf16(dO, BF16, UPCAST), input_precision=PREC)
+    else:
+        dvl = tl.load(dvl_ptr + bh * Tp * V + t[:, None] * V + vc[None, :], mask=vm[None, :], other=0.0)
     gam = tl.exp(Gl)
     if HAS_COMMIT:
         m = tl.load(m_ptr + (b * NM + n) * H + h, mask=n < NM, other=0.0).to(tl.float32)
@@ -481,7 +493,7 @@ def _state_bwd_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
     WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, TILE_SCALE: tl.constexpr,
-    BF16: tl.constexpr, UPCAST: tl.constexpr,
+    BF16: tl.constexpr, UPCAST: tl.constexpr, LOCAL_PD: tl.constexpr,
 ):
     """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
     dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
@@ -511,14 +523,14 @@ def _state_bwd_kernel(
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
-                                 TILE_SCALE, BF16, UPCAST)
+                                 TILE_SCALE, BF16, UPCAST, LOCAL_PD)
             i += 1
     else:
         for i in range(c1 - c0):
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
-                                 TILE_SCALE, BF16, UPCAST)
+                                 TILE_SCALE, BF16, UPCAST, LOCAL_PD)
     tl.store(dS0_ptr + sh * K * V + kv_offs, dS, mask=kv_mask)
 
 
