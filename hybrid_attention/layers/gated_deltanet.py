@@ -101,9 +101,8 @@ class GatedDeltaNet(TokenMixer):
             (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
             optional).
         norm_backend: form of the output RMSNorm and swish gate (``ops.gated_norm``'s backend, with ``use_gate``):
-            "auto" (default: "triton", one kernel each way, for CUDA inputs, else "reference"), "reference" or
-            "triton". DECISION: the "output RMSNorm ⊙ swish gate" rows of the GDN op section in
-            benchmarks/README.md.
+            "auto" (default: "triton", one kernel each way, for CUDA inputs outside ``torch.compile``, else
+            "reference"; ``ops.gated_norm.auto_takes_triton``), "reference" or "triton".
     """
 
     packed_states = True

@@ -100,6 +100,28 @@ def test_dispatch_and_input_errors():
         triton_gated_rms_norm(x, gate, w)
 
 
+def test_auto_takes_triton_outside_compile_only(monkeypatch):
+    """"auto" picks the Triton op for supported CUDA inputs in eager code and the reference inside ``torch.compile``
+    (inductor fuses it and recomputes y for the next layer's backward); never for CPU inputs."""
+    import types
+
+    from hybrid_attention.ops import gated_norm
+
+    monkeypatch.setattr(gated_norm.triton_backend, "supported", lambda x, w: True)
+    cuda_like, w = types.SimpleNamespace(is_cuda=True), torch.ones(4)
+    assert gated_norm.auto_takes_triton(cuda_like, w)
+    assert not gated_norm.auto_takes_triton(torch.ones(2, 4), w)
+    seen = []
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def traced(x):
+        seen.append(gated_norm.auto_takes_triton(cuda_like, w))
+        return x + 1
+
+    traced(torch.ones(2))
+    assert seen == [False]
+
+
 def test_gdn_layer_norm_backend(device):
     """``GatedDeltaNet(norm_backend="triton")`` equals the reference layer with the same weights (output and every
     parameter's gradient, float32), and an unknown name is refused with the allowed values."""
