@@ -227,10 +227,10 @@ def _one_line(exc: BaseException, limit: int = 240) -> str:
 
 
 def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backend: str,
-            profile_steps: int = 0) -> dict:
+            profile_steps: int = 0, profile_top: int = 10) -> dict:
     """Build, (compile with ``compile_backend``,) warm up and time one row, then profile ``profile_steps`` more steps
-    (``row["profile"]``, see ``benchmarks.profile_train.profile_steps``); raises on failure (the caller records
-    it)."""
+    (``row["profile"]`` with its ``profile_top`` largest kernels, see ``benchmarks.profile_train.profile_steps``);
+    raises on failure (the caller records it)."""
     from hybrid_attention.modules.activation_checkpointing import enable_block_checkpointing
 
     dev = s.device
@@ -288,7 +288,7 @@ def measure(s: BenchSettings, spec: dict, steps: int, warmup: int, compile_backe
     if profile_steps > 0:
         from benchmarks.profile_train import profile_steps as split
 
-        row["profile"] = split(step, profile_steps, row["step_ms"])
+        row["profile"] = split(step, profile_steps, row["step_ms"], top=profile_top)
     return row
 
 
@@ -308,7 +308,7 @@ def _describe(mixers: list[str]) -> str:
 
 
 def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compile_backend: str,
-             profile_steps: int = 0, on_row=None) -> dict:
+             profile_steps: int = 0, on_row=None, profile_top: int = 10) -> dict:
     """Measure every row of ``specs``: this run's results ``{"errors": [...], "rows": [...]}`` (a failed row records
     its error; rows past the budget are recorded as skipped). ``on_row(results)`` runs after every row (the partial
     JSON, so that a run stopped from outside keeps its finished rows)."""
@@ -322,7 +322,7 @@ def run_rows(s: BenchSettings, specs: list[dict], steps: int, warmup: int, compi
         _free()
         t0 = time.time()
         try:
-            row = measure(s, spec, steps, warmup, compile_backend, profile_steps)
+            row = measure(s, spec, steps, warmup, compile_backend, profile_steps, profile_top)
             log(f"train {label}: {row['step_ms']:9.1f} ms/step {row['tok_s']:10.0f} tok/s {row['tflops']:7.1f} "
                 f"TFLOP/s ({row['flops_model']}) peak {row['peak_gb']:.2f} GB reserved {row['reserved_gb']:.2f} GB  "
                 f"warm-up {row['warmup_s']:.1f} s [{time.time() - t0:.0f} s]")
@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="+", type=_shape, help="only these BxT rows (e.g. 16x2048 4x4096)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="profile N more steps of every row: kernel time vs GPU idle, launches, top kernels")
+    p.add_argument("--profile-top", type=int, default=10, metavar="K", help="kernels listed per profiled row")
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--compile-backend", default=os.environ.get("BENCH_COMPILE_BACKEND"),
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({**header, **results}, fh, indent=1, default=str)
         os.replace(path + ".tmp", path)
 
-    results = run_rows(s, specs, steps, warmup, backend, a.profile, on_row=save)
+    results = run_rows(s, specs, steps, warmup, backend, a.profile, on_row=save, profile_top=a.profile_top)
     log(f"\ntraining step (bf16 autocast on CUDA, fused AdamW), {elapsed():.0f} s:")
     log(table(results["rows"]))
     if a.profile:
