@@ -120,8 +120,7 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
                                      dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
-                                     dict(fin_bk=32), dict(fin_bk=64), dict(local_dv="state_bwd"),
-                                     dict(local_dv="state_bwd", buffer_dtype="bf16")])
+                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="bwd_local")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
@@ -149,21 +148,31 @@ def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommit
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
 
 
-@pytest.mark.parametrize("commit_kind,decay_uncommitted,seqb_scale,buffers", [
-    ("random", True, "qk", "auto"), ("relaxed", False, "tile", "auto"), ("none", True, "qk", "auto"),
-    ("random", True, "qk", "bf16")])
-def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitted, seqb_scale, buffers):
+@pytest.mark.parametrize("commit_kind,decay_uncommitted,seqb_scale,seqb_dots", [
+    ("random", True, "qk", "bf16"), ("relaxed", False, "tile", "bf16"), ("none", True, "qk", "bf16"),
+    ("random", True, "qk", "fp32")])
+def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitted, seqb_scale, seqb_dots):
     # GatedDeltaConfig.local_dv = "state_bwd": bwd_local stores scale (P⊙D)ᵀ per chunk and the state backward forms
     # dvn_local from it; every buffer starts as NaN, so a chunk the two kernels disagree on would surface
     inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=47)
-    # (fp32 inputs: "auto" keeps fp32 buffers, "bf16" stores (P⊙D)ᵀ in bf16 and the state backward's dots take bf16)
-    cfg = GatedDeltaConfig(local_dv="state_bwd", seqb_scale=seqb_scale, buffer_dtype=buffers, poison=True)
+    # (bf16 buffers, which the form needs: (P⊙D)ᵀ stored in bf16, the state backward's dots as seqb_dots)
+    cfg = GatedDeltaConfig(local_dv="state_bwd", seqb_scale=seqb_scale, seqb_dots=seqb_dots, buffer_dtype="bf16",
+                           poison=True)
+    assert F._Tiles(16, 32, cfg, torch.float32, 4).local_pd
     tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
-    tol = BF16_TOL if buffers == "bf16" else TOL
     for name, a, b in zip(NAMES, tri, ref):
         if b is None:
             continue
-        assert torch.isfinite(a).all() and rel(a.cpu(), b) < tol, (name, rel(a.cpu(), b))
+        assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (name, rel(a.cpu(), b))
+
+
+@pytest.mark.parametrize("buffer_dtype,act,local_pd", [
+    ("auto", torch.bfloat16, True), ("bf16", torch.float32, True), ("auto", torch.float32, False),
+    ("fp32", torch.bfloat16, False)])
+def test_local_value_gradient_form_follows_the_buffers(buffer_dtype, act, local_pd):
+    # the state backward forms dvn_local with bf16 buffers only; float32 buffers keep bwd_local's [T, V] buffer
+    tiles = F._Tiles(128, 256, dataclasses.replace(DEFAULT_CONFIG, buffer_dtype=buffer_dtype), act, 24)
+    assert tiles.local_pd is local_pd
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False)])

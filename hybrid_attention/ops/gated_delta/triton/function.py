@@ -62,7 +62,8 @@ class _Tiles:
         seqb_bf16 = self.bf16 and cfg.seqb_dots == "bf16"
         self.seqb.update(BF16=seqb_bf16, UPCAST=interp,
                          num_stages=cfg.seqb_stages_bf16 if seqb_bf16 else cfg.seqb_stages)
-        self.local_pd = cfg.local_dv == "state_bwd"  # the state backward forms dvn_local (GatedDeltaConfig.local_dv)
+        # the state backward forms dvn_local, with bf16 buffers only (GatedDeltaConfig.local_dv)
+        self.local_pd = cfg.local_dv == "state_bwd" and self.bf16
 
 
 def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:
