@@ -30,7 +30,7 @@ from benchmarks.common import rel_rms, require_cuda
 
 VARIANTS = {
     "default": {},
-    "previous": {"local_dv": "bwd_local"},  # the launch before the state backward formed dvn_local
+    "previous": {"seq_wide_grid": 0, "fin_bk": 32},  # narrow state tiles at every grid, 32-row finish key tiles
     "narrow_state": {"seq_wide_grid": 0},
     "wide_state": {"seq_wide_grid": 1},
     "fin_bk32": {"fin_bk": 32},
@@ -41,7 +41,7 @@ VARIANTS = {
     "fin_w8": {"fin_warps": 8},
     "fin_bv64": {"fin_bv": 64},
     "fin_bv64_w8": {"fin_bv": 64, "fin_warps": 8},
-    "bwd_local_dv": {"local_dv": "bwd_local"},  # bwd_local writes dvn_local, the state backward reads it
+    "local_dv": {"local_dv": "state_bwd"},  # the state backward forms dvn_local from the stored (P⊙D)ᵀ
 }
 
 

@@ -120,7 +120,7 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
                                      dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
-                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="bwd_local")])
+                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="state_bwd")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
@@ -170,9 +170,10 @@ def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitte
     ("auto", torch.bfloat16, True), ("bf16", torch.float32, True), ("auto", torch.float32, False),
     ("fp32", torch.bfloat16, False)])
 def test_local_value_gradient_form_follows_the_buffers(buffer_dtype, act, local_pd):
-    # the state backward forms dvn_local with bf16 buffers only; float32 buffers keep bwd_local's [T, V] buffer
-    tiles = F._Tiles(128, 256, dataclasses.replace(DEFAULT_CONFIG, buffer_dtype=buffer_dtype), act, 24)
-    assert tiles.local_pd is local_pd
+    # local_dv="state_bwd" acts with bf16 buffers only; float32 buffers keep bwd_local's [T, V] buffer
+    cfg = dataclasses.replace(DEFAULT_CONFIG, buffer_dtype=buffer_dtype, local_dv="state_bwd")
+    assert F._Tiles(128, 256, cfg, act, 24).local_pd is local_pd
+    assert not F._Tiles(128, 256, dataclasses.replace(cfg, local_dv="bwd_local"), act, 24).local_pd
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False)])

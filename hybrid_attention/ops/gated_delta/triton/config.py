@@ -72,12 +72,13 @@ class GatedDeltaConfig(KernelConfig):
     T 200, against float64: dS0 relative error 0.86 with 2 stages and bf16 buffers); 1 stage for fp32 dots and 2 for
     bf16 dots pass. Keep ``seqb_stages`` at 1.
 
-    local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local":
-    ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd" (default):
-    ``bwd_local`` writes scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO
-    tile it loads anyway (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written
-    nor read; with bf16 buffers only (float32 buffers keep "bwd_local": at K 128 / V 256 its float32 16-wide launch
-    failed on the GPU). DECISION: the "local value gradient" rows of the GDN op section in benchmarks/README.md.
+    local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local" (default):
+    ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
+    scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO tile it loads anyway
+    (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written nor read; with bf16
+    buffers only (float32 buffers keep "bwd_local": at K 128 / V 256 the float32 form failed its CUDA test). Off by
+    default until its CUDA float64 tests pass: the "local value gradient" rows of the GDN op section in
+    benchmarks/README.md.
     """
 
     par_bk: int = 64
@@ -104,7 +105,7 @@ class GatedDeltaConfig(KernelConfig):
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"
-    local_dv: str = "state_bwd"
+    local_dv: str = "bwd_local"
 
     def __post_init__(self) -> None:
         if self.buffer_dtype not in BUFFER_DTYPES:
