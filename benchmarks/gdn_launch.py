@@ -9,12 +9,14 @@ training step, ``4x4096x6x128x256`` the layer of gdn-340m at 4×4096. Every vari
 configuration on the same inputs (relative RMS of o and of the five gradients; the default itself is checked against
 float64 by tests/ops). Milliseconds are medians of ``triton.testing.do_bench``; ``vs SDPA`` is SDPA's forward+backward
 time (causal, head dim K) over the variant's; the kernel split is the profiler's CUDA time per kernel over 3
-forward+backward calls. ``--glue`` adds the layer's glue that the op's kernels could absorb, compiled as in the
-training step (inductor): the decay g and β from their projections, and the output RMSNorm with the swish gate, each
+forward+backward calls. ``--glue`` adds the layer's glue that the op's kernels could absorb, compiled as in the training
+step (inductor): the decay g and β from their projections, and the output RMSNorm with the swish gate, each
 forward+backward (inductor's fusion, the ``ops.gated_norm`` Triton op and fla's ``FusedRMSNormGated`` when fla is
-installed): the ceiling of what fusing it into the op's prep and output kernels saves. The variants change launch
-settings of ``DEFAULT_CONFIG`` (``previous``: the launch before the wide state tiles and the 64-row finish key tiles),
-each compiling without spills at both shapes (``benchmarks/aot_regs_gdn.py --set ...``).
+installed; eager too): the ceiling of what fusing it into the op's prep and output kernels saves; and the fused input
+projection at its width and padded to a multiple of 64. ``--norm-tiles`` sweeps the output norm op's tile size and
+backward program count. The variants change launch settings of ``DEFAULT_CONFIG`` (``previous``: the launch before the
+wide state tiles and the 64-row finish key tiles), each compiling without spills at both shapes
+(``benchmarks/aot_regs_gdn.py --set ...``).
 """
 
 from __future__ import annotations
@@ -83,6 +85,41 @@ def _kernel_split(fn, leaves: list[torch.Tensor], calls: int = 3) -> dict[str, f
     return split
 
 
+HIDDEN = {(8, 64, 128): 512, (6, 128, 256): 1024}
+"""Model width of the `small` and 340m presets by their (H, K, V); other heads take H·K."""
+
+
+def _norm_tile_rows(B: int, T: int, H: int, V: int) -> list[dict]:
+    """Forward+backward ms of the ``ops.gated_norm`` Triton op at the output norm's shape for each tile size (values
+    per program, ``ops.ELEMENTS``) and backward program count (``ops.BWD_PROGRAMS``); the module's values are restored
+    afterwards."""
+    from triton.testing import do_bench
+
+    from hybrid_attention.ops.gated_norm import triton_gated_rms_norm
+    from hybrid_attention.ops.gated_norm.triton import ops as norm_ops
+
+    dev, act = "cuda", torch.bfloat16
+    x, gate = (torch.randn(B, T, H, V, device=dev, dtype=act).requires_grad_() for _ in range(2))
+    weight = torch.ones(V, device=dev, requires_grad=True)
+    dy = torch.randn_like(x)
+    saved, rows = (norm_ops.ELEMENTS, norm_ops.BWD_PROGRAMS), []
+    try:
+        for elements in (2048, 4096, 8192):
+            for programs in (512, 1024, 2048):
+                norm_ops.ELEMENTS, norm_ops.BWD_PROGRAMS = elements, programs
+                fn = lambda: triton_gated_rms_norm(x, gate, weight).backward(dy)  # noqa: E731
+                fn()
+                rows.append({"shape": f"{B}x{T}x{H}x{V}", "variant": f"norm tiles: {elements} values, "
+                             f"{programs} backward programs" + (" (default)" if (elements, programs) == saved else ""),
+                             "sdpa_fb_ms": None, "max_rel_vs_default": None, "kernels_ms": {},
+                             "fb_ms": do_bench(fn, warmup=5, rep=40, return_mode="median",
+                                               grad_to_none=[x, gate, weight])})
+                print(rows[-1], flush=True)
+    finally:
+        norm_ops.ELEMENTS, norm_ops.BWD_PROGRAMS = saved
+    return rows
+
+
 def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
     """Forward+backward ms of the GDN layer's glue around the op, each compiled alone: g and β from the a / b
     projections (``gdn_decay``, the sigmoid), and the head RMSNorm times swish(W_g x) on o."""
@@ -106,9 +143,10 @@ def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
     def gates():
         return gdn_decay(a, a_log, dt_bias), torch.sigmoid(b.float())
 
-    @torch.compile
-    def out_norm():
+    def out_norm_eager():
         return norm(o.view(B, T, H, V)) * F.silu(gate.view(B, T, H, V))
+
+    out_norm = torch.compile(out_norm_eager)
 
     @torch.compile
     def out_norm_triton():
@@ -117,7 +155,22 @@ def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
     norm_leaves = [o, gate, *norm.parameters()]
     jobs = {"glue: g, β": (lambda: torch.autograd.backward(gates(), dgb), [a, b, a_log, dt_bias]),
             "glue: output norm ⊙ swish gate": (lambda: out_norm().backward(dy), norm_leaves),
-            "glue: output norm ⊙ swish gate, triton": (lambda: out_norm_triton().backward(dy), norm_leaves)}
+            "glue: output norm ⊙ swish gate, triton": (lambda: out_norm_triton().backward(dy), norm_leaves),
+            "glue: output norm ⊙ swish gate, eager": (lambda: out_norm_eager().backward(dy), norm_leaves)}
+    # project_inputs' one product (q, k, v, g and the a / b columns) at its own width and padded to a multiple of 64,
+    # float32 weights under bf16 autocast as in the step
+    hidden = HIDDEN.get((H, K, V), H * K)
+    width = H * (2 * K + 2 * V + 2)
+    xs = torch.randn(B * T, hidden, device=dev, dtype=act, requires_grad=True)
+    for w in sorted({width, width + (-width % 64)}):
+        wt = torch.randn(w, hidden, device=dev, requires_grad=True)
+        dz = torch.randn(B * T, w, device=dev, dtype=act)
+
+        def proj(wt=wt, dz=dz):
+            with torch.autocast("cuda", dtype=act):
+                F.linear(xs, wt).backward(dz)
+
+        jobs[f"glue: fused input projection, {hidden} -> {w}"] = (proj, [xs, wt])
     try:
         from fla.modules import FusedRMSNormGated
 
@@ -208,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", type=_shape, nargs="+", default=[(16, 2048, 8, 64, 128), (4, 4096, 6, 128, 256)])
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
-    p.add_argument("--glue", action="store_true", help="add the layer's g / β and output-norm glue rows (compiled)")
+    p.add_argument("--glue", action="store_true",
+                   help="add the layer's g / β, output-norm and input-projection glue rows")
+    p.add_argument("--norm-tiles", action="store_true", help="add the output-norm op's tile sweep")
     p.add_argument("--dryrun", action="store_true", default=os.environ.get("BENCH_DRYRUN") == "1",
                    help="every variant once at a tiny shape on the CPU (needs TRITON_INTERPRET=1), no timings")
     args = p.parse_args(argv)
@@ -224,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         for shape in args.shapes:
             rows += _one_shape(*shape, args.variants, args.dryrun)
             rows += _glue_rows(*shape) if args.glue and not args.dryrun else []
+            rows += _norm_tile_rows(*shape[:3], shape[4]) if args.norm_tiles and not args.dryrun else []
             if not args.dryrun:
                 torch.cuda.empty_cache()
     finally:  # the rows measured so far, also when a variant raises

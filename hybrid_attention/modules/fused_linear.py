@@ -13,8 +13,14 @@ from torch import nn
 
 from hybrid_attention.modules.conv import ShortConvolution, short_conv, short_conv_step
 
-__all__ = ["FusedInputs", "concat_conv_weights", "concat_linear_weights", "fuse_inputs", "linear_weights",
-           "project_inputs"]
+__all__ = ["PRODUCT_WIDTH_MULTIPLE", "FusedInputs", "concat_conv_weights", "concat_linear_weights", "fuse_inputs",
+           "linear_weights", "project_inputs"]
+
+
+PRODUCT_WIDTH_MULTIPLE = 64
+"""``project_inputs`` pads its weight with zero rows to a multiple of this many outputs: cuBLAS is several times
+slower at a width such as the GDN layer's q|k|v|g plus its few a / b columns. DECISION: the "fused input projection
+width" rows in benchmarks/README.md."""
 
 
 def linear_weights(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, list[int]]:
@@ -109,7 +115,8 @@ def project_inputs(
     Equals ``linears[n](x)``, followed by ``convs[n](·, state[n], output_final_state, cu_seqlens=cu_seqlens)`` for
     each name n of ``convs``: ``F.linear`` with the concatenated weights (the convolved projections first, so that
     they are one block of its output), then ``short_conv`` over that block with the concatenated kernels (the
-    convolution is depthwise: exact), the backend of the convs.
+    convolution is depthwise: exact), the backend of the convs. The product's width is padded with zero weight rows
+    to a multiple of ``PRODUCT_WIDTH_MULTIPLE``.
 
     Args:
         x: [B, T, in] the input every Linear reads.
@@ -130,9 +137,12 @@ def project_inputs(
     conv_names = [n for n in linears if n in convs]
     names = conv_names + [n for n in linears if n not in convs]
     weight, sizes = linear_weights([linears[n] for n in names])
+    pad = -weight.shape[0] % PRODUCT_WIDTH_MULTIPLE
+    if pad:  # zero rows: the product's extra columns are never read
+        weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
     z = F.linear(x, weight)
     width = sum(sizes[:len(conv_names)])
-    out = dict(zip(names[len(conv_names):], z[..., width:].split(sizes[len(conv_names):], -1)))
+    out = dict(zip(names[len(conv_names):], z[..., width:sum(sizes)].split(sizes[len(conv_names):], -1)))
     new_state = {}
     if conv_names:
         mods = [convs[n] for n in conv_names]

@@ -221,6 +221,28 @@ def test_project_inputs_order_errors_and_gradients():
         project_inputs(x, lins, {"z": convs["q"]})
 
 
+def test_product_width_padded_to_a_multiple_of_64(monkeypatch):
+    """The one product runs at a width that is a multiple of ``PRODUCT_WIDTH_MULTIPLE`` (zero weight rows), and its
+    outputs and weight gradients equal the projections run one by one."""
+    import hybrid_attention.modules.fused_linear as fused_linear
+
+    lins = {n: nn.Linear(8, w, bias=False).double() for n, w in (("q", 40), ("a", 3), ("b", 3))}
+    convs = {"q": ShortConvolution(40, 3, "silu").double()}
+    x = torch.randn(2, 5, 8, dtype=F64)
+    widths, linear = [], fused_linear.F.linear
+    monkeypatch.setattr(fused_linear.F, "linear", lambda x, w: widths.append(w.shape[0]) or linear(x, w))
+    out, _ = project_inputs(x, lins, convs)
+    monkeypatch.undo()
+    assert widths == [fused_linear.PRODUCT_WIDTH_MULTIPLE] and [t.shape[-1] for t in out.values()] == [40, 3, 3]
+    ref, _ = separate_inputs(x, lins, convs, None, False)
+    loss = sum(_weighted(t) for t in out.values())
+    grads = torch.autograd.grad(loss, [m.weight for m in lins.values()])
+    grads_ref = torch.autograd.grad(sum(_weighted(t) for t in ref.values()), [m.weight for m in lins.values()])
+    for n, a, b, ga, gb in zip(lins, out.values(), ref.values(), grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=n)
+        torch.testing.assert_close(ga, gb, rtol=0, atol=1e-12, msg=n)
+
+
 @pytest.mark.triton
 def test_project_inputs_triton_conv_backend(device):
     """The fused convolution on the Triton kernels (the convolved columns are a strided block of the product) equals
