@@ -23,17 +23,22 @@ slower at a width such as the GDN layer's q|k|v|g plus its few a / b columns. DE
 width" rows in benchmarks/README.md."""
 
 
-def linear_weights(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, list[int]]:
+def linear_weights(linears: Sequence[nn.Linear], width_multiple: int = 1) -> tuple[torch.Tensor, list[int]]:
     """Bias-free Linears with the same input size -> (their weights concatenated [Σ out, in], differentiable: the
-    gradient reaches each ``Linear.weight``; the output sizes in order). ``F.linear(x, w).split(sizes, -1)`` equals
-    the Linears applied one by one."""
+    gradient reaches each ``Linear.weight``, then zero rows up to a multiple of ``width_multiple``; the output sizes
+    in order). ``F.linear(x, w)[..., :Σ out].split(sizes, -1)`` equals the Linears applied one by one."""
     if not linears:
         raise ValueError("linears must be a non-empty sequence of nn.Linear")
     in_features = {lin.in_features for lin in linears}
     if len(in_features) != 1 or any(lin.bias is not None for lin in linears):
         raise ValueError("linears must be bias-free nn.Linear layers with one input size, got "
                          f"in_features {sorted(in_features)}, biases {[lin.bias is not None for lin in linears]}")
-    return torch.cat([lin.weight for lin in linears]), [lin.out_features for lin in linears]
+    sizes = [lin.out_features for lin in linears]
+    weights = [lin.weight for lin in linears]
+    pad = -sum(sizes) % width_multiple
+    if pad:  # zero rows: the product's extra columns are never read
+        weights.append(weights[0].new_zeros(pad, weights[0].shape[1]))
+    return torch.cat(weights), sizes
 
 
 def concat_conv_weights(convs: Sequence[ShortConvolution]) -> torch.Tensor:
@@ -136,10 +141,7 @@ def project_inputs(
         raise ValueError(f"convs {sorted(convs)} must name projections among {list(linears)}")
     conv_names = [n for n in linears if n in convs]
     names = conv_names + [n for n in linears if n not in convs]
-    weight, sizes = linear_weights([linears[n] for n in names])
-    pad = -weight.shape[0] % PRODUCT_WIDTH_MULTIPLE
-    if pad:  # zero rows: the product's extra columns are never read
-        weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
+    weight, sizes = linear_weights([linears[n] for n in names], PRODUCT_WIDTH_MULTIPLE)
     z = F.linear(x, weight)
     width = sum(sizes[:len(conv_names)])
     out = dict(zip(names[len(conv_names):], z[..., width:sum(sizes)].split(sizes[len(conv_names):], -1)))
