@@ -120,7 +120,9 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
                                      dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
-                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="state_bwd")])
+                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="state_bwd"),
+                                     dict(buffer_dtype="bf16", bwdk_dots="bf16"),
+                                     dict(buffer_dtype="bf16", bwdk_dots="bf16", local_dv="state_bwd")])
 def test_model_head_shapes_on_cuda(K, V, variant):
     # the heads of `small` (64 / 128) and of the 340m models (128 / 256) at chunk 64, the default launch configuration
     # and the "tile" state backward, which passes every small-shape test on CUDA and the interpreter but hits an
@@ -166,6 +168,29 @@ def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitte
         assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (name, rel(a.cpu(), b))
 
 
+@pytest.mark.parametrize("commit_kind,decay_uncommitted,local_dv", [
+    ("random", True, "bwd_local"), ("relaxed", False, "state_bwd"), ("none", True, "bwd_local")])
+def test_key_backward_bf16_dots_match_reference(commit_kind, decay_uncommitted, local_dv):
+    # GatedDeltaConfig.bwdk_dots = "bf16": bwd_k's three products take bf16 operands and the state backward stores dh
+    # in bf16 (bf16 buffers); every buffer starts as NaN
+    inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=48)
+    cfg = GatedDeltaConfig(bwdk_dots="bf16", local_dv=local_dv, buffer_dtype="bf16", poison=True)
+    assert F._Tiles(16, 32, cfg, torch.float32, 4).bwdk_bf16
+    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
+    for name, a, b in zip(NAMES, tri, ref):
+        if b is None:
+            continue
+        assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (name, rel(a.cpu(), b))
+
+
+@pytest.mark.parametrize("buffer_dtype,act,bf16", [("auto", torch.bfloat16, True), ("auto", torch.float32, False),
+                                                   ("fp32", torch.bfloat16, False)])
+def test_key_backward_bf16_dots_follow_the_buffers(buffer_dtype, act, bf16):
+    # bwdk_dots="bf16" acts with bf16 buffers only: an fp32 call keeps fp32 products and an fp32 dh
+    tiles = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype, bwdk_dots="bf16"), act, 24)
+    assert tiles.bwdk_bf16 is bf16 and tiles.bwdk["BF16"] is bf16 and tiles.seqb["DH_BF16"] is bf16
+
+
 @pytest.mark.parametrize("buffer_dtype,act,local_pd", [
     ("auto", torch.bfloat16, True), ("bf16", torch.float32, True), ("auto", torch.float32, False),
     ("fp32", torch.bfloat16, False)])
@@ -209,6 +234,8 @@ def test_float32_buffers_keep_narrow_state_tiles(buffer_dtype, act):
 def test_config_rejects_unknown_scale_side():
     with pytest.raises(ValueError, match="seqb_scale must be one of qk, tile"):
         dataclasses.replace(DEFAULT_CONFIG, seqb_scale="k")
+    with pytest.raises(ValueError, match="bwdk_dots must be one of fp32, bf16, got 'tf32'"):
+        dataclasses.replace(DEFAULT_CONFIG, bwdk_dots="tf32")
     with pytest.raises(ValueError, match="local_dv must be one of bwd_local, state_bwd, got 'output'"):
         dataclasses.replace(DEFAULT_CONFIG, local_dv="output")
 

@@ -19,7 +19,7 @@ BUFFER_DTYPES = ("auto", "fp32", "bf16")
 SEQB_SCALES = ("qk", "tile")
 """Allowed ``GatedDeltaConfig.seqb_scale`` values."""
 SEQB_DOTS = ("fp32", "bf16")
-"""Allowed ``GatedDeltaConfig.seqb_dots`` values."""
+"""Allowed ``GatedDeltaConfig.seqb_dots`` and ``bwdk_dots`` values."""
 LOCAL_DV = ("bwd_local", "state_bwd")
 """Allowed ``GatedDeltaConfig.local_dv`` values."""
 
@@ -72,6 +72,13 @@ class GatedDeltaConfig(KernelConfig):
     T 200, against float64: dS0 relative error 0.86 with 2 stages and bf16 buffers); 1 stage for fp32 dots and 2 for
     bf16 dots pass. Keep ``seqb_stages`` at 1.
 
+    bwdk_dots: operands of the key-side backward's three [C, BV] x [BV, BK] products (dO Sᵀ, dvn Sᵀ, vn dhᵀ).
+    "fp32" (default): fp32 (tf32), every loaded tile cast to fp32. "bf16": bf16 operands with fp32 accumulation, only
+    when the buffers are bf16 (an fp32 call is unchanged); the state backward then stores dh in bf16 (half its bytes,
+    the rounding its bf16 dot would apply anyway). dO, vn and S are bf16 already, so dO Sᵀ is the same product; dvn
+    and dh are rounded as the state backward's bf16 dots round them. Off by default until its CUDA float64 tests and
+    its timing have run.
+
     local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local" (default):
     ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
     scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO tile it loads anyway
@@ -106,6 +113,7 @@ class GatedDeltaConfig(KernelConfig):
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"
     local_dv: str = "bwd_local"
+    bwdk_dots: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.buffer_dtype not in BUFFER_DTYPES:
@@ -114,6 +122,8 @@ class GatedDeltaConfig(KernelConfig):
             raise ValueError(f"seqb_scale must be one of {', '.join(SEQB_SCALES)}, got {self.seqb_scale!r}")
         if self.seqb_dots not in SEQB_DOTS:
             raise ValueError(f"seqb_dots must be one of {', '.join(SEQB_DOTS)}, got {self.seqb_dots!r}")
+        if self.bwdk_dots not in SEQB_DOTS:
+            raise ValueError(f"bwdk_dots must be one of {', '.join(SEQB_DOTS)}, got {self.bwdk_dots!r}")
         if self.local_dv not in LOCAL_DV:
             raise ValueError(f"local_dv must be one of {', '.join(LOCAL_DV)}, got {self.local_dv!r}")
 

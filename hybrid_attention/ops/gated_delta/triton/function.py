@@ -64,6 +64,10 @@ class _Tiles:
                          num_stages=cfg.seqb_stages_bf16 if seqb_bf16 else cfg.seqb_stages)
         # the state backward forms dvn_local, with bf16 buffers only (GatedDeltaConfig.local_dv)
         self.local_pd = cfg.local_dv == "state_bwd" and self.bf16
+        # bf16 operands in bwd_k and dh stored bf16, with bf16 buffers only (GatedDeltaConfig.bwdk_dots)
+        self.bwdk_bf16 = cfg.bwdk_dots == "bf16" and self.bf16
+        self.bwdk.update(BF16=self.bwdk_bf16, UPCAST=interp)
+        self.seqb.update(DH_BF16=self.bwdk_bf16)
 
 
 def _seq_grid(B: int, H: int, vl: ChunkTable | None) -> int:
@@ -148,7 +152,7 @@ def _launch_bwd(q, k, v, beta, commit, saved, do, dSfin, scale, use_l2, decay_un
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SCALE=scale, VARLEN=varlen, LOCAL_PD=cfg.local_pd,
         **cfg.par,
     )
-    dh = config.empty(B, H, N, K, V, device=dev, dtype=f32)
+    dh = config.empty(B, H, N, K, V, device=dev, dtype=torch.bfloat16 if cfg.bwdk_bf16 else f32)
     dvn = config.empty(B, H, Tp, V, device=dev, dtype=f32)
     dS0 = config.empty(n_seq // H, H, K, V, device=dev, dtype=f32)
     _k._state_bwd_kernel[(triton.cdiv(V, cfg.BVB), n_seq)](

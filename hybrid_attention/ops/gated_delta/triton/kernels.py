@@ -434,15 +434,17 @@ def _state_bwd_step(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
     HAS_COMMIT: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr,
     TILE_SCALE: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, LOCAL_PD: tl.constexpr,
+    DH_BF16: tl.constexpr,
 ):
-    """One reverse step of the state backward: stores dh[n] and dvn of chunk n, returns dS_n.
+    """One reverse step of the state backward: stores dh[n] (bf16 with ``DH_BF16``) and dvn of chunk n, returns dS_n.
 
     The per-token scales sk = r_k e^{G_last - G} (K̃ = diag(sk) k̂) and sq = r_q e^G (e^G q̂ = diag(sq) q̂) go on the
     [C, K] key / query tiles as they load (default), or with TILE_SCALE on the [C, BV] side of the two dots,
     K̃ dS = diag(sk) (k̂ dS) and (e^G q̂)ᵀ dO = q̂ᵀ (diag(sq) dO). Which launches may use TILE_SCALE and why:
     ``GatedDeltaConfig.seqb_scale``. ``BF16`` (``GatedDeltaConfig.seqb_dots="bf16"`` with bf16 buffers): the three
     dots take bf16 operands (``_bf16``) with fp32 accumulation; dS, dh and dvn stay fp32."""
-    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, dS, mask=kv_mask)
+    tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, _bf16(dS, DH_BF16, UPCAST).to(dh_ptr.dtype.element_ty),
+             mask=kv_mask)
     t = n * C + tl.arange(0, C)
     tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
     Gt = tl.load(G_ptr + bh * Tp + t)
@@ -493,7 +495,7 @@ def _state_bwd_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr,
     HAS_COMMIT: tl.constexpr, HAS_DSFIN: tl.constexpr, DECAY_UNCOMMITTED: tl.constexpr, PREC: tl.constexpr,
     WHILE_LOOP: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, TILE_SCALE: tl.constexpr,
-    BF16: tl.constexpr, UPCAST: tl.constexpr, LOCAL_PD: tl.constexpr,
+    BF16: tl.constexpr, UPCAST: tl.constexpr, LOCAL_PD: tl.constexpr, DH_BF16: tl.constexpr,
 ):
     """Reverse chunk recurrence: dh[n] = dS_{n+1} (grad of chunk n's end state), dvn = dvn_local + m K̃ dS_{n+1},
     dS_n = a_n dS_{n+1} + scale (e^G q̂)ᵀ dO - wᵀ dvn; finally the initial-state gradient dS_0. One program per
@@ -523,14 +525,14 @@ def _state_bwd_kernel(
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
-                                 TILE_SCALE, BF16, UPCAST, LOCAL_PD)
+                                 TILE_SCALE, BF16, UPCAST, LOCAL_PD, DH_BF16)
             i += 1
     else:
         for i in range(c1 - c0):
             dS = _state_bwd_step(c1 - 1 - i, dS, q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, G_ptr, rq_ptr, rk_ptr, m_ptr,
                                  dh_ptr, dvn_ptr, cu_ptr, ci_ptr, SCALE, bh, b, h, kr, km, vc, vm, kv_offs, kv_mask,
                                  T, H, N, NM, Tp, K, V, C, HAS_COMMIT, DECAY_UNCOMMITTED, PREC, VARLEN,
-                                 TILE_SCALE, BF16, UPCAST, LOCAL_PD)
+                                 TILE_SCALE, BF16, UPCAST, LOCAL_PD, DH_BF16)
     tl.store(dS0_ptr + sh * K * V + kv_offs, dS, mask=kv_mask)
 
 
@@ -541,9 +543,11 @@ def _bwd_k_kernel(
     dqh_ptr, dkh_ptr, dGp_ptr, dbp_ptr, dXp_ptr, scp_ptr, cu_ptr, ci_ptr,
     T, H, N, NM, Tp, NB,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_COMMIT: tl.constexpr, PREC: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_COMMIT: tl.constexpr, PREC: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, BF16: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """One K slice of one chunk: dq̂, dk̂ (all but the A-term), and partial sums for dG, dβ, dX_w, ⟨dh, S⟩, dm."""
+    """One K slice of one chunk: dq̂, dk̂ (all but the A-term), and partial sums for dG, dβ, dX_w, ⟨dh, S⟩, dm.
+    ``BF16`` (``GatedDeltaConfig.bwdk_dots="bf16"``): the V loop's three products take bf16 operands (``_bf16``)."""
     pk = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -577,18 +581,24 @@ def _bwd_k_kernel(
         vm = vc < V
         dO = tl.load(do_ptr + do_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :],
                      other=0.0)
-        dO = dO.to(tl.float32)
         rows = bh * Tp * V + t[:, None] * V + vc[None, :]
-        vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0).to(tl.float32)  # bf16 with BF16 buffers
+        vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0)  # bf16 with bf16 buffers
         dvn = tl.load(dvn_ptr + rows, mask=vm[None, :], other=0.0)
         kv = st_base + kc[:, None] * V + vc[None, :]
         kvm = km[:, None] & vm[None, :]
-        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
-        dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)
-        dQt += tl.dot(dO, tl.trans(Sk), input_precision=PREC)
-        dw -= tl.dot(dvn, tl.trans(Sk), input_precision=PREC)
-        dKt += tl.dot(vn, tl.trans(dhk), input_precision=PREC)
-        sig += tl.sum(Sk * dhk, 1)
+        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0)
+        dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)  # bf16 with BF16
+        if BF16:
+            Sb = _bf16(Sk, BF16, UPCAST)
+            dQt += tl.dot(_bf16(dO, BF16, UPCAST), tl.trans(Sb), input_precision=PREC)
+            dw -= tl.dot(_bf16(dvn, BF16, UPCAST), tl.trans(Sb), input_precision=PREC)
+            dKt += tl.dot(_bf16(vn, BF16, UPCAST), tl.trans(_bf16(dhk, BF16, UPCAST)), input_precision=PREC)
+        else:
+            Sk = Sk.to(tl.float32)
+            dQt += tl.dot(dO.to(tl.float32), tl.trans(Sk), input_precision=PREC)
+            dw -= tl.dot(dvn, tl.trans(Sk), input_precision=PREC)
+            dKt += tl.dot(vn.to(tl.float32), tl.trans(dhk), input_precision=PREC)
+        sig += tl.sum(Sk.to(tl.float32) * dhk.to(tl.float32), 1)
 
     # q̂, k̂ of this K slice: loaded after the V loop, which does not read them (fewer fp32 tiles live in the loop)
     offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
