@@ -18,9 +18,9 @@ __all__ = ["PRODUCT_WIDTH_MULTIPLE", "FusedInputs", "concat_conv_weights", "conc
 
 
 PRODUCT_WIDTH_MULTIPLE = 64
-"""``project_inputs`` pads its weight with zero rows to a multiple of this many outputs: cuBLAS is several times
-slower at a width such as the GDN layer's q|k|v|g plus its few a / b columns. DECISION: the "fused input projection
-width" rows in benchmarks/README.md."""
+"""``project_inputs`` pads its weight with zero rows to a multiple of this many outputs on CUDA: cuBLAS is several
+times slower at a width such as the GDN layer's q|k|v|g plus its few a / b columns. DECISION: the "fused input
+projection width" rows in benchmarks/README.md."""
 
 
 def linear_weights(linears: Sequence[nn.Linear], width_multiple: int = 1) -> tuple[torch.Tensor, list[int]]:
@@ -112,7 +112,7 @@ def fuse_inputs(linears: Sequence[nn.Linear], convs: Sequence[ShortConvolution],
 def project_inputs(
     x: torch.Tensor, linears: Mapping[str, nn.Linear], convs: Mapping[str, ShortConvolution] | None = None,
     state: Mapping[str, torch.Tensor] | None = None, output_final_state: bool = False, *,
-    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None, width_multiple: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The input projections of a layer as one matrix product and the ShortConvolutions after some of them as one
     convolution (training and prefill; differentiable, the gradients reach each module's own weight).
@@ -121,7 +121,7 @@ def project_inputs(
     each name n of ``convs``: ``F.linear`` with the concatenated weights (the convolved projections first, so that
     they are one block of its output), then ``short_conv`` over that block with the concatenated kernels (the
     convolution is depthwise: exact), the backend of the convs. The product's width is padded with zero weight rows
-    to a multiple of ``PRODUCT_WIDTH_MULTIPLE``.
+    to a multiple of ``width_multiple``.
 
     Args:
         x: [B, T, in] the input every Linear reads.
@@ -130,6 +130,8 @@ def project_inputs(
         state: name -> [B, channels, K-1] conv state of each conv, or None / empty (zeros).
         output_final_state: return the new conv states.
         cu_seqlens: [N + 1] offsets of packed documents (B == 1; the convolutions restart at each).
+        width_multiple: pad the product to a multiple of this many columns; None: ``PRODUCT_WIDTH_MULTIPLE`` for
+            CUDA inputs (cuBLAS), 1 (no padding) otherwise.
 
     Returns:
         (outputs by name [B, T, out_n] (views of one product, the convolved ones of the convolution's output),
@@ -141,7 +143,9 @@ def project_inputs(
         raise ValueError(f"convs {sorted(convs)} must name projections among {list(linears)}")
     conv_names = [n for n in linears if n in convs]
     names = conv_names + [n for n in linears if n not in convs]
-    weight, sizes = linear_weights([linears[n] for n in names], PRODUCT_WIDTH_MULTIPLE)
+    if width_multiple is None:
+        width_multiple = PRODUCT_WIDTH_MULTIPLE if x.is_cuda else 1
+    weight, sizes = linear_weights([linears[n] for n in names], width_multiple)
     z = F.linear(x, weight)
     width = sum(sizes[:len(conv_names)])
     out = dict(zip(names[len(conv_names):], z[..., width:sum(sizes)].split(sizes[len(conv_names):], -1)))

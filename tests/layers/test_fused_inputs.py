@@ -221,9 +221,10 @@ def test_project_inputs_order_errors_and_gradients():
         project_inputs(x, lins, {"z": convs["q"]})
 
 
-def test_product_width_padded_to_a_multiple_of_64(monkeypatch):
-    """The one product runs at a width that is a multiple of ``PRODUCT_WIDTH_MULTIPLE`` (zero weight rows), and its
-    outputs and weight gradients equal the projections run one by one."""
+def test_product_width_padded_to_a_multiple(monkeypatch):
+    """The one product runs at a width padded to ``width_multiple`` (zero weight rows; by default
+    ``PRODUCT_WIDTH_MULTIPLE`` for CUDA inputs and none on the CPU), and its outputs and weight gradients equal the
+    projections run one by one."""
     import hybrid_attention.modules.fused_linear as fused_linear
 
     lins = {n: nn.Linear(8, w, bias=False).double() for n, w in (("q", 40), ("a", 3), ("b", 3))}
@@ -231,9 +232,10 @@ def test_product_width_padded_to_a_multiple_of_64(monkeypatch):
     x = torch.randn(2, 5, 8, dtype=F64)
     widths, linear = [], fused_linear.F.linear
     monkeypatch.setattr(fused_linear.F, "linear", lambda x, w: widths.append(w.shape[0]) or linear(x, w))
-    out, _ = project_inputs(x, lins, convs)
+    project_inputs(x, lins, convs)
+    out, _ = project_inputs(x, lins, convs, width_multiple=fused_linear.PRODUCT_WIDTH_MULTIPLE)
     monkeypatch.undo()
-    assert widths == [fused_linear.PRODUCT_WIDTH_MULTIPLE] and [t.shape[-1] for t in out.values()] == [40, 3, 3]
+    assert widths == [46, 64] and [t.shape[-1] for t in out.values()] == [40, 3, 3]
     ref, _ = separate_inputs(x, lins, convs, None, False)
     loss = sum(_weighted(t) for t in out.values())
     grads = torch.autograd.grad(loss, [m.weight for m in lins.values()])
