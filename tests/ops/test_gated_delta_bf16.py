@@ -151,8 +151,9 @@ def test_bf16_matches_reference_all_gradients(T, commit_kind, decay_uncommitted,
 
 
 def test_bf16_activations_and_wide_tiles():
-    """bf16 q / k / v (the layer's dtype; o, dq, dk, dv come back bf16) with the default state tile and the wider
-    candidate (seqf_bv 32 with 8 warps, 2 stages; V = 64: two V tiles), against float64 on the same bf16 values."""
+    """bf16 q / k / v (the layer's dtype; o, dq, dk, dv come back bf16) with the default state tile, the wider
+    candidate (seqf_bv 32 with 8 warps, 2 stages; V = 64: two V tiles), the "tile" state backward and the bf16
+    backward options (``local_dv``, ``bwdk_dots``), against float64 on the same bf16 values."""
     inputs, do, dS = make_case(1, 70, 1, 32, 64, 16, "relaxed", True, seed=8)
     q, k, v = (x.bfloat16() for x in inputs[:3])
     g, beta, commit, S0 = inputs[3:]
@@ -161,7 +162,8 @@ def test_bf16_activations_and_wide_tiles():
                                      output_final_state=True)
     ref = [o_ref, S_ref, *torch.autograd.grad((o_ref * do.double()).sum() + (S_ref * dS.double()).sum(), ref_xs)]
     for cfg in (BF16, dataclasses.replace(BF16, seqf_bv=32, seqf_warps=8, seqf_stages=2),
-                dataclasses.replace(BF16, seqb_dots="bf16", seqb_scale="tile", seqb_warps=4)):
+                dataclasses.replace(BF16, seqb_dots="bf16", seqb_scale="tile", seqb_warps=4),
+                dataclasses.replace(BF16, local_dv="state_bwd", bwdk_dots="bf16")):
         xs = [x.detach().to(DEVICE).clone().requires_grad_() for x in (q, k, v, g, beta, commit, S0)]
         o, S = triton_gated_delta(*xs[:5], commit=xs[5], chunk_size=16, initial_state=xs[6], output_final_state=True,
                                   config=cfg)
