@@ -75,17 +75,16 @@ class GatedDeltaConfig(KernelConfig):
     bwdk_dots: operands of the key-side backward's three [C, BV] x [BV, BK] products (dO Sᵀ, dvn Sᵀ, vn dhᵀ).
     "fp32" (default): fp32 (tf32), every loaded tile cast to fp32. "bf16": bf16 operands with fp32 accumulation, only
     when the buffers are bf16 (an fp32 call is unchanged); the state backward then stores dh in bf16 (half its bytes,
-    the rounding its bf16 dot would apply anyway). dO, vn and S are bf16 already, so dO Sᵀ is the same product; dvn
-    and dh are rounded as the state backward's bf16 dots round them. Off by default until its CUDA float64 tests and
-    its timing have run.
+    the rounding its bf16 dot would apply anyway). vn, S and the dO of bf16 activations are bf16 already, so dO Sᵀ is
+    the same product; dvn and dh are rounded as the state backward's bf16 dots round them. DECISION (off): the "bf16 operands in the
+    key-side backward" rows of the GDN op section in benchmarks/README.md.
 
     local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local" (default):
     ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
     scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO tile it loads anyway
     (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written nor read; with bf16
-    buffers only (float32 buffers keep "bwd_local": at K 128 / V 256 the float32 form failed its CUDA test). Off by
-    default until its CUDA float64 tests pass: the "local value gradient" rows of the GDN op section in
-    benchmarks/README.md.
+    buffers only (float32 buffers keep "bwd_local": at K 128 / V 256 the float32 form failed its CUDA test).
+    DECISION (off): the "local value gradient" rows of the GDN op section in benchmarks/README.md.
     """
 
     par_bk: int = 64
