@@ -72,12 +72,12 @@ class GatedDeltaConfig(KernelConfig):
     T 200, against float64: dS0 relative error 0.86 with 2 stages and bf16 buffers); 1 stage for fp32 dots and 2 for
     bf16 dots pass. Keep ``seqb_stages`` at 1.
 
-    bwdk_dots: operands of the key-side backward's three [C, BV] x [BV, BK] products (dO Sᵀ, dvn Sᵀ, vn dhᵀ).
-    "fp32" (default): fp32 (tf32), every loaded tile cast to fp32. "bf16": bf16 operands with fp32 accumulation, only
-    when the buffers are bf16 (an fp32 call is unchanged); the state backward then stores dh in bf16 (half its bytes,
-    the rounding its bf16 dot would apply anyway). vn, S and the dO of bf16 activations are bf16 already, so dO Sᵀ is
-    the same product; dvn and dh are rounded as the state backward's bf16 dots round them. DECISION (off): the "bf16 operands in the
-    key-side backward" rows of the GDN op section in benchmarks/README.md.
+    bwdk_dots: operands of the key-side backward's three [C, BV] x [BV, BK] products (dO Sᵀ, dvn Sᵀ, vn dhᵀ). "fp32"
+    (default): fp32 (tf32), every loaded tile cast to fp32. "bf16": bf16 operands with fp32 accumulation, only when the
+    buffers are bf16 (an fp32 call is unchanged); the state backward then stores dh in bf16 (half its bytes, the
+    rounding its bf16 dot would apply anyway). vn, S and the dO of bf16 activations are bf16 already, so dO Sᵀ is the
+    same product; dvn and dh are rounded as the state backward's bf16 dots round them. DECISION (off): the "bf16
+    operands in the key-side backward" rows of the GDN op section in benchmarks/README.md.
 
     local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local" (default):
     ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
