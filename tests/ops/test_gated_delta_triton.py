@@ -150,17 +150,23 @@ def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommit
         assert rel(a.cpu(), b) < TOL, (name, rel(a.cpu(), b))
 
 
-@pytest.mark.parametrize("commit_kind,decay_uncommitted,seqb_scale,seqb_dots", [
-    ("random", True, "qk", "bf16"), ("relaxed", False, "tile", "bf16"), ("none", True, "qk", "bf16"),
-    ("random", True, "qk", "fp32")])
-def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitted, seqb_scale, seqb_dots):
-    # GatedDeltaConfig.local_dv = "state_bwd": bwd_local stores scale (P⊙D)ᵀ per chunk and the state backward forms
-    # dvn_local from it; every buffer starts as NaN, so a chunk the two kernels disagree on would surface
+@pytest.mark.parametrize("commit_kind,decay_uncommitted,options", [
+    ("random", True, dict(local_dv="state_bwd")),
+    ("relaxed", False, dict(local_dv="state_bwd", seqb_scale="tile")),
+    ("none", True, dict(local_dv="state_bwd")),
+    ("random", True, dict(local_dv="state_bwd", seqb_dots="fp32")),
+    ("random", True, dict(bwdk_dots="bf16")),
+    ("relaxed", False, dict(bwdk_dots="bf16", local_dv="state_bwd")),
+    ("none", True, dict(bwdk_dots="bf16")),
+])
+def test_bf16_backward_options_match_reference(commit_kind, decay_uncommitted, options):
+    # the backward options of bf16 buffers: local_dv="state_bwd" (bwd_local stores scale (P⊙D)ᵀ per chunk, the state
+    # backward forms dvn_local from it) and bwdk_dots="bf16" (bwd_k's products on bf16 operands, dh stored bf16);
+    # every buffer starts as NaN, so an element a kernel leaves unwritten would surface
     inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=47)
-    # (bf16 buffers, which the form needs: (P⊙D)ᵀ stored in bf16, the state backward's dots as seqb_dots)
-    cfg = GatedDeltaConfig(local_dv="state_bwd", seqb_scale=seqb_scale, seqb_dots=seqb_dots, buffer_dtype="bf16",
-                           poison=True)
-    assert F._Tiles(16, 32, cfg, torch.float32, 4).local_pd
+    cfg = GatedDeltaConfig(buffer_dtype="bf16", poison=True, **options)
+    tiles = F._Tiles(16, 32, cfg, torch.float32, 4)
+    assert (tiles.local_pd, tiles.bwdk_bf16) == ("local_dv" in options, "bwdk_dots" in options)
     tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
     for name, a, b in zip(NAMES, tri, ref):
         if b is None:
@@ -168,37 +174,17 @@ def test_state_backward_forms_local_value_gradient(commit_kind, decay_uncommitte
         assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (name, rel(a.cpu(), b))
 
 
-@pytest.mark.parametrize("commit_kind,decay_uncommitted,local_dv", [
-    ("random", True, "bwd_local"), ("relaxed", False, "state_bwd"), ("none", True, "bwd_local")])
-def test_key_backward_bf16_dots_match_reference(commit_kind, decay_uncommitted, local_dv):
-    # GatedDeltaConfig.bwdk_dots = "bf16": bwd_k's three products take bf16 operands and the state backward stores dh
-    # in bf16 (bf16 buffers); every buffer starts as NaN
-    inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=48)
-    cfg = GatedDeltaConfig(bwdk_dots="bf16", local_dv=local_dv, buffer_dtype="bf16", poison=True)
-    assert F._Tiles(16, 32, cfg, torch.float32, 4).bwdk_bf16
-    tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
-    for name, a, b in zip(NAMES, tri, ref):
-        if b is None:
-            continue
-        assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (name, rel(a.cpu(), b))
-
-
-@pytest.mark.parametrize("buffer_dtype,act,bf16", [("auto", torch.bfloat16, True), ("auto", torch.float32, False),
-                                                   ("fp32", torch.bfloat16, False)])
-def test_key_backward_bf16_dots_follow_the_buffers(buffer_dtype, act, bf16):
-    # bwdk_dots="bf16" acts with bf16 buffers only: an fp32 call keeps fp32 products and an fp32 dh
-    tiles = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype, bwdk_dots="bf16"), act, 24)
-    assert tiles.bwdk_bf16 is bf16 and tiles.bwdk["BF16"] is bf16 and tiles.seqb["DH_BF16"] is bf16
-
-
-@pytest.mark.parametrize("buffer_dtype,act,local_pd", [
+@pytest.mark.parametrize("buffer_dtype,act,on", [
     ("auto", torch.bfloat16, True), ("bf16", torch.float32, True), ("auto", torch.float32, False),
     ("fp32", torch.bfloat16, False)])
-def test_local_value_gradient_form_follows_the_buffers(buffer_dtype, act, local_pd):
-    # local_dv="state_bwd" acts with bf16 buffers only; float32 buffers keep bwd_local's [T, V] buffer
-    cfg = dataclasses.replace(DEFAULT_CONFIG, buffer_dtype=buffer_dtype, local_dv="state_bwd")
-    assert F._Tiles(128, 256, cfg, act, 24).local_pd is local_pd
-    assert not F._Tiles(128, 256, dataclasses.replace(cfg, local_dv="bwd_local"), act, 24).local_pd
+def test_bf16_backward_options_follow_the_buffers(buffer_dtype, act, on):
+    # local_dv="state_bwd" and bwdk_dots="bf16" act with bf16 buffers only: an fp32 call keeps bwd_local's [T, V]
+    # buffer, fp32 products in bwd_k and an fp32 dh
+    cfg = GatedDeltaConfig(buffer_dtype=buffer_dtype, local_dv="state_bwd", bwdk_dots="bf16")
+    tiles = F._Tiles(128, 256, cfg, act, 24)
+    assert (tiles.local_pd, tiles.bwdk_bf16, tiles.bwdk["BF16"], tiles.seqb["DH_BF16"]) == (on, on, on, on)
+    default = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype), act, 24)
+    assert not (default.local_pd or default.bwdk_bf16)
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False)])
