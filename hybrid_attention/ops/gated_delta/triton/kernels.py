@@ -581,24 +581,22 @@ def _bwd_k_kernel(
         vm = vc < V
         dO = tl.load(do_ptr + do_base + tt[:, None] * (H * V) + vc[None, :], mask=tm[:, None] & vm[None, :],
                      other=0.0)
+        if not BF16:
+            dO = dO.to(tl.float32)
         rows = bh * Tp * V + t[:, None] * V + vc[None, :]
         vn = tl.load(vn_ptr + rows, mask=vm[None, :], other=0.0)  # bf16 with bf16 buffers
+        if not BF16:
+            vn = vn.to(tl.float32)
         dvn = tl.load(dvn_ptr + rows, mask=vm[None, :], other=0.0)
         kv = st_base + kc[:, None] * V + vc[None, :]
         kvm = km[:, None] & vm[None, :]
-        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0)
+        Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
         dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)  # bf16 with BF16
-        if BF16:
-            Sb = _bf16(Sk, BF16, UPCAST)
-            dQt += tl.dot(_bf16(dO, BF16, UPCAST), tl.trans(Sb), input_precision=PREC)
-            dw -= tl.dot(_bf16(dvn, BF16, UPCAST), tl.trans(Sb), input_precision=PREC)
-            dKt += tl.dot(_bf16(vn, BF16, UPCAST), tl.trans(_bf16(dhk, BF16, UPCAST)), input_precision=PREC)
-        else:
-            Sk = Sk.to(tl.float32)
-            dQt += tl.dot(dO.to(tl.float32), tl.trans(Sk), input_precision=PREC)
-            dw -= tl.dot(dvn, tl.trans(Sk), input_precision=PREC)
-            dKt += tl.dot(vn.to(tl.float32), tl.trans(dhk), input_precision=PREC)
-        sig += tl.sum(Sk.to(tl.float32) * dhk.to(tl.float32), 1)
+        # BF16: bf16 operands (S, vn and bf16 dO round-trip exactly; dvn and dh are rounded)
+        dQt += tl.dot(_bf16(dO, BF16, UPCAST), tl.trans(_bf16(Sk, BF16, UPCAST)), input_precision=PREC)
+        dw -= tl.dot(_bf16(dvn, BF16, UPCAST), tl.trans(_bf16(Sk, BF16, UPCAST)), input_precision=PREC)
+        dKt += tl.dot(_bf16(vn, BF16, UPCAST), tl.trans(_bf16(dhk, BF16, UPCAST)), input_precision=PREC)
+        sig += tl.sum(Sk * dhk.to(tl.float32), 1)
 
     # q̂, k̂ of this K slice: loaded after the V loop, which does not read them (fewer fp32 tiles live in the loop)
     offs = b * T * H * K + h * K + tt[:, None] * (H * K) + kc[None, :]
