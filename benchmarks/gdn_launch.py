@@ -123,8 +123,9 @@ def _norm_tile_rows(B: int, T: int, H: int, V: int) -> list[dict]:
 
 
 def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
-    """Forward+backward ms of the GDN layer's glue around the op, each compiled alone: g and β from the a / b
-    projections (``gdn_decay``, the sigmoid), and the head RMSNorm times swish(W_g x) on o."""
+    """Forward+backward ms of the GDN layer's glue around the op: g and β from the a / b projections (``gdn_decay``,
+    the sigmoid) compiled alone; the head RMSNorm times swish(W_g x) on o, compiled, as the Triton op, eager and as
+    fla's when installed; and the fused input projection at its width and padded to a multiple of 64."""
     from triton.testing import do_bench
 
     from hybrid_attention.layers.gated_deltanet import gdn_decay, init_decay_params
