@@ -87,8 +87,16 @@ def _kernel_split(fn, leaves: list[torch.Tensor], calls: int = 3) -> dict[str, f
     return split
 
 
-HIDDEN = {(8, 64, 128): 512, (6, 128, 256): 1024}
-"""Model width of the `small` and 340m presets by their (H, K, V); other heads take H·K."""
+def _projection(H: int, K: int, V: int) -> tuple[int, int]:
+    """(model width, ``project_inputs`` product width) of the GDN layer with these heads: the model width of the
+    `small` or gdn-340m preset whose GDN heads they are, else H·K; the product's width from the layer's projections."""
+    from hybrid_attention.layers.gated_deltanet import GatedDeltaNet
+    from hybrid_attention.models.configuration import PRESETS
+
+    hidden = next((p["hidden_size"] for p in (PRESETS["small"], PRESETS["gdn-340m"])
+                   if (p["num_heads"], p["head_dim"]) == (H, K)), H * K)
+    layer = GatedDeltaNet(hidden, num_heads=H, head_dim=K, expand_v=V / K)
+    return hidden, sum(lin.out_features for lin in layer._linears().values())
 
 
 def _norm_tile_rows(B: int, T: int, H: int, V: int) -> list[dict]:
@@ -162,8 +170,7 @@ def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
             "glue: output norm ⊙ swish gate, eager": (lambda: out_norm_eager().backward(dy), norm_leaves)}
     # project_inputs' one product (q, k, v, g and the a / b columns) at its own width and padded to a multiple of 64,
     # float32 weights under bf16 autocast as in the step
-    hidden = HIDDEN.get((H, K, V), H * K)
-    width = H * (2 * K + 2 * V + 2)
+    hidden, width = _projection(H, K, V)
     xs = torch.randn(B * T, hidden, device=dev, dtype=act, requires_grad=True)
     for w in sorted({width, width + (-width % 64)}):
         wt = torch.randn(w, hidden, device=dev, requires_grad=True)

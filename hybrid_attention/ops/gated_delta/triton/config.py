@@ -83,8 +83,8 @@ class GatedDeltaConfig(KernelConfig):
     ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
     scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO tile it loads anyway
     (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written nor read; with bf16
-    buffers only (float32 buffers keep "bwd_local": at K 128 / V 256 the float32 form failed its CUDA test).
-    DECISION (off): the "local value gradient" rows of the GDN op section in benchmarks/README.md.
+    buffers only (float32 buffers keep "bwd_local": the float32 form's CUDA test row in the GPU suite table). DECISION
+    (off): the "local value gradient" rows of the GDN op section in benchmarks/README.md.
     """
 
     par_bk: int = 64

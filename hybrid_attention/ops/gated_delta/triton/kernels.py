@@ -442,10 +442,12 @@ def _state_bwd_step(
     [C, K] key / query tiles as they load (default), or with TILE_SCALE on the [C, BV] side of the two dots,
     K̃ dS = diag(sk) (k̂ dS) and (e^G q̂)ᵀ dO = q̂ᵀ (diag(sq) dO). Which launches may use TILE_SCALE and why:
     ``GatedDeltaConfig.seqb_scale``. ``BF16`` (``GatedDeltaConfig.seqb_dots="bf16"`` with bf16 buffers): the three
-    dots take bf16 operands (``_bf16``) with fp32 accumulation; dS, dh and dvn stay fp32."""
+    dots take bf16 operands (``_bf16``) with fp32 accumulation; dS and dvn stay fp32, and so does dh unless
+    ``DH_BF16``."""
     tl.store(dh_ptr + (bh * N + n) * K * V + kv_offs, _bf16(dS, DH_BF16, UPCAST).to(dh_ptr.dtype.element_ty),
              mask=kv_mask)
-    t = n * C + tl.arange(0, C)
+    ti = tl.arange(0, C)
+    t = n * C + ti
     tt, tm, _, _ = _chunk_rows(cu_ptr, ci_ptr, n, T, C, VARLEN)
     Gt = tl.load(G_ptr + bh * Tp + t)
     Gl = tl.load(G_ptr + bh * Tp + n * C + C - 1)
@@ -463,7 +465,6 @@ def _state_bwd_step(
     dO = tl.load(do_ptr + b * T * H * V + h * V + tt[:, None] * (H * V) + vc[None, :],
                  mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)
     if LOCAL_PD:  # dvn_local = scale (P⊙D)ᵀ dO from the chunk's stored scale (P⊙D)ᵀ (``_bwd_local_kernel``)
-        ti = tl.arange(0, C)
         pdt = tl.load(dvl_ptr + (bh * N + n) * C * C + ti[:, None] * C + ti[None, :]).to(tl.float32)
         dvl = tl.dot(_bf16(pdt, BF16, UPCAST), _bf16(dO, BF16, UPCAST), input_precision=PREC)
     else:
@@ -593,8 +594,9 @@ def _bwd_k_kernel(
         Sk = tl.load(states_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
         dhk = tl.load(dh_ptr + kv, mask=kvm, other=0.0)  # bf16 with BF16
         # BF16: bf16 operands (S, vn and bf16 dO round-trip exactly; dvn and dh are rounded)
-        dQt += tl.dot(_bf16(dO, BF16, UPCAST), tl.trans(_bf16(Sk, BF16, UPCAST)), input_precision=PREC)
-        dw -= tl.dot(_bf16(dvn, BF16, UPCAST), tl.trans(_bf16(Sk, BF16, UPCAST)), input_precision=PREC)
+        Sb = _bf16(Sk, BF16, UPCAST)
+        dQt += tl.dot(_bf16(dO, BF16, UPCAST), tl.trans(Sb), input_precision=PREC)
+        dw -= tl.dot(_bf16(dvn, BF16, UPCAST), tl.trans(Sb), input_precision=PREC)
         dKt += tl.dot(_bf16(vn, BF16, UPCAST), tl.trans(_bf16(dhk, BF16, UPCAST)), input_precision=PREC)
         sig += tl.sum(Sk * dhk.to(tl.float32), 1)
 
