@@ -43,9 +43,8 @@ VARIANTS = {
     "fin_w8": {"fin_warps": 8},
     "fin_bv64": {"fin_bv": 64},
     "fin_bv64_w8": {"fin_bv": 64, "fin_warps": 8},
-    "local_dv": {"local_dv": "state_bwd"},  # the state backward forms dvn_local from the stored (P⊙D)ᵀ
+    "bwd_local": {"local_dv": "bwd_local"},  # bwd_local writes dvn_local, [T, V] float32, for the state backward
     "bwdk_bf16": {"bwdk_dots": "bf16"},  # bwd_k's products on bf16 operands, dh stored bf16
-    "local_dv_bwdk_bf16": {"local_dv": "state_bwd", "bwdk_dots": "bf16"},
 }
 
 

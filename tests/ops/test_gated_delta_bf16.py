@@ -44,6 +44,7 @@ pytestmark = [
     pytest.mark.triton,  # CUDA, or the CPU interpreter (triton_device.py)
 ]
 BF16 = GatedDeltaConfig(buffer_dtype="bf16", poison=True)
+BF16_DH_TOL = 3e-2  # bwdk_dots="bf16": dh stored in bf16 (test_bf16_activations_and_wide_tiles)
 
 
 def test_buffer_dtype_field():
@@ -150,7 +151,10 @@ def test_bf16_matches_reference_all_gradients(T, commit_kind, decay_uncommitted,
         assert rel(a.cpu(), b) < BF16_TOL, (name, rel(a.cpu(), b))
 
 
-def test_bf16_activations_and_wide_tiles():
+@pytest.mark.parametrize("options", [
+    {}, dict(seqf_bv=32, seqf_warps=8, seqf_stages=2), dict(seqb_dots="bf16", seqb_scale="tile", seqb_warps=4),
+    dict(local_dv="bwd_local"), dict(bwdk_dots="bf16"), dict(local_dv="bwd_local", bwdk_dots="bf16")])
+def test_bf16_activations_and_wide_tiles(options):
     """bf16 q / k / v (the layer's dtype; o, dq, dk, dv come back bf16) with the default state tile, the wider
     candidate (seqf_bv 32 with 8 warps, 2 stages; V = 64: two V tiles), the "tile" state backward and the bf16
     backward options (``local_dv``, ``bwdk_dots``), against float64 on the same bf16 values."""
@@ -161,17 +165,18 @@ def test_bf16_activations_and_wide_tiles():
     o_ref, S_ref = chunk_gated_delta(*ref_xs[:5], commit=ref_xs[5], chunk_size=16, initial_state=ref_xs[6],
                                      output_final_state=True)
     ref = [o_ref, S_ref, *torch.autograd.grad((o_ref * do.double()).sum() + (S_ref * dS.double()).sum(), ref_xs)]
-    for cfg in (BF16, dataclasses.replace(BF16, seqf_bv=32, seqf_warps=8, seqf_stages=2),
-                dataclasses.replace(BF16, seqb_dots="bf16", seqb_scale="tile", seqb_warps=4),
-                dataclasses.replace(BF16, local_dv="state_bwd", bwdk_dots="bf16")):
-        xs = [x.detach().to(DEVICE).clone().requires_grad_() for x in (q, k, v, g, beta, commit, S0)]
-        o, S = triton_gated_delta(*xs[:5], commit=xs[5], chunk_size=16, initial_state=xs[6], output_final_state=True,
-                                  config=cfg)
-        assert o.dtype == torch.bfloat16
-        grads = torch.autograd.grad((o.float() * do.to(DEVICE)).sum() + (S * dS.to(DEVICE)).sum(), xs)
-        assert grads[0].dtype == torch.bfloat16
-        for name, a, b in zip(NAMES, [o, S, *grads], ref):
-            assert torch.isfinite(a).all() and rel(a.cpu(), b) < BF16_TOL, (cfg.seqf_bv, name, rel(a.cpu(), b))
+    cfg = dataclasses.replace(BF16, **options)
+    xs = [x.detach().to(DEVICE).clone().requires_grad_() for x in (q, k, v, g, beta, commit, S0)]
+    o, S = triton_gated_delta(*xs[:5], commit=xs[5], chunk_size=16, initial_state=xs[6], output_final_state=True,
+                              config=cfg)
+    assert o.dtype == torch.bfloat16
+    grads = torch.autograd.grad((o.float() * do.to(DEVICE)).sum() + (S * dS.to(DEVICE)).sum(), xs)
+    assert grads[0].dtype == torch.bfloat16
+    # bwdk_dots="bf16" stores dh in bf16, which rounds the terms of the chunk sums behind dcommit and dg (the "bf16
+    # operands in the key-side backward" rows of benchmarks/README.md): its bar is BF16_DH_TOL
+    tol = BF16_DH_TOL if options.get("bwdk_dots") == "bf16" else BF16_TOL
+    for name, a, b in zip(NAMES, [o, S, *grads], ref):
+        assert torch.isfinite(a).all() and rel(a.cpu(), b) < tol, (name, rel(a.cpu(), b))
 
 
 def test_bf16_packed_matches_separate():

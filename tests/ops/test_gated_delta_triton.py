@@ -120,7 +120,7 @@ def test_large_chunks_blocked_inverse(C):
 @pytest.mark.parametrize("variant", [{}, dict(seqb_scale="tile", seqb_warps=4), dict(seqb_scale="tile", seqb_bv=32),
                                      dict(buffer_dtype="bf16"), dict(buffer_dtype="bf16", seqb_dots="fp32"),
                                      dict(seq_wide_grid=1), dict(buffer_dtype="bf16", seq_wide_grid=1),
-                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="state_bwd"),
+                                     dict(fin_bk=32), dict(fin_bk=64), dict(buffer_dtype="bf16", local_dv="bwd_local"),
                                      dict(buffer_dtype="bf16", bwdk_dots="bf16"),
                                      dict(buffer_dtype="bf16", bwdk_dots="bf16", local_dv="state_bwd")])
 def test_model_head_shapes_on_cuda(K, V, variant):
@@ -151,22 +151,26 @@ def test_state_backward_tile_scale_matches_reference(commit_kind, decay_uncommit
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted,options", [
+    ("random", True, dict(local_dv="bwd_local")),
     ("random", True, dict(local_dv="state_bwd")),
     ("relaxed", False, dict(local_dv="state_bwd", seqb_scale="tile")),
     ("none", True, dict(local_dv="state_bwd")),
     ("random", True, dict(local_dv="state_bwd", seqb_dots="fp32")),
-    ("random", True, dict(bwdk_dots="bf16")),
-    ("relaxed", False, dict(bwdk_dots="bf16", local_dv="state_bwd")),
-    ("none", True, dict(bwdk_dots="bf16")),
+    ("random", True, dict(local_dv="bwd_local", bwdk_dots="bf16")),
+    ("relaxed", False, dict(local_dv="state_bwd", bwdk_dots="bf16")),
+    ("none", True, dict(local_dv="bwd_local", bwdk_dots="bf16")),
 ])
 def test_bf16_backward_options_match_reference(commit_kind, decay_uncommitted, options):
     # the backward options of bf16 buffers: local_dv="state_bwd" (bwd_local stores scale (P⊙D)ᵀ per chunk, the state
-    # backward forms dvn_local from it) and bwdk_dots="bf16" (bwd_k's products on bf16 operands, dh stored bf16);
-    # every buffer starts as NaN, so an element a kernel leaves unwritten would surface
+    # backward forms dvn_local from it) or "bwd_local" (bwd_local writes dvn_local), and bwdk_dots="bf16" (bwd_k's
+    # products on bf16 operands, dh stored bf16); every buffer starts as NaN, so an element a kernel leaves unwritten
+    # would surface
     inputs, do, dS = make_case(2, 45, 2, 16, 32, 16, commit_kind, True, seed=47)
     cfg = GatedDeltaConfig(buffer_dtype="bf16", poison=True, **options)
     tiles = F._Tiles(16, 32, cfg, torch.float32, 4)
-    assert (tiles.local_pd, tiles.bwdk_bf16) == ("local_dv" in options, "bwdk_dots" in options)
+    # the local form needs the state backward's bf16 dots (seqb_dots="fp32" keeps bwd_local's [T, V] buffer)
+    local = options["local_dv"] == "state_bwd" and options.get("seqb_dots", "bf16") == "bf16"
+    assert (tiles.local_pd, tiles.bwdk_bf16) == (local, "bwdk_dots" in options)
     tri, ref = run_both(inputs, do, dS, 16, decay_uncommitted, config=cfg)
     for name, a, b in zip(NAMES, tri, ref):
         if b is None:
@@ -179,12 +183,16 @@ def test_bf16_backward_options_match_reference(commit_kind, decay_uncommitted, o
     ("fp32", torch.bfloat16, False)])
 def test_bf16_backward_options_follow_the_buffers(buffer_dtype, act, on):
     # local_dv="state_bwd" and bwdk_dots="bf16" act with bf16 buffers only: an fp32 call keeps bwd_local's [T, V]
-    # buffer, fp32 products in bwd_k and an fp32 dh
+    # buffer, fp32 products in bwd_k and an fp32 dh; the default configuration forms dvn_local in the state backward
+    # with bf16 buffers and keeps bwd_k's fp32 products
     cfg = GatedDeltaConfig(buffer_dtype=buffer_dtype, local_dv="state_bwd", bwdk_dots="bf16")
     tiles = F._Tiles(128, 256, cfg, act, 24)
     assert (tiles.local_pd, tiles.bwdk_bf16, tiles.bwdk["BF16"], tiles.seqb["DH_BF16"]) == (on, on, on, on)
     default = F._Tiles(128, 256, GatedDeltaConfig(buffer_dtype=buffer_dtype), act, 24)
-    assert not (default.local_pd or default.bwdk_bf16)
+    assert (default.local_pd, default.bwdk_bf16) == (on, False)
+    for kept in (GatedDeltaConfig(buffer_dtype=buffer_dtype, local_dv="bwd_local"),
+                 GatedDeltaConfig(buffer_dtype=buffer_dtype, seqb_dots="fp32")):
+        assert not F._Tiles(128, 256, kept, act, 24).local_pd
 
 
 @pytest.mark.parametrize("commit_kind,decay_uncommitted", [("random", True), ("relaxed", False)])

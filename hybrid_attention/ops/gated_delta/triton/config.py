@@ -79,12 +79,13 @@ class GatedDeltaConfig(KernelConfig):
     same product; dvn and dh are rounded as the state backward's bf16 dots round them. DECISION (off): the "bf16
     operands in the key-side backward" rows of the GDN op section in benchmarks/README.md.
 
-    local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local" (default):
-    ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd": ``bwd_local`` writes
-    scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO tile it loads anyway
-    (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written nor read; with bf16
-    buffers only (float32 buffers keep "bwd_local": the float32 form's CUDA test row in the GPU suite table). DECISION
-    (off): the "local value gradient" rows of the GDN op section in benchmarks/README.md.
+    local_dv: which kernel forms the chunk-local value gradient dvn_local = scale (P⊙D)ᵀ dO. "bwd_local":
+    ``bwd_local`` writes it, [B, H, T, V] float32, and the state backward reads it. "state_bwd" (default):
+    ``bwd_local`` writes scale (P⊙D)ᵀ, [B, H, N, C, C] bf16, and each state-backward program multiplies it by the dO
+    tile it loads anyway (operands as its other dots, ``seqb_dots``), so the [T, V] float32 buffer is neither written
+    nor read; with the state backward's bf16 dots only (bf16 buffers and ``seqb_dots="bf16"``; float32 operands keep
+    "bwd_local": their form fails the CUDA head-shape tests at K 128 / V 256, the GPU suite table rows). DECISION:
+    the "local value gradient" rows of the GDN op section in benchmarks/README.md.
     """
 
     par_bk: int = 64
@@ -111,7 +112,7 @@ class GatedDeltaConfig(KernelConfig):
     buffer_dtype: str = "auto"
     seqb_scale: str = "qk"
     seqb_dots: str = "bf16"
-    local_dv: str = "bwd_local"
+    local_dv: str = "state_bwd"
     bwdk_dots: str = "fp32"
 
     def __post_init__(self) -> None:

@@ -62,8 +62,8 @@ class _Tiles:
         seqb_bf16 = self.bf16 and cfg.seqb_dots == "bf16"
         self.seqb.update(BF16=seqb_bf16, UPCAST=interp,
                          num_stages=cfg.seqb_stages_bf16 if seqb_bf16 else cfg.seqb_stages)
-        # the state backward forms dvn_local, with bf16 buffers only (GatedDeltaConfig.local_dv)
-        self.local_pd = cfg.local_dv == "state_bwd" and self.bf16
+        # the state backward forms dvn_local, with its bf16 dots only (GatedDeltaConfig.local_dv)
+        self.local_pd = cfg.local_dv == "state_bwd" and seqb_bf16
         # bf16 operands in bwd_k and dh stored bf16, with bf16 buffers only (GatedDeltaConfig.bwdk_dots)
         self.bwdk_bf16 = cfg.bwdk_dots == "bf16" and self.bf16
         self.bwdk.update(BF16=self.bwdk_bf16, UPCAST=interp)
