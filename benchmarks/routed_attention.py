@@ -11,7 +11,9 @@ training. A query reads its own chunk causally and every earlier routed chunk, s
 count the work: forward FLOPs 2·P·(Dk + Dv), forward+backward 3.5× that (two products forward, five backward).
 ``TFLOP/s`` divides those by the median ``triton.testing.do_bench`` time; SDPA is causal at the same B, T, Hs with
 head dim Dk for q, k and Dv for v where a fused backend takes it (else head dim Dv throughout), counted the same way.
-``vs SDPA`` is the routed kernel's TFLOP/s over SDPA's: 1.0 is FlashAttention's efficiency per routed chunk.
+``vs SDPA`` is the routed kernel's TFLOP/s over SDPA's: 1.0 is FlashAttention's efficiency per routed chunk. The
+kernel columns sum the profiler's CUDA kernel time per call (``_kernel_ms``: without the host's launch gaps, which
+``do_bench`` counts when the op runs alone).
 The variants change ``chunk_attention.triton.DEFAULT_CONFIG`` (``VARIANTS``).
 """
 
@@ -86,15 +88,36 @@ def _sdpa(B: int, T: int, H: int, dk: int, dv: int, dev: str, dryrun: bool) -> t
         return (*_sdpa_at(B, T, H, dk, dk, dev, dryrun), dk)
 
 
-def _routed_ms(q, k, v, do, routing, bias, cfg, dryrun: bool) -> tuple[float, float]:
-    """(fwd ms, f+b ms) of the routed branch with launch configuration cfg."""
+def _kernel_ms(fn, leaves: list[torch.Tensor], dryrun: bool, calls: int = 3) -> float:
+    """GPU kernel time per call of fn (the profiler's CUDA time summed over every kernel): the op's small host-side
+    launches (the routing lists) leave the GPU idle between kernels when the op runs alone, which ``do_bench``'s wall
+    time counts and a training step, whose host runs ahead of the GPU, hides."""
+    if dryrun:
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for t in leaves:
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    return sum(ev.device_time_total for ev in prof.key_averages()) / 1e3 / calls
+
+
+def _routed_ms(q, k, v, do, routing, bias, cfg, dryrun: bool) -> tuple[float, float, float, float]:
+    """(fwd ms, f+b ms, fwd kernel ms, f+b kernel ms) of the routed branch with launch configuration cfg."""
     from hybrid_attention.ops.chunk_attention.triton import triton_chunk_attention
 
     fwd = lambda: triton_chunk_attention(q, k, v, routing, chunk_size=CHUNK, group_size=GROUP,  # noqa: E731
                                          routing_bias=bias, config=cfg)
+    fb = lambda: fwd().backward(do)  # noqa: E731
     with torch.no_grad():
         fwd_ms = _time(fwd, [], dryrun)
-    return fwd_ms, _time(lambda: fwd().backward(do), [q, k, v, bias], dryrun)
+        fwd_k = _kernel_ms(fwd, [], dryrun)
+    return fwd_ms, _time(fb, [q, k, v, bias], dryrun), fwd_k, _kernel_ms(fb, [q, k, v, bias], dryrun)
 
 
 def run(shapes, fractions, variants, dryrun: bool) -> list[dict]:
@@ -124,7 +147,7 @@ def run(shapes, fractions, variants, dryrun: bool) -> list[dict]:
                 cfg = dataclasses.replace(DEFAULT_CONFIG, **VARIANTS[name])
 
                 try:
-                    f_ms, fb_ms = _routed_ms(q, k, v, do, routing, bias, cfg, dryrun)
+                    f_ms, fb_ms, f_k, fb_k = _routed_ms(q, k, v, do, routing, bias, cfg, dryrun)
                 except Exception as exc:  # a launch that fails is one row, not the run
                     rows.append({"shape": f"{B}x{T}x{H}x{dk}x{dv}", "fraction": fraction, "variant": name,
                                  "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
@@ -132,8 +155,9 @@ def run(shapes, fractions, variants, dryrun: bool) -> list[dict]:
                     continue
                 r = {"shape": f"{B}x{T}x{H}x{dk}x{dv}", "fraction": fraction, "variant": name, "fwd_ms": f_ms,
                      "fb_ms": fb_ms, "fwd_tflops": flops / f_ms / 1e9, "fb_tflops": 3.5 * flops / fb_ms / 1e9,
-                     "work": flops / sdpa_flops * (dk + dv_s) / (dk + dv)}
+                     "fwd_kernel_ms": f_k, "fb_kernel_ms": fb_k, "work": flops / sdpa_flops * (dk + dv_s) / (dk + dv)}
                 r["fwd_vs_sdpa"], r["fb_vs_sdpa"] = r["fwd_tflops"] / sdpa["fwd"], r["fb_tflops"] / sdpa["fb"]
+                r["fb_kernel_vs_sdpa"] = 3.5 * flops / fb_k / 1e9 / sdpa["fb"]
                 rows.append(r)
                 print(r, flush=True)
     return rows
@@ -141,15 +165,18 @@ def run(shapes, fractions, variants, dryrun: bool) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     out = ["| B×T×Hs×Dk×Dv | fraction | variant | pairs vs causal | fwd ms | fwd TFLOP/s | f+b ms | f+b TFLOP/s | "
-           "fwd vs SDPA | f+b vs SDPA |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "fwd vs SDPA | f+b vs SDPA | kernels fwd / f+b ms | f+b kernels vs SDPA |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['shape']} | {r['fraction']} | {r['variant']} | {r['error']} | | | | | | |")
+            out.append(f"| {r['shape']} | {r['fraction']} | {r['variant']} | {r['error']} | | | | | | | | |")
             continue
         work = f"{r['work']:.2f}" if "work" in r else "1"
         vs = (f"{r['fwd_vs_sdpa']:.2f}× | {r['fb_vs_sdpa']:.2f}×" if "fwd_vs_sdpa" in r else "1 | 1")
+        kern = (f"{r['fwd_kernel_ms']:.3f} / {r['fb_kernel_ms']:.3f} | {r['fb_kernel_vs_sdpa']:.2f}×"
+                if "fb_kernel_ms" in r else " | ")
         out.append(f"| {r['shape']} | {r['fraction']} | {r['variant']} | {work} | {r['fwd_ms']:.3f} | "
-                   f"{r['fwd_tflops']:.0f} | {r['fb_ms']:.3f} | {r['fb_tflops']:.0f} | {vs} |")
+                   f"{r['fwd_tflops']:.0f} | {r['fb_ms']:.3f} | {r['fb_tflops']:.0f} | {vs} | {kern} |")
     return "\n".join(out)
 
 
