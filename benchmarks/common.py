@@ -296,6 +296,28 @@ def fla_gdn() -> Callable | None:
     return chunk_gated_delta_rule
 
 
+def kernel_split(fn, leaves: list[torch.Tensor], calls: int = 3) -> dict[str, float]:
+    """CUDA ms per call of each kernel ``fn`` launches (the profiler's device time, summed by kernel name without a
+    leading ``_`` or trailing ``_kernel``); the ``leaves``' gradients are reset before each call, as ``do_bench``'s
+    ``grad_to_none`` does (no accumulation). Kernel time only: the host's launch gaps between kernels, which
+    ``do_bench`` counts when an op runs alone, are left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for t in leaves:
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    split: dict[str, float] = {}
+    for ev in prof.key_averages():
+        ms = ev.device_time_total / 1e3 / calls
+        if ms > 0:
+            name = ev.key.removesuffix("_kernel").lstrip("_")
+            split[name] = split.get(name, 0.0) + ms
+    return split
+
+
 def rel_rms(a: torch.Tensor, b: torch.Tensor, abs_floor: float = 1e-20) -> float:
     """Relative RMS error ||a - b|| / ||b|| computed in b's dtype (b is the float64 reference); when ||b|| is below
     ``abs_floor`` (a state decayed below float32 range) the absolute error is returned instead."""

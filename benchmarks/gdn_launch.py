@@ -28,7 +28,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import rel_rms, require_cuda
+from benchmarks.common import kernel_split, rel_rms, require_cuda
 
 VARIANTS = {
     "default": {},
@@ -64,26 +64,6 @@ def _sdpa_ms(B: int, T: int, H: int, d: int) -> float:
     dos = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
     return do_bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(dos),
                     warmup=25, rep=100, grad_to_none=[qs, ks, vs], return_mode="median")
-
-
-def _kernel_split(fn, leaves: list[torch.Tensor], calls: int = 3) -> dict[str, float]:
-    """CUDA ms per call of each kernel ``fn`` launches (the profiler's device time, summed by kernel name); the
-    ``leaves``' gradients are reset before each call, as ``do_bench``'s ``grad_to_none`` does (no accumulation)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            for t in leaves:
-                t.grad = None
-            fn()
-        torch.cuda.synchronize()
-    split: dict[str, float] = {}
-    for ev in prof.key_averages():
-        ms = ev.device_time_total / 1e3 / calls
-        if ms > 0:
-            name = ev.key.removesuffix("_kernel").lstrip("_")
-            split[name] = split.get(name, 0.0) + ms
-    return split
 
 
 def _projection(H: int, K: int, V: int) -> tuple[int, int]:
@@ -197,7 +177,7 @@ def _glue_rows(B: int, T: int, H: int, K: int, V: int) -> list[dict]:
             continue
         rows.append({"shape": f"{B}x{T}x{H}x{K}x{V}", "variant": name, "sdpa_fb_ms": None, "max_rel_vs_default": None,
                      "fb_ms": do_bench(fn, warmup=5, rep=40, return_mode="median", grad_to_none=leaves),
-                     "kernels_ms": _kernel_split(fn, leaves)})
+                     "kernels_ms": kernel_split(fn, leaves)})
         print(rows[-1], flush=True)
     return rows
 
@@ -242,7 +222,7 @@ def _one_shape(B: int, T: int, H: int, K: int, V: int, variants: list[str], dryr
         if not dryrun:
             row |= {"fwd_ms": do_bench(fwd, warmup=5, rep=40, return_mode="median"),
                     "fb_ms": do_bench(fwdbwd, warmup=5, rep=40, return_mode="median", grad_to_none=inputs),
-                    "kernels_ms": _kernel_split(fwdbwd, inputs)}
+                    "kernels_ms": kernel_split(fwdbwd, inputs)}
         rows.append(row)
         print(row, flush=True)
     return rows

@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import require_cuda
+from benchmarks.common import kernel_split, require_cuda
 
 VARIANTS = {
     "default": {},
@@ -88,23 +88,15 @@ def _sdpa(B: int, T: int, H: int, dk: int, dv: int, dev: str, dryrun: bool) -> t
         return (*_sdpa_at(B, T, H, dk, dk, dev, dryrun), dk)
 
 
-def _kernel_ms(fn, leaves: list[torch.Tensor], dryrun: bool, calls: int = 3) -> float:
-    """GPU kernel time per call of fn (the profiler's CUDA time summed over every kernel): the op's small host-side
-    launches (the routing lists) leave the GPU idle between kernels when the op runs alone, which ``do_bench``'s wall
-    time counts and a training step, whose host runs ahead of the GPU, hides."""
+def _kernel_ms(fn, leaves: list[torch.Tensor], dryrun: bool) -> float:
+    """GPU kernel time per call of fn (``common.kernel_split`` summed): the op's small host-side launches (the
+    routing lists) leave the GPU idle between kernels when the op runs alone, which ``do_bench``'s wall time counts
+    and a training step, whose host runs ahead of the GPU, hides."""
     if dryrun:
         return float("nan")
-    from torch.profiler import ProfilerActivity, profile
-
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            for t in leaves:
-                t.grad = None
-            fn()
-        torch.cuda.synchronize()
-    return sum(ev.device_time_total for ev in prof.key_averages()) / 1e3 / calls
+    return sum(kernel_split(fn, leaves).values())
 
 
 def _routed_ms(q, k, v, do, routing, bias, cfg, dryrun: bool) -> tuple[float, float, float, float]:
