@@ -113,19 +113,22 @@ def _routed_ms(q, k, v, do, routing, bias, cfg, dryrun: bool) -> tuple[float, fl
 
 
 def run(shapes, fractions, variants, dryrun: bool) -> list[dict]:
+    """One SDPA row per shape, then one row per (routed fraction, variant): wall and kernel ms, TFLOP/s and the
+    ratios to SDPA (or the error of a launch that failed)."""
     from hybrid_attention.ops.chunk_attention.triton import DEFAULT_CONFIG
 
     dev = "cpu" if dryrun else "cuda"
     act = torch.float32 if dryrun else torch.bfloat16
     rows = []
     for B, T, H, dk, dv in shapes:
+        shape = f"{B}x{T}x{H}x{dk}x{dv}"
         N = math.ceil(T / CHUNK)
         gen = torch.Generator().manual_seed(T + H)
         fwd_s, fb_s, dv_s = _sdpa(B, T, H, dk, dv, dev, dryrun)
         pairs_causal = B * H * T * (T + 1) // 2
         sdpa_flops = 2 * pairs_causal * (dk + dv_s)
         sdpa = {"fwd": sdpa_flops / fwd_s / 1e9, "fb": 3.5 * sdpa_flops / fb_s / 1e9}
-        rows.append({"shape": f"{B}x{T}x{H}x{dk}x{dv}", "fraction": 1.0, "variant": f"SDPA causal (v dim {dv_s})",
+        rows.append({"shape": shape, "fraction": 1.0, "variant": f"SDPA causal (v dim {dv_s})",
                      "fwd_ms": fwd_s, "fb_ms": fb_s, "fwd_tflops": sdpa["fwd"], "fb_tflops": sdpa["fb"]})
         print(rows[-1], flush=True)
         q, k = (torch.randn(B, T, H, dk, device=dev, dtype=act).requires_grad_() for _ in range(2))
@@ -134,20 +137,20 @@ def run(shapes, fractions, variants, dryrun: bool) -> list[dict]:
         for fraction in fractions:
             routing = (torch.rand(B, N, H // GROUP, generator=gen) < fraction).float().to(dev)
             bias = torch.zeros(B, N, H // GROUP, device=dev, requires_grad=True)
-            flops = 2 * attended_pairs(routing.cpu(), T, CHUNK, GROUP) * (dk + dv)
+            pairs = attended_pairs(routing.cpu(), T, CHUNK, GROUP)
+            flops = 2 * pairs * (dk + dv)
             for name in variants:
                 cfg = dataclasses.replace(DEFAULT_CONFIG, **VARIANTS[name])
-
                 try:
                     f_ms, fb_ms, f_k, fb_k = _routed_ms(q, k, v, do, routing, bias, cfg, dryrun)
                 except Exception as exc:  # a launch that fails is one row, not the run
-                    rows.append({"shape": f"{B}x{T}x{H}x{dk}x{dv}", "fraction": fraction, "variant": name,
+                    rows.append({"shape": shape, "fraction": fraction, "variant": name,
                                  "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
                     print(rows[-1], flush=True)
                     continue
-                r = {"shape": f"{B}x{T}x{H}x{dk}x{dv}", "fraction": fraction, "variant": name, "fwd_ms": f_ms,
+                r = {"shape": shape, "fraction": fraction, "variant": name, "fwd_ms": f_ms,
                      "fb_ms": fb_ms, "fwd_tflops": flops / f_ms / 1e9, "fb_tflops": 3.5 * flops / fb_ms / 1e9,
-                     "fwd_kernel_ms": f_k, "fb_kernel_ms": fb_k, "work": flops / sdpa_flops * (dk + dv_s) / (dk + dv)}
+                     "fwd_kernel_ms": f_k, "fb_kernel_ms": fb_k, "work": pairs / pairs_causal}
                 r["fwd_vs_sdpa"], r["fb_vs_sdpa"] = r["fwd_tflops"] / sdpa["fwd"], r["fb_tflops"] / sdpa["fb"]
                 r["fb_kernel_vs_sdpa"] = 3.5 * flops / fb_k / 1e9 / sdpa["fb"]
                 rows.append(r)
