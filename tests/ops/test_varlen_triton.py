@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from test_gated_delta_triton import BF16_TOL
 from triton_device import DEVICE
 
 from hybrid_attention.ops.chunk_attention import chunk_attention, naive_chunk_attention
@@ -99,7 +100,6 @@ def _leaf(x: torch.Tensor | None, dtype: torch.dtype, dev: str) -> torch.Tensor 
     return x.detach().to(dev, dtype).clone().requires_grad_() if x is not None else None
 
 
-BF16_TOL = 2e-2  # bf16 buffers (tests/ops/test_gated_delta_bf16.py's bar)
 GDN_NAMES = ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dcommit", "dS0"]
 
 
