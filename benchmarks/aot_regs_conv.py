@@ -35,8 +35,8 @@ from hybrid_attention.ops.causal_conv.triton import ops as O  # noqa: E402
 from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS, DEFAULT_CONFIG, CausalConvConfig  # noqa: E402
 from hybrid_attention.ops.common.varlen import max_chunks  # noqa: E402
 
-KERNELS = ("_conv_fwd_kernel", "_conv_final_kernel", "_conv_bwd_kernel", "_conv_bwd_shifted_kernel",
-           "_conv_dinit_kernel")
+KERNELS = ("_conv_fwd_kernel", "_conv_fwd_walk_kernel", "_conv_final_kernel", "_conv_bwd_kernel",
+           "_conv_bwd_shifted_kernel", "_conv_bwd_walk_kernel", "_conv_dinit_kernel")
 SHAPES: dict[str, tuple[int, int, tuple[int, ...]]] = {"small": (16, 2048, (512, 1024)), "340m": (4, 4096, (768, 1536))}
 
 

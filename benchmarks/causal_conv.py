@@ -1,9 +1,11 @@
 """The causal short convolution on the GPU: the Triton op (``ops/causal_conv``) against ``ShortConvolution``'s
 reference path, eager and under ``torch.compile``.
 
-    python -m benchmarks.causal_conv [--sweep] [--quick]      (or: hybrid-attention bench ops --only causal_conv)
+    python -m benchmarks.causal_conv [--sweep] [--quick] [--widths C ...]
+    (or: hybrid-attention bench ops --only causal_conv)
 
-``--quick``: the ``small`` shape only; ``--dryrun``: tiny shapes on the CPU (a smoke test of the script).
+``--quick``: the ``small`` shape only; ``--widths``: only these channel widths (e.g. the fused q|k|v convolutions,
+``--widths 2048 3072``); ``--dryrun``: tiny shapes on the CPU (a smoke test of the script).
 
 1. Correctness: bf16 x and initial state, float32 weight, SiLU, K = 4, at every timed shape and on packed documents
    (B = 1, the training shapes' tokens cut into documents of 1 to 600 tokens): the Triton op's output, final state and
@@ -36,7 +38,7 @@ from benchmarks.common import bench_ms as bench
 from hybrid_attention.modules import ShortConvolution
 from hybrid_attention.ops.causal_conv import naive_causal_conv1d, triton_causal_conv1d
 from hybrid_attention.ops.causal_conv.triton import DEFAULT_CONFIG, CausalConvConfig
-from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS
+from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS, TILE_BC, TILE_BC_BWD
 from hybrid_attention.ops.common.varlen import cu_seqlens_from_lengths
 
 K = 4
@@ -45,21 +47,34 @@ SHAPES = {  # name -> (B, T, channel widths)
     False: {"small": (16, 2048, (512, 1024, 2048)), "340m": (4, 4096, (768, 1536, 3072))},
     True: {"tiny": (2, 37, (24,))},
 }
-FORM_CONFIGS = {form: dataclasses.replace(DEFAULT_CONFIG, bwd_form=form) for form in BWD_FORMS}
+FORM_CONFIGS = {  # "walk": the walking forward and backward; the tile forms at their largest spill-free blocks
+    form: DEFAULT_CONFIG if form == DEFAULT_CONFIG.bwd_form else
+    dataclasses.replace(DEFAULT_CONFIG, bwd_form=form, fwd_form="tile", BC=TILE_BC, BC_BWD=TILE_BC_BWD)
+    for form in BWD_FORMS}
 SWEEP = list(FORM_CONFIGS.values()) + [
     CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb, bwd_form=form)
     for bt, bc, bcb, wf, wb in ((64, 64, 64, 4, 8), (64, 64, 32, 4, 4), (32, 64, 64, 4, 4), (32, 128, 32, 4, 4),
                                 (128, 64, 32, 8, 4), (16, 128, 128, 4, 4), (32, 64, 32, 4, 2), (64, 128, 128, 4, 8),
                                 (128, 128, 64, 8, 8), (32, 256, 128, 4, 4), (256, 32, 32, 8, 8))
-    for form in BWD_FORMS
+    for form in ("reload", "shifted")
+] + [  # the walking kernels hold one [BC] row per lag, so their channel blocks go wider
+    CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb, bwd_form="walk", fwd_form="walk")
+    for bt, bc, bcb, wf, wb in ((32, 256, 256, 4, 4), (64, 256, 256, 4, 4), (64, 512, 256, 4, 4),
+                                (128, 512, 512, 4, 8), (32, 128, 128, 4, 4), (64, 1024, 512, 8, 8))
 ]
-DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, bwd_form=form) for form in BWD_FORMS]
+DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, bwd_form=form,
+                              fwd_form="walk" if form == "walk" else "tile") for form in BWD_FORMS]
 
 
-def _shapes(dryrun: bool, quick: bool) -> dict[str, tuple[int, int, tuple[int, ...]]]:
-    """The shapes of this run: tiny ones for the dry run, only ``small`` with ``--quick``."""
+def _shapes(dryrun: bool, quick: bool, widths: list[int] | None = None) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+    """The shapes of this run: tiny ones for the dry run, only ``small`` with ``--quick``; with ``widths``, only those
+    channel widths (a shape left without one is dropped)."""
     shapes = SHAPES[dryrun]
-    return {"small": shapes["small"]} if quick and not dryrun else shapes
+    shapes = {"small": shapes["small"]} if quick and not dryrun else shapes
+    if widths and not dryrun:
+        shapes = {n: (B, T, tuple(c for c in cs if c in widths)) for n, (B, T, cs) in shapes.items()}
+        shapes = {n: v for n, v in shapes.items() if v[2]}
+    return shapes
 
 
 def _lengths(total: int, seed: int) -> list[int]:
@@ -219,19 +234,22 @@ def sweep(results: dict, s: BenchSettings, shapes: dict) -> None:
                     return
                 fn = lambda x, cfg=cfg, w=w: triton_causal_conv1d(x, w, activation="silu", config=cfg)[0]  # noqa: E731
                 ms = bench(_fwd_bwd(fn, x, dy), grad_to_none=[x, w])
-                keys = {k: getattr(cfg, k) for k in ("BT", "BC", "BC_BWD", "warps_fwd", "warps_bwd", "bwd_form")}
+                keys = {k: getattr(cfg, k)
+                        for k in ("BT", "BC", "BC_BWD", "warps_fwd", "warps_bwd", "bwd_form", "fwd_form")}
                 results["sweep"].append(dict(shape=name, C=C, fwd_bwd_ms=ms, default=cfg == DEFAULT_CONFIG, **keys))
                 log(f"{name:10s} C={C:5d} {keys} {ms:8.3f}" + ("  (default)" if cfg == DEFAULT_CONFIG else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the sections (correctness, timing, and the sweep with ``--sweep``) and write the JSON results."""
-    args = bench_parser(__doc__.splitlines()[0]).parse_args(argv)
+    p = bench_parser(__doc__.splitlines()[0])
+    p.add_argument("--widths", nargs="+", type=int, metavar="C", help="only these channel widths")
+    args = p.parse_args(argv)
     s = BenchSettings.from_args(args)
     results: dict = {"errors": [], "correctness": [], "timings": [], "sweep": []}
     if torch.cuda.is_available() and not s.dryrun:
         results["device"] = torch.cuda.get_device_name()
-    shapes = _shapes(s.dryrun, args.quick)
+    shapes = _shapes(s.dryrun, args.quick, args.widths)
     correctness(results, s, shapes)
     timing(results, s, shapes)
     if args.sweep or s.dryrun:

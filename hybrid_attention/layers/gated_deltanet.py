@@ -97,9 +97,9 @@ class GatedDeltaNet(TokenMixer):
         backend: form of the op, one of ``ops.gated_delta.BACKENDS`` ("auto", "reference", "naive", "triton").
         buffer_dtype: "auto" / "fp32" / "bf16", the chunk kernels' buffer precision (``GatedDeltaConfig``); a suite
             pins it through ``mixer_options.gdn.buffer_dtype`` so its runs keep training the same kernel.
-        conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
-            (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
-            optional).
+        conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "auto"
+            (default: "triton" for CUDA inputs, else "reference"), "reference", "triton" (``ops/causal_conv``)
+            or "fla" (fla's kernel, optional).
         norm_backend: form of the output RMSNorm and swish gate (``ops.gated_norm``'s backend, with ``use_gate``):
             "auto" (default: "triton", one kernel each way, for CUDA inputs outside ``torch.compile``, else
             "reference"; ``ops.gated_norm.auto_takes_triton``), "reference" or "triton".
@@ -119,7 +119,7 @@ class GatedDeltaNet(TokenMixer):
         chunk_size: int = 64,
         backend: str = "auto",
         buffer_dtype: str = "auto",
-        conv_backend: str = "reference",
+        conv_backend: str = "auto",
         norm_backend: str = "auto",
     ) -> None:
         super().__init__()

@@ -17,8 +17,8 @@ import torch
 
 from hybrid_attention.modules import ShortConvolution
 from hybrid_attention.ops.causal_conv import causal_conv1d, naive_causal_conv1d
-from hybrid_attention.ops.causal_conv.triton import HAS_TRITON, CausalConvConfig
-from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS
+from hybrid_attention.ops.causal_conv.triton import DEFAULT_CONFIG, HAS_TRITON, CausalConvConfig
+from hybrid_attention.ops.causal_conv.triton.config import BWD_FORMS, TILE_BC, TILE_BC_BWD
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 
@@ -32,8 +32,8 @@ TOL = 2e-5  # relative L2 error of the float32 kernels against float64
 
 
 def small(bwd_form: str = "reload") -> CausalConvConfig:
-    """``SMALL`` with the backward tile kernel ``bwd_form``."""
-    return dataclasses.replace(SMALL, bwd_form=bwd_form)
+    """``SMALL`` with the backward kernel ``bwd_form`` (and the walking forward with the walking backward)."""
+    return dataclasses.replace(SMALL, bwd_form=bwd_form, fwd_form="walk" if bwd_form == "walk" else "tile")
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -107,13 +107,8 @@ def test_packed_documents(with_init, activation, bwd_form, device):
     assert_close(tri, ref)
 
 
-@pytest.mark.parametrize("bwd_form, K, kernel", [("reload", 4, "_conv_bwd_kernel"),
-                                                 ("shifted", 4, "_conv_bwd_shifted_kernel"),
-                                                 ("shifted", 3, "_conv_bwd_kernel")])
-def test_bwd_form_picks_the_kernel(bwd_form, K, kernel, monkeypatch):
-    """``CausalConvConfig.bwd_form`` decides the backward tile kernel ("shifted" only at K = 4); a value outside
-    ``BWD_FORMS`` is one line naming the field and the allowed values. The launches are recorded, not run (meta
-    tensors)."""
+def _record_launches(monkeypatch) -> list[str]:
+    """The names of the kernels launched from here on, in order; the launches record and do not run."""
     import triton.runtime.jit as jit
 
     launched: list[str] = []
@@ -123,12 +118,82 @@ def test_bwd_form_picks_the_kernel(bwd_form, K, kernel, monkeypatch):
         return lambda *args, **kwargs: None
 
     monkeypatch.setattr(jit.KernelInterface, "__getitem__", getitem)
+    return launched
+
+
+@pytest.mark.parametrize("bwd_form, K, kernel", [("reload", 4, "_conv_bwd_kernel"),
+                                                 ("shifted", 4, "_conv_bwd_shifted_kernel"),
+                                                 ("shifted", 3, "_conv_bwd_kernel"),
+                                                 ("walk", 4, "_conv_bwd_walk_kernel"),
+                                                 ("walk", 3, "_conv_bwd_kernel")])
+def test_bwd_form_picks_the_kernel(bwd_form, K, kernel, monkeypatch):
+    """``CausalConvConfig.bwd_form`` decides the backward tile kernel ("shifted" only at K = 4); a value outside
+    ``BWD_FORMS`` is one line naming the field and the allowed values. The launches are recorded, not run (meta
+    tensors)."""
+    launched = _record_launches(monkeypatch)
     x = torch.empty(1, 8, 16, device="meta")
     conv_ops._bwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, torch.empty_like(x), None, True,
                        cfg=small(bwd_form))
     assert launched == [kernel]
-    with pytest.raises(ValueError, match="CausalConvConfig.bwd_form must be one of 'reload', 'shifted', got 'fast'"):
+    with pytest.raises(ValueError, match="CausalConvConfig.bwd_form must be one of 'reload', 'shifted', 'walk', "
+                                         "got 'fast'"):
         CausalConvConfig(bwd_form="fast")
+
+
+@pytest.mark.parametrize("fwd_form, K, kernel", [("tile", 4, "_conv_fwd_kernel"), ("walk", 4, "_conv_fwd_walk_kernel"),
+                                                 ("walk", 3, "_conv_fwd_kernel")])
+def test_fwd_form_picks_the_kernel(fwd_form, K, kernel, monkeypatch):
+    """``CausalConvConfig.fwd_form`` decides the forward kernel ("walk" only at K = 4); a bad value is one line naming
+    the field and the allowed values."""
+    launched = _record_launches(monkeypatch)
+    x = torch.empty(1, 8, 16, device="meta")
+    conv_ops._fwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, True, False,
+                       cfg=dataclasses.replace(SMALL, fwd_form=fwd_form))
+    assert launched == [kernel]
+    with pytest.raises(ValueError, match="CausalConvConfig.fwd_form must be one of 'tile', 'walk', got 'fast'"):
+        CausalConvConfig(fwd_form="fast")
+
+
+def test_for_width_falls_back_to_the_tile_forms():
+    """Kernel widths other than 4 run the tile forms, a walking form's channel blocks capped at the tile forms'
+    spill-free sizes; BT (the packed chunk table's chunk) stays; K = 4 keeps the settings."""
+    cfg = CausalConvConfig(BT=64, BC=256, BC_BWD=256, fwd_form="walk", bwd_form="walk")
+    assert cfg.for_width(4) is cfg
+    low = cfg.for_width(3)
+    assert (low.fwd_form, low.bwd_form, low.BT, low.BC, low.BC_BWD) == ("tile", "reload", 64, TILE_BC, TILE_BC_BWD)
+    tile = CausalConvConfig(BC=128, BC_BWD=64, fwd_form="tile", bwd_form="shifted").for_width(2)
+    assert (tile.bwd_form, tile.BC, tile.BC_BWD) == ("reload", 128, 64)  # blocks chosen for the tile forms stay
+
+
+@pytest.mark.parametrize("bwd_form", BWD_FORMS)
+@pytest.mark.parametrize("packed", [False, True])
+def test_column_slice_read_in_place(bwd_form, packed, device):
+    """x as columns 5 .. 5 + C of a wider tensor (a fused projection's output): the kernels read it in place (no
+    copy) and the output, final state and every gradient, the wide tensor's included (zero outside the slice), match
+    the float64 definition on the slice."""
+    cu = [0, 3, 21, 40] if packed else None
+    B, T, C, K = (1, 40, 20, 4) if packed else (2, 37, 24, 4)
+    x, w, init = make_case(B, T, C, K, 3 if packed else B, True, seed=11)
+    wide = torch.randn(B, T, C + 13, dtype=F64, generator=torch.Generator().manual_seed(3))
+    wide[..., 5:5 + C] = x
+    g = torch.Generator().manual_seed(99)
+    dy = torch.randn(x.shape, dtype=F64, generator=g)
+    dfin = torch.randn(init.shape, dtype=F64, generator=g)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    assert conv_ops._rows_apart(wide.to(device)[..., 5:5 + C]).stride(1) == C + 13
+
+    def one(fn, dtype, dev):
+        leaves = [t.to(dev, dtype).requires_grad_() for t in (wide, w, init)]
+        y, fin = fn(leaves[0][..., 5:5 + C], leaves[1], activation="silu", initial_state=leaves[2],
+                    output_final_state=True, cu_seqlens=None if cu_t is None else cu_t.to(dev))
+        loss = (y * dy.to(dev, dtype)).sum() + (fin * dfin.to(dev, dtype)).sum()
+        return y, fin, *torch.autograd.grad(loss, leaves)
+
+    tri = one(lambda *a, **k: triton_causal_conv1d(*a, config=small(bwd_form), **k), torch.float32, device)
+    ref = one(naive_causal_conv1d, F64, "cpu")
+    assert_close(tri, ref)
+    outside = torch.cat([tri[2][..., :5], tri[2][..., 5 + C:]], -1)
+    assert outside.abs().max() == 0
 
 
 def test_packed_equals_documents_run_alone(device):
@@ -291,5 +356,6 @@ def test_benchmark_dry_run(tmp_path):
     res = json.loads((tmp_path / "causal_conv_gpu.json").read_text())
     assert res["errors"] == [], res["errors"]
     assert res["correctness"] and all(r["pass"] for r in res["correctness"])
-    assert {r["form"] for r in res["timings"]} == {"triton", "triton reload", "triton compiled", "reference eager",
-                                                   "reference compiled"}
+    others = {f"triton {f}" for f in BWD_FORMS if f != DEFAULT_CONFIG.bwd_form}  # the forms not the default
+    assert {r["form"] for r in res["timings"]} == {"triton", "triton compiled", "reference eager",
+                                                   "reference compiled"} | others

@@ -132,7 +132,7 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
         force_routing: str | float | None = None,
         prefill_cache: str = "trim",
         buffer_dtype: str = "auto",
-        conv_backend: str = "reference",
+        conv_backend: str = "auto",
     ) -> None:
         """Build the shared projections, the router, the fusion and both branches.
 
@@ -168,9 +168,9 @@ class NatsLAttention(NatsLStaticStep, TokenMixer):
             prefill_cache: "trim" | "full", the slots of a prefill's softmax cache (class docstring).
             buffer_dtype: "auto" / "fp32" / "bf16", the GDN branch's Triton buffer precision, as in `GatedDeltaNet`
                 (pinned by a suite through ``mixer_options.natsl.buffer_dtype``).
-            conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "reference"
-                (default), "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel,
-                optional).
+            conv_backend: form of the short convolutions on q, k, v (``ShortConvolution``'s backend): "auto"
+                (default: "triton" for CUDA inputs, else "reference"), "reference", "triton" (``ops/causal_conv``)
+                or "fla" (fla's kernel, optional).
         """
         super().__init__()
         config_with_buffers(buffer_dtype)  # ValueError naming buffer_dtype and its allowed values

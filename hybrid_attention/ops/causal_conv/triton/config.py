@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...common.triton.config import KernelConfig
 
-__all__ = ["BWD_FORMS", "CausalConvConfig", "DEFAULT_CONFIG"]
+__all__ = ["BWD_FORMS", "FWD_FORMS", "TILE_BC", "TILE_BC_BWD", "CausalConvConfig", "DEFAULT_CONFIG"]
 
-BWD_FORMS = ("reload", "shifted")
+BWD_FORMS = ("reload", "shifted", "walk")
 """Allowed ``CausalConvConfig.bwd_form`` values."""
+FWD_FORMS = ("tile", "walk")
+"""Allowed ``CausalConvConfig.fwd_form`` values."""
+
+
+TILE_BC = 64
+"""Largest forward channel block of the tile forms at BT 64 without spills for sm_90 (``for_width``)."""
+TILE_BC_BWD = 32
+"""Largest backward ("reload") channel block of the tile forms at BT 64 without spills for sm_90."""
 
 
 @dataclass(frozen=True)
@@ -21,26 +29,32 @@ class CausalConvConfig(KernelConfig):
     state kernels (final state, initial-state gradient); warps_fwd / warps_bwd: their warps; poison: see
     ``KernelConfig``.
 
-    bwd_form: the backward tile kernel: "shifted" (default; ``_conv_bwd_shifted_kernel``, K = 4, other widths run
-    "reload": the 2K-1 distinct x tiles and the K dy tiles loaded once each) or "reload" (``_conv_bwd_kernel``, any
-    K: with SiLU it recomputes the pre-activation at each of the K lags from K shifted x loads, K² + K x-tile loads
-    per program). "shifted" is the faster at both timed widths (the short-convolution op table of
-    benchmarks/README.md, ``python -m benchmarks.causal_conv --quick``).
+    fwd_form / bwd_form: the kernels.
+      - "walk" (default, K = 4): ``_conv_fwd_walk_kernel`` / ``_conv_bwd_walk_kernel`` walk the program's BT tokens
+        in order with the neighbouring input rows of its BC channels in registers, one [BC] row loaded and one
+        stored per step, so wide channel blocks fit;
+      - "tile" (forward) and "shifted" (backward, K = 4) / "reload" (backward, any K): the program holds [BT, BC]
+        tiles at each of the K lags; "reload" recomputes the pre-activation at every lag.
+    Other widths than K = 4 run "tile" / "reload" (``for_width``).
 
-    The defaults are the largest tiles that compile without spills for sm_90 (the register table of the
-    short-convolution section of benchmarks/README.md, ``python benchmarks/aot_regs_conv.py``); the launch sweep
-    ``python -m benchmarks.causal_conv --sweep`` has not run on a GPU.
+    The defaults are the fastest setting of the launch sweep at the fused q|k|v widths, which compiles without
+    spills for sm_90 (the short-convolution section of benchmarks/README.md: ``python -m benchmarks.causal_conv
+    --sweep``, ``python benchmarks/aot_regs_conv.py``).
     """
 
-    BT: int = 32
-    BC: int = 64
-    BC_BWD: int = 32
+    BT: int = 64
+    BC: int = 256
+    BC_BWD: int = 256
     BC_STATE: int = 64
     warps_fwd: int = 4
     warps_bwd: int = 4
-    bwd_form: str = "shifted"
+    bwd_form: str = "walk"
+    fwd_form: str = "walk"
 
     def __post_init__(self) -> None:
+        if self.fwd_form not in FWD_FORMS:
+            raise ValueError(f"CausalConvConfig.fwd_form must be one of {', '.join(map(repr, FWD_FORMS))}, "
+                             f"got {self.fwd_form!r}")
         if self.bwd_form not in BWD_FORMS:
             raise ValueError(f"CausalConvConfig.bwd_form must be one of {', '.join(map(repr, BWD_FORMS))}, "
                              f"got {self.bwd_form!r}")
@@ -48,6 +62,16 @@ class CausalConvConfig(KernelConfig):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"CausalConvConfig.{name} must be a power of two, got {v}")
+
+    def for_width(self, K: int) -> CausalConvConfig:
+        """The settings that run at kernel width K: unchanged for K = 4; otherwise the forms written for K = 4 give
+        way to "tile" / "reload", and a walking form's channel blocks to ``TILE_BC`` / ``TILE_BC_BWD`` at most (BT,
+        and with it the packed documents' chunk table, stays)."""
+        if K == 4:
+            return self
+        bc = min(self.BC, TILE_BC) if self.fwd_form == "walk" else self.BC
+        bcb = min(self.BC_BWD, TILE_BC_BWD) if self.bwd_form == "walk" else self.BC_BWD
+        return replace(self, fwd_form="tile", bwd_form="reload", BC=bc, BC_BWD=bcb)
 
 
 DEFAULT_CONFIG = CausalConvConfig()

@@ -18,6 +18,19 @@ from .support import MAX_KERNEL_SIZE
 __all__ = ["triton_causal_conv1d"]
 
 
+def _rows_apart(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: channels contiguous and every token's row the same stride apart (``x.stride(1)``,
+    the kernels' SX; a column slice of a wider [B, T, W] tensor, such as a fused projection's output, is read in
+    place), else a contiguous copy."""
+    B, T, _ = x.shape
+    if x.stride(2) == 1 and (B == 1 or x.stride(0) == T * x.stride(1)):
+        return x
+    return x.contiguous()
+
+
+_BWD_KERNELS = {"reload": K._conv_bwd_kernel, "shifted": K._conv_bwd_shifted_kernel, "walk": K._conv_bwd_walk_kernel}
+
+
 def _state_block(K_: int) -> int:
     """Rows of the per-sequence state kernels' tiles: the K-1 state slots, padded to a power of two >= 2."""
     return max(2, triton.next_power_of_2(K_ - 1))
@@ -27,6 +40,7 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, *,
               cfg: CausalConvConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS):
     B, T, C = x.shape
     Kw = weight.shape[1]
+    cfg = cfg.for_width(Kw)
     vl = op_table(T, cu, co, ci, cfg.BT)
     n_seq = B if vl is None else vl.n_docs
     y = cfg.empty_like(x)
@@ -38,9 +52,10 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, *,
     cu_p, ci_p = (x, x) if vl is None else (vl.cu, vl.indices)
     NT = triton.cdiv(T, cfg.BT) if vl is None else vl.n_rows
     init_t = init.mT.contiguous() if init is not None else x  # [N, K-1, C]: channels contiguous, as x
+    fwd_kernel = K._conv_fwd_walk_kernel if cfg.fwd_form == "walk" else K._conv_fwd_kernel
     with hooks.stage("conv_fwd"):
-        h = K._conv_fwd_kernel[(NT, triton.cdiv(C, cfg.BC), B)](
-            x, weight, init_t, cu_p, ci_p, y, T, C,
+        h = fwd_kernel[(NT, triton.cdiv(C, cfg.BC), B)](
+            x, weight, init_t, cu_p, ci_p, y, T, x.stride(1), C,
             K=Kw, BT=cfg.BT, BC=cfg.BC, SILU=silu, HAS_INIT=init is not None, IS_VARLEN=vl is not None,
             num_warps=cfg.warps_fwd,
         )
@@ -48,7 +63,7 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, *,
     if need_final and Kw > 1:
         with hooks.stage("conv_final"):
             h = K._conv_final_kernel[(n_seq, triton.cdiv(C, cfg.BC_STATE))](
-                x, init_t, cu_p, fin, T, C,
+                x, init_t, cu_p, fin, T, x.stride(1), C,
                 K=Kw, KP=_state_block(Kw), BC=cfg.BC_STATE, HAS_INIT=init is not None, IS_VARLEN=vl is not None,
             )
         hooks.record("conv_final", h)
@@ -59,6 +74,7 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
               cfg: CausalConvConfig = DEFAULT_CONFIG, hooks: LaunchHooks = NO_HOOKS):
     B, T, C = x.shape
     Kw = weight.shape[1]
+    cfg = cfg.for_width(Kw)
     vl = op_table(T, cu, co, ci, cfg.BT)
     n_seq = B if vl is None else vl.n_docs
     has_dfinal = dfinal is not None and Kw > 1
@@ -76,10 +92,10 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
     dx = cfg.empty_like(x)
     dw_part = cfg.empty(B * NT, Kw, C, device=x.device)
     init_t = init.mT.contiguous() if init is not None else x
-    bwd_kernel = K._conv_bwd_shifted_kernel if cfg.bwd_form == "shifted" and Kw == 4 else K._conv_bwd_kernel
+    bwd_kernel = _BWD_KERNELS[cfg.bwd_form]
     with hooks.stage("conv_bwd"):
         h = bwd_kernel[(NT, triton.cdiv(C, cfg.BC_BWD), B)](
-            x, weight, init_t, cu_p, ci_p, dy, dfin_t, dx, dw_part, T, C,
+            x, weight, init_t, cu_p, ci_p, dy, dfin_t, dx, dw_part, T, x.stride(1), C,
             K=Kw, BT=cfg.BT, BC=cfg.BC_BWD, SILU=silu, HAS_INIT=init is not None, HAS_DFINAL=has_dfinal,
             IS_VARLEN=vl is not None, num_warps=cfg.warps_bwd,
         )
@@ -87,7 +103,7 @@ def _bwd_impl(x, weight, init, cu, co, ci, dy, dfinal, silu: bool, *,
     if init is not None and Kw > 1:
         with hooks.stage("conv_dinit"):
             h = K._conv_dinit_kernel[(n_seq, triton.cdiv(C, cfg.BC_STATE))](
-                x, weight, init_t, cu_p, dy, dfin_t, dinit, T, C,
+                x, weight, init_t, cu_p, dy, dfin_t, dinit, T, x.stride(1), C,
                 K=Kw, KP=_state_block(Kw), BC=cfg.BC_STATE, SILU=silu, HAS_DFINAL=has_dfinal,
                 IS_VARLEN=vl is not None,
             )
@@ -114,7 +130,8 @@ def causal_conv1d_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``hybrid_attention::causal_conv1d_fwd`` (opaque to ``torch.compile``) -> (y [B, T, C], final [N, C, K-1] in
     x's dtype, or an empty tensor without ``need_final``); ``causal_conv1d_bwd`` returns (dx, dweight, dinit). It runs
-    ``DEFAULT_CONFIG``. x [B, T, C] and weight [C, K] contiguous, init [N, C, K-1] or None; (cu, co, ci) the
+    ``DEFAULT_CONFIG``. x [B, T, C] with contiguous channels and its rows ``x.stride(1)`` apart (``_rows_apart``),
+    weight [C, K] contiguous, init [N, C, K-1] or None; (cu, co, ci) the
     ``ChunkTable`` of packed documents for chunks of ``DEFAULT_CONFIG.BT`` tokens (all None for dense inputs)."""
     return _fwd_impl(x, weight, init, cu, co, ci, silu, need_final)
 
@@ -123,7 +140,7 @@ def causal_conv1d_fwd_op(
 def _(x, weight, init, cu, co, ci, silu, need_final):
     n_seq = x.shape[0] if cu is None else cu.shape[0] - 1
     fin = x.new_empty(n_seq, x.shape[2], weight.shape[1] - 1) if need_final else x.new_empty(0)
-    return torch.empty_like(x), fin
+    return x.new_empty(x.shape), fin
 
 
 @torch.library.custom_op("hybrid_attention::causal_conv1d_bwd", mutates_args=())
@@ -144,7 +161,7 @@ def causal_conv1d_bwd_op(
 @causal_conv1d_bwd_op.register_fake
 def _(x, weight, init, cu, co, ci, dy, dfinal, silu):
     dinit = torch.empty_like(init) if init is not None else x.new_empty(0, dtype=torch.float32)
-    return torch.empty_like(x), torch.empty_like(weight), dinit
+    return x.new_empty(x.shape), torch.empty_like(weight), dinit
 
 
 def _setup_context(ctx, inputs, output):
@@ -208,7 +225,7 @@ def triton_causal_conv1d(
         vl = chunk_table(cu_seqlens, x.shape[1], cfg.BT, x.device)
         cu, co, ci = vl.cu, vl.offsets, vl.indices
     init = initial_state.contiguous() if initial_state is not None else None
-    args = (x.contiguous(), weight.contiguous(), init, cu, co, ci, activation == "silu", output_final_state)
+    args = (_rows_apart(x), weight.contiguous(), init, cu, co, ci, activation == "silu", output_final_state)
     if config is None and hooks is None:
         y, fin = causal_conv1d_fwd_op(*args)
     else:
