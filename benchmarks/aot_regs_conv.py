@@ -4,15 +4,17 @@ sm_90, compiled ahead of time on a machine without a GPU (the launch recorder an
 
     PYTHONPATH=/path/to/triton-3.6:. python benchmarks/aot_regs_conv.py   # the device's triton 3.6 first
     python benchmarks/aot_regs_conv.py --varlen --set BT=128 warps_bwd=8   # packed documents, another config
-    python benchmarks/aot_regs_conv.py --bwd-forms shifted --set BC_BWD=64  # one backward form, wider tiles
+    python benchmarks/aot_regs_conv.py --bwd-forms shifted --set fwd_form=tile BC=64 BC_BWD=32  # the tile forms
 
 The launches are those of one forward + backward call of ``ops.py``'s ``_fwd_impl`` / ``_bwd_impl`` on meta
 tensors, the kernels swapped for recorders: the training call (no initial or final state), or with ``--state`` an
 initial state, the final state and its gradient; bf16 x, dy and states, float32 weight, SiLU, K = 4. Shapes:
 ``small`` B=16, T=2048 and ``340m`` B=4, T=4096, at the
 layer's channel widths (q / k and v); ``--varlen`` packs the B rows as documents of one row. Each backward form of
-``--bwd-forms`` (``CausalConvConfig.bwd_form``; default both) adds its backward tile kernel's line (``conv_bwd``:
-"reload", ``conv_bwd_shifted``: "shifted"); the kernels the forms share are listed once.
+``--bwd-forms`` (``CausalConvConfig.bwd_form``; default ``DEFAULT_CONFIG``'s) adds its backward kernel's line
+(``conv_bwd``: "reload", ``conv_bwd_shifted``: "shifted", ``conv_bwd_walk``: "walk"); the kernels the forms share are
+listed once. The tile forms take their own channel blocks: ``--bwd-forms shifted --set fwd_form=tile BC=64
+BC_BWD=32``.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def record_launches(B: int, T: int, C: int, config: CausalConvConfig = DEFAULT_C
     saved = O.K
     O.K = SimpleNamespace(**{name: _Recorder(name, getattr(_kernels, name), log) for name in KERNELS})
     try:
-        O._fwd_impl(x, w, init, cu, co, ci, True, state, cfg=config)
-        O._bwd_impl(x, w, init, cu, co, ci, torch.empty_like(x), dfin, True, cfg=config)
+        O._fwd_impl(x, w, init, cu, co, ci, True, state, [C], cfg=config)
+        O._bwd_impl(x, w, init, cu, co, ci, [torch.empty_like(x)], dfin, True, cfg=config)
     finally:
         O.K = saved
     return log
@@ -85,8 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--varlen", action="store_true", help="packed documents (the B rows as documents of one row)")
     p.add_argument("--state", action="store_true", help="with an initial state, the final state and its gradient")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="CausalConvConfig fields to replace")
-    p.add_argument("--bwd-forms", nargs="+", default=list(BWD_FORMS), choices=BWD_FORMS,
-                   help="backward forms whose tile kernel is compiled (bwd_form)")
+    p.add_argument("--bwd-forms", nargs="+", default=[DEFAULT_CONFIG.bwd_form], choices=BWD_FORMS,
+                   help="backward forms whose kernel is compiled (bwd_form; default: DEFAULT_CONFIG's)")
     a = p.parse_args(argv)
     config = config_with(DEFAULT_CONFIG, a.set)
     changes = " ".join(a.set)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,7 +42,8 @@ def short_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
 def short_conv(
     x: torch.Tensor, weight: torch.Tensor, activation: str | None = None, backend: str = "reference",
     state: torch.Tensor | None = None, output_final_state: bool = False, *, cu_seqlens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    split: Sequence[int] | None = None,
+) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor | None]:
     """`ShortConvolution.forward` with the kernels as an argument (the module calls it with its own weight; a fused
     caller with the concatenated weights of several, ``modules/fused_linear.py``).
 
@@ -52,9 +55,11 @@ def short_conv(
         state: [B, D, K-1] the last K-1 inputs before x, or None (zeros); must be None with cu_seqlens.
         output_final_state: also return the new state ([B, D, K-1], or [N, D, K-1] per packed document).
         cu_seqlens: [N + 1] offsets of packed documents (B == 1).
+        split: return y as its parts of these widths (``y.split(split, -1)``; the Triton backend writes each part to
+            a tensor of its own: ``causal_conv1d``'s ``split_sizes``).
 
     Returns:
-        (y [B, T, D], the new state or None).
+        (y [B, T, D] or its parts, the new state or None).
     """
     b, t, d = x.shape
     k = weight.shape[-1]
@@ -63,7 +68,7 @@ def short_conv(
     if backend == "fla":
         if state is None and not output_final_state:
             y, _ = _fla_causal_conv1d()(x, weight[:, 0], activation=activation, cu_seqlens=cu_seqlens)
-            return y, None
+            return (y if split is None else y.split(list(split), -1)), None
         backend = "auto"  # a call with states (prefill, continuation) runs the library's own forms
     if backend != "reference" and resolve_backend(
         backend, "ShortConvolution", lambda: x.is_cuda and causal_conv_triton.supported(x, weight),
@@ -71,7 +76,7 @@ def short_conv(
     ) == "triton":
         return causal_conv.triton_causal_conv1d(
             x, weight[:, 0], activation=activation, initial_state=state,
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens, split_sizes=split,
         )
     if cu_seqlens is not None:
         y, new_state = _packed_products(x, weight, output_final_state, cu_seqlens)
@@ -96,7 +101,7 @@ def short_conv(
         new_state = xp[..., xp.shape[-1] - (k - 1) :].contiguous() if output_final_state else None
     if activation == "silu":
         y = F.silu(y)
-    return y, new_state
+    return (y if split is None else y.split(list(split), -1)), new_state
 
 
 def _packed_products(x: torch.Tensor, weight: torch.Tensor, output_final_state: bool,

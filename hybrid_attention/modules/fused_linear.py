@@ -134,9 +134,9 @@ def project_inputs(
             CUDA inputs (cuBLAS), 1 (no padding) otherwise.
 
     Returns:
-        (outputs by name [B, T, out_n] (views of one product, the convolved ones of the convolution's output),
-        new conv states by name, [B, channels, K-1] (packed: [N, channels, K-1] per document), empty unless
-        output_final_state).
+        (outputs by name [B, T, out_n] (views of one product; the convolved ones are the convolution's parts, tensors
+        of their own on the Triton backend), new conv states by name, [B, channels, K-1] (packed: [N, channels, K-1]
+        per document), empty unless output_final_state).
     """
     convs = convs or {}
     if not set(convs) <= set(linears):
@@ -155,9 +155,9 @@ def project_inputs(
         if len({c.backend for c in mods}) > 1:
             raise ValueError("convs must share one backend to run as one convolution")
         init = torch.cat([state[n] for n in conv_names], 1) if state else None
-        y, final = short_conv(z[..., :width], concat_conv_weights(mods), mods[0].activation, mods[0].backend, init,
-                              output_final_state, cu_seqlens=cu_seqlens)
-        out.update(zip(conv_names, y.split(sizes[:len(conv_names)], -1)))
+        parts, final = short_conv(z[..., :width], concat_conv_weights(mods), mods[0].activation, mods[0].backend,
+                                  init, output_final_state, cu_seqlens=cu_seqlens, split=sizes[:len(conv_names)])
+        out.update(zip(conv_names, parts))
         if final is not None:
             new_state = {n: s.contiguous() for n, s in zip(conv_names, final.split(sizes[:len(conv_names)], 1))}
     return {n: out[n] for n in linears}, new_state

@@ -132,7 +132,7 @@ def test_bwd_form_picks_the_kernel(bwd_form, K, kernel, monkeypatch):
     tensors)."""
     launched = _record_launches(monkeypatch)
     x = torch.empty(1, 8, 16, device="meta")
-    conv_ops._bwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, torch.empty_like(x), None, True,
+    conv_ops._bwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, [torch.empty_like(x)], None, True,
                        cfg=small(bwd_form))
     assert launched == [kernel]
     with pytest.raises(ValueError, match="CausalConvConfig.bwd_form must be one of 'reload', 'shifted', 'walk', "
@@ -147,7 +147,7 @@ def test_fwd_form_picks_the_kernel(fwd_form, K, kernel, monkeypatch):
     the field and the allowed values."""
     launched = _record_launches(monkeypatch)
     x = torch.empty(1, 8, 16, device="meta")
-    conv_ops._fwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, True, False,
+    conv_ops._fwd_impl(x, torch.empty(16, K, device="meta"), None, None, None, None, True, False, [16],
                        cfg=dataclasses.replace(SMALL, fwd_form=fwd_form))
     assert launched == [kernel]
     with pytest.raises(ValueError, match="CausalConvConfig.fwd_form must be one of 'tile', 'walk', got 'fast'"):
@@ -194,6 +194,55 @@ def test_column_slice_read_in_place(bwd_form, packed, device):
     assert_close(tri, ref)
     outside = torch.cat([tri[2][..., :5], tri[2][..., 5 + C:]], -1)
     assert outside.abs().max() == 0
+
+
+@pytest.mark.parametrize("bwd_form", BWD_FORMS)
+@pytest.mark.parametrize("packed", [False, True])
+def test_split_outputs(bwd_form, packed, device, monkeypatch):
+    """``split_sizes``: y as parts of their own, each contiguous, read from a column slice of a wider tensor. The
+    parts, the final state and every gradient match the float64 definition, with one part left out of the loss (its
+    gradient arrives as zeros). The walking forms launch once per part in each direction and write no full-width y."""
+    cu = [0, 3, 21, 40] if packed else None
+    B, T, C, K = (1, 40, 20, 4) if packed else (2, 37, 24, 4)
+    sizes = (4, 9, 7) if packed else (5, 11, 8)
+    x, w, init = make_case(B, T, C, K, 3 if packed else B, True, seed=13)
+    wide = torch.randn(B, T, C + 6, dtype=F64, generator=torch.Generator().manual_seed(4))
+    wide[..., 2:2 + C] = x
+    g = torch.Generator().manual_seed(98)
+    dy = torch.randn(x.shape, dtype=F64, generator=g)
+    dy[..., sizes[0]:sizes[0] + sizes[1]] = 0  # the second part is not in the loss
+    dfin = torch.randn(init.shape, dtype=F64, generator=g)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+
+    def one(dtype, dev, split):
+        leaves = [t.to(dev, dtype).requires_grad_() for t in (wide, w, init)]
+        kw = dict(activation="silu", initial_state=leaves[2], output_final_state=True,
+                  cu_seqlens=None if cu_t is None else cu_t.to(dev))
+        if split:
+            parts, fin = triton_causal_conv1d(leaves[0][..., 2:2 + C], leaves[1], split_sizes=sizes,
+                                              config=small(bwd_form), **kw)
+            assert [tuple(p.shape) for p in parts] == [(B, T, n) for n in sizes]
+            assert all(p.is_contiguous() for p in parts)
+            dys = dy.to(dev, dtype).split(sizes, -1)
+            loss = sum((p * d).sum() for i, (p, d) in enumerate(zip(parts, dys)) if i != 1)
+            y = torch.cat(parts, -1)
+        else:
+            y, fin = naive_causal_conv1d(leaves[0][..., 2:2 + C], leaves[1], **kw)
+            loss = (y * dy.to(dev, dtype)).sum()
+        loss = loss + (fin * dfin.to(dev, dtype)).sum()
+        return y, fin, *torch.autograd.grad(loss, leaves)
+
+    launched = []
+    if bwd_form == "walk":
+        import triton.runtime.jit as jit
+
+        getitem = jit.KernelInterface.__getitem__
+        monkeypatch.setattr(jit.KernelInterface, "__getitem__",
+                            lambda self, grid: launched.append(self.fn.__name__) or getitem(self, grid))
+    tri = one(torch.float32, device, True)
+    assert_close(tri, one(F64, "cpu", False))
+    if bwd_form == "walk":
+        assert launched.count("_conv_fwd_walk_kernel") == launched.count("_conv_bwd_walk_kernel") == len(sizes)
 
 
 def test_packed_equals_documents_run_alone(device):
@@ -259,11 +308,13 @@ def test_registered_op_default_config(device):
         assert rel(leaf.grad, ref.grad) < 1e-2
 
 
-def test_custom_op_opcheck(device):
-    """Schema, fake (meta) implementation and autograd registration of the registered forward op."""
-    x, w, init = make_case(1, 9, 16, 3, 1, True, seed=2)
+@pytest.mark.parametrize("K, sizes", [(3, [16]), (4, [5, 11])])
+def test_custom_op_opcheck(K, sizes, device):
+    """Schema, fake (meta) implementation and autograd registration of the registered forward op: one output, and at
+    K = 4 (the walking kernels) two parts."""
+    x, w, init = make_case(1, 9, 16, K, 1, True, seed=2)
     args = (x.float().to(device).requires_grad_(), w.float().to(device).requires_grad_(),
-            init.float().to(device).requires_grad_(), None, None, None, True, True)
+            init.float().to(device).requires_grad_(), None, None, None, True, True, sizes)
     torch.library.opcheck(conv_ops.causal_conv1d_fwd_op, args,
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
@@ -289,6 +340,11 @@ def test_dispatch_and_input_errors():
         triton_causal_conv1d(x, w)
     with pytest.raises(ValueError, match="K <= 8"):
         triton_causal_conv1d(x.float(), torch.randn(4, 9))
+    parts, _ = causal_conv1d(x, w, activation="silu", split_sizes=[1, 3])  # the reference: views of y
+    assert [tuple(p.shape) for p in parts] == [(2, 8, 1), (2, 8, 3)] and torch.equal(torch.cat(parts, -1), y_ref)
+    for bad in ([1, 2], [0, 4], [4.0]):
+        with pytest.raises(ValueError, match=r"split_sizes must be positive widths summing to C = 4, got"):
+            causal_conv1d(x, w, split_sizes=bad)
 
 
 def test_short_convolution_triton_backend(device):

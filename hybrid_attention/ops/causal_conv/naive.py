@@ -8,6 +8,8 @@ time: ``pre[t] = Σ_j w[:, j] · xp[t + j]`` (j = 0..K-1), ``y = SiLU(pre)`` or 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -24,10 +26,12 @@ def validate_conv_inputs(
     activation: str | None,
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
+    split_sizes: Sequence[int] | None = None,
 ) -> None:
     """Raise ``ValueError`` (one line naming the argument) unless x is ``[B, T, C]``, weight ``[C, K]`` (K >= 1),
-    activation one of ``ACTIVATIONS`` and initial_state ``[N, C, K-1]`` (N = B, or the number of documents of
-    ``cu_seqlens``, which needs B == 1; no host read of device offsets)."""
+    activation one of ``ACTIVATIONS``, initial_state ``[N, C, K-1]`` (N = B, or the number of documents of
+    ``cu_seqlens``, which needs B == 1; no host read of device offsets) and split_sizes None or positive widths
+    summing to C."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of None, 'silu', got {activation!r}")
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
@@ -43,6 +47,9 @@ def validate_conv_inputs(
     if initial_state is not None and tuple(initial_state.shape) != (n, c, weight.shape[1] - 1):
         raise ValueError(f"initial_state must be [N, C, K-1] = {(n, c, weight.shape[1] - 1)}, got "
                          f"{tuple(initial_state.shape)}")
+    if split_sizes is not None and (not split_sizes or any(not isinstance(w, int) or w < 1 for w in split_sizes)
+                                    or sum(split_sizes) != c):
+        raise ValueError(f"split_sizes must be positive widths summing to C = {c}, got {list(split_sizes)}")
 
 
 @per_document(tokens=("x",))

@@ -387,13 +387,13 @@ def _row(t, o_c, S):
 
 
 @triton.jit
-def _x_row(xb, SX, init, s, start, end, seq, o_c, m_c, C: tl.constexpr, K: tl.constexpr, HAS_INIT: tl.constexpr):
+def _x_row(xb, SX, init, s, start, end, seq, o_c, m_c, CS, K: tl.constexpr, HAS_INIT: tl.constexpr):
     """[BC] float32 row of the inputs at token s of the batch row (xb points at its token 0): x inside the sequence
-    [start, end), the initial state (HAS_INIT) or zero before it, zero past it."""
+    [start, end), the initial state (HAS_INIT, rows CS apart) or zero before it, zero past it."""
     sv = s + o_c * 0  # the token as a [BC] vector: the masks are vectors (the interpreter refuses scalar & vector)
     v = tl.load(xb + _row(s, o_c, SX), mask=m_c & (sv >= start) & (sv < end), other=0.0).to(tl.float32)
     if HAS_INIT:
-        p_h = init + (seq.to(tl.int64) * (K - 1) + (K - 1 + s - start)) * C + o_c
+        p_h = init + (seq.to(tl.int64) * (K - 1) + (K - 1 + s - start)) * CS + o_c
         v += tl.load(p_h, mask=m_c & (sv < start) & (sv >= start - (K - 1)), other=0.0).to(tl.float32)
     return v
 
@@ -408,6 +408,7 @@ def _conv_fwd_walk_kernel(
     y,
     T,
     SX,
+    CS,
     C: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
@@ -418,7 +419,11 @@ def _conv_fwd_walk_kernel(
 ):
     """``_conv_fwd_kernel``'s y for K = 4, walking the program's tokens in order: the three previous input rows of its
     BC channels stay in registers, so each step loads one [BC] row and stores one (``CausalConvConfig.fwd_form`` =
-    "walk")."""
+    "walk").
+
+    One launch may cover a part of the channels (``triton_causal_conv1d``'s ``split_sizes``): x, w and init then point
+    at the part's first channel, y is the part's own [B, T, C] tensor, and CS is the row stride of init (the full
+    channel count; C when the launch covers them all)."""
     tl.static_assert(K == 4, "the walking forward unrolls a width-4 filter")
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
@@ -427,9 +432,9 @@ def _conv_fwd_walk_kernel(
     xb = x + i_b.to(tl.int64) * T * SX
     yb = y + i_b.to(tl.int64) * T * C
     w0, w1, w2, w3 = _weights4(w, o_c, m_c)
-    xm3 = _x_row(xb, SX, init, t0 - 3, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    xm2 = _x_row(xb, SX, init, t0 - 2, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    xm1 = _x_row(xb, SX, init, t0 - 1, start, end, seq, o_c, m_c, C, K, HAS_INIT)
+    xm3 = _x_row(xb, SX, init, t0 - 3, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    xm2 = _x_row(xb, SX, init, t0 - 2, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    xm1 = _x_row(xb, SX, init, t0 - 1, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
     for t in range(t0, t1):
         x0 = tl.load(xb + _row(t, o_c, SX), mask=m_c, other=0.0).to(tl.float32)
         pre = w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0
@@ -460,6 +465,7 @@ def _conv_bwd_walk_kernel(
     dw_part,
     T,
     SX,
+    CS,
     C: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
@@ -472,23 +478,26 @@ def _conv_bwd_walk_kernel(
     """``_conv_bwd_kernel``'s dx and weight-gradient partials for K = 4, walking the program's tokens t in order with
     the inputs at t-3 .. t+2 and dpre at t .. t+2 in registers: each step loads the input and dy rows at t+3, forms
     dpre there, stores dx[t] = Σ_L w[3-L] · dpre[t+L] (+ dfinal on the last K-1 tokens) and adds dpre[t] · x[t-l] to
-    the [BC] partial of slot 3-l (``CausalConvConfig.bwd_form`` = "walk")."""
+    the [BC] partial of slot 3-l (``CausalConvConfig.bwd_form`` = "walk").
+
+    A launch over a part of the channels (as the forward's): dy is the part's own [B, T, C] tensor; init, dfin, dx and
+    dw_part point at the part's first channel, their rows CS apart."""
     tl.static_assert(K == 4, "the walking backward unrolls a width-4 filter")
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    base = i_b.to(tl.int64) * T * C
     xb = x + i_b.to(tl.int64) * T * SX
-    dyb = dy + base
+    dyb = dy + i_b.to(tl.int64) * T * C
+    dxb = dx + i_b.to(tl.int64) * T * CS
     part = (i_b * tl.num_programs(0) + i_t).to(tl.int64)
     w0, w1, w2, w3 = _weights4(w, o_c, m_c)
-    xm3 = _x_row(xb, SX, init, t0 - 3, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    xm2 = _x_row(xb, SX, init, t0 - 2, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    xm1 = _x_row(xb, SX, init, t0 - 1, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    x0 = _x_row(xb, SX, init, t0, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    xp1 = _x_row(xb, SX, init, t0 + 1, start, end, seq, o_c, m_c, C, K, HAS_INIT)
-    xp2 = _x_row(xb, SX, init, t0 + 2, start, end, seq, o_c, m_c, C, K, HAS_INIT)
+    xm3 = _x_row(xb, SX, init, t0 - 3, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    xm2 = _x_row(xb, SX, init, t0 - 2, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    xm1 = _x_row(xb, SX, init, t0 - 1, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    x0 = _x_row(xb, SX, init, t0, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    xp1 = _x_row(xb, SX, init, t0 + 1, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+    xp2 = _x_row(xb, SX, init, t0 + 2, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
     g0 = _dpre_row(dyb, t0, end, o_c, m_c, xm3, xm2, xm1, x0, w0, w1, w2, w3, C, SILU)
     g1 = _dpre_row(dyb, t0 + 1, end, o_c, m_c, xm2, xm1, x0, xp1, w0, w1, w2, w3, C, SILU)
     g2 = _dpre_row(dyb, t0 + 2, end, o_c, m_c, xm1, x0, xp1, xp2, w0, w1, w2, w3, C, SILU)
@@ -497,14 +506,14 @@ def _conv_bwd_walk_kernel(
     dw2 = tl.zeros((BC,), dtype=tl.float32)
     dw3 = tl.zeros((BC,), dtype=tl.float32)
     for t in range(t0, t1):
-        xp3 = _x_row(xb, SX, init, t + 3, start, end, seq, o_c, m_c, C, K, HAS_INIT)
+        xp3 = _x_row(xb, SX, init, t + 3, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
         g3 = _dpre_row(dyb, t + 3, end, o_c, m_c, x0, xp1, xp2, xp3, w0, w1, w2, w3, C, SILU)
         dxa = w3 * g0 + w2 * g1 + w1 * g2 + w0 * g3
         if HAS_DFINAL:
             i_f = o_c * 0 + (t - (end - (K - 1)))  # the final-state slot of token t, as a [BC] vector
-            p_f = dfin + (seq.to(tl.int64) * (K - 1) + i_f) * C + o_c
+            p_f = dfin + (seq.to(tl.int64) * (K - 1) + i_f) * CS + o_c
             dxa += tl.load(p_f, mask=m_c & (i_f >= 0), other=0.0).to(tl.float32)
-        tl.store(dx + base + _row(t, o_c, C), dxa.to(dx.dtype.element_ty), mask=m_c)
+        tl.store(dxb + _row(t, o_c, CS), dxa.to(dx.dtype.element_ty), mask=m_c)
         dw0 += g0 * xm3
         dw1 += g0 * xm2
         dw2 += g0 * xm1
@@ -518,8 +527,8 @@ def _conv_bwd_walk_kernel(
         g0 = g1
         g1 = g2
         g2 = g3
-    p_w = dw_part + part * K * C + o_c
+    p_w = dw_part + part * K * CS + o_c
     tl.store(p_w, dw0, mask=m_c)
-    tl.store(p_w + C, dw1, mask=m_c)
-    tl.store(p_w + 2 * C, dw2, mask=m_c)
-    tl.store(p_w + 3 * C, dw3, mask=m_c)
+    tl.store(p_w + CS, dw1, mask=m_c)
+    tl.store(p_w + 2 * CS, dw2, mask=m_c)
+    tl.store(p_w + 3 * CS, dw3, mask=m_c)
