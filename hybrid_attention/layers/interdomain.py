@@ -124,7 +124,7 @@ class S4DCoreMixer(TokenMixer):
         dt_max: float = 1e-1,
         norm_eps: float = 1e-6,
         backend: str = "auto",
-        conv_backend: str = "reference",
+        conv_backend: str = "auto",
     ) -> None:
         """Build the branches, the S4D core and the read of the state; the defaults give the full layer.
 
@@ -157,9 +157,9 @@ class S4DCoreMixer(TokenMixer):
             norm_eps: epsilon of the key / value RMSNorms.
             backend: form of the op, one of the backends of ``ops.interdomain`` (query readout), ``ops.s4d``
                 (linear contraction) or ``ops.s4d_bilinear`` ("auto", "reference", "naive", "triton", ...).
-            conv_backend: form of the short convolutions on the branches (``ShortConvolution``'s backend): "reference"
-                (default; the faster in the `small` training step: benchmarks/README.md, training-step section),
-                "triton" (``ops/causal_conv``), "auto" ("triton" for CUDA inputs) or "fla" (fla's kernel, optional).
+            conv_backend: form of the short convolutions on the branches (``ShortConvolution``'s backend): "auto"
+                (default: "triton" for CUDA inputs, else "reference"), "reference", "triton" (``ops/causal_conv``)
+                or "fla" (fla's kernel, optional).
         """
         super().__init__()
         if denominator and not query_readout:
