@@ -40,7 +40,7 @@ from hybrid_attention.ops.chunk_attention.triton import kernels as _kernels  # n
 from hybrid_attention.ops.chunk_attention.triton.config import DEFAULT_CONFIG, ChunkAttentionConfig  # noqa: E402
 from hybrid_attention.ops.common.varlen import ChunkTable, max_chunks  # noqa: E402
 
-KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel", "_dkv_routed_kernel", "_bwd_kernel")
+KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel", "_bwd_kernel")
 SHAPE = dict(B=1, T=65536, Hs=12, G=2, DK=64, C=64)  # natsl_ops: H = 6 decision heads, G = 2, K // G = 64
 
 
@@ -49,8 +49,7 @@ def record_launches(
     *, varlen: bool = False,
 ) -> list[Launch]:
     """The launches of one forward + backward of ``triton_chunk_attention`` on meta tensors (nothing runs), in
-    ``config.bwd_mode``: fwd, then dq and dk/dv (two_pass; routed_first / routed_only: the dk/dv kernel in the
-    routing's order) or the one-pass kernel.
+    ``config.bwd_mode``: fwd, then dq and dk/dv (two_pass) or the one-pass kernel.
 
     Shapes: q, k ``[B, T, Hs, DK]`` bf16, v, do ``[B, T, Hs, DV]`` bf16, routing and routing bias ``[B, N, Hs // G]``
     (bias fp32, as function.py casts it); ``varlen``: B = 1 packed into ``B`` documents of ``T`` tokens each."""
@@ -86,13 +85,13 @@ def report(config: ChunkAttentionConfig, shape: dict[str, int], varlen: bool, wa
     """(label, launch, compile report) of the two-pass and one-pass launches of ``config`` at ``shape`` (the
     arguments of ``record_launches``), then of the one-pass kernel at every (num_warps, num_stages) of the sweep."""
     seen = set()
-    for mode in ("two_pass", "routed_first", "routed_only", "one_pass"):
+    for mode in ("two_pass", "one_pass"):
         for launch in record_launches(**shape, config=dataclasses.replace(config, bwd_mode=mode), varlen=varlen):
-            if launch.name == "fwd" and mode != "two_pass":
+            if launch.name == "fwd" and mode == "one_pass":
                 continue  # the same forward launch
             key = (launch.name, launch.kwargs["num_warps"], launch.kwargs["num_stages"])
             seen.add(key)
-            yield mode if launch.name in ("dq", "dkv", "dkv_routed", "bwd") else "", launch, compile_launch(launch)
+            yield mode if launch.name in ("dq", "dkv", "bwd") else "", launch, compile_launch(launch)
     for w in warps:
         for s in stages:
             cfg = dataclasses.replace(config, bwd_mode="one_pass", onepass_warps=w, onepass_stages=s)
@@ -130,15 +129,15 @@ def main(argv: list[str] | None = None) -> None:
         if a.varlen:
             shape.update(B=16, T=SHAPE["T"] // 16)
         print(f"\n{shape}")
-        print(f"{'kernel':10s} {'mode':12s} {'QB/QC':5s} {'w/s':4s} {'regs':>4s} {'spill st/ld B':>14s} {'smem B':>7s} "
+        print(f"{'kernel':5s} {'mode':8s} {'QB/QC':5s} {'w/s':4s} {'regs':>4s} {'spill st/ld B':>14s} {'smem B':>7s} "
               f"{'CTA/SM':>6s}  {'grid':14s} PTX atomics / MMAs")
         for label, launch, r in report(config, shape, a.varlen, a.sweep_warps, a.sweep_stages):
             kw = launch.kwargs
             tile = f"{'QB' if 'QB' in kw else 'QC'}{kw.get('QB', kw.get('QC'))}"
             spills = f"{r['spill_st']}/{r['spill_ld']}"
             ops = "" if a.no_ptx else ptx_ops(launch)
-            print(f"{launch.name:10s} {label:12s} {tile:5s} {r['warps']}/{r['stages']:<2d} {r['regs']:4d} "
-                  f"{spills:>14s} {r['smem']:7d} {r['ctas_per_sm']:6d}  {str(launch.grid):14s} {ops}")
+            print(f"{launch.name:5s} {label:8s} {tile:5s} {r['warps']}/{r['stages']:<2d} {r['regs']:4d} {spills:>14s} "
+                  f"{r['smem']:7d} {r['ctas_per_sm']:6d}  {str(launch.grid):14s} {ops}")
 
 
 if __name__ == "__main__":

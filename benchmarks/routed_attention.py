@@ -31,8 +31,6 @@ from benchmarks.common import kernel_split, require_cuda
 VARIANTS = {
     "default": {},
     "one_pass": {"bwd_mode": "one_pass"},  # dq by fp32 atomics from the dk/dv programs
-    "routed_first": {"bwd_mode": "routed_first"},  # the dk/dv programs in the routing's order, longest first
-    "routed_only": {"bwd_mode": "routed_only"},  # dk/dv programs for routed chunks only; dq forms the rest
     "fwd_w8": {"fwd_warps": 8},
     "fwd_qc2": {"fwd_qc": 2, "fwd_warps": 8},  # 128 query rows per forward program
     "dq_qc2": {"dq_qc": 2, "dq_warps": 8},

@@ -13,7 +13,7 @@ from ...common.triton.config import KernelConfig
 
 __all__ = ["BWD_MODES", "ChunkAttentionConfig", "DEFAULT_CONFIG"]
 
-BWD_MODES = ("two_pass", "one_pass", "routed_first", "routed_only")
+BWD_MODES = ("two_pass", "one_pass")
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,9 @@ class ChunkAttentionConfig(KernelConfig):
     warps/3 stages 0.62 / 7.85 ms vs QC=2/8/3 0.88 / 10.8 ms; dq QC=1/4/2 saved 0.25 / 2.8 ms of forward+backward
     vs QC=2/8/2; dk/dv QB=64/4 warps/2 stages was the best tried. ``poison``: see ``KernelConfig``.
 
-    bwd_mode: "two_pass" (a dq kernel over each query tile's key chunks, then the dk/dv kernel, one program per key
-    chunk in chunk order: at a routed fraction ρ, 1 - ρ of them do one diagonal block beside routed ones of up to
-    T / C blocks), "routed_first" (the dk/dv programs in the routing's order: every head's routed chunks first,
-    those with the most later queries first, then the unrouted ones), "routed_only" (as "routed_first", with the
-    unrouted chunks' dk, dv formed by the dq kernel's one-chunk programs instead) or "one_pass" (one program per key
-    chunk and head accumulates dk, dv in registers and adds its dq share with fp32 atomics into a zeroed buffer, as
-    FlashAttention-2's backward: 5 matmuls per (query, key) block pair instead of 3 + 4);
+    bwd_mode: "two_pass" (a dq kernel over each query tile's key chunks, then the dk/dv kernel) or "one_pass" (one
+    program per key chunk and head accumulates dk, dv in registers and adds its dq share with fp32 atomics into a
+    zeroed buffer, as FlashAttention-2's backward: 5 matmuls per (query, key) block pair instead of 3 + 4);
     onepass_qb / onepass_warps / onepass_stages: query rows per step, warps and stages of that kernel (dkv_qb's
     rule for onepass_qb). Defaults from the sm_90 AOT report (benchmarks/aot_regs_attention.py, triton 3.6, Dk = 64,
     C = 64): QB=64 / 8 warps / 2 stages is the one setting tried without spills at both Dv = 64 (212 registers) and

@@ -14,7 +14,7 @@ from ...common.triton import interpreting
 from ...common.varlen import ChunkTable, check_packed, chunk_table
 from ..naive import validate_chunk_attention_inputs
 from .config import DEFAULT_CONFIG, ChunkAttentionConfig
-from .kernels import _bwd_kernel, _dkv_kernel, _dkv_routed_kernel, _dq_kernel, _fwd_kernel
+from .kernels import _bwd_kernel, _dkv_kernel, _dq_kernel, _fwd_kernel
 from .support import supported
 
 __all__ = ["triton_chunk_attention"]
@@ -82,9 +82,7 @@ def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=False
 
 def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, vl: ChunkTable | None = None):
     """dq, dk, dv ``[B, T, HS, D*]`` (q / k / v's dtypes) and Σ dS per (b, head, key chunk) ``[B, HS, N]`` fp32,
-    by ``config.bwd_mode``: "two_pass" (dq kernel, then dk/dv kernel), "routed_first" (the dk/dv kernel in the
-    routing's order), "routed_only" (the dq kernel with the unrouted chunks' dk/dv, then the dk/dv kernel over the
-    routed chunks) or "one_pass" (``_bwd_kernel``)."""
+    by ``config.bwd_mode``: "two_pass" (dq kernel, then dk/dv kernel) or "one_pass" (``_bwd_kernel``)."""
     B, T, HS, DK = q.shape
     DV = v.shape[-1]
     varlen = vl is not None
@@ -109,24 +107,15 @@ def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, vl:
         )
         return (dq32 if q.dtype == torch.float32 else dq32.to(q.dtype)), dk, dv, dbias
     dq = config.empty(*q.shape, device=q.device, dtype=q.dtype)
-    routed_only = config.bwd_mode == "routed_only"  # the dq pass forms the unrouted chunks' dk, dv
-    QC = _qc(C, config.dq_qc) if not (varlen or routed_only) else 1
-    QB = min(config.dkv_qb, C)
+    QC = _qc(C, config.dq_qc) if not varlen else 1
     _dq_kernel[(n_rows if varlen else triton.cdiv(T, QC * C), B * HS)](
-        q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, cu, ci, co, dk, dv, dbias, scale, scale * LOG2E, T, N,
-        HS, G, QC=QC, **common, DKV_UNROUTED=routed_only, QB=QB, num_warps=config.dq_warps,
-        num_stages=config.dq_stages,
+        q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, cu, ci, co, scale, scale * LOG2E, T, N, HS, G,
+        QC=QC, **common, num_warps=config.dq_warps, num_stages=config.dq_stages,
     )
-    if config.bwd_mode in ("routed_first", "routed_only"):
-        _dkv_routed_kernel[(B * HS, N)](
-            q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, idx, cnt, cu, ci, scale, scale * LOG2E, T, N, HS, G,
-            QB=QB, **common, ROUTED_ONLY=routed_only, num_warps=config.dkv_warps, num_stages=config.dkv_stages,
-        )
-    else:
-        _dkv_kernel[(n_rows, B * HS)](
-            q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, cu, ci, scale, scale * LOG2E, T, N, HS, G,
-            QB=QB, **common, num_warps=config.dkv_warps, num_stages=config.dkv_stages,
-        )
+    _dkv_kernel[(n_rows, B * HS)](
+        q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, cu, ci, scale, scale * LOG2E, T, N, HS, G,
+        QB=min(config.dkv_qb, C), **common, num_warps=config.dkv_warps, num_stages=config.dkv_stages,
+    )
     return dq, dk, dv, dbias
 
 

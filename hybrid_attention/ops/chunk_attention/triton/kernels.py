@@ -204,14 +204,11 @@ def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, col0, col_end, r
 
 @triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr, cnt_ptr, r_ptr, bias_ptr,
-               cu_ptr, ci_ptr, co_ptr, dk_ptr, dv_ptr, dbias_ptr,
+               cu_ptr, ci_ptr, co_ptr,
                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-               UPCAST: tl.constexpr, VARLEN: tl.constexpr, DKV_UNROUTED: tl.constexpr, QB: tl.constexpr):
-    """Two-pass backward, first pass: dq of one query tile (the forward's walk). With ``DKV_UNROUTED`` (one-chunk
-    tiles, ``bwd_mode="routed_only"``) the program also forms dk, dv and Σ dS (zero) of its own chunk when that chunk
-    is not routed, whose keys only its own queries see (``_dkv_chunk``, QB query rows per step)."""
+               UPCAST: tl.constexpr, VARLEN: tl.constexpr):
     BM: tl.constexpr = QC * C
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -265,12 +262,6 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
                        qk_scale, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
     tl.store(dq_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=rm[:, None] & (dk_r < DK)[None, :])
-    if DKV_UNROUTED:
-        tl.static_assert(QC == 1, "the unrouted chunk's dk/dv pass takes one-chunk query tiles")
-        if tl.load(r_ptr + rbase + c0) == 0:
-            _dkv_chunk(c0, bh, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dk_ptr, dv_ptr, dbias_ptr,
-                       r_ptr, bias_ptr, cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB,
-                       HAS_BIAS, WHILE_LOOP, UPCAST, VARLEN, False)
 
 @triton.jit
 def _dkv_block(dk, dv, dsum, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_base, o_base, bh, rows, row_end, cols,
@@ -321,19 +312,8 @@ def _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr
                  VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr):
     """The body of ``_dkv_kernel`` (``DQ_ATOMIC`` False; ``dq_ptr`` unused) and ``_bwd_kernel`` (True): one key
     chunk (program 0) of one (b, head) (program 1)."""
-    _dkv_chunk(tl.program_id(0), tl.program_id(1).to(tl.int64), q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
-               dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr, cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK,
-               DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP, UPCAST, VARLEN, DQ_ATOMIC)
-
-
-@triton.jit
-def _dkv_chunk(kc, bh, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr,
-               bias_ptr, cu_ptr, ci_ptr, scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
-               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-               QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr, UPCAST: tl.constexpr,
-               VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr):
-    """dk, dv and Σ dS of key chunk kc (a chunk-table row when packed) of (b, head) ``bh`` (int64): its own chunk
-    causally, then, if the chunk is routed, every later query tile of its document."""
+    kc = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
     b = bh // HS
     hs = bh % HS
     hn = hs // G
@@ -409,29 +389,6 @@ def _dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     _dkv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
                  cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP, UPCAST,
                  VARLEN, False)
-
-@triton.jit
-def _dkv_routed_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,
-                       idx_ptr, cnt_ptr, cu_ptr, ci_ptr,
-                       scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
-                       DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-                       QB: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-                       UPCAST: tl.constexpr, VARLEN: tl.constexpr, ROUTED_ONLY: tl.constexpr):
-    """``_dkv_kernel`` in the routing's order (``bwd_mode`` "routed_first" / "routed_only"): program (b·head, j)
-    takes chunk ``idx[j]`` of its decision head: the routed chunks first, ascending (those with the most later
-    queries first), then the unrouted ones (their own chunk only). j is the grid's slow axis, so every head's longest
-    programs start first. ``ROUTED_ONLY``: j past the head's routed count returns at once (the dq kernel's
-    ``DKV_UNROUTED`` formed those chunks' dk, dv)."""
-    bh = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
-    base = (bh // HS) * (HS // G) + (bh % HS) // G
-    if ROUTED_ONLY:
-        if j >= tl.load(cnt_ptr + base * (N + 1) + N):
-            return
-    kc = tl.load(idx_ptr + base * N + j)
-    _dkv_chunk(kc, bh, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr,
-               bias_ptr, cu_ptr, ci_ptr, scale, qk_scale, T, N, HS, G, DK, DV, BDK, BDV, C, QB, HAS_BIAS, WHILE_LOOP,
-               UPCAST, VARLEN, False)
 
 @triton.jit
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, dbias_ptr, r_ptr, bias_ptr,

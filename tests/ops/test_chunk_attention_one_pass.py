@@ -1,7 +1,5 @@
-"""The alternative backward modes of the chunk-attention Triton kernels (``ChunkAttentionConfig.bwd_mode``):
-"one_pass" (one program per (key chunk, head) accumulates dk, dv and adds its dq share with fp32 atomics),
-"routed_first" (the dk/dv programs in the routing's order) and "routed_only" (the dk/dv grid over the routed key
-chunks; the dq programs form the unrouted chunks' dk, dv).
+"""The one-pass backward of the chunk-attention Triton kernels (``ChunkAttentionConfig(bwd_mode="one_pass")``):
+one program per (key chunk, head) accumulates dk, dv and adds its dq share with fp32 atomics.
 
 Against the float64 dense oracle (``naive_chunk_attention``) for the output and every gradient (dq, dk, dv, d
 routing bias), with the tolerances of the existing Triton tests (``test_gated_delta_triton.py``'s chunk-attention
@@ -34,14 +32,7 @@ pytestmark = [
 ]
 TOL = 2e-5 if DEVICE == "cpu" else 5e-3  # as the existing Triton tests: exact fp32 dots / tf32 dots on a GPU
 NAMES = ["o", "dq", "dk", "dv", "d_routing_bias"]
-MODES = ("one_pass", "routed_first", "routed_only")
-MODE_KERNELS = {"one_pass": ["_bwd_kernel"], "routed_first": ["_dq_kernel", "_dkv_routed_kernel"],
-                "routed_only": ["_dq_kernel", "_dkv_routed_kernel"]}  # launched in order
-
-
-def _cfg(mode: str, qb: int = 64) -> ChunkAttentionConfig:
-    """The mode with QB query rows per dk/dv step (``onepass_qb`` / ``dkv_qb``), NaN-poisoned buffers."""
-    return ChunkAttentionConfig(bwd_mode=mode, poison=True, **{"onepass_qb" if mode == "one_pass" else "dkv_qb": qb})
+ONE_PASS = ChunkAttentionConfig(bwd_mode="one_pass", poison=True)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,7 +42,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _run(xs: list[torch.Tensor | None], routing: torch.Tensor, do: torch.Tensor, C: int, G: int, backend: str,
-         config: ChunkAttentionConfig | None = None, cu: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+         config: ChunkAttentionConfig = ONE_PASS, cu: torch.Tensor | None = None) -> list[torch.Tensor | None]:
     """Output and the gradients of q, k, v, routing bias of Σ o ⊙ do. xs: q, k ``[B, T, Hs, Dk]``, v ``[B, T, Hs,
     Dv]``, routing bias ``[B, N, Hs // G]`` or None; routing ``[B, N, Hs // G]``; do like the output."""
     from hybrid_attention.ops.chunk_attention.triton import triton_chunk_attention
@@ -88,51 +79,49 @@ def _check(tri: list, ref: list) -> None:
         assert rel(a, b) < TOL, (name, rel(a, b))
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("frac", [0.0, 0.3, 1.0])
 @pytest.mark.parametrize("G", [1, 2])
 @pytest.mark.parametrize("bias", [True, False])
-def test_mode_matches_dense(mode: str, frac: float, G: int, bias: bool) -> None:
+def test_one_pass_matches_dense(frac: float, G: int, bias: bool) -> None:
     """B = 2, T = 45 (chunks 16, 16, 13), Dk = 24 (a padded head dim, scale not a power of two)."""
     B, T, Hs, C = 2, 45, 2 * G, 16
     xs, routing, do = _inputs(B, T, Hs, G, math.ceil(T / C), frac, bias, seed=int(100 * frac) + 7 * G + bias, Dk=24)
     ref = _run([x.double() if x is not None else None for x in xs], routing, do, C, G, "naive")
     dev = [x.to(DEVICE) if x is not None else None for x in xs]
-    _check(_run(dev, routing.to(DEVICE), do.to(DEVICE), C, G, "triton", _cfg(mode)), ref)
+    _check(_run(dev, routing.to(DEVICE), do.to(DEVICE), C, G, "triton"), ref)
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("T,C,qb,frac", [(100, 32, 16, 0.6), (70, 64, 32, 0.5), (1, 16, 64, 1.0)])
-def test_mode_query_steps_and_chunk_sizes(mode: str, T: int, C: int, qb: int, frac: float) -> None:
+def test_one_pass_query_steps_and_chunk_sizes(T: int, C: int, qb: int, frac: float) -> None:
     """Query steps below C (the own chunk in C / QB static steps, later tiles crossing T), C = 64, a single token."""
     xs, routing, do = _inputs(1, T, 4, 2, math.ceil(T / C), frac, True, seed=T + C)
     ref = _run([x.double() for x in xs], routing, do, C, 2, "naive")
-    _check(_run([x.to(DEVICE) for x in xs], routing.to(DEVICE), do.to(DEVICE), C, 2, "triton", _cfg(mode, qb)), ref)
+    cfg = ChunkAttentionConfig(bwd_mode="one_pass", onepass_qb=qb, poison=True)
+    _check(_run([x.to(DEVICE) for x in xs], routing.to(DEVICE), do.to(DEVICE), C, 2, "triton", cfg), ref)
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("lengths,frac,G,bias,qb,C", [
     ((1, 5, 16, 37), 0.6, 2, True, 64, 16),  # 1, below, equal to, across the chunk size; T = 59
     ((40, 19), 1.0, 2, True, 64, 16),
     ((30, 29), 0.0, 1, True, 64, 16),
     ((21, 1, 35, 44), 0.7, 1, False, 16, 32),  # query steps of 16 rows crossing document ends
 ])
-def test_mode_packed_matches_dense(mode: str, lengths: tuple[int, ...], frac: float, G: int, bias: bool, qb: int,
-                                   C: int) -> None:
+def test_one_pass_packed_matches_dense(lengths: tuple[int, ...], frac: float, G: int, bias: bool, qb: int,
+                                       C: int) -> None:
     """Packed documents (``cu_seqlens``): the oracle runs each document alone (the spare chunk-table rows add
     nothing)."""
     N = sum(math.ceil(n / C) for n in lengths)
     xs, routing, do = _inputs(1, sum(lengths), 2 * G, G, N, frac, bias, seed=sum(lengths) + qb)
     cu = cu_seqlens_from_lengths(lengths)
     ref = _run([x.double() if x is not None else None for x in xs], routing, do, C, G, "naive", cu=cu)
+    cfg = ChunkAttentionConfig(bwd_mode="one_pass", onepass_qb=qb, poison=True)
     dev = [x.to(DEVICE) if x is not None else None for x in xs]
-    _check(_run(dev, routing.to(DEVICE), do.to(DEVICE), C, G, "triton", _cfg(mode, qb), cu=cu.to(DEVICE)), ref)
+    _check(_run(dev, routing.to(DEVICE), do.to(DEVICE), C, G, "triton", cfg, cu=cu.to(DEVICE)), ref)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_mode_equals_two_pass_and_launches_its_kernels(mode: str, monkeypatch) -> None:
-    """Each mode gives the two-pass gradients (fp32: to rounding, one_pass's atomics reorder the dq sum) and launches
-    its own kernels; two_pass (the default) launches ``_dq_kernel`` and ``_dkv_kernel``."""
+def test_one_pass_equals_two_pass_and_launches_one_kernel(monkeypatch) -> None:
+    """Both modes give the same gradients (fp32: to rounding, atomics reorder the dq sum); one_pass launches
+    ``_bwd_kernel`` and neither two-pass kernel, two_pass (the default) the reverse."""
     from hybrid_attention.ops.chunk_attention.triton import function as F
 
     launched: list[str] = []
@@ -147,35 +136,32 @@ def test_mode_equals_two_pass_and_launches_its_kernels(mode: str, monkeypatch) -
 
         return _Spy()
 
-    for name in ("_dq_kernel", "_dkv_kernel", "_dkv_routed_kernel", "_bwd_kernel"):
+    for name in ("_dq_kernel", "_dkv_kernel", "_bwd_kernel"):
         monkeypatch.setattr(F, name, spy(name))
     xs, routing, do = _inputs(2, 50, 4, 2, 4, 0.5, True, seed=3)
     xs, routing, do = [x.to(DEVICE) for x in xs], routing.to(DEVICE), do.to(DEVICE)
     two = _run(xs, routing, do, 16, 2, "triton", ChunkAttentionConfig())
     assert launched == ["_dq_kernel", "_dkv_kernel"]
     launched.clear()
-    one = _run(xs, routing, do, 16, 2, "triton", _cfg(mode))
-    assert launched == MODE_KERNELS[mode]
+    one = _run(xs, routing, do, 16, 2, "triton")
+    assert launched == ["_bwd_kernel"]
     for name, a, b in zip(NAMES, one, two, strict=True):
         assert rel(a, b) < TOL, name
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_mode_bf16_returns_input_dtypes(mode: str) -> None:
-    """bf16 q, k, v (one_pass: dq cast from the fp32 atomic buffer): every gradient in its input's dtype, near the
-    oracle."""
+def test_one_pass_bf16_returns_input_dtypes() -> None:
+    """bf16 q, k, v: dq is cast from the fp32 atomic buffer; every gradient in its input's dtype, near the oracle."""
     xs, routing, do = _inputs(1, 40, 2, 1, 3, 0.5, True, seed=11)
     ref = _run([x.double() for x in xs], routing, do, 16, 1, "naive")
     dev = [x.to(DEVICE, torch.bfloat16) for x in xs[:3]] + [xs[3].to(DEVICE)]
-    tri = _run(dev, routing.to(DEVICE), do.to(DEVICE), 16, 1, "triton", _cfg(mode))
+    tri = _run(dev, routing.to(DEVICE), do.to(DEVICE), 16, 1, "triton")
     for name, a, b in zip(NAMES, tri, ref, strict=True):
         assert a.dtype == (torch.float32 if name == "d_routing_bias" else torch.bfloat16), name
         assert rel(a, b) < 3e-2, (name, rel(a, b))  # bf16 inputs, output and gradients
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(bwd_mode="onepass"),
-     r"^bwd_mode must be one of 'two_pass', 'one_pass', 'routed_first', 'routed_only', got 'onepass'$"),
+    (dict(bwd_mode="onepass"), r"^bwd_mode must be one of 'two_pass', 'one_pass', got 'onepass'$"),
     (dict(onepass_qb=8), r"^onepass_qb must be a power of two >= 16 .*got 8$"),
 ])
 def test_bad_config_one_line_error(kw: dict, msg: str) -> None:
@@ -185,9 +171,8 @@ def test_bad_config_one_line_error(kw: dict, msg: str) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="records launches under TRITON_INTERPRET=1 (the CPU interpreter)")
-@pytest.mark.parametrize("mode", MODES)
-def test_mode_compiles_for_sm90_with_inductor_types(mode: str, monkeypatch) -> None:
-    """The mode's kernels (dense and packed) compile for sm_90 with i64 ints and fp64 floats, as inductor would type
+def test_one_pass_compiles_for_sm90_with_inductor_types(monkeypatch) -> None:
+    """``_bwd_kernel`` (dense and packed) compiles for sm_90 with i64 ints and fp64 floats, as inductor would type
     its launch (the check ``test_triton_scalar_args.py`` makes for the default kernels), and takes no Python-float
     runtime argument."""
     if os.environ.get("HYBRID_SKIP_AOT"):
@@ -197,12 +182,12 @@ def test_mode_compiles_for_sm90_with_inductor_types(mode: str, monkeypatch) -> N
 
     launches = _record_launches(monkeypatch)
     xs, routing, do = _inputs(1, 32, 2, 2, 2, 1.0, True, seed=5)
-    _run(xs, routing, do, 16, 2, "triton", _cfg(mode))
-    xs, routing, do = _inputs(1, 32, 2, 2, 3, 0.5, True, seed=6)
-    _run(xs, routing, do, 16, 2, "triton", _cfg(mode), cu=torch.tensor([0, 5, 32], dtype=torch.int32))
+    _run(xs, routing, do, 16, 2, "triton")
+    xs, routing, do = _inputs(1, 32, 2, 2, 3, 1.0, True, seed=6)
+    _run(xs, routing, do, 16, 2, "triton", cu=torch.tensor([0, 5, 32], dtype=torch.int32))
     monkeypatch.undo()
-    launches = [r for r in launches if r["kernel"] in MODE_KERNELS[mode]]
-    assert len(launches) == 2 * len(MODE_KERNELS[mode])
+    launches = [r for r in launches if r["kernel"] == "_bwd_kernel"]
+    assert len(launches) == 2
     floats = [n for r in launches for n, v in r["args"].items() if n not in r["constexpr"] and isinstance(v, float)]
     assert not floats
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
