@@ -3,6 +3,7 @@ autograd rule and the ``torch.library`` registration (opaque to ``torch.compile`
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -37,10 +38,7 @@ def _state_block(K_: int) -> int:
 
 def _parts(sizes: list[int]) -> list[tuple[int, int]]:
     """(first channel, width) of each output part."""
-    starts = [0]
-    for w in sizes[:-1]:
-        starts.append(starts[-1] + w)
-    return list(zip(starts, sizes))
+    return list(zip([0, *itertools.accumulate(sizes[:-1])], sizes))
 
 
 def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, sizes: list[int], *,
@@ -107,8 +105,8 @@ def _bwd_impl(x, weight, init, cu, co, ci, dys, dfinal, silu: bool, *,
         return torch.zeros_like(x), torch.zeros_like(weight), dinit.to(init.dtype) if init is not None else dinit
     dys = [d.contiguous() for d in dys]
     walk = cfg.bwd_form == "walk"
-    # the full-width dy: the tile forms read it, and so does the initial-state kernel
-    dy = dys[0] if len(dys) == 1 else torch.cat(dys, -1) if not walk or init is not None else None
+    full_dy = not walk or init is not None  # the tile forms and the initial-state kernel read dy at full width
+    dy = (dys[0] if len(dys) == 1 else torch.cat(dys, -1)) if full_dy else None
     cu_p, ci_p = (x, x) if vl is None else (vl.cu, vl.indices)
     NT = triton.cdiv(T, cfg.BT) if vl is None else vl.n_rows
     dx = cfg.empty(B, T, C, device=x.device, dtype=x.dtype)
