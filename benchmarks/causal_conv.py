@@ -11,18 +11,19 @@ reference path, eager and under ``torch.compile``.
    (B = 1, the training shapes' tokens cut into documents of 1 to 600 tokens): the Triton op's output, final state and
    gradients of x, weight and the initial state against the float64 definition (``naive_causal_conv1d`` on float64
    copies), relative RMS error, for each backward form (``CausalConvConfig.bwd_form``: the default through the
-   registered op, the other through the op's ``config=`` path); bar 1e-2 (bf16 rounding of y and dx). The reference
+   registered op, the others through the op's ``config=`` path, the tile forms at their own channel blocks,
+   ``FORM_CONFIGS``); bar 1e-2 (bf16 rounding of y and dx). The reference
    module's own bf16 error of y and dx is printed beside it.
 2. Timing (``triton.testing.do_bench``, median): forward and forward+backward of one ``ShortConvolution(C, 4,
    "silu")`` call on bf16 x [B, T, C] with its float32 weight, for backend "triton" (eager, and inside
    ``torch.compile``: the registered op is opaque) and "reference" (eager ``F.conv1d``; compiled: the K shifted
-   products inductor fuses, the training path); "triton <form>": the op with the same weight and the backward form
-   that is not the default (its ``config=`` path, an autograd Function over the same host code; the sweep times both
-   forms on that path). Shapes: ``small`` (B=16, T=2048; C = 512 for q, k and 1024 for v) and the 340M GDN layer
+   products inductor fuses, the training path); "triton <form>": the op with the same weight and each backward form
+   that is not the default (its ``config=`` path, an autograd Function over the same host code; the sweep times every
+   form on that path). Shapes: ``small`` (B=16, T=2048; C = 512 for q, k and 1024 for v) and the 340M GDN layer
    (B=4, T=4096; C = 768 and 1536: 6 heads x 128 / 256), and each layer's fused q|k|v convolution (2048, 3072). fla's
    ``causal_conv1d`` is timed beside them when fla is installed.
-3. ``--sweep``: launch configurations (``CausalConvConfig``: BT, BC, warps, backward form) of the Triton op,
-   forward+backward at each shape (the eager path with the config).
+3. ``--sweep``: launch configurations (``CausalConvConfig``: BT, BC, warps, forward and backward forms) of the
+   Triton op, forward+backward at each shape (the eager path with the config).
 
 Writes ``<--out>/causal_conv_gpu.json`` (default ``$OUT`` or .) and prints one table per section.
 """

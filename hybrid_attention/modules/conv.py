@@ -39,6 +39,11 @@ def short_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
     return torch.nn.functional.silu(y) if activation == "silu" else y
 
 
+def _as_parts(y: torch.Tensor, split: Sequence[int] | None) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """y, or its parts of the widths ``split`` (views)."""
+    return y if split is None else y.split(list(split), -1)
+
+
 def short_conv(
     x: torch.Tensor, weight: torch.Tensor, activation: str | None = None, backend: str = "reference",
     state: torch.Tensor | None = None, output_final_state: bool = False, *, cu_seqlens: torch.Tensor | None = None,
@@ -68,7 +73,7 @@ def short_conv(
     if backend == "fla":
         if state is None and not output_final_state:
             y, _ = _fla_causal_conv1d()(x, weight[:, 0], activation=activation, cu_seqlens=cu_seqlens)
-            return (y if split is None else y.split(list(split), -1)), None
+            return _as_parts(y, split), None
         backend = "auto"  # a call with states (prefill, continuation) runs the library's own forms
     if backend != "reference" and resolve_backend(
         backend, "ShortConvolution", lambda: x.is_cuda and causal_conv_triton.supported(x, weight),
@@ -101,7 +106,7 @@ def short_conv(
         new_state = xp[..., xp.shape[-1] - (k - 1) :].contiguous() if output_final_state else None
     if activation == "silu":
         y = F.silu(y)
-    return (y if split is None else y.split(list(split), -1)), new_state
+    return _as_parts(y, split), new_state
 
 
 def _packed_products(x: torch.Tensor, weight: torch.Tensor, output_final_state: bool,

@@ -15,9 +15,10 @@ FWD_FORMS = ("tile", "walk")
 
 
 TILE_BC = 64
-"""Largest forward channel block of the tile forms at BT 64 without spills for sm_90 (``for_width``)."""
+"""Forward channel block of the tile forms when a walking setting falls back to them (``for_width``): the largest
+without spills for sm_90 at BT 64 (the tile forms' register lines in benchmarks/README.md)."""
 TILE_BC_BWD = 32
-"""Largest backward ("reload") channel block of the tile forms at BT 64 without spills for sm_90."""
+"""Backward ("reload") channel block of that fallback, chosen the same way."""
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ class CausalConvConfig(KernelConfig):
         tiles at each of the K lags; "reload" recomputes the pre-activation at every lag.
     Other widths than K = 4 run "tile" / "reload" (``for_width``).
 
-    The defaults are the fastest setting of the launch sweep at the fused q|k|v widths, which compiles without
-    spills for sm_90 (the short-convolution section of benchmarks/README.md: ``python -m benchmarks.causal_conv
-    --sweep``, ``python benchmarks/aot_regs_conv.py``).
+    The defaults are the launch sweep's fastest setting at the 340m heads' fused q|k|v width, within 3 % of the
+    fastest at ``small``'s, and compile without spills for sm_90 (the short-convolution section of
+    benchmarks/README.md: ``python -m benchmarks.causal_conv --sweep``, ``python benchmarks/aot_regs_conv.py``).
     """
 
     BT: int = 64

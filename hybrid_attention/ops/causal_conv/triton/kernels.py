@@ -75,8 +75,9 @@ def _dy_ahead(dyb, o_r, o_t, m_t, end, o_c, m_c, C: tl.constexpr, L: tl.constexp
 @triton.jit
 def _bwd_program(cu, ci, T, SX, C: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, IS_VARLEN: tl.constexpr):
     """The tile of a backward program: (seq, start, end, t0, o_r, o_t, m_t, o_c, m_c, tile, part) with ``_rows``'
-    first five, o_t = t0 + o_r its tokens, m_t / m_c the token / channel masks, ``tile`` the offset of token t0 of its
-    batch row in x, dy and dx, ``part`` its row of the weight-gradient partials."""
+    first five, o_t = t0 + o_r its tokens, m_t / m_c the token / channel masks, ``tile`` / ``xtile`` the offset of
+    token t0 of its batch row in dy and dx / in x (rows SX apart), ``part`` its row of the weight-gradient
+    partials."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
     o_r = tl.arange(0, BT)
