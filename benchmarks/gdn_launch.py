@@ -45,6 +45,12 @@ VARIANTS = {
     "fin_bv64_w8": {"fin_bv": 64, "fin_warps": 8},
     "bwd_local": {"local_dv": "bwd_local"},  # bwd_local writes dvn_local, [T, V] float32, for the state backward
     "bwdk_bf16": {"bwdk_dots": "bf16"},  # bwd_k's products on bf16 operands, dh stored bf16
+    "bwdk_s2": {"bwdk_stages": 2},  # software-pipelined V loops (sm_90 AOT: no spills, 120 KB shared memory)
+    "bwdk_bv32_s3": {"bwdk_bv": 32, "bwdk_stages": 3},
+    "bwdk_bk128_bv32": {"bwdk_bk": 128, "bwdk_bv": 32},  # one K slice: dO, vn, dvn read once per chunk
+    "fin_s2": {"fin_stages": 2},
+    "fin_w8_s2": {"fin_warps": 8, "fin_stages": 2},
+    "par_s2": {"par_stages": 2},
 }
 
 
