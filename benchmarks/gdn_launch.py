@@ -15,8 +15,8 @@ forward+backward (inductor's fusion, the ``ops.gated_norm`` Triton op and fla's 
 installed; eager too): the ceiling of what fusing it into the op's prep and output kernels saves; and the fused input
 projection at its width and padded to a multiple of 64. ``--norm-tiles`` sweeps the output norm op's tile size and
 backward program count. The variants change launch settings of ``DEFAULT_CONFIG`` (``previous``: the launch before the
-wide state tiles and the 64-row finish key tiles), each compiling without spills at both shapes
-(``benchmarks/aot_regs_gdn.py --set ...``).
+pipelining stages of the output, bwd_local and key-side backward kernels), each compiling without spills at both shapes
+but ``bwdk_bk128`` (``benchmarks/aot_regs_gdn.py --set ...``).
 """
 
 from __future__ import annotations
@@ -32,25 +32,25 @@ from benchmarks.common import kernel_split, rel_rms, require_cuda
 
 VARIANTS = {
     "default": {},
-    "previous": {"seq_wide_grid": 0, "fin_bk": 32},  # narrow state tiles at every grid, 32-row finish key tiles
+    "previous": {"par_stages": 1, "bwdk_bv": 64, "bwdk_stages": 1},  # the launch before the pipelining stages
     "narrow_state": {"seq_wide_grid": 0},
     "wide_state": {"seq_wide_grid": 1},
     "fin_bk32": {"fin_bk": 32},
     "par_w8": {"par_warps": 8},
     "par_bv128_w8": {"par_bv": 128, "par_warps": 8},
     "seqb_w4": {"seqb_warps": 4},
-    "bwdk_bv32": {"bwdk_bv": 32},
     "fin_w8": {"fin_warps": 8},
     "fin_bv64": {"fin_bv": 64},
     "fin_bv64_w8": {"fin_bv": 64, "fin_warps": 8},
     "bwd_local": {"local_dv": "bwd_local"},  # bwd_local writes dvn_local, [T, V] float32, for the state backward
     "bwdk_bf16": {"bwdk_dots": "bf16"},  # bwd_k's products on bf16 operands, dh stored bf16
-    "bwdk_s2": {"bwdk_stages": 2},  # software-pipelined V loops (sm_90 AOT: no spills, 120 KB shared memory)
-    "bwdk_bv32_s3": {"bwdk_bv": 32, "bwdk_stages": 3},
-    "bwdk_bk128_bv32": {"bwdk_bk": 128, "bwdk_bv": 32},  # one K slice: dO, vn, dvn read once per chunk
+    "bwdk_bv64_s1": {"bwdk_bv": 64, "bwdk_stages": 1},  # the key-side backward without pipelining
+    "bwdk_bv64_s2": {"bwdk_bv": 64, "bwdk_stages": 2},
+    "bwdk_bk128": {"bwdk_bk": 128, "bwdk_stages": 1},  # one K slice: dO, vn, dvn read once (sm_90: 40 B of spills)
     "fin_s2": {"fin_stages": 2},
     "fin_w8_s2": {"fin_warps": 8, "fin_stages": 2},
-    "par_s2": {"par_stages": 2},
+    "par_s1": {"par_stages": 1},  # output and bwd_local without pipelining
+    "prep_s2": {"prep_stages": 2},
 }
 
 

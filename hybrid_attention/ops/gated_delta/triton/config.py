@@ -35,7 +35,10 @@ class GatedDeltaConfig(KernelConfig):
     one forward stage and fp32 backward dots; the AOT compile shows no spills except ``par_warps=4``'s 96-144 B in
     ``bwd_local``, which is faster anyway.
 
-    par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; seqf_*: the sequential state forward (grid
+    par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; ``par_stages`` pipelines output and
+    bwd_local, ``prep_stages`` prep (two stages take 30 % off the output kernel and add 16 % to prep at the 340m
+    heads); bwdk_bv 32 with 3 stages pipelines the key-side backward's V loop. DECISION for both: the "pipelining
+    stages" rows of the GDN op section in benchmarks/README.md. seqf_*: the sequential state forward (grid
     V / seqf_bv x B*H; ``seqf_bv=16`` with 8 warps hits an illegal memory access on the H200, a codegen issue of that
     tile/warp combination: do not use it); seqb_*: the state backward; bwdk_*: the key-side backward; fin_*: the
     finishing backward kernel (``fin_bk`` 64: the "GDN launch variants" rows in benchmarks/README.md). ``poison``:
@@ -91,7 +94,8 @@ class GatedDeltaConfig(KernelConfig):
     par_bk: int = 64
     par_bv: int = 64
     par_warps: int = 4
-    par_stages: int = 1
+    par_stages: int = 2
+    prep_stages: int = 1
     seqf_bv: int = 16
     seqf_warps: int = 4
     seqf_stages: int = 3
@@ -100,9 +104,9 @@ class GatedDeltaConfig(KernelConfig):
     seqb_stages: int = 1
     seqb_stages_bf16: int = 2
     bwdk_bk: int = 64
-    bwdk_bv: int = 64
+    bwdk_bv: int = 32
     bwdk_warps: int = 8
-    bwdk_stages: int = 1
+    bwdk_stages: int = 3
     fin_bk: int = 64
     fin_bv: int = 32
     fin_warps: int = 4

@@ -51,6 +51,7 @@ class _Tiles:
         interp = self.interp = interpreting()
         self.prec = "ieee" if interp else "tf32"
         self.par = dict(num_warps=cfg.par_warps, num_stages=cfg.par_stages)
+        self.prep = dict(num_warps=cfg.par_warps, num_stages=cfg.prep_stages)
         self.seqf = dict(num_warps=cfg.seqf_warps, num_stages=cfg.seqf_stages)
         self.seqb = dict(num_warps=cfg.seqb_warps, TILE_SCALE=cfg.seqb_scale == "tile")
         self.bwdk = dict(num_warps=cfg.bwdk_warps, num_stages=cfg.bwdk_stages)
@@ -103,7 +104,7 @@ def _launch_fwd(q, k, v, g, beta, commit, S0, scale, use_l2, decay_uncommitted, 
     _k._prep_kernel[(N, B * H)](
         q, k, v, g, beta, G, rq, rk, X, A_scratch, w, u, cu, ci, T, H, N, Tp,
         K=K, V=V, C=C, BK=cfg.BK, BV=cfg.BV, USE_L2=use_l2, EPS=1e-6, PREC=cfg.prec, VARLEN=varlen, **cfg.lowp,
-        **cfg.par,
+        **cfg.prep,
     )
     del A_scratch
     states = config.empty(B, H, N, K, V, device=dev, dtype=cfg.buf)
