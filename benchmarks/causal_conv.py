@@ -58,13 +58,10 @@ SWEEP = list(FORM_CONFIGS.values()) + [
                                 (128, 64, 32, 8, 4), (16, 128, 128, 4, 4), (32, 64, 32, 4, 2), (64, 128, 128, 4, 8),
                                 (128, 128, 64, 8, 8), (32, 256, 128, 4, 4), (256, 32, 32, 8, 8))
     for form in ("reload", "shifted")
-] + [  # the walking kernels hold one [BC] row per lag, so their channel blocks go wider; with and without prefetch
-    CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb, bwd_form="walk", fwd_form="walk",
-                     walk_prefetch=pf)
+] + [  # the walking kernels hold one [BC] row per lag, so their channel blocks go wider
+    CausalConvConfig(BT=bt, BC=bc, BC_BWD=bcb, warps_fwd=wf, warps_bwd=wb, bwd_form="walk", fwd_form="walk")
     for bt, bc, bcb, wf, wb in ((32, 256, 256, 4, 4), (64, 256, 256, 4, 4), (64, 512, 256, 4, 4),
-                                (128, 512, 512, 4, 8), (32, 128, 128, 4, 4), (64, 1024, 512, 8, 8),
-                                (64, 256, 256, 2, 2), (128, 256, 256, 4, 4))
-    for pf in (False, True)
+                                (128, 512, 512, 4, 8), (32, 128, 128, 4, 4), (64, 1024, 512, 8, 8))
 ]
 DRY_SWEEP = [CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, bwd_form=form,
                               fwd_form="walk" if form == "walk" else "tile") for form in BWD_FORMS]
@@ -238,8 +235,8 @@ def sweep(results: dict, s: BenchSettings, shapes: dict) -> None:
                     return
                 fn = lambda x, cfg=cfg, w=w: triton_causal_conv1d(x, w, activation="silu", config=cfg)[0]  # noqa: E731
                 ms = bench(_fwd_bwd(fn, x, dy), grad_to_none=[x, w])
-                keys = {k: getattr(cfg, k) for k in ("BT", "BC", "BC_BWD", "warps_fwd", "warps_bwd", "bwd_form",
-                                                     "fwd_form", "walk_prefetch")}
+                keys = {k: getattr(cfg, k)
+                        for k in ("BT", "BC", "BC_BWD", "warps_fwd", "warps_bwd", "bwd_form", "fwd_form")}
                 results["sweep"].append(dict(shape=name, C=C, fwd_bwd_ms=ms, default=cfg == DEFAULT_CONFIG, **keys))
                 log(f"{name:10s} C={C:5d} {keys} {ms:8.3f}" + ("  (default)" if cfg == DEFAULT_CONFIG else ""))
 

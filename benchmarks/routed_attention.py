@@ -31,8 +31,6 @@ from benchmarks.common import kernel_split, require_cuda
 VARIANTS = {
     "default": {},
     "one_pass": {"bwd_mode": "one_pass"},  # dq by fp32 atomics from the dk/dv programs
-    "kv_pairs": {"kv_chunks": 2},  # forward and dq walk two routed chunks (2C keys) per step
-    "kv_pairs_w8": {"kv_chunks": 2, "fwd_warps": 8, "dq_warps": 8},
     "fwd_w8": {"fwd_warps": 8},
     "fwd_qc2": {"fwd_qc": 2, "fwd_warps": 8},  # 128 query rows per forward program
     "dq_qc2": {"dq_qc": 2, "dq_warps": 8},

@@ -31,14 +31,9 @@ SMALL = CausalConvConfig(BT=16, BC=16, BC_BWD=16, BC_STATE=16, poison=True)  # s
 TOL = 2e-5  # relative L2 error of the float32 kernels against float64
 
 
-FORMS = (*BWD_FORMS, "walk+prefetch")  # the kernel forms under test; "walk+prefetch": walk_prefetch=True
-
-
-def small(form: str = "reload") -> CausalConvConfig:
-    """``SMALL`` with the backward kernel of ``form`` (the walking forms walk forward too)."""
-    walk = form.startswith("walk")
-    return dataclasses.replace(SMALL, bwd_form=form.split("+")[0], fwd_form="walk" if walk else "tile",
-                               walk_prefetch=form == "walk+prefetch")
+def small(bwd_form: str = "reload") -> CausalConvConfig:
+    """``SMALL`` with the backward kernel ``bwd_form`` (and the walking forward with the walking backward)."""
+    return dataclasses.replace(SMALL, bwd_form=bwd_form, fwd_form="walk" if bwd_form == "walk" else "tile")
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -89,7 +84,7 @@ def assert_close(tri, ref, tol: float = TOL) -> None:
 
 @pytest.mark.parametrize(
     "K, activation, with_init, bwd_form",
-    [(4, act, with_init, form) for form in FORMS for act in ("silu", None) for with_init in (True, False)]
+    [(4, act, with_init, form) for form in BWD_FORMS for act in ("silu", None) for with_init in (True, False)]
     + [(3, "silu", True, "reload"), (2, "silu", False, "reload"), (2, None, True, "reload")],
 )
 def test_triton_matches_float64_definition(K, activation, with_init, bwd_form, device):
@@ -100,7 +95,7 @@ def test_triton_matches_float64_definition(K, activation, with_init, bwd_form, d
     assert_close(tri, ref)
 
 
-@pytest.mark.parametrize("bwd_form", FORMS)
+@pytest.mark.parametrize("bwd_form", BWD_FORMS)
 @pytest.mark.parametrize("activation", ["silu", None])
 @pytest.mark.parametrize("with_init", [False, True])
 def test_packed_documents(with_init, activation, bwd_form, device):
@@ -170,7 +165,7 @@ def test_for_width_falls_back_to_the_tile_forms():
     assert (tile.bwd_form, tile.BC, tile.BC_BWD) == ("reload", 128, 64)  # blocks chosen for the tile forms stay
 
 
-@pytest.mark.parametrize("bwd_form", FORMS)
+@pytest.mark.parametrize("bwd_form", BWD_FORMS)
 @pytest.mark.parametrize("packed", [False, True])
 def test_column_slice_read_in_place(bwd_form, packed, device):
     """x as columns 5 .. 5 + C of a wider tensor (a fused projection's output): the kernels read it in place (no
@@ -201,7 +196,7 @@ def test_column_slice_read_in_place(bwd_form, packed, device):
     assert outside.abs().max() == 0
 
 
-@pytest.mark.parametrize("bwd_form", FORMS)
+@pytest.mark.parametrize("bwd_form", BWD_FORMS)
 @pytest.mark.parametrize("packed", [False, True])
 def test_split_outputs(bwd_form, packed, device, monkeypatch):
     """``split_sizes``: y as parts of their own, each contiguous, read from a column slice of a wider tensor. The
@@ -238,7 +233,7 @@ def test_split_outputs(bwd_form, packed, device, monkeypatch):
         return y, fin, *torch.autograd.grad(loss, leaves)
 
     launched = []
-    if bwd_form.startswith("walk"):
+    if bwd_form == "walk":
         import triton.runtime.jit as jit
 
         getitem = jit.KernelInterface.__getitem__
@@ -246,7 +241,7 @@ def test_split_outputs(bwd_form, packed, device, monkeypatch):
                             lambda self, grid: launched.append(self.fn.__name__) or getitem(self, grid))
     tri = one(torch.float32, device, True)
     assert_close(tri, one(F64, "cpu", False))
-    if bwd_form.startswith("walk"):
+    if bwd_form == "walk":
         assert launched.count("_conv_fwd_walk_kernel") == launched.count("_conv_bwd_walk_kernel") == len(sizes)
 
 

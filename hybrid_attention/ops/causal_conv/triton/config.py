@@ -36,8 +36,7 @@ class CausalConvConfig(KernelConfig):
         stored per step, so wide channel blocks fit;
       - "tile" (forward) and "shifted" (backward, K = 4) / "reload" (backward, any K): the program holds [BT, BC]
         tiles at each of the K lags; "reload" recomputes the pre-activation at every lag.
-    Other widths than K = 4 run "tile" / "reload" (``for_width``). walk_prefetch: the walking kernels load each input
-    (and, backward, dy) row two tokens before the step that uses it, so a warp keeps up to three row loads in flight.
+    Other widths than K = 4 run "tile" / "reload" (``for_width``).
 
     The defaults are the launch sweep's fastest setting at the 340m heads' fused q|k|v width, within 3 % of the
     fastest at ``small``'s, and compile without spills for sm_90 (the short-convolution section of
@@ -52,7 +51,6 @@ class CausalConvConfig(KernelConfig):
     warps_bwd: int = 4
     bwd_form: str = "walk"
     fwd_form: str = "walk"
-    walk_prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.fwd_form not in FWD_FORMS:

@@ -388,13 +388,6 @@ def _row(t, o_c, S):
 
 
 @triton.jit
-def _ahead(ptr, s, limit, o_c, m_c, S):
-    """[BC] row s of a buffer of rows S apart as loaded (not converted), zero from token ``limit`` on: a row the walk
-    loads before it needs it."""
-    return tl.load(ptr + _row(s, o_c, S), mask=m_c & (s + o_c * 0 < limit), other=0.0)
-
-
-@triton.jit
 def _x_row(xb, SX, init, s, start, end, seq, o_c, m_c, CS, K: tl.constexpr, HAS_INIT: tl.constexpr):
     """[BC] float32 row of the inputs at token s of the batch row (xb points at its token 0): x inside the sequence
     [start, end), the initial state (HAS_INIT, rows CS apart) or zero before it, zero past it."""
@@ -424,7 +417,6 @@ def _conv_fwd_walk_kernel(
     SILU: tl.constexpr,
     HAS_INIT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """``_conv_fwd_kernel``'s y for K = 4, walking the program's tokens in order: the three previous input rows of its
     BC channels stay in registers, so each step loads one [BC] row and stores one (``CausalConvConfig.fwd_form`` =
@@ -432,8 +424,7 @@ def _conv_fwd_walk_kernel(
 
     One launch may cover a part of the channels (``triton_causal_conv1d``'s ``split_sizes``): x, w and init then point
     at the part's first channel, y is the part's own [B, T, C] tensor, and CS is the row stride of init (the full
-    channel count; C when the launch covers them all). ``PREFETCH``: each step loads the row two tokens ahead, so a
-    warp has up to three row loads in flight (``CausalConvConfig.walk_prefetch``)."""
+    channel count; C when the launch covers them all)."""
     tl.static_assert(K == 4, "the walking forward unrolls a width-4 filter")
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
@@ -445,16 +436,8 @@ def _conv_fwd_walk_kernel(
     xm3 = _x_row(xb, SX, init, t0 - 3, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
     xm2 = _x_row(xb, SX, init, t0 - 2, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
     xm1 = _x_row(xb, SX, init, t0 - 1, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
-    if PREFETCH:
-        xa = _ahead(xb, t0, t1, o_c, m_c, SX)
-        xn = _ahead(xb, t0 + 1, t1, o_c, m_c, SX)
     for t in range(t0, t1):
-        if PREFETCH:
-            x0 = xa.to(tl.float32)
-            xa = xn
-            xn = _ahead(xb, t + 2, t1, o_c, m_c, SX)
-        else:
-            x0 = tl.load(xb + _row(t, o_c, SX), mask=m_c, other=0.0).to(tl.float32)
+        x0 = tl.load(xb + _row(t, o_c, SX), mask=m_c, other=0.0).to(tl.float32)
         pre = w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0
         out = pre * tl.sigmoid(pre) if SILU else pre
         tl.store(yb + _row(t, o_c, C), out.to(y.dtype.element_ty), mask=m_c)
@@ -492,7 +475,6 @@ def _conv_bwd_walk_kernel(
     HAS_INIT: tl.constexpr,
     HAS_DFINAL: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """``_conv_bwd_kernel``'s dx and weight-gradient partials for K = 4, walking the program's tokens t in order with
     the inputs at t-3 .. t+2 and dpre at t .. t+2 in registers: each step loads the input and dy rows at t+3, forms
@@ -500,8 +482,7 @@ def _conv_bwd_walk_kernel(
     the [BC] partial of slot 3-l (``CausalConvConfig.bwd_form`` = "walk").
 
     A launch over a part of the channels (as the forward's): dy is the part's own [B, T, C] tensor; init, dfin, dx and
-    dw_part point at the part's first channel, their rows CS apart. ``PREFETCH``: the x and dy rows are loaded two
-    tokens before the step that needs them (the forward's)."""
+    dw_part point at the part's first channel, their rows CS apart."""
     tl.static_assert(K == 4, "the walking backward unrolls a width-4 filter")
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, start, end, t0, t1 = _rows(cu, ci, i_t, i_b, T, BT, IS_VARLEN)
@@ -525,22 +506,9 @@ def _conv_bwd_walk_kernel(
     dw1 = tl.zeros((BC,), dtype=tl.float32)
     dw2 = tl.zeros((BC,), dtype=tl.float32)
     dw3 = tl.zeros((BC,), dtype=tl.float32)
-    if PREFETCH:
-        xa = _ahead(xb, t0 + 3, end, o_c, m_c, SX)
-        xn = _ahead(xb, t0 + 4, end, o_c, m_c, SX)
-        ga = _ahead(dyb, t0 + 3, end, o_c, m_c, C)
-        gn = _ahead(dyb, t0 + 4, end, o_c, m_c, C)
     for t in range(t0, t1):
-        if PREFETCH:  # rows t + 3 loaded two steps ago; t + 3 > start, so no initial-state row
-            xp3 = xa.to(tl.float32)
-            g3 = _dact(ga.to(tl.float32), w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, SILU)
-            xa = xn
-            ga = gn
-            xn = _ahead(xb, t + 5, end, o_c, m_c, SX)
-            gn = _ahead(dyb, t + 5, end, o_c, m_c, C)
-        else:
-            xp3 = _x_row(xb, SX, init, t + 3, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
-            g3 = _dpre_row(dyb, t + 3, end, o_c, m_c, x0, xp1, xp2, xp3, w0, w1, w2, w3, C, SILU)
+        xp3 = _x_row(xb, SX, init, t + 3, start, end, seq, o_c, m_c, CS, K, HAS_INIT)
+        g3 = _dpre_row(dyb, t + 3, end, o_c, m_c, x0, xp1, xp2, xp3, w0, w1, w2, w3, C, SILU)
         dxa = w3 * g0 + w2 * g1 + w1 * g2 + w0 * g3
         if HAS_DFINAL:
             i_f = o_c * 0 + (t - (end - (K - 1)))  # the final-state slot of token t, as a [BC] vector

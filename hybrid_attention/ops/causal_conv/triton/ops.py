@@ -65,8 +65,7 @@ def _fwd_impl(x, weight, init, cu, co, ci, silu: bool, need_final: bool, sizes: 
         if walk:  # one launch per part, each writing its own tensor
             for (c0, w), y_p in zip(_parts(sizes), ys):
                 h = K._conv_fwd_walk_kernel[(NT, triton.cdiv(w, cfg.BC), B)](
-                    x[..., c0:], weight[c0:], init_t[..., c0:], cu_p, ci_p, y_p, T, x.stride(1), C, w, **flags,
-                    PREFETCH=cfg.walk_prefetch)
+                    x[..., c0:], weight[c0:], init_t[..., c0:], cu_p, ci_p, y_p, T, x.stride(1), C, w, **flags)
                 hooks.record("conv_fwd", h)
         else:
             h = K._conv_fwd_kernel[(NT, triton.cdiv(C, cfg.BC), B)](
@@ -120,7 +119,7 @@ def _bwd_impl(x, weight, init, cu, co, ci, dys, dfinal, silu: bool, *,
             for (c0, w), dy_p in zip(_parts([d.shape[-1] for d in dys]), dys):
                 h = K._conv_bwd_walk_kernel[(NT, triton.cdiv(w, cfg.BC_BWD), B)](
                     x[..., c0:], weight[c0:], init_t[..., c0:], cu_p, ci_p, dy_p, dfin_t[..., c0:], dx[..., c0:],
-                    dw_part[..., c0:], T, x.stride(1), C, w, **flags, PREFETCH=cfg.walk_prefetch)
+                    dw_part[..., c0:], T, x.stride(1), C, w, **flags)
                 hooks.record("conv_bwd", h)
         else:
             tile_kernel = K._conv_bwd_shifted_kernel if cfg.bwd_form == "shifted" else K._conv_bwd_kernel

@@ -33,9 +33,6 @@ class ChunkAttentionConfig(KernelConfig):
     C = 64): QB=64 / 8 warps / 2 stages is the one setting tried without spills at both Dv = 64 (212 registers) and
     the NAtS-L benchmark's Dv = 128 (255), where 4 warps spill 188 B; QB=64 keeps every dot on wgmma (QB=32 puts the
     dq share's 32-row dot on mma.sync). No H200 timing of it yet (benchmarks/natsl_ops.py sweep).
-
-    kv_chunks: routed key chunks per step of the forward and dq kernels' walk (1, or 2: two routed chunks as one
-    block of 2C keys, a wider product per step; the list's odd last chunk runs with the second half masked).
     """
 
     fwd_qc: int = 1
@@ -51,7 +48,6 @@ class ChunkAttentionConfig(KernelConfig):
     onepass_qb: int = 64
     onepass_warps: int = 8
     onepass_stages: int = 2
-    kv_chunks: int = 1
 
     def __post_init__(self) -> None:
         # tl.dot's smallest tile is 16 rows on a GPU (the interpreter does not check it: a GPU-only failure).
@@ -59,8 +55,6 @@ class ChunkAttentionConfig(KernelConfig):
             qb = getattr(self, name)
             if qb < 16 or qb & (qb - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest tile), got {qb}")
-        if self.kv_chunks not in (1, 2):
-            raise ValueError(f"kv_chunks must be 1 or 2, got {self.kv_chunks}")
         if self.bwd_mode not in BWD_MODES:
             raise ValueError(f"bwd_mode must be one of {', '.join(map(repr, BWD_MODES))}, got {self.bwd_mode!r}")
 

@@ -75,8 +75,7 @@ def _launch_fwd(q, k, v, r, idx, cnt, bias, scale, C, G, config, store_o32=False
         q, k, v, o, o32, lse, idx, cnt, r, bias if bias is not None else lse, *_vl_ptrs(vl, idx),
         scale * LOG2E, T, N, HS, G,
         DK=DK, DV=DV, BDK=_p2(DK), BDV=_p2(DV), C=C, QC=QC, HAS_BIAS=bias is not None, WHILE_LOOP=interp, UPCAST=interp,
-        STORE_O32=store_o32, VARLEN=vl is not None, KB=config.kv_chunks, num_warps=config.fwd_warps,
-        num_stages=config.fwd_stages,
+        STORE_O32=store_o32, VARLEN=vl is not None, num_warps=config.fwd_warps, num_stages=config.fwd_stages,
     )
     return o, (o32 if store_o32 else o), lse
 
@@ -111,7 +110,7 @@ def _launch_bwd(q, k, v, o, lse, do, r, idx, cnt, bias, scale, C, G, config, vl:
     QC = _qc(C, config.dq_qc) if not varlen else 1
     _dq_kernel[(n_rows if varlen else triton.cdiv(T, QC * C), B * HS)](
         q, k, v, do, lse, delta, dq, idx, cnt, r, bias_arg, cu, ci, co, scale, scale * LOG2E, T, N, HS, G,
-        QC=QC, **common, KB=config.kv_chunks, num_warps=config.dq_warps, num_stages=config.dq_stages,
+        QC=QC, **common, num_warps=config.dq_warps, num_stages=config.dq_stages,
     )
     _dkv_kernel[(n_rows, B * HS)](
         q, k, v, do, lse, delta, dk, dv, dbias, r, bias_arg, cu, ci, scale, scale * LOG2E, T, N, HS, G,

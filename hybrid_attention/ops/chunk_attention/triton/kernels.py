@@ -26,30 +26,15 @@ def _chunk_start(cu_ptr, ci_ptr, kc, C: tl.constexpr):
 
 
 @triton.jit
-def _pair_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, C: tl.constexpr, HAS_BIAS: tl.constexpr,
-               VARLEN: tl.constexpr):
-    """Key tokens [2C] of the routed chunks idx[j], idx[j + 1] (one step of the walk), their validity (the second
-    chunk is absent when the list ends at j + 1 = n_full) and each token's routing bias (zeros without HAS_BIAS)."""
-    o = tl.arange(0, 2 * C)
-    jj = j + o // C
-    ok = jj < n_full
-    kc = tl.load(idx_ptr + rbase + jj, mask=ok, other=0)
-    col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + rbase + kc, mask=ok, other=0.0)
-    else:
-        bias = tl.zeros([2 * C], dtype=tl.float32)
-    return col0 + o % C, ok, bias
-
-
-@triton.jit
-def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, cols, cm, rows, rchunk, r_kc, bias_kc, qk_scale,
-               HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-               DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PAIR: tl.constexpr):
-    """Key tokens ``cols`` (valid where ``cm``: key chunk kc, or with ``PAIR`` two routed chunks, ``_pair_cols``, whose
-    bias ``bias_kc`` is per column) into the running softmax of the query rows (of chunks ``rchunk``)."""
+def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows, rchunk, r_kc, bias_kc, qk_scale,
+               HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+               DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    """Key chunk kc (tokens col0 .. min(col0 + C, col_end)) into the running softmax of the query rows (of chunks
+    ``rchunk``)."""
+    cols = col0 + tl.arange(0, C)
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
+    cm = cols < col_end
     k = tl.load(k_ptr + kv_base + cols[:, None] * (HS * DK) + dk_r[None, :],
                 mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
     v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
@@ -66,10 +51,6 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, cols, cm, rows, rchu
         if HAS_BIAS:
             s += tl.where(cross, bias_kc * 1.4426950408889634, 0.0)[:, None]
         s = tl.where(vis, s, float("-inf"))
-    elif PAIR:
-        if HAS_BIAS:
-            s += (bias_kc * 1.4426950408889634)[None, :]
-        s = tl.where(cm[None, :], s, float("-inf"))
     else:
         if HAS_BIAS:
             s += bias_kc * 1.4426950408889634
@@ -80,22 +61,6 @@ def _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_base, kc, cols, cm, rows, rchu
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
-
-@triton.jit
-def _walk_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, T, C: tl.constexpr, KB: tl.constexpr,
-               HAS_BIAS: tl.constexpr, VARLEN: tl.constexpr):
-    """(kc, cols, cm, bias) of step j of the walk over the routed chunks before a query tile: chunk kc = idx[j]
-    (KB = 1: its C tokens and its bias) or the chunks idx[j], idx[j + 1] (KB = 2: ``_pair_cols``, kc unused)."""
-    if KB == 2:
-        cols, cm, bias = _pair_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, C, HAS_BIAS, VARLEN)
-        kc = j
-    else:
-        kc = tl.load(idx_ptr + rbase + j)
-        cols = (_chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C) + tl.arange(0, C)
-        cm = cols < T
-        bias = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
-    return kc, cols, cm, bias
-
 
 @triton.jit
 def _query_tile(cu_ptr, ci_ptr, pid_m, T, C: tl.constexpr, BM: tl.constexpr, VARLEN: tl.constexpr):
@@ -136,7 +101,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
                 qk_scale: tl.constexpr, T, N, HS, G,
                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                 QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-                UPCAST: tl.constexpr, STORE_O32: tl.constexpr, VARLEN: tl.constexpr, KB: tl.constexpr):
+                UPCAST: tl.constexpr, STORE_O32: tl.constexpr, VARLEN: tl.constexpr):
     """Forward of one query tile (QC chunks) of one (b, head): the output and the log-sum-exp.
 
     Query t (chunk c(t), softmax head i, decision head
@@ -176,24 +141,25 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     if WHILE_LOOP:
         j = j0
         while j < n_full:
-            kc, cols, cm, bias_c = _walk_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, T, C, KB, HAS_BIAS,
-                                              VARLEN)
-            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, cols, cm, rows, rchunk, 1, bias_c,
-                                       qk_scale, HS, DK, DV, BDK, BDV, False, HAS_BIAS, UPCAST, KB == 2)
-            j += KB
+            kc = tl.load(idx_ptr + rbase + j)
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                                       qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            j += 1
     else:
-        for j in range(j0, n_full, KB):
-            kc, cols, cm, bias_c = _walk_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, T, C, KB, HAS_BIAS,
-                                              VARLEN)
-            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, cols, cm, rows, rchunk, 1, bias_c,
-                                       qk_scale, HS, DK, DV, BDK, BDV, False, HAS_BIAS, UPCAST, KB == 2)
+        for j in range(j0, n_full):
+            kc = tl.load(idx_ptr + rbase + j)
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                                       qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
     for d in tl.static_range(QC):
         kc = c0 + d
         r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
         bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
-        cols = r0 + d * C + tl.arange(0, C)
-        acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, cols, cols < r1, rows, rchunk, r_kc,
-                                   bias_kc, qk_scale, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST, False)
+        acc, m_i, l_i = _fwd_block(acc, m_i, l_i, q, k_ptr, v_ptr, q_base, kc, r0 + d * C, r1, rows, rchunk, r_kc,
+                                   bias_kc, qk_scale, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     o_base = b * T * HS * DV + hs * DV
@@ -204,12 +170,13 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, o32_ptr, lse_ptr, idx_ptr, cnt_ptr, 
     tl.store(lse_ptr + bh * T + rows, m_i + tl.log2(l_safe), mask=rm)
 
 @triton.jit
-def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, cols, cm, rows, rchunk, r_kc, bias_kc,
+def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, col0, col_end, rows, rchunk, r_kc, bias_kc,
               qk_scale, HS, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-              DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PAIR: tl.constexpr):
-    """dq of the query rows from key tokens ``cols`` (valid where ``cm``), as ``_fwd_block``."""
+              C: tl.constexpr, DIAG: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    cols = col0 + tl.arange(0, C)
     dk_r = tl.arange(0, BDK)
     dv_r = tl.arange(0, BDV)
+    cm = cols < col_end
     k = tl.load(k_ptr + kv_base + cols[:, None] * (HS * DK) + dk_r[None, :],
                 mask=cm[:, None] & (dk_r < DK)[None, :], other=0.0)
     v = tl.load(v_ptr + kv_base // DK * DV + cols[:, None] * (HS * DV) + dv_r[None, :],
@@ -226,10 +193,6 @@ def _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, kv_base, kc, cols, cm, rows, 
         if HAS_BIAS:
             s += tl.where(cross, bias_kc * 1.4426950408889634, 0.0)[:, None]
         p = tl.where(vis, tl.exp2(s - lse[:, None]), 0.0)
-    elif PAIR:
-        if HAS_BIAS:
-            s += (bias_kc * 1.4426950408889634)[None, :]
-        p = tl.where(cm[None, :], tl.exp2(s - lse[:, None]), 0.0)
     else:
         if HAS_BIAS:
             s += bias_kc * 1.4426950408889634
@@ -245,7 +208,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
                scale: tl.constexpr, qk_scale: tl.constexpr, T, N, HS, G,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
                QC: tl.constexpr, HAS_BIAS: tl.constexpr, WHILE_LOOP: tl.constexpr,
-               UPCAST: tl.constexpr, VARLEN: tl.constexpr, KB: tl.constexpr):
+               UPCAST: tl.constexpr, VARLEN: tl.constexpr):
     BM: tl.constexpr = QC * C
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -278,24 +241,25 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, idx_ptr,
     if WHILE_LOOP:
         j = j0
         while j < n_full:
-            kc, cols, cm, bias_c = _walk_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, T, C, KB, HAS_BIAS,
-                                              VARLEN)
-            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, cols, cm, rows, rchunk, 1, bias_c,
-                           qk_scale, HS, DK, DV, BDK, BDV, False, HAS_BIAS, UPCAST, KB == 2)
-            j += KB
+            kc = tl.load(idx_ptr + rbase + j)
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                           qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
+            j += 1
     else:
-        for j in range(j0, n_full, KB):
-            kc, cols, cm, bias_c = _walk_cols(idx_ptr, bias_ptr, rbase, j, n_full, cu_ptr, ci_ptr, T, C, KB, HAS_BIAS,
-                                              VARLEN)
-            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, cols, cm, rows, rchunk, 1, bias_c,
-                           qk_scale, HS, DK, DV, BDK, BDV, False, HAS_BIAS, UPCAST, KB == 2)
+        for j in range(j0, n_full):
+            kc = tl.load(idx_ptr + rbase + j)
+            col0 = _chunk_start(cu_ptr, ci_ptr, kc, C) if VARLEN else kc * C
+            bias_kc = tl.load(bias_ptr + rbase + kc) if HAS_BIAS else 0.0
+            dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, col0, T, rows, rchunk, 1, bias_kc,
+                           qk_scale, HS, DK, DV, BDK, BDV, C, False, HAS_BIAS, UPCAST)
     for d in tl.static_range(QC):
         kc = c0 + d
         r_kc = tl.load(r_ptr + rbase + kc, mask=kc < N, other=0)
         bias_kc = tl.load(bias_ptr + rbase + kc, mask=kc < N, other=0.0) if HAS_BIAS else 0.0
-        cols = r0 + d * C + tl.arange(0, C)
-        dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, cols, cols < r1, rows, rchunk, r_kc, bias_kc,
-                       qk_scale, HS, DK, DV, BDK, BDV, True, HAS_BIAS, UPCAST, False)
+        dq = _dq_block(dq, q, do, lse, delta, k_ptr, v_ptr, q_base, kc, r0 + d * C, r1, rows, rchunk, r_kc, bias_kc,
+                       qk_scale, HS, DK, DV, BDK, BDV, C, True, HAS_BIAS, UPCAST)
     tl.store(dq_ptr + q_base + rows[:, None] * (HS * DK) + dk_r[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=rm[:, None] & (dk_r < DK)[None, :])
 
