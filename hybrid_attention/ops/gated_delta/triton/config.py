@@ -36,9 +36,9 @@ class GatedDeltaConfig(KernelConfig):
     ``bwd_local``, which is faster anyway.
 
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; ``par_stages`` pipelines output and
-    bwd_local, ``prep_stages`` prep (two stages take 30 % off the output kernel and add 16 % to prep at the 340m
-    heads); bwdk_bv 32 with 3 stages pipelines the key-side backward's V loop. DECISION for both: the "pipelining
-    stages" rows of the GDN op section in benchmarks/README.md. seqf_*: the sequential state forward (grid
+    bwd_local, ``prep_stages`` prep (two stages speed up the first two and slow prep); bwdk_bv 32 with 3 stages
+    pipelines the key-side backward's V loop. DECISION for both: the "pipelining stages" rows of the GDN op section
+    in benchmarks/README.md. seqf_*: the sequential state forward (grid
     V / seqf_bv x B*H; ``seqf_bv=16`` with 8 warps hits an illegal memory access on the H200, a codegen issue of that
     tile/warp combination: do not use it); seqb_*: the state backward; bwdk_*: the key-side backward; fin_*: the
     finishing backward kernel (``fin_bk`` 64: the "GDN launch variants" rows in benchmarks/README.md). ``poison``:
