@@ -30,10 +30,10 @@ class GatedDeltaConfig(KernelConfig):
     runs it as is). ``benchmarks/aot_regs_gdn.py`` reports every kernel's registers / spills / shared memory at these
     launches (sm_90).
 
-    The defaults are the fastest of ``python -m benchmarks.natsl_ops --sweep`` on an H200 (340m head shape, B 1, bf16
-    activations): forward + backward 3.42 -> 2.83 ms at 16K tokens and 13.5 -> 11.0 ms at 64K against fp32 buffers,
-    one forward stage and fp32 backward dots; the AOT compile shows no spills except ``par_warps=4``'s 96-144 B in
-    ``bwd_local``, which is faster anyway.
+    The defaults are the fastest measured settings: ``python -m benchmarks.natsl_ops --sweep`` at the 340m heads with
+    B 1 (buffers, state tiles, state-backward dots and stages), ``python -m benchmarks.gdn_launch`` at the two
+    training shapes (wide state tiles, finish key tiles, the local value gradient, the pipelining stages); the GDN op
+    section of benchmarks/README.md holds the rows. They compile without spills for sm_90.
 
     par_*: the parallel kernels (prep, output, bwd_local), block BK x BV; ``par_stages`` pipelines output and
     bwd_local, ``prep_stages`` prep (two stages speed up the first two and slow prep); bwdk_bv 32 with 3 stages
