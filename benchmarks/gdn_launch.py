@@ -46,7 +46,7 @@ VARIANTS = {
     "bwdk_bf16": {"bwdk_dots": "bf16"},  # bwd_k's products on bf16 operands, dh stored bf16
     "bwdk_bv64_s1": {"bwdk_bv": 64, "bwdk_stages": 1},  # the key-side backward without pipelining
     "bwdk_bv64_s2": {"bwdk_bv": 64, "bwdk_stages": 2},
-    "bwdk_bk128": {"bwdk_bk": 128, "bwdk_stages": 1},  # one K slice: dO, vn, dvn read once (sm_90: 40 B of spills)
+    "bwdk_bk128": {"bwdk_bk": 128, "bwdk_stages": 1},  # one K slice: dO, vn, dvn read once; spills for sm_90
     "fin_s2": {"fin_stages": 2},
     "fin_w8_s2": {"fin_warps": 8, "fin_stages": 2},
     "par_s1": {"par_stages": 1},  # output and bwd_local without pipelining
