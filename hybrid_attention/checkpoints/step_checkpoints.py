@@ -134,13 +134,16 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     rank: int = 0,
-    barrier=lambda: None,
+    barrier: Callable[[], None] = lambda: None,
+    gather: Callable[[Any], list[Any] | None] = lambda obj: [obj],
     check_finite: bool = True,
 ) -> Path:
     """Write checkpoint ``step`` (collective under torch.distributed: every rank must call it). Returns its path.
 
-    ``state`` holds JSON-able trainer state (scheduler, data position, counters). Rank 0 writes the model and
-    optimizer; every rank writes its RNG states into the shared temporary directory; rank 0 writes the manifest.
+    ``state`` holds JSON-able trainer state (scheduler, data position, counters). ``gather(obj)`` returns every rank's
+    ``obj`` in rank order on rank 0 (``DistContext.gather_to_main``); ``barrier`` holds every rank until the checkpoint
+    is in place. Rank 0 alone touches the disk: it receives the ranks' RNG states and writes every file, so an
+    interrupt on any rank leaves no file of another rank behind.
 
     Raises NonFiniteState (nothing written; rank 0 checks, so under torch.distributed check collectively first, as
     the trainer does) and CheckpointError for an I/O error (the partial directory is removed, older checkpoints stay).
@@ -155,85 +158,89 @@ def save_checkpoint(
 
     Writing: everything goes into ``.tmp-step-…`` (each file fsynced), the manifest last (tmp + fsync + ``os.replace``),
     then the directory is renamed with ``os.replace``, so a crash or ``kill -9`` never leaves a half-written ``step-…``
-    directory; leftover temporary directories are removed on the next save. A checkpoint holding a NaN/inf tensor is
-    never written (:class:`NonFiniteState`). An I/O error (disk full, ...) removes the partial directory and raises one
-    :class:`CheckpointError` line; the earlier checkpoints are untouched. The last ``keep`` checkpoints are kept (only
-    once the new one is complete).
+    directory, and an exception or Ctrl-C anywhere in between removes ``.tmp-step-…``; leftovers of a killed process
+    are removed on the next save. A checkpoint holding a NaN/inf tensor is never written (:class:`NonFiniteState`).
+    An I/O error (disk full, ...) raises one :class:`CheckpointError` line; the earlier checkpoints are untouched. The
+    last ``keep`` checkpoints are kept (only once the new one is complete).
     """
     final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-step-{step:08d}"
     model_sd = get_model_state_dict(model, options=_FULL)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    rng_tensors, rng_json = rng_state()
+    ranks_rng = gather(rng_tensors)
     if rank == 0:
+        assert ranks_rng is not None, "gather returns every rank's object on rank 0"
         model_t = _unshared(model_sd)
-        optim_t = {}
-        for fqn, s in optim_sd["state"].items():
-            for name, v in s.items():
-                optim_t[f"{fqn}/{name}"] = torch.as_tensor(v).contiguous()
+        optim_t = {f"{fqn}/{name}": torch.as_tensor(v).contiguous()
+                   for fqn, s in optim_sd["state"].items() for name, v in s.items()}
         if check_finite:
             for label, tensors in (("model", model_t), ("optimizer state", optim_t)):
                 bad = first_nonfinite(tensors)
                 if bad is not None:
                     raise NonFiniteState(f"step {step}: {bad[1]} non-finite value(s) in {label} tensor {bad[0]}; "
                                          f"checkpoint {final.name} was not written")
-        _refuse_links(root)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
-                shutil.rmtree(old, ignore_errors=True)
-            tmp.mkdir()
-        except OSError as e:
-            raise _write_error(root, final, e) from e
-    barrier()
-    try:
-        rng_tensors, rng_json = rng_state()
-        rng_path = tmp / f"rng-rank{rank}.safetensors"
-        save_file({k: v.contiguous() for k, v in rng_tensors.items()}, str(rng_path))
-        _fsync_file(rng_path)
-        if rank == 0:
-            save_file(model_t, str(tmp / "model.safetensors"))
-            save_file(optim_t, str(tmp / "optimizer.safetensors"))
-            groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
-                      for g in optim_sd["param_groups"]]
-            doc = {"step": step, "param_groups": groups, "rng": rng_json, **state}
-            with open(tmp / "trainer_state.json", "w") as f:
-                json.dump(doc, f)
-                f.flush()
-                os.fsync(f.fileno())
-    except (OSError, SafetensorError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_error(root, final, e) from e
-    except BaseException:  # Ctrl-C (KeyboardInterrupt) mid-save: no partial directory stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    barrier()
-    if rank == 0:
-        aside = root / f".old-step-{step:08d}"
-        try:
-            # hashes (and fsyncs) every rank's files; the rename below is the commit point
-            write_manifest(tmp, kind="checkpoint", step=step)
-            if final.exists():  # re-saving a step: the old copy stays until the new one is in place
-                os.replace(final, aside)
-            os.replace(tmp, final)
-            fsync_dir(root)
-        except (OSError, SafetensorError) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if aside.exists() and not final.exists():
-                os.replace(aside, final)
-            raise _write_error(root, final, e) from e
-        except BaseException:  # interrupted between the two renames: the previous copy goes back in place
-            shutil.rmtree(tmp, ignore_errors=True)
-            if aside.exists() and not final.exists():
-                os.replace(aside, final)
-            raise
-        shutil.rmtree(aside, ignore_errors=True)
+        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optim_sd["param_groups"]]
+        files: dict[str, dict[str, torch.Tensor]] = {"model.safetensors": model_t, "optimizer.safetensors": optim_t}
+        for r, tensors in enumerate(ranks_rng):
+            files[f"rng-rank{r}.safetensors"] = {k: v.contiguous() for k, v in tensors.items()}
+        _commit(root, final, files, {"step": step, "param_groups": groups, "rng": rng_json, **state})
         for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
-            if old != final:  # hidden first (atomic), then deleted: a kill mid-delete leaves no half checkpoint
-                gone = root / f".old-{old.name}"
-                os.replace(old, gone)
-                shutil.rmtree(gone, ignore_errors=True)
+            if old != final:
+                _remove(old)
     barrier()
     return final
+
+
+def _commit(root: Path, final: Path, files: dict[str, dict[str, torch.Tensor]], doc: dict[str, Any]) -> None:
+    """Write ``files`` and ``trainer_state.json`` into ``.tmp-<final>``, the manifest last, and rename it to ``final``
+    (an existing ``final`` is set aside until the new one is in place). On any exception the temporary directory is
+    removed and the previous ``final`` restored; OSError and SafetensorError become one CheckpointError line."""
+    _refuse_links(root)
+    tmp, aside = root / f".tmp-{final.name}", root / f".old-{final.name}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.mkdir()
+        for name, tensors in files.items():
+            save_file(tensors, str(tmp / name))
+            _fsync_file(tmp / name)
+        with open(tmp / "trainer_state.json", "w") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        write_manifest(tmp, kind="checkpoint", step=doc["step"])  # the rename below is the commit point
+        if final.exists():  # re-saving a step: the old copy stays until the new one is in place
+            os.replace(final, aside)
+        os.replace(tmp, final)
+    except BaseException as e:  # an I/O error, or Ctrl-C (KeyboardInterrupt) mid-save
+        shutil.rmtree(tmp, ignore_errors=True)
+        if aside.exists() and not final.exists():
+            os.replace(aside, final)
+        if isinstance(e, (OSError, SafetensorError)):
+            raise _write_error(root, final, e) from e
+        raise
+    try:
+        fsync_dir(root)
+    finally:
+        _delete(aside)
+
+
+def _delete(path: Path) -> None:
+    """``shutil.rmtree`` that a Ctrl-C does not cut short: an interrupted delete is finished, then re-raised."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _remove(path: Path) -> None:
+    """Delete checkpoint ``path``: renamed to a hidden name first (atomic), so a kill mid-delete leaves no half
+    checkpoint."""
+    gone = path.with_name(f".old-{path.name}")
+    os.replace(path, gone)
+    _delete(gone)
 
 
 def _write_error(root: Path, final: Path, e: BaseException) -> CheckpointError:

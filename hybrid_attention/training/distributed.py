@@ -37,6 +37,14 @@ class DistContext:
         if self.enabled:
             dist.barrier()
 
+    def gather_to_main(self, obj: object) -> list[object] | None:
+        """Every rank's ``obj`` (picklable) in rank order on rank 0, None on the others; ``[obj]`` in one process."""
+        if not self.enabled:
+            return [obj]
+        out: list[object] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
     def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
         """Mean of ``t`` over ranks (returns a new tensor; a no-op copy in a single process)."""
         t = t.detach().clone()

@@ -542,7 +542,8 @@ class Trainer:
                  "data": self.data.train.state_dict(), "config": to_dict(self.cfg), **self.state}
         try:
             path = save_checkpoint(self.ckpt_root, self.step, unwrap(self.model), self.optimizer, extra,
-                                   self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier)
+                                   self.tc.keep_checkpoints, self.ctx.rank, self.ctx.barrier,
+                                   self.ctx.gather_to_main)
         except NonFiniteState as e:  # a buffer, or a state the collective check did not see
             raise self._diverged(str(e)) from e
         self.last_checkpoint, self._ckpt_pending = path, False
