@@ -222,9 +222,6 @@ def _commit(root: Path, final: Path, files: dict[str, dict[str, torch.Tensor]], 
         raise
     try:
         fsync_dir(root)
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {final.name} in {root} is in place but its folder could not be synced to "
-                              f"disk: {one_line(e)}") from e
     finally:
         _delete(aside)
 
