@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -116,6 +117,42 @@ def write_manifest(directory: Path, **extra) -> dict:
     doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **extra, "files": files}
     write_json_atomic(directory / MANIFEST, doc)
     return doc
+
+
+def delete_tree(path: Path) -> None:
+    """``shutil.rmtree`` that a Ctrl-C does not cut short: an interrupted delete is finished, then re-raised."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def publish_folder(final: Path, fill: Callable[[Path], None], **manifest) -> None:
+    """Put folder ``final`` in place whole: ``fill(tmp)`` writes its files into the new folder ``.tmp-<name>`` beside
+    it, :func:`write_manifest` (``manifest`` its extra fields) goes last, and one ``os.replace`` is the commit point.
+    An existing ``final`` waits as ``.old-<name>`` until the new one is in place, then is deleted. Any exception or
+    Ctrl-C before the rename removes ``.tmp-<name>``, puts the old copy back and goes on to the caller."""
+    tmp, aside = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
+    try:
+        for old in (tmp, aside):  # a killed process's leftovers
+            if old.exists():
+                shutil.rmtree(old, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        fill(tmp)
+        write_manifest(tmp, **manifest)
+        if final.exists():
+            os.replace(final, aside)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if aside.exists() and not final.exists():
+            os.replace(aside, final)
+        raise
+    try:
+        fsync_dir(final.parent)
+    finally:
+        delete_tree(aside)
 
 
 def verify_manifest(directory: Path, required: Iterable[str] = (), only: Iterable[str] | None = None) -> bool:

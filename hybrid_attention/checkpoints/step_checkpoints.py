@@ -32,10 +32,10 @@ from .integrity import (
     CheckpointError,
     CheckpointMismatch,
     NonFiniteState,
+    delete_tree,
     first_nonfinite,
-    fsync_dir,
+    publish_folder,
     verify_manifest,
-    write_manifest,
 )
 
 __all__ = [
@@ -192,16 +192,11 @@ def save_checkpoint(
 
 
 def _commit(root: Path, final: Path, files: dict[str, dict[str, torch.Tensor]], doc: dict[str, Any]) -> None:
-    """Write ``files`` and ``trainer_state.json`` into ``.tmp-<final>``, the manifest last, and rename it to ``final``
-    (an existing ``final`` is set aside until the new one is in place). On any exception the temporary directory is
-    removed and the previous ``final`` restored; OSError and SafetensorError become one CheckpointError line."""
+    """Publish ``files`` and ``trainer_state.json`` as folder ``final`` (:func:`.integrity.publish_folder`), after
+    removing the leftovers of killed saves; OSError and SafetensorError become one CheckpointError line."""
     _refuse_links(root)
-    tmp, aside = root / f".tmp-{final.name}", root / f".old-{final.name}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.mkdir()
+
+    def fill(tmp: Path) -> None:
         for name, tensors in files.items():
             save_file(tensors, str(tmp / name))
             _fsync_file(tmp / name)
@@ -209,30 +204,14 @@ def _commit(root: Path, final: Path, files: dict[str, dict[str, torch.Tensor]], 
             json.dump(doc, f)
             f.flush()
             os.fsync(f.fileno())
-        write_manifest(tmp, kind="checkpoint", step=doc["step"])  # the rename below is the commit point
-        if final.exists():  # re-saving a step: the old copy stays until the new one is in place
-            os.replace(final, aside)
-        os.replace(tmp, final)
-    except BaseException as e:  # an I/O error, or Ctrl-C (KeyboardInterrupt) mid-save
-        shutil.rmtree(tmp, ignore_errors=True)
-        if aside.exists() and not final.exists():
-            os.replace(aside, final)
-        if isinstance(e, (OSError, SafetensorError)):
-            raise _write_error(root, final, e) from e
-        raise
-    try:
-        fsync_dir(root)
-    finally:
-        _delete(aside)
 
-
-def _delete(path: Path) -> None:
-    """``shutil.rmtree`` that a Ctrl-C does not cut short: an interrupted delete is finished, then re-raised."""
     try:
-        shutil.rmtree(path, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
+        root.mkdir(parents=True, exist_ok=True)
+        for old in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
+            shutil.rmtree(old, ignore_errors=True)
+        publish_folder(final, fill, kind="checkpoint", step=doc["step"])
+    except (OSError, SafetensorError) as e:
+        raise _write_error(root, final, e) from e
 
 
 def _remove(path: Path) -> None:
@@ -240,7 +219,7 @@ def _remove(path: Path) -> None:
     checkpoint."""
     gone = path.with_name(f".old-{path.name}")
     os.replace(path, gone)
-    _delete(gone)
+    delete_tree(gone)
 
 
 def _write_error(root: Path, final: Path, e: BaseException) -> CheckpointError:

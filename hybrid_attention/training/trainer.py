@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
-import shutil
 import signal
 import threading
 import time
@@ -23,10 +21,9 @@ from hybrid_attention.checkpoints.integrity import (
     CheckpointError,
     CheckpointMismatch,
     NonFiniteState,
-    fsync_dir,
     max_abs,
     nonfinite_count,
-    write_manifest,
+    publish_folder,
 )
 from hybrid_attention.checkpoints.model_folder import refuse_newer, unverified_warning
 from hybrid_attention.checkpoints.step_checkpoints import (
@@ -119,34 +116,21 @@ def save_final_model(model: torch.nn.Module, tok, path: Path, state_dict: dict |
     from transformers.utils import logging as hf_logging
 
     path = Path(path)
-    tmp, aside = path.with_name(f".tmp-{path.name}"), path.with_name(f".old-{path.name}")
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
-    try:
-        for old in (tmp, aside):
-            shutil.rmtree(old, ignore_errors=True)
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(str(tmp), state_dict=state_dict)
         tok.save_pretrained(str(tmp))
-        write_manifest(tmp, kind="final")
-        if path.exists():
-            os.replace(path, aside)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+
+    try:
+        publish_folder(path, fill, kind="final")
     except (OSError, SafetensorError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if aside.exists() and not path.exists():
-            os.replace(aside, path)
         raise CheckpointError(f"could not write the final model to {path}: {one_line(e)}; the partial copy was "
                               "removed (the checkpoints are intact)") from e
-    except BaseException:  # Ctrl-C (KeyboardInterrupt) mid-save: the same cleanup, then the interrupt goes on
-        shutil.rmtree(tmp, ignore_errors=True)
-        if aside.exists() and not path.exists():
-            os.replace(aside, path)
-        raise
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def describe_layers(mixers: list[str]) -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hybrid_attention.checkpoints import step_checkpoints
+from hybrid_attention.checkpoints import integrity, step_checkpoints
 from hybrid_attention.checkpoints.step_checkpoints import (
     checkpoint_dirs,
     latest_checkpoint,
@@ -95,9 +95,10 @@ def test_ctrl_c_anywhere_in_a_save_leaves_no_hidden_folder(tmp_path, monkeypatch
     if point in hooks:
         hooks[point] = _Interrupt(hooks[point], at)
     elif point == "shutil.rmtree":
-        monkeypatch.setattr(step_checkpoints.shutil, "rmtree", _Interrupt(step_checkpoints.shutil.rmtree, at))
+        monkeypatch.setattr(integrity.shutil, "rmtree", _Interrupt(integrity.shutil.rmtree, at))
     else:
-        monkeypatch.setattr(step_checkpoints, point, _Interrupt(getattr(step_checkpoints, point), at))
+        module = step_checkpoints if point == "save_file" else integrity
+        monkeypatch.setattr(module, point, _Interrupt(getattr(module, point), at))
     _train(m, opt, 1)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, 2, m, opt, {"data": "again"}, keep=1, **hooks)

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from training_helpers import REPO, cli_env
 
+import hybrid_attention.checkpoints.integrity as integrity_mod
 import hybrid_attention.checkpoints.step_checkpoints as ckpt_mod
 from hybrid_attention.checkpoints.integrity import verify_manifest
 from hybrid_attention.checkpoints.step_checkpoints import (
@@ -197,7 +198,7 @@ def test_disk_full_while_writing_the_manifest(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt_mod, "write_manifest", boom)
+    monkeypatch.setattr(integrity_mod, "write_manifest", boom)
     with pytest.raises(CheckpointError, match="No space left on device"):
         save_checkpoint(tmp_path, 2, m, opt, {}, keep=1)
     assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step-00000001"] and not list(tmp_path.glob(".tmp-*"))
